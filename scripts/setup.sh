@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what wtx needs to build and test on Debian 12. Idempotent: a package
+# already installed is not touched, so a second run takes a second.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap          # Bazel 4.2.3, run offline (WORKSPACE)
+  gcc g++                  # C17 + C++17 (GoogleTest)
+  libgrpc-dev              # gRPC core C API
+  libprotobuf-c-dev protobuf-c-compiler   # messages (protobuf-c 1.4)
+  protobuf-compiler libprotoc-dev         # protoc 3.21, plugin.proto
+  grpc-proto               # health + reflection .proto files
+  libuv1-dev               # event loop
+  libgtest-dev             # GoogleTest
+  libxxhash-dev            # XXH3 checksums
+  python3 python3-venv     # Python client tests
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
