@@ -1,0 +1,154 @@
+/* wtx-worker: the worker daemon. libuv drives the process: signals
+ * (SIGTERM/SIGINT: stop accepting, abort the active update, exit 0) and the
+ * session watchdog timer; gRPC calls run on the server's own threads. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "server/worker.h"
+
+static const char usage[] =
+    "usage: wtx-worker [options]\n"
+    "\n"
+    "Receives weight updates from an RL trainer over wtx.v1.WeightTransfer.\n"
+    "Every option can also be set by the environment variable in brackets.\n"
+    "\n"
+    "  --listen HOST:PORT     where to serve gRPC [WTX_LISTEN] (default\n"
+    "                         127.0.0.1:50051; port 0 picks a free port)\n"
+    "  --world-size N         receiving ranks behind this endpoint, as\n"
+    "                         GetWorldSize reports [WTX_WORLD_SIZE] (default 1)\n"
+    "  --watchdog-ms MS       abort an update idle this long\n"
+    "                         [WTX_WATCHDOG_MS] (default 600000)\n"
+    "  --max-message-bytes N  largest gRPC request [WTX_MAX_MESSAGE_BYTES]\n"
+    "                         (default 67108864)\n"
+    "  --grace-ms MS          on SIGTERM, how long running calls may finish\n"
+    "                         [WTX_GRACE_MS] (default 5000)\n"
+    "  --port-file FILE       write the bound port to FILE once serving\n"
+    "  -h, --help             this text\n";
+
+typedef struct daemon {
+  wtx_worker *w;
+  uv_signal_t sigterm, sigint;
+  uv_timer_t watchdog;
+  int64_t grace_ms;
+} daemon_t;
+
+static void on_signal(uv_signal_t *h, int signum) {
+  daemon_t *d = h->data;
+  fprintf(stderr, "wtx-worker: signal %d: draining\n", signum);
+  wtx_worker_drain(d->w, d->grace_ms);
+  uv_close((uv_handle_t *)&d->sigterm, NULL);
+  uv_close((uv_handle_t *)&d->sigint, NULL);
+  uv_close((uv_handle_t *)&d->watchdog, NULL);
+}
+
+static void on_watchdog(uv_timer_t *t) {
+  daemon_t *d = t->data;
+  wtx_worker_watchdog(d->w);
+}
+
+static const char *env_or(const char *name, const char *dflt) {
+  const char *v = getenv(name);
+  return v != NULL && v[0] != '\0' ? v : dflt;
+}
+
+static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi,
+                     int64_t *out) {
+  char *end;
+  long long v = strtoll(s, &end, 10);
+  if (*s == '\0' || *end != '\0' || v < lo || v > hi) {
+    fprintf(stderr, "wtx-worker: %s: '%s' is not an integer in %lld..%lld\n",
+            flag, s, (long long)lo, (long long)hi);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  const char *listen = env_or("WTX_LISTEN", "127.0.0.1:50051");
+  const char *world = env_or("WTX_WORLD_SIZE", "1");
+  const char *watchdog = env_or("WTX_WATCHDOG_MS", "600000");
+  const char *maxmsg = env_or("WTX_MAX_MESSAGE_BYTES", "67108864");
+  const char *grace = env_or("WTX_GRACE_MS", "5000");
+  const char *port_file = NULL;
+  static const struct option longopts[] = {
+      {"listen", required_argument, NULL, 'l'},
+      {"world-size", required_argument, NULL, 'w'},
+      {"watchdog-ms", required_argument, NULL, 'd'},
+      {"max-message-bytes", required_argument, NULL, 'm'},
+      {"grace-ms", required_argument, NULL, 'g'},
+      {"port-file", required_argument, NULL, 'p'},
+      {"help", no_argument, NULL, 'h'},
+      {NULL, 0, NULL, 0},
+  };
+  int c;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    switch (c) {
+      case 'l': listen = optarg; break;
+      case 'w': world = optarg; break;
+      case 'd': watchdog = optarg; break;
+      case 'm': maxmsg = optarg; break;
+      case 'g': grace = optarg; break;
+      case 'p': port_file = optarg; break;
+      case 'h': fputs(usage, stdout); return 0;
+      default: fputs(usage, stderr); return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "wtx-worker: unexpected argument '%s'\n%s", argv[optind], usage);
+    return 2;
+  }
+  int64_t world_size, watchdog_ms, max_message, grace_ms;
+  if (parse_i64("--world-size", world, 1, 1 << 20, &world_size) != 0 ||
+      parse_i64("--watchdog-ms", watchdog, 1, INT64_C(1) << 40, &watchdog_ms) != 0 ||
+      parse_i64("--max-message-bytes", maxmsg, 1024, INT32_MAX, &max_message) != 0 ||
+      parse_i64("--grace-ms", grace, 0, INT64_C(1) << 40, &grace_ms) != 0)
+    return 2;
+
+  wtx_worker_options opts = WTX_WORKER_OPTIONS_INIT;
+  opts.listen = listen;
+  opts.world_size = (uint32_t)world_size;
+  opts.watchdog_ms = watchdog_ms;
+  opts.max_message_bytes = (int)max_message;
+  daemon_t d;
+  memset(&d, 0, sizeof d);
+  d.grace_ms = grace_ms;
+  char err[512] = "";
+  int rc = wtx_worker_start(&opts, &d.w, err, sizeof err);
+  if (rc != 0) {
+    fprintf(stderr, "wtx-worker: %s\n", err);
+    return 1;
+  }
+  fprintf(stderr, "wtx-worker: serving wtx.v1.WeightTransfer on %s (port %d)\n",
+          listen, wtx_worker_port(d.w));
+  if (port_file != NULL) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", port_file);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL || fprintf(f, "%d\n", wtx_worker_port(d.w)) < 0 ||
+        fclose(f) != 0 || rename(tmp, port_file) != 0) {
+      fprintf(stderr, "wtx-worker: --port-file: cannot write %s\n", port_file);
+      wtx_worker_destroy(d.w);
+      return 1;
+    }
+  }
+
+  uv_loop_t *loop = uv_default_loop();
+  uv_signal_init(loop, &d.sigterm);
+  uv_signal_init(loop, &d.sigint);
+  uv_timer_init(loop, &d.watchdog);
+  d.sigterm.data = d.sigint.data = d.watchdog.data = &d;
+  uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+  uv_signal_start(&d.sigint, on_signal, SIGINT);
+  uint64_t tick = (uint64_t)(watchdog_ms / 4 > 0 ? watchdog_ms / 4 : 1);
+  if (tick > 1000) tick = 1000;
+  uv_timer_start(&d.watchdog, on_watchdog, tick, tick);
+  uv_run(loop, UV_RUN_DEFAULT);
+  uv_loop_close(loop);
+  wtx_worker_destroy(d.w);
+  fprintf(stderr, "wtx-worker: stopped\n");
+  return 0;
+}

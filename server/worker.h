@@ -1,0 +1,153 @@
+/* wtx worker: the worker-side WeightTransfer service, embeddable.
+ *
+ * A wtx_worker hosts one WorkerEngine session (the state machine of
+ * wtx.v1.WeightTransfer) over a gRPC server, plus gRPC health and server
+ * reflection. Weights land in a model: the embedded in-memory parameter store
+ * by default, or the host's own model through wtx_model_ops.
+ *
+ * Guarantees (each refusal is a precise gRPC status naming the problem):
+ *  - init creates the backend engine named by InitInfo's oneof; refused while
+ *    an update is active; unknown backends list the registered ones;
+ *  - start opens one update at a time; update before start, finish before
+ *    start are FAILED_PRECONDITION;
+ *  - every chunk's metadata is validated before any byte moves;
+ *  - a failed or aborted update leaves the published weights untouched, and
+ *    a new update can start;
+ *  - an update idle longer than the watchdog timeout is aborted. */
+#ifndef WTX_SERVER_WORKER_H
+#define WTX_SERVER_WORKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the model the worker loads into ---- */
+
+/* Metadata of one tensor (a validated wtx.v1.ParamMeta). */
+typedef struct wtx_tensor_meta {
+  const char *name;
+  int dtype; /* wtx_dtype */
+  uint64_t shape[WTX_MAX_DIMS];
+  size_t ndim;
+  uint64_t nbytes;
+} wtx_tensor_meta;
+
+enum { WTX_TARGET_MAIN = 0, WTX_TARGET_DRAFT = 1 };
+
+/* A model sink, like vLLM's model.load_weights. All calls come from one
+ * update at a time. Returning an error from any of them aborts the update. */
+typedef struct wtx_model_ops {
+  /* Optional: checks a tensor of an update against the model's layout before
+   * any byte moves; WTX_ENOENT (unknown name) or WTX_EINVAL (dtype, shape)
+   * with a message in err. NULL accepts every tensor. */
+  int (*check)(void *model, int target, const wtx_tensor_meta *meta, char *err,
+               size_t errlen);
+  /* An update for target (WTX_TARGET_*) begins. */
+  int (*begin)(void *model, int target);
+  /* Returns host memory of meta->nbytes where the tensor's bytes are
+   * received, owned by the model until commit or abort. */
+  int (*stage)(void *model, const wtx_tensor_meta *meta, uint8_t **dst);
+  /* The tensor staged at dst is complete and verified (xxh3 of its bytes). */
+  int (*loaded)(void *model, const wtx_tensor_meta *meta, uint64_t xxh3);
+  /* Makes every loaded tensor visible at once, labelled version. */
+  int (*commit)(void *model, const char *version);
+  /* Discards everything staged since begin. */
+  void (*abort)(void *model);
+} wtx_model_ops;
+
+/* ---- the embedded parameter store ---- */
+
+typedef struct wtx_store wtx_store;
+
+int wtx_store_create(wtx_store **out);
+void wtx_store_destroy(wtx_store *s);
+/* The store as a model: pass wtx_store_model_ops with the store pointer. */
+extern const wtx_model_ops wtx_store_model_ops;
+/* Declares the expected layout (e.g. from a safetensors header); later
+ * updates must match it. Only before the first update. */
+int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n);
+
+/* A published tensor, valid until the next wtx_store_release. */
+typedef struct wtx_store_param {
+  wtx_tensor_meta meta;
+  const uint8_t *data;
+  uint64_t xxh3;
+} wtx_store_param;
+
+/* A consistent view of the published main (or draft) weights: the caller
+ * holds it until wtx_store_release; publishing never frees memory a view
+ * still refers to. */
+typedef struct wtx_store_view {
+  const char *version; /* "" before the first publish */
+  uint64_t generation;
+  const wtx_store_param *params;
+  size_t n_params;
+  uint64_t total_bytes;
+  void *internal;
+} wtx_store_view;
+
+int wtx_store_acquire(wtx_store *s, int target, wtx_store_view *out);
+void wtx_store_release(wtx_store *s, wtx_store_view *v);
+/* Relabels the published main weights; *previous (may be NULL) receives a
+ * malloc'd copy of the old label. */
+int wtx_store_set_version(wtx_store *s, const char *version, char **previous);
+/* Checks a chunk tensor against the declared/published layout: WTX_ENOENT
+ * for an unknown name, WTX_EINVAL for a dtype or shape difference; detail in
+ * err. No layout yet: accepts anything. */
+int wtx_store_check(wtx_store *s, int target, const wtx_tensor_meta *meta,
+                    char *err, size_t errlen);
+
+/* ---- the worker ---- */
+
+typedef struct wtx_worker wtx_worker;
+
+typedef struct wtx_worker_options {
+  /* "host:port" to listen on; port 0 picks one (wtx_worker_port). */
+  const char *listen;
+  /* The model; NULL uses an internal wtx_store (wtx_worker_store). */
+  const wtx_model_ops *model_ops;
+  void *model;
+  /* Receiving ranks behind this endpoint (GetWorldSize); 0 means 1. */
+  uint32_t world_size;
+  /* An update with no call for this long is aborted; 0: 600000 ms. */
+  int64_t watchdog_ms;
+  /* Largest gRPC request, bytes; 0: 64 MiB. */
+  int max_message_bytes;
+  /* Host callbacks for Pause / Resume (may be NULL). */
+  void (*on_pause)(void *host, int wait_for_inflight);
+  void (*on_resume)(void *host);
+  void *host;
+} wtx_worker_options;
+
+#define WTX_WORKER_OPTIONS_INIT \
+  {NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL}
+
+/* Creates and starts serving. opts and what it points to are copied, except
+ * model/host, which must outlive the worker. */
+int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out,
+                     char *err, size_t errlen);
+/* The bound port. */
+int wtx_worker_port(const wtx_worker *w);
+/* The internal store (NULL when the host supplied its own model). */
+wtx_store *wtx_worker_store(wtx_worker *w);
+/* Aborts an update idle longer than the watchdog; returns 1 when it did.
+ * The daemon calls it from a timer; embedders may too. */
+int wtx_worker_watchdog(wtx_worker *w);
+/* Health goes NOT_SERVING, the active update (if any) is aborted, the server
+ * stops within grace_ms. Idempotent. */
+void wtx_worker_drain(wtx_worker *w, int64_t grace_ms);
+/* Drains if needed and frees w. */
+void wtx_worker_destroy(wtx_worker *w);
+/* Whether Pause is in effect. */
+int wtx_worker_paused(const wtx_worker *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_SERVER_WORKER_H */

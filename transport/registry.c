@@ -1,0 +1,139 @@
+/* Backend registries and the handshake's wire parameters. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "transport/transport.h"
+
+#define MAX_BACKENDS 16
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static const wtx_worker_transport *worker_backends[MAX_BACKENDS];
+static size_t n_worker_backends;
+
+int wtx_worker_transport_register(const wtx_worker_transport *t) {
+  if (t == NULL || t->name == NULL || t->init == NULL || t->receive == NULL ||
+      t->destroy == NULL)
+    return WTX_EINVAL;
+  int rc = 0;
+  pthread_mutex_lock(&mu);
+  for (size_t i = 0; i < n_worker_backends; i++)
+    if (strcmp(worker_backends[i]->name, t->name) == 0) rc = WTX_EEXIST;
+  if (rc == 0 && n_worker_backends == MAX_BACKENDS) rc = WTX_ENOMEM;
+  if (rc == 0) worker_backends[n_worker_backends++] = t;
+  pthread_mutex_unlock(&mu);
+  return rc;
+}
+
+const wtx_worker_transport *wtx_worker_transport_find(const char *name) {
+  const wtx_worker_transport *t = NULL;
+  pthread_mutex_lock(&mu);
+  for (size_t i = 0; i < n_worker_backends && t == NULL; i++)
+    if (strcmp(worker_backends[i]->name, name) == 0) t = worker_backends[i];
+  pthread_mutex_unlock(&mu);
+  return t;
+}
+
+void wtx_worker_transport_names(char *buf, size_t len) {
+  size_t off = 0;
+  if (len > 0) buf[0] = '\0';
+  pthread_mutex_lock(&mu);
+  for (size_t i = 0; i < n_worker_backends && off < len; i++)
+    off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? ", " : "",
+                            worker_backends[i]->name);
+  pthread_mutex_unlock(&mu);
+}
+
+static pthread_once_t builtin_once = PTHREAD_ONCE_INIT;
+
+static void register_builtin(void) {
+  wtx_worker_transport_register(&wtx_shm_worker_transport);
+}
+
+void wtx_transports_register_builtin(void) {
+  pthread_once(&builtin_once, register_builtin);
+}
+
+const char *wtx_init_backend_name(const Wtx__V1__InitInfo *init) {
+  switch (init->backend_case) {
+    case WTX__V1__INIT_INFO__BACKEND_NCCL:
+      return "nccl";
+    case WTX__V1__INIT_INFO__BACKEND_CUDA_IPC:
+      return "cuda_ipc";
+    case WTX__V1__INIT_INFO__BACKEND_TCP:
+      return "tcp";
+    case WTX__V1__INIT_INFO__BACKEND_SHM:
+      return "shm";
+    default:
+      return NULL;
+  }
+}
+
+int wtx_wire_params_from_init(const Wtx__V1__InitInfo *init,
+                              wtx_wire_params *out, char *err, size_t errlen) {
+  const Wtx__V1__PackingParams *pk = NULL;
+  int checksum = 0;
+  uint32_t timeout_ms = 0;
+  int gpu = 0;
+  switch (init->backend_case) {
+    case WTX__V1__INIT_INFO__BACKEND_NCCL:
+      pk = init->nccl->packing;
+      checksum = init->nccl->checksum;
+      timeout_ms = init->nccl->timeout_ms;
+      gpu = 1;
+      break;
+    case WTX__V1__INIT_INFO__BACKEND_CUDA_IPC:
+      pk = init->cuda_ipc->packing;
+      checksum = init->cuda_ipc->checksum;
+      timeout_ms = init->cuda_ipc->timeout_ms;
+      gpu = 1;
+      break;
+    case WTX__V1__INIT_INFO__BACKEND_TCP:
+      pk = init->tcp->packing;
+      checksum = init->tcp->checksum;
+      timeout_ms = init->tcp->timeout_ms;
+      break;
+    case WTX__V1__INIT_INFO__BACKEND_SHM:
+      pk = init->shm->packing;
+      checksum = init->shm->checksum;
+      timeout_ms = init->shm->timeout_ms;
+      break;
+    default:
+      snprintf(err, errlen, "init_info.backend: no backend set");
+      return WTX_EINVAL;
+  }
+  memset(out, 0, sizeof *out);
+  out->packed = pk != NULL ? pk->packed : 1;
+  out->buffer_size = pk != NULL && pk->buffer_size_bytes != 0
+                         ? pk->buffer_size_bytes
+                         : WTX_DEFAULT_BUFFER_SIZE;
+  out->num_buffers = pk != NULL && pk->num_buffers != 0
+                         ? pk->num_buffers
+                         : WTX_DEFAULT_NUM_BUFFERS;
+  out->timeout_ms = timeout_ms != 0 ? timeout_ms : WTX_DEFAULT_TIMEOUT_MS;
+  if (out->buffer_size < 1024 || out->buffer_size > (UINT64_C(1) << 40)) {
+    snprintf(err, errlen,
+             "packing.buffer_size_bytes: %llu is outside 1024 .. 2^40",
+             (unsigned long long)out->buffer_size);
+    return WTX_EINVAL;
+  }
+  if (out->num_buffers > 64) {
+    snprintf(err, errlen, "packing.num_buffers: %u is outside 1 .. 64",
+             out->num_buffers);
+    return WTX_EINVAL;
+  }
+  switch (checksum) {
+    case WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_UNSPECIFIED:
+      out->checksum = gpu ? WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE
+                          : WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+      break;
+    case WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE:
+    case WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64:
+      out->checksum = checksum;
+      break;
+    default:
+      snprintf(err, errlen, "checksum: unknown algorithm %d", checksum);
+      return WTX_EINVAL;
+  }
+  return 0;
+}

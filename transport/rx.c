@@ -1,0 +1,227 @@
+/* wtx_rx: cuts a chunk's byte stream into tensors, hashing on the way. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "transport/transport.h"
+
+struct wtx_rx {
+  const wtx_rx_tensor *t;
+  size_t n;
+  size_t cur;      /* tensor receiving bytes */
+  uint64_t pos;    /* bytes of t[cur] filled */
+  int verify;
+  XXH3_state_t *h; /* hash of t[cur] so far */
+  uint64_t *digests; /* per tensor of the chunk, set when complete */
+  size_t completed;
+  const uint64_t *expected;
+  size_t n_expected;
+  /* carried across chunks: a tensor left incomplete */
+  char *carry_name;
+  uint64_t carry_pos, carry_nbytes;
+  char err[512];
+};
+
+int wtx__rx_create(wtx_rx **out) {
+  wtx_rx *rx = calloc(1, sizeof *rx);
+  if (rx == NULL) return WTX_ENOMEM;
+  rx->h = XXH3_createState();
+  if (rx->h == NULL) {
+    free(rx);
+    return WTX_ENOMEM;
+  }
+  *out = rx;
+  return 0;
+}
+
+void wtx__rx_reset(wtx_rx *rx) {
+  free(rx->carry_name);
+  rx->carry_name = NULL;
+  rx->carry_pos = rx->carry_nbytes = 0;
+  rx->t = NULL;
+  rx->n = 0;
+  rx->err[0] = '\0';
+}
+
+void wtx__rx_destroy(wtx_rx *rx) {
+  if (rx == NULL) return;
+  wtx__rx_reset(rx);
+  XXH3_freeState(rx->h);
+  free(rx->digests);
+  free(rx);
+}
+
+void wtx_rx_errorf(wtx_rx *rx, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(rx->err, sizeof rx->err, fmt, ap);
+  va_end(ap);
+}
+
+const char *wtx__rx_error(const wtx_rx *rx) { return rx->err; }
+
+const char *wtx__rx_incomplete(const wtx_rx *rx, uint64_t *have,
+                               uint64_t *want) {
+  if (rx->carry_name == NULL) return NULL;
+  *have = rx->carry_pos;
+  *want = rx->carry_nbytes;
+  return rx->carry_name;
+}
+
+int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
+                  uint64_t first_offset, int verify) {
+  rx->err[0] = '\0';
+  if (n == 0) {
+    wtx_rx_errorf(rx, "chunk has no tensors");
+    return WTX_EPROTO;
+  }
+  if (first_offset > 0) {
+    if (rx->carry_name == NULL || strcmp(rx->carry_name, tensors[0].name) != 0 ||
+        rx->carry_pos != first_offset || rx->carry_nbytes != tensors[0].nbytes) {
+      wtx_rx_errorf(rx,
+                    "chunk continues '%s' at byte %llu, but the previous "
+                    "chunk left %s%s%s at byte %llu",
+                    tensors[0].name, (unsigned long long)first_offset,
+                    rx->carry_name ? "'" : "", rx->carry_name ? rx->carry_name : "no tensor incomplete",
+                    rx->carry_name ? "'" : "", (unsigned long long)rx->carry_pos);
+      return WTX_EPROTO;
+    }
+  } else if (rx->carry_name != NULL) {
+    wtx_rx_errorf(rx, "tensor '%s' is incomplete (%llu of %llu bytes) but the "
+                  "next chunk starts a new tensor",
+                  rx->carry_name, (unsigned long long)rx->carry_pos,
+                  (unsigned long long)rx->carry_nbytes);
+    return WTX_EPROTO;
+  } else {
+    XXH3_64bits_reset(rx->h);
+  }
+  uint64_t *d = realloc(rx->digests, n * sizeof *d);
+  if (d == NULL) return WTX_ENOMEM;
+  rx->digests = d;
+  rx->t = tensors;
+  rx->n = n;
+  rx->cur = 0;
+  rx->pos = first_offset;
+  rx->verify = verify;
+  rx->completed = 0;
+  rx->expected = NULL;
+  rx->n_expected = 0;
+  /* Zero-byte tensors complete at once. */
+  while (rx->cur < rx->n && rx->pos == rx->t[rx->cur].nbytes) {
+    rx->digests[rx->cur] = XXH3_64bits_digest(rx->h);
+    XXH3_64bits_reset(rx->h);
+    rx->completed++;
+    rx->cur++;
+    rx->pos = 0;
+  }
+  return 0;
+}
+
+int wtx_rx_expect_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n) {
+  rx->expected = xxh3;
+  rx->n_expected = n;
+  return 0;
+}
+
+uint64_t wtx_rx_remaining(const wtx_rx *rx) {
+  if (rx->cur >= rx->n) return 0;
+  uint64_t left = rx->t[rx->cur].nbytes - rx->pos;
+  for (size_t i = rx->cur + 1; i < rx->n; i++) left += rx->t[i].nbytes;
+  return left;
+}
+
+size_t wtx_rx_next(wtx_rx *rx, uint8_t **dst) {
+  if (rx->cur >= rx->n) {
+    *dst = NULL;
+    return 0;
+  }
+  *dst = rx->t[rx->cur].dst + rx->pos;
+  uint64_t left = rx->t[rx->cur].nbytes - rx->pos;
+  return left > SIZE_MAX ? SIZE_MAX : (size_t)left;
+}
+
+int wtx_rx_commit(wtx_rx *rx, size_t len) {
+  while (len > 0) {
+    if (rx->cur >= rx->n) {
+      wtx_rx_errorf(rx, "chunk carries more bytes than its tensors hold");
+      return WTX_EPROTO;
+    }
+    const wtx_rx_tensor *t = &rx->t[rx->cur];
+    uint64_t left = t->nbytes - rx->pos;
+    size_t k = len < left ? len : (size_t)left;
+    if (rx->verify) XXH3_64bits_update(rx->h, t->dst + rx->pos, k);
+    rx->pos += k;
+    len -= k;
+    while (rx->cur < rx->n && rx->pos == rx->t[rx->cur].nbytes) {
+      rx->digests[rx->cur] = XXH3_64bits_digest(rx->h);
+      XXH3_64bits_reset(rx->h);
+      rx->completed++;
+      rx->cur++;
+      rx->pos = 0;
+    }
+  }
+  return 0;
+}
+
+int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len) {
+  while (len > 0) {
+    uint8_t *dst;
+    size_t room = wtx_rx_next(rx, &dst);
+    if (room == 0) {
+      wtx_rx_errorf(rx, "chunk carries more bytes than its tensors hold");
+      return WTX_EPROTO;
+    }
+    size_t k = len < room ? len : room;
+    memcpy(dst, data, k);
+    int rc = wtx_rx_commit(rx, k);
+    if (rc != 0) return rc;
+    data += k;
+    len -= k;
+  }
+  return 0;
+}
+
+size_t wtx__rx_completed(const wtx_rx *rx) { return rx->completed; }
+
+uint64_t wtx__rx_checksum(const wtx_rx *rx, size_t i) {
+  return rx->digests[i];
+}
+
+int wtx__rx_end(wtx_rx *rx) {
+  /* The chunk may end inside its last tensor only. */
+  if (rx->cur < rx->n && rx->cur + 1 < rx->n) {
+    wtx_rx_errorf(rx, "chunk ended early: tensor '%s' got %llu of %llu bytes",
+                  rx->t[rx->cur].name, (unsigned long long)rx->pos,
+                  (unsigned long long)rx->t[rx->cur].nbytes);
+    return WTX_EPROTO;
+  }
+  if (rx->verify) {
+    if (rx->n_expected != rx->completed) {
+      wtx_rx_errorf(rx,
+                    "chunk completes %zu tensors but carries %zu checksums",
+                    rx->completed, rx->n_expected);
+      return WTX_EPROTO;
+    }
+    for (size_t i = 0; i < rx->completed; i++) {
+      if (rx->digests[i] != rx->expected[i]) {
+        wtx_rx_errorf(rx,
+                      "checksum mismatch for '%s': sender xxh3 %016llx, "
+                      "received %016llx",
+                      rx->t[i].name, (unsigned long long)rx->expected[i],
+                      (unsigned long long)rx->digests[i]);
+        return WTX_ECHECKSUM;
+      }
+    }
+  }
+  free(rx->carry_name);
+  rx->carry_name = NULL;
+  if (rx->cur < rx->n) {
+    rx->carry_name = strdup(rx->t[rx->cur].name);
+    if (rx->carry_name == NULL) return WTX_ENOMEM;
+    rx->carry_pos = rx->pos;
+    rx->carry_nbytes = rx->t[rx->cur].nbytes;
+  }
+  return 0;
+}
