@@ -351,8 +351,6 @@ int wtx_client_verify(wtx_client *c, const wtx_synth_param *params, size_t n) {
     req.include_params = 1;
     Wtx__V1__GetWeightInfoResponse *resp = NULL;
     wtx_rpc_status st;
-    wtx_rpc_channel_options big = WTX_RPC_CHANNEL_OPTIONS_INIT;
-    (void)big;
     int rc = wtx__v1__weight_transfer__get_weight_info__call(c->ch[i], &req, &resp,
                                                               NULL, &st);
     if (rc != 0) {

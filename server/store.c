@@ -156,6 +156,16 @@ int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n) {
   return rc;
 }
 
+/* dst shares src's bytes (one more reference) under a copied name. */
+static int entry_share(entry *dst, const entry *src) {
+  int rc = meta_copy(&dst->meta, &src->meta);
+  if (rc != 0) return rc;
+  dst->b = src->b;
+  atomic_fetch_add(&src->b->refs, 1);
+  dst->xxh3 = src->xxh3;
+  return 0;
+}
+
 static int same_shape(const wtx_tensor_meta *a, const wtx_tensor_meta *b) {
   if (a->ndim != b->ndim) return 0;
   for (size_t i = 0; i < a->ndim; i++)
@@ -306,23 +316,13 @@ static int store_commit(void *model, const char *version) {
     long j = index_find(&stix, s->st, old->e[i].meta.name);
     const entry *src = j >= 0 ? &s->st[j] : &old->e[i];
     if (j >= 0) used[j] = 1;
-    rc = meta_copy(&snap->e[snap->n].meta, &src->meta);
-    if (rc == 0) {
-      snap->e[snap->n].b = src->b;
-      atomic_fetch_add(&src->b->refs, 1);
-      snap->e[snap->n].xxh3 = src->xxh3;
-      snap->n++;
-    }
+    rc = entry_share(&snap->e[snap->n], src);
+    if (rc == 0) snap->n++;
   }
   for (size_t j = 0; rc == 0 && j < s->n_st; j++) {
     if (used[j]) continue;
-    rc = meta_copy(&snap->e[snap->n].meta, &s->st[j].meta);
-    if (rc == 0) {
-      snap->e[snap->n].b = s->st[j].b;
-      atomic_fetch_add(&s->st[j].b->refs, 1);
-      snap->e[snap->n].xxh3 = s->st[j].xxh3;
-      snap->n++;
-    }
+    rc = entry_share(&snap->e[snap->n], &s->st[j]);
+    if (rc == 0) snap->n++;
   }
   free(used);
   free(stix.slots);
@@ -422,13 +422,8 @@ int wtx_store_set_version(wtx_store *s, const char *version, char **previous) {
       dup = NULL;
       snap->generation = old->generation;
       for (size_t i = 0; i < old->n && rc == 0; i++) {
-        rc = meta_copy(&e[i].meta, &old->e[i].meta);
-        if (rc == 0) {
-          e[i].b = old->e[i].b;
-          atomic_fetch_add(&e[i].b->refs, 1);
-          e[i].xxh3 = old->e[i].xxh3;
-          snap->n++;
-        }
+        rc = entry_share(&e[i], &old->e[i]);
+        if (rc == 0) snap->n++;
       }
       if (rc == 0) rc = build_view(snap);
       if (rc == 0) {

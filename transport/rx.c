@@ -70,6 +70,17 @@ const char *wtx__rx_incomplete(const wtx_rx *rx, uint64_t *have,
   return rx->carry_name;
 }
 
+/* Moves past every tensor whose bytes are all in, recording its digest. */
+static void complete_filled(wtx_rx *rx) {
+  while (rx->cur < rx->n && rx->pos == rx->t[rx->cur].nbytes) {
+    rx->digests[rx->cur] = XXH3_64bits_digest(rx->h);
+    XXH3_64bits_reset(rx->h);
+    rx->completed++;
+    rx->cur++;
+    rx->pos = 0;
+  }
+}
+
 int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
                   uint64_t first_offset, int verify) {
   rx->err[0] = '\0';
@@ -108,14 +119,7 @@ int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
   rx->completed = 0;
   rx->expected = NULL;
   rx->n_expected = 0;
-  /* Zero-byte tensors complete at once. */
-  while (rx->cur < rx->n && rx->pos == rx->t[rx->cur].nbytes) {
-    rx->digests[rx->cur] = XXH3_64bits_digest(rx->h);
-    XXH3_64bits_reset(rx->h);
-    rx->completed++;
-    rx->cur++;
-    rx->pos = 0;
-  }
+  complete_filled(rx); /* zero-byte tensors complete at once */
   return 0;
 }
 
@@ -154,13 +158,7 @@ int wtx_rx_commit(wtx_rx *rx, size_t len) {
     if (rx->verify) XXH3_64bits_update(rx->h, t->dst + rx->pos, k);
     rx->pos += k;
     len -= k;
-    while (rx->cur < rx->n && rx->pos == rx->t[rx->cur].nbytes) {
-      rx->digests[rx->cur] = XXH3_64bits_digest(rx->h);
-      XXH3_64bits_reset(rx->h);
-      rx->completed++;
-      rx->cur++;
-      rx->pos = 0;
-    }
+    complete_filled(rx);
   }
   return 0;
 }

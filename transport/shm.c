@@ -50,8 +50,7 @@ static int shm_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
                   u->region);
     return WTX_EINVAL;
   }
-  if (u->length != wtx_rx_remaining(rx) &&
-      u->length > wtx_rx_remaining(rx)) {
+  if (u->length > wtx_rx_remaining(rx)) {
     wtx_rx_errorf(rx,
                   "update_info.shm.length: %llu bytes, but the chunk's "
                   "tensors hold %llu",
