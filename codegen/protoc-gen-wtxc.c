@@ -234,7 +234,9 @@ static void mark_deps(const request *r, const FileProto *f, int *marks) {
 
 /* ---- emission ---- */
 
-static void emit_blob(buf *c, size_t idx, FileProto *f) {
+/* Emits f's serialized descriptor and symbols into c, and its entry of the
+ * blobs table into tbl. */
+static void emit_blob(buf *c, buf *tbl, size_t idx, FileProto *f) {
   /* Reflection clients need the descriptor, not comments or locations. */
   Google__Protobuf__SourceCodeInfo *saved = f->source_code_info;
   f->source_code_info = NULL;
@@ -259,6 +261,13 @@ static void emit_blob(buf *c, size_t idx, FileProto *f) {
     out(c, "};\n");
   }
   out(c, "\n");
+  out(tbl,
+      "    {.name = \"%s\", .data = blob%zu_data, .len = sizeof blob%zu_data,\n",
+      f->name, idx, idx);
+  if (syms.n > 0)
+    out(tbl, "     .symbols = blob%zu_symbols, .n_symbols = %zu},\n", idx, syms.n);
+  else
+    out(tbl, "     .symbols = NULL, .n_symbols = 0},\n");
   strlist_free(&syms);
 }
 
@@ -499,30 +508,12 @@ static void generate(const request *r, FileProto *f,
   if (marks == NULL) die("out of memory");
   mark_deps(r, f, marks);
   size_t nblobs = 0;
+  buf tbl = {0};
+  out(&tbl, "static const wtx_rpc_file_blob blobs[] = {\n");
   for (size_t i = 0; i < r->req->n_proto_file; i++)
-    if (marks[i]) emit_blob(&c, nblobs++, r->req->proto_file[i]);
-  out(&c, "static const wtx_rpc_file_blob blobs[] = {\n");
-  nblobs = 0;
-  for (size_t i = 0; i < r->req->n_proto_file; i++) {
-    if (!marks[i]) continue;
-    const FileProto *d = r->req->proto_file[i];
-    strlist syms = {0};
-    file_symbols(&syms, d);
-    if (syms.n > 0)
-      out(&c,
-          "    {.name = \"%s\", .data = blob%zu_data, .len = sizeof "
-          "blob%zu_data,\n"
-          "     .symbols = blob%zu_symbols, .n_symbols = %zu},\n",
-          d->name, nblobs, nblobs, nblobs, syms.n);
-    else
-      out(&c,
-          "    {.name = \"%s\", .data = blob%zu_data, .len = sizeof "
-          "blob%zu_data,\n"
-          "     .symbols = NULL, .n_symbols = 0},\n",
-          d->name, nblobs, nblobs);
-    strlist_free(&syms);
-    nblobs++;
-  }
+    if (marks[i]) emit_blob(&c, &tbl, nblobs++, r->req->proto_file[i]);
+  out(&c, "%s", tbl.p);
+  free(tbl.p);
   out(&c, "};\n\n");
   out(&c,
       "const wtx_rpc_file %s__file = {\n"

@@ -139,6 +139,15 @@ static void md_list_free(md_list *l) {
   l->n = 0;
 }
 
+/* Appends an integer channel argument when value > 0. */
+static void int_arg(grpc_arg *args, size_t *n, const char *key, int value) {
+  if (value <= 0) return;
+  args[*n].type = GRPC_ARG_INTEGER;
+  args[*n].key = (char *)key;
+  args[*n].value.integer = value;
+  (*n)++;
+}
+
 /* ---- channel ---- */
 
 struct wtx_rpc_channel {
@@ -161,16 +170,9 @@ int wtx_rpc_channel_create(const char *target,
   grpc_init();
   grpc_arg args[2];
   size_t nargs = 0;
-  if (opts != NULL && opts->max_message_bytes > 0) {
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[nargs].value.integer = opts->max_message_bytes;
-    nargs++;
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[nargs].value.integer = opts->max_message_bytes;
-    nargs++;
-  }
+  int max = opts != NULL ? opts->max_message_bytes : 0;
+  int_arg(args, &nargs, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max);
+  int_arg(args, &nargs, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, max);
   grpc_channel_args cargs = {nargs, args};
   grpc_channel_credentials *creds =
       opts != NULL ? opts->credentials : NULL;
@@ -516,18 +518,10 @@ int wtx_rpc_server_create(const wtx_rpc_server_options *opts,
   grpc_init();
   grpc_arg args[2];
   size_t nargs = 0;
-  if (srv->opts.max_receive_message_bytes > 0) {
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[nargs].value.integer = srv->opts.max_receive_message_bytes;
-    nargs++;
-  }
-  if (srv->opts.max_send_message_bytes > 0) {
-    args[nargs].type = GRPC_ARG_INTEGER;
-    args[nargs].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[nargs].value.integer = srv->opts.max_send_message_bytes;
-    nargs++;
-  }
+  int_arg(args, &nargs, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+          srv->opts.max_receive_message_bytes);
+  int_arg(args, &nargs, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+          srv->opts.max_send_message_bytes);
   grpc_channel_args cargs = {nargs, args};
   srv->server = grpc_server_create(&cargs, NULL);
   srv->cq = grpc_completion_queue_create_for_next(NULL);
@@ -642,14 +636,6 @@ char *wtx_rpc_ctx_strdup(wtx_rpc_ctx *ctx, const char *s) {
 
 void *wtx_rpc_ctx_user(const wtx_rpc_ctx *ctx) { return ctx->sl->entry->user; }
 
-const wtx_rpc_method *wtx_rpc_ctx_method(const wtx_rpc_ctx *ctx) {
-  return ctx->sl->method;
-}
-
-wtx_rpc_server *wtx_rpc_ctx_server(const wtx_rpc_ctx *ctx) {
-  return ctx->sl->srv;
-}
-
 const char *wtx_rpc_ctx_metadata(wtx_rpc_ctx *ctx, const char *key) {
   size_t klen = strlen(key);
   for (size_t i = 0; i < ctx->sl->md.count; i++) {
@@ -664,20 +650,6 @@ const char *wtx_rpc_ctx_metadata(wtx_rpc_ctx *ctx, const char *key) {
     }
   }
   return NULL;
-}
-
-const char *wtx_rpc_ctx_peer(wtx_rpc_ctx *ctx) {
-  char *p = grpc_call_get_peer(ctx->sl->call);
-  char *d = wtx_rpc_ctx_strdup(ctx, p != NULL ? p : "");
-  gpr_free(p);
-  return d;
-}
-
-int64_t wtx_rpc_ctx_remaining_ms(const wtx_rpc_ctx *ctx) {
-  gpr_timespec d = ctx->sl->deadline;
-  if (gpr_time_cmp(d, gpr_inf_future(d.clock_type)) == 0) return INT64_MAX;
-  gpr_timespec now = gpr_now(d.clock_type);
-  return gpr_time_to_millis(gpr_time_sub(d, now));
 }
 
 grpc_status_code wtx_rpc_ctx_errorf(wtx_rpc_ctx *ctx, grpc_status_code code,

@@ -221,17 +221,9 @@ const wtx_rpc_service *wtx_rpc_server_service(const wtx_rpc_server *srv,
 
 /* The user pointer given to wtx_rpc_server_add_service. */
 void *wtx_rpc_ctx_user(const wtx_rpc_ctx *ctx);
-/* The method being served. */
-const wtx_rpc_method *wtx_rpc_ctx_method(const wtx_rpc_ctx *ctx);
-/* The server serving the call. */
-wtx_rpc_server *wtx_rpc_ctx_server(const wtx_rpc_ctx *ctx);
 /* The value of request metadata key copied into the call arena (NUL
  * terminated), or NULL when absent. */
 const char *wtx_rpc_ctx_metadata(wtx_rpc_ctx *ctx, const char *key);
-/* The client's address ("ipv4:127.0.0.1:5555"), in the call arena. */
-const char *wtx_rpc_ctx_peer(wtx_rpc_ctx *ctx);
-/* Milliseconds left before the client's deadline; INT64_MAX when none. */
-int64_t wtx_rpc_ctx_remaining_ms(const wtx_rpc_ctx *ctx);
 
 /* Memory that lives until the response has been sent: response fields point
  * here (or to static / longer-lived memory). Zeroed. NULL when out of memory. */

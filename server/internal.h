@@ -49,20 +49,23 @@ void wtx__session_destroy(wtx_session *s);
 int wtx__session_watchdog(wtx_session *s);
 void wtx__session_drain(wtx_session *s);
 
-grpc_status_code wtx__handle_init(wtx_session *s, wtx_rpc_ctx *ctx,
-                                  const Wtx__V1__InitWeightTransferEngineRequest *req,
-                                  Wtx__V1__InitWeightTransferEngineResponse *resp);
-grpc_status_code wtx__handle_start(wtx_session *s, wtx_rpc_ctx *ctx,
-                                   const Wtx__V1__StartWeightUpdateRequest *req,
-                                   Wtx__V1__StartWeightUpdateResponse *resp);
-grpc_status_code wtx__handle_update(wtx_session *s, wtx_rpc_ctx *ctx,
-                                    const Wtx__V1__UpdateWeightsRequest *req,
-                                    Wtx__V1__UpdateWeightsResponse *resp);
-grpc_status_code wtx__handle_finish(wtx_session *s, wtx_rpc_ctx *ctx,
-                                    const Wtx__V1__FinishWeightUpdateRequest *req,
-                                    Wtx__V1__FinishWeightUpdateResponse *resp);
-grpc_status_code wtx__handle_abort(wtx_session *s, wtx_rpc_ctx *ctx,
-                                   const Wtx__V1__AbortWeightUpdateRequest *req,
-                                   Wtx__V1__AbortWeightUpdateResponse *resp);
+/* The WeightTransfer handlers that change the session, registered as they
+ * are; each finds its session through the call's user pointer. */
+wtx_session *wtx__session_of(wtx_rpc_ctx *ctx);
+grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
+    const Wtx__V1__InitWeightTransferEngineRequest *req,
+    Wtx__V1__InitWeightTransferEngineResponse *resp);
+grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
+    const Wtx__V1__StartWeightUpdateRequest *req,
+    Wtx__V1__StartWeightUpdateResponse *resp);
+grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
+    const Wtx__V1__UpdateWeightsRequest *req,
+    Wtx__V1__UpdateWeightsResponse *resp);
+grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
+    const Wtx__V1__FinishWeightUpdateRequest *req,
+    Wtx__V1__FinishWeightUpdateResponse *resp);
+grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
+    const Wtx__V1__AbortWeightUpdateRequest *req,
+    Wtx__V1__AbortWeightUpdateResponse *resp);
 
 #endif

@@ -130,9 +130,9 @@ static grpc_status_code from_wtx(wtx_rpc_ctx *ctx, int rc, const char *what,
                             "%s: %s", what, detail[0] ? detail : wtx_strerror(rc));
 }
 
-grpc_status_code wtx__handle_init(wtx_session *s, wtx_rpc_ctx *ctx,
-                                  const Wtx__V1__InitWeightTransferEngineRequest *req,
-                                  Wtx__V1__InitWeightTransferEngineResponse *resp) {
+grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
+    const Wtx__V1__InitWeightTransferEngineRequest *req, Wtx__V1__InitWeightTransferEngineResponse *resp) {
+  wtx_session *s = wtx__session_of(ctx);
   char err[512] = "";
   if (req->init_info == NULL)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
@@ -189,9 +189,9 @@ grpc_status_code wtx__handle_init(wtx_session *s, wtx_rpc_ctx *ctx,
   return code;
 }
 
-grpc_status_code wtx__handle_start(wtx_session *s, wtx_rpc_ctx *ctx,
-                                   const Wtx__V1__StartWeightUpdateRequest *req,
-                                   Wtx__V1__StartWeightUpdateResponse *resp) {
+grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
+    const Wtx__V1__StartWeightUpdateRequest *req, Wtx__V1__StartWeightUpdateResponse *resp) {
+  wtx_session *s = wtx__session_of(ctx);
   int target;
   switch (req->target) {
     case WTX__V1__UPDATE_TARGET__UPDATE_TARGET_UNSPECIFIED:
@@ -272,9 +272,9 @@ static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
   return s->model_ops->check(s->model, s->target, meta, err, errlen);
 }
 
-grpc_status_code wtx__handle_update(wtx_session *s, wtx_rpc_ctx *ctx,
-                                    const Wtx__V1__UpdateWeightsRequest *req,
-                                    Wtx__V1__UpdateWeightsResponse *resp) {
+grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
+    const Wtx__V1__UpdateWeightsRequest *req, Wtx__V1__UpdateWeightsResponse *resp) {
+  wtx_session *s = wtx__session_of(ctx);
   char err[768] = "";
   pthread_mutex_lock(&s->mu);
   grpc_status_code code =
@@ -391,9 +391,9 @@ grpc_status_code wtx__handle_update(wtx_session *s, wtx_rpc_ctx *ctx,
   return code;
 }
 
-grpc_status_code wtx__handle_finish(wtx_session *s, wtx_rpc_ctx *ctx,
-                                    const Wtx__V1__FinishWeightUpdateRequest *req,
-                                    Wtx__V1__FinishWeightUpdateResponse *resp) {
+grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
+    const Wtx__V1__FinishWeightUpdateRequest *req, Wtx__V1__FinishWeightUpdateResponse *resp) {
+  wtx_session *s = wtx__session_of(ctx);
   if (strlen(req->weight_version) > 256)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                               "weight_version: %zu bytes, at most 256",
@@ -443,9 +443,9 @@ grpc_status_code wtx__handle_finish(wtx_session *s, wtx_rpc_ctx *ctx,
   return code;
 }
 
-grpc_status_code wtx__handle_abort(wtx_session *s, wtx_rpc_ctx *ctx,
-                                   const Wtx__V1__AbortWeightUpdateRequest *req,
-                                   Wtx__V1__AbortWeightUpdateResponse *resp) {
+grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
+    const Wtx__V1__AbortWeightUpdateRequest *req, Wtx__V1__AbortWeightUpdateResponse *resp) {
+  wtx_session *s = wtx__session_of(ctx);
   pthread_mutex_lock(&s->mu);
   grpc_status_code code = check_session(s, ctx, req->session_id);
   if (code == GRPC_STATUS_OK && req->update_id != 0 &&

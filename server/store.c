@@ -388,53 +388,35 @@ void wtx_store_release(wtx_store *s, wtx_store_view *v) {
 }
 
 int wtx_store_set_version(wtx_store *s, const char *version, char **previous) {
-  char *dup = strdup(version);
-  if (dup == NULL) return WTX_ENOMEM;
+  /* Readers hold the version string through their snapshot: publish a new
+   * snapshot that shares every tensor of the current one (if any). */
   pthread_mutex_lock(&s->mu);
-  int rc = 0;
-  if (s->pub[0] == NULL) {
-    /* Nothing published yet: an empty version-only snapshot. */
-    snapshot *snap = calloc(1, sizeof *snap);
-    if (snap == NULL || build_view(snap) != 0) {
-      free(snap);
-      rc = WTX_ENOMEM;
-    } else {
-      atomic_init(&snap->refs, 1);
-      snap->version = strdup("");
-      s->pub[0] = snap;
-    }
+  snapshot *old = s->pub[0];
+  size_t n = old != NULL ? old->n : 0;
+  snapshot *snap = calloc(1, sizeof *snap);
+  int rc = snap != NULL ? 0 : WTX_ENOMEM;
+  if (rc == 0) {
+    atomic_init(&snap->refs, 1);
+    snap->version = strdup(version);
+    snap->e = calloc(n ? n : 1, sizeof *snap->e);
+    snap->generation = old != NULL ? old->generation : 0;
+    if (snap->version == NULL || snap->e == NULL) rc = WTX_ENOMEM;
+  }
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    rc = entry_share(&snap->e[i], &old->e[i]);
+    if (rc == 0) snap->n++;
+  }
+  if (rc == 0) rc = build_view(snap);
+  if (rc == 0 && previous != NULL) {
+    *previous = strdup(old != NULL ? old->version : "");
+    if (*previous == NULL) rc = WTX_ENOMEM;
   }
   if (rc == 0) {
-    /* Readers hold the version string through their snapshot: swap in a
-     * copy of the snapshot's metadata sharing the blobs. */
-    snapshot *old = s->pub[0];
-    if (previous != NULL) *previous = strdup(old->version ? old->version : "");
-    snapshot *snap = calloc(1, sizeof *snap);
-    entry *e = calloc(old->n ? old->n : 1, sizeof *e);
-    if (snap == NULL || e == NULL) {
-      free(snap);
-      free(e);
-      rc = WTX_ENOMEM;
-    } else {
-      atomic_init(&snap->refs, 1);
-      snap->e = e;
-      snap->version = dup;
-      dup = NULL;
-      snap->generation = old->generation;
-      for (size_t i = 0; i < old->n && rc == 0; i++) {
-        rc = entry_share(&e[i], &old->e[i]);
-        if (rc == 0) snap->n++;
-      }
-      if (rc == 0) rc = build_view(snap);
-      if (rc == 0) {
-        s->pub[0] = snap;
-        snapshot_unref(old);
-      } else {
-        snapshot_unref(snap);
-      }
-    }
+    s->pub[0] = snap;
+    snapshot_unref(old);
+  } else {
+    snapshot_unref(snap);
   }
   pthread_mutex_unlock(&s->mu);
-  free(dup);
   return rc;
 }

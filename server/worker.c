@@ -58,35 +58,7 @@ void wtx__names_clear(wtx__names *s) {
 
 static wtx_worker *W(wtx_rpc_ctx *ctx) { return wtx_rpc_ctx_user(ctx); }
 
-static grpc_status_code h_init(wtx_rpc_ctx *ctx,
-                               const Wtx__V1__InitWeightTransferEngineRequest *req,
-                               Wtx__V1__InitWeightTransferEngineResponse *resp) {
-  return wtx__handle_init(&W(ctx)->session, ctx, req, resp);
-}
-
-static grpc_status_code h_start(wtx_rpc_ctx *ctx,
-                                const Wtx__V1__StartWeightUpdateRequest *req,
-                                Wtx__V1__StartWeightUpdateResponse *resp) {
-  return wtx__handle_start(&W(ctx)->session, ctx, req, resp);
-}
-
-static grpc_status_code h_update(wtx_rpc_ctx *ctx,
-                                 const Wtx__V1__UpdateWeightsRequest *req,
-                                 Wtx__V1__UpdateWeightsResponse *resp) {
-  return wtx__handle_update(&W(ctx)->session, ctx, req, resp);
-}
-
-static grpc_status_code h_finish(wtx_rpc_ctx *ctx,
-                                 const Wtx__V1__FinishWeightUpdateRequest *req,
-                                 Wtx__V1__FinishWeightUpdateResponse *resp) {
-  return wtx__handle_finish(&W(ctx)->session, ctx, req, resp);
-}
-
-static grpc_status_code h_abort(wtx_rpc_ctx *ctx,
-                                const Wtx__V1__AbortWeightUpdateRequest *req,
-                                Wtx__V1__AbortWeightUpdateResponse *resp) {
-  return wtx__handle_abort(&W(ctx)->session, ctx, req, resp);
-}
+wtx_session *wtx__session_of(wtx_rpc_ctx *ctx) { return &W(ctx)->session; }
 
 static grpc_status_code h_version(wtx_rpc_ctx *ctx,
                                   const Wtx__V1__UpdateWeightVersionRequest *req,
@@ -202,11 +174,11 @@ static grpc_status_code h_resume(wtx_rpc_ctx *ctx, const Wtx__V1__ResumeRequest 
 }
 
 static const Wtx__V1__WeightTransfer_Handlers handlers = {
-    .init_weight_transfer_engine = h_init,
-    .start_weight_update = h_start,
-    .update_weights = h_update,
-    .finish_weight_update = h_finish,
-    .abort_weight_update = h_abort,
+    .init_weight_transfer_engine = wtx__handle_init,
+    .start_weight_update = wtx__handle_start,
+    .update_weights = wtx__handle_update,
+    .finish_weight_update = wtx__handle_finish,
+    .abort_weight_update = wtx__handle_abort,
     .update_weight_version = h_version,
     .get_weight_info = h_info,
     .get_world_size = h_world,

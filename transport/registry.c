@@ -54,54 +54,53 @@ void wtx_transports_register_builtin(void) {
   pthread_once(&builtin_once, register_builtin);
 }
 
-const char *wtx_init_backend_name(const Wtx__V1__InitInfo *init) {
+/* The fields every backend's init message shares, found by its oneof. */
+typedef struct init_fields {
+  const char *name;
+  const Wtx__V1__PackingParams *packing;
+  int checksum;
+  uint32_t timeout_ms;
+  int gpu;
+} init_fields;
+
+static int init_fields_of(const Wtx__V1__InitInfo *init, init_fields *f) {
+#define WTX__FIELDS(msg, n, g) \
+  *f = (init_fields){n, msg->packing, msg->checksum, msg->timeout_ms, g}
   switch (init->backend_case) {
     case WTX__V1__INIT_INFO__BACKEND_NCCL:
-      return "nccl";
+      WTX__FIELDS(init->nccl, "nccl", 1);
+      return 0;
     case WTX__V1__INIT_INFO__BACKEND_CUDA_IPC:
-      return "cuda_ipc";
+      WTX__FIELDS(init->cuda_ipc, "cuda_ipc", 1);
+      return 0;
     case WTX__V1__INIT_INFO__BACKEND_TCP:
-      return "tcp";
+      WTX__FIELDS(init->tcp, "tcp", 0);
+      return 0;
     case WTX__V1__INIT_INFO__BACKEND_SHM:
-      return "shm";
+      WTX__FIELDS(init->shm, "shm", 0);
+      return 0;
     default:
-      return NULL;
+      return WTX_EINVAL;
   }
+#undef WTX__FIELDS
+}
+
+const char *wtx_init_backend_name(const Wtx__V1__InitInfo *init) {
+  init_fields f;
+  return init_fields_of(init, &f) == 0 ? f.name : NULL;
 }
 
 int wtx_wire_params_from_init(const Wtx__V1__InitInfo *init,
                               wtx_wire_params *out, char *err, size_t errlen) {
-  const Wtx__V1__PackingParams *pk = NULL;
-  int checksum = 0;
-  uint32_t timeout_ms = 0;
-  int gpu = 0;
-  switch (init->backend_case) {
-    case WTX__V1__INIT_INFO__BACKEND_NCCL:
-      pk = init->nccl->packing;
-      checksum = init->nccl->checksum;
-      timeout_ms = init->nccl->timeout_ms;
-      gpu = 1;
-      break;
-    case WTX__V1__INIT_INFO__BACKEND_CUDA_IPC:
-      pk = init->cuda_ipc->packing;
-      checksum = init->cuda_ipc->checksum;
-      timeout_ms = init->cuda_ipc->timeout_ms;
-      gpu = 1;
-      break;
-    case WTX__V1__INIT_INFO__BACKEND_TCP:
-      pk = init->tcp->packing;
-      checksum = init->tcp->checksum;
-      timeout_ms = init->tcp->timeout_ms;
-      break;
-    case WTX__V1__INIT_INFO__BACKEND_SHM:
-      pk = init->shm->packing;
-      checksum = init->shm->checksum;
-      timeout_ms = init->shm->timeout_ms;
-      break;
-    default:
-      snprintf(err, errlen, "init_info.backend: no backend set");
-      return WTX_EINVAL;
+  init_fields f;
+  if (init_fields_of(init, &f) != 0) {
+    snprintf(err, errlen, "init_info.backend: no backend set");
+    return WTX_EINVAL;
   }
+  const Wtx__V1__PackingParams *pk = f.packing;
+  int checksum = f.checksum;
+  uint32_t timeout_ms = f.timeout_ms;
+  int gpu = f.gpu;
   memset(out, 0, sizeof *out);
   out->packed = pk != NULL ? pk->packed : 1;
   out->buffer_size = pk != NULL && pk->buffer_size_bytes != 0
