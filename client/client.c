@@ -301,9 +301,17 @@ int wtx_client_push_shm(wtx_client *c, wtx_synth_param *params, size_t n,
       req.session_id = r[i].session_id;
       req.update_id = r[i].update_id;
       req.update_info = &ui;
-      wtx__v1__weight_transfer__update_weights__start(c->ch[i], &req, &co, &pend[i]);
+      int e = wtx__v1__weight_transfer__update_weights__start(c->ch[i], &req,
+                                                               &co, &pend[i]);
+      if (e != 0 && rc == 0) {
+        rc = e;
+        seterr(c, "worker %s: UpdateWeights: cannot start the call: %s",
+               wtx_rpc_channel_target(c->ch[i]), wtx_strerror(e));
+      }
     }
+    /* Every started call is waited for, even after a failure. */
     for (size_t i = 0; i < c->n; i++) {
+      if (pend[i] == NULL) continue;
       Wtx__V1__UpdateWeightsResponse *resp = NULL;
       int e = wtx__v1__weight_transfer__update_weights__wait(pend[i], &resp, &st);
       if (e != 0 && rc == 0) {
@@ -313,6 +321,7 @@ int wtx_client_push_shm(wtx_client *c, wtx_synth_param *params, size_t n,
                st.message);
       }
       if (resp != NULL) protobuf_c_message_free_unpacked(&resp->base, NULL);
+      pend[i] = NULL;
     }
     done += used;
     if (o.progress != NULL) o.progress(o.progress_arg, done, total);

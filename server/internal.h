@@ -34,7 +34,8 @@ typedef struct wtx_session {
   uint64_t auto_version;
   int target;
   int receiving;
-  int abort_requested;
+  int abort_requested; /* abort once the running receive returns */
+  int draining;        /* no new calls; state ends at DRAINING */
   int64_t last_activity_ms;
   size_t staged_params;
   uint64_t staged_bytes;

@@ -34,7 +34,9 @@ static void abort_locked(wtx_session *s, const char *why) {
   if (s->state != WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING) return;
   s->model_ops->abort(s->model);
   wtx__rx_reset(s->rx);
-  s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
+  s->abort_requested = 0;
+  s->state = s->draining ? WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING
+                         : WTX__V1__SESSION_STATE__SESSION_STATE_READY;
   s->staged_params = 0;
   s->staged_bytes = 0;
   wtx__names_clear(&s->names);
@@ -80,11 +82,15 @@ int wtx__session_watchdog(wtx_session *s) {
 
 void wtx__session_drain(wtx_session *s) {
   pthread_mutex_lock(&s->mu);
-  if (s->receiving)
+  s->draining = 1;
+  /* A running receive keeps the update UPDATING until it returns; the
+   * update is then aborted and the state lands on DRAINING. */
+  if (s->receiving) {
     s->abort_requested = 1;
-  else
+  } else {
     abort_locked(s, "worker draining");
-  s->state = WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING;
+    s->state = WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING;
+  }
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -92,7 +98,7 @@ void wtx__session_drain(wtx_session *s) {
  * mu. */
 static grpc_status_code check_session(wtx_session *s, wtx_rpc_ctx *ctx,
                                       const char *session_id) {
-  if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING)
+  if (s->draining)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE,
                               "worker is draining");
   if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UNINITIALIZED)
@@ -158,7 +164,7 @@ grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
                               name, err);
   pthread_mutex_lock(&s->mu);
   grpc_status_code code = GRPC_STATUS_OK;
-  if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING) {
+  if (s->draining) {
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "worker is draining");
   } else if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING) {
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
@@ -228,7 +234,6 @@ grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
       s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING;
       s->staged_params = 0;
       s->staged_bytes = 0;
-      s->abort_requested = 0;
       wtx__names_clear(&s->names);
       wtx__rx_reset(s->rx);
       s->last_activity_ms = now_ms();
@@ -377,9 +382,6 @@ grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
   }
   if (rc != 0) {
     abort_locked(s, err);
-    if (s->abort_requested &&
-        s->state != WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING)
-      s->abort_requested = 0;
     code = from_wtx(ctx, rc, "UpdateWeights (update aborted)", err);
   } else {
     resp->staged_params = (uint32_t)s->staged_params;

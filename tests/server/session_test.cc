@@ -8,11 +8,14 @@
 #include <xxhash.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "server/worker.h"
+#include "transport/transport.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 
 namespace {
@@ -35,7 +38,7 @@ class SessionTest : public ::testing::Test {
     region_ = "/wtx-test-" + std::to_string(getpid());
   }
   void TearDown() override {
-    wtx_rpc_channel_destroy(ch_);
+    if (ch_ != nullptr) wtx_rpc_channel_destroy(ch_);
     wtx_worker_destroy(w_);
     shm_unlink(region_.c_str());
   }
@@ -46,6 +49,7 @@ class SessionTest : public ::testing::Test {
     shm.packing = &pk;
     shm.checksum = (Wtx__V1__ChecksumAlgorithm)checksum;
     Wtx__V1__TcpInitInfo tcp = WTX__V1__TCP_INIT_INFO__INIT;
+    Wtx__V1__NcclInitInfo nccl = WTX__V1__NCCL_INIT_INFO__INIT;
     Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
     if (std::string(backend) == "shm") {
       ii.backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
@@ -53,6 +57,9 @@ class SessionTest : public ::testing::Test {
     } else if (std::string(backend) == "tcp") {
       ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
       ii.tcp = &tcp;
+    } else if (std::string(backend) == "nccl") {
+      ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
+      ii.nccl = &nccl;
     }
     Wtx__V1__InitWeightTransferEngineRequest req =
         WTX__V1__INIT_WEIGHT_TRANSFER_ENGINE_REQUEST__INIT;
@@ -219,9 +226,9 @@ TEST_F(SessionTest, CallsBeforeInitAreFailedPrecondition) {
 }
 
 TEST_F(SessionTest, UnknownBackendListsTheRegisteredOnes) {
-  EXPECT_EQ(WTX_EINVAL, Init("tcp"));
+  EXPECT_EQ(WTX_EINVAL, Init("nccl"));
   EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code);
-  EXPECT_NE(nullptr, strstr(st_.message, "'tcp' is not available"));
+  EXPECT_NE(nullptr, strstr(st_.message, "'nccl' is not available"));
   EXPECT_NE(nullptr, strstr(st_.message, "registered: shm"));
   EXPECT_EQ(WTX_EINVAL, Init("none"));
   EXPECT_NE(nullptr, strstr(st_.message, "no backend set"));
@@ -346,6 +353,129 @@ TEST_F(SessionTest, InspectionCallsAnswer) {
                                                                nullptr, &st_));
   EXPECT_EQ(1u, wresp->world_size);
   protobuf_c_message_free_unpacked(&wresp->base, nullptr);
+}
+
+// A test double for a slow data plane, registered as "tcp" (not built in
+// yet): receive blocks until released, then delivers zeros.
+std::mutex g_mu;
+std::condition_variable g_cv;
+bool g_in_receive = false, g_release = false;
+
+int SlowInit(const Wtx__V1__InitInfo *, const wtx_wire_params *, void **self,
+             char *addr, size_t addrlen, char *, size_t) {
+  *self = nullptr;
+  if (addrlen > 0) addr[0] = '\0';
+  return 0;
+}
+
+int SlowReceive(void *, const Wtx__V1__UpdateInfo *, wtx_rx *rx) {
+  std::unique_lock<std::mutex> lk(g_mu);
+  g_in_receive = true;
+  g_cv.notify_all();
+  g_cv.wait(lk, [] { return g_release; });
+  std::vector<uint8_t> zeros(wtx_rx_remaining(rx));
+  return wtx_rx_bytes(rx, zeros.data(), zeros.size());
+}
+
+void SlowDestroy(void *) {}
+
+const wtx_worker_transport kSlowTcp = {
+    .name = "tcp",
+    .supports_draft = 0,
+    .init = SlowInit,
+    .receive = SlowReceive,
+    .destroy = SlowDestroy,
+};
+
+// The store, counting aborts.
+struct CountingModel {
+  wtx_store *store;
+  int aborts = 0;
+};
+int CmCheck(void *m, int t, const wtx_tensor_meta *meta, char *e, size_t n) {
+  return wtx_store_model_ops.check(static_cast<CountingModel *>(m)->store, t, meta, e, n);
+}
+int CmBegin(void *m, int t) {
+  return wtx_store_model_ops.begin(static_cast<CountingModel *>(m)->store, t);
+}
+int CmStage(void *m, const wtx_tensor_meta *meta, uint8_t **dst) {
+  return wtx_store_model_ops.stage(static_cast<CountingModel *>(m)->store, meta, dst);
+}
+int CmLoaded(void *m, const wtx_tensor_meta *meta, uint64_t h) {
+  return wtx_store_model_ops.loaded(static_cast<CountingModel *>(m)->store, meta, h);
+}
+int CmCommit(void *m, const char *v) {
+  return wtx_store_model_ops.commit(static_cast<CountingModel *>(m)->store, v);
+}
+void CmAbort(void *m) {
+  static_cast<CountingModel *>(m)->aborts++;
+  wtx_store_model_ops.abort(static_cast<CountingModel *>(m)->store);
+}
+const wtx_model_ops kCounting = {CmCheck, CmBegin, CmStage, CmLoaded, CmCommit, CmAbort};
+
+TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
+  // Replace the fixture's worker by one over a counting model.
+  wtx_rpc_channel_destroy(ch_);
+  wtx_worker_destroy(w_);
+  CountingModel cm;
+  ASSERT_EQ(0, wtx_store_create(&cm.store));
+  wtx_transports_register_builtin();
+  int reg = wtx_worker_transport_register(&kSlowTcp);
+  ASSERT_TRUE(reg == 0 || reg == WTX_EEXIST);
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.listen = "127.0.0.1:0";
+  o.model_ops = &kCounting;
+  o.model = &cm;
+  char err[256] = "";
+  ASSERT_EQ(0, wtx_worker_start(&o, &w_, err, sizeof err)) << err;
+  std::string t = "127.0.0.1:" + std::to_string(wtx_worker_port(w_));
+  ASSERT_EQ(0, wtx_rpc_channel_create(t.c_str(), nullptr, &ch_));
+
+  ASSERT_EQ(0, Init("tcp")) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT;
+  pm.name = const_cast<char *>("a");
+  pm.dtype = WTX__V1__DTYPE__DTYPE_UINT8;
+  uint64_t shape = 16;
+  pm.shape = &shape;
+  pm.n_shape = 1;
+  Wtx__V1__ParamMeta *pmp = &pm;
+  Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  ui.params = &pmp;
+  ui.n_params = 1;
+  ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
+  ui.tcp = &tu;
+  Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
+  req.session_id = const_cast<char *>(session_.c_str());
+  req.update_id = update_;
+  req.update_info = &ui;
+  wtx_rpc_pending *p = nullptr;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__update_weights__start(ch_, &req, nullptr, &p));
+  {
+    std::unique_lock<std::mutex> lk(g_mu);
+    ASSERT_TRUE(g_cv.wait_for(lk, std::chrono::seconds(10), [] { return g_in_receive; }));
+  }
+  std::thread drainer([&] { wtx_worker_drain(w_, 10000); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_release = true;
+    g_cv.notify_all();
+  }
+  Wtx__V1__UpdateWeightsResponse *resp = nullptr;
+  EXPECT_NE(0, wtx__v1__weight_transfer__update_weights__wait(p, &resp, &st_));
+  drainer.join();
+  EXPECT_EQ(1, cm.aborts);  // the staged tensor was discarded exactly once
+  wtx_store_view v;
+  wtx_store_acquire(cm.store, WTX_TARGET_MAIN, &v);
+  EXPECT_EQ(0u, v.n_params);  // nothing was published
+  wtx_store_release(cm.store, &v);
+  wtx_rpc_channel_destroy(ch_);
+  ch_ = nullptr;
+  wtx_worker_destroy(w_);
+  w_ = nullptr;
+  wtx_store_destroy(cm.store);
 }
 
 }  // namespace
