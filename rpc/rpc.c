@@ -636,6 +636,10 @@ char *wtx_rpc_ctx_strdup(wtx_rpc_ctx *ctx, const char *s) {
 
 void *wtx_rpc_ctx_user(const wtx_rpc_ctx *ctx) { return ctx->sl->entry->user; }
 
+const wtx_rpc_method *wtx_rpc_ctx_method(const wtx_rpc_ctx *ctx) {
+  return ctx->sl->method;
+}
+
 const char *wtx_rpc_ctx_metadata(wtx_rpc_ctx *ctx, const char *key) {
   size_t klen = strlen(key);
   for (size_t i = 0; i < ctx->sl->md.count; i++) {

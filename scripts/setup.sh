@@ -13,6 +13,7 @@ PACKAGES=(
   libuv1-dev               # event loop
   libgtest-dev             # GoogleTest
   libxxhash-dev            # XXH3 checksums
+  libjansson-dev           # JSON (safetensors headers)
   python3 python3-venv     # Python client tests
 )
 
@@ -29,4 +30,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python environment of the cross-language tests (tests/python), from PyPI.
+# Reinstalled only when requirements.txt changes.
+req=tests/python/requirements.txt
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ] || ! cmp -s "$req" .venv/requirements.txt; then
+  echo "setup: preparing .venv ($req)" >&2
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r "$req"
+  cp "$req" .venv/requirements.txt
 fi

@@ -10,7 +10,8 @@ log=$(mktemp)
 status=0
 for config in "" "--config=asan"; do
   echo "== bazel test //... ${config:-(plain)}"
-  bazel test ${config} --test_summary=short //... "$@" 2>&1 | tee -a "$log" |
+  bazel test ${config} --test_summary=short \
+    --test_env=WTX_PYTHON="$PWD/.venv/bin/python" //... "$@" 2>&1 | tee -a "$log" |
     grep -vE '^(Loading|Analyzing|\[[0-9,]+ / [0-9,]+\]|INFO: (Analyzed|Found))'
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || status=$rc

@@ -42,6 +42,9 @@ typedef struct wtx_session {
   wtx__names names;
   wtx_rx *rx;
   uint8_t *carry_dst; /* staging of a tensor continued by the next chunk */
+  /* Called after each successful commit, outside mu (may be NULL). */
+  void (*on_commit)(void *user, int target);
+  void *on_commit_user;
 } wtx_session;
 
 int wtx__session_init(wtx_session *s, const wtx_model_ops *ops, void *model,
@@ -68,5 +71,14 @@ grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
 grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
     const Wtx__V1__AbortWeightUpdateRequest *req,
     Wtx__V1__AbortWeightUpdateResponse *resp);
+
+/* Writes every published main version to dir as <version>.safetensors plus
+ * a LATEST file naming it, keeping the newest keep files (see publish.c). */
+typedef struct wtx__publisher wtx__publisher;
+int wtx__publisher_create(wtx_store *store, const char *dir, int keep,
+                          wtx__publisher **out);
+void wtx__publisher_notify(wtx__publisher *p);
+/* Writes a version still queued, then stops. */
+void wtx__publisher_destroy(wtx__publisher *p);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "common/log.h"
 #include "server/worker.h"
 
 static const char usage[] =
@@ -25,6 +26,16 @@ static const char usage[] =
     "                         (default 67108864)\n"
     "  --grace-ms MS          on SIGTERM, how long running calls may finish\n"
     "                         [WTX_GRACE_MS] (default 5000)\n"
+    "  --model-spec FILE      a safetensors file whose header declares the\n"
+    "                         expected names, dtypes and shapes (data unread)\n"
+    "                         [WTX_MODEL_SPEC]; default: the first complete\n"
+    "                         update defines the layout\n"
+    "  --publish-dir DIR      write every published version to\n"
+    "                         DIR/<version>.safetensors (atomic) and name it in\n"
+    "                         DIR/LATEST [WTX_PUBLISH_DIR]\n"
+    "  --publish-keep N       published files kept [WTX_PUBLISH_KEEP] (default 2)\n"
+    "  --log-level LEVEL      debug, info, warn, error or off [WTX_LOG_LEVEL]\n"
+    "                         (default info); logs are logfmt lines on stderr\n"
     "  --port-file FILE       write the bound port to FILE once serving\n"
     "  -h, --help             this text\n";
 
@@ -37,7 +48,8 @@ typedef struct daemon {
 
 static void on_signal(uv_signal_t *h, int signum) {
   daemon_t *d = h->data;
-  fprintf(stderr, "wtx-worker: signal %d: draining\n", signum);
+  wtx_log(WTX_LOG_INFO, "event=signal signal=%d action=drain grace_ms=%lld",
+          signum, (long long)d->grace_ms);
   wtx_worker_drain(d->w, d->grace_ms);
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);
@@ -74,6 +86,10 @@ int main(int argc, char **argv) {
   const char *maxmsg = env_or("WTX_MAX_MESSAGE_BYTES", "67108864");
   const char *grace = env_or("WTX_GRACE_MS", "5000");
   const char *port_file = NULL;
+  const char *model_spec = env_or("WTX_MODEL_SPEC", NULL);
+  const char *publish_dir = env_or("WTX_PUBLISH_DIR", NULL);
+  const char *publish_keep = env_or("WTX_PUBLISH_KEEP", "2");
+  const char *log_level = env_or("WTX_LOG_LEVEL", "info");
   static const struct option longopts[] = {
       {"listen", required_argument, NULL, 'l'},
       {"world-size", required_argument, NULL, 'w'},
@@ -81,6 +97,10 @@ int main(int argc, char **argv) {
       {"max-message-bytes", required_argument, NULL, 'm'},
       {"grace-ms", required_argument, NULL, 'g'},
       {"port-file", required_argument, NULL, 'p'},
+      {"model-spec", required_argument, NULL, 's'},
+      {"publish-dir", required_argument, NULL, 'P'},
+      {"publish-keep", required_argument, NULL, 'k'},
+      {"log-level", required_argument, NULL, 'L'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -93,6 +113,10 @@ int main(int argc, char **argv) {
       case 'm': maxmsg = optarg; break;
       case 'g': grace = optarg; break;
       case 'p': port_file = optarg; break;
+      case 's': model_spec = optarg; break;
+      case 'P': publish_dir = optarg; break;
+      case 'k': publish_keep = optarg; break;
+      case 'L': log_level = optarg; break;
       case 'h': fputs(usage, stdout); return 0;
       default: fputs(usage, stderr); return 2;
     }
@@ -101,11 +125,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "wtx-worker: unexpected argument '%s'\n%s", argv[optind], usage);
     return 2;
   }
-  int64_t world_size, watchdog_ms, max_message, grace_ms;
+  int level;
+  if (wtx_log_parse_level(log_level, &level) != 0) {
+    fprintf(stderr, "wtx-worker: --log-level: '%s' is not debug, info, warn, "
+            "error or off\n", log_level);
+    return 2;
+  }
+  wtx_log_set_level(level);
+  int64_t world_size, watchdog_ms, max_message, grace_ms, keep;
   if (parse_i64("--world-size", world, 1, 1 << 20, &world_size) != 0 ||
       parse_i64("--watchdog-ms", watchdog, 1, INT64_C(1) << 40, &watchdog_ms) != 0 ||
       parse_i64("--max-message-bytes", maxmsg, 1024, INT32_MAX, &max_message) != 0 ||
-      parse_i64("--grace-ms", grace, 0, INT64_C(1) << 40, &grace_ms) != 0)
+      parse_i64("--grace-ms", grace, 0, INT64_C(1) << 40, &grace_ms) != 0 ||
+      parse_i64("--publish-keep", publish_keep, 1, 1000000, &keep) != 0)
     return 2;
 
   wtx_worker_options opts = WTX_WORKER_OPTIONS_INIT;
@@ -113,6 +145,9 @@ int main(int argc, char **argv) {
   opts.world_size = (uint32_t)world_size;
   opts.watchdog_ms = watchdog_ms;
   opts.max_message_bytes = (int)max_message;
+  opts.model_spec = model_spec;
+  opts.publish_dir = publish_dir;
+  opts.publish_keep = (int)keep;
   daemon_t d;
   memset(&d, 0, sizeof d);
   d.grace_ms = grace_ms;
@@ -122,8 +157,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "wtx-worker: %s\n", err);
     return 1;
   }
-  fprintf(stderr, "wtx-worker: serving wtx.v1.WeightTransfer on %s (port %d)\n",
-          listen, wtx_worker_port(d.w));
+  wtx_log(WTX_LOG_INFO, "event=serving listen=%s port=%d services=wtx.v1."
+          "WeightTransfer,grpc.health.v1.Health,grpc.reflection.v1,"
+          "grpc.reflection.v1alpha", listen, wtx_worker_port(d.w));
   if (port_file != NULL) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", port_file);
@@ -149,6 +185,6 @@ int main(int argc, char **argv) {
   uv_run(loop, UV_RUN_DEFAULT);
   uv_loop_close(loop);
   wtx_worker_destroy(d.w);
-  fprintf(stderr, "wtx-worker: stopped\n");
+  wtx_log(WTX_LOG_INFO, "event=stopped");
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "server/internal.h"
 
 static int64_t now_ms(void) {
@@ -40,8 +41,9 @@ static void abort_locked(wtx_session *s, const char *why) {
   s->staged_params = 0;
   s->staged_bytes = 0;
   wtx__names_clear(&s->names);
-  fprintf(stderr, "wtx-worker: update %llu aborted: %s\n",
-          (unsigned long long)s->update_id, why);
+  char q[512];
+  wtx_log(WTX_LOG_WARN, "event=aborted update=%llu reason=%s",
+          (unsigned long long)s->update_id, wtx_log_quote(why, q, sizeof q));
 }
 
 int wtx__session_init(wtx_session *s, const wtx_model_ops *ops, void *model,
@@ -189,6 +191,10 @@ grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
       resp->backend = (char *)t->name;
       resp->data_address = wtx_rpc_ctx_strdup(ctx, addr);
       resp->world_size = s->world_size;
+      wtx_log(WTX_LOG_INFO, "event=init backend=%s session=%s buffer_size=%llu "
+              "num_buffers=%u timeout_ms=%lld", t->name, s->session_id,
+              (unsigned long long)wire.buffer_size, (unsigned)wire.num_buffers,
+              (long long)wire.timeout_ms);
     }
   }
   pthread_mutex_unlock(&s->mu);
@@ -238,6 +244,9 @@ grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
       wtx__rx_reset(s->rx);
       s->last_activity_ms = now_ms();
       resp->update_id = s->update_id;
+      wtx_log(WTX_LOG_INFO, "event=start update=%llu target=%s",
+              (unsigned long long)s->update_id,
+              target == WTX_TARGET_DRAFT ? "draft" : "main");
     }
   }
   pthread_mutex_unlock(&s->mu);
@@ -403,6 +412,7 @@ grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
   pthread_mutex_lock(&s->mu);
   grpc_status_code code = check_update(s, ctx, req->session_id, req->update_id,
                                        "FinishWeightUpdate");
+  int committed = 0;
   if (code == GRPC_STATUS_OK && s->receiving)
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "an UpdateWeights is still receiving");
@@ -433,15 +443,18 @@ grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
       resp->total_bytes = s->staged_bytes;
       s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
       wtx__names_clear(&s->names);
-      fprintf(stderr,
-              "wtx-worker: update %llu published as version %s (%llu params, "
-              "%llu bytes)\n",
-              (unsigned long long)s->update_id, v,
-              (unsigned long long)s->staged_params,
+      char q[600];
+      wtx_log(WTX_LOG_INFO, "event=published update=%llu target=%s version=%s "
+              "params=%llu bytes=%llu", (unsigned long long)s->update_id,
+              s->target == WTX_TARGET_DRAFT ? "draft" : "main",
+              wtx_log_quote(v, q, sizeof q), (unsigned long long)s->staged_params,
               (unsigned long long)s->staged_bytes);
+      committed = 1;
     }
   }
+  int target = s->target;
   pthread_mutex_unlock(&s->mu);
+  if (committed && s->on_commit != NULL) s->on_commit(s->on_commit_user, target);
   return code;
 }
 

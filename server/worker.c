@@ -4,10 +4,15 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "common/log.h"
+#include "common/safetensors.h"
+#include "rpc/services.h"
 #include "server/internal.h"
 
 struct wtx_worker {
   wtx_rpc_server *srv;
+  wtx_rpc_health *health;
+  wtx__publisher *publisher;
   wtx_session session;
   wtx_store *own_store;
   wtx_store *store; /* for inspection; NULL with a host model */
@@ -188,6 +193,41 @@ static const Wtx__V1__WeightTransfer_Handlers handlers = {
 
 /* ---- lifecycle ---- */
 
+static void on_commit(void *user, int target) {
+  wtx_worker *w = user;
+  if (target == WTX_TARGET_MAIN && w->publisher != NULL)
+    wtx__publisher_notify(w->publisher);
+}
+
+/* Declares the layout in the safetensors header at path. */
+static int declare_spec(wtx_store *store, const char *path, char *err,
+                        size_t errlen) {
+  wtx_st_file *f = NULL;
+  int rc = wtx_st_open(path, &f, err, errlen);
+  if (rc != 0) return rc;
+  size_t n = wtx_st_count(f);
+  wtx_tensor_meta *metas = calloc(n ? n : 1, sizeof *metas);
+  if (metas == NULL) {
+    wtx_st_close(f);
+    return WTX_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const wtx_st_tensor *t = wtx_st_tensor_at(f, i);
+    metas[i].name = t->name;
+    metas[i].dtype = t->dtype;
+    memcpy(metas[i].shape, t->shape, sizeof metas[i].shape);
+    metas[i].ndim = t->ndim;
+    metas[i].nbytes = t->nbytes;
+  }
+  rc = wtx_store_declare(store, metas, n);
+  if (rc != 0) snprintf(err, errlen, "model_spec: %s: %s", path, wtx_strerror(rc));
+  else
+    wtx_log(WTX_LOG_INFO, "event=model_spec file=%s params=%zu", path, n);
+  free(metas);
+  wtx_st_close(f);
+  return rc;
+}
+
 int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err,
                      size_t errlen) {
   *out = NULL;
@@ -200,7 +240,7 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
   if (w == NULL) return WTX_ENOMEM;
   pthread_mutex_init(&w->mu, NULL);
   w->opts = *opts;
-  w->opts.listen = NULL;
+  w->opts.listen = w->opts.model_spec = w->opts.publish_dir = NULL;
   const wtx_model_ops *ops = opts->model_ops;
   void *model = opts->model;
   int rc = 0;
@@ -210,9 +250,27 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
     model = w->own_store;
     w->store = w->own_store;
   }
+  if (rc == 0 && (opts->model_spec != NULL || opts->publish_dir != NULL) &&
+      w->store == NULL) {
+    snprintf(err, errlen, "model_spec and publish_dir need the internal store, "
+             "not a host model");
+    rc = WTX_EINVAL;
+  }
+  if (rc == 0 && opts->model_spec != NULL)
+    rc = declare_spec(w->store, opts->model_spec, err, errlen);
+  if (rc == 0 && opts->publish_dir != NULL) {
+    rc = wtx__publisher_create(w->store, opts->publish_dir,
+                               opts->publish_keep > 0 ? opts->publish_keep : 2,
+                               &w->publisher);
+    if (rc == WTX_ENOENT)
+      snprintf(err, errlen, "publish_dir: %s is not a writable directory",
+               opts->publish_dir);
+  }
   if (rc == 0)
     rc = wtx__session_init(&w->session, ops, model, opts->world_size,
                            opts->watchdog_ms);
+  w->session.on_commit = on_commit;
+  w->session.on_commit_user = w;
   wtx_rpc_server_options so = WTX_RPC_SERVER_OPTIONS_INIT;
   so.max_receive_message_bytes =
       opts->max_message_bytes > 0 ? opts->max_message_bytes : 64 << 20;
@@ -220,10 +278,13 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
   if (rc == 0)
     rc = wtx_rpc_server_add_service(w->srv, &wtx__v1__weight_transfer__grpc,
                                     &handlers, w);
+  if (rc == 0) rc = wtx_rpc_health_create(w->srv, &w->health);
+  if (rc == 0) rc = wtx_rpc_server_add_reflection(w->srv);
   if (rc == 0) {
     rc = wtx_rpc_server_start(w->srv, opts->listen, &w->port);
     if (rc != 0) snprintf(err, errlen, "listen: cannot bind %s", opts->listen);
   }
+  if (rc == 0) wtx_rpc_health_set(w->health, 1);
   if (rc != 0) {
     if (err[0] == '\0') snprintf(err, errlen, "%s", wtx_strerror(rc));
     wtx_worker_destroy(w);
@@ -241,9 +302,21 @@ int wtx_worker_watchdog(wtx_worker *w) { return wtx__session_watchdog(&w->sessio
 
 int wtx_worker_paused(const wtx_worker *w) { return w->paused; }
 
+void wtx_worker_set_serving(wtx_worker *w, int serving) {
+  pthread_mutex_lock(&w->mu);
+  if (!w->drained) wtx_rpc_health_set(w->health, serving);
+  pthread_mutex_unlock(&w->mu);
+}
+
 void wtx_worker_drain(wtx_worker *w, int64_t grace_ms) {
-  if (w->drained) return;
+  pthread_mutex_lock(&w->mu);
+  int was = w->drained;
   w->drained = 1;
+  pthread_mutex_unlock(&w->mu);
+  if (was) return;
+  /* NOT_SERVING first, so probes stop routing here, and every health Watch
+   * ends, so the server shutdown does not wait for them. */
+  if (w->health != NULL) wtx_rpc_health_close(w->health);
   if (w->srv != NULL) {
     wtx__session_drain(&w->session);
     wtx_rpc_server_shutdown(w->srv, grace_ms);
@@ -254,6 +327,8 @@ void wtx_worker_destroy(wtx_worker *w) {
   if (w == NULL) return;
   wtx_worker_drain(w, 0);
   wtx_rpc_server_destroy(w->srv);
+  wtx_rpc_health_destroy(w->health);
+  wtx__publisher_destroy(w->publisher);
   if (w->session.rx != NULL) wtx__session_destroy(&w->session);
   wtx_store_destroy(w->own_store);
   pthread_mutex_destroy(&w->mu);

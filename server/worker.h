@@ -123,10 +123,20 @@ typedef struct wtx_worker_options {
   void (*on_pause)(void *host, int wait_for_inflight);
   void (*on_resume)(void *host);
   void *host;
+  /* A safetensors file whose header declares the expected layout (names,
+   * dtypes, shapes; the data is not read): updates must match it. NULL: the
+   * first complete update defines the layout. Internal store only. */
+  const char *model_spec;
+  /* A directory where every published main version is written as
+   * <version>.safetensors (atomically) plus a LATEST file naming it. NULL:
+   * not published. Internal store only. */
+  const char *publish_dir;
+  /* Published files kept in publish_dir, newest first; 0: 2. */
+  int publish_keep;
 } wtx_worker_options;
 
 #define WTX_WORKER_OPTIONS_INIT \
-  {NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL}
+  {NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, 0}
 
 /* Creates and starts serving. opts and what it points to are copied, except
  * model/host, which must outlive the worker. */
@@ -144,6 +154,10 @@ int wtx_worker_watchdog(wtx_worker *w);
 void wtx_worker_drain(wtx_worker *w, int64_t grace_ms);
 /* Drains if needed and frees w. */
 void wtx_worker_destroy(wtx_worker *w);
+/* The gRPC health status of every service: SERVING (1, from start) or
+ * NOT_SERVING (0), for a host whose inference engine is not ready. Ignored
+ * once draining (NOT_SERVING). */
+void wtx_worker_set_serving(wtx_worker *w, int serving);
 /* Whether Pause is in effect. */
 int wtx_worker_paused(const wtx_worker *w);
 

@@ -1,0 +1,53 @@
+/* wtx structured logs: one line per event, logfmt (key=value pairs), with a
+ * level, written to stderr or handed to the host's sink.
+ *
+ *   ts=2026-11-29T14:03:07.512Z level=info event=published version=7 ...
+ *
+ * A library call never prints on its own below the threshold (default
+ * info); the daemons set it from --log-level / WTX_LOG_LEVEL. */
+#ifndef WTX_COMMON_LOG_H
+#define WTX_COMMON_LOG_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum wtx_log_level {
+  WTX_LOG_DEBUG = 0,
+  WTX_LOG_INFO = 1,
+  WTX_LOG_WARN = 2,
+  WTX_LOG_ERROR = 3,
+  WTX_LOG_OFF = 4,
+} wtx_log_level;
+
+/* Lines below level are dropped. Process-wide. */
+void wtx_log_set_level(int level);
+int wtx_log_get_level(void);
+/* "debug", "info", "warn", "error", "off" -> level; WTX_EINVAL otherwise. */
+int wtx_log_parse_level(const char *name, int *level);
+/* "debug", ... (static). */
+const char *wtx_log_level_name(int level);
+
+/* Where lines go: sink(user, level, line) with line holding the whole
+ * logfmt line without newline (valid during the call). NULL restores
+ * stderr. Process-wide; set it before starting workers. */
+typedef void (*wtx_log_sink)(void *user, int level, const char *line);
+void wtx_log_set_sink(wtx_log_sink sink, void *user);
+
+/* Logs one event. fmt formats the pairs after ts and level, e.g.
+ * "event=aborted update=%llu reason=%s" with the reason passed through
+ * wtx_log_quote. Lines longer than 4 KiB are cut. */
+void wtx_log(int level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* s as a logfmt value into buf: as is when it holds no space, quote, '=' or
+ * control byte, otherwise in double quotes with \" \\ \n escaped. Returns
+ * buf. */
+const char *wtx_log_quote(const char *s, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_COMMON_LOG_H */

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Bazel sh_test wrapper: runs worker_test.py with the Python environment that
+# scripts/setup.sh prepares (WTX_PYTHON, passed with --test_env).
+set -euo pipefail
+py="${WTX_PYTHON:-}"
+if [ -z "$py" ] || ! "$py" -c "import grpc, grpc_tools, safetensors, xxhash" 2>/dev/null; then
+  echo "FAIL: WTX_PYTHON must name a Python with tests/python/requirements.txt" >&2
+  echo "      installed (scripts/setup.sh makes .venv; scripts/test.sh passes it)" >&2
+  exit 1
+fi
+export WTX_WORKER="$PWD/server/wtx-worker"
+export WTX_PROTO_ROOT="$PWD/proto"
+exec "$py" tests/python/worker_test.py

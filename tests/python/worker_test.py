@@ -1,0 +1,224 @@
+"""wtx-worker driven from Python's grpcio (PyPI): the server speaks to other
+languages. Stubs are generated from proto/ with grpcio-tools at test time;
+reflection and health are asked exactly as grpcurl and Kubernetes do; the
+published safetensors file is read back by Hugging Face's own parser.
+
+Run by tests/python/run.sh (Bazel: //tests/python:worker_test) with
+WTX_WORKER (the binary) and WTX_PROTO_ROOT (the directory holding wtx/v1/).
+"""
+import json
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+
+import grpc
+import xxhash
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+from google.protobuf import descriptor_pool, json_format, message_factory
+from grpc_tools import protoc
+import safetensors
+
+WORKER = os.environ["WTX_WORKER"]
+PROTO_ROOT = os.environ["WTX_PROTO_ROOT"]
+GEN = tempfile.mkdtemp(prefix="wtx-py-")
+
+
+def generate_stubs():
+    import grpc_tools
+
+    include = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+    files = [os.path.join(PROTO_ROOT, "wtx/v1", f)
+             for f in ("types.proto", "transport.proto", "weight_transfer.proto")]
+    rc = protoc.main(["protoc", f"-I{PROTO_ROOT}", f"-I{include}",
+                      f"--python_out={GEN}", f"--grpc_python_out={GEN}", *files])
+    if rc != 0:
+        raise RuntimeError(f"grpc_tools.protoc failed with {rc}")
+    sys.path.insert(0, GEN)
+
+
+generate_stubs()
+from wtx.v1 import transport_pb2, types_pb2, weight_transfer_pb2 as wt  # noqa: E402
+from wtx.v1 import weight_transfer_pb2_grpc as wt_grpc  # noqa: E402
+
+
+class Worker:
+    """One wtx-worker process on a free loopback port."""
+
+    def __init__(self, *args):
+        self.dir = tempfile.mkdtemp(prefix="wtx-worker-")
+        port_file = os.path.join(self.dir, "port")
+        with open(os.path.join(self.dir, "log"), "w") as log:
+            self.proc = subprocess.Popen(
+                [WORKER, "--listen", "127.0.0.1:0", "--port-file", port_file,
+                 *args], stderr=log)
+        deadline = time.time() + 10
+        while not os.path.exists(port_file):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError("wtx-worker did not start: " + self.log())
+            time.sleep(0.02)
+        with open(port_file) as f:
+            self.port = int(f.read())
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+
+    def log(self):
+        with open(os.path.join(self.dir, "log")) as f:
+            return f.read()
+
+    def stop(self):
+        self.channel.close()
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=10)
+
+
+def f32_tensor(name, values):
+    data = b"".join(int(v).to_bytes(4, "little") for v in values)
+    return name, data
+
+
+class Shm:
+    """A POSIX shared-memory object the worker reads chunks from."""
+
+    def __init__(self, size):
+        self.name = f"/wtx-py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.path = "/dev/shm" + self.name
+        with open(self.path, "wb") as f:
+            f.truncate(size)
+        self.f = open(self.path, "r+b")
+        self.map = mmap.mmap(self.f.fileno(), size)
+
+    def close(self):
+        self.map.close()
+        self.f.close()
+        os.unlink(self.path)
+
+
+class WorkerTest(unittest.TestCase):
+    def setUp(self):
+        self.spec_dir = tempfile.mkdtemp(prefix="wtx-pub-")
+        self.w = Worker("--publish-dir", self.spec_dir)
+        self.stub = wt_grpc.WeightTransferStub(self.w.channel)
+
+    def tearDown(self):
+        self.assertEqual(0, self.w.stop(), self.w.log())
+
+    def test_health_is_serving(self):
+        stub = health_pb2_grpc.HealthStub(self.w.channel)
+        for service in ("", "wtx.v1.WeightTransfer"):
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service))
+            self.assertEqual(health_pb2.HealthCheckResponse.SERVING, resp.status)
+        with self.assertRaises(grpc.RpcError) as cm:
+            stub.Check(health_pb2.HealthCheckRequest(service="no.Such"))
+        self.assertEqual(grpc.StatusCode.NOT_FOUND, cm.exception.code())
+
+    def test_reflection_describes_and_calls_like_grpcurl(self):
+        # grpcurl list / describe: services and full descriptors (imports
+        # included) from the server alone, no .proto files on this side.
+        db = ProtoReflectionDescriptorDatabase(self.w.channel)
+        services = set(db.get_services())
+        self.assertTrue({"wtx.v1.WeightTransfer", "grpc.health.v1.Health",
+                         "grpc.reflection.v1.ServerReflection",
+                         "grpc.reflection.v1alpha.ServerReflection"} <= services,
+                        services)
+        pool = descriptor_pool.DescriptorPool(db)
+        svc = pool.FindServiceByName("wtx.v1.WeightTransfer")
+        methods = {m.name for m in svc.methods}
+        self.assertTrue({"InitWeightTransferEngine", "StartWeightUpdate",
+                         "UpdateWeights", "FinishWeightUpdate",
+                         "GetWeightInfo"} <= methods, methods)
+        meta = pool.FindMessageTypeByName("wtx.v1.ParamMeta")
+        self.assertEqual("wtx/v1/types.proto", meta.file.name)
+        # grpcurl -d '{...}' : a JSON body turned into a message whose type
+        # came from reflection, sent as bytes.
+        m = svc.methods_by_name["GetWorldSize"]
+        req_cls = message_factory.GetMessageClass(m.input_type)
+        resp_cls = message_factory.GetMessageClass(m.output_type)
+        call = self.w.channel.unary_unary(
+            "/wtx.v1.WeightTransfer/GetWorldSize",
+            request_serializer=lambda x: x.SerializeToString(),
+            response_deserializer=resp_cls.FromString)
+        resp = call(json_format.Parse("{}", req_cls()))
+        self.assertEqual({"worldSize": 1}, json_format.MessageToDict(resp))
+
+    def test_full_session_over_shm(self):
+        tensors = [f32_tensor("model.layers.0.w", range(1000)),
+                   f32_tensor("model.layers.1.w", range(5000, 5300)),
+                   f32_tensor("lm_head.weight", [7] * 64)]
+        total = sum(len(d) for _, d in tensors)
+        init = self.stub.InitWeightTransferEngine(wt.InitWeightTransferEngineRequest(
+            init_info=wt.InitInfo(shm=transport_pb2.ShmInitInfo())))
+        self.assertEqual("shm", init.backend)
+        self.assertEqual(32, len(init.session_id))
+
+        # Refusals carry the right code and name the problem.
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.stub.UpdateWeights(wt.UpdateWeightsRequest(
+                session_id=init.session_id, update_id=1))
+        self.assertEqual(grpc.StatusCode.FAILED_PRECONDITION, cm.exception.code())
+
+        start = self.stub.StartWeightUpdate(wt.StartWeightUpdateRequest(
+            session_id=init.session_id))
+        shm = Shm(total)
+        try:
+            # Two chunks: the first two tensors, then the last one.
+            off = 0
+            for chunk in (tensors[:2], tensors[2:]):
+                begin = off
+                params, sums = [], []
+                for name, data in chunk:
+                    shm.map[off:off + len(data)] = data
+                    off += len(data)
+                    params.append(types_pb2.ParamMeta(
+                        name=name, dtype=types_pb2.DTYPE_FLOAT32,
+                        shape=[len(data) // 4]))
+                    sums.append(xxhash.xxh3_64_intdigest(data))
+                resp = self.stub.UpdateWeights(wt.UpdateWeightsRequest(
+                    session_id=init.session_id, update_id=start.update_id,
+                    update_info=wt.UpdateInfo(params=params, shm=transport_pb2.ShmUpdateInfo(
+                        region=shm.name, offset=begin, length=off - begin,
+                        xxh3_64=sums))))
+            self.assertEqual(3, resp.staged_params)
+            self.assertEqual(total, resp.staged_bytes)
+            fin = self.stub.FinishWeightUpdate(wt.FinishWeightUpdateRequest(
+                session_id=init.session_id, update_id=start.update_id,
+                weight_version="py-1"))
+            self.assertEqual("py-1", fin.weight_version)
+        finally:
+            shm.close()
+
+        info = self.stub.GetWeightInfo(wt.GetWeightInfoRequest(include_params=True))
+        self.assertEqual("py-1", info.weight_version)
+        got = {p.meta.name: p.xxh3_64 for p in info.params}
+        self.assertEqual({n: xxhash.xxh3_64_intdigest(d) for n, d in tensors}, got)
+
+        # The published file, read by the safetensors package itself.
+        latest = os.path.join(self.spec_dir, "LATEST")
+        deadline = time.time() + 10
+        while not os.path.exists(latest) and time.time() < deadline:
+            time.sleep(0.02)
+        with open(latest) as f:
+            name = f.read().strip()
+        self.assertEqual("py-1.safetensors", name)
+        with open(os.path.join(self.spec_dir, name), "rb") as f:
+            raw = f.read()
+        loaded = {n: t for n, t in safetensors.deserialize(raw)}
+        self.assertEqual({n for n, _ in tensors}, set(loaded))
+        for n, d in tensors:
+            self.assertEqual("F32", loaded[n]["dtype"])
+            self.assertEqual([len(d) // 4], loaded[n]["shape"])
+            self.assertEqual(d, bytes(loaded[n]["data"]))
+        header_len = int.from_bytes(raw[:8], "little")
+        meta = json.loads(raw[8:8 + header_len])["__metadata__"]
+        self.assertEqual("py-1", meta["wtx_version"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
