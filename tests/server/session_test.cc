@@ -7,13 +7,21 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <dirent.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
 #include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/safetensors.h"
+#include "grpc/health/v1/health.grpc-c.h"
 #include "server/worker.h"
 #include "transport/transport.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
@@ -41,6 +49,24 @@ class SessionTest : public ::testing::Test {
     if (ch_ != nullptr) wtx_rpc_channel_destroy(ch_);
     wtx_worker_destroy(w_);
     shm_unlink(region_.c_str());
+  }
+
+  // Replaces the fixture's worker by one started with o (listen is set here).
+  void Restart(wtx_worker_options o) {
+    if (ch_ != nullptr) wtx_rpc_channel_destroy(ch_);
+    ch_ = nullptr;
+    wtx_worker_destroy(w_);
+    w_ = nullptr;
+    o.listen = "127.0.0.1:0";
+    char err[256] = "";
+    ASSERT_EQ(0, wtx_worker_start(&o, &w_, err, sizeof err)) << err;
+    std::string t = "127.0.0.1:" + std::to_string(wtx_worker_port(w_));
+    ASSERT_EQ(0, wtx_rpc_channel_create(t.c_str(), nullptr, &ch_));
+  }
+
+  int Info(Wtx__V1__GetWeightInfoResponse **info) {
+    Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
+    return wtx__v1__weight_transfer__get_weight_info__call(ch_, &req, info, nullptr, &st_);
   }
 
   int Init(const char *backend = "shm", uint32_t checksum = 0) {
@@ -204,7 +230,12 @@ class SessionTest : public ::testing::Test {
   uint64_t update_ = 0;
   std::vector<std::pair<std::string, std::vector<uint8_t>>> v1_;
   std::string v1_version_;
+
+  wtx_rpc_pending *StartSlowUpdate();
 };
+
+void ReleaseSlowReceive();
+void RegisterSlowTcp();
 
 TEST_F(SessionTest, FullUpdatePublishesBitExactWithChecksums) {
   PublishV1();
@@ -356,7 +387,7 @@ TEST_F(SessionTest, InspectionCallsAnswer) {
 }
 
 // A test double for a slow data plane, registered as "tcp" (not built in
-// yet): receive blocks until released, then delivers zeros.
+// yet): receive blocks until released, then delivers zeros (one tensor).
 std::mutex g_mu;
 std::condition_variable g_cv;
 bool g_in_receive = false, g_release = false;
@@ -374,6 +405,9 @@ int SlowReceive(void *, const Wtx__V1__UpdateInfo *, wtx_rx *rx) {
   g_cv.notify_all();
   g_cv.wait(lk, [] { return g_release; });
   std::vector<uint8_t> zeros(wtx_rx_remaining(rx));
+  static uint64_t sum;  // as a sender of zeros would checksum them
+  sum = XXH3_64bits(zeros.data(), zeros.size());
+  wtx_rx_expect_checksums(rx, &sum, 1);
   return wtx_rx_bytes(rx, zeros.data(), zeros.size());
 }
 
@@ -415,24 +449,41 @@ const wtx_model_ops kCounting = {CmCheck, CmBegin, CmStage, CmLoaded, CmCommit, 
 
 TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
-  wtx_rpc_channel_destroy(ch_);
-  wtx_worker_destroy(w_);
   CountingModel cm;
   ASSERT_EQ(0, wtx_store_create(&cm.store));
-  wtx_transports_register_builtin();
-  int reg = wtx_worker_transport_register(&kSlowTcp);
-  ASSERT_TRUE(reg == 0 || reg == WTX_EEXIST);
+  RegisterSlowTcp();
   wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
-  o.listen = "127.0.0.1:0";
   o.model_ops = &kCounting;
   o.model = &cm;
-  char err[256] = "";
-  ASSERT_EQ(0, wtx_worker_start(&o, &w_, err, sizeof err)) << err;
-  std::string t = "127.0.0.1:" + std::to_string(wtx_worker_port(w_));
-  ASSERT_EQ(0, wtx_rpc_channel_create(t.c_str(), nullptr, &ch_));
-
+  Restart(o);
   ASSERT_EQ(0, Init("tcp")) << st_.message;
   ASSERT_EQ(0, Start()) << st_.message;
+  wtx_rpc_pending *p = StartSlowUpdate();
+  std::thread drainer([&] { wtx_worker_drain(w_, 10000); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ReleaseSlowReceive();
+  Wtx__V1__UpdateWeightsResponse *resp = nullptr;
+  EXPECT_NE(0, wtx__v1__weight_transfer__update_weights__wait(p, &resp, &st_));
+  drainer.join();
+  EXPECT_EQ(1, cm.aborts);  // the staged tensor was discarded exactly once
+  wtx_store_view v;
+  wtx_store_acquire(cm.store, WTX_TARGET_MAIN, &v);
+  EXPECT_EQ(0u, v.n_params);  // nothing was published
+  wtx_store_release(cm.store, &v);
+  wtx_rpc_channel_destroy(ch_);
+  ch_ = nullptr;
+  wtx_worker_destroy(w_);
+  w_ = nullptr;
+  wtx_store_destroy(cm.store);
+}
+
+// An UpdateWeights of one 16-byte tensor over the slow "tcp" double, left in
+// flight once the worker is inside receive.
+wtx_rpc_pending *SessionTest::StartSlowUpdate() {
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_in_receive = g_release = false;
+  }
   Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT;
   pm.name = const_cast<char *>("a");
   pm.dtype = WTX__V1__DTYPE__DTYPE_UINT8;
@@ -451,31 +502,293 @@ TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   req.update_id = update_;
   req.update_info = &ui;
   wtx_rpc_pending *p = nullptr;
-  ASSERT_EQ(0, wtx__v1__weight_transfer__update_weights__start(ch_, &req, nullptr, &p));
-  {
-    std::unique_lock<std::mutex> lk(g_mu);
-    ASSERT_TRUE(g_cv.wait_for(lk, std::chrono::seconds(10), [] { return g_in_receive; }));
-  }
-  std::thread drainer([&] { wtx_worker_drain(w_, 10000); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  {
-    std::lock_guard<std::mutex> lk(g_mu);
-    g_release = true;
-    g_cv.notify_all();
-  }
+  EXPECT_EQ(0, wtx__v1__weight_transfer__update_weights__start(ch_, &req, nullptr, &p));
+  std::unique_lock<std::mutex> lk(g_mu);
+  EXPECT_TRUE(g_cv.wait_for(lk, std::chrono::seconds(10), [] { return g_in_receive; }));
+  return p;
+}
+
+void ReleaseSlowReceive() {
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_release = true;
+  g_cv.notify_all();
+}
+
+void RegisterSlowTcp() {
+  wtx_transports_register_builtin();
+  int reg = wtx_worker_transport_register(&kSlowTcp);
+  ASSERT_TRUE(reg == 0 || reg == WTX_EEXIST);
+}
+
+TEST_F(SessionTest, InspectionIsAnsweredWhileAnUpdateIsReceiving) {
+  RegisterSlowTcp();
+  ASSERT_EQ(0, Init("tcp")) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  wtx_rpc_pending *p = StartSlowUpdate();
+  Wtx__V1__GetWeightInfoResponse *info = nullptr;
+  ASSERT_EQ(0, Info(&info)) << st_.message;
+  EXPECT_EQ(WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING, info->state);
+  EXPECT_EQ(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, info->active_target);
+  EXPECT_STREQ("tcp", info->backend);
+  protobuf_c_message_free_unpacked(&info->base, nullptr);
+  ReleaseSlowReceive();
   Wtx__V1__UpdateWeightsResponse *resp = nullptr;
-  EXPECT_NE(0, wtx__v1__weight_transfer__update_weights__wait(p, &resp, &st_));
+  ASSERT_EQ(0, wtx__v1__weight_transfer__update_weights__wait(p, &resp, &st_)) << st_.message;
+  EXPECT_EQ(16u, resp->staged_bytes);
+  protobuf_c_message_free_unpacked(&resp->base, nullptr);
+  ASSERT_EQ(0, Finish("after")) << st_.message;
+}
+
+TEST_F(SessionTest, DraftTargetPublishesBesideTheMainWeights) {
+  PublishV1();
+  ASSERT_EQ(0, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT)) << st_.message;
+  ASSERT_EQ(0, Update({T("draft.w", 4, 5)})) << st_.message;
+  ASSERT_EQ(0, Finish("d1")) << st_.message;
+  ExpectV1Intact();
+  wtx_store_view d;
+  wtx_store_acquire(wtx_worker_store(w_), WTX_TARGET_DRAFT, &d);
+  ASSERT_EQ(1u, d.n_params);
+  EXPECT_STREQ("draft.w", d.params[0].meta.name);
+  EXPECT_EQ(0, memcmp(T("draft.w", 4, 5).data.data(), d.params[0].data, 16));
+  wtx_store_release(wtx_worker_store(w_), &d);
+  Wtx__V1__GetWeightInfoResponse *info = nullptr;
+  ASSERT_EQ(0, Info(&info));
+  EXPECT_EQ(1u, info->draft_num_params);
+  EXPECT_EQ(16u, info->draft_total_bytes);
+  EXPECT_STREQ("v1", info->weight_version);
+  protobuf_c_message_free_unpacked(&info->base, nullptr);
+}
+
+TEST_F(SessionTest, DraftTargetOnAnEngineWithoutItIsRefused) {
+  RegisterSlowTcp();
+  ASSERT_EQ(0, Init("tcp")) << st_.message;
+  EXPECT_EQ(WTX_ESTATE, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT));
+  EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "draft")) << st_.message;
+  EXPECT_NE(nullptr, strstr(st_.message, "tcp")) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;  // the main target still works
+}
+
+TEST_F(SessionTest, HealthGoesNotServingOnDemandAndWhenDraining) {
+  auto check = [&](int *status) {
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = const_cast<char *>("wtx.v1.WeightTransfer");
+    Grpc__Health__V1__HealthCheckResponse *resp = nullptr;
+    int rc = grpc__health__v1__health__check__call(ch_, &req, &resp, nullptr, &st_);
+    if (rc == 0) {
+      *status = resp->status;
+      protobuf_c_message_free_unpacked(&resp->base, nullptr);
+    }
+    return rc;
+  };
+  int status = -1;
+  ASSERT_EQ(0, check(&status)) << st_.message;
+  EXPECT_EQ(GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING, status);
+  wtx_worker_set_serving(w_, 0);  // e.g. the host's engine is not ready
+  ASSERT_EQ(0, check(&status));
+  EXPECT_EQ(GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING, status);
+  wtx_worker_set_serving(w_, 1);
+
+  wtx_rpc_stream *s = nullptr;
+  ASSERT_EQ(0, grpc__health__v1__health__watch__open(ch_, nullptr, &s));
+  Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  ASSERT_EQ(0, grpc__health__v1__health__watch__send(s, &req));
+  Grpc__Health__V1__HealthCheckResponse *m = nullptr;
+  ASSERT_EQ(1, grpc__health__v1__health__watch__recv(s, &m));
+  EXPECT_EQ(GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING, m->status);
+  protobuf_c_message_free_unpacked(&m->base, nullptr);
+  std::thread drainer([&] { wtx_worker_drain(w_, 5000); });
+  ASSERT_EQ(1, grpc__health__v1__health__watch__recv(s, &m));
+  EXPECT_EQ(GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING, m->status);
+  protobuf_c_message_free_unpacked(&m->base, nullptr);
+  EXPECT_EQ(0, grpc__health__v1__health__watch__recv(s, &m));  // the watch ends
+  wtx_rpc_status st;
+  EXPECT_EQ(0, wtx_rpc_stream_finish(s, &st)) << st.message;
   drainer.join();
-  EXPECT_EQ(1, cm.aborts);  // the staged tensor was discarded exactly once
-  wtx_store_view v;
-  wtx_store_acquire(cm.store, WTX_TARGET_MAIN, &v);
-  EXPECT_EQ(0u, v.n_params);  // nothing was published
-  wtx_store_release(cm.store, &v);
+  wtx_worker_set_serving(w_, 1);  // ignored once draining
+}
+
+// A host's own model (the embedding API): tensors land in its memory through
+// its callbacks, and Pause/Resume reach the host.
+struct HostModel {
+  std::map<std::string, std::vector<uint8_t>> staged, live;
+  std::map<std::string, uint64_t> sums;
+  std::string version;
+  int begins = 0, aborts = 0, pauses = 0, resumes = 0, last_wait = -1;
+};
+int HmBegin(void *m, int) {
+  static_cast<HostModel *>(m)->begins++;
+  return 0;
+}
+int HmStage(void *m, const wtx_tensor_meta *meta, uint8_t **dst) {
+  auto &buf = static_cast<HostModel *>(m)->staged[meta->name];
+  buf.resize(meta->nbytes);
+  *dst = buf.data();
+  return 0;
+}
+int HmLoaded(void *m, const wtx_tensor_meta *meta, uint64_t h) {
+  static_cast<HostModel *>(m)->sums[meta->name] = h;
+  return 0;
+}
+int HmCommit(void *m, const char *v) {
+  auto *hm = static_cast<HostModel *>(m);
+  for (auto &kv : hm->staged) hm->live[kv.first] = kv.second;
+  hm->staged.clear();
+  hm->version = v;
+  return 0;
+}
+void HmAbort(void *m) {
+  static_cast<HostModel *>(m)->aborts++;
+  static_cast<HostModel *>(m)->staged.clear();
+}
+void HmPause(void *h, int wait) {
+  static_cast<HostModel *>(h)->pauses++;
+  static_cast<HostModel *>(h)->last_wait = wait;
+}
+void HmResume(void *h) { static_cast<HostModel *>(h)->resumes++; }
+const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, HmCommit, HmAbort};
+
+TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
+  HostModel hm;
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.model_ops = &kHost;
+  o.model = &hm;
+  o.on_pause = HmPause;
+  o.on_resume = HmResume;
+  o.host = &hm;
+  Restart(o);
+  EXPECT_EQ(nullptr, wtx_worker_store(w_));
+  ASSERT_EQ(0, Init()) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("x", 8, 3), T("y", 2, 9)})) << st_.message;
+  ASSERT_EQ(0, Finish("host-1")) << st_.message;
+  EXPECT_EQ("host-1", hm.version);
+  EXPECT_EQ(1, hm.begins);
+  EXPECT_EQ(T("x", 8, 3).data, hm.live["x"]);
+  EXPECT_EQ(T("y", 2, 9).data, hm.live["y"]);
+  EXPECT_EQ(XXH3_64bits(hm.live["y"].data(), 8), hm.sums["y"]);
+
+  Wtx__V1__PauseRequest pr = WTX__V1__PAUSE_REQUEST__INIT;
+  pr.wait_for_inflight = 1;
+  Wtx__V1__PauseResponse *presp = nullptr;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__pause__call(ch_, &pr, &presp, nullptr, &st_));
+  protobuf_c_message_free_unpacked(&presp->base, nullptr);
+  EXPECT_EQ(1, hm.pauses);
+  EXPECT_EQ(1, hm.last_wait);
+  EXPECT_TRUE(wtx_worker_paused(w_));
+  Wtx__V1__ResumeRequest rr = WTX__V1__RESUME_REQUEST__INIT;
+  Wtx__V1__ResumeResponse *rresp = nullptr;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__resume__call(ch_, &rr, &rresp, nullptr, &st_));
+  protobuf_c_message_free_unpacked(&rresp->base, nullptr);
+  EXPECT_EQ(1, hm.resumes);
+  EXPECT_FALSE(wtx_worker_paused(w_));
+
+  // A failed update reaches the host as an abort; its live weights stay.
+  ASSERT_EQ(0, Start());
+  EXPECT_EQ(WTX_ECHECKSUM, Update({T("x", 8, 1)}, /*corrupt=*/true));
+  EXPECT_EQ(1, hm.aborts);
+  EXPECT_EQ(T("x", 8, 3).data, hm.live["x"]);
+
+  // Relabelling belongs to the host's model, not to the worker.
+  Wtx__V1__UpdateWeightVersionRequest vr = WTX__V1__UPDATE_WEIGHT_VERSION_REQUEST__INIT;
+  vr.weight_version = const_cast<char *>("x");
+  Wtx__V1__UpdateWeightVersionResponse *vresp = nullptr;
+  EXPECT_EQ(WTX_ENOTSUP, wtx__v1__weight_transfer__update_weight_version__call(
+                             ch_, &vr, &vresp, nullptr, &st_));
+  EXPECT_EQ(GRPC_STATUS_UNIMPLEMENTED, st_.code);
   wtx_rpc_channel_destroy(ch_);
   ch_ = nullptr;
   wtx_worker_destroy(w_);
   w_ = nullptr;
-  wtx_store_destroy(cm.store);
+}
+
+// A scratch directory removed at the end of the test.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/wtx-session-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { std::system(("rm -rf " + path).c_str()); }
+  std::set<std::string> Files() const {
+    std::set<std::string> out;
+    DIR *d = opendir(path.c_str());
+    while (struct dirent *e = readdir(d))
+      if (e->d_name[0] != '.') out.insert(e->d_name);
+    closedir(d);
+    return out;
+  }
+};
+
+TEST_F(SessionTest, ModelSpecDeclaresTheLayoutBeforeAnyUpdate) {
+  TempDir dir;
+  std::string spec = dir.path + "/spec.safetensors";
+  std::vector<uint8_t> a(64), b(32);
+  wtx_st_tensor ts[2] = {{"a", WTX_DTYPE_FLOAT32, {16}, 1, 64, a.data()},
+                         {"b", WTX_DTYPE_FLOAT32, {8}, 1, 32, b.data()}};
+  char err[512] = "";
+  ASSERT_EQ(0, wtx_st_write(spec.c_str(), ts, 2, nullptr, 0, err, sizeof err)) << err;
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.model_spec = spec.c_str();
+  Restart(o);
+  ASSERT_EQ(0, Init());
+  ASSERT_EQ(0, Start());
+  // The very first update is already checked against the declared layout.
+  EXPECT_EQ(WTX_EINVAL, Update({T("a", 15, 0)}));
+  EXPECT_NE(nullptr, strstr(st_.message, "shape [15], the model holds [16]")) << st_.message;
+  ASSERT_EQ(0, Start());
+  EXPECT_EQ(WTX_ENOENT, Update({T("c", 4, 0)}));
+  EXPECT_NE(nullptr, strstr(st_.message, "'c' is not in the model")) << st_.message;
+  ASSERT_EQ(0, Start());
+  ASSERT_EQ(0, Update({T("a", 16, 1), T("b", 8, 2)})) << st_.message;
+  ASSERT_EQ(0, Finish()) << st_.message;
+
+  // A spec that is not a safetensors file stops the worker from starting.
+  std::string bad = dir.path + "/bad.safetensors";
+  std::ofstream(bad) << "not a model";
+  wtx_worker *w2 = nullptr;
+  o.model_spec = bad.c_str();
+  o.listen = "127.0.0.1:0";
+  EXPECT_EQ(WTX_EINVAL, wtx_worker_start(&o, &w2, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "bad.safetensors")) << err;
+  EXPECT_EQ(nullptr, w2);
+}
+
+TEST_F(SessionTest, PublishDirHoldsTheNewestVersionsAsSafetensors) {
+  TempDir dir;
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.publish_dir = dir.path.c_str();
+  o.publish_keep = 2;
+  Restart(o);
+  ASSERT_EQ(0, Init());
+  auto latest = [&] {
+    std::ifstream f(dir.path + "/LATEST");
+    std::string s;
+    std::getline(f, s);
+    return s;
+  };
+  for (int i = 1; i <= 3; i++) {
+    std::string v = "v" + std::to_string(i) + "/step";  // '/' is made safe
+    ASSERT_EQ(0, Start());
+    ASSERT_EQ(0, Update({T("a", 16, (uint8_t)i), T("b", 8, 2)})) << st_.message;
+    ASSERT_EQ(0, Finish(v.c_str())) << st_.message;
+    std::string want = "v" + std::to_string(i) + "_step.safetensors";
+    for (int t = 0; t < 500 && latest() != want; t++)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(want, latest());
+  }
+  EXPECT_EQ((std::set<std::string>{"LATEST", "v2_step.safetensors", "v3_step.safetensors"}),
+            dir.Files());
+  wtx_st_file *f = nullptr;
+  char err[512] = "";
+  ASSERT_EQ(0, wtx_st_open((dir.path + "/v3_step.safetensors").c_str(), &f, err, sizeof err))
+      << err;
+  EXPECT_STREQ("v3/step", wtx_st_metadata(f, "wtx_version"));
+  ASSERT_EQ(2u, wtx_st_count(f));
+  EXPECT_STREQ("a", wtx_st_tensor_at(f, 0)->name);
+  EXPECT_EQ(0, memcmp(T("a", 16, 3).data.data(), wtx_st_tensor_at(f, 0)->data, 64));
+  EXPECT_EQ(0, memcmp(T("b", 8, 2).data.data(), wtx_st_tensor_at(f, 1)->data, 32));
+  wtx_st_close(f);
 }
 
 }  // namespace

@@ -1,0 +1,158 @@
+// safetensors files: what wtx writes reads back bit-exact, and a malformed
+// header is refused with a message naming the tensor and the field. (The
+// Python test reads wtx's files with the safetensors package itself.)
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/safetensors.h"
+
+namespace {
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/wtx-st-XXXXXX";
+    ASSERT_NE(nullptr, mkdtemp(tmpl));
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  // A file holding header (padded to 8 bytes) and data_len zero bytes.
+  std::string Raw(const std::string &header, size_t data_len) {
+    std::string path = dir_ + "/raw.safetensors";
+    std::ofstream f(path, std::ios::binary);
+    uint64_t n = header.size();
+    for (int i = 0; i < 8; i++) f.put(static_cast<char>(n >> (8 * i)));
+    f << header << std::string(data_len, '\0');
+    return path;
+  }
+
+  std::string OpenError(const std::string &path, int want_rc = WTX_EINVAL) {
+    wtx_st_file *f = nullptr;
+    char err[512] = "";
+    EXPECT_EQ(want_rc, wtx_st_open(path.c_str(), &f, err, sizeof err));
+    EXPECT_EQ(nullptr, f);
+    return err;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(SafetensorsTest, WrittenFilesReadBackBitExact) {
+  std::vector<uint8_t> a(4 * 6), b(2 * 5), c;  // c: an empty tensor
+  for (size_t i = 0; i < a.size(); i++) a[i] = static_cast<uint8_t>(i * 7);
+  for (size_t i = 0; i < b.size(); i++) b[i] = static_cast<uint8_t>(255 - i);
+  wtx_st_tensor ts[3] = {};
+  ts[0] = {"model.w", WTX_DTYPE_FLOAT32, {2, 3}, 2, a.size(), a.data()};
+  ts[1] = {"model.b", WTX_DTYPE_BFLOAT16, {5}, 1, b.size(), b.data()};
+  ts[2] = {"empty", WTX_DTYPE_INT64, {0, 4}, 2, 0, c.data()};
+  const char *const meta[][2] = {{"format", "pt"}, {"wtx_version", "v 7"}};
+  std::string path = dir_ + "/m.safetensors";
+  char err[512] = "";
+  ASSERT_EQ(0, wtx_st_write(path.c_str(), ts, 3, meta, 2, err, sizeof err)) << err;
+
+  wtx_st_file *f = nullptr;
+  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  ASSERT_EQ(3u, wtx_st_count(f));
+  EXPECT_STREQ("pt", wtx_st_metadata(f, "format"));
+  EXPECT_STREQ("v 7", wtx_st_metadata(f, "wtx_version"));
+  EXPECT_EQ(nullptr, wtx_st_metadata(f, "nope"));
+  // In data order: what was written first comes first.
+  const wtx_st_tensor *t0 = wtx_st_tensor_at(f, 0), *t1 = wtx_st_tensor_at(f, 1);
+  EXPECT_STREQ("model.w", t0->name);
+  EXPECT_EQ(WTX_DTYPE_FLOAT32, t0->dtype);
+  ASSERT_EQ(2u, t0->ndim);
+  EXPECT_EQ(2u, t0->shape[0]);
+  EXPECT_EQ(3u, t0->shape[1]);
+  EXPECT_EQ(0, memcmp(a.data(), t0->data, a.size()));
+  EXPECT_STREQ("model.b", t1->name);
+  EXPECT_EQ(WTX_DTYPE_BFLOAT16, t1->dtype);
+  EXPECT_EQ(0, memcmp(b.data(), t1->data, b.size()));
+  EXPECT_EQ(0u, wtx_st_tensor_at(f, 2)->nbytes);
+  EXPECT_EQ(nullptr, wtx_st_tensor_at(f, 3));
+  wtx_st_close(f);
+
+  // The data section starts 8-byte aligned, and no temporary file is left.
+  struct stat st;
+  ASSERT_EQ(0, stat(path.c_str(), &st));
+  EXPECT_EQ(0, (st.st_size - (long)(a.size() + b.size())) % 8);
+  FILE *p = popen(("ls " + dir_).c_str(), "r");
+  char line[256];
+  int files = 0;
+  while (fgets(line, sizeof line, p) != nullptr) files++;
+  pclose(p);
+  EXPECT_EQ(1, files);
+}
+
+TEST_F(SafetensorsTest, RewritingReplacesTheFileWhole) {
+  std::vector<uint8_t> a(8, 1), b(16, 2);
+  wtx_st_tensor t = {"x", WTX_DTYPE_UINT8, {8}, 1, 8, a.data()};
+  std::string path = dir_ + "/m.safetensors";
+  char err[256] = "";
+  ASSERT_EQ(0, wtx_st_write(path.c_str(), &t, 1, nullptr, 0, err, sizeof err));
+  t = {"x", WTX_DTYPE_UINT8, {16}, 1, 16, b.data()};
+  ASSERT_EQ(0, wtx_st_write(path.c_str(), &t, 1, nullptr, 0, err, sizeof err));
+  wtx_st_file *f = nullptr;
+  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  EXPECT_EQ(16u, wtx_st_tensor_at(f, 0)->nbytes);
+  EXPECT_EQ(2, wtx_st_tensor_at(f, 0)->data[15]);
+  wtx_st_close(f);
+}
+
+TEST_F(SafetensorsTest, MalformedHeadersNameTheProblem) {
+  struct Case {
+    std::string header;
+    size_t data;
+    std::string want;
+  } cases[] = {
+      {"{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
+       "tensor 'a': dtype 'F33' unknown"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4,
+       "tensor 'a': data_offsets span 4 bytes, dtype x shape is 8"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+       "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 12,
+       "tensor 'b' starts at 8, expected 4"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8,
+       "tensors cover 4 of 8 data bytes"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 2,
+       "tensor 'a': data_offsets end 4 beyond the 2-byte data section"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+       "tensor 'a': shape[0] is not a non-negative integer"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],"
+       "\"data_offsets\":[0,4]}}", 4, "tensor 'a': 9 dims, at most 8"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "tensor 'a': needs dtype"},
+      {"{\"a\":1, \"a\":2}", 0, "header is not a JSON object: duplicate object key"},
+      {"[1,2]", 0, "header is not a JSON object"},
+      {"{\"__metadata__\":[]}", 0, "__metadata__ is not an object"},
+  };
+  for (const Case &c : cases) {
+    std::string err = OpenError(Raw(c.header, c.data));
+    EXPECT_NE(std::string::npos, err.find(c.want)) << c.header << "\n  got: " << err;
+  }
+  // Header length beyond the file.
+  std::string path = dir_ + "/short.safetensors";
+  std::ofstream(path, std::ios::binary) << std::string("\xff\x00\x00\x00\x00\x00\x00\x00", 8) << "{}";
+  EXPECT_NE(std::string::npos, OpenError(path).find("header length 255 exceeds"));
+  EXPECT_NE(std::string::npos,
+            OpenError(dir_ + "/missing.safetensors", WTX_ENOENT).find("missing.safetensors"));
+}
+
+TEST_F(SafetensorsTest, AnEmptyModelIsAValidFile) {
+  std::string path = dir_ + "/e.safetensors";
+  char err[256] = "";
+  ASSERT_EQ(0, wtx_st_write(path.c_str(), nullptr, 0, nullptr, 0, err, sizeof err));
+  wtx_st_file *f = nullptr;
+  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  EXPECT_EQ(0u, wtx_st_count(f));
+  wtx_st_close(f);
+}
+
+}  // namespace
