@@ -148,6 +148,37 @@ class WorkerTest(unittest.TestCase):
         resp = call(json_format.Parse("{}", req_cls()))
         self.assertEqual({"worldSize": 1}, json_format.MessageToDict(resp))
 
+    def grpcurl(self, *args, body=None):
+        exe = os.path.join(os.path.dirname(sys.executable), "grpcurl")
+        cmd = [exe, "-plaintext", *(["-d", body] if body is not None else []),
+               f"127.0.0.1:{self.w.port}", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+
+    def test_grpcurl_lists_describes_and_calls(self):
+        # The real grpcurl (1.8.6), as an operator runs it.
+        out = self.grpcurl("list")
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertEqual(["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+                          "grpc.reflection.v1alpha.ServerReflection",
+                          "wtx.v1.WeightTransfer"], sorted(out.stdout.split()))
+        out = self.grpcurl("describe", "wtx.v1.InitInfo")
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertIn(".wtx.v1.ShmInitInfo shm", out.stdout)
+        out = self.grpcurl("wtx.v1.WeightTransfer/GetWorldSize", body="{}")
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertEqual({"worldSize": 1}, json.loads(out.stdout))
+        out = self.grpcurl("grpc.health.v1.Health/Check")
+        self.assertEqual({"status": "SERVING"}, json.loads(out.stdout))
+        out = self.grpcurl("wtx.v1.WeightTransfer/InitWeightTransferEngine",
+                           body='{"init_info": {"shm": {}}}')
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertEqual("shm", json.loads(out.stdout)["backend"])
+        out = self.grpcurl("wtx.v1.WeightTransfer/StartWeightUpdate",
+                           body='{"session_id": "nope"}')
+        self.assertNotEqual(0, out.returncode)
+        self.assertIn("Code: NotFound", out.stderr)
+        self.assertIn("session_id", out.stderr)
+
     def test_full_session_over_shm(self):
         tensors = [f32_tensor("model.layers.0.w", range(1000)),
                    f32_tensor("model.layers.1.w", range(5000, 5300)),
