@@ -287,11 +287,11 @@ int wtx_client_push_shm(wtx_client *c, wtx_synth_param *params, size_t n,
     Wtx__V1__ShmUpdateInfo su = WTX__V1__SHM_UPDATE_INFO__INIT;
     su.region = region;
     su.offset = 0;
-    su.length = used;
-    su.first_param_offset = first_off;
-    su.xxh3_64 = sums;
-    su.n_xxh3_64 = n_sums;
     Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+    ui.chunk_bytes = used;
+    ui.first_param_offset = first_off;
+    ui.xxh3_64 = sums;
+    ui.n_xxh3_64 = n_sums;
     ui.params = &pmp[first];
     ui.n_params = last - first + 1;
     ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_SHM;

@@ -319,8 +319,7 @@ grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
              s->transport->name);
     rc = WTX_EINVAL;
   }
-  if (rc == 0 && ui->backend_case == WTX__V1__UPDATE_INFO__BACKEND_SHM)
-    first_offset = ui->shm->first_param_offset;
+  if (rc == 0) first_offset = ui->first_param_offset;
   if (rc == 0) {
     rt = calloc(n, sizeof *rt);
     metas = calloc(n, sizeof *metas);
@@ -354,8 +353,9 @@ grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
   }
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   if (rc == 0) {
-    rc = wtx__rx_begin(s->rx, rt, n, first_offset, verify);
+    rc = wtx__rx_begin(s->rx, rt, n, first_offset, ui->chunk_bytes, verify);
     if (rc != 0) snprintf(err, sizeof err, "%s", wtx__rx_error(s->rx));
+    else if (verify) wtx__rx_expect_checksums(s->rx, ui->xxh3_64, ui->n_xxh3_64);
   }
   if (rc != 0) {
     abort_locked(s, err);

@@ -12,6 +12,8 @@ struct wtx_rx {
   size_t n;
   size_t cur;      /* tensor receiving bytes */
   uint64_t pos;    /* bytes of t[cur] filled */
+  uint64_t left;   /* bytes of the chunk still to come */
+  uint64_t chunk;  /* bytes of the chunk */
   int verify;
   XXH3_state_t *h; /* hash of t[cur] so far */
   uint64_t *digests; /* per tensor of the chunk, set when complete */
@@ -82,11 +84,32 @@ static void complete_filled(wtx_rx *rx) {
 }
 
 int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
-                  uint64_t first_offset, int verify) {
+                  uint64_t first_offset, uint64_t chunk_bytes, int verify) {
   rx->err[0] = '\0';
   if (n == 0) {
     wtx_rx_errorf(rx, "chunk has no tensors");
     return WTX_EPROTO;
+  }
+  /* The chunk runs from first_offset in tensors[0] to inside (or the end
+   * of) tensors[n-1]. Sizes are validated (< 2^63 each) by the caller. */
+  uint64_t span = 0;
+  for (size_t i = 0; i < n; i++) span += tensors[i].nbytes;
+  if (first_offset > 0 && first_offset >= tensors[0].nbytes) {
+    wtx_rx_errorf(rx, "update_info.first_param_offset: %llu, but '%s' has %llu "
+                  "bytes", (unsigned long long)first_offset, tensors[0].name,
+                  (unsigned long long)tensors[0].nbytes);
+    return WTX_EINVAL;
+  }
+  span -= first_offset;
+  if (chunk_bytes == 0) chunk_bytes = span;
+  if (chunk_bytes > span ||
+      (chunk_bytes < span && span - chunk_bytes >= tensors[n - 1].nbytes)) {
+    wtx_rx_errorf(rx, "update_info.chunk_bytes: %llu, but the chunk's "
+                  "parameters end between %llu (exclusive) and %llu bytes",
+                  (unsigned long long)chunk_bytes,
+                  (unsigned long long)(span - tensors[n - 1].nbytes),
+                  (unsigned long long)span);
+    return WTX_EINVAL;
   }
   if (first_offset > 0) {
     if (rx->carry_name == NULL || strcmp(rx->carry_name, tensors[0].name) != 0 ||
@@ -115,6 +138,7 @@ int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
   rx->n = n;
   rx->cur = 0;
   rx->pos = first_offset;
+  rx->left = rx->chunk = chunk_bytes;
   rx->verify = verify;
   rx->completed = 0;
   rx->expected = NULL;
@@ -123,30 +147,32 @@ int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
   return 0;
 }
 
-int wtx_rx_expect_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n) {
+int wtx__rx_expect_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n) {
   rx->expected = xxh3;
   rx->n_expected = n;
   return 0;
 }
 
-uint64_t wtx_rx_remaining(const wtx_rx *rx) {
-  if (rx->cur >= rx->n) return 0;
-  uint64_t left = rx->t[rx->cur].nbytes - rx->pos;
-  for (size_t i = rx->cur + 1; i < rx->n; i++) left += rx->t[i].nbytes;
-  return left;
-}
+uint64_t wtx_rx_remaining(const wtx_rx *rx) { return rx->left; }
 
 size_t wtx_rx_next(wtx_rx *rx, uint8_t **dst) {
-  if (rx->cur >= rx->n) {
+  if (rx->cur >= rx->n || rx->left == 0) {
     *dst = NULL;
     return 0;
   }
   *dst = rx->t[rx->cur].dst + rx->pos;
   uint64_t left = rx->t[rx->cur].nbytes - rx->pos;
+  if (left > rx->left) left = rx->left;
   return left > SIZE_MAX ? SIZE_MAX : (size_t)left;
 }
 
 int wtx_rx_commit(wtx_rx *rx, size_t len) {
+  if (len > rx->left) {
+    wtx_rx_errorf(rx, "chunk carries more than its %llu bytes",
+                  (unsigned long long)rx->chunk);
+    return WTX_EPROTO;
+  }
+  rx->left -= len;
   while (len > 0) {
     if (rx->cur >= rx->n) {
       wtx_rx_errorf(rx, "chunk carries more bytes than its tensors hold");
@@ -168,7 +194,8 @@ int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len) {
     uint8_t *dst;
     size_t room = wtx_rx_next(rx, &dst);
     if (room == 0) {
-      wtx_rx_errorf(rx, "chunk carries more bytes than its tensors hold");
+      wtx_rx_errorf(rx, "chunk carries more than its %llu bytes",
+                    (unsigned long long)rx->chunk);
       return WTX_EPROTO;
     }
     size_t k = len < room ? len : room;
@@ -188,10 +215,11 @@ uint64_t wtx__rx_checksum(const wtx_rx *rx, size_t i) {
 }
 
 int wtx__rx_end(wtx_rx *rx) {
-  /* The chunk may end inside its last tensor only. */
-  if (rx->cur < rx->n && rx->cur + 1 < rx->n) {
-    wtx_rx_errorf(rx, "chunk ended early: tensor '%s' got %llu of %llu bytes",
-                  rx->t[rx->cur].name, (unsigned long long)rx->pos,
+  if (rx->left > 0) {
+    wtx_rx_errorf(rx, "chunk ended early: %llu of %llu bytes (tensor '%s' got "
+                  "%llu of %llu)", (unsigned long long)(rx->chunk - rx->left),
+                  (unsigned long long)rx->chunk, rx->t[rx->cur].name,
+                  (unsigned long long)rx->pos,
                   (unsigned long long)rx->t[rx->cur].nbytes);
     return WTX_EPROTO;
   }

@@ -72,12 +72,8 @@ int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len);
 size_t wtx_rx_next(wtx_rx *rx, uint8_t **dst);
 /* Marks len bytes written in place at the pointer wtx_rx_next gave. */
 int wtx_rx_commit(wtx_rx *rx, size_t len);
-/* Bytes this chunk still expects. */
+/* Bytes this chunk still expects (UpdateInfo.chunk_bytes at the start). */
 uint64_t wtx_rx_remaining(const wtx_rx *rx);
-/* Supplies the sender's checksums for the tensors that end in this chunk (in
- * order), before or while bytes arrive. n must equal the number of tensors
- * that end in the chunk. */
-int wtx_rx_expect_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n);
 /* Records a detail message for the error the backend is about to return. */
 void wtx_rx_errorf(wtx_rx *rx, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -117,12 +113,17 @@ void wtx_transports_register_builtin(void);
  * within tensors[0]. The tensors' dst must stay valid until the chunk ends. */
 int wtx__rx_create(wtx_rx **out);
 void wtx__rx_destroy(wtx_rx *rx);
-/* Starts a chunk. verify: whether checksums are expected and checked. A
+/* Starts a chunk of chunk_bytes (0: to the end of the last tensor), which
+ * must end inside or at the end of tensors[n-1]. verify: whether checksums
+ * are expected and checked. A
  * non-zero first_offset must continue the tensor the previous chunk left
  * incomplete, at the byte it stopped (else WTX_EPROTO); a zero one requires
  * that no tensor was left incomplete. */
 int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
-                  uint64_t first_offset, int verify);
+                  uint64_t first_offset, uint64_t chunk_bytes, int verify);
+/* The sender's checksums of the tensors that end in this chunk, in order
+ * (after begin; borrowed until end). */
+int wtx__rx_expect_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n);
 /* Forgets any tensor left incomplete (abort, new update). */
 void wtx__rx_reset(wtx_rx *rx);
 /* Whether a tensor is left incomplete, and which. */

@@ -213,9 +213,9 @@ class WorkerTest(unittest.TestCase):
                     sums.append(xxhash.xxh3_64_intdigest(data))
                 resp = self.stub.UpdateWeights(wt.UpdateWeightsRequest(
                     session_id=init.session_id, update_id=start.update_id,
-                    update_info=wt.UpdateInfo(params=params, shm=transport_pb2.ShmUpdateInfo(
-                        region=shm.name, offset=begin, length=off - begin,
-                        xxh3_64=sums))))
+                    update_info=wt.UpdateInfo(
+                        params=params, chunk_bytes=off - begin, xxh3_64=sums,
+                        shm=transport_pb2.ShmUpdateInfo(region=shm.name, offset=begin))))
             self.assertEqual(3, resp.staged_params)
             self.assertEqual(total, resp.staged_bytes)
             fin = self.stub.FinishWeightUpdate(wt.FinishWeightUpdateRequest(
