@@ -34,6 +34,8 @@ static void new_session_id(char out[33]) {
 static void abort_locked(wtx_session *s, const char *why) {
   if (s->state != WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING) return;
   s->model_ops->abort(s->model);
+  if (s->transport != NULL && s->transport->reset != NULL)
+    s->transport->reset(s->engine);
   wtx__rx_reset(s->rx);
   s->abort_requested = 0;
   s->state = s->draining ? WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING
@@ -462,7 +464,9 @@ grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
     const Wtx__V1__AbortWeightUpdateRequest *req, Wtx__V1__AbortWeightUpdateResponse *resp) {
   wtx_session *s = wtx__session_of(ctx);
   pthread_mutex_lock(&s->mu);
-  grpc_status_code code = check_session(s, ctx, req->session_id);
+  /* An empty session_id is an operator's abort of whatever is current. */
+  grpc_status_code code = check_session(
+      s, ctx, req->session_id[0] ? req->session_id : s->session_id);
   if (code == GRPC_STATUS_OK && req->update_id != 0 &&
       s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING &&
       req->update_id != s->update_id)

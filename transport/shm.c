@@ -3,7 +3,12 @@
  * The trainer writes each chunk into a shared-memory object it owns and names
  * it in the chunk's ShmUpdateInfo; the worker maps the object read-only and
  * copies the chunk once, straight into the model's staging memory, hashing
- * it on the way. */
+ * it on the way.
+ *
+ * Trainer half: one object of num_buffers x buffer_size bytes; buffer k is
+ * the range [k * buffer_size, +buffer_size). The bytes are in place once
+ * packed (no connect, post or complete): the workers' UpdateWeights
+ * returning is the end of the copy. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -11,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "transport/transport.h"
@@ -97,4 +103,109 @@ const wtx_worker_transport wtx_shm_worker_transport = {
     .init = shm_worker_init,
     .receive = shm_worker_receive,
     .destroy = shm_worker_destroy,
+};
+
+/* ---- trainer half ---- */
+
+typedef struct shm_trainer {
+  wtx_wire_params wire;
+  char region[64];
+  uint8_t *map;
+  size_t len;
+  Wtx__V1__InitInfo init;
+  Wtx__V1__ShmInitInfo shm;
+  Wtx__V1__PackingParams packing;
+  Wtx__V1__ShmUpdateInfo *su; /* one per buffer */
+} shm_trainer;
+
+static void shm_trainer_destroy(void *self) {
+  shm_trainer *t = self;
+  if (t == NULL) return;
+  if (t->map != NULL) munmap(t->map, t->len);
+  if (t->region[0] != '\0') shm_unlink(t->region);
+  free(t->su);
+  free(t);
+}
+
+static int shm_trainer_create(const Wtx__V1__InitInfo *tmpl,
+                              const wtx_wire_params *wire, size_t n_workers,
+                              void **self, char *err, size_t errlen) {
+  (void)n_workers;
+  shm_trainer *t = calloc(1, sizeof *t);
+  if (t == NULL) return WTX_ENOMEM;
+  t->wire = *wire;
+  t->su = calloc(wire->num_buffers, sizeof *t->su);
+  if (t->su == NULL) {
+    free(t);
+    return WTX_ENOMEM;
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  snprintf(t->region, sizeof t->region, "/wtx-%d-%lx%lx", (int)getpid(),
+           (long)ts.tv_sec, (long)ts.tv_nsec);
+  t->len = (size_t)(wire->buffer_size * wire->num_buffers);
+  int fd = shm_open(t->region, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 || ftruncate(fd, (off_t)t->len) != 0 ||
+      (t->map = mmap(NULL, t->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+          MAP_FAILED) {
+    snprintf(err, errlen, "shm: cannot create %s of %zu bytes: %s", t->region,
+             t->len, strerror(errno));
+    t->map = NULL;
+    if (fd < 0) t->region[0] = '\0';
+    if (fd >= 0) close(fd);
+    shm_trainer_destroy(t);
+    return WTX_EIO;
+  }
+  close(fd);
+  for (uint32_t k = 0; k < wire->num_buffers; k++) {
+    wtx__v1__shm_update_info__init(&t->su[k]);
+    t->su[k].region = t->region;
+    t->su[k].offset = k * wire->buffer_size;
+  }
+  wtx__v1__init_info__init(&t->init);
+  wtx__v1__shm_init_info__init(&t->shm);
+  wtx__v1__packing_params__init(&t->packing);
+  t->packing.packed = wire->packed;
+  t->packing.buffer_size_bytes = wire->buffer_size;
+  t->packing.num_buffers = wire->num_buffers;
+  t->shm.packing = &t->packing;
+  t->shm.checksum = (Wtx__V1__ChecksumAlgorithm)wire->checksum;
+  t->shm.timeout_ms = wire->timeout_ms;
+  t->init.backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
+  t->init.shm = &t->shm;
+  (void)tmpl;
+  *self = t;
+  return 0;
+}
+
+static int shm_trainer_init_info(void *self, size_t i, const char *const *prev,
+                                 const Wtx__V1__InitInfo **out) {
+  (void)i;
+  (void)prev;
+  *out = &((shm_trainer *)self)->init;
+  return 0;
+}
+
+static uint8_t *shm_trainer_buffer(void *self, uint32_t k) {
+  shm_trainer *t = self;
+  return t->map + k * t->wire.buffer_size;
+}
+
+static int shm_trainer_prepare(void *self, uint32_t k, const wtx_chunk *c,
+                               Wtx__V1__UpdateInfo *ui) {
+  (void)c;
+  shm_trainer *t = self;
+  ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_SHM;
+  ui->shm = &t->su[k];
+  return 0;
+}
+
+const wtx_trainer_transport wtx_shm_trainer_transport = {
+    .name = "shm",
+    .backend_case = WTX__V1__INIT_INFO__BACKEND_SHM,
+    .create = shm_trainer_create,
+    .init_info = shm_trainer_init_info,
+    .buffer = shm_trainer_buffer,
+    .prepare = shm_trainer_prepare,
+    .destroy = shm_trainer_destroy,
 };

@@ -92,6 +92,10 @@ typedef struct wtx_worker_transport {
   /* Receives the bytes of one chunk into rx. Returns once the chunk is
    * complete, or with an error (detail via wtx_rx_errorf). */
   int (*receive)(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx);
+  /* Optional: the update was aborted (by the trainer, a failed check, the
+   * watchdog). A stream-based backend drops its connections so its peers
+   * see the failure at once instead of waiting out their timeout. */
+  void (*reset)(void *self);
   /* Frees self. */
   void (*destroy)(void *self);
 } wtx_worker_transport;
@@ -101,8 +105,67 @@ const wtx_worker_transport *wtx_worker_transport_find(const char *name);
 /* Comma-separated registered names into buf ("cuda_ipc, nccl, shm, tcp"). */
 void wtx_worker_transport_names(char *buf, size_t len);
 
+/* ---- chunks: how an update's stream is cut, the same on both sides ---- */
+
+/* One chunk of the stream: tensors first..last (inclusive) of the update's
+ * order, starting first_offset bytes into tensors[first], bytes long. */
+typedef struct wtx_chunk {
+  size_t first, last;
+  uint64_t first_offset;
+  uint64_t bytes;
+} wtx_chunk;
+
+/* Cuts tensors of the given sizes into chunks of at most buffer_size bytes.
+ * packed: tensors follow each other within a chunk; a tensor that does not
+ * fit continues in the next chunk. Not packed: every tensor starts a chunk
+ * of its own (split when larger than a buffer). A zero-byte tensor rides in
+ * the chunk where it falls (or a chunk of its own, 0 bytes, when it is
+ * alone). *out (free()) and *n_out. Deterministic: the layout of
+ * docs/data-plane.md. */
+int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
+                    int packed, wtx_chunk **out, size_t *n_out);
+
+/* ---- trainer side: sending ---- */
+
+/* The trainer half of a backend, for one session with n_workers workers.
+ * The engine (client/engine.c) drives it:
+ *   create -> init_info(i) for every worker, in order (data addresses of the
+ *   workers answered so far are given: a chain links them) -> connect ->
+ *   per chunk: buffer(k) is packed, prepare(k) fills the backend part of the
+ *   chunk's UpdateInfo before the UpdateWeights calls start, post(k) starts
+ *   moving the bytes after they started, complete(k) waits for them -> destroy.
+ * Buffers k are 0..num_buffers-1, reused round robin; the engine never
+ * packs a buffer whose previous chunk has not completed. connect, post and
+ * complete may be NULL (nothing to do: shm). */
+typedef struct wtx_trainer_transport {
+  const char *name;
+  int backend_case; /* WTX__V1__INIT_INFO__BACKEND_* it serves */
+  int (*create)(const Wtx__V1__InitInfo *tmpl, const wtx_wire_params *wire,
+                size_t n_workers, void **self, char *err, size_t errlen);
+  /* The InitInfo for worker i (storage owned by self). prev holds the
+   * data_address each worker 0..i-1 answered. */
+  int (*init_info)(void *self, size_t i, const char *const *prev,
+                   const Wtx__V1__InitInfo **out);
+  /* Every worker answered init (data_address of each): make connections. */
+  int (*connect)(void *self, const char *const *addresses, char *err,
+                 size_t errlen);
+  uint8_t *(*buffer)(void *self, uint32_t k);
+  int (*prepare)(void *self, uint32_t k, const wtx_chunk *c,
+                 Wtx__V1__UpdateInfo *ui);
+  int (*post)(void *self, uint32_t k, const wtx_chunk *c);
+  int (*complete)(void *self, uint32_t k, char *err, size_t errlen);
+  void (*destroy)(void *self);
+} wtx_trainer_transport;
+
+int wtx_trainer_transport_register(const wtx_trainer_transport *t);
+const wtx_trainer_transport *wtx_trainer_transport_find(const char *name);
+void wtx_trainer_transport_names(char *buf, size_t len);
+
 /* Built-in backends (registered by wtx_transports_register_builtin). */
 extern const wtx_worker_transport wtx_shm_worker_transport;
+extern const wtx_trainer_transport wtx_shm_trainer_transport;
+extern const wtx_worker_transport wtx_tcp_worker_transport;
+extern const wtx_trainer_transport wtx_tcp_trainer_transport;
 
 /* Registers every built-in backend on both sides; idempotent. */
 void wtx_transports_register_builtin(void);

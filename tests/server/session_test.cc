@@ -76,6 +76,7 @@ class SessionTest : public ::testing::Test {
     shm.checksum = (Wtx__V1__ChecksumAlgorithm)checksum;
     Wtx__V1__TcpInitInfo tcp = WTX__V1__TCP_INIT_INFO__INIT;
     Wtx__V1__NcclInitInfo nccl = WTX__V1__NCCL_INIT_INFO__INIT;
+    Wtx__V1__CudaIpcInitInfo ipc = WTX__V1__CUDA_IPC_INIT_INFO__INIT;
     Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
     if (std::string(backend) == "shm") {
       ii.backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
@@ -83,6 +84,9 @@ class SessionTest : public ::testing::Test {
     } else if (std::string(backend) == "tcp") {
       ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
       ii.tcp = &tcp;
+    } else if (std::string(backend) == "cuda_ipc") {
+      ii.backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC;
+      ii.cuda_ipc = &ipc;
     } else if (std::string(backend) == "nccl") {
       ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
       ii.nccl = &nccl;
@@ -260,7 +264,7 @@ TEST_F(SessionTest, UnknownBackendListsTheRegisteredOnes) {
   EXPECT_EQ(WTX_EINVAL, Init("nccl"));
   EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code);
   EXPECT_NE(nullptr, strstr(st_.message, "'nccl' is not available"));
-  EXPECT_NE(nullptr, strstr(st_.message, "registered: shm"));
+  EXPECT_NE(nullptr, strstr(st_.message, "registered: shm, tcp"));
   EXPECT_EQ(WTX_EINVAL, Init("none"));
   EXPECT_NE(nullptr, strstr(st_.message, "no backend set"));
 }
@@ -386,8 +390,8 @@ TEST_F(SessionTest, InspectionCallsAnswer) {
   protobuf_c_message_free_unpacked(&wresp->base, nullptr);
 }
 
-// A test double for a slow data plane, registered as "tcp" (not built in
-// yet): receive blocks until released, then delivers zeros (one tensor).
+// A test double for a slow data plane, registered under the name of a
+// backend not built in yet (cuda_ipc): receive blocks until released, then delivers zeros (one tensor).
 std::mutex g_mu;
 std::condition_variable g_cv;
 bool g_in_receive = false, g_release = false;
@@ -411,10 +415,11 @@ int SlowReceive(void *, const Wtx__V1__UpdateInfo *, wtx_rx *rx) {
 void SlowDestroy(void *) {}
 
 const wtx_worker_transport kSlowTcp = {
-    .name = "tcp",
+    .name = "cuda_ipc",
     .supports_draft = 0,
     .init = SlowInit,
     .receive = SlowReceive,
+    .reset = nullptr,
     .destroy = SlowDestroy,
 };
 
@@ -453,7 +458,7 @@ TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   o.model_ops = &kCounting;
   o.model = &cm;
   Restart(o);
-  ASSERT_EQ(0, Init("tcp")) << st_.message;
+  ASSERT_EQ(0, Init("cuda_ipc")) << st_.message;
   ASSERT_EQ(0, Start()) << st_.message;
   wtx_rpc_pending *p = StartSlowUpdate();
   std::thread drainer([&] { wtx_worker_drain(w_, 10000); });
@@ -474,7 +479,7 @@ TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   wtx_store_destroy(cm.store);
 }
 
-// An UpdateWeights of one 16-byte tensor over the slow "tcp" double, left in
+// An UpdateWeights of one 16-byte tensor over the slow double, left in
 // flight once the worker is inside receive.
 wtx_rpc_pending *SessionTest::StartSlowUpdate() {
   {
@@ -488,7 +493,7 @@ wtx_rpc_pending *SessionTest::StartSlowUpdate() {
   pm.shape = &shape;
   pm.n_shape = 1;
   Wtx__V1__ParamMeta *pmp = &pm;
-  Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
+  Wtx__V1__CudaIpcUpdateInfo tu = WTX__V1__CUDA_IPC_UPDATE_INFO__INIT;
   Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
   ui.params = &pmp;
   ui.n_params = 1;
@@ -497,8 +502,8 @@ wtx_rpc_pending *SessionTest::StartSlowUpdate() {
   sum = XXH3_64bits(zeros, sizeof zeros);
   ui.xxh3_64 = &sum;
   ui.n_xxh3_64 = 1;
-  ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
-  ui.tcp = &tu;
+  ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_CUDA_IPC;
+  ui.cuda_ipc = &tu;
   Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
   req.session_id = const_cast<char *>(session_.c_str());
   req.update_id = update_;
@@ -524,14 +529,14 @@ void RegisterSlowTcp() {
 
 TEST_F(SessionTest, InspectionIsAnsweredWhileAnUpdateIsReceiving) {
   RegisterSlowTcp();
-  ASSERT_EQ(0, Init("tcp")) << st_.message;
+  ASSERT_EQ(0, Init("cuda_ipc")) << st_.message;
   ASSERT_EQ(0, Start()) << st_.message;
   wtx_rpc_pending *p = StartSlowUpdate();
   Wtx__V1__GetWeightInfoResponse *info = nullptr;
   ASSERT_EQ(0, Info(&info)) << st_.message;
   EXPECT_EQ(WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING, info->state);
   EXPECT_EQ(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, info->active_target);
-  EXPECT_STREQ("tcp", info->backend);
+  EXPECT_STREQ("cuda_ipc", info->backend);
   protobuf_c_message_free_unpacked(&info->base, nullptr);
   ReleaseSlowReceive();
   Wtx__V1__UpdateWeightsResponse *resp = nullptr;
@@ -563,11 +568,11 @@ TEST_F(SessionTest, DraftTargetPublishesBesideTheMainWeights) {
 
 TEST_F(SessionTest, DraftTargetOnAnEngineWithoutItIsRefused) {
   RegisterSlowTcp();
-  ASSERT_EQ(0, Init("tcp")) << st_.message;
+  ASSERT_EQ(0, Init("cuda_ipc")) << st_.message;
   EXPECT_EQ(WTX_ESTATE, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT));
   EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
   EXPECT_NE(nullptr, strstr(st_.message, "draft")) << st_.message;
-  EXPECT_NE(nullptr, strstr(st_.message, "tcp")) << st_.message;
+  EXPECT_NE(nullptr, strstr(st_.message, "cuda_ipc")) << st_.message;
   ASSERT_EQ(0, Start()) << st_.message;  // the main target still works
 }
 

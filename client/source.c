@@ -1,0 +1,427 @@
+/* wtx weight sources (see source.h). */
+#include "client/source.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "common/safetensors.h"
+
+struct wtx_source {
+  const wtx_source_ops *ops;
+  void *self;
+};
+
+int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out) {
+  *out = NULL;
+  if (ops == NULL || ops->metadata == NULL || ops->open == NULL ||
+      ops->next == NULL || ops->close == NULL)
+    return WTX_EINVAL;
+  wtx_source *s = calloc(1, sizeof *s);
+  if (s == NULL) return WTX_ENOMEM;
+  s->ops = ops;
+  s->self = self;
+  *out = s;
+  return 0;
+}
+
+void wtx_source_destroy(wtx_source *s) {
+  if (s == NULL) return;
+  if (s->ops->destroy != NULL) s->ops->destroy(s->self);
+  free(s);
+}
+
+const char *wtx_source_name(const wtx_source *s) { return s->ops->name; }
+
+int wtx_source_metadata(wtx_source *s, const wtx_param_meta **metas, size_t *n) {
+  return s->ops->metadata(s->self, metas, n);
+}
+
+int wtx_source_open(wtx_source *s, void **iter) { return s->ops->open(s->self, iter); }
+
+int wtx_source_next(wtx_source *s, void *iter, wtx_param_meta *meta,
+                    const uint8_t **data) {
+  return s->ops->next(s->self, iter, meta, data);
+}
+
+void wtx_source_close(wtx_source *s, void *iter) { s->ops->close(s->self, iter); }
+
+int wtx_source_total_bytes(wtx_source *s, uint64_t *out) {
+  const wtx_param_meta *m;
+  size_t n;
+  int rc = wtx_source_metadata(s, &m, &n);
+  *out = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++) *out += m[i].nbytes;
+  return rc;
+}
+
+/* ---- a table of tensors: the memory and safetensors sources ---- */
+
+/* Parameters with their bytes at hand; iteration walks the table. */
+typedef struct table {
+  wtx_param_meta *metas;
+  const uint8_t **data;
+  size_t n;
+  char *names; /* storage of the metas' names */
+  wtx_st_file **files;
+  size_t n_files;
+} table;
+
+static int table_metadata(void *self, const wtx_param_meta **metas, size_t *n) {
+  table *t = self;
+  *metas = t->metas;
+  *n = t->n;
+  return 0;
+}
+
+static int table_open(void *self, void **iter) {
+  (void)self;
+  size_t *pos = calloc(1, sizeof *pos);
+  if (pos == NULL) return WTX_ENOMEM;
+  *iter = pos;
+  return 0;
+}
+
+static int table_next(void *self, void *iter, wtx_param_meta *meta,
+                      const uint8_t **data) {
+  table *t = self;
+  size_t *pos = iter;
+  if (*pos >= t->n) return 0;
+  *meta = t->metas[*pos];
+  *data = t->data[*pos];
+  (*pos)++;
+  return 1;
+}
+
+static void table_close(void *self, void *iter) {
+  (void)self;
+  free(iter);
+}
+
+static void table_destroy(void *self) {
+  table *t = self;
+  for (size_t i = 0; i < t->n_files; i++) wtx_st_close(t->files[i]);
+  free(t->files);
+  free(t->metas);
+  free(t->data);
+  free(t->names);
+  free(t);
+}
+
+/* A table for n tensors whose names take name_bytes in all. */
+static table *table_new(size_t n, size_t name_bytes) {
+  table *t = calloc(1, sizeof *t);
+  if (t == NULL) return NULL;
+  t->metas = calloc(n ? n : 1, sizeof *t->metas);
+  t->data = calloc(n ? n : 1, sizeof *t->data);
+  t->names = malloc(name_bytes ? name_bytes : 1);
+  if (t->metas == NULL || t->data == NULL || t->names == NULL) {
+    table_destroy(t);
+    return NULL;
+  }
+  return t;
+}
+
+/* Names must be unique: a sorted copy shows duplicates side by side. */
+static int cmp_name(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static const char *duplicate_name(const wtx_param_meta *m, size_t n) {
+  const char **names = malloc((n ? n : 1) * sizeof *names);
+  if (names == NULL) return NULL;
+  for (size_t i = 0; i < n; i++) names[i] = m[i].name;
+  qsort(names, n, sizeof *names, cmp_name);
+  const char *dup = NULL;
+  for (size_t i = 1; i < n && dup == NULL; i++)
+    if (strcmp(names[i - 1], names[i]) == 0) dup = names[i];
+  free(names);
+  return dup;
+}
+
+static const wtx_source_ops table_ops_memory = {
+    .name = "memory",
+    .metadata = table_metadata,
+    .open = table_open,
+    .next = table_next,
+    .close = table_close,
+    .destroy = table_destroy,
+};
+
+static const wtx_source_ops table_ops_safetensors = {
+    .name = "safetensors",
+    .metadata = table_metadata,
+    .open = table_open,
+    .next = table_next,
+    .close = table_close,
+    .destroy = table_destroy,
+};
+
+static int table_finish(table *t, const wtx_source_ops *ops, wtx_source **out,
+                        char *err, size_t errlen) {
+  const char *dup = duplicate_name(t->metas, t->n);
+  int rc = 0;
+  if (dup != NULL) {
+    snprintf(err, errlen, "parameter '%s' appears twice", dup);
+    rc = WTX_EINVAL;
+  }
+  if (rc == 0) rc = wtx_source_create(ops, t, out);
+  if (rc != 0) table_destroy(t);
+  return rc;
+}
+
+int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
+                      wtx_source **out, char *err, size_t errlen) {
+  *out = NULL;
+  size_t name_bytes = 0;
+  for (size_t i = 0; i < n; i++) name_bytes += strlen(tensors[i].name) + 1;
+  table *t = table_new(n, name_bytes);
+  if (t == NULL) return WTX_ENOMEM;
+  char *p = t->names;
+  for (size_t i = 0; i < n; i++) {
+    const wtx_memory_tensor *m = &tensors[i];
+    wtx_param_meta *pm = &t->metas[i];
+    if (m->name[0] == '\0' || strlen(m->name) > WTX_MAX_NAME_BYTES ||
+        m->ndim > WTX_MAX_DIMS || (m->ndim > 0 && m->shape == NULL)) {
+      snprintf(err, errlen, "tensor %zu '%s': name must be 1..%d bytes and "
+               "ndim at most %d", i, m->name, WTX_MAX_NAME_BYTES, WTX_MAX_DIMS);
+      table_destroy(t);
+      return WTX_EINVAL;
+    }
+    strcpy(p, m->name);
+    pm->name = p;
+    p += strlen(m->name) + 1;
+    pm->dtype = m->dtype;
+    pm->ndim = m->ndim;
+    if (m->ndim > 0) memcpy(pm->shape, m->shape, m->ndim * sizeof *m->shape);
+    int rc = wtx_tensor_nbytes(m->dtype, pm->shape, pm->ndim, &pm->nbytes);
+    if (rc != 0 || (pm->nbytes > 0 && m->data == NULL)) {
+      snprintf(err, errlen, "tensor '%s': %s", m->name,
+               rc != 0 ? "unknown dtype or size too large" : "no data");
+      table_destroy(t);
+      return WTX_EINVAL;
+    }
+    t->data[i] = m->data;
+    t->n++;
+  }
+  return table_finish(t, &table_ops_memory, out, err, errlen);
+}
+
+int wtx_source_safetensors(const char *const *paths, size_t n, wtx_source **out,
+                           char *err, size_t errlen) {
+  *out = NULL;
+  if (n == 0) {
+    snprintf(err, errlen, "no safetensors file given");
+    return WTX_EINVAL;
+  }
+  wtx_st_file **files = calloc(n, sizeof *files);
+  if (files == NULL) return WTX_ENOMEM;
+  size_t count = 0, name_bytes = 0;
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    rc = wtx_st_open(paths[i], &files[i], err, errlen);
+    if (rc != 0) break;
+    for (size_t j = 0; j < wtx_st_count(files[i]); j++) {
+      count++;
+      name_bytes += strlen(wtx_st_tensor_at(files[i], j)->name) + 1;
+    }
+  }
+  table *t = rc == 0 ? table_new(count, name_bytes) : NULL;
+  if (rc == 0 && t == NULL) rc = WTX_ENOMEM;
+  if (rc != 0) {
+    for (size_t i = 0; i < n; i++) wtx_st_close(files[i]);
+    free(files);
+    return rc;
+  }
+  t->files = files;
+  t->n_files = n;
+  char *p = t->names;
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = 0; j < wtx_st_count(files[i]); j++) {
+      const wtx_st_tensor *st = wtx_st_tensor_at(files[i], j);
+      wtx_param_meta *pm = &t->metas[t->n];
+      strcpy(p, st->name);
+      pm->name = p;
+      p += strlen(st->name) + 1;
+      pm->dtype = st->dtype;
+      pm->ndim = st->ndim;
+      memcpy(pm->shape, st->shape, sizeof pm->shape);
+      pm->nbytes = st->nbytes;
+      t->data[t->n++] = st->data;
+    }
+  return table_finish(t, &table_ops_safetensors, out, err, errlen);
+}
+
+/* ---- synthetic ---- */
+
+typedef struct synth {
+  wtx_param_meta *metas;
+  char (*names)[96];
+  size_t n;
+  uint64_t seed, max_bytes;
+} synth;
+
+typedef struct synth_iter {
+  size_t pos;
+  uint8_t *buf;
+} synth_iter;
+
+static void synth_add(synth *s, const char *name, uint64_t a, uint64_t b) {
+  wtx_param_meta *m = &s->metas[s->n];
+  snprintf(s->names[s->n], sizeof s->names[s->n], "%s", name);
+  m->name = s->names[s->n];
+  m->dtype = WTX_DTYPE_BFLOAT16;
+  m->shape[0] = a;
+  m->shape[1] = b;
+  m->ndim = b ? 2 : 1;
+  m->nbytes = a * (b ? b : 1) * 2;
+  if (m->nbytes > s->max_bytes) s->max_bytes = m->nbytes;
+  s->n++;
+}
+
+static uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+static int synth_metadata(void *self, const wtx_param_meta **metas, size_t *n) {
+  synth *s = self;
+  *metas = s->metas;
+  *n = s->n;
+  return 0;
+}
+
+static int synth_open(void *self, void **iter) {
+  synth *s = self;
+  synth_iter *it = calloc(1, sizeof *it);
+  if (it == NULL || (it->buf = malloc(s->max_bytes ? s->max_bytes : 8)) == NULL) {
+    free(it);
+    return WTX_ENOMEM;
+  }
+  *iter = it;
+  return 0;
+}
+
+static int synth_next(void *self, void *iter, wtx_param_meta *meta,
+                      const uint8_t **data) {
+  synth *s = self;
+  synth_iter *it = iter;
+  if (it->pos >= s->n) return 0;
+  const wtx_param_meta *m = &s->metas[it->pos++];
+  uint64_t seed = s->seed ^ XXH3_64bits(m->name, strlen(m->name));
+  uint64_t words = (m->nbytes + 7) / 8;
+  for (uint64_t w = 0; w < words; w++) {
+    uint64_t v = splitmix(seed ^ w);
+    size_t k = m->nbytes - w * 8 < 8 ? (size_t)(m->nbytes - w * 8) : 8;
+    memcpy(it->buf + w * 8, &v, k);
+  }
+  *meta = *m;
+  *data = it->buf;
+  return 1;
+}
+
+static void synth_close(void *self, void *iter) {
+  (void)self;
+  synth_iter *it = iter;
+  free(it->buf);
+  free(it);
+}
+
+static void synth_destroy(void *self) {
+  synth *s = self;
+  free(s->metas);
+  free(s->names);
+  free(s);
+}
+
+static const wtx_source_ops synth_ops = {
+    .name = "synthetic",
+    .metadata = synth_metadata,
+    .open = synth_open,
+    .next = synth_next,
+    .close = synth_close,
+    .destroy = synth_destroy,
+};
+
+int wtx_source_synthetic(uint64_t total_bytes, uint64_t seed, wtx_source **out) {
+  *out = NULL;
+  /* hidden h, vocab 4h, per layer 12 h^2 + 2h parameters: pick h, then the
+   * number of layers that fills total_bytes. */
+  uint64_t h = 64;
+  while (12 * (h * 2) * (h * 2) * 2 * 8 <= total_bytes && h < 8192) h *= 2;
+  uint64_t per_layer = (12 * h * h + 2 * h) * 2;
+  uint64_t embed = 4 * h * h * 2;
+  uint64_t layers = total_bytes > embed ? (total_bytes - embed) / per_layer : 1;
+  if (layers == 0) layers = 1;
+  if (layers > 4096) layers = 4096;
+  synth *s = calloc(1, sizeof *s);
+  if (s == NULL) return WTX_ENOMEM;
+  s->seed = seed;
+  s->metas = calloc(layers * 8 + 2, sizeof *s->metas);
+  s->names = calloc(layers * 8 + 2, sizeof *s->names);
+  if (s->metas == NULL || s->names == NULL) {
+    synth_destroy(s);
+    return WTX_ENOMEM;
+  }
+  synth_add(s, "model.embed_tokens.weight", 4 * h, h);
+  static const char *const proj[] = {"self_attn.q_proj", "self_attn.k_proj",
+                                     "self_attn.v_proj", "self_attn.o_proj"};
+  char name[96];
+  for (uint64_t l = 0; l < layers; l++) {
+    unsigned long long ll = (unsigned long long)l;
+    for (int j = 0; j < 4; j++) {
+      snprintf(name, sizeof name, "model.layers.%llu.%s.weight", ll, proj[j]);
+      synth_add(s, name, h, h);
+    }
+    snprintf(name, sizeof name, "model.layers.%llu.mlp.up_proj.weight", ll);
+    synth_add(s, name, 4 * h, h);
+    snprintf(name, sizeof name, "model.layers.%llu.mlp.down_proj.weight", ll);
+    synth_add(s, name, h, 4 * h);
+    snprintf(name, sizeof name, "model.layers.%llu.input_layernorm.weight", ll);
+    synth_add(s, name, h, 0);
+    snprintf(name, sizeof name,
+             "model.layers.%llu.post_attention_layernorm.weight", ll);
+    synth_add(s, name, h, 0);
+  }
+  synth_add(s, "model.norm.weight", h, 0);
+  int rc = wtx_source_create(&synth_ops, s, out);
+  if (rc != 0) synth_destroy(s);
+  return rc;
+}
+
+/* ---- layer grouping ---- */
+
+int wtx_param_layer(const char *name, uint64_t *layer) {
+  const char *p = name;
+  while (*p) {
+    const char *end = strchr(p, '.');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    size_t k = 0;
+    while (k < len && isdigit((unsigned char)p[k])) k++;
+    if (len > 0 && k == len && len <= 18) {
+      *layer = strtoull(p, NULL, 10);
+      return 1;
+    }
+    if (end == NULL) break;
+    p = end + 1;
+  }
+  return 0;
+}
+
+size_t wtx_param_groups(const wtx_param_meta *metas, size_t n, size_t *starts) {
+  size_t g = 0;
+  int prev_has = -1;
+  uint64_t prev = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t l = 0;
+    int has = wtx_param_layer(metas[i].name, &l);
+    if (i == 0 || has != prev_has || (has && l != prev)) starts[g++] = i;
+    prev_has = has;
+    prev = l;
+  }
+  return g;
+}

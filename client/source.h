@@ -1,0 +1,111 @@
+/* wtx weight sources: where a trainer's weights come from.
+ *
+ * A source has two channels that must agree element by element (as vLLM's
+ * WeightSource):
+ *  - metadata: name, dtype and full shape of every parameter, cheap, no data
+ *    moved (for a sharded trainer: the global shape, no all-gather);
+ *  - iteration: a fresh pass that yields fully materialized tensors, one at a
+ *    time, in the same order (for a sharded trainer each yield may be a
+ *    collective, so every trainer rank iterates in lockstep).
+ * The trainer engine checks the agreement as it iterates and fails naming
+ * the first mismatch before the tensor's bytes reach the wire.
+ *
+ * Built in: tensors in host memory, safetensors files (mmap), and a
+ * synthetic GPT-style model for demos and benchmarks. Any other producer
+ * (a framework's parameters) implements wtx_source_ops. */
+#ifndef WTX_CLIENT_SOURCE_H
+#define WTX_CLIENT_SOURCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One parameter's metadata. name is owned by the source. */
+typedef struct wtx_param_meta {
+  const char *name;
+  int dtype; /* wtx_dtype */
+  uint64_t shape[WTX_MAX_DIMS];
+  size_t ndim;
+  uint64_t nbytes; /* dtype size x product(shape) */
+} wtx_param_meta;
+
+/* A source implementation. self is the implementation's state. */
+typedef struct wtx_source_ops {
+  const char *name; /* "memory", "safetensors", "synthetic", ... */
+  /* Every parameter, in iteration order; *metas is owned by self and stays
+   * valid until destroy. May compute and cache on the first call. */
+  int (*metadata)(void *self, const wtx_param_meta **metas, size_t *n);
+  /* Starts a fresh pass; *iter is the pass's state. */
+  int (*open)(void *self, void **iter);
+  /* The next tensor: 1 with *meta and *data (host memory of meta->nbytes,
+   * valid until the next call of next or close), 0 at the end, or a
+   * negative WTX_E* code. */
+  int (*next)(void *self, void *iter, wtx_param_meta *meta, const uint8_t **data);
+  void (*close)(void *self, void *iter);
+  void (*destroy)(void *self);
+} wtx_source_ops;
+
+typedef struct wtx_source wtx_source;
+
+/* Wraps an implementation; ops must outlive the source, self is destroyed
+ * by wtx_source_destroy (ops->destroy). */
+int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out);
+void wtx_source_destroy(wtx_source *s);
+const char *wtx_source_name(const wtx_source *s);
+int wtx_source_metadata(wtx_source *s, const wtx_param_meta **metas, size_t *n);
+int wtx_source_open(wtx_source *s, void **iter);
+int wtx_source_next(wtx_source *s, void *iter, wtx_param_meta *meta,
+                    const uint8_t **data);
+void wtx_source_close(wtx_source *s, void *iter);
+/* Sum of the parameters' bytes (from metadata). */
+int wtx_source_total_bytes(wtx_source *s, uint64_t *out);
+
+/* ---- built-in sources ---- */
+
+/* A tensor in host memory, for wtx_source_memory. */
+typedef struct wtx_memory_tensor {
+  const char *name;
+  int dtype;
+  const uint64_t *shape;
+  size_t ndim;
+  const void *data; /* dtype size x product(shape) bytes */
+} wtx_memory_tensor;
+
+/* Tensors already in memory: names and shapes are copied (and validated:
+ * dtype known, ndim <= WTX_MAX_DIMS, names unique); the data is borrowed and
+ * must stay valid and unchanged while a pass runs. err names the tensor. */
+int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
+                      wtx_source **out, char *err, size_t errlen);
+
+/* One or more safetensors files, mapped read-only; parameters in file order,
+ * then by data offset. A name in two files is an error naming both. */
+int wtx_source_safetensors(const char *const *paths, size_t n, wtx_source **out,
+                           char *err, size_t errlen);
+
+/* A GPT-style stack of about total_bytes of bf16 parameters (embedding,
+ * per layer q/k/v/o + MLP up/down + two norms, final norm), deterministic
+ * content from seed. */
+int wtx_source_synthetic(uint64_t total_bytes, uint64_t seed, wtx_source **out);
+
+/* ---- layer grouping ---- */
+
+/* The layer of a parameter: the outermost (first) numeric component of its
+ * dotted name, e.g. 12 for "model.layers.12.mlp.up_proj.weight". 1 with
+ * *layer set, 0 when the name has none (embeddings, final norm). */
+int wtx_param_layer(const char *name, uint64_t *layer);
+
+/* Groups consecutive parameters of the same layer: fills starts[] (indices
+ * into metas where a group begins, at most n) and returns the group count.
+ * Parameters without a layer form groups of their own kind the same way. */
+size_t wtx_param_groups(const wtx_param_meta *metas, size_t n, size_t *starts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_CLIENT_SOURCE_H */

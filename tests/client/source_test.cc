@@ -1,0 +1,148 @@
+// Weight sources: metadata and iteration agree, byte totals, validation, the
+// safetensors source over a file written by wtx's writer (the Python test
+// feeds it one written by the safetensors package), layer grouping.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "client/source.h"
+#include "common/safetensors.h"
+
+namespace {
+
+// Collects a full pass: names and bytes.
+std::vector<std::pair<std::string, std::vector<uint8_t>>> Pass(wtx_source *s) {
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
+  void *it = nullptr;
+  EXPECT_EQ(0, wtx_source_open(s, &it));
+  wtx_param_meta m;
+  const uint8_t *d;
+  int r;
+  while ((r = wtx_source_next(s, it, &m, &d)) == 1)
+    out.emplace_back(m.name, std::vector<uint8_t>(d, d + m.nbytes));
+  EXPECT_EQ(0, r);
+  wtx_source_close(s, it);
+  return out;
+}
+
+TEST(Source, SyntheticHasTheAskedSizeAndAgreesWithItsMetadata) {
+  for (uint64_t size : {UINT64_C(1) << 20, UINT64_C(64) << 20, UINT64_C(1) << 30}) {
+    wtx_source *s = nullptr;
+    ASSERT_EQ(0, wtx_source_synthetic(size, 1, &s));
+    uint64_t total = 0;
+    ASSERT_EQ(0, wtx_source_total_bytes(s, &total));
+    EXPECT_LE(total, size + size / 4) << size;
+    EXPECT_GE(total, size / 2) << size;
+    const wtx_param_meta *m;
+    size_t n;
+    ASSERT_EQ(0, wtx_source_metadata(s, &m, &n));
+    EXPECT_STREQ("model.embed_tokens.weight", m[0].name);
+    EXPECT_STREQ("model.norm.weight", m[n - 1].name);
+    for (size_t i = 0; i < n; i++) EXPECT_EQ(WTX_DTYPE_BFLOAT16, m[i].dtype);
+    if (size <= (UINT64_C(64) << 20)) {
+      auto p = Pass(s);
+      ASSERT_EQ(n, p.size());
+      for (size_t i = 0; i < n; i++) {
+        EXPECT_EQ(m[i].name, p[i].first);
+        EXPECT_EQ(m[i].nbytes, p[i].second.size());
+      }
+    }
+    wtx_source_destroy(s);
+  }
+}
+
+TEST(Source, SyntheticContentIsDeterministicPerSeed) {
+  wtx_source *a, *b, *c;
+  ASSERT_EQ(0, wtx_source_synthetic(1 << 20, 5, &a));
+  ASSERT_EQ(0, wtx_source_synthetic(1 << 20, 5, &b));
+  ASSERT_EQ(0, wtx_source_synthetic(1 << 20, 6, &c));
+  auto pa = Pass(a), pb = Pass(b), pc = Pass(c);
+  EXPECT_EQ(pa, pb);
+  EXPECT_NE(pa[0].second, pc[0].second);
+  EXPECT_EQ(pa, Pass(a));  // a fresh pass yields the same again
+  wtx_source_destroy(a);
+  wtx_source_destroy(b);
+  wtx_source_destroy(c);
+}
+
+TEST(Source, MemoryBorrowsDataAndValidatesMetadata) {
+  std::vector<float> w(12, 1.5f);
+  uint64_t shape[2] = {3, 4};
+  wtx_memory_tensor ts[2] = {{"w", WTX_DTYPE_FLOAT32, shape, 2, w.data()},
+                             {"b", WTX_DTYPE_FLOAT32, shape, 1, w.data()}};
+  wtx_source *s = nullptr;
+  char err[256] = "";
+  ASSERT_EQ(0, wtx_source_memory(ts, 2, &s, err, sizeof err)) << err;
+  auto p = Pass(s);
+  ASSERT_EQ(2u, p.size());
+  EXPECT_EQ(48u, p[0].second.size());
+  EXPECT_EQ(12u, p[1].second.size());
+  EXPECT_EQ(0, memcmp(w.data(), p[0].second.data(), 48));
+  wtx_source_destroy(s);
+
+  ts[1].name = "w";
+  EXPECT_EQ(WTX_EINVAL, wtx_source_memory(ts, 2, &s, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "'w' appears twice")) << err;
+  ts[1].name = "b";
+  ts[1].dtype = 99;
+  EXPECT_EQ(WTX_EINVAL, wtx_source_memory(ts, 2, &s, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "tensor 'b'")) << err;
+}
+
+TEST(Source, SafetensorsFilesMapInFileOrder) {
+  char tmpl[] = "/tmp/wtx-src-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(tmpl));
+  std::string dir = tmpl;
+  std::vector<uint8_t> a(64, 1), b(8, 2), c(4, 3);
+  wtx_st_tensor f1[2] = {{"model.layers.0.w", WTX_DTYPE_FLOAT32, {16}, 1, 64, a.data()},
+                         {"model.layers.1.w", WTX_DTYPE_UINT8, {8}, 1, 8, b.data()}};
+  wtx_st_tensor f2[1] = {{"lm_head", WTX_DTYPE_INT32, {1}, 1, 4, c.data()}};
+  std::string p1 = dir + "/model-00001.safetensors", p2 = dir + "/model-00002.safetensors";
+  char err[512] = "";
+  ASSERT_EQ(0, wtx_st_write(p1.c_str(), f1, 2, nullptr, 0, err, sizeof err));
+  ASSERT_EQ(0, wtx_st_write(p2.c_str(), f2, 1, nullptr, 0, err, sizeof err));
+  const char *paths[] = {p1.c_str(), p2.c_str()};
+  wtx_source *s = nullptr;
+  ASSERT_EQ(0, wtx_source_safetensors(paths, 2, &s, err, sizeof err)) << err;
+  EXPECT_STREQ("safetensors", wtx_source_name(s));
+  auto p = Pass(s);
+  ASSERT_EQ(3u, p.size());
+  EXPECT_EQ("model.layers.0.w", p[0].first);
+  EXPECT_EQ(a, p[0].second);
+  EXPECT_EQ("lm_head", p[2].first);
+  EXPECT_EQ(c, p[2].second);
+  wtx_source_destroy(s);
+  // The same file twice: every name twice.
+  const char *twice[] = {p1.c_str(), p1.c_str()};
+  EXPECT_EQ(WTX_EINVAL, wtx_source_safetensors(twice, 2, &s, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "appears twice")) << err;
+  const char *missing[] = {"/nonexistent.safetensors"};
+  EXPECT_EQ(WTX_ENOENT, wtx_source_safetensors(missing, 1, &s, err, sizeof err));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(Source, LayerIsTheOutermostNumericComponent) {
+  uint64_t l = 0;
+  EXPECT_EQ(1, wtx_param_layer("model.layers.12.mlp.experts.3.w", &l));
+  EXPECT_EQ(12u, l);
+  EXPECT_EQ(1, wtx_param_layer("h.0.attn", &l));
+  EXPECT_EQ(0u, l);
+  EXPECT_EQ(0, wtx_param_layer("model.embed_tokens.weight", &l));
+  EXPECT_EQ(0, wtx_param_layer("layer12.w", &l));  // not a whole component
+
+  wtx_param_meta m[6] = {};
+  const char *names[] = {"embed", "l.0.a", "l.0.b", "l.1.a", "norm", "head"};
+  for (int i = 0; i < 6; i++) m[i].name = names[i];
+  size_t starts[6];
+  ASSERT_EQ(4u, wtx_param_groups(m, 6, starts));
+  EXPECT_EQ(0u, starts[0]);
+  EXPECT_EQ(1u, starts[1]);
+  EXPECT_EQ(3u, starts[2]);
+  EXPECT_EQ(4u, starts[3]);  // norm and head: both without a layer
+}
+
+}  // namespace

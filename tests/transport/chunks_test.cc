@@ -1,0 +1,102 @@
+// wtx_chunks_plan: the one cut of an update's stream that trainer and worker
+// both rely on (docs/data-plane.md, "Chunks").
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <numeric>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace {
+
+std::vector<wtx_chunk> Plan(const std::vector<uint64_t> &sizes, uint64_t buf, bool packed) {
+  wtx_chunk *c = nullptr;
+  size_t n = 0;
+  EXPECT_EQ(0, wtx_chunks_plan(sizes.data(), sizes.size(), buf, packed, &c, &n));
+  std::vector<wtx_chunk> out(c, c + n);
+  free(c);
+  return out;
+}
+
+// Walks the chunks as a receiver would: every byte of every tensor exactly
+// once, in order, each chunk at most buf bytes and never empty unless it
+// holds only zero-byte tensors.
+void ExpectCovers(const std::vector<uint64_t> &sizes, uint64_t buf,
+                  const std::vector<wtx_chunk> &chunks) {
+  size_t i = 0;
+  uint64_t off = 0;
+  for (const wtx_chunk &c : chunks) {
+    ASSERT_EQ(i, c.first);
+    ASSERT_EQ(off, c.first_offset);
+    ASSERT_LE(c.bytes, buf);
+    uint64_t left = c.bytes;
+    for (size_t t = c.first; t <= c.last; t++) {
+      uint64_t take = std::min(sizes[t] - off, left);
+      left -= take;
+      off += take;
+      if (off == sizes[t]) {
+        i = t + 1;
+        off = 0;
+      } else {
+        ASSERT_EQ(t, c.last) << "only the last tensor of a chunk may be cut";
+      }
+    }
+    ASSERT_EQ(0u, left);
+  }
+  EXPECT_EQ(sizes.size(), i);
+  EXPECT_EQ(0u, off);
+}
+
+TEST(Chunks, PackedFillsBuffersAndSplitsTensorsAcrossThem) {
+  std::vector<uint64_t> sizes = {100, 300, 50, 1000, 7};
+  auto c = Plan(sizes, 256, true);
+  ExpectCovers(sizes, 256, c);
+  uint64_t total = std::accumulate(sizes.begin(), sizes.end(), uint64_t{0});
+  ASSERT_EQ((total + 255) / 256, c.size());  // every buffer full but the last
+  for (size_t k = 0; k + 1 < c.size(); k++) EXPECT_EQ(256u, c[k].bytes);
+  EXPECT_EQ(0u, c[0].first);
+  EXPECT_EQ(1u, c[0].last);           // 100 + 156 of the 300
+  EXPECT_EQ(156u, c[1].first_offset);  // the 300 continues
+}
+
+TEST(Chunks, UnpackedStartsEveryTensorInAChunkOfItsOwn) {
+  std::vector<uint64_t> sizes = {100, 300, 50};
+  auto c = Plan(sizes, 256, false);
+  ExpectCovers(sizes, 256, c);
+  ASSERT_EQ(4u, c.size());
+  EXPECT_EQ(100u, c[0].bytes);
+  EXPECT_EQ(256u, c[1].bytes);
+  EXPECT_EQ(44u, c[2].bytes);
+  EXPECT_EQ(256u, c[2].first_offset);
+  EXPECT_EQ(50u, c[3].bytes);
+}
+
+TEST(Chunks, ZeroByteTensorsRideAlongOrStandAlone) {
+  std::vector<uint64_t> sizes = {0, 256, 0, 0, 10, 0};
+  auto c = Plan(sizes, 256, true);
+  ExpectCovers(sizes, 256, c);
+  EXPECT_EQ(2u, c.size());
+  auto u = Plan({0, 0}, 256, false);
+  ASSERT_EQ(2u, u.size());
+  EXPECT_EQ(0u, u[0].bytes);
+}
+
+TEST(Chunks, ManyShapesAndBufferSizesCoverEveryByte) {
+  srand(7);
+  for (int round = 0; round < 200; round++) {
+    std::vector<uint64_t> sizes(1 + rand() % 40);
+    for (auto &s : sizes) s = rand() % 5 == 0 ? 0 : (uint64_t)(rand() % 5000);
+    uint64_t buf = 1 + rand() % 3000;
+    for (bool packed : {true, false}) ExpectCovers(sizes, buf, Plan(sizes, buf, packed));
+  }
+}
+
+TEST(Chunks, ZeroBufferIsRefused) {
+  uint64_t s = 1;
+  wtx_chunk *c = nullptr;
+  size_t n = 0;
+  EXPECT_EQ(WTX_EINVAL, wtx_chunks_plan(&s, 1, 0, 1, &c, &n));
+}
+
+}  // namespace

@@ -1,0 +1,669 @@
+/* tcp: a byte stream pipelined along a chain, trainer -> worker 0 -> worker 1
+ * -> ... -> worker n-1, so the trainer's uplink carries the model once however
+ * many workers there are (docs/data-plane.md, "tcp").
+ *
+ * Connections: the trainer listens on its data port; at init, worker 0
+ * connects to it, and worker i (i > 0) connects to the relay port worker i-1
+ * reported as its data_address. Every connection opens with a hello carrying
+ * the session's data_token; a peer without it is refused. Per chunk, the
+ * upstream writes a 32-byte frame header (magic, version, chunk sequence,
+ * first_param_offset, chunk_bytes) and the chunk's bytes. A relaying worker
+ * receives each piece (1 MiB at most) straight into model memory and forwards
+ * it downstream before reading the next: cut-through, so the chain adds a
+ * piece of latency per hop, not a chunk.
+ *
+ * Every read, write, connect and accept waits at most the session's
+ * timeout_ms for progress: a dead peer ends as an error, never a hang. After
+ * an error the stream is out of step and the session must be initialized
+ * again. The data plane uses blocking sockets with poll() deadlines on the
+ * call's own thread (a receive runs inside its UpdateWeights handler). */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "transport/transport.h"
+
+#define TOKEN_MAX 64
+#define HELLO_BYTES (12 + TOKEN_MAX)
+#define FRAME_BYTES 32
+#define PIECE (1u << 20)
+
+static const char hello_magic[4] = {'W', 'T', 'X', 'H'};
+static const char frame_magic[4] = {'W', 'T', 'X', 'C'};
+enum { VERSION = 1 };
+
+/* ---- sockets with deadlines ---- */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Waits until fd is ready for events, at most timeout_ms. */
+static int wait_fd(int fd, short events, uint32_t timeout_ms) {
+  struct pollfd p = {.fd = fd, .events = events};
+  int64_t until = now_ms() + timeout_ms;
+  for (;;) {
+    int64_t left = until - now_ms();
+    if (left < 0) left = 0;
+    int r = poll(&p, 1, (int)(left > 60000 ? 60000 : left));
+    if (r > 0) return 0;
+    if (r < 0 && errno != EINTR) return WTX_EIO;
+    if (r == 0 && now_ms() >= until) return WTX_ETIMEDOUT;
+  }
+}
+
+/* Reads exactly len bytes; each wait for progress is bounded. */
+static int read_full(int fd, void *buf, size_t len, uint32_t timeout_ms,
+                     const char **why) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t r = recv(fd, p, len, MSG_DONTWAIT);
+    if (r > 0) {
+      p += r;
+      len -= (size_t)r;
+      continue;
+    }
+    if (r == 0) {
+      *why = "peer closed the connection";
+      return WTX_EIO;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      *why = strerror(errno);
+      return WTX_EIO;
+    }
+    int rc = wait_fd(fd, POLLIN, timeout_ms);
+    if (rc != 0) {
+      *why = rc == WTX_ETIMEDOUT ? "no data within the timeout" : strerror(errno);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t len, uint32_t timeout_ms,
+                      const char **why) {
+  const uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t r = send(fd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r > 0) {
+      p += r;
+      len -= (size_t)r;
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      *why = strerror(errno);
+      return WTX_EIO;
+    }
+    int rc = wait_fd(fd, POLLOUT, timeout_ms);
+    if (rc != 0) {
+      *why = rc == WTX_ETIMEDOUT ? "peer took no data within the timeout"
+                                 : strerror(errno);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+static void tune(int fd) {
+  int one = 1, buf = 4 << 20;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+}
+
+/* Splits "host:port" or "[v6]:port". */
+static int split_hostport(const char *addr, char *host, size_t hlen,
+                          char *port, size_t plen) {
+  const char *colon = strrchr(addr, ':');
+  if (colon == NULL || colon == addr || colon[1] == '\0') return WTX_EINVAL;
+  const char *h = addr;
+  size_t n = (size_t)(colon - addr);
+  if (h[0] == '[' && n >= 2 && h[n - 1] == ']') {
+    h++;
+    n -= 2;
+  }
+  if (n >= hlen || strlen(colon + 1) >= plen) return WTX_EINVAL;
+  memcpy(host, h, n);
+  host[n] = '\0';
+  strcpy(port, colon + 1);
+  return 0;
+}
+
+/* "ip:port" of a bound or connected socket (local side). */
+static void sock_name(int fd, int local, char *out, size_t len) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  int r = local ? getsockname(fd, (struct sockaddr *)&ss, &sl)
+                : getpeername(fd, (struct sockaddr *)&ss, &sl);
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (r != 0 || getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, port,
+                            sizeof port, NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    snprintf(out, len, "?");
+    return;
+  }
+  snprintf(out, len, ss.ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, port);
+}
+
+/* Listens on addr ("host:port", port 0 picks one); *bound gets "ip:port". */
+static int listen_on(const char *addr, int *fd_out, char *bound, size_t blen,
+                     char *err, size_t errlen) {
+  char host[256], port[32];
+  if (split_hostport(addr, host, sizeof host, port, sizeof port) != 0) {
+    snprintf(err, errlen, "tcp: '%s' is not host:port", addr);
+    return WTX_EINVAL;
+  }
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+  struct addrinfo *ai = NULL;
+  if (getaddrinfo(host[0] ? host : NULL, port, &hints, &ai) != 0 || ai == NULL) {
+    snprintf(err, errlen, "tcp: cannot resolve '%s'", addr);
+    return WTX_EINVAL;
+  }
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 8) != 0) {
+    snprintf(err, errlen, "tcp: cannot listen on %s: %s", addr, strerror(errno));
+    if (fd >= 0) close(fd);
+    freeaddrinfo(ai);
+    return WTX_EIO;
+  }
+  freeaddrinfo(ai);
+  sock_name(fd, 1, bound, blen);
+  *fd_out = fd;
+  return 0;
+}
+
+static int connect_to(const char *addr, uint32_t timeout_ms, int *fd_out,
+                      char *err, size_t errlen) {
+  char host[256], port[32];
+  if (split_hostport(addr, host, sizeof host, port, sizeof port) != 0) {
+    snprintf(err, errlen, "init_info.tcp.upstream_address: '%s' is not host:port",
+             addr);
+    return WTX_EINVAL;
+  }
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV};
+  struct addrinfo *ai = NULL;
+  if (getaddrinfo(host, port, &hints, &ai) != 0 || ai == NULL) {
+    snprintf(err, errlen, "init_info.tcp.upstream_address: cannot resolve '%s'",
+             addr);
+    return WTX_EUNAVAIL;
+  }
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int rc = fd < 0 ? WTX_EIO : 0;
+  if (rc == 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+    if (errno != EINPROGRESS) {
+      rc = WTX_EUNAVAIL;
+    } else if ((rc = wait_fd(fd, POLLOUT, timeout_ms)) == 0) {
+      int soerr = 0;
+      socklen_t sl = sizeof soerr;
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+      if (soerr != 0) {
+        errno = soerr;
+        rc = WTX_EUNAVAIL;
+      }
+    }
+  }
+  freeaddrinfo(ai);
+  if (rc != 0) {
+    snprintf(err, errlen, "tcp: cannot connect to %s: %s", addr,
+             rc == WTX_ETIMEDOUT ? "timed out" : strerror(errno));
+    if (fd >= 0) close(fd);
+    return rc;
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  tune(fd);
+  *fd_out = fd;
+  return 0;
+}
+
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+         (uint32_t)p[3] << 24;
+}
+
+static int send_hello(int fd, const uint8_t *token, size_t len, uint32_t timeout_ms,
+                      const char **why) {
+  uint8_t h[HELLO_BYTES] = {0};
+  memcpy(h, hello_magic, 4);
+  put32(h + 4, VERSION);
+  put32(h + 8, (uint32_t)len);
+  memcpy(h + 12, token, len);
+  return write_full(fd, h, sizeof h, timeout_ms, why);
+}
+
+/* Accepts one connection on lfd and checks its hello against token. */
+static int accept_peer(int lfd, const uint8_t *token, size_t len,
+                       uint32_t timeout_ms, int *fd_out, char *err,
+                       size_t errlen) {
+  for (;;) {
+    int rc = wait_fd(lfd, POLLIN, timeout_ms);
+    if (rc != 0) {
+      snprintf(err, errlen, "tcp: no downstream connection within %u ms",
+               timeout_ms);
+      return rc;
+    }
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
+      snprintf(err, errlen, "tcp: accept: %s", strerror(errno));
+      return WTX_EIO;
+    }
+    uint8_t h[HELLO_BYTES];
+    const char *why = "";
+    char peer[128];
+    sock_name(fd, 0, peer, sizeof peer);
+    rc = read_full(fd, h, sizeof h, timeout_ms, &why);
+    if (rc == 0 && (memcmp(h, hello_magic, 4) != 0 || get32(h + 4) != VERSION ||
+                    get32(h + 8) != len || memcmp(h + 12, token, len) != 0)) {
+      why = "hello without this session's data_token";
+      rc = WTX_EAUTH;
+    }
+    if (rc != 0) {
+      /* Not our peer: refuse it and keep waiting for the right one. */
+      close(fd);
+      if (rc == WTX_EAUTH) continue;
+      snprintf(err, errlen, "tcp: peer %s: %s", peer, why);
+      return rc;
+    }
+    tune(fd);
+    *fd_out = fd;
+    return 0;
+  }
+}
+
+static void frame_encode(uint8_t *f, uint64_t seq, const wtx_chunk *c) {
+  memcpy(f, frame_magic, 4);
+  put32(f + 4, VERSION);
+  put64(f + 8, seq);
+  put64(f + 16, c->first_offset);
+  put64(f + 24, c->bytes);
+}
+
+/* ---- worker half ---- */
+
+typedef struct tcp_worker {
+  wtx_wire_params wire;
+  uint8_t token[TOKEN_MAX];
+  size_t token_len;
+  int up;      /* connection to the upstream */
+  int lfd;     /* relay listener, -1 when last in the chain */
+  int down;    /* relay connection, accepted at the first chunk */
+  uint64_t seq;
+  int broken;
+  char upstream[300];
+  char broke_why[400];
+} tcp_worker;
+
+static void tcp_worker_destroy(void *self) {
+  tcp_worker *w = self;
+  if (w == NULL) return;
+  if (w->up >= 0) close(w->up);
+  if (w->lfd >= 0) close(w->lfd);
+  if (w->down >= 0) close(w->down);
+  free(w);
+}
+
+static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
+                           void **self, char *data_address, size_t addrlen,
+                           char *err, size_t errlen) {
+  const Wtx__V1__TcpInitInfo *ti = init->tcp;
+  if (ti->data_token.len < 16 || ti->data_token.len > TOKEN_MAX) {
+    snprintf(err, errlen, "init_info.tcp.data_token: %zu bytes, must be 16..%d",
+             ti->data_token.len, TOKEN_MAX);
+    return WTX_EINVAL;
+  }
+  tcp_worker *w = calloc(1, sizeof *w);
+  if (w == NULL) return WTX_ENOMEM;
+  w->up = w->lfd = w->down = -1;
+  w->wire = *wire;
+  w->token_len = ti->data_token.len;
+  memcpy(w->token, ti->data_token.data, w->token_len);
+  snprintf(w->upstream, sizeof w->upstream, "%s", ti->upstream_address);
+  int rc = connect_to(ti->upstream_address, wire->timeout_ms, &w->up, err, errlen);
+  const char *why = "";
+  if (rc == 0 && (rc = send_hello(w->up, w->token, w->token_len, wire->timeout_ms,
+                                  &why)) != 0)
+    snprintf(err, errlen, "tcp: hello to %s: %s", ti->upstream_address, why);
+  if (addrlen > 0) data_address[0] = '\0';
+  if (rc == 0 && ti->relay) {
+    /* Relay on the interface the upstream reached us through. */
+    char local[300], host[256], port[32];
+    sock_name(w->up, 1, local, sizeof local);
+    split_hostport(local, host, sizeof host, port, sizeof port);
+    char addr[300];
+    snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
+    rc = listen_on(addr, &w->lfd, data_address, addrlen, err, errlen);
+  }
+  if (rc != 0) {
+    tcp_worker_destroy(w);
+    return rc;
+  }
+  *self = w;
+  return 0;
+}
+
+/* The stream is out of step: close both sides so the peers fail now. */
+static void worker_break(tcp_worker *w, const char *why) {
+  if (!w->broken) snprintf(w->broke_why, sizeof w->broke_why, "%s", why);
+  w->broken = 1;
+  if (w->up >= 0) close(w->up);
+  if (w->down >= 0) close(w->down);
+  if (w->lfd >= 0) close(w->lfd);
+  w->up = w->down = w->lfd = -1;
+}
+
+static void tcp_worker_reset(void *self) {
+  worker_break(self, "the update was aborted");
+}
+
+static int worker_fail(tcp_worker *w, wtx_rx *rx, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int worker_fail(tcp_worker *w, wtx_rx *rx, int rc, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char why[400];
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  worker_break(w, why);
+  wtx_rx_errorf(rx, "tcp: %s", why);
+  return rc;
+}
+
+static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
+                              wtx_rx *rx) {
+  tcp_worker *w = self;
+  if (info->backend_case != WTX__V1__UPDATE_INFO__BACKEND_TCP) {
+    wtx_rx_errorf(rx, "update_info.tcp: missing (the session's backend is tcp)");
+    return WTX_EINVAL;
+  }
+  if (w->broken) {
+    wtx_rx_errorf(rx, "tcp: the data stream broke earlier (%s); initialize the "
+                  "session again", w->broke_why);
+    return WTX_ESTATE;
+  }
+  uint32_t to = w->wire.timeout_ms;
+  const char *why = "";
+  uint8_t f[FRAME_BYTES];
+  int rc = read_full(w->up, f, sizeof f, to, &why);
+  if (rc != 0)
+    return worker_fail(w, rx, rc, "chunk %llu header from %s: %s",
+                       (unsigned long long)w->seq, w->upstream, why);
+  uint64_t remaining = wtx_rx_remaining(rx);
+  if (memcmp(f, frame_magic, 4) != 0 || get32(f + 4) != VERSION ||
+      get64(f + 8) != w->seq || get64(f + 16) != info->first_param_offset ||
+      get64(f + 24) != remaining)
+    return worker_fail(w, rx, WTX_EPROTO,
+                       "frame header (chunk %llu, offset %llu, %llu bytes) does "
+                       "not match UpdateWeights (chunk %llu, offset %llu, %llu "
+                       "bytes)", (unsigned long long)get64(f + 8),
+                       (unsigned long long)get64(f + 16),
+                       (unsigned long long)get64(f + 24),
+                       (unsigned long long)w->seq,
+                       (unsigned long long)info->first_param_offset,
+                       (unsigned long long)remaining);
+  if (w->lfd >= 0 && w->down < 0) {
+    char err[300];
+    rc = accept_peer(w->lfd, w->token, w->token_len, to, &w->down, err, sizeof err);
+    if (rc != 0) return worker_fail(w, rx, rc, "relay: %s", err + 5);
+  }
+  if (w->down >= 0 && (rc = write_full(w->down, f, sizeof f, to, &why)) != 0)
+    return worker_fail(w, rx, rc, "relay chunk %llu downstream: %s",
+                       (unsigned long long)w->seq, why);
+  uint64_t got = 0;
+  for (;;) {
+    uint8_t *dst;
+    size_t room = wtx_rx_next(rx, &dst);
+    if (room == 0) break;
+    size_t k = room < PIECE ? room : PIECE;
+    if ((rc = read_full(w->up, dst, k, to, &why)) != 0)
+      return worker_fail(w, rx, rc, "chunk %llu from %s after %llu of %llu "
+                         "bytes: %s", (unsigned long long)w->seq, w->upstream,
+                         (unsigned long long)got, (unsigned long long)remaining,
+                         why);
+    if (w->down >= 0 && (rc = write_full(w->down, dst, k, to, &why)) != 0)
+      return worker_fail(w, rx, rc, "relay chunk %llu downstream: %s",
+                         (unsigned long long)w->seq, why);
+    if ((rc = wtx_rx_commit(rx, k)) != 0) return rc;
+    got += k;
+  }
+  w->seq++;
+  return 0;
+}
+
+const wtx_worker_transport wtx_tcp_worker_transport = {
+    .name = "tcp",
+    .supports_draft = 1,
+    .init = tcp_worker_init,
+    .receive = tcp_worker_receive,
+    .reset = tcp_worker_reset,
+    .destroy = tcp_worker_destroy,
+};
+
+/* ---- trainer half ---- */
+
+typedef struct tcp_trainer {
+  wtx_wire_params wire;
+  size_t n_workers;
+  uint8_t token[32];
+  int lfd, fd;
+  char address[300]; /* the data port, as worker 0 reaches it */
+  uint8_t *buffers;
+  Wtx__V1__PackingParams packing;
+  Wtx__V1__TcpInitInfo *tcp; /* one per worker */
+  Wtx__V1__InitInfo *init;
+  Wtx__V1__TcpUpdateInfo update;
+  /* the writer thread: one chunk at a time */
+  pthread_t writer;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int has_job, stop, job_rc;
+  uint32_t job_k;
+  wtx_chunk job;
+  uint64_t seq;
+  char job_why[300];
+} tcp_trainer;
+
+static void *writer_main(void *arg) {
+  tcp_trainer *t = arg;
+  pthread_mutex_lock(&t->mu);
+  for (;;) {
+    while (!t->has_job && !t->stop) pthread_cond_wait(&t->cv, &t->mu);
+    if (t->stop) break;
+    wtx_chunk c = t->job;
+    uint32_t k = t->job_k;
+    uint64_t seq = t->seq++;
+    pthread_mutex_unlock(&t->mu);
+    uint8_t f[FRAME_BYTES];
+    frame_encode(f, seq, &c);
+    const char *why = "";
+    int rc = write_full(t->fd, f, sizeof f, t->wire.timeout_ms, &why);
+    if (rc == 0)
+      rc = write_full(t->fd, t->buffers + k * t->wire.buffer_size, (size_t)c.bytes,
+                      t->wire.timeout_ms, &why);
+    pthread_mutex_lock(&t->mu);
+    t->job_rc = rc;
+    if (rc != 0)
+      snprintf(t->job_why, sizeof t->job_why, "tcp: sending chunk %llu to worker "
+               "0: %s", (unsigned long long)seq, why);
+    t->has_job = 0;
+    pthread_cond_broadcast(&t->cv);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return NULL;
+}
+
+static void tcp_trainer_destroy(void *self) {
+  tcp_trainer *t = self;
+  if (t == NULL) return;
+  pthread_mutex_lock(&t->mu);
+  t->stop = 1;
+  pthread_cond_broadcast(&t->cv);
+  pthread_mutex_unlock(&t->mu);
+  if (t->writer) pthread_join(t->writer, NULL);
+  if (t->fd >= 0) close(t->fd);
+  if (t->lfd >= 0) close(t->lfd);
+  pthread_mutex_destroy(&t->mu);
+  pthread_cond_destroy(&t->cv);
+  free(t->buffers);
+  free(t->tcp);
+  free(t->init);
+  free(t);
+}
+
+static int tcp_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_params *wire,
+                              size_t n_workers, void **self, char *err,
+                              size_t errlen) {
+  tcp_trainer *t = calloc(1, sizeof *t);
+  if (t == NULL) return WTX_ENOMEM;
+  t->lfd = t->fd = -1;
+  t->wire = *wire;
+  t->n_workers = n_workers;
+  pthread_mutex_init(&t->mu, NULL);
+  pthread_cond_init(&t->cv, NULL);
+  t->buffers = malloc((size_t)(wire->buffer_size * wire->num_buffers));
+  t->tcp = calloc(n_workers, sizeof *t->tcp);
+  t->init = calloc(n_workers, sizeof *t->init);
+  if (t->buffers == NULL || t->tcp == NULL || t->init == NULL) {
+    snprintf(err, errlen, "tcp: cannot allocate %u buffers of %llu bytes",
+             wire->num_buffers, (unsigned long long)wire->buffer_size);
+    tcp_trainer_destroy(t);
+    return WTX_ENOMEM;
+  }
+  /* A fresh secret per session: only our workers may join the chain. */
+  int ufd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  ssize_t got = ufd >= 0 ? read(ufd, t->token, sizeof t->token) : -1;
+  if (ufd >= 0) close(ufd);
+  if (got != (ssize_t)sizeof t->token) {
+    snprintf(err, errlen, "tcp: cannot read /dev/urandom for the data token");
+    tcp_trainer_destroy(t);
+    return WTX_EIO;
+  }
+  /* The template's upstream_address is where the trainer listens. */
+  const char *bind = tmpl->tcp->upstream_address[0] ? tmpl->tcp->upstream_address
+                                                    : "127.0.0.1:0";
+  int rc = listen_on(bind, &t->lfd, t->address, sizeof t->address, err, errlen);
+  if (rc == 0 && pthread_create(&t->writer, NULL, writer_main, t) != 0)
+    rc = WTX_ENOMEM;
+  if (rc != 0) {
+    tcp_trainer_destroy(t);
+    return rc;
+  }
+  wtx__v1__packing_params__init(&t->packing);
+  t->packing.packed = wire->packed;
+  t->packing.buffer_size_bytes = wire->buffer_size;
+  t->packing.num_buffers = wire->num_buffers;
+  wtx__v1__tcp_update_info__init(&t->update);
+  *self = t;
+  return 0;
+}
+
+static int tcp_trainer_init_info(void *self, size_t i, const char *const *prev,
+                                 const Wtx__V1__InitInfo **out) {
+  tcp_trainer *t = self;
+  Wtx__V1__TcpInitInfo *ti = &t->tcp[i];
+  wtx__v1__tcp_init_info__init(ti);
+  ti->packing = &t->packing;
+  ti->checksum = (Wtx__V1__ChecksumAlgorithm)t->wire.checksum;
+  ti->timeout_ms = t->wire.timeout_ms;
+  ti->upstream_address = i == 0 ? t->address : (char *)prev[i - 1];
+  if (ti->upstream_address == NULL || ti->upstream_address[0] == '\0')
+    return WTX_EPROTO; /* worker i-1 did not report a relay address */
+  ti->relay = i + 1 < t->n_workers;
+  ti->data_token.data = t->token;
+  ti->data_token.len = sizeof t->token;
+  wtx__v1__init_info__init(&t->init[i]);
+  t->init[i].backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
+  t->init[i].tcp = ti;
+  *out = &t->init[i];
+  return 0;
+}
+
+static int tcp_trainer_connect(void *self, const char *const *addresses,
+                               char *err, size_t errlen) {
+  (void)addresses;
+  tcp_trainer *t = self;
+  return accept_peer(t->lfd, t->token, sizeof t->token, t->wire.timeout_ms,
+                     &t->fd, err, errlen);
+}
+
+static uint8_t *tcp_trainer_buffer(void *self, uint32_t k) {
+  tcp_trainer *t = self;
+  return t->buffers + k * t->wire.buffer_size;
+}
+
+static int tcp_trainer_prepare(void *self, uint32_t k, const wtx_chunk *c,
+                               Wtx__V1__UpdateInfo *ui) {
+  (void)k;
+  (void)c;
+  tcp_trainer *t = self;
+  ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
+  ui->tcp = &t->update;
+  return 0;
+}
+
+static int tcp_trainer_post(void *self, uint32_t k, const wtx_chunk *c) {
+  tcp_trainer *t = self;
+  pthread_mutex_lock(&t->mu);
+  int busy = t->has_job;
+  if (!busy) {
+    t->job = *c;
+    t->job_k = k;
+    t->has_job = 1;
+    pthread_cond_broadcast(&t->cv);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return busy ? WTX_ESTATE : 0;
+}
+
+static int tcp_trainer_complete(void *self, uint32_t k, char *err, size_t errlen) {
+  (void)k;
+  tcp_trainer *t = self;
+  pthread_mutex_lock(&t->mu);
+  while (t->has_job) pthread_cond_wait(&t->cv, &t->mu);
+  int rc = t->job_rc;
+  if (rc != 0) snprintf(err, errlen, "%s", t->job_why);
+  t->job_rc = 0;
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+const wtx_trainer_transport wtx_tcp_trainer_transport = {
+    .name = "tcp",
+    .backend_case = WTX__V1__INIT_INFO__BACKEND_TCP,
+    .create = tcp_trainer_create,
+    .init_info = tcp_trainer_init_info,
+    .connect = tcp_trainer_connect,
+    .buffer = tcp_trainer_buffer,
+    .prepare = tcp_trainer_prepare,
+    .post = tcp_trainer_post,
+    .complete = tcp_trainer_complete,
+    .destroy = tcp_trainer_destroy,
+};
