@@ -117,7 +117,7 @@ static int parse(wtx_st_file *f, const char *path, char *err, size_t errlen) {
       continue;
     }
     wtx_st_tensor *t = &f->tensors[f->n];
-    uint64_t b, e;
+    uint64_t b = 0, e = 0;
     int rc = parse_entry(path, key, v, t, &b, &e, err, errlen);
     if (rc != 0) return rc;
     if (e > data_len)

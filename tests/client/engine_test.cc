@@ -39,7 +39,7 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
   }
   void TearDown() override {
     for (Worker &w : workers_) Stop(w);
-    std::system(("rm -rf " + dir_).c_str());
+    EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str()));
   }
 
   Worker Spawn(std::vector<std::string> extra = {}) {

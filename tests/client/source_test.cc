@@ -122,7 +122,7 @@ TEST(Source, SafetensorsFilesMapInFileOrder) {
   EXPECT_NE(nullptr, strstr(err, "appears twice")) << err;
   const char *missing[] = {"/nonexistent.safetensors"};
   EXPECT_EQ(WTX_ENOENT, wtx_source_safetensors(missing, 1, &s, err, sizeof err));
-  std::system(("rm -rf " + dir).c_str());
+  EXPECT_EQ(0, std::system(("rm -rf " + dir).c_str()));
 }
 
 TEST(Source, LayerIsTheOutermostNumericComponent) {

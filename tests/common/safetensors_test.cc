@@ -23,7 +23,7 @@ class SafetensorsTest : public ::testing::Test {
     ASSERT_NE(nullptr, mkdtemp(tmpl));
     dir_ = tmpl;
   }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+  void TearDown() override { EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str())); }
 
   // A file holding header (padded to 8 bytes) and data_len zero bytes.
   std::string Raw(const std::string &header, size_t data_len) {

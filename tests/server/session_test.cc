@@ -716,7 +716,7 @@ struct TempDir {
     char tmpl[] = "/tmp/wtx-session-XXXXXX";
     path = mkdtemp(tmpl);
   }
-  ~TempDir() { std::system(("rm -rf " + path).c_str()); }
+  ~TempDir() { EXPECT_EQ(0, std::system(("rm -rf " + path).c_str())); }
   std::set<std::string> Files() const {
     std::set<std::string> out;
     DIR *d = opendir(path.c_str());
