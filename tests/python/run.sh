@@ -9,5 +9,6 @@ if [ -z "$py" ] || ! "$py" -c "import grpc, grpc_tools, safetensors, xxhash" 2>/
   exit 1
 fi
 export WTX_WORKER="$PWD/server/wtx-worker"
+export WTX_CLI="$PWD/client/wtx"
 export WTX_PROTO_ROOT="$PWD/proto"
 exec "$py" tests/python/worker_test.py

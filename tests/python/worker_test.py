@@ -28,6 +28,7 @@ from grpc_tools import protoc
 import safetensors
 
 WORKER = os.environ["WTX_WORKER"]
+CLI = os.environ["WTX_CLI"]
 PROTO_ROOT = os.environ["WTX_PROTO_ROOT"]
 GEN = tempfile.mkdtemp(prefix="wtx-py-")
 
@@ -249,6 +250,44 @@ class WorkerTest(unittest.TestCase):
         header_len = int.from_bytes(raw[:8], "little")
         meta = json.loads(raw[8:8 + header_len])["__metadata__"]
         self.assertEqual("py-1", meta["wtx_version"])
+
+
+    def test_wtx_push_of_a_file_written_by_the_safetensors_package(self):
+        # An independent writer (Hugging Face's safetensors), wtx's reader.
+        import ctypes
+        tensors = {
+            "model.layers.0.mlp.up_proj.weight": ("bfloat16", [1024, 1536]),
+            "model.layers.0.input_layernorm.weight": ("float32", [1024]),
+            "model.embed_tokens.weight": ("float16", [300, 64]),
+            "lm_head.scales": ("int8", [7, 3]),
+            "model.norm.weight": ("float32", []),
+        }
+        size = {"bfloat16": 2, "float16": 2, "float32": 4, "int8": 1}
+        raw, keep, specs = {}, [], {}
+        for i, (name, (dt, shape)) in enumerate(tensors.items()):
+            n = size[dt]
+            for d in shape:
+                n *= d
+            data = bytes((j * 7 + i) & 0xFF for j in range(n)) if n < 100000 \
+                else os.urandom(n)
+            raw[name] = data
+            buf = ctypes.create_string_buffer(data, len(data))
+            keep.append(buf)
+            specs[name] = safetensors.TensorSpec(
+                dtype=dt, shape=shape, data_ptr=ctypes.addressof(buf), data_len=n)
+        path = os.path.join(self.w.dir, "model.safetensors")
+        safetensors.serialize_file(specs, path, metadata={"format": "pt"})
+        out = subprocess.run(
+            [CLI, "push", "--workers", f"127.0.0.1:{self.w.port}", "--backend", "tcp",
+             "--buffer-size", "1M", "--version", "hf-1", "--verify", path],
+            capture_output=True, text=True, timeout=60)
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertIn("verified: 5 checksums equal on 1 worker(s)", out.stdout)
+        info = self.stub.GetWeightInfo(wt.GetWeightInfoRequest(include_params=True))
+        self.assertEqual("hf-1", info.weight_version)
+        got = {p.meta.name: (p.xxh3_64, list(p.meta.shape)) for p in info.params}
+        want = {n: (xxhash.xxh3_64_intdigest(d), tensors[n][1]) for n, d in raw.items()}
+        self.assertEqual(want, got)
 
 
 if __name__ == "__main__":
