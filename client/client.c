@@ -152,15 +152,31 @@ static int call(wtx_client *c, size_t i, const wtx_rpc_method *m,
   return rc;
 }
 
-int wtx_client_init_one(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info,
-                        Wtx__V1__InitWeightTransferEngineResponse **resp_out) {
-  if (i >= c->n) return WTX_EINVAL;
+int wtx_client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info) {
+  if (i >= c->n || c->r[i].pending != NULL) return WTX_EINVAL;
   Wtx__V1__InitWeightTransferEngineRequest req =
       WTX__V1__INIT_WEIGHT_TRANSFER_ENGINE_REQUEST__INIT;
   req.init_info = (Wtx__V1__InitInfo *)info;
+  wtx_rpc_metadata md;
+  wtx_rpc_call_options o = call_opts(c, &md);
+  c->r[i].session_id[0] = '\0';
+  int rc = wtx_rpc_unary_start(c->r[i].ch, &wtx__v1__weight_transfer__grpc.methods[0],
+                               &req.base, &o, &c->r[i].pending);
+  if (rc != 0)
+    seterr(c, (int)i, 0, "worker %zu (%s): InitWeightTransferEngine: cannot start "
+           "the call: %s", i, wtx_rpc_channel_target(c->r[i].ch), wtx_strerror(rc));
+  return rc;
+}
+
+int wtx_client_init_wait(wtx_client *c, size_t i,
+                         Wtx__V1__InitWeightTransferEngineResponse **resp_out) {
+  if (resp_out != NULL) *resp_out = NULL;
+  if (i >= c->n || c->r[i].pending == NULL) return WTX_EINVAL;
   ProtobufCMessage *m = NULL;
-  int rc = call(c, i, &wtx__v1__weight_transfer__grpc.methods[0], &req.base, &m, 0);
-  if (rc != 0) return rc;
+  wtx_rpc_status st;
+  int rc = wtx_rpc_unary_wait(c->r[i].pending, &m, &st);
+  c->r[i].pending = NULL;
+  if (rc != 0) return call_failed(c, i, "InitWeightTransferEngine", rc, &st);
   Wtx__V1__InitWeightTransferEngineResponse *resp =
       (Wtx__V1__InitWeightTransferEngineResponse *)m;
   snprintf(c->r[i].session_id, sizeof c->r[i].session_id, "%s", resp->session_id);
@@ -170,6 +186,12 @@ int wtx_client_init_one(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info,
   else
     protobuf_c_message_free_unpacked(m, NULL);
   return 0;
+}
+
+int wtx_client_init_one(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info,
+                        Wtx__V1__InitWeightTransferEngineResponse **resp_out) {
+  int rc = wtx_client_init_start(c, i, info);
+  return rc != 0 ? rc : wtx_client_init_wait(c, i, resp_out);
 }
 
 /* The method named name in the service table. */

@@ -69,6 +69,12 @@ int wtx_client_last_status(const wtx_client *c);
  * protobuf_c_message_free_unpacked. */
 int wtx_client_init_one(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info,
                         Wtx__V1__InitWeightTransferEngineResponse **resp);
+/* The same in two halves, so calls to several replicas can be in flight at
+ * once (a collective rendezvous such as NCCL's): every started call must be
+ * waited for. */
+int wtx_client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info);
+int wtx_client_init_wait(wtx_client *c, size_t i,
+                         Wtx__V1__InitWeightTransferEngineResponse **resp);
 /* StartWeightUpdate on every replica (target: WTX__V1__UPDATE_TARGET_*). */
 int wtx_client_start(wtx_client *c, int target);
 /* UpdateWeights on every replica: start returns once every call is in

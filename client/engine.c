@@ -49,6 +49,21 @@ static int rendezvous(wtx_trainer *t) {
   if (rc != 0) return fail(t, rc, "%s: %s", t->tt->name, err);
   char **addrs = calloc(n, sizeof *addrs);
   if (addrs == NULL) return fail(t, WTX_ENOMEM, "out of memory");
+  int collective = t->tt->collective_init;
+  size_t started = 0;
+  /* Before a collective rendezvous, where every member blocks until all
+   * have joined, make sure every replica answers: an unreachable one then
+   * fails at once, by name, instead of after everyone's timeout. */
+  for (size_t i = 0; collective && i < n && rc == 0; i++) {
+    uint32_t ws = 0;
+    rc = wtx_client_world_size(t->client, i, &ws);
+    if (rc != 0)
+      fail(t, rc, "%s", wtx_client_last_error(t->client));
+    else if (ws != 1)
+      rc = fail(t, WTX_EINVAL, "%s: worker %zu (%s) reports %u ranks; each "
+                "endpoint must host one rank", t->tt->name, i,
+                wtx_client_target(t->client, i), ws);
+  }
   for (size_t i = 0; i < n && rc == 0; i++) {
     const Wtx__V1__InitInfo *info = NULL;
     rc = t->tt->init_info(t->self, i, (const char *const *)addrs, &info);
@@ -57,8 +72,14 @@ static int rendezvous(wtx_trainer *t) {
            "data address)", t->tt->name, i, i ? i - 1 : 0);
       break;
     }
+    if ((rc = wtx_client_init_start(t->client, i, info)) != 0) {
+      fail(t, rc, "%s", wtx_client_last_error(t->client));
+      break;
+    }
+    started = i + 1;
+    if (collective) continue; /* all in flight, then the trainer joins */
     Wtx__V1__InitWeightTransferEngineResponse *resp = NULL;
-    rc = wtx_client_init_one(t->client, i, info, &resp);
+    rc = wtx_client_init_wait(t->client, i, &resp);
     if (rc != 0) {
       fail(t, rc, "%s", wtx_client_last_error(t->client));
       break;
@@ -67,7 +88,25 @@ static int rendezvous(wtx_trainer *t) {
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     if (addrs[i] == NULL) rc = fail(t, WTX_ENOMEM, "out of memory");
   }
-  if (rc == 0 && t->tt->connect != NULL &&
+  if (collective) {
+    /* The trainer's half of the collective, then every worker's answer. A
+     * worker's failure is the cause of the collective's, so it is the one
+     * reported. */
+    int crc = 0;
+    if (rc == 0 && t->tt->connect != NULL)
+      crc = t->tt->connect(t->self, NULL, err, sizeof err);
+    int wrc = 0;
+    for (size_t i = 0; i < started; i++) {
+      int e = wtx_client_init_wait(t->client, i, NULL);
+      if (e != 0 && wrc == 0) {
+        wrc = e;
+        fail(t, e, "%s", wtx_client_last_error(t->client));
+      }
+    }
+    if (rc == 0 && wrc != 0) rc = wrc;
+    if (rc == 0 && crc != 0) rc = fail(t, crc, "%s", err);
+  }
+  if (rc == 0 && !collective && t->tt->connect != NULL &&
       (rc = t->tt->connect(t->self, (const char *const *)addrs, err, sizeof err)) != 0)
     fail(t, rc, "%s", err);
   for (size_t i = 0; i < n; i++) free(addrs[i]);
@@ -327,27 +366,27 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
       wtx_client_update_wait(t->client);
       break;
     }
-    int posted = t->tt->post == NULL || (rc = t->tt->post(t->self, b, ch)) == 0;
-    if (!posted) fail(t, rc, "%s: cannot send chunk %zu", t->tt->name, k);
+    int prc = t->tt->post != NULL ? t->tt->post(t->self, b, ch) : 0;
+    if (prc != 0) snprintf(err, sizeof err, "%s: cannot send chunk %zu", t->tt->name, k);
     /* Pack the next chunk while this one moves (another buffer). */
     int packed_next = 0;
-    if (rc == 0 && k + 1 < n_chunks && nb > 1) {
+    if (prc == 0 && k + 1 < n_chunks && nb > 1) {
       uint32_t nb2 = (uint32_t)((k + 1) % nb);
       rc = pack(&c, &chunks[k + 1], t->tt->buffer(t->self, nb2),
                 &sums[nb2 * (max_params + 1)], &n_sums[nb2], verify);
       packed_next = 1;
     }
-    /* Bytes first: a worker's call returns once its chunk arrived, or fails
-     * if the data plane broke; the data plane's own error is the cause. */
-    int drc = posted && t->tt->complete != NULL
-                  ? t->tt->complete(t->self, b, err, sizeof err) : 0;
+    int drc = prc != 0 ? prc
+              : t->tt->complete != NULL ? t->tt->complete(t->self, b, err, sizeof err)
+                                        : 0;
     int crc = wtx_client_update_wait(t->client);
     /* A worker's refusal is the cause of a data-plane failure it provokes
-     * (it drops the stream), so the workers' error comes first. */
-    if (crc != 0 && rc == 0)
+     * (it drops the stream, it skips a collective), so the workers' error
+     * comes first, then the data plane's, then the source's. */
+    if (crc != 0)
       rc = fail(t, crc, "%s%s%s", wtx_client_last_error(t->client),
                 drc ? "; data plane: " : "", drc ? err : "");
-    else if (drc != 0 && rc == 0)
+    else if (drc != 0)
       rc = fail(t, drc, "%s", err);
     if (rc != 0) break;
     done += ch->bytes;

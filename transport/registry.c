@@ -89,6 +89,10 @@ static void register_builtin(void) {
   wtx_trainer_transport_register(&wtx_shm_trainer_transport);
   wtx_worker_transport_register(&wtx_tcp_worker_transport);
   wtx_trainer_transport_register(&wtx_tcp_trainer_transport);
+  wtx_worker_transport_register(&wtx_nccl_worker_transport);
+  wtx_trainer_transport_register(&wtx_nccl_trainer_transport);
+  wtx_worker_transport_register(&wtx_cuda_ipc_worker_transport);
+  wtx_trainer_transport_register(&wtx_cuda_ipc_trainer_transport);
 }
 
 void wtx_transports_register_builtin(void) {

@@ -140,6 +140,10 @@ int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
 typedef struct wtx_trainer_transport {
   const char *name;
   int backend_case; /* WTX__V1__INIT_INFO__BACKEND_* it serves */
+  /* 1: the workers' init and the trainer's connect form one collective
+   * (NCCL): every init call is started, then connect runs, then the calls
+   * are awaited. 0: workers are initialized one after the other. */
+  int collective_init;
   int (*create)(const Wtx__V1__InitInfo *tmpl, const wtx_wire_params *wire,
                 size_t n_workers, void **self, char *err, size_t errlen);
   /* The InitInfo for worker i (storage owned by self). prev holds the
@@ -166,8 +170,14 @@ extern const wtx_worker_transport wtx_shm_worker_transport;
 extern const wtx_trainer_transport wtx_shm_trainer_transport;
 extern const wtx_worker_transport wtx_tcp_worker_transport;
 extern const wtx_trainer_transport wtx_tcp_trainer_transport;
+extern const wtx_worker_transport wtx_nccl_worker_transport;
+extern const wtx_trainer_transport wtx_nccl_trainer_transport;
+extern const wtx_worker_transport wtx_cuda_ipc_worker_transport;
+extern const wtx_trainer_transport wtx_cuda_ipc_trainer_transport;
 
-/* Registers every built-in backend on both sides; idempotent. */
+/* Registers every built-in backend on both sides; idempotent. A backend
+ * registered earlier under a built-in's name keeps its place (tests put a
+ * double there before the first worker or trainer starts). */
 void wtx_transports_register_builtin(void);
 
 /* ---- internal: used by the session ---- */

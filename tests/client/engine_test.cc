@@ -1,154 +1,27 @@
 // The trainer engine end to end against wtx-worker processes on loopback,
-// over both host backends: full pushes with checksums compared on every
-// worker, the fan-out rules with a failing replica, a source whose iteration
-// disagrees with its metadata, and a worker killed mid-transfer.
+// over both host backends and, on a test double of CUDA and NCCL, both GPU
+// backends: full pushes with checksums compared on every worker, the
+// fan-out rules with a failing replica, a source whose iteration disagrees
+// with its metadata, and a worker killed mid-transfer.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "client/client.h"
 #include "common/safetensors.h"
-
-extern char **environ;
+#include "tests/client/harness.h"
 
 namespace {
 
-struct Worker {
-  pid_t pid = -1;
-  int port = 0;
-  std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
-};
-
-class EngineTest : public ::testing::TestWithParam<const char *> {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/wtx-engine-XXXXXX";
-    ASSERT_NE(nullptr, mkdtemp(tmpl));
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    for (Worker &w : workers_) Stop(w);
-    EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str()));
-  }
-
-  Worker Spawn(std::vector<std::string> extra = {}) {
-    Worker w;
-    std::string pf = dir_ + "/port" + std::to_string(workers_.size());
-    std::vector<std::string> args = {"server/wtx-worker", "--listen", "127.0.0.1:0",
-                                     "--port-file", pf, "--log-level", "warn"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<char *> argv;
-    for (auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
-    argv.push_back(nullptr);
-    EXPECT_EQ(0, posix_spawn(&w.pid, argv[0], nullptr, nullptr, argv.data(), environ));
-    for (int i = 0; i < 1000 && w.port == 0; i++) {
-      std::ifstream f(pf);
-      if (!(f >> w.port)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    EXPECT_NE(0, w.port) << "wtx-worker did not start";
-    workers_.push_back(w);
-    return w;
-  }
-
-  static void Stop(Worker &w) {
-    if (w.pid <= 0) return;
-    kill(w.pid, SIGTERM);
-    int st;
-    waitpid(w.pid, &st, 0);
-    w.pid = -1;
-  }
-
-  wtx_client *Client(const std::vector<Worker> &ws, int64_t timeout_ms = 60000) {
-    std::vector<std::string> addrs;
-    for (auto &w : ws) addrs.push_back(w.addr());
-    std::vector<const char *> t;
-    for (auto &a : addrs) t.push_back(a.c_str());
-    wtx_client_options o = WTX_CLIENT_OPTIONS_INIT;
-    o.timeout_ms = timeout_ms;
-    wtx_client *c = nullptr;
-    EXPECT_EQ(0, wtx_client_create(t.data(), t.size(), &o, &c));
-    return c;
-  }
-
-  // The trainer's init info for the backend under test.
-  struct Init {
-    Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
-    Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
-    Wtx__V1__ShmInitInfo shm = WTX__V1__SHM_INIT_INFO__INIT;
-    Wtx__V1__TcpInitInfo tcp = WTX__V1__TCP_INIT_INFO__INIT;
-    Init(const std::string &backend, uint64_t buffer, uint32_t nbuf, uint32_t timeout_ms) {
-      pk.packed = 1;
-      pk.buffer_size_bytes = buffer;
-      pk.num_buffers = nbuf;
-      if (backend == "shm") {
-        shm.packing = &pk;
-        shm.timeout_ms = timeout_ms;
-        ii.backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
-        ii.shm = &shm;
-      } else {
-        tcp.packing = &pk;
-        tcp.timeout_ms = timeout_ms;
-        ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
-        ii.tcp = &tcp;
-      }
-    }
-  };
-
-  // One push of src to c's workers; returns the engine's result code.
-  int Push(wtx_client *c, wtx_source *src, const char *version, uint64_t buffer = 4 << 20,
-           uint32_t nbuf = 2, uint32_t timeout_ms = 60000, std::string *err = nullptr,
-           std::vector<uint64_t> *sums = nullptr,
-           void (*progress)(void *, uint64_t, uint64_t) = nullptr, void *arg = nullptr) {
-    Init in(GetParam(), buffer, nbuf, timeout_ms);
-    wtx_trainer_init_info ti = {0, &in.ii};
-    wtx_trainer *t = nullptr;
-    char e[2048] = "";
-    int rc = wtx_trainer_init(&ti, c, src, &t, e, sizeof e);
-    if (rc != 0) {
-      if (err) *err = e;
-      return rc;
-    }
-    wtx_send_options so = WTX_SEND_OPTIONS_INIT;
-    so.version = version;
-    so.progress = progress;
-    so.progress_arg = arg;
-    wtx_send_result res;
-    rc = wtx_trainer_send_weights(t, &so, &res);
-    if (rc != 0 && err) *err = wtx_trainer_last_error(t);
-    if (rc == 0) {
-      EXPECT_STREQ(version, res.version);
-      if (sums) sums->assign(res.xxh3, res.xxh3 + res.params);
-    }
-    wtx_trainer_shutdown(t);
-    return rc;
-  }
-
-  std::string Version(const Worker &w) {
-    wtx_client *c = Client({w});
-    Wtx__V1__GetWeightInfoResponse *info = nullptr;
-    std::string v = "?";
-    if (wtx_client_weight_info(c, 0, 0, &info) == 0) {
-      v = info->weight_version;
-      protobuf_c_message_free_unpacked(&info->base, nullptr);
-    }
-    wtx_client_destroy(c);
-    return v;
-  }
-
-  std::string dir_;
-  std::vector<Worker> workers_;
-};
+using wtxtest::EngineTest;
+using wtxtest::Worker;
 
 TEST_P(EngineTest, PushesAMultiHundredMegabyteModelToTwoWorkerProcesses) {
   Worker a = Spawn(), b = Spawn();
@@ -361,5 +234,58 @@ TEST_P(EngineTest, RanksOtherThanZeroIterateWithoutSending) {
 
 INSTANTIATE_TEST_SUITE_P(HostBackends, EngineTest, ::testing::Values("shm", "tcp"),
                          [](const auto &info) { return std::string(info.param); });
+
+// The GPU backends' own logic (packing, chunk order, handle routing, the
+// collective rendezvous, errors, timeouts) against the TEST DOUBLE of CUDA
+// and NCCL (transport/testing/fake_cuda.c) loaded at the dlopen seam; the
+// real libraries run in tests/gpu/run.sh.
+INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, EngineTest,
+                         ::testing::Values("nccl", "cuda_ipc"),
+                         [](const auto &info) { return std::string(info.param); });
+
+// cuda_ipc: a worker uses the buffer exported for its own GPU only.
+class CudaIpcRoutingTest : public EngineTest {};
+
+TEST_P(CudaIpcRoutingTest, AWorkerOnAnotherGpuGetsNoHandleAndSaysWhichItHas) {
+  setenv("WTX_FAKE_CUDA_UUID", "00112233445566778899aabbccddeeff", 1);
+  Worker other = Spawn();
+  unsetenv("WTX_FAKE_CUDA_UUID");
+  Worker same = Spawn();
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(1 << 20, 1, &src));
+  wtx_client *c = Client({same});
+  std::string err;
+  ASSERT_EQ(0, Push(c, src, "v1", 1 << 20, 2, 5000, &err)) << err;
+  wtx_client_destroy(c);
+  c = Client({same, other});
+  EXPECT_EQ(WTX_EINVAL, Push(c, src, "v2", 1 << 20, 2, 5000, &err));
+  EXPECT_NE(std::string::npos, err.find("worker 1 (" + other.addr() + ")")) << err;
+  EXPECT_NE(std::string::npos,
+            err.find("none for this worker's GPU 00112233445566778899aabbccddeeff")) << err;
+  // The trainer's own GPU is what it offered.
+  EXPECT_NE(std::string::npos, err.find("offered: 7774782d66616b652d6770752d303030"))
+      << err;
+  EXPECT_EQ("v1", Version(same));
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, CudaIpcRoutingTest,
+                         ::testing::Values("cuda_ipc"),
+                         [](const auto &info) { return std::string(info.param); });
+
+// Every process of this test (workers inherit the environment) loads the
+// double instead of the real libraries.
+struct UseCudaDouble : ::testing::Environment {
+  void SetUp() override {
+    char cwd[4096];
+    ASSERT_NE(nullptr, getcwd(cwd, sizeof cwd));
+    std::string lib = std::string(cwd) + "/transport/testing/libwtx_fake_cuda.so";
+    setenv("WTX_CUDART_LIB", lib.c_str(), 1);
+    setenv("WTX_NCCL_LIB", lib.c_str(), 1);
+    setenv("WTX_FAKE_NCCL_TIMEOUT_MS", "3000", 1);
+  }
+};
+const auto *const kDouble = ::testing::AddGlobalTestEnvironment(new UseCudaDouble);
 
 }  // namespace

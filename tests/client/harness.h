@@ -1,0 +1,167 @@
+// Test harness shared by the engine tests and the GPU tests: wtx-worker
+// processes on loopback and one-call pushes through the trainer engine.
+#ifndef WTX_TESTS_CLIENT_HARNESS_H
+#define WTX_TESTS_CLIENT_HARNESS_H
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+
+extern char **environ;
+
+namespace wtxtest {
+
+struct Worker {
+  pid_t pid = -1;
+  int port = 0;
+  std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
+};
+
+class EngineTest : public ::testing::TestWithParam<const char *> {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/wtx-engine-XXXXXX";
+    ASSERT_NE(nullptr, mkdtemp(tmpl));
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    for (Worker &w : workers_) Stop(w);
+    EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str()));
+  }
+
+  Worker Spawn(std::vector<std::string> extra = {}) {
+    Worker w;
+    std::string pf = dir_ + "/port" + std::to_string(workers_.size());
+    std::vector<std::string> args = {"server/wtx-worker", "--listen", "127.0.0.1:0",
+                                     "--port-file", pf, "--log-level", "warn"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char *> argv;
+    for (auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    EXPECT_EQ(0, posix_spawn(&w.pid, argv[0], nullptr, nullptr, argv.data(), environ));
+    for (int i = 0; i < 1000 && w.port == 0; i++) {
+      std::ifstream f(pf);
+      if (!(f >> w.port)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_NE(0, w.port) << "wtx-worker did not start";
+    workers_.push_back(w);
+    return w;
+  }
+
+  static void Stop(Worker &w) {
+    if (w.pid <= 0) return;
+    kill(w.pid, SIGTERM);
+    int st;
+    waitpid(w.pid, &st, 0);
+    w.pid = -1;
+  }
+
+  wtx_client *Client(const std::vector<Worker> &ws, int64_t timeout_ms = 60000) {
+    std::vector<std::string> addrs;
+    for (auto &w : ws) addrs.push_back(w.addr());
+    std::vector<const char *> t;
+    for (auto &a : addrs) t.push_back(a.c_str());
+    wtx_client_options o = WTX_CLIENT_OPTIONS_INIT;
+    o.timeout_ms = timeout_ms;
+    wtx_client *c = nullptr;
+    EXPECT_EQ(0, wtx_client_create(t.data(), t.size(), &o, &c));
+    return c;
+  }
+
+  // The trainer's init info for the backend under test.
+  struct Init {
+    Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+    Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
+    Wtx__V1__ShmInitInfo shm = WTX__V1__SHM_INIT_INFO__INIT;
+    Wtx__V1__TcpInitInfo tcp = WTX__V1__TCP_INIT_INFO__INIT;
+    Wtx__V1__NcclInitInfo nccl = WTX__V1__NCCL_INIT_INFO__INIT;
+    Wtx__V1__CudaIpcInitInfo ipc = WTX__V1__CUDA_IPC_INIT_INFO__INIT;
+    Init(const std::string &backend, uint64_t buffer, uint32_t nbuf, uint32_t timeout_ms) {
+      pk.packed = 1;
+      pk.buffer_size_bytes = buffer;
+      pk.num_buffers = nbuf;
+      if (backend == "shm") {
+        shm.packing = &pk;
+        shm.timeout_ms = timeout_ms;
+        ii.backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
+        ii.shm = &shm;
+      } else if (backend == "nccl") {
+        nccl.packing = &pk;
+        nccl.timeout_ms = timeout_ms;
+        nccl.checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+        ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
+        ii.nccl = &nccl;
+      } else if (backend == "cuda_ipc") {
+        ipc.packing = &pk;
+        ipc.timeout_ms = timeout_ms;
+        ipc.checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+        ii.backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC;
+        ii.cuda_ipc = &ipc;
+      } else {
+        tcp.packing = &pk;
+        tcp.timeout_ms = timeout_ms;
+        ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
+        ii.tcp = &tcp;
+      }
+    }
+  };
+
+  // One push of src to c's workers; returns the engine's result code.
+  int Push(wtx_client *c, wtx_source *src, const char *version, uint64_t buffer = 4 << 20,
+           uint32_t nbuf = 2, uint32_t timeout_ms = 60000, std::string *err = nullptr,
+           std::vector<uint64_t> *sums = nullptr,
+           void (*progress)(void *, uint64_t, uint64_t) = nullptr, void *arg = nullptr) {
+    Init in(GetParam(), buffer, nbuf, timeout_ms);
+    wtx_trainer_init_info ti = {0, &in.ii};
+    wtx_trainer *t = nullptr;
+    char e[2048] = "";
+    int rc = wtx_trainer_init(&ti, c, src, &t, e, sizeof e);
+    if (rc != 0) {
+      if (err) *err = e;
+      return rc;
+    }
+    wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+    so.version = version;
+    so.progress = progress;
+    so.progress_arg = arg;
+    wtx_send_result res;
+    rc = wtx_trainer_send_weights(t, &so, &res);
+    if (rc != 0 && err) *err = wtx_trainer_last_error(t);
+    if (rc == 0) {
+      EXPECT_STREQ(version, res.version);
+      if (sums) sums->assign(res.xxh3, res.xxh3 + res.params);
+    }
+    wtx_trainer_shutdown(t);
+    return rc;
+  }
+
+  std::string Version(const Worker &w) {
+    wtx_client *c = Client({w});
+    Wtx__V1__GetWeightInfoResponse *info = nullptr;
+    std::string v = "?";
+    if (wtx_client_weight_info(c, 0, 0, &info) == 0) {
+      v = info->weight_version;
+      protobuf_c_message_free_unpacked(&info->base, nullptr);
+    }
+    wtx_client_destroy(c);
+    return v;
+  }
+
+  std::string dir_;
+  std::vector<Worker> workers_;
+};
+
+}  // namespace wtxtest
+
+#endif  // WTX_TESTS_CLIENT_HARNESS_H

@@ -1,0 +1,80 @@
+// The GPU backends on the real CUDA runtime and NCCL (no test double): run by
+// tests/gpu/run.sh on a machine with an NVIDIA GPU. Without one every test
+// reports SKIPPED with the reason, never passed.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/client/harness.h"
+
+namespace {
+
+using wtxtest::EngineTest;
+using wtxtest::Worker;
+
+// GPUs visible through the real CUDA runtime; 0 with the reason when none.
+int DeviceCount(std::string *why) {
+  void *h = nullptr;
+  for (const char *lib : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"})
+    if ((h = dlopen(lib, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+  if (h == nullptr) {
+    *why = "no CUDA runtime (libcudart) on this machine";
+    return 0;
+  }
+  auto count = reinterpret_cast<int (*)(int *)>(dlsym(h, "cudaGetDeviceCount"));
+  int n = 0;
+  if (count == nullptr || count(&n) != 0 || n == 0) {
+    *why = "no NVIDIA GPU visible to the CUDA runtime";
+    return 0;
+  }
+  return n;
+}
+
+class GpuTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    unsetenv("WTX_CUDART_LIB");  // the real libraries, never the double
+    unsetenv("WTX_NCCL_LIB");
+    gpus_ = DeviceCount(&why_);
+    if (gpus_ == 0) GTEST_SKIP() << why_;
+  }
+  int gpus_ = 0;
+  std::string why_;
+};
+
+TEST_P(GpuTest, PushesToWorkerProcessesAndEveryChecksumMatches) {
+  size_t n_workers = 2;
+  if (std::string(GetParam()) == "nccl") {
+    // One GPU per rank: the trainer (rank 0) plus each worker.
+    if (gpus_ < 2) GTEST_SKIP() << "nccl needs 2 GPUs (trainer + worker), this machine has "
+                                << gpus_;
+    n_workers = static_cast<size_t>(std::min(gpus_ - 1, 2));
+  }
+  std::vector<Worker> ws;
+  for (size_t i = 0; i < n_workers; i++) {
+    // cuda_ipc: every process on GPU 0; nccl: worker i on GPU i+1.
+    std::string dev = std::string(GetParam()) == "nccl" ? std::to_string(i + 1) : "0";
+    setenv("WTX_CUDA_DEVICE", dev.c_str(), 1);
+    ws.push_back(Spawn());
+  }
+  setenv("WTX_CUDA_DEVICE", "0", 1);
+  wtx_client *c = Client(ws);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(UINT64_C(512) << 20, 11, &src));
+  for (const char *v : {"gpu-1", "gpu-2"}) {
+    std::vector<uint64_t> sums;
+    std::string err;
+    ASSERT_EQ(0, Push(c, src, v, 64 << 20, 2, 60000, &err, &sums)) << err;
+    EXPECT_EQ(0, wtx_client_verify(c, src, sums.data())) << wtx_client_last_error(c);
+    for (const Worker &w : ws) EXPECT_EQ(v, Version(w));
+  }
+  wtx_source_destroy(src);
+  wtx_client_destroy(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(RealCuda, GpuTest, ::testing::Values("cuda_ipc", "nccl"),
+                         [](const auto &info) { return std::string(info.param); });
+
+}  // namespace

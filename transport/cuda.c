@@ -1,0 +1,148 @@
+/* Run-time loading of the CUDA runtime and NCCL (see cuda.h). */
+#include "transport/cuda.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/error.h"
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static wtx_cuda api;
+static int have_rt, have_nccl;
+static char load_err[600];
+
+static void *open_first(const char *env, const char *const *names, char *tried,
+                        size_t len) {
+  const char *e = getenv(env);
+  if (e != NULL && e[0] != '\0') {
+    void *h = dlopen(e, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) snprintf(tried, len, "%s=%s: %s", env, e, dlerror());
+    return h;
+  }
+  size_t o = 0;
+  for (size_t i = 0; names[i] != NULL; i++) {
+    void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (h != NULL) return h;
+    o += (size_t)snprintf(tried + o, o < len ? len - o : 0, "%s%s", i ? ", " : "",
+                          names[i]);
+  }
+  return NULL;
+}
+
+#define SYM(h, field, name)                               \
+  do {                                                    \
+    *(void **)&api.field = dlsym(h, name);                \
+    if (api.field == NULL) missing = name;                \
+  } while (0)
+
+int wtx__cuda_load(int with_nccl, const wtx_cuda **out, char *err, size_t errlen) {
+  pthread_mutex_lock(&mu);
+  const char *missing = NULL;
+  char tried[400] = "";
+  if (!have_rt && load_err[0] == '\0') {
+    static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12",
+                                     "libcudart.so", NULL};
+    void *h = open_first("WTX_CUDART_LIB", rt, tried, sizeof tried);
+    if (h == NULL) {
+      snprintf(load_err, sizeof load_err, "CUDA runtime not found (tried %s); "
+               "install CUDA or set WTX_CUDART_LIB", tried);
+    } else {
+      SYM(h, SetDevice, "cudaSetDevice");
+      SYM(h, GetDeviceProperties, "cudaGetDeviceProperties");
+      SYM(h, Malloc, "cudaMalloc");
+      SYM(h, Free, "cudaFree");
+      SYM(h, Memcpy, "cudaMemcpy");
+      SYM(h, StreamCreate, "cudaStreamCreate");
+      SYM(h, StreamDestroy, "cudaStreamDestroy");
+      SYM(h, StreamQuery, "cudaStreamQuery");
+      SYM(h, StreamSynchronize, "cudaStreamSynchronize");
+      SYM(h, IpcGetMemHandle, "cudaIpcGetMemHandle");
+      SYM(h, IpcOpenMemHandle, "cudaIpcOpenMemHandle");
+      SYM(h, IpcCloseMemHandle, "cudaIpcCloseMemHandle");
+      SYM(h, GetErrorString, "cudaGetErrorString");
+      if (missing != NULL)
+        snprintf(load_err, sizeof load_err, "CUDA runtime lacks %s", missing);
+      else
+        have_rt = 1;
+    }
+  }
+  int rc = have_rt ? 0 : WTX_EUNAVAIL;
+  if (rc != 0) snprintf(err, errlen, "%s", load_err);
+  if (rc == 0 && with_nccl && !have_nccl) {
+    static const char *const nc[] = {"libnccl.so.2", "libnccl.so", NULL};
+    void *h = open_first("WTX_NCCL_LIB", nc, tried, sizeof tried);
+    missing = NULL;
+    if (h == NULL) {
+      snprintf(err, errlen, "NCCL not found (tried %s); install NCCL or set "
+               "WTX_NCCL_LIB", tried);
+      rc = WTX_EUNAVAIL;
+    } else {
+      SYM(h, GetUniqueId, "ncclGetUniqueId");
+      SYM(h, CommInitRank, "ncclCommInitRank");
+      SYM(h, Broadcast, "ncclBroadcast");
+      SYM(h, CommGetAsyncError, "ncclCommGetAsyncError");
+      SYM(h, CommAbort, "ncclCommAbort");
+      SYM(h, CommDestroy, "ncclCommDestroy");
+      SYM(h, NcclErrorString, "ncclGetErrorString");
+      if (missing != NULL) {
+        snprintf(err, errlen, "NCCL lacks %s", missing);
+        rc = WTX_EUNAVAIL;
+      } else {
+        have_nccl = 1;
+      }
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  *out = rc == 0 ? &api : NULL;
+  return rc;
+}
+
+int wtx__cuda_uuid(const wtx_cuda *c, int device, uint8_t uuid[16]) {
+  /* cudaDeviceProp begins with char name[256] then the 16-byte uuid; the
+   * rest of the struct (about 1 KiB, growing by version) is not read. */
+  static _Thread_local unsigned char prop[16384];
+  int e = c->GetDeviceProperties(prop, device);
+  if (e != WTX_CUDA_SUCCESS) return WTX_EUNAVAIL;
+  memcpy(uuid, prop + 256, 16);
+  return 0;
+}
+
+int wtx__cuda_device(void) {
+  const char *d = getenv("WTX_CUDA_DEVICE");
+  return d != NULL && d[0] != '\0' ? atoi(d) : 0;
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
+                   uint32_t timeout_ms, char *err, size_t errlen) {
+  int64_t until = now_ms() + timeout_ms;
+  for (;;) {
+    int q = c->StreamQuery(stream);
+    if (q == WTX_CUDA_SUCCESS) return 0;
+    if (q != WTX_CUDA_NOT_READY) {
+      snprintf(err, errlen, "CUDA stream: %s", c->GetErrorString(q));
+      return WTX_EIO;
+    }
+    int ae = WTX_NCCL_SUCCESS;
+    if (comm != NULL && c->CommGetAsyncError(comm, &ae) == WTX_NCCL_SUCCESS &&
+        ae != WTX_NCCL_SUCCESS && ae != WTX_NCCL_IN_PROGRESS) {
+      snprintf(err, errlen, "NCCL: %s", c->NcclErrorString(ae));
+      return WTX_EIO;
+    }
+    if (now_ms() >= until) {
+      snprintf(err, errlen, "no progress within %u ms (a peer is gone?)", timeout_ms);
+      return WTX_ETIMEDOUT;
+    }
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+  }
+}

@@ -1,0 +1,283 @@
+/* cuda_ipc: a trainer and workers on the same node share device buffers
+ * (docs/data-plane.md, "cuda_ipc").
+ *
+ * Trainer half: num_buffers device buffers of buffer_size bytes on its GPU,
+ * each exported once (cudaIpcGetMemHandle): one handle per buffer, never per
+ * tensor. A chunk is packed on the host and copied into buffer k before the
+ * UpdateWeights calls start; the calls carry, per (GPU, buffer), the handle,
+ * the GPU's UUID and the bytes used. The buffer is not touched again until
+ * every worker's call has returned: the trainer keeps it alive and unchanged
+ * until the workers have copied.
+ *
+ * Worker half: picks the entry whose UUID is its own GPU's (WTX_CUDA_DEVICE,
+ * default 0), opens the handle (once per buffer and session; closed when the
+ * session ends) and copies the chunk out into the model's staging memory. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/cuda.h"
+#include "transport/transport.h"
+
+static void uuid_str(const uint8_t *u, size_t len, char *out, size_t outlen) {
+  size_t o = 0;
+  for (size_t i = 0; i < len && o + 3 < outlen; i++)
+    o += (size_t)snprintf(out + o, outlen - o, "%02x", u[i]);
+  if (len == 0) snprintf(out, outlen, "(none)");
+}
+
+/* ---- worker half ---- */
+
+typedef struct ipc_worker {
+  const wtx_cuda *cuda;
+  wtx_wire_params wire;
+  int device;
+  uint8_t uuid[16];
+  void *opened[64];
+  wtx_cuda_ipc_handle handles[64];
+} ipc_worker;
+
+static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
+                           void **self, char *data_address, size_t addrlen,
+                           char *err, size_t errlen) {
+  (void)init;
+  const wtx_cuda *c;
+  int rc = wtx__cuda_load(0, &c, err, errlen);
+  if (rc != 0) return rc;
+  ipc_worker *w = calloc(1, sizeof *w);
+  if (w == NULL) return WTX_ENOMEM;
+  w->cuda = c;
+  w->wire = *wire;
+  w->device = wtx__cuda_device();
+  int e = c->SetDevice(w->device);
+  if (e != WTX_CUDA_SUCCESS || wtx__cuda_uuid(c, w->device, w->uuid) != 0) {
+    snprintf(err, errlen, "cuda_ipc: device %d: %s", w->device,
+             e ? c->GetErrorString(e) : "no properties");
+    free(w);
+    return WTX_EUNAVAIL;
+  }
+  if (addrlen > 0) data_address[0] = '\0';
+  *self = w;
+  return 0;
+}
+
+static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
+  ipc_worker *w = self;
+  const wtx_cuda *c = w->cuda;
+  if (info->backend_case != WTX__V1__UPDATE_INFO__BACKEND_CUDA_IPC) {
+    wtx_rx_errorf(rx, "update_info.cuda_ipc: missing (the session's backend is "
+                  "cuda_ipc)");
+    return WTX_EINVAL;
+  }
+  const Wtx__V1__CudaIpcUpdateInfo *u = info->cuda_ipc;
+  const Wtx__V1__CudaIpcBuffer *b = NULL;
+  char offered[400] = "";
+  size_t o = 0;
+  for (size_t i = 0; i < u->n_buffers && b == NULL; i++) {
+    const Wtx__V1__CudaIpcBuffer *x = u->buffers[i];
+    if (x->gpu_uuid.len == 16 && memcmp(x->gpu_uuid.data, w->uuid, 16) == 0) {
+      b = x;
+    } else if (o + 40 < sizeof offered) {
+      char s[40];
+      uuid_str(x->gpu_uuid.data, x->gpu_uuid.len, s, sizeof s);
+      o += (size_t)snprintf(offered + o, sizeof offered - o, "%s%s", o ? ", " : "", s);
+    }
+  }
+  char mine[40];
+  uuid_str(w->uuid, 16, mine, sizeof mine);
+  if (b == NULL) {
+    wtx_rx_errorf(rx, "update_info.cuda_ipc.buffers: none for this worker's GPU "
+                  "%s (device %d); offered: %s", mine, w->device,
+                  offered[0] ? offered : "nothing");
+    return WTX_EINVAL;
+  }
+  uint64_t want = wtx_rx_remaining(rx);
+  if (b->handle.len != sizeof(wtx_cuda_ipc_handle) || b->buffer_index >= 64 ||
+      b->buffer_index >= w->wire.num_buffers || b->size != want ||
+      want > w->wire.buffer_size) {
+    wtx_rx_errorf(rx, "update_info.cuda_ipc.buffers: entry for GPU %s needs a "
+                  "%zu-byte handle, buffer_index < %u and size %llu (<= "
+                  "buffer_size); got %zu bytes, index %u, size %llu", mine,
+                  sizeof(wtx_cuda_ipc_handle), w->wire.num_buffers,
+                  (unsigned long long)want, b->handle.len, b->buffer_index,
+                  (unsigned long long)b->size);
+    return WTX_EINVAL;
+  }
+  uint32_t k = b->buffer_index;
+  c->SetDevice(w->device);
+  if (w->opened[k] != NULL && memcmp(&w->handles[k], b->handle.data, sizeof w->handles[k])) {
+    c->IpcCloseMemHandle(w->opened[k]); /* the trainer re-exported */
+    w->opened[k] = NULL;
+  }
+  if (w->opened[k] == NULL) {
+    memcpy(&w->handles[k], b->handle.data, sizeof w->handles[k]);
+    int e = c->IpcOpenMemHandle(&w->opened[k], w->handles[k], WTX_CUDA_IPC_LAZY_PEER);
+    if (e != WTX_CUDA_SUCCESS) {
+      w->opened[k] = NULL;
+      wtx_rx_errorf(rx, "cuda_ipc: cannot open buffer %u's handle: %s", k,
+                    c->GetErrorString(e));
+      return WTX_EIO;
+    }
+  }
+  const uint8_t *src = w->opened[k];
+  for (;;) {
+    uint8_t *dst;
+    size_t room = wtx_rx_next(rx, &dst);
+    if (room == 0) break;
+    int e = c->Memcpy(dst, src, room, WTX_CUDA_D2H);
+    if (e != WTX_CUDA_SUCCESS) {
+      wtx_rx_errorf(rx, "cuda_ipc: copy from buffer %u: %s", k, c->GetErrorString(e));
+      return WTX_EIO;
+    }
+    src += room;
+    int rc = wtx_rx_commit(rx, room);
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
+static void ipc_worker_destroy(void *self) {
+  ipc_worker *w = self;
+  for (int k = 0; k < 64; k++)
+    if (w->opened[k] != NULL) w->cuda->IpcCloseMemHandle(w->opened[k]);
+  free(w);
+}
+
+const wtx_worker_transport wtx_cuda_ipc_worker_transport = {
+    .name = "cuda_ipc",
+    .supports_draft = 1,
+    .init = ipc_worker_init,
+    .receive = ipc_worker_receive,
+    .destroy = ipc_worker_destroy,
+};
+
+/* ---- trainer half ---- */
+
+typedef struct ipc_trainer {
+  const wtx_cuda *cuda;
+  wtx_wire_params wire;
+  int device;
+  uint8_t uuid[16];
+  uint8_t *host;   /* packing buffers, num_buffers x buffer_size */
+  void **dev;      /* device buffers */
+  wtx_cuda_ipc_handle *handles;
+  Wtx__V1__CudaIpcBuffer *entries;
+  Wtx__V1__CudaIpcBuffer **entry_ptrs;
+  Wtx__V1__CudaIpcUpdateInfo *updates;
+  Wtx__V1__PackingParams packing;
+  Wtx__V1__CudaIpcInitInfo ipc;
+  Wtx__V1__InitInfo init;
+} ipc_trainer;
+
+static void ipc_trainer_destroy(void *self) {
+  ipc_trainer *t = self;
+  if (t == NULL) return;
+  for (uint32_t k = 0; t->dev != NULL && k < t->wire.num_buffers; k++)
+    if (t->dev[k] != NULL) t->cuda->Free(t->dev[k]);
+  free(t->dev);
+  free(t->host);
+  free(t->handles);
+  free(t->entries);
+  free(t->entry_ptrs);
+  free(t->updates);
+  free(t);
+}
+
+static int ipc_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_params *wire,
+                              size_t n_workers, void **self, char *err, size_t errlen) {
+  (void)tmpl;
+  (void)n_workers;
+  const wtx_cuda *c;
+  int rc = wtx__cuda_load(0, &c, err, errlen);
+  if (rc != 0) return rc;
+  ipc_trainer *t = calloc(1, sizeof *t);
+  if (t == NULL) return WTX_ENOMEM;
+  t->cuda = c;
+  t->wire = *wire;
+  t->device = wtx__cuda_device();
+  uint32_t nb = wire->num_buffers;
+  t->host = malloc((size_t)(wire->buffer_size * nb));
+  t->dev = calloc(nb, sizeof *t->dev);
+  t->handles = calloc(nb, sizeof *t->handles);
+  t->entries = calloc(nb, sizeof *t->entries);
+  t->entry_ptrs = calloc(nb, sizeof *t->entry_ptrs);
+  t->updates = calloc(nb, sizeof *t->updates);
+  if (!t->host || !t->dev || !t->handles || !t->entries || !t->entry_ptrs || !t->updates) {
+    ipc_trainer_destroy(t);
+    return WTX_ENOMEM;
+  }
+  int e = c->SetDevice(t->device);
+  if (e == WTX_CUDA_SUCCESS && wtx__cuda_uuid(c, t->device, t->uuid) != 0) e = -1;
+  for (uint32_t k = 0; e == WTX_CUDA_SUCCESS && k < nb; k++) {
+    e = c->Malloc(&t->dev[k], (size_t)wire->buffer_size);
+    if (e == WTX_CUDA_SUCCESS) e = c->IpcGetMemHandle(&t->handles[k], t->dev[k]);
+    Wtx__V1__CudaIpcBuffer *b = &t->entries[k];
+    wtx__v1__cuda_ipc_buffer__init(b);
+    b->gpu_uuid.data = t->uuid;
+    b->gpu_uuid.len = 16;
+    b->handle.data = (uint8_t *)&t->handles[k];
+    b->handle.len = sizeof t->handles[k];
+    b->buffer_index = k;
+    t->entry_ptrs[k] = b;
+    wtx__v1__cuda_ipc_update_info__init(&t->updates[k]);
+    t->updates[k].buffers = &t->entry_ptrs[k];
+    t->updates[k].n_buffers = 1;
+  }
+  if (e != WTX_CUDA_SUCCESS) {
+    snprintf(err, errlen, "cuda_ipc: device %d: cannot allocate and export %u "
+             "buffers of %llu bytes: %s", t->device, nb,
+             (unsigned long long)wire->buffer_size,
+             e > 0 ? c->GetErrorString(e) : "no device properties");
+    ipc_trainer_destroy(t);
+    return WTX_EUNAVAIL;
+  }
+  wtx__v1__packing_params__init(&t->packing);
+  t->packing.packed = wire->packed;
+  t->packing.buffer_size_bytes = wire->buffer_size;
+  t->packing.num_buffers = nb;
+  wtx__v1__cuda_ipc_init_info__init(&t->ipc);
+  t->ipc.packing = &t->packing;
+  t->ipc.checksum = (Wtx__V1__ChecksumAlgorithm)wire->checksum;
+  t->ipc.timeout_ms = wire->timeout_ms;
+  wtx__v1__init_info__init(&t->init);
+  t->init.backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC;
+  t->init.cuda_ipc = &t->ipc;
+  *self = t;
+  return 0;
+}
+
+static int ipc_trainer_init_info(void *self, size_t i, const char *const *prev,
+                                 const Wtx__V1__InitInfo **out) {
+  (void)i;
+  (void)prev;
+  *out = &((ipc_trainer *)self)->init;
+  return 0;
+}
+
+static uint8_t *ipc_trainer_buffer(void *self, uint32_t k) {
+  ipc_trainer *t = self;
+  return t->host + k * t->wire.buffer_size;
+}
+
+static int ipc_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
+                               Wtx__V1__UpdateInfo *ui) {
+  ipc_trainer *t = self;
+  t->cuda->SetDevice(t->device);
+  int e = t->cuda->Memcpy(t->dev[k], t->host + k * t->wire.buffer_size,
+                          (size_t)ch->bytes, WTX_CUDA_H2D);
+  if (e != WTX_CUDA_SUCCESS) return WTX_EIO;
+  t->entries[k].size = ch->bytes;
+  ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_CUDA_IPC;
+  ui->cuda_ipc = &t->updates[k];
+  return 0;
+}
+
+const wtx_trainer_transport wtx_cuda_ipc_trainer_transport = {
+    .name = "cuda_ipc",
+    .backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC,
+    .create = ipc_trainer_create,
+    .init_info = ipc_trainer_init_info,
+    .buffer = ipc_trainer_buffer,
+    .prepare = ipc_trainer_prepare,
+    .destroy = ipc_trainer_destroy,
+};

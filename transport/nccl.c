@@ -1,0 +1,324 @@
+/* nccl: broadcast from trainer rank 0 to every worker rank
+ * (docs/data-plane.md, "nccl").
+ *
+ * The trainer creates the ncclUniqueId and ships it in every worker's init
+ * handshake (no extra rendezvous service). The communicator's world is the
+ * trainer (rank 0) plus one rank per worker (rank_offset, 1..world-1);
+ * ncclCommInitRank is collective, so the engine starts every worker's init
+ * call, joins as rank 0, then collects the answers (collective_init).
+ *
+ * Per chunk the trainer copies the packed host buffer into device buffer k
+ * (num_buffers of them), the UpdateWeights calls start, then the broadcast
+ * runs on the trainer's own stream; every worker receives into its device
+ * buffer and copies the chunk out into the model's staging memory. Waits are
+ * bounded by timeout_ms: the stream is polled together with NCCL's
+ * asynchronous error, and the communicator is aborted on timeout, so a dead
+ * peer ends as an error on both sides. A failed communicator is dropped; the
+ * next sync initializes a new one. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/cuda.h"
+#include "transport/transport.h"
+
+/* ---- worker half ---- */
+
+typedef struct nccl_worker {
+  const wtx_cuda *cuda;
+  wtx_wire_params wire;
+  int device;
+  void *comm, *stream, *buf;
+  int rank;
+  int broken;
+} nccl_worker;
+
+static void nccl_worker_destroy(void *self) {
+  nccl_worker *w = self;
+  if (w == NULL) return;
+  const wtx_cuda *c = w->cuda;
+  if (w->comm != NULL) {
+    if (w->broken) c->CommAbort(w->comm);
+    else c->CommDestroy(w->comm);
+  }
+  if (w->buf != NULL) c->Free(w->buf);
+  if (w->stream != NULL) c->StreamDestroy(w->stream);
+  free(w);
+}
+
+static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
+                            void **self, char *data_address, size_t addrlen,
+                            char *err, size_t errlen) {
+  const Wtx__V1__NcclInitInfo *ni = init->nccl;
+  if (ni->unique_id.len != sizeof(wtx_nccl_id)) {
+    snprintf(err, errlen, "init_info.nccl.unique_id: %zu bytes, must be %zu",
+             ni->unique_id.len, sizeof(wtx_nccl_id));
+    return WTX_EINVAL;
+  }
+  if (ni->world_size < 2 || ni->world_size > 65536 || ni->rank_offset < 1 ||
+      ni->rank_offset >= ni->world_size) {
+    snprintf(err, errlen, "init_info.nccl: world_size %u must be 2..65536 and "
+             "rank_offset %u within 1..world_size-1", ni->world_size, ni->rank_offset);
+    return WTX_EINVAL;
+  }
+  const wtx_cuda *c;
+  int rc = wtx__cuda_load(1, &c, err, errlen);
+  if (rc != 0) return rc;
+  nccl_worker *w = calloc(1, sizeof *w);
+  if (w == NULL) return WTX_ENOMEM;
+  w->cuda = c;
+  w->wire = *wire;
+  w->device = wtx__cuda_device();
+  w->rank = (int)ni->rank_offset;
+  int e = c->SetDevice(w->device);
+  if (e == WTX_CUDA_SUCCESS) e = c->StreamCreate(&w->stream);
+  if (e == WTX_CUDA_SUCCESS) e = c->Malloc(&w->buf, (size_t)wire->buffer_size);
+  if (e != WTX_CUDA_SUCCESS) {
+    snprintf(err, errlen, "nccl: device %d: %s", w->device, c->GetErrorString(e));
+    nccl_worker_destroy(w);
+    return WTX_EUNAVAIL;
+  }
+  wtx_nccl_id id;
+  memcpy(&id, ni->unique_id.data, sizeof id);
+  e = c->CommInitRank(&w->comm, (int)ni->world_size, id, w->rank);
+  if (e != WTX_NCCL_SUCCESS) {
+    snprintf(err, errlen, "nccl: joining the communicator as rank %d of %u: %s",
+             w->rank, ni->world_size, c->NcclErrorString(e));
+    w->comm = NULL;
+    nccl_worker_destroy(w);
+    return WTX_EUNAVAIL;
+  }
+  if (addrlen > 0) data_address[0] = '\0';
+  *self = w;
+  return 0;
+}
+
+static int nccl_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
+  nccl_worker *w = self;
+  const wtx_cuda *c = w->cuda;
+  if (info->backend_case != WTX__V1__UPDATE_INFO__BACKEND_NCCL) {
+    wtx_rx_errorf(rx, "update_info.nccl: missing (the session's backend is nccl)");
+    return WTX_EINVAL;
+  }
+  if (w->broken) {
+    wtx_rx_errorf(rx, "nccl: the communicator failed earlier; initialize the "
+                  "session again");
+    return WTX_ESTATE;
+  }
+  uint64_t n = wtx_rx_remaining(rx);
+  if (n > w->wire.buffer_size) {
+    wtx_rx_errorf(rx, "update_info.chunk_bytes: %llu exceeds buffer_size %llu",
+                  (unsigned long long)n, (unsigned long long)w->wire.buffer_size);
+    return WTX_EINVAL;
+  }
+  c->SetDevice(w->device);
+  char err[300];
+  int e = c->Broadcast(w->buf, w->buf, (size_t)n, WTX_NCCL_UINT8, 0, w->comm, w->stream);
+  int rc = e == WTX_NCCL_SUCCESS ? wtx__cuda_wait(c, w->stream, w->comm,
+                                                  w->wire.timeout_ms, err, sizeof err)
+                                 : WTX_EIO;
+  if (e != WTX_NCCL_SUCCESS) snprintf(err, sizeof err, "%s", c->NcclErrorString(e));
+  if (rc != 0) {
+    w->broken = 1;
+    wtx_rx_errorf(rx, "nccl: broadcast of %llu bytes as rank %d: %s",
+                  (unsigned long long)n, w->rank, err);
+    return rc;
+  }
+  const uint8_t *src = w->buf;
+  for (;;) {
+    uint8_t *dst;
+    size_t room = wtx_rx_next(rx, &dst);
+    if (room == 0) break;
+    e = c->Memcpy(dst, src, room, WTX_CUDA_D2H);
+    if (e != WTX_CUDA_SUCCESS) {
+      wtx_rx_errorf(rx, "nccl: copy out: %s", c->GetErrorString(e));
+      return WTX_EIO;
+    }
+    src += room;
+    if ((rc = wtx_rx_commit(rx, room)) != 0) return rc;
+  }
+  return 0;
+}
+
+static void nccl_worker_reset(void *self) {
+  /* An update aborted outside a broadcast leaves the collective sequence
+   * unknown to the trainer: this communicator is done. */
+  ((nccl_worker *)self)->broken = 1;
+}
+
+const wtx_worker_transport wtx_nccl_worker_transport = {
+    .name = "nccl",
+    .supports_draft = 1,
+    .init = nccl_worker_init,
+    .receive = nccl_worker_receive,
+    .reset = nccl_worker_reset,
+    .destroy = nccl_worker_destroy,
+};
+
+/* ---- trainer half ---- */
+
+typedef struct nccl_trainer {
+  const wtx_cuda *cuda;
+  wtx_wire_params wire;
+  int device;
+  size_t n_workers;
+  wtx_nccl_id id;
+  void *comm, *stream;
+  void **dev;
+  uint8_t *host;
+  int broken;
+  Wtx__V1__PackingParams packing;
+  Wtx__V1__NcclInitInfo *nccl; /* per worker */
+  Wtx__V1__InitInfo *init;
+  Wtx__V1__NcclUpdateInfo update;
+} nccl_trainer;
+
+static void nccl_trainer_destroy(void *self) {
+  nccl_trainer *t = self;
+  if (t == NULL) return;
+  const wtx_cuda *c = t->cuda;
+  if (t->comm != NULL) {
+    if (t->broken) c->CommAbort(t->comm);
+    else c->CommDestroy(t->comm);
+  }
+  for (uint32_t k = 0; t->dev != NULL && k < t->wire.num_buffers; k++)
+    if (t->dev[k] != NULL) c->Free(t->dev[k]);
+  if (t->stream != NULL) c->StreamDestroy(t->stream);
+  free(t->dev);
+  free(t->host);
+  free(t->nccl);
+  free(t->init);
+  free(t);
+}
+
+static int nccl_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_params *wire,
+                               size_t n_workers, void **self, char *err, size_t errlen) {
+  (void)tmpl;
+  const wtx_cuda *c;
+  int rc = wtx__cuda_load(1, &c, err, errlen);
+  if (rc != 0) return rc;
+  nccl_trainer *t = calloc(1, sizeof *t);
+  if (t == NULL) return WTX_ENOMEM;
+  t->cuda = c;
+  t->wire = *wire;
+  t->n_workers = n_workers;
+  t->device = wtx__cuda_device();
+  uint32_t nb = wire->num_buffers;
+  t->dev = calloc(nb, sizeof *t->dev);
+  t->host = malloc((size_t)(wire->buffer_size * nb));
+  t->nccl = calloc(n_workers, sizeof *t->nccl);
+  t->init = calloc(n_workers, sizeof *t->init);
+  if (!t->dev || !t->host || !t->nccl || !t->init) {
+    nccl_trainer_destroy(t);
+    return WTX_ENOMEM;
+  }
+  int e = c->SetDevice(t->device);
+  if (e == WTX_CUDA_SUCCESS) e = c->StreamCreate(&t->stream);
+  for (uint32_t k = 0; e == WTX_CUDA_SUCCESS && k < nb; k++)
+    e = c->Malloc(&t->dev[k], (size_t)wire->buffer_size);
+  if (e != WTX_CUDA_SUCCESS) {
+    snprintf(err, errlen, "nccl: device %d: %s", t->device, c->GetErrorString(e));
+    nccl_trainer_destroy(t);
+    return WTX_EUNAVAIL;
+  }
+  if ((e = c->GetUniqueId(&t->id)) != WTX_NCCL_SUCCESS) {
+    snprintf(err, errlen, "nccl: ncclGetUniqueId: %s", c->NcclErrorString(e));
+    nccl_trainer_destroy(t);
+    return WTX_EUNAVAIL;
+  }
+  wtx__v1__packing_params__init(&t->packing);
+  t->packing.packed = wire->packed;
+  t->packing.buffer_size_bytes = wire->buffer_size;
+  t->packing.num_buffers = nb;
+  wtx__v1__nccl_update_info__init(&t->update);
+  *self = t;
+  return 0;
+}
+
+static int nccl_trainer_init_info(void *self, size_t i, const char *const *prev,
+                                  const Wtx__V1__InitInfo **out) {
+  (void)prev;
+  nccl_trainer *t = self;
+  Wtx__V1__NcclInitInfo *ni = &t->nccl[i];
+  wtx__v1__nccl_init_info__init(ni);
+  ni->unique_id.data = (uint8_t *)&t->id;
+  ni->unique_id.len = sizeof t->id;
+  ni->world_size = (uint32_t)(t->n_workers + 1);
+  ni->rank_offset = (uint32_t)(i + 1);
+  ni->packing = &t->packing;
+  ni->checksum = (Wtx__V1__ChecksumAlgorithm)t->wire.checksum;
+  ni->timeout_ms = t->wire.timeout_ms;
+  wtx__v1__init_info__init(&t->init[i]);
+  t->init[i].backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
+  t->init[i].nccl = ni;
+  *out = &t->init[i];
+  return 0;
+}
+
+static int nccl_trainer_connect(void *self, const char *const *addresses, char *err,
+                                size_t errlen) {
+  (void)addresses;
+  nccl_trainer *t = self;
+  t->cuda->SetDevice(t->device);
+  int e = t->cuda->CommInitRank(&t->comm, (int)(t->n_workers + 1), t->id, 0);
+  if (e != WTX_NCCL_SUCCESS) {
+    t->comm = NULL;
+    snprintf(err, errlen, "nccl: joining the communicator as rank 0 of %zu: %s",
+             t->n_workers + 1, t->cuda->NcclErrorString(e));
+    return WTX_EUNAVAIL;
+  }
+  return 0;
+}
+
+static uint8_t *nccl_trainer_buffer(void *self, uint32_t k) {
+  nccl_trainer *t = self;
+  return t->host + k * t->wire.buffer_size;
+}
+
+static int nccl_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
+                                Wtx__V1__UpdateInfo *ui) {
+  nccl_trainer *t = self;
+  t->cuda->SetDevice(t->device);
+  int e = t->cuda->Memcpy(t->dev[k], t->host + k * t->wire.buffer_size,
+                          (size_t)ch->bytes, WTX_CUDA_H2D);
+  if (e != WTX_CUDA_SUCCESS) return WTX_EIO;
+  ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_NCCL;
+  ui->nccl = &t->update;
+  return 0;
+}
+
+static int nccl_trainer_post(void *self, uint32_t k, const wtx_chunk *ch) {
+  nccl_trainer *t = self;
+  if (t->broken) return WTX_ESTATE;
+  int e = t->cuda->Broadcast(t->dev[k], t->dev[k], (size_t)ch->bytes, WTX_NCCL_UINT8,
+                             0, t->comm, t->stream);
+  if (e != WTX_NCCL_SUCCESS) t->broken = 1;
+  return e == WTX_NCCL_SUCCESS ? 0 : WTX_EIO;
+}
+
+static int nccl_trainer_complete(void *self, uint32_t k, char *err, size_t errlen) {
+  (void)k;
+  nccl_trainer *t = self;
+  char why[300];
+  int rc = wtx__cuda_wait(t->cuda, t->stream, t->comm, t->wire.timeout_ms, why,
+                          sizeof why);
+  if (rc != 0) {
+    t->broken = 1;
+    snprintf(err, errlen, "nccl: broadcast: %s", why);
+  }
+  return rc;
+}
+
+const wtx_trainer_transport wtx_nccl_trainer_transport = {
+    .name = "nccl",
+    .backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL,
+    .collective_init = 1,
+    .create = nccl_trainer_create,
+    .init_info = nccl_trainer_init_info,
+    .connect = nccl_trainer_connect,
+    .buffer = nccl_trainer_buffer,
+    .prepare = nccl_trainer_prepare,
+    .post = nccl_trainer_post,
+    .complete = nccl_trainer_complete,
+    .destroy = nccl_trainer_destroy,
+};
