@@ -244,8 +244,10 @@ static int pack(cursor *c, const wtx_chunk *ch, uint8_t *buf, uint64_t *sums,
     if (off == 0 && verify) XXH3_64bits_reset(c->h);
     uint64_t k = c->metas[i].nbytes - off;
     if (k > ch->bytes - used) k = ch->bytes - used;
-    memcpy(buf + used, c->data + off, (size_t)k);
-    if (verify) XXH3_64bits_update(c->h, c->data + off, (size_t)k);
+    if (k > 0) {
+      memcpy(buf + used, c->data + off, (size_t)k);
+      if (verify) XXH3_64bits_update(c->h, c->data + off, (size_t)k);
+    }
     used += k;
     if (off + k == c->metas[i].nbytes) {
       uint64_t d = verify ? XXH3_64bits_digest(c->h) : 0;

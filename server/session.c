@@ -148,18 +148,18 @@ grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                               "init_info: missing");
   const char *name = wtx_init_backend_name(req->init_info);
-  if (name == NULL)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                              "init_info.backend: no backend set (one of nccl, "
-                              "cuda_ipc, tcp, shm)");
-  const wtx_worker_transport *t = wtx_worker_transport_find(name);
+  const wtx_worker_transport *t = name ? wtx_worker_transport_find(name) : NULL;
   if (t == NULL) {
+    /* No backend set (or one this worker's schema does not know, which
+     * decodes as none), or one not registered here. */
     char names[256];
     wtx_worker_transport_names(names, sizeof names);
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                              "init_info.backend: '%s' is not available in "
-                              "this worker; registered: %s",
-                              name, names);
+                              "init_info.backend: %s%s%s; registered: %s",
+                              name ? "'" : "no backend set",
+                              name ? name : "",
+                              name ? "' is not available in this worker" : "",
+                              names);
   }
   wtx_wire_params wire;
   int rc = wtx_wire_params_from_init(req->init_info, &wire, err, sizeof err);
@@ -278,7 +278,7 @@ static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
   meta->name = pm->name;
   meta->dtype = pm->dtype;
   meta->ndim = pm->n_shape;
-  memcpy(meta->shape, pm->shape, pm->n_shape * sizeof *pm->shape);
+  if (pm->n_shape > 0) memcpy(meta->shape, pm->shape, pm->n_shape * sizeof *pm->shape);
   if (wtx_tensor_nbytes(pm->dtype, pm->shape, pm->n_shape, &meta->nbytes) != 0) {
     snprintf(err, errlen, "update_info.params[%zu].shape: byte size overflows "
              "63 bits ('%s')", i, pm->name);
