@@ -46,7 +46,7 @@ static int rendezvous(wtx_trainer *t) {
   size_t n = wtx_client_size(t->client);
   char err[600] = "";
   int rc = t->tt->create(t->tmpl, &t->wire, n, &t->self, err, sizeof err);
-  if (rc != 0) return fail(t, rc, "%s: %s", t->tt->name, err);
+  if (rc != 0) return fail(t, rc, "%s", err);
   char **addrs = calloc(n, sizeof *addrs);
   if (addrs == NULL) return fail(t, WTX_ENOMEM, "out of memory");
   int collective = t->tt->collective_init;

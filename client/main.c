@@ -18,11 +18,14 @@ static const char usage[] =
     "push: one weight sync of SOURCE to every worker (all replicas of a model;\n"
     "never load-balanced). SOURCE is one or more .safetensors files, or\n"
     "synthetic:SIZE for a GPT-style bf16 model of about SIZE bytes (K/M/G).\n"
-    "  --backend NAME       data plane: shm (same host) or tcp (default shm)\n"
+    "  --backend NAME       data plane: shm (same host), tcp, cuda_ipc (same\n"
+    "                       node, GPU) or nccl (GPU) (default shm)\n"
     "  --buffer-size BYTES  transfer buffer (default 64M; K/M/G suffixes)\n"
     "  --num-buffers N      buffers in flight, 1..64 (default 2)\n"
     "  --unpacked           one tensor per chunk (default: packed)\n"
-    "  --no-checksum        skip per-tensor XXH3-64 verification\n"
+    "  --no-checksum        skip per-tensor XXH3-64 verification (the default\n"
+    "                       on cuda_ipc and nccl; --verify needs checksums)\n"
+    "  --checksum           verify per-tensor XXH3-64 (default on shm, tcp)\n"
     "  --data-address H:P   tcp: where the trainer's data port listens\n"
     "                       (default 127.0.0.1:0)\n"
     "  --version LABEL      weight version to publish (default: the workers\n"
@@ -34,6 +37,7 @@ static const char usage[] =
     "  --tls-ca FILE        use TLS, trusting this CA bundle (PEM)\n"
     "  --tls-cert FILE, --tls-key FILE   client certificate (mutual TLS)\n"
     "  --verify             then compare every worker's checksums with ours\n"
+    "                       (turns --checksum on)\n"
     "\n"
     "A progress bar (bytes/s, ETA) is drawn on a terminal; the last line is\n"
     "a summary: bytes, seconds, GB/s, version.\n";
@@ -114,28 +118,47 @@ typedef struct push_args {
 } push_args;
 
 /* The init info the trainer brings: the backend's oneof and wire params. */
-static int build_init(const push_args *a, Wtx__V1__InitInfo *ii,
-                      Wtx__V1__PackingParams *pk, Wtx__V1__ShmInitInfo *shm,
-                      Wtx__V1__TcpInitInfo *tcp) {
+typedef struct init_msgs {
+  Wtx__V1__InitInfo ii;
+  Wtx__V1__PackingParams pk;
+  Wtx__V1__ShmInitInfo shm;
+  Wtx__V1__TcpInitInfo tcp;
+  Wtx__V1__NcclInitInfo nccl;
+  Wtx__V1__CudaIpcInitInfo ipc;
+} init_msgs;
+
+static int build_init(const push_args *a, init_msgs *m) {
+  Wtx__V1__InitInfo *ii = &m->ii;
+  Wtx__V1__PackingParams *pk = &m->pk;
   pk->packed = !a->unpacked;
   pk->buffer_size_bytes = a->buffer;
   pk->num_buffers = (uint32_t)a->num_buffers;
   Wtx__V1__ChecksumAlgorithm ck =
-      a->no_checksum ? WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE
-                     : WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+      a->no_checksum > 0    ? WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE
+      : a->no_checksum == 0 ? WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64
+                            : WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_UNSPECIFIED;
+  uint32_t to = (uint32_t)a->timeout_ms;
   if (strcmp(a->backend, "shm") == 0) {
-    shm->packing = pk;
-    shm->checksum = ck;
-    shm->timeout_ms = (uint32_t)a->timeout_ms;
+    m->shm = (Wtx__V1__ShmInitInfo)WTX__V1__SHM_INIT_INFO__INIT;
+    m->shm.packing = pk, m->shm.checksum = ck, m->shm.timeout_ms = to;
     ii->backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
-    ii->shm = shm;
+    ii->shm = &m->shm;
   } else if (strcmp(a->backend, "tcp") == 0) {
-    tcp->packing = pk;
-    tcp->checksum = ck;
-    tcp->timeout_ms = (uint32_t)a->timeout_ms;
-    tcp->upstream_address = (char *)(a->data_address ? a->data_address : "");
+    m->tcp = (Wtx__V1__TcpInitInfo)WTX__V1__TCP_INIT_INFO__INIT;
+    m->tcp.packing = pk, m->tcp.checksum = ck, m->tcp.timeout_ms = to;
+    m->tcp.upstream_address = (char *)(a->data_address ? a->data_address : "");
     ii->backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
-    ii->tcp = tcp;
+    ii->tcp = &m->tcp;
+  } else if (strcmp(a->backend, "nccl") == 0) {
+    m->nccl = (Wtx__V1__NcclInitInfo)WTX__V1__NCCL_INIT_INFO__INIT;
+    m->nccl.packing = pk, m->nccl.checksum = ck, m->nccl.timeout_ms = to;
+    ii->backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
+    ii->nccl = &m->nccl;
+  } else if (strcmp(a->backend, "cuda_ipc") == 0) {
+    m->ipc = (Wtx__V1__CudaIpcInitInfo)WTX__V1__CUDA_IPC_INIT_INFO__INIT;
+    m->ipc.packing = pk, m->ipc.checksum = ck, m->ipc.timeout_ms = to;
+    ii->backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC;
+    ii->cuda_ipc = &m->ipc;
   } else {
     char names[256];
     wtx_transports_register_builtin();
@@ -201,7 +224,8 @@ static int make_client(const char *workers, const push_args *a, wtx_client **cl,
 }
 
 static int cmd_push(int argc, char **argv) {
-  push_args a = {.backend = "shm", .timeout_ms = 300000, .num_buffers = 2};
+  push_args a = {.backend = "shm", .timeout_ms = 300000, .num_buffers = 2,
+                 .no_checksum = -1};
   static const struct option longopts[] = {
       {"workers", required_argument, NULL, 'w'},
       {"backend", required_argument, NULL, 'b'},
@@ -209,6 +233,7 @@ static int cmd_push(int argc, char **argv) {
       {"num-buffers", required_argument, NULL, 'n'},
       {"unpacked", no_argument, NULL, 'u'},
       {"no-checksum", no_argument, NULL, 'x'},
+      {"checksum", no_argument, NULL, 'X'},
       {"data-address", required_argument, NULL, 'a'},
       {"version", required_argument, NULL, 'v'},
       {"draft", no_argument, NULL, 'd'},
@@ -233,6 +258,7 @@ static int cmd_push(int argc, char **argv) {
                       a.num_buffers < 1 || a.num_buffers > 64; break;
       case 'u': a.unpacked = 1; break;
       case 'x': a.no_checksum = 1; break;
+      case 'X': a.no_checksum = 0; break;
       case 'a': a.data_address = optarg; break;
       case 'v': a.version = optarg; break;
       case 'd': a.draft = 1; break;
@@ -257,11 +283,9 @@ static int cmd_push(int argc, char **argv) {
     fprintf(stderr, "wtx push: --workers and a SOURCE are required\n%s", usage);
     return 2;
   }
-  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
-  Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
-  Wtx__V1__ShmInitInfo shm = WTX__V1__SHM_INIT_INFO__INIT;
-  Wtx__V1__TcpInitInfo tcp = WTX__V1__TCP_INIT_INFO__INIT;
-  if (build_init(&a, &ii, &pk, &shm, &tcp) != 0) return 2;
+  if (a.verify && a.no_checksum < 0) a.no_checksum = 0; /* --verify needs them */
+  init_msgs im = {.ii = WTX__V1__INIT_INFO__INIT, .pk = WTX__V1__PACKING_PARAMS__INIT};
+  if (build_init(&a, &im) != 0) return 2;
   wtx_source *src = NULL;
   if (open_source(argc - optind, argv + optind, &a, &src) != 0) return 2;
   wtx_client *cl = NULL;
@@ -271,7 +295,7 @@ static int cmd_push(int argc, char **argv) {
     return 2;
   }
   size_t nw = wtx_client_size(cl);
-  wtx_trainer_init_info ti = {.rank = 0, .init = &ii};
+  wtx_trainer_init_info ti = {.rank = 0, .init = &im.ii};
   wtx_trainer *tr = NULL;
   char err[2048] = "";
   int rc = wtx_trainer_init(&ti, cl, src, &tr, err, sizeof err);

@@ -256,17 +256,16 @@ int wtx_source_safetensors(const char *const *paths, size_t n, wtx_source **out,
 
 /* ---- synthetic ---- */
 
+/* The content is generated once, at the first pass, and kept: like a
+ * trainer's weights, it is in memory when a sync starts. */
 typedef struct synth {
   wtx_param_meta *metas;
   char (*names)[96];
   size_t n;
   uint64_t seed, max_bytes;
+  uint8_t *data;
+  uint64_t *offsets;
 } synth;
-
-typedef struct synth_iter {
-  size_t pos;
-  uint8_t *buf;
-} synth_iter;
 
 static void synth_add(synth *s, const char *name, uint64_t a, uint64_t b) {
   wtx_param_meta *m = &s->metas[s->n];
@@ -297,42 +296,52 @@ static int synth_metadata(void *self, const wtx_param_meta **metas, size_t *n) {
 
 static int synth_open(void *self, void **iter) {
   synth *s = self;
-  synth_iter *it = calloc(1, sizeof *it);
-  if (it == NULL || (it->buf = malloc(s->max_bytes ? s->max_bytes : 8)) == NULL) {
-    free(it);
-    return WTX_ENOMEM;
+  if (s->data == NULL) {
+    uint64_t total = 0;
+    s->offsets = malloc((s->n + 1) * sizeof *s->offsets);
+    if (s->offsets == NULL) return WTX_ENOMEM;
+    for (size_t i = 0; i < s->n; i++) {
+      s->offsets[i] = total;
+      total += s->metas[i].nbytes;
+    }
+    if ((s->data = malloc(total ? total : 1)) == NULL) return WTX_ENOMEM;
+    for (size_t i = 0; i < s->n; i++) {
+      const wtx_param_meta *m = &s->metas[i];
+      uint8_t *dst = s->data + s->offsets[i];
+      uint64_t seed = s->seed ^ XXH3_64bits(m->name, strlen(m->name));
+      for (uint64_t w = 0; w * 8 < m->nbytes; w++) {
+        uint64_t v = splitmix(seed ^ w);
+        size_t k = m->nbytes - w * 8 < 8 ? (size_t)(m->nbytes - w * 8) : 8;
+        memcpy(dst + w * 8, &v, k);
+      }
+    }
   }
-  *iter = it;
+  size_t *pos = calloc(1, sizeof *pos);
+  if (pos == NULL) return WTX_ENOMEM;
+  *iter = pos;
   return 0;
 }
 
 static int synth_next(void *self, void *iter, wtx_param_meta *meta,
                       const uint8_t **data) {
   synth *s = self;
-  synth_iter *it = iter;
-  if (it->pos >= s->n) return 0;
-  const wtx_param_meta *m = &s->metas[it->pos++];
-  uint64_t seed = s->seed ^ XXH3_64bits(m->name, strlen(m->name));
-  uint64_t words = (m->nbytes + 7) / 8;
-  for (uint64_t w = 0; w < words; w++) {
-    uint64_t v = splitmix(seed ^ w);
-    size_t k = m->nbytes - w * 8 < 8 ? (size_t)(m->nbytes - w * 8) : 8;
-    memcpy(it->buf + w * 8, &v, k);
-  }
-  *meta = *m;
-  *data = it->buf;
+  size_t *pos = iter;
+  if (*pos >= s->n) return 0;
+  *meta = s->metas[*pos];
+  *data = s->data + s->offsets[*pos];
+  (*pos)++;
   return 1;
 }
 
 static void synth_close(void *self, void *iter) {
   (void)self;
-  synth_iter *it = iter;
-  free(it->buf);
-  free(it);
+  free(iter);
 }
 
 static void synth_destroy(void *self) {
   synth *s = self;
+  free(s->data);
+  free(s->offsets);
   free(s->metas);
   free(s->names);
   free(s);

@@ -90,7 +90,8 @@ int wtx_source_safetensors(const char *const *paths, size_t n, wtx_source **out,
 
 /* A GPT-style stack of about total_bytes of bf16 parameters (embedding,
  * per layer q/k/v/o + MLP up/down + two norms, final norm), deterministic
- * content from seed. */
+ * content from seed, generated at the first pass and then held in memory
+ * (total_bytes of it), as a trainer holds its weights. */
 int wtx_source_synthetic(uint64_t total_bytes, uint64_t seed, wtx_source **out);
 
 /* ---- layer grouping ---- */

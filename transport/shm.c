@@ -1,8 +1,8 @@
 /* shm: same-host transfer through POSIX shared memory.
  *
  * The trainer writes each chunk into a shared-memory object it owns and names
- * it in the chunk's ShmUpdateInfo; the worker maps the object read-only and
- * copies the chunk once, straight into the model's staging memory, hashing
+ * it in the chunk's ShmUpdateInfo; the worker maps the object read-only
+ * (once, while the trainer keeps using it) and copies the chunk once, straight into the model's staging memory, hashing
  * it on the way.
  *
  * Trainer half: one object of num_buffers x buffer_size bytes; buffer k is
@@ -23,7 +23,19 @@
 
 typedef struct shm_worker {
   wtx_wire_params wire;
+  /* The trainer's region stays mapped across chunks: mapping it again for
+   * every chunk costs a page fault per page, every time. */
+  char region[256];
+  uint8_t *map;
+  size_t maplen;
 } shm_worker;
+
+static void unmap_region(shm_worker *w) {
+  if (w->map != NULL) munmap(w->map, w->maplen);
+  w->map = NULL;
+  w->maplen = 0;
+  w->region[0] = '\0';
+}
 
 
 static int shm_worker_init(const Wtx__V1__InitInfo *init,
@@ -43,7 +55,7 @@ static int shm_worker_init(const Wtx__V1__InitInfo *init,
 
 static int shm_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
                               wtx_rx *rx) {
-  (void)self;
+  shm_worker *w = self;
   if (info->backend_case != WTX__V1__UPDATE_INFO__BACKEND_SHM) {
     wtx_rx_errorf(rx, "update_info.shm: missing (the session's backend is shm)");
     return WTX_EINVAL;
@@ -58,44 +70,47 @@ static int shm_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
     return WTX_EINVAL;
   }
   uint64_t length = wtx_rx_remaining(rx);
-  int fd = shm_open(u->region, O_RDONLY, 0);
-  if (fd < 0) {
-    wtx_rx_errorf(rx, "update_info.shm.region: cannot open '%s': %s",
-                  u->region, strerror(errno));
-    return WTX_EIO;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < u->offset ||
-      (uint64_t)st.st_size - u->offset < length) {
-    wtx_rx_errorf(rx,
-                  "update_info.shm: range [%llu, +%llu) is outside region "
-                  "'%s' (%lld bytes)",
-                  (unsigned long long)u->offset, (unsigned long long)length,
-                  u->region, (long long)st.st_size);
-    close(fd);
-    return WTX_EINVAL;
-  }
-  int rc = 0;
-  if (length > 0) {
-    long page = sysconf(_SC_PAGESIZE);
-    uint64_t base = u->offset - u->offset % (uint64_t)page;
-    size_t maplen = (size_t)(u->offset - base + length);
-    void *map = mmap(NULL, maplen, PROT_READ, MAP_SHARED, fd, (off_t)base);
-    if (map == MAP_FAILED) {
-      wtx_rx_errorf(rx, "cannot map region '%s': %s", u->region,
-                    strerror(errno));
-      rc = WTX_EIO;
-    } else {
-      rc = wtx_rx_bytes(rx, (const uint8_t *)map + (u->offset - base),
-                        (size_t)length);
-      munmap(map, maplen);
+  if (w->map == NULL || strcmp(w->region, u->region) != 0 ||
+      u->offset > w->maplen || w->maplen - u->offset < length) {
+    unmap_region(w);
+    int fd = shm_open(u->region, O_RDONLY, 0);
+    if (fd < 0) {
+      wtx_rx_errorf(rx, "update_info.shm.region: cannot open '%s': %s",
+                    u->region, strerror(errno));
+      return WTX_EIO;
     }
+    struct stat st;
+    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size >= u->offset &&
+             (uint64_t)st.st_size - u->offset >= length;
+    if (!ok) {
+      wtx_rx_errorf(rx,
+                    "update_info.shm: range [%llu, +%llu) is outside region "
+                    "'%s' (%lld bytes)",
+                    (unsigned long long)u->offset, (unsigned long long)length,
+                    u->region, (long long)st.st_size);
+      close(fd);
+      return WTX_EINVAL;
+    }
+    if (st.st_size > 0) {
+      void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+      if (map == MAP_FAILED) {
+        wtx_rx_errorf(rx, "cannot map region '%s': %s", u->region, strerror(errno));
+        close(fd);
+        return WTX_EIO;
+      }
+      w->map = map;
+      w->maplen = (size_t)st.st_size;
+      snprintf(w->region, sizeof w->region, "%s", u->region);
+    }
+    close(fd);
   }
-  close(fd);
-  return rc;
+  return length > 0 ? wtx_rx_bytes(rx, w->map + u->offset, (size_t)length) : 0;
 }
 
-static void shm_worker_destroy(void *self) { free(self); }
+static void shm_worker_destroy(void *self) {
+  unmap_region(self);
+  free(self);
+}
 
 const wtx_worker_transport wtx_shm_worker_transport = {
     .name = "shm",

@@ -1,0 +1,38 @@
+/* Same-run baseline for the bench scripts (bench/host.sh, bench/gpu.sh): how
+ * fast this machine copies SIZE bytes from fresh memory into fresh memory
+ * (page faults included, as a worker's staging memory is fresh each sync)
+ * and from warm to warm. Prints GB/s.
+ * usage: memcpy_baseline BYTES */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv) {
+  size_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)1 << 30;
+  char *src = malloc(n);
+  if (src == NULL) return 1;
+  memset(src, 7, n);
+  char *dst = malloc(n);
+  if (dst == NULL) return 1;
+  double t0 = now();
+  memcpy(dst, src, n); /* into fresh pages */
+  double cold = now() - t0;
+  t0 = now();
+  memcpy(dst, src, n);
+  double warm = now() - t0;
+  /* Read the copy back so the compiler cannot drop it. */
+  unsigned long sum = 0;
+  for (size_t i = 0; i < n; i += 4096) sum += (unsigned char)dst[i];
+  if (sum == 1) puts("");
+  printf("memcpy_fresh_gbps %.3f\nmemcpy_warm_gbps %.3f\n", n / cold / 1e9, n / warm / 1e9);
+  free(src);
+  free(dst);
+  return 0;
+}
