@@ -367,7 +367,7 @@ int wtx_client_set_version(wtx_client *c, const char *version, char **previous) 
 }
 
 int wtx_client_verify(wtx_client *c, wtx_source *source, const uint64_t *xxh3) {
-  const wtx_param_meta *metas;
+  const wtx_tensor_meta *metas;
   size_t n;
   int rc = wtx_source_metadata(source, &metas, &n);
   for (size_t i = 0; rc == 0 && i < c->n; i++) {

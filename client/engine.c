@@ -174,7 +174,7 @@ void wtx_trainer_shutdown(wtx_trainer *t) {
 /* The source's pass, checked against its metadata as it goes. */
 typedef struct cursor {
   wtx_trainer *t;
-  const wtx_param_meta *metas;
+  const wtx_tensor_meta *metas;
   size_t n;
   void *iter;
   size_t i;             /* tensor held (data valid) */
@@ -183,7 +183,7 @@ typedef struct cursor {
   XXH3_state_t *h;
 } cursor;
 
-static void meta_str(const wtx_param_meta *m, char *buf, size_t len) {
+static void meta_str(const wtx_tensor_meta *m, char *buf, size_t len) {
   size_t o = (size_t)snprintf(buf, len, "'%s' %s [", m->name, wtx_dtype_name(m->dtype));
   for (size_t d = 0; d < m->ndim && o < len; d++)
     o += (size_t)snprintf(buf + o, len - o, "%s%llu", d ? ", " : "",
@@ -195,7 +195,7 @@ static void meta_str(const wtx_param_meta *m, char *buf, size_t len) {
  * against metadata()[i]. */
 static int cursor_get(cursor *c, size_t i) {
   if (c->have && c->i == i) return 0;
-  wtx_param_meta m;
+  wtx_tensor_meta m;
   const uint8_t *data = NULL;
   int r = wtx_source_next(c->t->source, c->iter, &m, &data);
   if (r < 0) return fail(c->t, r, "source: iteration failed at parameter %zu: %s",
@@ -204,7 +204,7 @@ static int cursor_get(cursor *c, size_t i) {
     return fail(c->t, WTX_EINVAL, "source: iteration ended after %zu parameters, "
                 "metadata() lists %zu (first missing: '%s')", i, c->n,
                 c->metas[i].name);
-  const wtx_param_meta *want = &c->metas[i];
+  const wtx_tensor_meta *want = &c->metas[i];
   int same = strcmp(m.name, want->name) == 0 && m.dtype == want->dtype &&
              m.ndim == want->ndim && m.nbytes == want->nbytes;
   for (size_t d = 0; same && d < m.ndim; d++) same = m.shape[d] == want->shape[d];
@@ -223,7 +223,7 @@ static int cursor_get(cursor *c, size_t i) {
 
 /* After the last tensor, the iteration must end too. */
 static int cursor_end(cursor *c) {
-  wtx_param_meta m;
+  wtx_tensor_meta m;
   const uint8_t *data;
   int r = wtx_source_next(c->t->source, c->iter, &m, &data);
   if (r == 1)
@@ -267,7 +267,7 @@ static double now_s(void) {
 
 /* A rank that does not send still runs the source's pass (each yield may be
  * a collective every rank must join), checked like the sender's. */
-static int iterate_only(wtx_trainer *t, const wtx_param_meta *metas, size_t n) {
+static int iterate_only(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n) {
   cursor c = {.t = t, .metas = metas, .n = n};
   int rc = wtx_source_open(t->source, &c.iter);
   if (rc != 0) return fail(t, rc, "source: cannot start a pass");
@@ -282,7 +282,7 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
   wtx_send_options o = WTX_SEND_OPTIONS_INIT;
   if (opts != NULL) o = *opts;
   t->err[0] = '\0';
-  const wtx_param_meta *metas;
+  const wtx_tensor_meta *metas;
   size_t n;
   int rc = wtx_source_metadata(t->source, &metas, &n);
   if (rc != 0) return fail(t, rc, "source: metadata() failed");

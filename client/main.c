@@ -124,7 +124,7 @@ typedef struct init_msgs {
   Wtx__V1__ShmInitInfo shm;
   Wtx__V1__TcpInitInfo tcp;
   Wtx__V1__NcclInitInfo nccl;
-  Wtx__V1__CudaIpcInitInfo ipc;
+  Wtx__V1__CudaIpcInitInfo cuda_ipc;
 } init_msgs;
 
 static int build_init(const push_args *a, init_msgs *m) {
@@ -138,28 +138,27 @@ static int build_init(const push_args *a, init_msgs *m) {
       : a->no_checksum == 0 ? WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64
                             : WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_UNSPECIFIED;
   uint32_t to = (uint32_t)a->timeout_ms;
-  if (strcmp(a->backend, "shm") == 0) {
-    m->shm = (Wtx__V1__ShmInitInfo)WTX__V1__SHM_INIT_INFO__INIT;
-    m->shm.packing = pk, m->shm.checksum = ck, m->shm.timeout_ms = to;
-    ii->backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
-    ii->shm = &m->shm;
-  } else if (strcmp(a->backend, "tcp") == 0) {
-    m->tcp = (Wtx__V1__TcpInitInfo)WTX__V1__TCP_INIT_INFO__INIT;
-    m->tcp.packing = pk, m->tcp.checksum = ck, m->tcp.timeout_ms = to;
+  /* Every backend's init message has packing, checksum and timeout_ms. */
+#define BACKEND(NAME, field, msg, INIT, CASE)          \
+  if (strcmp(a->backend, NAME) == 0) {                 \
+    m->field = (msg)INIT;                              \
+    m->field.packing = pk;                             \
+    m->field.checksum = ck;                            \
+    m->field.timeout_ms = to;                          \
+    ii->backend_case = WTX__V1__INIT_INFO__BACKEND_##CASE; \
+    ii->field = &m->field;                             \
+    ok = 1;                                            \
+  }
+  int ok = 0;
+  BACKEND("shm", shm, Wtx__V1__ShmInitInfo, WTX__V1__SHM_INIT_INFO__INIT, SHM)
+  BACKEND("tcp", tcp, Wtx__V1__TcpInitInfo, WTX__V1__TCP_INIT_INFO__INIT, TCP)
+  BACKEND("nccl", nccl, Wtx__V1__NcclInitInfo, WTX__V1__NCCL_INIT_INFO__INIT, NCCL)
+  BACKEND("cuda_ipc", cuda_ipc, Wtx__V1__CudaIpcInitInfo,
+          WTX__V1__CUDA_IPC_INIT_INFO__INIT, CUDA_IPC)
+#undef BACKEND
+  if (ok && ii->backend_case == WTX__V1__INIT_INFO__BACKEND_TCP)
     m->tcp.upstream_address = (char *)(a->data_address ? a->data_address : "");
-    ii->backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
-    ii->tcp = &m->tcp;
-  } else if (strcmp(a->backend, "nccl") == 0) {
-    m->nccl = (Wtx__V1__NcclInitInfo)WTX__V1__NCCL_INIT_INFO__INIT;
-    m->nccl.packing = pk, m->nccl.checksum = ck, m->nccl.timeout_ms = to;
-    ii->backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
-    ii->nccl = &m->nccl;
-  } else if (strcmp(a->backend, "cuda_ipc") == 0) {
-    m->ipc = (Wtx__V1__CudaIpcInitInfo)WTX__V1__CUDA_IPC_INIT_INFO__INIT;
-    m->ipc.packing = pk, m->ipc.checksum = ck, m->ipc.timeout_ms = to;
-    ii->backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC;
-    ii->cuda_ipc = &m->ipc;
-  } else {
+  if (!ok) {
     char names[256];
     wtx_transports_register_builtin();
     wtx_trainer_transport_names(names, sizeof names);

@@ -35,13 +35,13 @@ void wtx_source_destroy(wtx_source *s) {
 
 const char *wtx_source_name(const wtx_source *s) { return s->ops->name; }
 
-int wtx_source_metadata(wtx_source *s, const wtx_param_meta **metas, size_t *n) {
+int wtx_source_metadata(wtx_source *s, const wtx_tensor_meta **metas, size_t *n) {
   return s->ops->metadata(s->self, metas, n);
 }
 
 int wtx_source_open(wtx_source *s, void **iter) { return s->ops->open(s->self, iter); }
 
-int wtx_source_next(wtx_source *s, void *iter, wtx_param_meta *meta,
+int wtx_source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
                     const uint8_t **data) {
   return s->ops->next(s->self, iter, meta, data);
 }
@@ -49,7 +49,7 @@ int wtx_source_next(wtx_source *s, void *iter, wtx_param_meta *meta,
 void wtx_source_close(wtx_source *s, void *iter) { s->ops->close(s->self, iter); }
 
 int wtx_source_total_bytes(wtx_source *s, uint64_t *out) {
-  const wtx_param_meta *m;
+  const wtx_tensor_meta *m;
   size_t n;
   int rc = wtx_source_metadata(s, &m, &n);
   *out = 0;
@@ -61,7 +61,7 @@ int wtx_source_total_bytes(wtx_source *s, uint64_t *out) {
 
 /* Parameters with their bytes at hand; iteration walks the table. */
 typedef struct table {
-  wtx_param_meta *metas;
+  wtx_tensor_meta *metas;
   const uint8_t **data;
   size_t n;
   char *names; /* storage of the metas' names */
@@ -69,7 +69,7 @@ typedef struct table {
   size_t n_files;
 } table;
 
-static int table_metadata(void *self, const wtx_param_meta **metas, size_t *n) {
+static int table_metadata(void *self, const wtx_tensor_meta **metas, size_t *n) {
   table *t = self;
   *metas = t->metas;
   *n = t->n;
@@ -84,7 +84,7 @@ static int table_open(void *self, void **iter) {
   return 0;
 }
 
-static int table_next(void *self, void *iter, wtx_param_meta *meta,
+static int table_next(void *self, void *iter, wtx_tensor_meta *meta,
                       const uint8_t **data) {
   table *t = self;
   size_t *pos = iter;
@@ -129,7 +129,7 @@ static int cmp_name(const void *a, const void *b) {
   return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static const char *duplicate_name(const wtx_param_meta *m, size_t n) {
+static const char *duplicate_name(const wtx_tensor_meta *m, size_t n) {
   const char **names = malloc((n ? n : 1) * sizeof *names);
   if (names == NULL) return NULL;
   for (size_t i = 0; i < n; i++) names[i] = m[i].name;
@@ -182,7 +182,7 @@ int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
   char *p = t->names;
   for (size_t i = 0; i < n; i++) {
     const wtx_memory_tensor *m = &tensors[i];
-    wtx_param_meta *pm = &t->metas[i];
+    wtx_tensor_meta *pm = &t->metas[i];
     if (m->name[0] == '\0' || strlen(m->name) > WTX_MAX_NAME_BYTES ||
         m->ndim > WTX_MAX_DIMS || (m->ndim > 0 && m->shape == NULL)) {
       snprintf(err, errlen, "tensor %zu '%s': name must be 1..%d bytes and "
@@ -225,7 +225,7 @@ int wtx_source_safetensors(const char *const *paths, size_t n, wtx_source **out,
     if (rc != 0) break;
     for (size_t j = 0; j < wtx_st_count(files[i]); j++) {
       count++;
-      name_bytes += strlen(wtx_st_tensor_at(files[i], j)->name) + 1;
+      name_bytes += strlen(wtx_st_tensor_at(files[i], j)->meta.name) + 1;
     }
   }
   table *t = rc == 0 ? table_new(count, name_bytes) : NULL;
@@ -241,14 +241,11 @@ int wtx_source_safetensors(const char *const *paths, size_t n, wtx_source **out,
   for (size_t i = 0; i < n; i++)
     for (size_t j = 0; j < wtx_st_count(files[i]); j++) {
       const wtx_st_tensor *st = wtx_st_tensor_at(files[i], j);
-      wtx_param_meta *pm = &t->metas[t->n];
-      strcpy(p, st->name);
+      wtx_tensor_meta *pm = &t->metas[t->n];
+      *pm = st->meta;
+      strcpy(p, st->meta.name);
       pm->name = p;
-      p += strlen(st->name) + 1;
-      pm->dtype = st->dtype;
-      pm->ndim = st->ndim;
-      memcpy(pm->shape, st->shape, sizeof pm->shape);
-      pm->nbytes = st->nbytes;
+      p += strlen(st->meta.name) + 1;
       t->data[t->n++] = st->data;
     }
   return table_finish(t, &table_ops_safetensors, out, err, errlen);
@@ -259,7 +256,7 @@ int wtx_source_safetensors(const char *const *paths, size_t n, wtx_source **out,
 /* The content is generated once, at the first pass, and kept: like a
  * trainer's weights, it is in memory when a sync starts. */
 typedef struct synth {
-  wtx_param_meta *metas;
+  wtx_tensor_meta *metas;
   char (*names)[96];
   size_t n;
   uint64_t seed, max_bytes;
@@ -268,7 +265,7 @@ typedef struct synth {
 } synth;
 
 static void synth_add(synth *s, const char *name, uint64_t a, uint64_t b) {
-  wtx_param_meta *m = &s->metas[s->n];
+  wtx_tensor_meta *m = &s->metas[s->n];
   snprintf(s->names[s->n], sizeof s->names[s->n], "%s", name);
   m->name = s->names[s->n];
   m->dtype = WTX_DTYPE_BFLOAT16;
@@ -287,7 +284,7 @@ static uint64_t splitmix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-static int synth_metadata(void *self, const wtx_param_meta **metas, size_t *n) {
+static int synth_metadata(void *self, const wtx_tensor_meta **metas, size_t *n) {
   synth *s = self;
   *metas = s->metas;
   *n = s->n;
@@ -306,7 +303,7 @@ static int synth_open(void *self, void **iter) {
     }
     if ((s->data = malloc(total ? total : 1)) == NULL) return WTX_ENOMEM;
     for (size_t i = 0; i < s->n; i++) {
-      const wtx_param_meta *m = &s->metas[i];
+      const wtx_tensor_meta *m = &s->metas[i];
       uint8_t *dst = s->data + s->offsets[i];
       uint64_t seed = s->seed ^ XXH3_64bits(m->name, strlen(m->name));
       for (uint64_t w = 0; w * 8 < m->nbytes; w++) {
@@ -322,7 +319,7 @@ static int synth_open(void *self, void **iter) {
   return 0;
 }
 
-static int synth_next(void *self, void *iter, wtx_param_meta *meta,
+static int synth_next(void *self, void *iter, wtx_tensor_meta *meta,
                       const uint8_t **data) {
   synth *s = self;
   size_t *pos = iter;
@@ -421,7 +418,7 @@ int wtx_param_layer(const char *name, uint64_t *layer) {
   return 0;
 }
 
-size_t wtx_param_groups(const wtx_param_meta *metas, size_t n, size_t *starts) {
+size_t wtx_param_groups(const wtx_tensor_meta *metas, size_t n, size_t *starts) {
   size_t g = 0;
   int prev_has = -1;
   uint64_t prev = 0;

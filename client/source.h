@@ -26,27 +26,18 @@
 extern "C" {
 #endif
 
-/* One parameter's metadata. name is owned by the source. */
-typedef struct wtx_param_meta {
-  const char *name;
-  int dtype; /* wtx_dtype */
-  uint64_t shape[WTX_MAX_DIMS];
-  size_t ndim;
-  uint64_t nbytes; /* dtype size x product(shape) */
-} wtx_param_meta;
-
 /* A source implementation. self is the implementation's state. */
 typedef struct wtx_source_ops {
   const char *name; /* "memory", "safetensors", "synthetic", ... */
   /* Every parameter, in iteration order; *metas is owned by self and stays
    * valid until destroy. May compute and cache on the first call. */
-  int (*metadata)(void *self, const wtx_param_meta **metas, size_t *n);
+  int (*metadata)(void *self, const wtx_tensor_meta **metas, size_t *n);
   /* Starts a fresh pass; *iter is the pass's state. */
   int (*open)(void *self, void **iter);
   /* The next tensor: 1 with *meta and *data (host memory of meta->nbytes,
    * valid until the next call of next or close), 0 at the end, or a
    * negative WTX_E* code. */
-  int (*next)(void *self, void *iter, wtx_param_meta *meta, const uint8_t **data);
+  int (*next)(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data);
   void (*close)(void *self, void *iter);
   void (*destroy)(void *self);
 } wtx_source_ops;
@@ -58,9 +49,9 @@ typedef struct wtx_source wtx_source;
 int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out);
 void wtx_source_destroy(wtx_source *s);
 const char *wtx_source_name(const wtx_source *s);
-int wtx_source_metadata(wtx_source *s, const wtx_param_meta **metas, size_t *n);
+int wtx_source_metadata(wtx_source *s, const wtx_tensor_meta **metas, size_t *n);
 int wtx_source_open(wtx_source *s, void **iter);
-int wtx_source_next(wtx_source *s, void *iter, wtx_param_meta *meta,
+int wtx_source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
                     const uint8_t **data);
 void wtx_source_close(wtx_source *s, void *iter);
 /* Sum of the parameters' bytes (from metadata). */
@@ -104,7 +95,7 @@ int wtx_param_layer(const char *name, uint64_t *layer);
 /* Groups consecutive parameters of the same layer: fills starts[] (indices
  * into metas where a group begins, at most n) and returns the group count.
  * Parameters without a layer form groups of their own kind the same way. */
-size_t wtx_param_groups(const wtx_param_meta *metas, size_t n, size_t *starts);
+size_t wtx_param_groups(const wtx_tensor_meta *metas, size_t n, size_t *starts);
 
 #ifdef __cplusplus
 }

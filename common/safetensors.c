@@ -41,7 +41,7 @@ static int by_offset(const void *a, const void *b) {
 
 /* Fills t from one header entry; offsets go to *begin, *end. */
 static int parse_entry(const char *path, const char *name, json_t *v,
-                       wtx_st_tensor *t, uint64_t *begin, uint64_t *end,
+                       wtx_tensor_meta *t, uint64_t *begin, uint64_t *end,
                        char *err, size_t errlen) {
   json_t *dt = json_object_get(v, "dtype");
   json_t *shape = json_object_get(v, "shape");
@@ -118,7 +118,7 @@ static int parse(wtx_st_file *f, const char *path, char *err, size_t errlen) {
     }
     wtx_st_tensor *t = &f->tensors[f->n];
     uint64_t b = 0, e = 0;
-    int rc = parse_entry(path, key, v, t, &b, &e, err, errlen);
+    int rc = parse_entry(path, key, v, &t->meta, &b, &e, err, errlen);
     if (rc != 0) return rc;
     if (e > data_len)
       return fail(err, errlen, WTX_EINVAL,
@@ -134,9 +134,9 @@ static int parse(wtx_st_file *f, const char *path, char *err, size_t errlen) {
     if (f->tensors[i].data != next)
       return fail(err, errlen, WTX_EINVAL,
                   "%s: tensor '%s' starts at %lld, expected %lld (holes and "
-                  "overlaps are not allowed)", path, f->tensors[i].name,
+                  "overlaps are not allowed)", path, f->tensors[i].meta.name,
                   (long long)(f->tensors[i].data - data), (long long)(next - data));
-    next += f->tensors[i].nbytes;
+    next += f->tensors[i].meta.nbytes;
   }
   if ((uint64_t)(next - data) != data_len)
     return fail(err, errlen, WTX_EINVAL,
@@ -221,14 +221,14 @@ static char *header_json(const wtx_st_tensor *ts, size_t n,
   }
   for (size_t i = 0; i < n; i++) {
     json_t *shape = json_array();
-    for (size_t d = 0; d < ts[i].ndim; d++)
-      json_array_append_new(shape, json_integer((json_int_t)ts[i].shape[d]));
+    for (size_t d = 0; d < ts[i].meta.ndim; d++)
+      json_array_append_new(shape, json_integer((json_int_t)ts[i].meta.shape[d]));
     json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype",
-                          wtx_dtype_safetensors(ts[i].dtype), "shape", shape,
+                          wtx_dtype_safetensors(ts[i].meta.dtype), "shape", shape,
                           "data_offsets", (json_int_t)off,
-                          (json_int_t)(off + ts[i].nbytes));
-    off += ts[i].nbytes;
-    if (e == NULL || json_object_set_new(h, ts[i].name, e) != 0) {
+                          (json_int_t)(off + ts[i].meta.nbytes));
+    off += ts[i].meta.nbytes;
+    if (e == NULL || json_object_set_new(h, ts[i].meta.name, e) != 0) {
       json_decref(h);
       return NULL;
     }
@@ -252,9 +252,9 @@ int wtx_st_write(const char *path, const wtx_st_tensor *tensors, size_t n,
                  const char *const (*meta)[2], size_t n_meta, char *err,
                  size_t errlen) {
   for (size_t i = 0; i < n; i++)
-    if (wtx_dtype_safetensors(tensors[i].dtype) == NULL)
+    if (wtx_dtype_safetensors(tensors[i].meta.dtype) == NULL)
       return fail(err, errlen, WTX_EINVAL, "tensor '%s': dtype %d has no "
-                  "safetensors name", tensors[i].name, tensors[i].dtype);
+                  "safetensors name", tensors[i].meta.name, tensors[i].meta.dtype);
   size_t hlen = 0;
   char *header = header_json(tensors, n, meta, n_meta, &hlen);
   if (header == NULL)
@@ -275,7 +275,7 @@ int wtx_st_write(const char *path, const wtx_st_tensor *tensors, size_t n,
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
     int bad = write_all(fd, len8, 8) || write_all(fd, header, hlen);
     for (size_t i = 0; i < n && !bad; i++)
-      bad = write_all(fd, tensors[i].data, tensors[i].nbytes);
+      bad = write_all(fd, tensors[i].data, tensors[i].meta.nbytes);
     if (bad || fchmod(fd, 0644) != 0 || fsync(fd) != 0)
       rc = fail(err, errlen, WTX_EIO, "%s: write: %s", tmp, strerror(errno));
     if (close(fd) != 0 && rc == 0)

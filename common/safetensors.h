@@ -20,13 +20,11 @@ extern "C" {
 /* Largest header accepted, as the reference implementation (100 MB). */
 #define WTX_ST_MAX_HEADER (100u * 1000u * 1000u)
 
+/* A tensor of a file: its header entry and its bytes (into the mapping when
+ * read; the caller's when written). */
 typedef struct wtx_st_tensor {
-  const char *name;
-  int dtype; /* wtx_dtype */
-  uint64_t shape[WTX_MAX_DIMS];
-  size_t ndim;
-  uint64_t nbytes;
-  const uint8_t *data; /* into the mapping; NULL from wtx_st_open_header */
+  wtx_tensor_meta meta;
+  const uint8_t *data;
 } wtx_st_tensor;
 
 typedef struct wtx_st_file wtx_st_file;

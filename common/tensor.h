@@ -39,6 +39,16 @@ typedef enum wtx_dtype {
 #undef WTX__DT_ENUM
 } wtx_dtype;
 
+/* Metadata of one tensor: a validated wtx.v1.ParamMeta, a safetensors
+ * header entry, a source's parameter. name is owned by whoever filled it. */
+typedef struct wtx_tensor_meta {
+  const char *name;
+  int dtype; /* wtx_dtype */
+  uint64_t shape[WTX_MAX_DIMS];
+  size_t ndim;
+  uint64_t nbytes; /* element size x product(shape) */
+} wtx_tensor_meta;
+
 /* Element size in bytes; 0 for an unknown dtype. */
 size_t wtx_dtype_size(int dtype);
 /* "FLOAT32", ... (static); "UNSPECIFIED" for unknown values. */

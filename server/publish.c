@@ -71,11 +71,7 @@ static void publish_one(wtx__publisher *p) {
   if (ts != NULL) {
     for (size_t i = 0; i < v.n_params; i++) {
       const wtx_store_param *sp = &v.params[i];
-      ts[i].name = sp->meta.name;
-      ts[i].dtype = sp->meta.dtype;
-      memcpy(ts[i].shape, sp->meta.shape, sizeof ts[i].shape);
-      ts[i].ndim = sp->meta.ndim;
-      ts[i].nbytes = sp->meta.nbytes;
+      ts[i].meta = sp->meta;
       ts[i].data = sp->data;
     }
     rc = wtx_st_write(path, ts, v.n_params, meta, 3, err, sizeof err);

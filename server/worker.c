@@ -211,14 +211,7 @@ static int declare_spec(wtx_store *store, const char *path, char *err,
     wtx_st_close(f);
     return WTX_ENOMEM;
   }
-  for (size_t i = 0; i < n; i++) {
-    const wtx_st_tensor *t = wtx_st_tensor_at(f, i);
-    metas[i].name = t->name;
-    metas[i].dtype = t->dtype;
-    memcpy(metas[i].shape, t->shape, sizeof metas[i].shape);
-    metas[i].ndim = t->ndim;
-    metas[i].nbytes = t->nbytes;
-  }
+  for (size_t i = 0; i < n; i++) metas[i] = wtx_st_tensor_at(f, i)->meta;
   rc = wtx_store_declare(store, metas, n);
   if (rc != 0) snprintf(err, errlen, "model_spec: %s: %s", path, wtx_strerror(rc));
   else

@@ -29,15 +29,6 @@ extern "C" {
 
 /* ---- the model the worker loads into ---- */
 
-/* Metadata of one tensor (a validated wtx.v1.ParamMeta). */
-typedef struct wtx_tensor_meta {
-  const char *name;
-  int dtype; /* wtx_dtype */
-  uint64_t shape[WTX_MAX_DIMS];
-  size_t ndim;
-  uint64_t nbytes;
-} wtx_tensor_meta;
-
 enum { WTX_TARGET_MAIN = 0, WTX_TARGET_DRAFT = 1 };
 
 /* A model sink, like vLLM's model.load_weights. All calls come from one

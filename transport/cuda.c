@@ -146,3 +146,48 @@ int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
     nanosleep(&ts, NULL);
   }
 }
+
+int wtx__cuda_buffers_create(const wtx_cuda *c, uint32_t n, uint64_t size,
+                             wtx__cuda_buffers *b, char *err, size_t errlen) {
+  memset(b, 0, sizeof *b);
+  b->cuda = c;
+  b->n = n;
+  b->size = size;
+  b->host = malloc((size_t)(size * n));
+  b->dev = calloc(n, sizeof *b->dev);
+  if (b->host == NULL || b->dev == NULL) {
+    snprintf(err, errlen, "cannot allocate %u host buffers of %llu bytes", n,
+             (unsigned long long)size);
+    wtx__cuda_buffers_destroy(b);
+    return WTX_ENOMEM;
+  }
+  for (uint32_t k = 0; k < n; k++) {
+    int e = c->Malloc(&b->dev[k], (size_t)size);
+    if (e != WTX_CUDA_SUCCESS) {
+      b->dev[k] = NULL;
+      snprintf(err, errlen, "cannot allocate %u device buffers of %llu bytes: %s",
+               n, (unsigned long long)size, c->GetErrorString(e));
+      wtx__cuda_buffers_destroy(b);
+      return WTX_EUNAVAIL;
+    }
+  }
+  return 0;
+}
+
+void wtx__cuda_buffers_destroy(wtx__cuda_buffers *b) {
+  for (uint32_t k = 0; b->dev != NULL && k < b->n; k++)
+    if (b->dev[k] != NULL) b->cuda->Free(b->dev[k]);
+  free(b->dev);
+  free(b->host);
+  memset(b, 0, sizeof *b);
+}
+
+uint8_t *wtx__cuda_buffers_host(wtx__cuda_buffers *b, uint32_t k) {
+  return b->host + k * b->size;
+}
+
+int wtx__cuda_buffers_upload(wtx__cuda_buffers *b, uint32_t k, uint64_t bytes) {
+  int e = b->cuda->Memcpy(b->dev[k], wtx__cuda_buffers_host(b, k), (size_t)bytes,
+                          WTX_CUDA_H2D);
+  return e == WTX_CUDA_SUCCESS ? 0 : WTX_EIO;
+}

@@ -69,4 +69,22 @@ int wtx__cuda_device(void);
 int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
                    uint32_t timeout_ms, char *err, size_t errlen);
 
+/* A trainer half's transfer buffers: num host buffers to pack into and as
+ * many device buffers of size bytes on the current device. */
+typedef struct wtx__cuda_buffers {
+  const wtx_cuda *cuda;
+  uint32_t n;
+  uint64_t size;
+  uint8_t *host;
+  void **dev;
+} wtx__cuda_buffers;
+
+int wtx__cuda_buffers_create(const wtx_cuda *c, uint32_t n, uint64_t size,
+                             wtx__cuda_buffers *b, char *err, size_t errlen);
+void wtx__cuda_buffers_destroy(wtx__cuda_buffers *b);
+/* Host buffer k. */
+uint8_t *wtx__cuda_buffers_host(wtx__cuda_buffers *b, uint32_t k);
+/* Copies bytes of host buffer k into device buffer k. */
+int wtx__cuda_buffers_upload(wtx__cuda_buffers *b, uint32_t k, uint64_t bytes);
+
 #endif /* WTX_TRANSPORT_CUDA_H */

@@ -158,8 +158,7 @@ typedef struct ipc_trainer {
   wtx_wire_params wire;
   int device;
   uint8_t uuid[16];
-  uint8_t *host;   /* packing buffers, num_buffers x buffer_size */
-  void **dev;      /* device buffers */
+  wtx__cuda_buffers bufs;
   wtx_cuda_ipc_handle *handles;
   Wtx__V1__CudaIpcBuffer *entries;
   Wtx__V1__CudaIpcBuffer **entry_ptrs;
@@ -172,10 +171,7 @@ typedef struct ipc_trainer {
 static void ipc_trainer_destroy(void *self) {
   ipc_trainer *t = self;
   if (t == NULL) return;
-  for (uint32_t k = 0; t->dev != NULL && k < t->wire.num_buffers; k++)
-    if (t->dev[k] != NULL) t->cuda->Free(t->dev[k]);
-  free(t->dev);
-  free(t->host);
+  wtx__cuda_buffers_destroy(&t->bufs);
   free(t->handles);
   free(t->entries);
   free(t->entry_ptrs);
@@ -196,21 +192,25 @@ static int ipc_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_para
   t->wire = *wire;
   t->device = wtx__cuda_device();
   uint32_t nb = wire->num_buffers;
-  t->host = malloc((size_t)(wire->buffer_size * nb));
-  t->dev = calloc(nb, sizeof *t->dev);
   t->handles = calloc(nb, sizeof *t->handles);
   t->entries = calloc(nb, sizeof *t->entries);
   t->entry_ptrs = calloc(nb, sizeof *t->entry_ptrs);
   t->updates = calloc(nb, sizeof *t->updates);
-  if (!t->host || !t->dev || !t->handles || !t->entries || !t->entry_ptrs || !t->updates) {
+  if (!t->handles || !t->entries || !t->entry_ptrs || !t->updates) {
     ipc_trainer_destroy(t);
     return WTX_ENOMEM;
   }
+  char why[300] = "";
   int e = c->SetDevice(t->device);
-  if (e == WTX_CUDA_SUCCESS && wtx__cuda_uuid(c, t->device, t->uuid) != 0) e = -1;
-  for (uint32_t k = 0; e == WTX_CUDA_SUCCESS && k < nb; k++) {
-    e = c->Malloc(&t->dev[k], (size_t)wire->buffer_size);
-    if (e == WTX_CUDA_SUCCESS) e = c->IpcGetMemHandle(&t->handles[k], t->dev[k]);
+  if (e != WTX_CUDA_SUCCESS || wtx__cuda_uuid(c, t->device, t->uuid) != 0)
+    snprintf(why, sizeof why, "%s", e ? c->GetErrorString(e) : "no device properties");
+  else if (wtx__cuda_buffers_create(c, nb, wire->buffer_size, &t->bufs, why,
+                                    sizeof why) != 0)
+    e = -1;
+  /* One handle per buffer, exported once. */
+  for (uint32_t k = 0; why[0] == '\0' && k < nb; k++) {
+    if ((e = c->IpcGetMemHandle(&t->handles[k], t->bufs.dev[k])) != WTX_CUDA_SUCCESS)
+      snprintf(why, sizeof why, "cudaIpcGetMemHandle: %s", c->GetErrorString(e));
     Wtx__V1__CudaIpcBuffer *b = &t->entries[k];
     wtx__v1__cuda_ipc_buffer__init(b);
     b->gpu_uuid.data = t->uuid;
@@ -223,18 +223,12 @@ static int ipc_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_para
     t->updates[k].buffers = &t->entry_ptrs[k];
     t->updates[k].n_buffers = 1;
   }
-  if (e != WTX_CUDA_SUCCESS) {
-    snprintf(err, errlen, "cuda_ipc: device %d: cannot allocate and export %u "
-             "buffers of %llu bytes: %s", t->device, nb,
-             (unsigned long long)wire->buffer_size,
-             e > 0 ? c->GetErrorString(e) : "no device properties");
+  if (why[0] != '\0') {
+    snprintf(err, errlen, "cuda_ipc: device %d: %s", t->device, why);
     ipc_trainer_destroy(t);
     return WTX_EUNAVAIL;
   }
-  wtx__v1__packing_params__init(&t->packing);
-  t->packing.packed = wire->packed;
-  t->packing.buffer_size_bytes = wire->buffer_size;
-  t->packing.num_buffers = nb;
+  wtx_wire_params_packing(wire, &t->packing);
   wtx__v1__cuda_ipc_init_info__init(&t->ipc);
   t->ipc.packing = &t->packing;
   t->ipc.checksum = (Wtx__V1__ChecksumAlgorithm)wire->checksum;
@@ -255,17 +249,15 @@ static int ipc_trainer_init_info(void *self, size_t i, const char *const *prev,
 }
 
 static uint8_t *ipc_trainer_buffer(void *self, uint32_t k) {
-  ipc_trainer *t = self;
-  return t->host + k * t->wire.buffer_size;
+  return wtx__cuda_buffers_host(&((ipc_trainer *)self)->bufs, k);
 }
 
 static int ipc_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
                                Wtx__V1__UpdateInfo *ui) {
   ipc_trainer *t = self;
   t->cuda->SetDevice(t->device);
-  int e = t->cuda->Memcpy(t->dev[k], t->host + k * t->wire.buffer_size,
-                          (size_t)ch->bytes, WTX_CUDA_H2D);
-  if (e != WTX_CUDA_SUCCESS) return WTX_EIO;
+  int rc = wtx__cuda_buffers_upload(&t->bufs, k, ch->bytes);
+  if (rc != 0) return rc;
   t->entries[k].size = ch->bytes;
   ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_CUDA_IPC;
   ui->cuda_ipc = &t->updates[k];

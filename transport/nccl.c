@@ -22,6 +22,14 @@
 #include "transport/cuda.h"
 #include "transport/transport.h"
 
+/* A communicator that failed must be aborted (that is what unblocks its
+ * stream); a healthy one is destroyed. */
+static void comm_release(const wtx_cuda *c, void *comm, int broken) {
+  if (comm == NULL) return;
+  if (broken) c->CommAbort(comm);
+  else c->CommDestroy(comm);
+}
+
 /* ---- worker half ---- */
 
 typedef struct nccl_worker {
@@ -37,10 +45,7 @@ static void nccl_worker_destroy(void *self) {
   nccl_worker *w = self;
   if (w == NULL) return;
   const wtx_cuda *c = w->cuda;
-  if (w->comm != NULL) {
-    if (w->broken) c->CommAbort(w->comm);
-    else c->CommDestroy(w->comm);
-  }
+  comm_release(c, w->comm, w->broken);
   if (w->buf != NULL) c->Free(w->buf);
   if (w->stream != NULL) c->StreamDestroy(w->stream);
   free(w);
@@ -164,8 +169,7 @@ typedef struct nccl_trainer {
   size_t n_workers;
   wtx_nccl_id id;
   void *comm, *stream;
-  void **dev;
-  uint8_t *host;
+  wtx__cuda_buffers bufs;
   int broken;
   Wtx__V1__PackingParams packing;
   Wtx__V1__NcclInitInfo *nccl; /* per worker */
@@ -177,15 +181,9 @@ static void nccl_trainer_destroy(void *self) {
   nccl_trainer *t = self;
   if (t == NULL) return;
   const wtx_cuda *c = t->cuda;
-  if (t->comm != NULL) {
-    if (t->broken) c->CommAbort(t->comm);
-    else c->CommDestroy(t->comm);
-  }
-  for (uint32_t k = 0; t->dev != NULL && k < t->wire.num_buffers; k++)
-    if (t->dev[k] != NULL) c->Free(t->dev[k]);
+  comm_release(c, t->comm, t->broken);
+  wtx__cuda_buffers_destroy(&t->bufs);
   if (t->stream != NULL) c->StreamDestroy(t->stream);
-  free(t->dev);
-  free(t->host);
   free(t->nccl);
   free(t->init);
   free(t);
@@ -203,21 +201,22 @@ static int nccl_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_par
   t->wire = *wire;
   t->n_workers = n_workers;
   t->device = wtx__cuda_device();
-  uint32_t nb = wire->num_buffers;
-  t->dev = calloc(nb, sizeof *t->dev);
-  t->host = malloc((size_t)(wire->buffer_size * nb));
   t->nccl = calloc(n_workers, sizeof *t->nccl);
   t->init = calloc(n_workers, sizeof *t->init);
-  if (!t->dev || !t->host || !t->nccl || !t->init) {
+  if (!t->nccl || !t->init) {
     nccl_trainer_destroy(t);
     return WTX_ENOMEM;
   }
+  char why[300] = "";
   int e = c->SetDevice(t->device);
   if (e == WTX_CUDA_SUCCESS) e = c->StreamCreate(&t->stream);
-  for (uint32_t k = 0; e == WTX_CUDA_SUCCESS && k < nb; k++)
-    e = c->Malloc(&t->dev[k], (size_t)wire->buffer_size);
-  if (e != WTX_CUDA_SUCCESS) {
-    snprintf(err, errlen, "nccl: device %d: %s", t->device, c->GetErrorString(e));
+  if (e != WTX_CUDA_SUCCESS)
+    snprintf(why, sizeof why, "%s", c->GetErrorString(e));
+  else
+    wtx__cuda_buffers_create(c, wire->num_buffers, wire->buffer_size, &t->bufs, why,
+                             sizeof why);
+  if (why[0] != '\0') {
+    snprintf(err, errlen, "nccl: device %d: %s", t->device, why);
     nccl_trainer_destroy(t);
     return WTX_EUNAVAIL;
   }
@@ -226,10 +225,7 @@ static int nccl_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_par
     nccl_trainer_destroy(t);
     return WTX_EUNAVAIL;
   }
-  wtx__v1__packing_params__init(&t->packing);
-  t->packing.packed = wire->packed;
-  t->packing.buffer_size_bytes = wire->buffer_size;
-  t->packing.num_buffers = nb;
+  wtx_wire_params_packing(wire, &t->packing);
   wtx__v1__nccl_update_info__init(&t->update);
   *self = t;
   return 0;
@@ -271,17 +267,15 @@ static int nccl_trainer_connect(void *self, const char *const *addresses, char *
 }
 
 static uint8_t *nccl_trainer_buffer(void *self, uint32_t k) {
-  nccl_trainer *t = self;
-  return t->host + k * t->wire.buffer_size;
+  return wtx__cuda_buffers_host(&((nccl_trainer *)self)->bufs, k);
 }
 
 static int nccl_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
                                 Wtx__V1__UpdateInfo *ui) {
   nccl_trainer *t = self;
   t->cuda->SetDevice(t->device);
-  int e = t->cuda->Memcpy(t->dev[k], t->host + k * t->wire.buffer_size,
-                          (size_t)ch->bytes, WTX_CUDA_H2D);
-  if (e != WTX_CUDA_SUCCESS) return WTX_EIO;
+  int rc = wtx__cuda_buffers_upload(&t->bufs, k, ch->bytes);
+  if (rc != 0) return rc;
   ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_NCCL;
   ui->nccl = &t->update;
   return 0;
@@ -290,7 +284,7 @@ static int nccl_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
 static int nccl_trainer_post(void *self, uint32_t k, const wtx_chunk *ch) {
   nccl_trainer *t = self;
   if (t->broken) return WTX_ESTATE;
-  int e = t->cuda->Broadcast(t->dev[k], t->dev[k], (size_t)ch->bytes, WTX_NCCL_UINT8,
+  int e = t->cuda->Broadcast(t->bufs.dev[k], t->bufs.dev[k], (size_t)ch->bytes, WTX_NCCL_UINT8,
                              0, t->comm, t->stream);
   if (e != WTX_NCCL_SUCCESS) t->broken = 1;
   return e == WTX_NCCL_SUCCESS ? 0 : WTX_EIO;

@@ -181,3 +181,11 @@ int wtx_wire_params_from_init(const Wtx__V1__InitInfo *init,
   }
   return 0;
 }
+
+void wtx_wire_params_packing(const wtx_wire_params *wire,
+                             Wtx__V1__PackingParams *out) {
+  wtx__v1__packing_params__init(out);
+  out->packed = wire->packed;
+  out->buffer_size_bytes = wire->buffer_size;
+  out->num_buffers = wire->num_buffers;
+}

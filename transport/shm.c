@@ -179,10 +179,7 @@ static int shm_trainer_create(const Wtx__V1__InitInfo *tmpl,
   }
   wtx__v1__init_info__init(&t->init);
   wtx__v1__shm_init_info__init(&t->shm);
-  wtx__v1__packing_params__init(&t->packing);
-  t->packing.packed = wire->packed;
-  t->packing.buffer_size_bytes = wire->buffer_size;
-  t->packing.num_buffers = wire->num_buffers;
+  wtx_wire_params_packing(wire, &t->packing);
   t->shm.packing = &t->packing;
   t->shm.checksum = (Wtx__V1__ChecksumAlgorithm)wire->checksum;
   t->shm.timeout_ms = wire->timeout_ms;

@@ -576,10 +576,7 @@ static int tcp_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_para
     tcp_trainer_destroy(t);
     return rc;
   }
-  wtx__v1__packing_params__init(&t->packing);
-  t->packing.packed = wire->packed;
-  t->packing.buffer_size_bytes = wire->buffer_size;
-  t->packing.num_buffers = wire->num_buffers;
+  wtx_wire_params_packing(wire, &t->packing);
   wtx__v1__tcp_update_info__init(&t->update);
   *self = t;
   return 0;

@@ -49,6 +49,10 @@ const char *wtx_init_backend_name(const Wtx__V1__InitInfo *init);
 int wtx_wire_params_from_init(const Wtx__V1__InitInfo *init,
                               wtx_wire_params *out, char *err, size_t errlen);
 
+/* The PackingParams message for wire (for a trainer half's handshake). */
+void wtx_wire_params_packing(const wtx_wire_params *wire,
+                             Wtx__V1__PackingParams *out);
+
 /* ---- worker side: receiving ---- */
 
 /* Where one tensor of the update goes. The session fills it from the

@@ -87,7 +87,7 @@ TEST_P(EngineTest, AFailingReplicaFailsTheSyncByNameAndTheOthersKeepTheirWeights
   // replica 0 accepts and stages.
   std::string spec = dir_ + "/spec.safetensors";
   std::vector<uint8_t> x(8);
-  wtx_st_tensor other = {"other.weight", WTX_DTYPE_UINT8, {8}, 1, 8, x.data()};
+  wtx_st_tensor other = {{"other.weight", WTX_DTYPE_UINT8, {8}, 1, 8}, x.data()};
   char e[512] = "";
   ASSERT_EQ(0, wtx_st_write(spec.c_str(), &other, 1, nullptr, 0, e, sizeof e));
   Worker a = Spawn(), b = Spawn({"--model-spec", spec});
@@ -121,9 +121,9 @@ TEST_P(EngineTest, AFailingReplicaFailsTheSyncByNameAndTheOthersKeepTheirWeights
 
 // A source whose iteration yields a different shape than its metadata.
 struct LyingSource {
-  wtx_param_meta metas[3];
+  wtx_tensor_meta metas[3];
   std::vector<uint8_t> data = std::vector<uint8_t>(64, 9);
-  static int Metadata(void *self, const wtx_param_meta **m, size_t *n) {
+  static int Metadata(void *self, const wtx_tensor_meta **m, size_t *n) {
     *m = static_cast<LyingSource *>(self)->metas;
     *n = 3;
     return 0;
@@ -132,7 +132,7 @@ struct LyingSource {
     *iter = new size_t(0);
     return 0;
   }
-  static int Next(void *self, void *iter, wtx_param_meta *meta, const uint8_t **data) {
+  static int Next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
     auto *s = static_cast<LyingSource *>(self);
     size_t &i = *static_cast<size_t *>(iter);
     if (i == 3) return 0;
@@ -152,7 +152,7 @@ TEST_P(EngineTest, IterationDisagreeingWithMetadataIsCaughtBeforeTheWire) {
   LyingSource ls;
   const char *names[] = {"a", "b", "c"};
   for (int i = 0; i < 3; i++) {
-    ls.metas[i] = wtx_param_meta{};
+    ls.metas[i] = wtx_tensor_meta{};
     ls.metas[i].name = names[i];
     ls.metas[i].dtype = WTX_DTYPE_FLOAT32;
     ls.metas[i].shape[0] = 16;

@@ -19,7 +19,7 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> Pass(wtx_source *s) {
   std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
   void *it = nullptr;
   EXPECT_EQ(0, wtx_source_open(s, &it));
-  wtx_param_meta m;
+  wtx_tensor_meta m;
   const uint8_t *d;
   int r;
   while ((r = wtx_source_next(s, it, &m, &d)) == 1)
@@ -37,7 +37,7 @@ TEST(Source, SyntheticHasTheAskedSizeAndAgreesWithItsMetadata) {
     ASSERT_EQ(0, wtx_source_total_bytes(s, &total));
     EXPECT_LE(total, size + size / 4) << size;
     EXPECT_GE(total, size / 2) << size;
-    const wtx_param_meta *m;
+    const wtx_tensor_meta *m;
     size_t n;
     ASSERT_EQ(0, wtx_source_metadata(s, &m, &n));
     EXPECT_STREQ("model.embed_tokens.weight", m[0].name);
@@ -98,9 +98,9 @@ TEST(Source, SafetensorsFilesMapInFileOrder) {
   ASSERT_NE(nullptr, mkdtemp(tmpl));
   std::string dir = tmpl;
   std::vector<uint8_t> a(64, 1), b(8, 2), c(4, 3);
-  wtx_st_tensor f1[2] = {{"model.layers.0.w", WTX_DTYPE_FLOAT32, {16}, 1, 64, a.data()},
-                         {"model.layers.1.w", WTX_DTYPE_UINT8, {8}, 1, 8, b.data()}};
-  wtx_st_tensor f2[1] = {{"lm_head", WTX_DTYPE_INT32, {1}, 1, 4, c.data()}};
+  wtx_st_tensor f1[2] = {{{"model.layers.0.w", WTX_DTYPE_FLOAT32, {16}, 1, 64}, a.data()},
+                         {{"model.layers.1.w", WTX_DTYPE_UINT8, {8}, 1, 8}, b.data()}};
+  wtx_st_tensor f2[1] = {{{"lm_head", WTX_DTYPE_INT32, {1}, 1, 4}, c.data()}};
   std::string p1 = dir + "/model-00001.safetensors", p2 = dir + "/model-00002.safetensors";
   char err[512] = "";
   ASSERT_EQ(0, wtx_st_write(p1.c_str(), f1, 2, nullptr, 0, err, sizeof err));
@@ -134,7 +134,7 @@ TEST(Source, LayerIsTheOutermostNumericComponent) {
   EXPECT_EQ(0, wtx_param_layer("model.embed_tokens.weight", &l));
   EXPECT_EQ(0, wtx_param_layer("layer12.w", &l));  // not a whole component
 
-  wtx_param_meta m[6] = {};
+  wtx_tensor_meta m[6] = {};
   const char *names[] = {"embed", "l.0.a", "l.0.b", "l.1.a", "norm", "head"};
   for (int i = 0; i < 6; i++) m[i].name = names[i];
   size_t starts[6];

@@ -51,9 +51,9 @@ TEST_F(SafetensorsTest, WrittenFilesReadBackBitExact) {
   for (size_t i = 0; i < a.size(); i++) a[i] = static_cast<uint8_t>(i * 7);
   for (size_t i = 0; i < b.size(); i++) b[i] = static_cast<uint8_t>(255 - i);
   wtx_st_tensor ts[3] = {};
-  ts[0] = {"model.w", WTX_DTYPE_FLOAT32, {2, 3}, 2, a.size(), a.data()};
-  ts[1] = {"model.b", WTX_DTYPE_BFLOAT16, {5}, 1, b.size(), b.data()};
-  ts[2] = {"empty", WTX_DTYPE_INT64, {0, 4}, 2, 0, c.data()};
+  ts[0] = {{"model.w", WTX_DTYPE_FLOAT32, {2, 3}, 2, a.size()}, a.data()};
+  ts[1] = {{"model.b", WTX_DTYPE_BFLOAT16, {5}, 1, b.size()}, b.data()};
+  ts[2] = {{"empty", WTX_DTYPE_INT64, {0, 4}, 2, 0}, c.data()};
   const char *const meta[][2] = {{"format", "pt"}, {"wtx_version", "v 7"}};
   std::string path = dir_ + "/m.safetensors";
   char err[512] = "";
@@ -67,16 +67,16 @@ TEST_F(SafetensorsTest, WrittenFilesReadBackBitExact) {
   EXPECT_EQ(nullptr, wtx_st_metadata(f, "nope"));
   // In data order: what was written first comes first.
   const wtx_st_tensor *t0 = wtx_st_tensor_at(f, 0), *t1 = wtx_st_tensor_at(f, 1);
-  EXPECT_STREQ("model.w", t0->name);
-  EXPECT_EQ(WTX_DTYPE_FLOAT32, t0->dtype);
-  ASSERT_EQ(2u, t0->ndim);
-  EXPECT_EQ(2u, t0->shape[0]);
-  EXPECT_EQ(3u, t0->shape[1]);
+  EXPECT_STREQ("model.w", t0->meta.name);
+  EXPECT_EQ(WTX_DTYPE_FLOAT32, t0->meta.dtype);
+  ASSERT_EQ(2u, t0->meta.ndim);
+  EXPECT_EQ(2u, t0->meta.shape[0]);
+  EXPECT_EQ(3u, t0->meta.shape[1]);
   EXPECT_EQ(0, memcmp(a.data(), t0->data, a.size()));
-  EXPECT_STREQ("model.b", t1->name);
-  EXPECT_EQ(WTX_DTYPE_BFLOAT16, t1->dtype);
+  EXPECT_STREQ("model.b", t1->meta.name);
+  EXPECT_EQ(WTX_DTYPE_BFLOAT16, t1->meta.dtype);
   EXPECT_EQ(0, memcmp(b.data(), t1->data, b.size()));
-  EXPECT_EQ(0u, wtx_st_tensor_at(f, 2)->nbytes);
+  EXPECT_EQ(0u, wtx_st_tensor_at(f, 2)->meta.nbytes);
   EXPECT_EQ(nullptr, wtx_st_tensor_at(f, 3));
   wtx_st_close(f);
 
@@ -94,15 +94,15 @@ TEST_F(SafetensorsTest, WrittenFilesReadBackBitExact) {
 
 TEST_F(SafetensorsTest, RewritingReplacesTheFileWhole) {
   std::vector<uint8_t> a(8, 1), b(16, 2);
-  wtx_st_tensor t = {"x", WTX_DTYPE_UINT8, {8}, 1, 8, a.data()};
+  wtx_st_tensor t = {{"x", WTX_DTYPE_UINT8, {8}, 1, 8}, a.data()};
   std::string path = dir_ + "/m.safetensors";
   char err[256] = "";
   ASSERT_EQ(0, wtx_st_write(path.c_str(), &t, 1, nullptr, 0, err, sizeof err));
-  t = {"x", WTX_DTYPE_UINT8, {16}, 1, 16, b.data()};
+  t = {{"x", WTX_DTYPE_UINT8, {16}, 1, 16}, b.data()};
   ASSERT_EQ(0, wtx_st_write(path.c_str(), &t, 1, nullptr, 0, err, sizeof err));
   wtx_st_file *f = nullptr;
   ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
-  EXPECT_EQ(16u, wtx_st_tensor_at(f, 0)->nbytes);
+  EXPECT_EQ(16u, wtx_st_tensor_at(f, 0)->meta.nbytes);
   EXPECT_EQ(2, wtx_st_tensor_at(f, 0)->data[15]);
   wtx_st_close(f);
 }

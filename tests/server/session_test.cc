@@ -742,8 +742,8 @@ TEST_F(SessionTest, ModelSpecDeclaresTheLayoutBeforeAnyUpdate) {
   TempDir dir;
   std::string spec = dir.path + "/spec.safetensors";
   std::vector<uint8_t> a(64), b(32);
-  wtx_st_tensor ts[2] = {{"a", WTX_DTYPE_FLOAT32, {16}, 1, 64, a.data()},
-                         {"b", WTX_DTYPE_FLOAT32, {8}, 1, 32, b.data()}};
+  wtx_st_tensor ts[2] = {{{"a", WTX_DTYPE_FLOAT32, {16}, 1, 64}, a.data()},
+                         {{"b", WTX_DTYPE_FLOAT32, {8}, 1, 32}, b.data()}};
   char err[512] = "";
   ASSERT_EQ(0, wtx_st_write(spec.c_str(), ts, 2, nullptr, 0, err, sizeof err)) << err;
   wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
@@ -803,7 +803,7 @@ TEST_F(SessionTest, PublishDirHoldsTheNewestVersionsAsSafetensors) {
       << err;
   EXPECT_STREQ("v3/step", wtx_st_metadata(f, "wtx_version"));
   ASSERT_EQ(2u, wtx_st_count(f));
-  EXPECT_STREQ("a", wtx_st_tensor_at(f, 0)->name);
+  EXPECT_STREQ("a", wtx_st_tensor_at(f, 0)->meta.name);
   EXPECT_EQ(0, memcmp(T("a", 16, 3).data.data(), wtx_st_tensor_at(f, 0)->data, 64));
   EXPECT_EQ(0, memcmp(T("b", 8, 2).data.data(), wtx_st_tensor_at(f, 1)->data, 32));
   wtx_st_close(f);

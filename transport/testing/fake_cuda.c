@@ -99,13 +99,9 @@ EXPORT int cudaGetDeviceProperties(void *prop, int device) {
   return OK;
 }
 
-EXPORT int cudaMalloc(void **ptr, size_t size) {
-  alloc *a = calloc(1, sizeof *a);
-  if (a == NULL) return ERR_MEMORY;
-  snprintf(a->name, sizeof a->name, "/wtxfake-%d-%u", (int)getpid(),
-           atomic_fetch_add(&counter, 1));
-  a->size = size;
-  int rc = map_shm(a->name, 1, &a->size, &a->ptr);
+/* Maps a's object (creating it when create) and records the mapping. */
+static int track(alloc *a, int create, void **ptr) {
+  int rc = map_shm(a->name, create, &a->size, &a->ptr);
   if (rc != OK) {
     free(a);
     return rc;
@@ -116,6 +112,15 @@ EXPORT int cudaMalloc(void **ptr, size_t size) {
   pthread_mutex_unlock(&mu);
   *ptr = a->ptr;
   return OK;
+}
+
+EXPORT int cudaMalloc(void **ptr, size_t size) {
+  alloc *a = calloc(1, sizeof *a);
+  if (a == NULL) return ERR_MEMORY;
+  snprintf(a->name, sizeof a->name, "/wtxfake-%d-%u", (int)getpid(),
+           atomic_fetch_add(&counter, 1));
+  a->size = size;
+  return track(a, 1, ptr);
 }
 
 /* Removes and returns the allocation at ptr. */
@@ -185,17 +190,7 @@ EXPORT int cudaIpcOpenMemHandle(void **ptr, ipc_handle h, unsigned flags) {
   if (a == NULL) return ERR_MEMORY;
   memcpy(a->name, h.bytes + 8, sizeof a->name - 1);
   a->opened = 1;
-  int rc = map_shm(a->name, 0, &a->size, &a->ptr);
-  if (rc != OK) {
-    free(a);
-    return rc;
-  }
-  pthread_mutex_lock(&mu);
-  a->next = allocs;
-  allocs = a;
-  pthread_mutex_unlock(&mu);
-  *ptr = a->ptr;
-  return OK;
+  return track(a, 0, ptr);
 }
 
 EXPORT int cudaIpcCloseMemHandle(void *ptr) {

@@ -1,0 +1,27 @@
+# Sourced by bench/host.sh and bench/gpu.sh: builds the binaries with -c opt,
+# measures the same-run baseline, and starts workers. Sets bin, bytes, base,
+# tmp; start_worker DEVICE INDEX starts a worker and sets addr to its address
+# (not in a subshell: the workers belong to this shell and its EXIT trap).
+bazel build -c opt //server:wtx-worker //client:wtx //bench:memcpy_baseline 2>&1 |
+  grep -E '^(ERROR|FAILED)' && exit 1
+bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+bytes=$(numfmt --from=iec "$size")
+base=$("$bin/bench/memcpy_baseline" "$bytes" | awk '/fresh/ {print $2}')
+tmp=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
+start_worker() {
+  WTX_CUDA_DEVICE=$1 "$bin/server/wtx-worker" --listen 127.0.0.1:0 \
+    --port-file "$tmp/p$2" --log-level warn 2>"$tmp/w$2.log" &
+  pids+=($!)
+  for _ in $(seq 100); do [ -s "$tmp/p$2" ] && break; sleep 0.1; done
+  addr="127.0.0.1:$(cat "$tmp/p$2")"
+}
+# bench_run BACKEND WORKERS LABEL: a warm-up sync, then the measured one.
+bench_run() {
+  "$bin/client/wtx" push --workers "$2" --backend "$1" "synthetic:$size" >/dev/null
+  local line gbps
+  line=$("$bin/client/wtx" push --workers "$2" --backend "$1" "synthetic:$size")
+  gbps=$(echo "$line" | head -1 | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/')
+  printf "%-9s %-8s %10s %10.2f\n" "$1" "$3" "$gbps" "$(echo "$gbps / $base" | bc -l)"
+}
