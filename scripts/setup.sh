@@ -15,6 +15,7 @@ PACKAGES=(
   libxxhash-dev            # XXH3 checksums
   libjansson-dev           # JSON (safetensors headers)
   python3 python3-venv     # Python client tests
+  openssl                  # test certificates (TLS client test)
 )
 
 missing=()

@@ -1,0 +1,169 @@
+// The sync client's call rules against a scripted WeightTransfer server:
+// retries only for idempotent calls, the bearer token on every call, TLS
+// with a CA the client trusts, and failures that name the replica.
+#include <grpc/grpc_security.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "client/client.h"
+#include "wtx/v1/weight_transfer.grpc-c.h"
+
+namespace {
+
+struct Script {
+  std::atomic<int> world_calls{0}, start_calls{0};
+  int fail_first = 0;  // calls answered UNAVAILABLE before succeeding
+  std::string token;   // required bearer token ("" accepts any)
+};
+
+grpc_status_code World(wtx_rpc_ctx *ctx, const Wtx__V1__GetWorldSizeRequest *,
+                       Wtx__V1__GetWorldSizeResponse *resp) {
+  auto *s = static_cast<Script *>(wtx_rpc_ctx_user(ctx));
+  if (++s->world_calls <= s->fail_first)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "warming up");
+  resp->world_size = 1;
+  return GRPC_STATUS_OK;
+}
+
+grpc_status_code Start(wtx_rpc_ctx *ctx, const Wtx__V1__StartWeightUpdateRequest *,
+                       Wtx__V1__StartWeightUpdateResponse *) {
+  auto *s = static_cast<Script *>(wtx_rpc_ctx_user(ctx));
+  s->start_calls++;
+  return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "busy");
+}
+
+grpc_status_code Authorize(void *data, wtx_rpc_ctx *ctx) {
+  auto *s = static_cast<Script *>(data);
+  const char *auth = wtx_rpc_ctx_metadata(ctx, "authorization");
+  if (!s->token.empty() && (auth == nullptr || "Bearer " + s->token != auth))
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAUTHENTICATED, "bad or missing token");
+  return GRPC_STATUS_OK;
+}
+
+Wtx__V1__WeightTransfer_Handlers Handlers() {
+  Wtx__V1__WeightTransfer_Handlers h;
+  memset(&h, 0, sizeof h);
+  h.get_world_size = World;
+  h.start_weight_update = Start;
+  return h;
+}
+const Wtx__V1__WeightTransfer_Handlers kHandlers = Handlers();
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void Serve(grpc_server_credentials *creds = nullptr) {
+    wtx_rpc_server_options o = WTX_RPC_SERVER_OPTIONS_INIT;
+    o.credentials = creds;
+    o.authorize = Authorize;
+    o.auth_data = &script_;
+    ASSERT_EQ(0, wtx_rpc_server_create(&o, &srv_));
+    ASSERT_EQ(0, wtx_rpc_server_add_service(srv_, &wtx__v1__weight_transfer__grpc,
+                                            &kHandlers, &script_));
+    ASSERT_EQ(0, wtx_rpc_server_start(srv_, "127.0.0.1:0", &port_));
+  }
+  void TearDown() override {
+    if (c_ != nullptr) wtx_client_destroy(c_);
+    if (srv_ != nullptr) wtx_rpc_server_destroy(srv_);
+  }
+  void Connect(wtx_client_options o, const std::string &host = "127.0.0.1") {
+    std::string t = host + ":" + std::to_string(port_);
+    const char *targets[] = {t.c_str()};
+    ASSERT_EQ(0, wtx_client_create(targets, 1, &o, &c_));
+  }
+  Script script_;
+  wtx_rpc_server *srv_ = nullptr;
+  wtx_client *c_ = nullptr;
+  int port_ = 0;
+};
+
+TEST_F(ClientTest, IdempotentCallsAreRetriedAndUpdateCallsAreNot) {
+  script_.fail_first = 2;
+  Serve();
+  wtx_client_options o = WTX_CLIENT_OPTIONS_INIT;
+  o.retries = 2;
+  Connect(o);
+  uint32_t ws = 0;
+  EXPECT_EQ(0, wtx_client_world_size(c_, 0, &ws)) << wtx_client_last_error(c_);
+  EXPECT_EQ(1u, ws);
+  EXPECT_EQ(3, script_.world_calls.load());
+  EXPECT_EQ(WTX_EUNAVAIL, wtx_client_start(c_, 0));
+  EXPECT_EQ(1, script_.start_calls.load());  // never repeated
+  EXPECT_NE(std::string::npos,
+            std::string(wtx_client_last_error(c_)).find("worker 0 (127.0.0.1:"));
+  EXPECT_EQ(0, wtx_client_last_replica(c_));
+  EXPECT_EQ(GRPC_STATUS_UNAVAILABLE, wtx_client_last_status(c_));
+}
+
+TEST_F(ClientTest, RetriesStopAtTheirLimit) {
+  script_.fail_first = 10;
+  Serve();
+  wtx_client_options o = WTX_CLIENT_OPTIONS_INIT;
+  o.retries = 1;
+  Connect(o);
+  uint32_t ws = 0;
+  EXPECT_EQ(WTX_EUNAVAIL, wtx_client_world_size(c_, 0, &ws));
+  EXPECT_EQ(2, script_.world_calls.load());
+  EXPECT_NE(std::string::npos, std::string(wtx_client_last_error(c_)).find("warming up"));
+}
+
+TEST_F(ClientTest, TheBearerTokenGoesWithEveryCall) {
+  script_.token = "s3cret";
+  Serve();
+  wtx_client_options o = WTX_CLIENT_OPTIONS_INIT;
+  o.token = "s3cret";
+  Connect(o);
+  uint32_t ws = 0;
+  EXPECT_EQ(0, wtx_client_world_size(c_, 0, &ws)) << wtx_client_last_error(c_);
+  wtx_client_destroy(c_);
+  c_ = nullptr;
+  o.token = "wrong";
+  Connect(o);
+  EXPECT_EQ(WTX_EAUTH, wtx_client_world_size(c_, 0, &ws));
+  EXPECT_EQ(GRPC_STATUS_UNAUTHENTICATED, wtx_client_last_status(c_));
+}
+
+std::string Slurp(const std::string &path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST_F(ClientTest, TlsWithATrustedCaConnectsAndPlaintextDoesNot) {
+  char tmpl[] = "/tmp/wtx-tls-XXXXXX";
+  ASSERT_NE(nullptr, mkdtemp(tmpl));
+  std::string dir = tmpl;
+  std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                    "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+                    dir + "/key.pem -out " + dir + "/cert.pem 2>/dev/null";
+  ASSERT_EQ(0, std::system(cmd.c_str())) << "openssl is needed for this test";
+  std::string cert = Slurp(dir + "/cert.pem"), key = Slurp(dir + "/key.pem");
+  grpc_ssl_pem_key_cert_pair pair = {key.c_str(), cert.c_str()};
+  grpc_server_credentials *creds =
+      grpc_ssl_server_credentials_create(nullptr, &pair, 1, 0, nullptr);
+  Serve(creds);
+  grpc_server_credentials_release(creds);
+
+  wtx_client_options o = WTX_CLIENT_OPTIONS_INIT;
+  o.tls_ca_pem = cert.c_str();  // self-signed: its own CA
+  Connect(o, "localhost");
+  uint32_t ws = 0;
+  EXPECT_EQ(0, wtx_client_world_size(c_, 0, &ws)) << wtx_client_last_error(c_);
+  EXPECT_EQ(1u, ws);
+  wtx_client_destroy(c_);
+  c_ = nullptr;
+
+  wtx_client_options plain = WTX_CLIENT_OPTIONS_INIT;
+  plain.timeout_ms = 2000;
+  Connect(plain, "localhost");
+  EXPECT_NE(0, wtx_client_world_size(c_, 0, &ws));
+  EXPECT_EQ(0, std::system(("rm -rf " + dir).c_str()));
+}
+
+}  // namespace
