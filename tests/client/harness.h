@@ -91,26 +91,26 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
       pk.packed = 1;
       pk.buffer_size_bytes = buffer;
       pk.num_buffers = nbuf;
+      // Checksums on for every backend (GPU backends default to none).
+      auto common = [&](auto &m) {
+        m.packing = &pk;
+        m.timeout_ms = timeout_ms;
+        m.checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+      };
       if (backend == "shm") {
-        shm.packing = &pk;
-        shm.timeout_ms = timeout_ms;
+        common(shm);
         ii.backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
         ii.shm = &shm;
       } else if (backend == "nccl") {
-        nccl.packing = &pk;
-        nccl.timeout_ms = timeout_ms;
-        nccl.checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+        common(nccl);
         ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
         ii.nccl = &nccl;
       } else if (backend == "cuda_ipc") {
-        ipc.packing = &pk;
-        ipc.timeout_ms = timeout_ms;
-        ipc.checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+        common(ipc);
         ii.backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC;
         ii.cuda_ipc = &ipc;
       } else {
-        tcp.packing = &pk;
-        tcp.timeout_ms = timeout_ms;
+        common(tcp);
         ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
         ii.tcp = &tcp;
       }
