@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "common/safetensors.h"
+#include "transport/cuda.h"
 
 struct wtx_source {
   const wtx_source_ops *ops;
@@ -63,6 +64,9 @@ int wtx_source_total_bytes(wtx_source *s, uint64_t *out) {
 typedef struct table {
   wtx_tensor_meta *metas;
   const uint8_t **data;
+  uint8_t *device; /* per tensor: data is device memory (memory source) */
+  const wtx_cuda *cuda;
+  uint64_t max_device_bytes;
   size_t n;
   char *names; /* storage of the metas' names */
   wtx_st_file **files;
@@ -76,28 +80,45 @@ static int table_metadata(void *self, const wtx_tensor_meta **metas, size_t *n) 
   return 0;
 }
 
+typedef struct table_iter {
+  size_t pos;
+  uint8_t *host; /* a device tensor's copy, max_device_bytes */
+} table_iter;
+
 static int table_open(void *self, void **iter) {
-  (void)self;
-  size_t *pos = calloc(1, sizeof *pos);
-  if (pos == NULL) return WTX_ENOMEM;
-  *iter = pos;
+  table *t = self;
+  table_iter *it = calloc(1, sizeof *it);
+  if (it == NULL) return WTX_ENOMEM;
+  if (t->max_device_bytes > 0 && (it->host = malloc(t->max_device_bytes)) == NULL) {
+    free(it);
+    return WTX_ENOMEM;
+  }
+  *iter = it;
   return 0;
 }
 
 static int table_next(void *self, void *iter, wtx_tensor_meta *meta,
                       const uint8_t **data) {
   table *t = self;
-  size_t *pos = iter;
-  if (*pos >= t->n) return 0;
-  *meta = t->metas[*pos];
-  *data = t->data[*pos];
-  (*pos)++;
+  table_iter *it = iter;
+  if (it->pos >= t->n) return 0;
+  size_t i = it->pos++;
+  *meta = t->metas[i];
+  *data = t->data[i];
+  if (t->device != NULL && t->device[i] && t->metas[i].nbytes > 0) {
+    int e = t->cuda->Memcpy(it->host, t->data[i], (size_t)t->metas[i].nbytes,
+                            WTX_CUDA_D2H);
+    if (e != WTX_CUDA_SUCCESS) return WTX_EIO;
+    *data = it->host;
+  }
   return 1;
 }
 
 static void table_close(void *self, void *iter) {
   (void)self;
-  free(iter);
+  table_iter *it = iter;
+  free(it->host);
+  free(it);
 }
 
 static void table_destroy(void *self) {
@@ -106,6 +127,7 @@ static void table_destroy(void *self) {
   free(t->files);
   free(t->metas);
   free(t->data);
+  free(t->device);
   free(t->names);
   free(t);
 }
@@ -204,6 +226,23 @@ int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
       return WTX_EINVAL;
     }
     t->data[i] = m->data;
+    if (m->device) {
+      if (t->device == NULL && (t->device = calloc(n, 1)) == NULL) {
+        table_destroy(t);
+        return WTX_ENOMEM;
+      }
+      if (t->cuda == NULL) {
+        char why[400] = "";
+        int lrc = wtx__cuda_load(0, &t->cuda, why, sizeof why);
+        if (lrc != 0) {
+          snprintf(err, errlen, "tensor '%s' is in device memory: %s", m->name, why);
+          table_destroy(t);
+          return lrc;
+        }
+      }
+      t->device[i] = 1;
+      if (pm->nbytes > t->max_device_bytes) t->max_device_bytes = pm->nbytes;
+    }
     t->n++;
   }
   return table_finish(t, &table_ops_memory, out, err, errlen);

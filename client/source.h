@@ -59,18 +59,24 @@ int wtx_source_total_bytes(wtx_source *s, uint64_t *out);
 
 /* ---- built-in sources ---- */
 
-/* A tensor in host memory, for wtx_source_memory. */
+/* A tensor in memory, for wtx_source_memory. */
 typedef struct wtx_memory_tensor {
   const char *name;
   int dtype;
   const uint64_t *shape;
   size_t ndim;
   const void *data; /* dtype size x product(shape) bytes */
+  /* 0: data is host memory. 1: data is CUDA device memory (of the device
+   * current when the pass runs); each tensor is copied to the host when the
+   * pass reaches it, one at a time. */
+  int device;
 } wtx_memory_tensor;
 
 /* Tensors already in memory: names and shapes are copied (and validated:
  * dtype known, ndim <= WTX_MAX_DIMS, names unique); the data is borrowed and
- * must stay valid and unchanged while a pass runs. err names the tensor. */
+ * must stay valid and unchanged while a pass runs. Device tensors need the
+ * CUDA runtime (loaded at run time, transport/cuda.h): without it the
+ * source is WTX_EUNAVAIL, saying why. err names the tensor. */
 int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
                       wtx_source **out, char *err, size_t errlen);
 

@@ -43,7 +43,8 @@ int wtx__cuda_load(int with_nccl, const wtx_cuda **out, char *err, size_t errlen
   pthread_mutex_lock(&mu);
   const char *missing = NULL;
   char tried[400] = "";
-  if (!have_rt && load_err[0] == '\0') {
+  if (!have_rt) { /* a failure is not kept: the next call tries again */
+    load_err[0] = '\0';
     static const char *const rt[] = {"libcudart.so.13", "libcudart.so.12",
                                      "libcudart.so", NULL};
     void *h = open_first("WTX_CUDART_LIB", rt, tried, sizeof tried);

@@ -51,7 +51,7 @@ struct MixedModel {
       total += data.back().size();
     }
     for (size_t i = 0; i < data.size(); i++)
-      tensors.push_back({names[i].c_str(), dtypes[i % 6], shapes[i].data(), 2, data[i].data()});
+      tensors.push_back({names[i].c_str(), dtypes[i % 6], shapes[i].data(), 2, data[i].data(), 0});
   }
 };
 
@@ -99,11 +99,11 @@ TEST_P(EngineTest, MixedDtypesAndATensorLargerThanTheBufferReachThreeWorkers) {
   uint64_t s_big[2] = {768, 1024}, s_small[1] = {250}, s_bf[2] = {32, 64}, s_i8[1] = {77},
            s_empty[2] = {0, 5};
   wtx_memory_tensor ts[] = {
-      {"model.layers.0.big", WTX_DTYPE_FLOAT32, s_big, 2, big.data()},
-      {"model.layers.0.small", WTX_DTYPE_INT32, s_small, 1, small.data()},
-      {"model.layers.1.bf", WTX_DTYPE_BFLOAT16, s_bf, 2, bf.data()},
-      {"model.layers.1.empty", WTX_DTYPE_FLOAT16, s_empty, 2, nullptr},
-      {"lm_head.q", WTX_DTYPE_INT8, s_i8, 1, i8.data()},
+      {"model.layers.0.big", WTX_DTYPE_FLOAT32, s_big, 2, big.data(), 0},
+      {"model.layers.0.small", WTX_DTYPE_INT32, s_small, 1, small.data(), 0},
+      {"model.layers.1.bf", WTX_DTYPE_BFLOAT16, s_bf, 2, bf.data(), 0},
+      {"model.layers.1.empty", WTX_DTYPE_FLOAT16, s_empty, 2, nullptr, 0},
+      {"lm_head.q", WTX_DTYPE_INT8, s_i8, 1, i8.data(), 0},
   };
   wtx_source *src = nullptr;
   char e[512] = "";

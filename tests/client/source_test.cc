@@ -1,6 +1,7 @@
 // Weight sources: metadata and iteration agree, byte totals, validation, the
 // safetensors source over a file written by wtx's writer (the Python test
 // feeds it one written by the safetensors package), layer grouping.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -72,8 +73,8 @@ TEST(Source, SyntheticContentIsDeterministicPerSeed) {
 TEST(Source, MemoryBorrowsDataAndValidatesMetadata) {
   std::vector<float> w(12, 1.5f);
   uint64_t shape[2] = {3, 4};
-  wtx_memory_tensor ts[2] = {{"w", WTX_DTYPE_FLOAT32, shape, 2, w.data()},
-                             {"b", WTX_DTYPE_FLOAT32, shape, 1, w.data()}};
+  wtx_memory_tensor ts[2] = {{"w", WTX_DTYPE_FLOAT32, shape, 2, w.data(), 0},
+                             {"b", WTX_DTYPE_FLOAT32, shape, 1, w.data(), 0}};
   wtx_source *s = nullptr;
   char err[256] = "";
   ASSERT_EQ(0, wtx_source_memory(ts, 2, &s, err, sizeof err)) << err;
@@ -91,6 +92,48 @@ TEST(Source, MemoryBorrowsDataAndValidatesMetadata) {
   ts[1].dtype = 99;
   EXPECT_EQ(WTX_EINVAL, wtx_source_memory(ts, 2, &s, err, sizeof err));
   EXPECT_NE(nullptr, strstr(err, "tensor 'b'")) << err;
+}
+
+// Device tensors, on the TEST DOUBLE of the CUDA runtime
+// (transport/testing/fake_cuda.c) loaded at the dlopen seam.
+TEST(Source, DeviceTensorsAreCopiedToTheHostAsThePassReachesThem) {
+  setenv("WTX_CUDART_LIB", "/nonexistent/libcudart.so", 1);
+  float host = 1.0f;
+  uint64_t one = 1;
+  wtx_memory_tensor t = {"gpu.w", WTX_DTYPE_FLOAT32, &one, 1, &host, 1};
+  wtx_source *s = nullptr;
+  char err[512] = "";
+  EXPECT_EQ(WTX_EUNAVAIL, wtx_source_memory(&t, 1, &s, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "tensor 'gpu.w' is in device memory")) << err;
+  EXPECT_NE(nullptr, strstr(err, "WTX_CUDART_LIB=/nonexistent")) << err;
+
+  char cwd[4096];
+  ASSERT_NE(nullptr, getcwd(cwd, sizeof cwd));
+  std::string lib = std::string(cwd) + "/transport/testing/libwtx_fake_cuda.so";
+  setenv("WTX_CUDART_LIB", lib.c_str(), 1);
+  void *h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(nullptr, h) << dlerror();
+  auto cuda_malloc = reinterpret_cast<int (*)(void **, size_t)>(dlsym(h, "cudaMalloc"));
+  auto cuda_free = reinterpret_cast<int (*)(void *)>(dlsym(h, "cudaFree"));
+  auto cuda_memcpy =
+      reinterpret_cast<int (*)(void *, const void *, size_t, int)>(dlsym(h, "cudaMemcpy"));
+  std::vector<uint8_t> a(4096), b(100);
+  for (size_t i = 0; i < a.size(); i++) a[i] = (uint8_t)(i * 13);
+  for (size_t i = 0; i < b.size(); i++) b[i] = (uint8_t)(200 - i);
+  void *da = nullptr;
+  ASSERT_EQ(0, cuda_malloc(&da, a.size()));
+  ASSERT_EQ(0, cuda_memcpy(da, a.data(), a.size(), 1));
+  uint64_t sa = 1024, sb = 100;
+  wtx_memory_tensor ts[2] = {{"gpu.a", WTX_DTYPE_FLOAT32, &sa, 1, da, 1},
+                             {"host.b", WTX_DTYPE_UINT8, &sb, 1, b.data(), 0}};
+  ASSERT_EQ(0, wtx_source_memory(ts, 2, &s, err, sizeof err)) << err;
+  auto p = Pass(s);
+  ASSERT_EQ(2u, p.size());
+  EXPECT_EQ(a, p[0].second);
+  EXPECT_EQ(b, p[1].second);
+  wtx_source_destroy(s);
+  cuda_free(da);
+  unsetenv("WTX_CUDART_LIB");
 }
 
 TEST(Source, SafetensorsFilesMapInFileOrder) {
