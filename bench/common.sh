@@ -6,7 +6,9 @@ bazel build -c opt //server:wtx-worker //client:wtx //bench:memcpy_baseline 2>&1
   grep -E '^(ERROR|FAILED)' && exit 1
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 bytes=$(numfmt --from=iec "$size")
-base=$("$bin/bench/memcpy_baseline" "$bytes" | awk '/fresh/ {print $2}')
+baseline=$("$bin/bench/memcpy_baseline" "$bytes")
+base=$(echo "$baseline" | awk '/fresh/ {print $2}')
+base_warm=$(echo "$baseline" | awk '/warm/ {print $2}')
 tmp=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
@@ -17,8 +19,12 @@ start_worker() {
   for _ in $(seq 100); do [ -s "$tmp/p$2" ] && break; sleep 0.1; done
   addr="127.0.0.1:$(cat "$tmp/p$2")"
 }
-# bench_run BACKEND WORKERS LABEL: a warm-up sync, then the measured one.
+# bench_run BACKEND WORKERS LABEL: two warm-up syncs (a worker reaches its
+# steady state, staging into the buffers of the version before last, from the
+# third sync on: that is every RL step after the first two), then the
+# measured one.
 bench_run() {
+  "$bin/client/wtx" push --workers "$2" --backend "$1" "synthetic:$size" >/dev/null
   "$bin/client/wtx" push --workers "$2" --backend "$1" "synthetic:$size" >/dev/null
   local line gbps
   line=$("$bin/client/wtx" push --workers "$2" --backend "$1" "synthetic:$size")

@@ -19,7 +19,7 @@ gpus=$(nvidia-smi -L | wc -l)
 start_worker 0 0; a=$addr
 start_worker 0 1; b=$addr
 nvidia-smi -L
-echo "size $size  baseline memcpy into fresh memory: $base GB/s"
+echo "size $size  baseline memcpy into fresh memory: $base GB/s (warm: $base_warm GB/s)"
 printf "%-9s %-8s %10s %10s\n" backend workers "GB/s" "x memcpy"
 bench_run shm "$a" 1
 bench_run cuda_ipc "$a" 1

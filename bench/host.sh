@@ -13,7 +13,7 @@ size=${1:-1G}
 start_worker 0 0; w1=$addr
 start_worker 0 1; w3="$w1,$addr"
 start_worker 0 2; w3="$w3,$addr"
-echo "cores $(nproc)  size $size  baseline memcpy into fresh memory: $base GB/s"
+echo "cores $(nproc)  size $size  baseline memcpy into fresh memory: $base GB/s (warm: $base_warm GB/s)"
 printf "%-9s %-8s %10s %10s\n" backend workers "GB/s" "x memcpy"
 for backend in shm tcp; do
   bench_run "$backend" "$w1" 1

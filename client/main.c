@@ -179,6 +179,10 @@ static int open_source(int argc, char **argv, const push_args *a, wtx_source **s
       return -1;
     }
     rc = wtx_source_synthetic(size, a->seed, src);
+    /* Materialize it now, as a trainer holds its weights before a sync:
+     * the sync's time is the transfer, not the generator. */
+    void *it = NULL;
+    if (rc == 0 && (rc = wtx_source_open(*src, &it)) == 0) wtx_source_close(*src, it);
   } else {
     rc = wtx_source_safetensors((const char *const *)argv, (size_t)argc, src, err,
                                 sizeof err);

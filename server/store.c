@@ -1,7 +1,11 @@
 /* The embedded in-memory parameter store: staged tensors become visible
  * atomically at commit; readers hold refcounted snapshots, so publishing never
  * frees bytes a reader still sees. Tensors not in an update carry over from
- * the previous version without a copy (their buffers are shared). */
+ * the previous version without a copy (their buffers are shared).
+ *
+ * Buffers a version no longer needs go to a pool (up to one model's worth of
+ * bytes) and the next update stages into them: every RL step replaces the
+ * weights, and fresh memory would cost a page fault per page each time. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -11,22 +15,65 @@
 
 #include "server/worker.h"
 
+typedef struct pool pool;
+
 typedef struct blob {
   atomic_int refs;
   uint64_t len;
+  pool *pool;        /* where it returns when unreferenced */
+  struct blob *next; /* in the pool */
   uint8_t data[];
 } blob;
 
-static blob *blob_new(uint64_t len) {
-  blob *b = malloc(sizeof *b + (len ? len : 1));
-  if (b == NULL) return NULL;
+/* Free buffers kept for reuse, at most cap bytes. */
+struct pool {
+  pthread_mutex_t mu;
+  blob *free;
+  uint64_t bytes, cap;
+};
+
+static blob *blob_new(pool *p, uint64_t len) {
+  pthread_mutex_lock(&p->mu);
+  blob **pp = &p->free;
+  while (*pp != NULL && (*pp)->len != len) pp = &(*pp)->next;
+  blob *b = *pp;
+  if (b != NULL) {
+    *pp = b->next;
+    p->bytes -= len;
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (b == NULL) {
+    b = malloc(sizeof *b + (len ? len : 1));
+    if (b == NULL) return NULL;
+    b->len = len;
+    b->pool = p;
+  }
   atomic_init(&b->refs, 1);
-  b->len = len;
+  b->next = NULL;
   return b;
 }
 
 static void blob_unref(blob *b) {
-  if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1) free(b);
+  if (b == NULL || atomic_fetch_sub(&b->refs, 1) != 1) return;
+  pool *p = b->pool;
+  pthread_mutex_lock(&p->mu);
+  int keep = p->bytes + b->len <= p->cap;
+  if (keep) {
+    b->next = p->free;
+    p->free = b;
+    p->bytes += b->len;
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (!keep) free(b);
+}
+
+static void pool_drain(pool *p) {
+  while (p->free != NULL) {
+    blob *b = p->free;
+    p->free = b->next;
+    free(b);
+  }
+  p->bytes = 0;
 }
 
 typedef struct entry {
@@ -91,6 +138,7 @@ static void snapshot_unref(snapshot *s) {
 
 struct wtx_store {
   pthread_mutex_t mu;
+  pool pool;
   snapshot *pub[2]; /* main, draft */
   entry *declared;
   size_t n_declared;
@@ -106,6 +154,7 @@ int wtx_store_create(wtx_store **out) {
   wtx_store *s = calloc(1, sizeof *s);
   if (s == NULL) return WTX_ENOMEM;
   pthread_mutex_init(&s->mu, NULL);
+  pthread_mutex_init(&s->pool.mu, NULL);
   *out = s;
   return 0;
 }
@@ -128,6 +177,8 @@ void wtx_store_destroy(wtx_store *s) {
   for (size_t i = 0; i < s->n_declared; i++) free((char *)s->declared[i].meta.name);
   free(s->declared);
   free(s->declared_ix.slots);
+  pool_drain(&s->pool);
+  pthread_mutex_destroy(&s->pool.mu);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -237,7 +288,7 @@ static int store_begin(void *model, int target) {
 
 static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) {
   wtx_store *s = model;
-  blob *b = blob_new(meta->nbytes);
+  blob *b = blob_new(&s->pool, meta->nbytes);
   if (b == NULL) return WTX_ENOMEM;
   pthread_mutex_lock(&s->mu);
   int rc = 0;
@@ -329,6 +380,10 @@ static int store_commit(void *model, const char *version) {
   if (rc == 0) rc = build_view(snap);
   if (rc == 0) {
     s->pub[s->target] = snap;
+    /* Keep up to one spare copy of the largest model published. */
+    pthread_mutex_lock(&s->pool.mu);
+    if (snap->total > s->pool.cap) s->pool.cap = snap->total;
+    pthread_mutex_unlock(&s->pool.mu);
     snapshot_unref(old);
     staged_free(s);
     s->staging = 0;
