@@ -37,6 +37,8 @@ static const char usage[] =
     "  --log-level LEVEL      debug, info, warn, error or off [WTX_LOG_LEVEL]\n"
     "                         (default info); logs are logfmt lines on stderr\n"
     "  --port-file FILE       write the bound port to FILE once serving\n"
+
+    "  -h, --help             this text\n"
     "\n"
     "GPU backends (nccl, cuda_ipc) load CUDA and NCCL at run time:\n"
     "  WTX_CUDA_DEVICE        the GPU this worker uses (default 0)\n"
@@ -44,8 +46,7 @@ static const char usage[] =
     "                         the system's libcudart.so.13|12, libnccl.so.2)\n"
     "\n"
     "Also served: grpc.health.v1.Health (NOT_SERVING once draining) and\n"
-    "server reflection v1 and v1alpha (grpcurl list / describe).\n"
-    "  -h, --help             this text\n";
+    "server reflection v1 and v1alpha (grpcurl list / describe).\n";
 
 typedef struct daemon {
   wtx_worker *w;
