@@ -160,7 +160,7 @@ int wtx_client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info
   wtx_rpc_metadata md;
   wtx_rpc_call_options o = call_opts(c, &md);
   c->r[i].session_id[0] = '\0';
-  int rc = wtx_rpc_unary_start(c->r[i].ch, &wtx__v1__weight_transfer__grpc.methods[0],
+  int rc = wtx_rpc_unary_start(c->r[i].ch, wtx__v1__weight_transfer__init_weight_transfer_engine__method,
                                &req.base, &o, &c->r[i].pending);
   if (rc != 0)
     seterr(c, (int)i, 0, "worker %zu (%s): InitWeightTransferEngine: cannot start "
@@ -194,21 +194,13 @@ int wtx_client_init_one(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info,
   return rc != 0 ? rc : wtx_client_init_wait(c, i, resp_out);
 }
 
-/* The method named name in the service table. */
-static const wtx_rpc_method *method(const char *name) {
-  for (size_t i = 0; i < wtx__v1__weight_transfer__grpc.n_methods; i++)
-    if (strcmp(wtx__v1__weight_transfer__grpc.methods[i].name, name) == 0)
-      return &wtx__v1__weight_transfer__grpc.methods[i];
-  return NULL;
-}
-
 int wtx_client_start(wtx_client *c, int target) {
   for (size_t i = 0; i < c->n; i++) {
     Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
     req.session_id = c->r[i].session_id;
     req.target = (Wtx__V1__UpdateTarget)target;
     ProtobufCMessage *m = NULL;
-    int rc = call(c, i, method("StartWeightUpdate"), &req.base, &m, 0);
+    int rc = call(c, i, wtx__v1__weight_transfer__start_weight_update__method, &req.base, &m, 0);
     if (rc != 0) return rc;
     c->r[i].update_id = ((Wtx__V1__StartWeightUpdateResponse *)m)->update_id;
     protobuf_c_message_free_unpacked(m, NULL);
@@ -226,7 +218,7 @@ int wtx_client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
     req.session_id = c->r[i].session_id;
     req.update_id = c->r[i].update_id;
     req.update_info = (Wtx__V1__UpdateInfo *)ui;
-    int rc = wtx_rpc_unary_start(c->r[i].ch, method("UpdateWeights"), &req.base,
+    int rc = wtx_rpc_unary_start(c->r[i].ch, wtx__v1__weight_transfer__update_weights__method, &req.base,
                                  &o, &c->r[i].pending);
     if (rc != 0 && first == 0) {
       first = rc;
@@ -292,7 +284,7 @@ int wtx_client_finish(wtx_client *c, const char *version, char **published) {
     req.update_id = c->r[i].update_id;
     req.weight_version = (char *)(version ? version : "");
     ProtobufCMessage *m = NULL;
-    int rc = call(c, i, method("FinishWeightUpdate"), &req.base, &m, 0);
+    int rc = call(c, i, wtx__v1__weight_transfer__finish_weight_update__method, &req.base, &m, 0);
     if (rc != 0) return rc;
     if (i == 0 && published != NULL)
       *published = strdup(((Wtx__V1__FinishWeightUpdateResponse *)m)->weight_version);
@@ -312,7 +304,7 @@ static int abort_all(wtx_client *c, const char *reason, int any, int *aborted) {
     req.session_id = any ? (char *)"" : c->r[i].session_id;
     req.reason = (char *)(reason ? reason : "");
     ProtobufCMessage *m = NULL;
-    int rc = call(c, i, method("AbortWeightUpdate"), &req.base, &m, 0);
+    int rc = call(c, i, wtx__v1__weight_transfer__abort_weight_update__method, &req.base, &m, 0);
     if (m != NULL) {
       if (aborted != NULL) aborted[i] = ((Wtx__V1__AbortWeightUpdateResponse *)m)->aborted;
       protobuf_c_message_free_unpacked(m, NULL);
@@ -335,7 +327,7 @@ int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
   Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
   req.include_params = include_params;
   ProtobufCMessage *m = NULL;
-  int rc = i < c->n ? call(c, i, method("GetWeightInfo"), &req.base, &m, 1) : WTX_EINVAL;
+  int rc = i < c->n ? call(c, i, wtx__v1__weight_transfer__get_weight_info__method, &req.base, &m, 1) : WTX_EINVAL;
   *resp = (Wtx__V1__GetWeightInfoResponse *)m;
   return rc;
 }
@@ -343,7 +335,7 @@ int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
 int wtx_client_world_size(wtx_client *c, size_t i, uint32_t *world_size) {
   Wtx__V1__GetWorldSizeRequest req = WTX__V1__GET_WORLD_SIZE_REQUEST__INIT;
   ProtobufCMessage *m = NULL;
-  int rc = i < c->n ? call(c, i, method("GetWorldSize"), &req.base, &m, 1) : WTX_EINVAL;
+  int rc = i < c->n ? call(c, i, wtx__v1__weight_transfer__get_world_size__method, &req.base, &m, 1) : WTX_EINVAL;
   if (rc == 0) {
     *world_size = ((Wtx__V1__GetWorldSizeResponse *)m)->world_size;
     protobuf_c_message_free_unpacked(m, NULL);
@@ -357,7 +349,7 @@ int wtx_client_set_version(wtx_client *c, const char *version, char **previous) 
     Wtx__V1__UpdateWeightVersionRequest req = WTX__V1__UPDATE_WEIGHT_VERSION_REQUEST__INIT;
     req.weight_version = (char *)version;
     ProtobufCMessage *m = NULL;
-    int rc = call(c, i, method("UpdateWeightVersion"), &req.base, &m, 0);
+    int rc = call(c, i, wtx__v1__weight_transfer__update_weight_version__method, &req.base, &m, 0);
     if (rc != 0) return rc;
     if (i == 0 && previous != NULL)
       *previous = strdup(((Wtx__V1__UpdateWeightVersionResponse *)m)->previous_version);

@@ -319,6 +319,9 @@ static void emit_service_header(buf *h, const FileProto *f, const SvcProto *s) {
     char *outt = c_name(m->output_type, 0);
     const char *tbl = low;
     out(h, "/* %s.%s */\n", full, m->name);
+    /* The method's table entry by name, for generic callers (retrying
+     * wrappers, reflection) that must not search the table by string. */
+    out(h, "#define %s__%s__method (&%s__grpc.methods[%zu])\n", low, mlow, tbl, i);
     if (is_unary(m)) {
       out(h,
           "static inline int %s__%s__call(wtx_rpc_channel *ch, const %s *req,\n"

@@ -340,6 +340,10 @@ TEST(StubTables, MethodTableDescribesTheService) {
   EXPECT_EQ(1, svc.methods[2].server_streaming);
   EXPECT_NE(nullptr, svc.methods[2].invoke_stream);
   EXPECT_EQ(&echo_test_proto__file, svc.file);
+  // Each method's entry by name, for generic callers.
+  EXPECT_STREQ("Say", wtxtest__echo__echo__say__method->name);
+  EXPECT_STREQ("Unhandled", wtxtest__echo__echo__unhandled__method->name);
+  EXPECT_STREQ("/wtxtest.echo.Echo/Chat", wtxtest__echo__echo__chat__method->path);
 }
 
 bool HasSymbol(const wtx_rpc_file_blob &b, const char *sym) {
