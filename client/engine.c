@@ -22,7 +22,6 @@ struct wtx_trainer {
   void *self;  /* the transport's trainer half */
   int ready;   /* sessions initialized and in step */
   uint64_t *xxh3;
-  size_t n_xxh3;
   char err[1600];
 };
 
@@ -259,6 +258,20 @@ static int pack(cursor *c, const wtx_chunk *ch, uint8_t *buf, uint64_t *sums,
   return 0;
 }
 
+/* The checksums of the chunk packed in each buffer, for its UpdateInfo. */
+typedef struct slot {
+  uint64_t *sums;
+  size_t n_sums;
+} slot;
+
+/* Packs chunk k into its buffer (k mod the number of buffers). */
+static int pack_chunk(cursor *c, const wtx_chunk *chunks, size_t k, slot *slots,
+                      uint32_t nb, int verify) {
+  uint32_t b = (uint32_t)(k % nb);
+  return pack(c, &chunks[k], c->t->tt->buffer(c->t->self, b), slots[b].sums,
+              &slots[b].n_sums, verify);
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -298,7 +311,6 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
     return fail(t, WTX_ENOMEM, "out of memory");
   }
   t->xxh3 = xxh3;
-  t->n_xxh3 = n;
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) total += sizes[i] = metas[i].nbytes;
   wtx_chunk *chunks = NULL;
@@ -328,11 +340,12 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
     if (chunks[k].last - chunks[k].first + 1 > max_params)
       max_params = chunks[k].last - chunks[k].first + 1;
   uint64_t *sums = calloc(nb * (max_params + 1), sizeof *sums);
-  size_t *n_sums = calloc(nb, sizeof *n_sums);
+  slot *slots = calloc(nb, sizeof *slots);
   Wtx__V1__ParamMeta *pm = calloc(n, sizeof *pm);
   Wtx__V1__ParamMeta **pmp = calloc(n, sizeof *pmp);
-  if (rc == 0 && (sums == NULL || n_sums == NULL || pm == NULL || pmp == NULL))
+  if (rc == 0 && (sums == NULL || slots == NULL || pm == NULL || pmp == NULL))
     rc = fail(t, WTX_ENOMEM, "out of memory");
+  for (uint32_t b = 0; rc == 0 && b < nb; b++) slots[b].sums = &sums[b * (max_params + 1)];
   for (size_t i = 0; rc == 0 && i < n; i++) {
     wtx__v1__param_meta__init(&pm[i]);
     pm[i].name = (char *)metas[i].name;
@@ -344,8 +357,7 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
 
   uint64_t done = 0;
   char err[600] = "";
-  if (rc == 0 && n_chunks > 0)
-    rc = pack(&c, &chunks[0], t->tt->buffer(t->self, 0), sums, &n_sums[0], verify);
+  if (rc == 0 && n_chunks > 0) rc = pack_chunk(&c, chunks, 0, slots, nb, verify);
   for (size_t k = 0; rc == 0 && k < n_chunks; k++) {
     uint32_t b = (uint32_t)(k % nb);
     const wtx_chunk *ch = &chunks[k];
@@ -355,8 +367,8 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
     ui.first_param_offset = ch->first_offset;
     ui.chunk_bytes = ch->bytes;
     if (verify) {
-      ui.xxh3_64 = &sums[b * (max_params + 1)];
-      ui.n_xxh3_64 = n_sums[b];
+      ui.xxh3_64 = slots[b].sums;
+      ui.n_xxh3_64 = slots[b].n_sums;
     }
     rc = t->tt->prepare(t->self, b, ch, &ui);
     if (rc != 0) {
@@ -373,9 +385,7 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
     /* Pack the next chunk while this one moves (another buffer). */
     int packed_next = 0;
     if (prc == 0 && k + 1 < n_chunks && nb > 1) {
-      uint32_t nb2 = (uint32_t)((k + 1) % nb);
-      rc = pack(&c, &chunks[k + 1], t->tt->buffer(t->self, nb2),
-                &sums[nb2 * (max_params + 1)], &n_sums[nb2], verify);
+      rc = pack_chunk(&c, chunks, k + 1, slots, nb, verify);
       packed_next = 1;
     }
     int drc = prc != 0 ? prc
@@ -393,10 +403,8 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
     if (rc != 0) break;
     done += ch->bytes;
     if (o.progress != NULL) o.progress(o.progress_arg, done, total);
-    if (!packed_next && k + 1 < n_chunks)
-      rc = pack(&c, &chunks[k + 1], t->tt->buffer(t->self, (uint32_t)((k + 1) % nb)),
-                &sums[((k + 1) % nb) * (max_params + 1)], &n_sums[(k + 1) % nb],
-                verify);
+    /* One buffer: the next chunk is packed once this one has arrived. */
+    if (!packed_next && k + 1 < n_chunks) rc = pack_chunk(&c, chunks, k + 1, slots, nb, verify);
   }
   if (rc == 0) rc = cursor_end(&c);
   char *version = NULL;
@@ -421,7 +429,7 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
   free(version);
   free(chunks);
   free(sums);
-  free(n_sums);
+  free(slots);
   free(pm);
   free(pmp);
   return rc;

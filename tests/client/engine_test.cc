@@ -163,6 +163,17 @@ TEST_P(EngineTest, AFailingReplicaFailsTheSyncByNameAndTheOthersKeepTheirWeights
 // A source whose iteration yields a different shape than its metadata.
 struct LyingSource {
   wtx_tensor_meta metas[3];
+  LyingSource() {
+    const char *names[] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++) {
+      metas[i] = wtx_tensor_meta{};
+      metas[i].name = names[i];
+      metas[i].dtype = WTX_DTYPE_FLOAT32;
+      metas[i].shape[0] = 16;
+      metas[i].ndim = 1;
+      metas[i].nbytes = 64;
+    }
+  }
   std::vector<uint8_t> data = std::vector<uint8_t>(64, 9);
   static int Metadata(void *self, const wtx_tensor_meta **m, size_t *n) {
     *m = static_cast<LyingSource *>(self)->metas;
@@ -191,15 +202,6 @@ const wtx_source_ops kLying = {"lying", LyingSource::Metadata, LyingSource::Open
 TEST_P(EngineTest, IterationDisagreeingWithMetadataIsCaughtBeforeTheWire) {
   Worker a = Spawn();
   LyingSource ls;
-  const char *names[] = {"a", "b", "c"};
-  for (int i = 0; i < 3; i++) {
-    ls.metas[i] = wtx_tensor_meta{};
-    ls.metas[i].name = names[i];
-    ls.metas[i].dtype = WTX_DTYPE_FLOAT32;
-    ls.metas[i].shape[0] = 16;
-    ls.metas[i].ndim = 1;
-    ls.metas[i].nbytes = 64;
-  }
   wtx_source *src = nullptr;
   ASSERT_EQ(0, wtx_source_create(&kLying, &ls, &src));
   wtx_client *c = Client({a});
@@ -315,14 +317,25 @@ TEST_P(EngineTest, AWorkerKilledMidTransferEndsTheSyncWithinTheTimeout) {
 }
 
 TEST_P(EngineTest, RanksOtherThanZeroIterateWithoutSending) {
-  wtx_source *src = nullptr;
-  ASSERT_EQ(0, wtx_source_synthetic(1 << 20, 1, &src));
+  // No client at all: such a rank never talks to a worker. It still runs
+  // its source's pass, checked like the sender's: a lying source fails.
   Init in(GetParam(), 1 << 20, 2, 1000);
   wtx_trainer_init_info ti = {1, &in.ii};
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(1 << 20, 1, &src));
   wtx_trainer *t = nullptr;
   char e[512] = "";
   ASSERT_EQ(0, wtx_trainer_init(&ti, nullptr, src, &t, e, sizeof e)) << e;
   EXPECT_EQ(0, wtx_trainer_send_weights(t, nullptr, nullptr)) << wtx_trainer_last_error(t);
+  wtx_trainer_shutdown(t);
+  wtx_source_destroy(src);
+
+  LyingSource ls;
+  ASSERT_EQ(0, wtx_source_create(&kLying, &ls, &src));
+  ASSERT_EQ(0, wtx_trainer_init(&ti, nullptr, src, &t, e, sizeof e)) << e;
+  EXPECT_EQ(WTX_EINVAL, wtx_trainer_send_weights(t, nullptr, nullptr));
+  EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), "parameter 2 of the iteration"))
+      << wtx_trainer_last_error(t);
   wtx_trainer_shutdown(t);
   wtx_source_destroy(src);
 }
