@@ -9,6 +9,7 @@
 #include <time.h>
 #include <xxhash.h>
 
+#include "common/clock.h"
 #include "client/client.h"
 #include "transport/transport.h"
 
@@ -272,12 +273,6 @@ static int pack_chunk(cursor *c, const wtx_chunk *chunks, size_t k, slot *slots,
               &slots[b].n_sums, verify);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* A rank that does not send still runs the source's pass (each yield may be
  * a collective every rank must join), checked like the sender's. */
 static int iterate_only(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n) {
@@ -302,7 +297,7 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
   if (n == 0) return fail(t, WTX_EINVAL, "source: no parameters");
   if (t->rank != 0) return iterate_only(t, metas, n);
 
-  double t0 = now_s();
+  double t0 = wtx_clock_s();
   uint64_t *sizes = calloc(n, sizeof *sizes);
   uint64_t *xxh3 = realloc(t->xxh3, n * sizeof *xxh3);
   if (sizes == NULL || xxh3 == NULL) {
@@ -422,7 +417,7 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
     result->bytes = total;
     result->params = n;
     result->chunks = n_chunks;
-    result->seconds = now_s() - t0;
+    result->seconds = wtx_clock_s() - t0;
     snprintf(result->version, sizeof result->version, "%s", version ? version : "");
     result->xxh3 = verify ? t->xxh3 : NULL;
   }

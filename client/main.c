@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "client/client.h"
 #include "transport/transport.h"
 
@@ -54,12 +55,6 @@ static int parse_size(const char *s, uint64_t *out) {
   return 0;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static char *read_file(const char *path) {
   FILE *f = fopen(path, "rb");
   if (f == NULL) return NULL;
@@ -97,7 +92,7 @@ typedef struct progress {
 static void on_progress(void *arg, uint64_t done, uint64_t total) {
   progress *p = arg;
   if (!p->tty || total == 0) return;
-  double dt = now_s() - p->t0;
+  double dt = wtx_clock_s() - p->t0;
   double rate = dt > 0 ? done / dt : 0;
   double eta = rate > 0 ? (total - done) / rate : 0;
   int width = 30, fill = (int)(width * (double)done / total);
@@ -307,7 +302,7 @@ static int cmd_push(int argc, char **argv) {
   if (rc != 0) {
     fprintf(stderr, "wtx push: init: %s\n", err);
   } else {
-    progress pr = {now_s(), isatty(2)};
+    progress pr = {wtx_clock_s(), isatty(2)};
     wtx_send_options so = WTX_SEND_OPTIONS_INIT;
     so.version = a.version;
     so.target = a.draft ? WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT : 0;

@@ -9,20 +9,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "server/internal.h"
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void new_session_id(char out[33]) {
   uint8_t r[16];
   int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   if (fd < 0 || read(fd, r, sizeof r) != (ssize_t)sizeof r) {
-    uint64_t t = (uint64_t)now_ms() ^ (uint64_t)getpid() << 32;
+    uint64_t t = (uint64_t)wtx_clock_ms() ^ (uint64_t)getpid() << 32;
     memcpy(r, &t, 8);
     memcpy(r + 8, &t, 8);
   }
@@ -76,7 +71,7 @@ int wtx__session_watchdog(wtx_session *s) {
   int fired = 0;
   pthread_mutex_lock(&s->mu);
   if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING &&
-      !s->receiving && now_ms() - s->last_activity_ms > s->watchdog_ms) {
+      !s->receiving && wtx_clock_ms() - s->last_activity_ms > s->watchdog_ms) {
     abort_locked(s, "watchdog: no call from the trainer within the timeout");
     fired = 1;
   }
@@ -244,7 +239,7 @@ grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
       s->staged_bytes = 0;
       wtx__names_clear(&s->names);
       wtx__rx_reset(s->rx);
-      s->last_activity_ms = now_ms();
+      s->last_activity_ms = wtx_clock_ms();
       resp->update_id = s->update_id;
       wtx_log(WTX_LOG_INFO, "event=start update=%llu target=%s",
               (unsigned long long)s->update_id,
@@ -306,7 +301,7 @@ grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
                               "receiving; chunks go one at a time",
                               (unsigned long long)s->update_id);
   }
-  s->last_activity_ms = now_ms();
+  s->last_activity_ms = wtx_clock_ms();
   const Wtx__V1__UpdateInfo *ui = req->update_info;
   size_t n = ui != NULL ? ui->n_params : 0;
   int rc = 0;
@@ -377,7 +372,7 @@ grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
 
   pthread_mutex_lock(&s->mu);
   s->receiving = 0;
-  s->last_activity_ms = now_ms();
+  s->last_activity_ms = wtx_clock_ms();
   size_t done = wtx__rx_completed(s->rx);
   for (size_t i = 0; rc == 0 && i < done; i++) {
     rc = s->model_ops->loaded(s->model, &metas[i], wtx__rx_checksum(s->rx, i));

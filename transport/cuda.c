@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -117,15 +118,9 @@ int wtx__cuda_device(void) {
   return d != NULL && d[0] != '\0' ? atoi(d) : 0;
 }
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
                    uint32_t timeout_ms, char *err, size_t errlen) {
-  int64_t until = now_ms() + timeout_ms;
+  int64_t until = wtx_clock_ms() + timeout_ms;
   for (;;) {
     int q = c->StreamQuery(stream);
     if (q == WTX_CUDA_SUCCESS) return 0;
@@ -139,7 +134,7 @@ int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
       snprintf(err, errlen, "NCCL: %s", c->NcclErrorString(ae));
       return WTX_EIO;
     }
-    if (now_ms() >= until) {
+    if (wtx_clock_ms() >= until) {
       snprintf(err, errlen, "no progress within %u ms (a peer is gone?)", timeout_ms);
       return WTX_ETIMEDOUT;
     }

@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "transport/transport.h"
 
 #define TOKEN_MAX 64
@@ -45,23 +46,17 @@ enum { VERSION = 1 };
 
 /* ---- sockets with deadlines ---- */
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Waits until fd is ready for events, at most timeout_ms. */
 static int wait_fd(int fd, short events, uint32_t timeout_ms) {
   struct pollfd p = {.fd = fd, .events = events};
-  int64_t until = now_ms() + timeout_ms;
+  int64_t until = wtx_clock_ms() + timeout_ms;
   for (;;) {
-    int64_t left = until - now_ms();
+    int64_t left = until - wtx_clock_ms();
     if (left < 0) left = 0;
     int r = poll(&p, 1, (int)(left > 60000 ? 60000 : left));
     if (r > 0) return 0;
     if (r < 0 && errno != EINTR) return WTX_EIO;
-    if (r == 0 && now_ms() >= until) return WTX_ETIMEDOUT;
+    if (r == 0 && wtx_clock_ms() >= until) return WTX_ETIMEDOUT;
   }
 }
 

@@ -1,0 +1,18 @@
+/* The monotonic clock every timeout, watchdog and duration in wtx reads. */
+#ifndef WTX_COMMON_CLOCK_H
+#define WTX_COMMON_CLOCK_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Milliseconds and seconds of CLOCK_MONOTONIC (unrelated to wall time). */
+int64_t wtx_clock_ms(void);
+double wtx_clock_s(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_COMMON_CLOCK_H */
