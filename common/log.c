@@ -20,7 +20,6 @@ static const char *const names[] = {"debug", "info", "warn", "error", "off"};
 
 void wtx_log_set_level(int level) { atomic_store(&threshold, level); }
 
-int wtx_log_get_level(void) { return atomic_load(&threshold); }
 
 int wtx_log_parse_level(const char *name, int *level) {
   for (int i = 0; i <= WTX_LOG_OFF; i++)
@@ -29,10 +28,6 @@ int wtx_log_parse_level(const char *name, int *level) {
       return 0;
     }
   return WTX_EINVAL;
-}
-
-const char *wtx_log_level_name(int level) {
-  return level >= 0 && level <= WTX_LOG_OFF ? names[level] : "unknown";
 }
 
 void wtx_log_set_sink(wtx_log_sink sink, void *user) {

@@ -24,11 +24,8 @@ typedef enum wtx_log_level {
 
 /* Lines below level are dropped. Process-wide. */
 void wtx_log_set_level(int level);
-int wtx_log_get_level(void);
 /* "debug", "info", "warn", "error", "off" -> level; WTX_EINVAL otherwise. */
 int wtx_log_parse_level(const char *name, int *level);
-/* "debug", ... (static). */
-const char *wtx_log_level_name(int level);
 
 /* Where lines go: sink(user, level, line) with line holding the whole
  * logfmt line without newline (valid during the call). NULL restores
