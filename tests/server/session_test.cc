@@ -36,14 +36,8 @@ struct Tensor {
 class SessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
-    o.listen = "127.0.0.1:0";
-    o.watchdog_ms = watchdog_ms_;
-    char err[256] = "";
-    ASSERT_EQ(0, wtx_worker_start(&o, &w_, err, sizeof err)) << err;
-    std::string t = "127.0.0.1:" + std::to_string(wtx_worker_port(w_));
-    ASSERT_EQ(0, wtx_rpc_channel_create(t.c_str(), nullptr, &ch_));
     region_ = "/wtx-test-" + std::to_string(getpid());
+    Restart(WTX_WORKER_OPTIONS_INIT);
   }
   void TearDown() override {
     if (ch_ != nullptr) wtx_rpc_channel_destroy(ch_);
@@ -226,7 +220,6 @@ class SessionTest : public ::testing::Test {
     EXPECT_EQ(v1_, now);
   }
 
-  int64_t watchdog_ms_ = 0;
   wtx_worker *w_ = nullptr;
   wtx_rpc_channel *ch_ = nullptr;
   wtx_rpc_status st_;
@@ -239,7 +232,7 @@ class SessionTest : public ::testing::Test {
 };
 
 void ReleaseSlowReceive();
-void RegisterSlowTcp();
+void RegisterSlowDouble();
 
 TEST_F(SessionTest, FullUpdatePublishesBitExactWithChecksums) {
   PublishV1();
@@ -348,9 +341,9 @@ TEST_F(SessionTest, AbortDiscardsStagedWeightsAndANewUpdateCanStart) {
 }
 
 TEST_F(SessionTest, WatchdogAbortsAnIdleUpdate) {
-  TearDown();
-  watchdog_ms_ = 100;
-  SetUp();
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.watchdog_ms = 100;
+  Restart(o);
   PublishV1();
   ASSERT_EQ(0, Start());
   ASSERT_EQ(0, Update({T("a", 16, 3)}));
@@ -422,7 +415,7 @@ int SlowReceive(void *, const Wtx__V1__UpdateInfo *, wtx_rx *rx) {
 
 void SlowDestroy(void *) {}
 
-const wtx_worker_transport kSlowTcp = {
+const wtx_worker_transport kSlowDouble = {
     .name = "nccl",
     .supports_draft = 0,
     .init = SlowInit,
@@ -461,7 +454,7 @@ TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
   CountingModel cm;
   ASSERT_EQ(0, wtx_store_create(&cm.store));
-  RegisterSlowTcp();
+  RegisterSlowDouble();
   wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
   o.model_ops = &kCounting;
   o.model = &cm;
@@ -530,16 +523,16 @@ void ReleaseSlowReceive() {
 }
 
 // Registered at load time, before any worker registers the built-ins.
-const int kSlowRegistered = wtx_worker_transport_register(&kSlowTcp);
+const int kSlowRegistered = wtx_worker_transport_register(&kSlowDouble);
 
-void RegisterSlowTcp() {
+void RegisterSlowDouble() {
   ASSERT_EQ(0, kSlowRegistered);
   wtx_transports_register_builtin();
-  ASSERT_EQ(&kSlowTcp, wtx_worker_transport_find("nccl"));
+  ASSERT_EQ(&kSlowDouble, wtx_worker_transport_find("nccl"));
 }
 
 TEST_F(SessionTest, InspectionIsAnsweredWhileAnUpdateIsReceiving) {
-  RegisterSlowTcp();
+  RegisterSlowDouble();
   ASSERT_EQ(0, Init("nccl")) << st_.message;
   ASSERT_EQ(0, Start()) << st_.message;
   wtx_rpc_pending *p = StartSlowUpdate();
@@ -578,7 +571,7 @@ TEST_F(SessionTest, DraftTargetPublishesBesideTheMainWeights) {
 }
 
 TEST_F(SessionTest, DraftTargetOnAnEngineWithoutItIsRefused) {
-  RegisterSlowTcp();
+  RegisterSlowDouble();
   ASSERT_EQ(0, Init("nccl")) << st_.message;
   EXPECT_EQ(WTX_ESTATE, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT));
   EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
