@@ -1,7 +1,9 @@
 # Sourced by bench/host.sh and bench/gpu.sh: builds the binaries with -c opt,
 # measures the same-run baseline, and starts workers. Sets bin, bytes, base,
 # tmp; start_worker DEVICE INDEX starts a worker and sets addr to its address
-# (not in a subshell: the workers belong to this shell and its EXIT trap).
+# and start_ms to the milliseconds from exec to serving (its port file
+# written); not in a subshell: the workers belong to this shell and its EXIT
+# trap.
 bazel build -c opt //server:wtx-worker //client:wtx //bench:memcpy_baseline 2>&1 |
   grep -E '^(ERROR|FAILED)' && exit 1
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
@@ -13,10 +15,13 @@ tmp=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
 start_worker() {
+  local t0
+  t0=$(date +%s%N)
   WTX_CUDA_DEVICE=$1 "$bin/server/wtx-worker" --listen 127.0.0.1:0 \
     --port-file "$tmp/p$2" --log-level warn 2>"$tmp/w$2.log" &
   pids+=($!)
-  for _ in $(seq 100); do [ -s "$tmp/p$2" ] && break; sleep 0.1; done
+  for _ in $(seq 1000); do [ -s "$tmp/p$2" ] && break; sleep 0.01; done
+  start_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   addr="127.0.0.1:$(cat "$tmp/p$2")"
 }
 # bench_run BACKEND WORKERS LABEL: two warm-up syncs (a worker reaches its

@@ -168,6 +168,10 @@ class WorkerTest(unittest.TestCase):
         out = self.grpcurl("wtx.v1.WeightTransfer/GetWorldSize", body="{}")
         self.assertEqual(0, out.returncode, out.stderr)
         self.assertEqual({"worldSize": 1}, json.loads(out.stdout))
+        out = self.grpcurl("wtx.v1.WeightTransfer/GetWeightInfo",
+                           body='{"include_params": true}')
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertEqual("SESSION_STATE_UNINITIALIZED", json.loads(out.stdout)["state"])
         out = self.grpcurl("grpc.health.v1.Health/Check")
         self.assertEqual({"status": "SERVING"}, json.loads(out.stdout))
         out = self.grpcurl("wtx.v1.WeightTransfer/InitWeightTransferEngine",
