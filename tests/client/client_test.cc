@@ -98,6 +98,12 @@ TEST_F(ClientTest, IdempotentCallsAreRetriedAndUpdateCallsAreNot) {
             std::string(wtx_client_last_error(c_)).find("worker 0 (127.0.0.1:"));
   EXPECT_EQ(0, wtx_client_last_replica(c_));
   EXPECT_EQ(GRPC_STATUS_UNAVAILABLE, wtx_client_last_status(c_));
+  // A call the server does not implement: UNIMPLEMENTED, named.
+  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+  EXPECT_EQ(WTX_ENOTSUP, wtx_client_init_one(c_, 0, &ii, nullptr));
+  EXPECT_NE(std::string::npos, std::string(wtx_client_last_error(c_))
+                                   .find("InitWeightTransferEngine: UNIMPLEMENTED"))
+      << wtx_client_last_error(c_);
 }
 
 TEST_F(ClientTest, RetriesStopAtTheirLimit) {

@@ -616,7 +616,6 @@ TEST_F(SessionTest, HealthGoesNotServingOnDemandAndWhenDraining) {
   wtx_rpc_status st;
   EXPECT_EQ(0, wtx_rpc_stream_finish(s, &st)) << st.message;
   drainer.join();
-  wtx_worker_set_serving(w_, 1);  // ignored once draining
 }
 
 // A host's own model (the embedding API): tensors land in its memory through
