@@ -1,6 +1,5 @@
-/* wtx sync client: typed fan-out over every replica (see client.h). */
-#include "client/client.h"
-
+/* wtx sync client: typed fan-out over every replica (see wtx/client.h and
+ * client/fanout.h). */
 #include <grpc/grpc_security.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/fanout.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 
 typedef struct replica {
@@ -60,54 +60,85 @@ static wtx_rpc_call_options call_opts(const wtx_client *c, wtx_rpc_metadata *md)
   return o;
 }
 
-int wtx_client_create(const char *const *targets, size_t n,
-                      const wtx_client_options *opts, wtx_client **out) {
+/* TLS credentials from o, NULL for plaintext; an error (with err) when they
+ * are asked for but do not build. */
+static int make_credentials(const wtx_client_options *o, grpc_channel_credentials **out,
+                            char *err, size_t errlen) {
   *out = NULL;
-  if (n == 0) return WTX_EINVAL;
+  if (o->tls_ca_pem == NULL) {
+    if (o->tls_cert_pem == NULL && o->tls_key_pem == NULL) return 0;
+    snprintf(err, errlen, "tls: a client certificate needs tls_ca_pem too");
+    return WTX_EINVAL;
+  }
+  if ((o->tls_cert_pem == NULL) != (o->tls_key_pem == NULL)) {
+    snprintf(err, errlen, "tls: tls_cert_pem and tls_key_pem go together");
+    return WTX_EINVAL;
+  }
+  grpc_ssl_pem_key_cert_pair pair = {o->tls_key_pem, o->tls_cert_pem};
+  *out = grpc_ssl_credentials_create(o->tls_ca_pem, o->tls_cert_pem ? &pair : NULL,
+                                     NULL, NULL);
+  if (*out == NULL) {
+    snprintf(err, errlen, "tls: the CA bundle or client certificate does not "
+             "build TLS credentials");
+    return WTX_EINVAL;
+  }
+  return 0;
+}
+
+/* Every replica's channel, sharing creds. */
+static int open_channels(wtx_client *c, const char *const *targets, size_t n,
+                         grpc_channel_credentials *creds, char *err, size_t errlen) {
+  wtx_rpc_channel_options co = WTX_RPC_CHANNEL_OPTIONS_INIT;
+  co.credentials = creds;
+  co.max_message_bytes = WTX_DEFAULT_MAX_MESSAGE_BYTES;
+  for (size_t i = 0; i < n; i++) {
+    int rc = wtx_rpc_channel_create(targets[i], &co, &c->r[i].ch);
+    if (rc != 0) {
+      snprintf(err, errlen, "worker %zu (%s): %s", i, targets[i], wtx_strerror(rc));
+      return rc;
+    }
+    c->n++;
+  }
+  return 0;
+}
+
+int wtx_client_create(const char *const *targets, size_t n,
+                      const wtx_client_options *opts, wtx_client **out,
+                      char *err, size_t errlen) {
+  *out = NULL;
+  if (n == 0 || n > WTX_MAX_WORKERS) {
+    snprintf(err, errlen, "workers: %zu given, must be 1..%d", n, WTX_MAX_WORKERS);
+    return WTX_EINVAL;
+  }
   wtx_client_options o = WTX_CLIENT_OPTIONS_INIT;
   if (opts != NULL) o = *opts;
+  grpc_channel_credentials *creds = NULL;
   wtx_client *c = calloc(1, sizeof *c);
-  if (c == NULL || (c->r = calloc(n, sizeof *c->r)) == NULL) {
-    free(c);
-    return WTX_ENOMEM;
-  }
-  c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 300000;
+  int rc = c != NULL && (c->r = calloc(n, sizeof *c->r)) != NULL ? 0 : WTX_ENOMEM;
+  if (rc != 0) goto fail;
+  c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : WTX_DEFAULT_TIMEOUT_MS;
   c->retries = o.retries > 0 ? o.retries : 0;
   c->err_replica = -1;
   if (o.token != NULL) {
-    c->auth = malloc(strlen(o.token) + 8);
-    if (c->auth == NULL) {
-      wtx_client_destroy(c);
-      return WTX_ENOMEM;
-    }
+    if ((c->auth = malloc(strlen(o.token) + 8)) == NULL) goto fail;
     sprintf(c->auth, "Bearer %s", o.token);
   }
-  grpc_channel_credentials *creds = NULL;
-  if (o.tls_ca_pem != NULL) {
-    grpc_ssl_pem_key_cert_pair pair = {o.tls_key_pem, o.tls_cert_pem};
-    creds = grpc_ssl_credentials_create(
-        o.tls_ca_pem, o.tls_cert_pem && o.tls_key_pem ? &pair : NULL, NULL, NULL);
-  }
-  wtx_rpc_channel_options co = WTX_RPC_CHANNEL_OPTIONS_INIT;
-  co.credentials = creds;
-  co.max_message_bytes = 64 << 20;
-  int rc = 0;
-  for (size_t i = 0; i < n && rc == 0; i++) {
-    rc = wtx_rpc_channel_create(targets[i], &co, &c->r[i].ch);
-    if (rc == 0) c->n++;
-  }
+  if ((rc = make_credentials(&o, &creds, err, errlen)) != 0 ||
+      (rc = open_channels(c, targets, n, creds, err, errlen)) != 0)
+    goto fail;
   if (creds != NULL) grpc_channel_credentials_release(creds);
-  if (rc != 0) {
-    wtx_client_destroy(c);
-    return rc;
-  }
   *out = c;
   return 0;
+fail:
+  if (rc == WTX_ENOMEM || rc == 0) snprintf(err, errlen, "out of memory");
+  if (creds != NULL) grpc_channel_credentials_release(creds);
+  wtx_client_destroy(c);
+  return rc != 0 ? rc : WTX_ENOMEM;
 }
 
 void wtx_client_destroy(wtx_client *c) {
   if (c == NULL) return;
-  for (size_t i = 0; i < c->n; i++) {
+  for (size_t i = 0; c->r != NULL && i < c->n; i++) {
     if (c->r[i].pending != NULL) {
       wtx_rpc_unary_cancel(c->r[i].pending);
       ProtobufCMessage *m = NULL;
@@ -152,7 +183,31 @@ static int call(wtx_client *c, size_t i, const wtx_rpc_method *m,
   return rc;
 }
 
-int wtx_client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info) {
+/* The fan-out of a unary call that every replica must answer, one after
+ * the other: fill(i) builds replica i's request, take(i) reads its answer
+ * (may be NULL). Stops at the first failure. */
+typedef struct fanout {
+  const wtx_rpc_method *method;
+  void (*fill)(struct fanout *f, size_t i, ProtobufCMessage *req);
+  void (*take)(struct fanout *f, size_t i, const ProtobufCMessage *resp);
+  ProtobufCMessage *req;
+  wtx_client *c;
+  void *arg;
+} fanout;
+
+static int each_replica(fanout *f) {
+  for (size_t i = 0; i < f->c->n; i++) {
+    f->fill(f, i, f->req);
+    ProtobufCMessage *m = NULL;
+    int rc = call(f->c, i, f->method, f->req, &m, 0);
+    if (rc != 0) return rc;
+    if (f->take != NULL) f->take(f, i, m);
+    protobuf_c_message_free_unpacked(m, NULL);
+  }
+  return 0;
+}
+
+int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info) {
   if (i >= c->n || c->r[i].pending != NULL) return WTX_EINVAL;
   Wtx__V1__InitWeightTransferEngineRequest req =
       WTX__V1__INIT_WEIGHT_TRANSFER_ENGINE_REQUEST__INIT;
@@ -168,8 +223,8 @@ int wtx_client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info
   return rc;
 }
 
-int wtx_client_init_wait(wtx_client *c, size_t i,
-                         Wtx__V1__InitWeightTransferEngineResponse **resp_out) {
+int wtx__client_init_wait(wtx_client *c, size_t i,
+                          Wtx__V1__InitWeightTransferEngineResponse **resp_out) {
   if (resp_out != NULL) *resp_out = NULL;
   if (i >= c->n || c->r[i].pending == NULL) return WTX_EINVAL;
   ProtobufCMessage *m = NULL;
@@ -188,27 +243,30 @@ int wtx_client_init_wait(wtx_client *c, size_t i,
   return 0;
 }
 
-int wtx_client_init_one(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info,
-                        Wtx__V1__InitWeightTransferEngineResponse **resp_out) {
-  int rc = wtx_client_init_start(c, i, info);
-  return rc != 0 ? rc : wtx_client_init_wait(c, i, resp_out);
+int wtx__client_init_one(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info,
+                         Wtx__V1__InitWeightTransferEngineResponse **resp_out) {
+  int rc = wtx__client_init_start(c, i, info);
+  return rc != 0 ? rc : wtx__client_init_wait(c, i, resp_out);
 }
 
-int wtx_client_start(wtx_client *c, int target) {
-  for (size_t i = 0; i < c->n; i++) {
-    Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
-    req.session_id = c->r[i].session_id;
-    req.target = (Wtx__V1__UpdateTarget)target;
-    ProtobufCMessage *m = NULL;
-    int rc = call(c, i, wtx__v1__weight_transfer__start_weight_update__method, &req.base, &m, 0);
-    if (rc != 0) return rc;
-    c->r[i].update_id = ((Wtx__V1__StartWeightUpdateResponse *)m)->update_id;
-    protobuf_c_message_free_unpacked(m, NULL);
-  }
-  return 0;
+static void start_fill(fanout *f, size_t i, ProtobufCMessage *m) {
+  Wtx__V1__StartWeightUpdateRequest *req = (Wtx__V1__StartWeightUpdateRequest *)m;
+  req->session_id = f->c->r[i].session_id;
 }
 
-int wtx_client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
+static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
+  f->c->r[i].update_id = ((const Wtx__V1__StartWeightUpdateResponse *)m)->update_id;
+}
+
+int wtx__client_start(wtx_client *c, int target) {
+  Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
+  req.target = (Wtx__V1__UpdateTarget)target;
+  fanout f = {wtx__v1__weight_transfer__start_weight_update__method, start_fill,
+              start_take, &req.base, c, NULL};
+  return each_replica(&f);
+}
+
+int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
   wtx_rpc_metadata md;
   wtx_rpc_call_options o = call_opts(c, &md);
   int first = 0;
@@ -236,11 +294,15 @@ static int consequential(int code) {
          code == GRPC_STATUS_DEADLINE_EXCEEDED || code == GRPC_STATUS_ABORTED;
 }
 
-int wtx_client_update_wait(wtx_client *c) {
-  int first = 0;
+static void list_add(char *buf, size_t len, size_t i) {
+  size_t o = strlen(buf);
+  snprintf(buf + o, len - o, "%s%zu", o ? ", " : "", i);
+}
+
+int wtx__client_update_wait(wtx_client *c) {
+  int first = 0, cause_code = 0;
   size_t cause = 0, failed = 0;
   char cause_msg[sizeof c->err] = "", others[300] = "";
-  int cause_code = 0;
   /* Every started call is waited for, even after a failure; the error
    * reported is the most telling one (a refusal over a broken stream), and
    * the other failing replicas are listed after it. */
@@ -253,48 +315,55 @@ int wtx_client_update_wait(wtx_client *c) {
     if (m != NULL) protobuf_c_message_free_unpacked(m, NULL);
     if (rc == 0) continue;
     failed++;
-    if (first == 0 || (consequential(cause_code) && !consequential(st.code))) {
-      if (first != 0) {
-        size_t o = strlen(others);
-        snprintf(others + o, sizeof others - o, "%s%zu", o ? ", " : "", cause);
-      }
-      first = rc;
-      cause = i;
-      cause_code = st.code;
-      call_failed(c, i, "UpdateWeights", rc, &st);
-      snprintf(cause_msg, sizeof cause_msg, "%s", c->err);
-    } else {
-      size_t o = strlen(others);
-      snprintf(others + o, sizeof others - o, "%s%zu", o ? ", " : "", i);
+    if (first != 0 && !(consequential(cause_code) && !consequential(st.code))) {
+      list_add(others, sizeof others, i);
+      continue;
     }
+    if (first != 0) list_add(others, sizeof others, cause);
+    first = rc;
+    cause = i;
+    cause_code = st.code;
+    call_failed(c, i, "UpdateWeights", rc, &st);
+    snprintf(cause_msg, sizeof cause_msg, "%s", c->err);
   }
-  if (first != 0) {
+  if (first != 0)
     seterr(c, (int)cause, cause_code, "%s%s%s%s", cause_msg,
            failed > 1 ? " (also failed: worker " : "", failed > 1 ? others : "",
            failed > 1 ? ")" : "");
-  }
   return first;
 }
 
-int wtx_client_finish(wtx_client *c, const char *version, char **published) {
-  if (published != NULL) *published = NULL;
-  for (size_t i = 0; i < c->n; i++) {
-    Wtx__V1__FinishWeightUpdateRequest req = WTX__V1__FINISH_WEIGHT_UPDATE_REQUEST__INIT;
-    req.session_id = c->r[i].session_id;
-    req.update_id = c->r[i].update_id;
-    req.weight_version = (char *)(version ? version : "");
-    ProtobufCMessage *m = NULL;
-    int rc = call(c, i, wtx__v1__weight_transfer__finish_weight_update__method, &req.base, &m, 0);
-    if (rc != 0) return rc;
-    if (i == 0 && published != NULL)
-      *published = strdup(((Wtx__V1__FinishWeightUpdateResponse *)m)->weight_version);
-    protobuf_c_message_free_unpacked(m, NULL);
-  }
-  return 0;
+typedef struct finish_arg {
+  char *out;
+  size_t len;
+} finish_arg;
+
+static void finish_fill(fanout *f, size_t i, ProtobufCMessage *m) {
+  Wtx__V1__FinishWeightUpdateRequest *req = (Wtx__V1__FinishWeightUpdateRequest *)m;
+  req->session_id = f->c->r[i].session_id;
+  req->update_id = f->c->r[i].update_id;
+}
+
+static void finish_take(fanout *f, size_t i, const ProtobufCMessage *m) {
+  finish_arg *a = f->arg;
+  if (i == 0 && a->out != NULL)
+    snprintf(a->out, a->len, "%s",
+             ((const Wtx__V1__FinishWeightUpdateResponse *)m)->weight_version);
+}
+
+int wtx__client_finish(wtx_client *c, const char *version, char *published,
+                       size_t publen) {
+  if (published != NULL && publen > 0) published[0] = '\0';
+  Wtx__V1__FinishWeightUpdateRequest req = WTX__V1__FINISH_WEIGHT_UPDATE_REQUEST__INIT;
+  req.weight_version = (char *)(version ? version : "");
+  finish_arg a = {published, publen};
+  fanout f = {wtx__v1__weight_transfer__finish_weight_update__method, finish_fill,
+              finish_take, &req.base, c, &a};
+  return each_replica(&f);
 }
 
 /* AbortWeightUpdate on every replica: of our sessions, or (any) of
- * whatever session is current. */
+ * whatever session is current. Best effort: every replica is tried. */
 static int abort_all(wtx_client *c, const char *reason, int any, int *aborted) {
   int first = 0;
   for (size_t i = 0; i < c->n; i++) {
@@ -302,7 +371,10 @@ static int abort_all(wtx_client *c, const char *reason, int any, int *aborted) {
     if (!any && c->r[i].session_id[0] == '\0') continue;
     Wtx__V1__AbortWeightUpdateRequest req = WTX__V1__ABORT_WEIGHT_UPDATE_REQUEST__INIT;
     req.session_id = any ? (char *)"" : c->r[i].session_id;
-    req.reason = (char *)(reason ? reason : "");
+    /* The schema bounds the reason; a long one is cut, not refused. */
+    char why[WTX_MAX_REASON_BYTES + 1];
+    snprintf(why, sizeof why, "%s", reason ? reason : "");
+    req.reason = why;
     ProtobufCMessage *m = NULL;
     int rc = call(c, i, wtx__v1__weight_transfer__abort_weight_update__method, &req.base, &m, 0);
     if (m != NULL) {
@@ -314,7 +386,7 @@ static int abort_all(wtx_client *c, const char *reason, int any, int *aborted) {
   return first;
 }
 
-int wtx_client_abort(wtx_client *c, const char *reason) {
+int wtx__client_abort(wtx_client *c, const char *reason) {
   return abort_all(c, reason, 0, NULL);
 }
 
@@ -322,14 +394,65 @@ int wtx_client_abort_any(wtx_client *c, const char *reason, int *aborted) {
   return abort_all(c, reason, 1, aborted);
 }
 
+const char *wtx_session_state_name(int state) {
+  const ProtobufCEnumValue *v =
+      protobuf_c_enum_descriptor_get_value(&wtx__v1__session_state__descriptor, state);
+  /* "SESSION_STATE_READY" -> "READY" */
+  return v != NULL && state != 0 ? v->name + strlen("SESSION_STATE_") : "UNSPECIFIED";
+}
+
+/* Copies the listed parameters of resp into info (names malloc'd). */
+static int copy_params(const Wtx__V1__GetWeightInfoResponse *resp, wtx_weight_info *info) {
+  info->params = calloc(resp->n_params + 1, sizeof *info->params);
+  if (info->params == NULL) return WTX_ENOMEM;
+  for (size_t i = 0; i < resp->n_params; i++) {
+    const Wtx__V1__ParamInfo *p = resp->params[i];
+    wtx_param_info *q = &info->params[i];
+    char why[64];
+    const Wtx__V1__ParamMeta *pm = p->meta;
+    char *name = strdup(pm != NULL ? pm->name : "");
+    if (name == NULL) return WTX_ENOMEM;
+    info->n_params++;
+    /* A malformed entry keeps its name and reports 0 bytes rather than
+     * failing the whole listing. */
+    if (pm == NULL || wtx_tensor_meta_set(&q->meta, name, pm->dtype, pm->shape,
+                                          pm->n_shape, why, sizeof why) != 0)
+      q->meta = (wtx_tensor_meta){.name = name};
+    q->xxh3 = p->xxh3_64;
+  }
+  return 0;
+}
+
 int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
-                           Wtx__V1__GetWeightInfoResponse **resp) {
+                           wtx_weight_info *out) {
+  memset(out, 0, sizeof *out);
   Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
   req.include_params = include_params;
   ProtobufCMessage *m = NULL;
   int rc = i < c->n ? call(c, i, wtx__v1__weight_transfer__get_weight_info__method, &req.base, &m, 1) : WTX_EINVAL;
-  *resp = (Wtx__V1__GetWeightInfoResponse *)m;
+  if (rc != 0) return rc;
+  Wtx__V1__GetWeightInfoResponse *r = (Wtx__V1__GetWeightInfoResponse *)m;
+  snprintf(out->version, sizeof out->version, "%s", r->weight_version);
+  snprintf(out->backend, sizeof out->backend, "%s", r->backend);
+  out->generation = r->generation;
+  out->state = (wtx_session_state)r->state;
+  out->num_params = r->num_params;
+  out->total_bytes = r->total_bytes;
+  out->paused = r->paused;
+  out->active_target = r->active_target;
+  out->draft_num_params = r->draft_num_params;
+  out->draft_total_bytes = r->draft_total_bytes;
+  rc = r->n_params > 0 ? copy_params(r, out) : 0;
+  protobuf_c_message_free_unpacked(m, NULL);
   return rc;
+}
+
+void wtx_weight_info_free(wtx_weight_info *info) {
+  for (size_t i = 0; info->params != NULL && i < info->n_params; i++)
+    free((char *)info->params[i].meta.name);
+  free(info->params);
+  info->params = NULL;
+  info->n_params = 0;
 }
 
 int wtx_client_world_size(wtx_client *c, size_t i, uint32_t *world_size) {
@@ -343,18 +466,45 @@ int wtx_client_world_size(wtx_client *c, size_t i, uint32_t *world_size) {
   return rc;
 }
 
-int wtx_client_set_version(wtx_client *c, const char *version, char **previous) {
-  if (previous != NULL) *previous = NULL;
-  for (size_t i = 0; i < c->n; i++) {
-    Wtx__V1__UpdateWeightVersionRequest req = WTX__V1__UPDATE_WEIGHT_VERSION_REQUEST__INIT;
-    req.weight_version = (char *)version;
-    ProtobufCMessage *m = NULL;
-    int rc = call(c, i, wtx__v1__weight_transfer__update_weight_version__method, &req.base, &m, 0);
-    if (rc != 0) return rc;
-    if (i == 0 && previous != NULL)
-      *previous = strdup(((Wtx__V1__UpdateWeightVersionResponse *)m)->previous_version);
-    protobuf_c_message_free_unpacked(m, NULL);
+static void version_fill(fanout *f, size_t i, ProtobufCMessage *m) {
+  (void)f, (void)i, (void)m; /* the same request for every replica */
+}
+
+static void version_take(fanout *f, size_t i, const ProtobufCMessage *m) {
+  finish_arg *a = f->arg;
+  if (i == 0 && a->out != NULL)
+    snprintf(a->out, a->len, "%s",
+             ((const Wtx__V1__UpdateWeightVersionResponse *)m)->previous_version);
+}
+
+int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
+                           size_t prevlen) {
+  if (previous != NULL && prevlen > 0) previous[0] = '\0';
+  size_t n = version != NULL ? strlen(version) : 0;
+  if (n == 0 || n > WTX_MAX_VERSION_BYTES) {
+    seterr(c, -1, 3 /* INVALID_ARGUMENT */, "version: %zu bytes, must be 1..%d", n,
+           WTX_MAX_VERSION_BYTES);
+    return WTX_EINVAL;
   }
+  Wtx__V1__UpdateWeightVersionRequest req = WTX__V1__UPDATE_WEIGHT_VERSION_REQUEST__INIT;
+  req.weight_version = (char *)version;
+  finish_arg a = {previous, prevlen};
+  fanout f = {wtx__v1__weight_transfer__update_weight_version__method, version_fill,
+              version_take, &req.base, c, &a};
+  return each_replica(&f);
+}
+
+/* The published checksum of name in info, or 0 with *found 0. */
+static uint64_t published_sum(const wtx_weight_info *info, const char *name,
+                              size_t hint, int *found) {
+  for (size_t k = 0; k < info->n_params; k++) {
+    const wtx_param_info *p = &info->params[(hint + k) % info->n_params];
+    if (strcmp(p->meta.name, name) == 0) {
+      *found = 1;
+      return p->xxh3;
+    }
+  }
+  *found = 0;
   return 0;
 }
 
@@ -363,30 +513,25 @@ int wtx_client_verify(wtx_client *c, wtx_source *source, const uint64_t *xxh3) {
   size_t n;
   int rc = wtx_source_metadata(source, &metas, &n);
   for (size_t i = 0; rc == 0 && i < c->n; i++) {
-    Wtx__V1__GetWeightInfoResponse *resp = NULL;
-    rc = wtx_client_weight_info(c, i, 1, &resp);
-    if (rc != 0) return rc;
-    if (resp->n_params != n) {
+    wtx_weight_info info;
+    rc = wtx_client_weight_info(c, i, 1, &info);
+    if (rc == 0 && info.n_params != n) {
       seterr(c, (int)i, 0, "worker %zu (%s) holds %zu parameters, the trainer "
-             "sent %zu", i, wtx_client_target(c, i), resp->n_params, n);
+             "sent %zu", i, wtx_client_target(c, i), info.n_params, n);
       rc = WTX_ECHECKSUM;
     }
     /* The worker lists parameters in its own order: match by name. */
     for (size_t j = 0; rc == 0 && j < n; j++) {
-      const Wtx__V1__ParamInfo *p = NULL;
-      for (size_t k = 0; k < resp->n_params && p == NULL; k++) {
-        size_t q = (j + k) % resp->n_params;
-        if (strcmp(resp->params[q]->meta->name, metas[j].name) == 0) p = resp->params[q];
-      }
-      if (p == NULL || p->xxh3_64 != xxh3[j]) {
+      int found;
+      uint64_t got = published_sum(&info, metas[j].name, j, &found);
+      if (!found || got != xxh3[j]) {
         seterr(c, (int)i, 0, "worker %zu (%s): '%s' xxh3 %016llx, the trainer "
                "sent %016llx", i, wtx_client_target(c, i), metas[j].name,
-               p ? (unsigned long long)p->xxh3_64 : 0ULL,
-               (unsigned long long)xxh3[j]);
+               (unsigned long long)got, (unsigned long long)xxh3[j]);
         rc = WTX_ECHECKSUM;
       }
     }
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    wtx_weight_info_free(&info);
   }
   return rc;
 }

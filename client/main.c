@@ -7,8 +7,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "client/client.h"
-#include "transport/transport.h"
+#include "wtx/client.h"
 
 static const char usage[] =
     "usage: wtx push --workers HOST:PORT[,...] [options] SOURCE...\n"
@@ -105,64 +104,12 @@ static void on_progress(void *arg, uint64_t done, uint64_t total) {
 }
 
 typedef struct push_args {
-  const char *workers, *backend, *version, *data_address, *token;
+  const char *workers, *version, *token;
   const char *tls_ca, *tls_cert, *tls_key;
-  uint64_t buffer, seed, timeout_ms;
-  uint64_t num_buffers;
-  int verify, unpacked, no_checksum, draft;
+  wtx_trainer_config cfg;
+  uint64_t seed;
+  int verify, draft;
 } push_args;
-
-/* The init info the trainer brings: the backend's oneof and wire params. */
-typedef struct init_msgs {
-  Wtx__V1__InitInfo ii;
-  Wtx__V1__PackingParams pk;
-  Wtx__V1__ShmInitInfo shm;
-  Wtx__V1__TcpInitInfo tcp;
-  Wtx__V1__NcclInitInfo nccl;
-  Wtx__V1__CudaIpcInitInfo cuda_ipc;
-} init_msgs;
-
-static int build_init(const push_args *a, init_msgs *m) {
-  Wtx__V1__InitInfo *ii = &m->ii;
-  Wtx__V1__PackingParams *pk = &m->pk;
-  pk->packed = !a->unpacked;
-  pk->buffer_size_bytes = a->buffer;
-  pk->num_buffers = (uint32_t)a->num_buffers;
-  Wtx__V1__ChecksumAlgorithm ck =
-      a->no_checksum > 0    ? WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE
-      : a->no_checksum == 0 ? WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64
-                            : WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_UNSPECIFIED;
-  uint32_t to = (uint32_t)a->timeout_ms;
-  /* Every backend's init message has packing, checksum and timeout_ms. */
-#define BACKEND(NAME, field, msg, INIT, CASE)          \
-  if (strcmp(a->backend, NAME) == 0) {                 \
-    m->field = (msg)INIT;                              \
-    m->field.packing = pk;                             \
-    m->field.checksum = ck;                            \
-    m->field.timeout_ms = to;                          \
-    ii->backend_case = WTX__V1__INIT_INFO__BACKEND_##CASE; \
-    ii->field = &m->field;                             \
-    ok = 1;                                            \
-  }
-  int ok = 0;
-  BACKEND("shm", shm, Wtx__V1__ShmInitInfo, WTX__V1__SHM_INIT_INFO__INIT, SHM)
-  BACKEND("tcp", tcp, Wtx__V1__TcpInitInfo, WTX__V1__TCP_INIT_INFO__INIT, TCP)
-  BACKEND("nccl", nccl, Wtx__V1__NcclInitInfo, WTX__V1__NCCL_INIT_INFO__INIT, NCCL)
-  BACKEND("cuda_ipc", cuda_ipc, Wtx__V1__CudaIpcInitInfo,
-          WTX__V1__CUDA_IPC_INIT_INFO__INIT, CUDA_IPC)
-#undef BACKEND
-  if (ok && ii->backend_case == WTX__V1__INIT_INFO__BACKEND_TCP)
-    m->tcp.upstream_address = (char *)(a->data_address ? a->data_address : "");
-  if (!ok) {
-    char names[256];
-    wtx_transports_register_builtin();
-    wtx_trainer_transport_names(names, sizeof names);
-    fprintf(stderr, "wtx push: --backend %s: not available here (available: %s)\n",
-            a->backend, names);
-    return -1;
-  }
-  return 0;
-}
 
 static int open_source(int argc, char **argv, const push_args *a, wtx_source **src) {
   char err[1024] = "";
@@ -189,147 +136,183 @@ static int open_source(int argc, char **argv, const push_args *a, wtx_source **s
   return 0;
 }
 
-static int make_client(const char *workers, const push_args *a, wtx_client **cl,
-                       char **list_out) {
+/* Reads a PEM file named by a flag into *out; an unreadable one is an
+ * error naming the flag, never a silent fall back to plaintext. */
+static int read_pem(const char *flag, const char *path, char **out) {
+  *out = NULL;
+  if (path == NULL) return 0;
+  if ((*out = read_file(path)) != NULL) return 0;
+  fprintf(stderr, "wtx: %s: cannot read %s\n", flag, path);
+  return -1;
+}
+
+/* The client for a comma-separated worker list, with a's credentials
+ * (a may be NULL: inspection commands). */
+static int make_client(const char *workers, const push_args *a, wtx_client **cl) {
   char *list = strdup(workers);
-  const char *targets[256];
-  size_t nt = split_list(list, targets, 256);
+  const char *targets[WTX_MAX_WORKERS + 1];
+  size_t nt = list ? split_list(list, targets, WTX_MAX_WORKERS + 1) : 0;
   wtx_client_options co = WTX_CLIENT_OPTIONS_INIT;
-  co.timeout_ms = a ? (int64_t)a->timeout_ms : 10000;
+  co.timeout_ms = a ? (int64_t)a->cfg.timeout_ms : 10000;
   co.retries = 2;
-  char *ca = NULL, *cert = NULL, *key = NULL;
+  char *ca = NULL, *cert = NULL, *key = NULL, err[600] = "";
+  int rc = -1;
   if (a != NULL) {
     co.token = a->token;
-    if (a->tls_ca && (co.tls_ca_pem = ca = read_file(a->tls_ca)) == NULL) {
-      fprintf(stderr, "wtx: --tls-ca: cannot read %s\n", a->tls_ca);
-      free(list);
-      return -1;
-    }
-    if (a->tls_cert) co.tls_cert_pem = cert = read_file(a->tls_cert);
-    if (a->tls_key) co.tls_key_pem = key = read_file(a->tls_key);
+    if (read_pem("--tls-ca", a->tls_ca, &ca) != 0 ||
+        read_pem("--tls-cert", a->tls_cert, &cert) != 0 ||
+        read_pem("--tls-key", a->tls_key, &key) != 0)
+      goto done;
+    co.tls_ca_pem = ca;
+    co.tls_cert_pem = cert;
+    co.tls_key_pem = key;
   }
-  int rc = nt == 0 ? WTX_EINVAL : wtx_client_create(targets, nt, &co, cl);
+  /* One past the limit was kept, so too many is an error, never a drop. */
+  rc = wtx_client_create(targets, nt, &co, cl, err, sizeof err);
+  if (rc != 0) fprintf(stderr, "wtx: --workers '%s': %s\n", workers, err);
+done:
   free(ca);
   free(cert);
   free(key);
-  if (rc != 0) {
-    fprintf(stderr, "wtx: workers '%s': %s\n", workers, wtx_strerror(rc));
-    free(list);
-    return -1;
-  }
-  *list_out = list;
-  return 0;
+  free(list);
+  return rc == 0 ? 0 : -1;
 }
 
-static int cmd_push(int argc, char **argv) {
-  push_args a = {.backend = "shm", .timeout_ms = 300000, .num_buffers = 2,
-                 .no_checksum = -1};
-  static const struct option longopts[] = {
-      {"workers", required_argument, NULL, 'w'},
-      {"backend", required_argument, NULL, 'b'},
-      {"buffer-size", required_argument, NULL, 's'},
-      {"num-buffers", required_argument, NULL, 'n'},
-      {"unpacked", no_argument, NULL, 'u'},
-      {"no-checksum", no_argument, NULL, 'x'},
-      {"checksum", no_argument, NULL, 'X'},
-      {"data-address", required_argument, NULL, 'a'},
-      {"version", required_argument, NULL, 'v'},
-      {"draft", no_argument, NULL, 'd'},
-      {"seed", required_argument, NULL, 'e'},
-      {"timeout-ms", required_argument, NULL, 't'},
-      {"token", required_argument, NULL, 'k'},
-      {"tls-ca", required_argument, NULL, 'C'},
-      {"tls-cert", required_argument, NULL, 'R'},
-      {"tls-key", required_argument, NULL, 'K'},
-      {"verify", no_argument, NULL, 'c'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0},
-  };
+static const struct option push_longopts[] = {
+    {"workers", required_argument, NULL, 'w'},
+    {"backend", required_argument, NULL, 'b'},
+    {"buffer-size", required_argument, NULL, 's'},
+    {"num-buffers", required_argument, NULL, 'n'},
+    {"unpacked", no_argument, NULL, 'u'},
+    {"no-checksum", no_argument, NULL, 'x'},
+    {"checksum", no_argument, NULL, 'X'},
+    {"data-address", required_argument, NULL, 'a'},
+    {"version", required_argument, NULL, 'v'},
+    {"draft", no_argument, NULL, 'd'},
+    {"seed", required_argument, NULL, 'e'},
+    {"timeout-ms", required_argument, NULL, 't'},
+    {"token", required_argument, NULL, 'k'},
+    {"tls-ca", required_argument, NULL, 'C'},
+    {"tls-cert", required_argument, NULL, 'R'},
+    {"tls-key", required_argument, NULL, 'K'},
+    {"verify", no_argument, NULL, 'c'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* One option of push into a; 1 when its value is not valid. */
+static int push_option(int c, const char *arg, push_args *a) {
+  uint64_t v = 0;
+  wtx_trainer_config *cfg = &a->cfg;
+  switch (c) {
+    case 'w': a->workers = arg; return 0;
+    case 'b': cfg->backend = arg; return 0;
+    case 's': return parse_size(arg, &cfg->buffer_size) != 0;
+    case 'n':
+      if (parse_size(arg, &v) != 0 || v < 1 || v > WTX_MAX_BUFFERS) return 1;
+      cfg->num_buffers = (uint32_t)v;
+      return 0;
+    case 'u': cfg->unpacked = 1; return 0;
+    case 'x': cfg->checksum = WTX_CHECKSUM_NONE; return 0;
+    case 'X': cfg->checksum = WTX_CHECKSUM_XXH3_64; return 0;
+    case 'a': cfg->data_address = arg; return 0;
+    case 'v': a->version = arg; return 0;
+    case 'd': a->draft = 1; return 0;
+    case 'e': return parse_size(arg, &a->seed) != 0;
+    case 't':
+      if (parse_size(arg, &v) != 0 || v == 0 || v > UINT32_MAX) return 1;
+      cfg->timeout_ms = (uint32_t)v;
+      return 0;
+    case 'k': a->token = arg; return 0;
+    case 'C': a->tls_ca = arg; return 0;
+    case 'R': a->tls_cert = arg; return 0;
+    case 'K': a->tls_key = arg; return 0;
+    case 'c': a->verify = 1; return 0;
+    default: return 1;
+  }
+}
+
+/* Parses push's flags: 0 to go on, else the exit status (help: 0 via -1). */
+static int parse_push(int argc, char **argv, push_args *a) {
   int c, li = 0;
-  while ((c = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
-    int bad = 0;
-    switch (c) {
-      case 'w': a.workers = optarg; break;
-      case 'b': a.backend = optarg; break;
-      case 's': bad = parse_size(optarg, &a.buffer) != 0; break;
-      case 'n': bad = parse_size(optarg, &a.num_buffers) != 0 ||
-                      a.num_buffers < 1 || a.num_buffers > 64; break;
-      case 'u': a.unpacked = 1; break;
-      case 'x': a.no_checksum = 1; break;
-      case 'X': a.no_checksum = 0; break;
-      case 'a': a.data_address = optarg; break;
-      case 'v': a.version = optarg; break;
-      case 'd': a.draft = 1; break;
-      case 'e': bad = parse_size(optarg, &a.seed) != 0; break;
-      case 't': bad = parse_size(optarg, &a.timeout_ms) != 0 || a.timeout_ms == 0 ||
-                      a.timeout_ms > UINT32_MAX; break;
-      case 'k': a.token = optarg; break;
-      case 'C': a.tls_ca = optarg; break;
-      case 'R': a.tls_cert = optarg; break;
-      case 'K': a.tls_key = optarg; break;
-      case 'c': a.verify = 1; break;
-      case 'h': fputs(usage, stdout); return 0;
-      default: fputs(usage, stderr); return 2;
+  while ((c = getopt_long(argc, argv, "h", push_longopts, &li)) != -1) {
+    if (c == 'h') {
+      fputs(usage, stdout);
+      return -1;
     }
-    if (bad) {
-      fprintf(stderr, "wtx push: --%s: '%s' is not valid\n", longopts[li].name,
+    if (c == '?') {
+      fputs(usage, stderr);
+      return 2;
+    }
+    if (push_option(c, optarg, a) != 0) {
+      fprintf(stderr, "wtx push: --%s: '%s' is not valid\n", push_longopts[li].name,
               optarg);
       return 2;
     }
   }
-  if (a.workers == NULL || optind >= argc) {
+  if (a->workers == NULL || optind >= argc) {
     fprintf(stderr, "wtx push: --workers and a SOURCE are required\n%s", usage);
     return 2;
   }
-  if (a.verify && a.no_checksum < 0) a.no_checksum = 0; /* --verify needs them */
-  init_msgs im = {.ii = WTX__V1__INIT_INFO__INIT, .pk = WTX__V1__PACKING_PARAMS__INIT};
-  if (build_init(&a, &im) != 0) return 2;
-  wtx_source *src = NULL;
-  if (open_source(argc - optind, argv + optind, &a, &src) != 0) return 2;
-  wtx_client *cl = NULL;
-  char *list = NULL;
-  if (make_client(a.workers, &a, &cl, &list) != 0) {
-    wtx_source_destroy(src);
-    return 2;
-  }
-  size_t nw = wtx_client_size(cl);
-  wtx_trainer_init_info ti = {.rank = 0, .init = &im.ii};
+  /* --verify needs checksums: on unless --no-checksum said otherwise. */
+  if (a->verify && a->cfg.checksum == WTX_CHECKSUM_DEFAULT)
+    a->cfg.checksum = WTX_CHECKSUM_XXH3_64;
+  return 0;
+}
+
+/* The sync itself, its summary line and the optional verification. */
+static int push_sync(const push_args *a, wtx_client *cl, wtx_source *src) {
   wtx_trainer *tr = NULL;
   char err[2048] = "";
-  int rc = wtx_trainer_init(&ti, cl, src, &tr, err, sizeof err);
-  wtx_send_result res;
-  memset(&res, 0, sizeof res);
+  int rc = wtx_trainer_init(&a->cfg, cl, src, &tr, err, sizeof err);
   if (rc != 0) {
     fprintf(stderr, "wtx push: init: %s\n", err);
+    return rc;
+  }
+  progress pr = {wtx_clock_s(), isatty(2)};
+  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+  so.version = a->version;
+  so.target = a->draft ? WTX_TARGET_DRAFT : WTX_TARGET_MAIN;
+  so.progress = on_progress;
+  so.progress_arg = &pr;
+  wtx_send_result res;
+  size_t nw = wtx_client_size(cl);
+  if ((rc = wtx_trainer_send_weights(tr, &so, &res)) != 0) {
+    if (pr.tty) fputc('\n', stderr);
+    fprintf(stderr, "wtx push: failed: %s\n", wtx_trainer_last_error(tr));
   } else {
-    progress pr = {wtx_clock_s(), isatty(2)};
-    wtx_send_options so = WTX_SEND_OPTIONS_INIT;
-    so.version = a.version;
-    so.target = a.draft ? WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT : 0;
-    so.progress = on_progress;
-    so.progress_arg = &pr;
-    rc = wtx_trainer_send_weights(tr, &so, &res);
-    if (rc != 0) {
-      if (pr.tty) fputc('\n', stderr);
-      fprintf(stderr, "wtx push: failed: %s\n", wtx_trainer_last_error(tr));
-    } else {
-      printf("pushed %zu params, %llu bytes to %zu worker(s) over %s in %.2f s "
-             "(%.2f GB/s), version %s\n", res.params, (unsigned long long)res.bytes,
-             nw, a.backend, res.seconds, res.bytes / res.seconds / 1e9, res.version);
-      if (a.verify && res.xxh3 == NULL) {
-        fprintf(stderr, "wtx push: --verify needs checksums (drop --no-checksum)\n");
-        rc = WTX_EINVAL;
-      } else if (a.verify && (rc = wtx_client_verify(cl, src, res.xxh3)) != 0) {
-        fprintf(stderr, "wtx push: verify failed: %s\n", wtx_client_last_error(cl));
-      } else if (a.verify) {
-        printf("verified: %zu checksums equal on %zu worker(s)\n", res.params, nw);
-      }
+    printf("pushed %zu params, %llu bytes to %zu worker(s) over %s in %.2f s "
+           "(%.2f GB/s), version %s\n", res.params, (unsigned long long)res.bytes,
+           nw, a->cfg.backend, res.seconds, res.bytes / res.seconds / 1e9, res.version);
+    if (a->verify && res.xxh3 == NULL) {
+      fprintf(stderr, "wtx push: --verify needs checksums (drop --no-checksum)\n");
+      rc = WTX_EINVAL;
+    } else if (a->verify && (rc = wtx_client_verify(cl, src, res.xxh3)) != 0) {
+      fprintf(stderr, "wtx push: verify failed: %s\n", wtx_client_last_error(cl));
+    } else if (a->verify) {
+      printf("verified: %zu checksums equal on %zu worker(s)\n", res.params, nw);
     }
   }
   wtx_trainer_shutdown(tr);
+  return rc;
+}
+
+static int cmd_push(int argc, char **argv) {
+  push_args a = {.cfg = WTX_TRAINER_CONFIG_INIT};
+  a.cfg.backend = "shm";
+  a.cfg.timeout_ms = WTX_DEFAULT_TIMEOUT_MS;
+  int st = parse_push(argc, argv, &a);
+  if (st != 0) return st < 0 ? 0 : st;
+  wtx_source *src = NULL;
+  wtx_client *cl = NULL;
+  if (open_source(argc - optind, argv + optind, &a, &src) != 0) return 2;
+  if (make_client(a.workers, &a, &cl) != 0) {
+    wtx_source_destroy(src);
+    return 2;
+  }
+  int rc = push_sync(&a, cl, src);
   wtx_client_destroy(cl);
   wtx_source_destroy(src);
-  free(list);
   return rc == 0 ? 0 : 1;
 }
 
@@ -339,33 +322,29 @@ static int cmd_info(int argc, char **argv) {
     return 2;
   }
   wtx_client *cl;
-  char *list;
-  if (make_client(argv[1], NULL, &cl, &list) != 0) return 2;
+  if (make_client(argv[1], NULL, &cl) != 0) return 2;
   int rc = 0;
   for (size_t i = 0; i < wtx_client_size(cl); i++) {
-    Wtx__V1__GetWeightInfoResponse *resp = NULL;
-    int e = wtx_client_weight_info(cl, i, argc == 3, &resp);
+    wtx_weight_info info;
+    int e = wtx_client_weight_info(cl, i, argc == 3, &info);
     if (e != 0) {
       fprintf(stderr, "wtx info: %s\n", wtx_client_last_error(cl));
       rc = e;
       continue;
     }
-    const ProtobufCEnumValue *sv = protobuf_c_enum_descriptor_get_value(
-        &wtx__v1__session_state__descriptor, resp->state);
-    printf("%s: version %s  generation %llu  params %u  bytes %llu  state %s  "
-           "backend %s%s\n", wtx_client_target(cl, i),
-           resp->weight_version[0] ? resp->weight_version : "(none)",
-           (unsigned long long)resp->generation, resp->num_params,
-           (unsigned long long)resp->total_bytes, sv ? sv->name : "?",
-           resp->backend[0] ? resp->backend : "-", resp->paused ? "  paused" : "");
-    for (size_t j = 0; j < resp->n_params; j++)
-      printf("  %s  %llu bytes  xxh3 %016llx\n", resp->params[j]->meta->name,
-             (unsigned long long)resp->params[j]->nbytes,
-             (unsigned long long)resp->params[j]->xxh3_64);
-    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    printf("%s: version %s  generation %llu  params %zu  bytes %llu  state "
+           "SESSION_STATE_%s  backend %s%s\n", wtx_client_target(cl, i),
+           info.version[0] ? info.version : "(none)",
+           (unsigned long long)info.generation, info.num_params,
+           (unsigned long long)info.total_bytes, wtx_session_state_name(info.state),
+           info.backend[0] ? info.backend : "-", info.paused ? "  paused" : "");
+    for (size_t j = 0; j < info.n_params; j++)
+      printf("  %s  %llu bytes  xxh3 %016llx\n", info.params[j].meta.name,
+             (unsigned long long)info.params[j].meta.nbytes,
+             (unsigned long long)info.params[j].xxh3);
+    wtx_weight_info_free(&info);
   }
   wtx_client_destroy(cl);
-  free(list);
   return rc == 0 ? 0 : 1;
 }
 
@@ -375,18 +354,15 @@ static int cmd_version(int argc, char **argv) {
     return 2;
   }
   wtx_client *cl;
-  char *list;
-  if (make_client(argv[1], NULL, &cl, &list) != 0) return 2;
-  char *prev = NULL;
-  int rc = wtx_client_set_version(cl, argv[2], &prev);
+  if (make_client(argv[1], NULL, &cl) != 0) return 2;
+  char prev[WTX_MAX_VERSION_BYTES + 1];
+  int rc = wtx_client_set_version(cl, argv[2], prev, sizeof prev);
   if (rc != 0)
     fprintf(stderr, "wtx version: %s\n", wtx_client_last_error(cl));
   else
     printf("version %s (was %s) on %zu worker(s)\n", argv[2],
-           prev && prev[0] ? prev : "(none)", wtx_client_size(cl));
-  free(prev);
+           prev[0] ? prev : "(none)", wtx_client_size(cl));
   wtx_client_destroy(cl);
-  free(list);
   return rc == 0 ? 0 : 1;
 }
 
@@ -396,8 +372,7 @@ static int cmd_abort(int argc, char **argv) {
     return 2;
   }
   wtx_client *cl;
-  char *list;
-  if (make_client(argv[1], NULL, &cl, &list) != 0) return 2;
+  if (make_client(argv[1], NULL, &cl) != 0) return 2;
   /* An operator's abort: the worker's current session, whatever it is. */
   size_t n = wtx_client_size(cl);
   int *aborted = calloc(n, sizeof *aborted);
@@ -410,7 +385,6 @@ static int cmd_abort(int argc, char **argv) {
              aborted[i] ? "update aborted" : "no update was active");
   free(aborted);
   wtx_client_destroy(cl);
-  free(list);
   return rc == 0 ? 0 : 1;
 }
 

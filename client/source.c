@@ -1,5 +1,5 @@
 /* wtx weight sources (see source.h). */
-#include "client/source.h"
+#include "wtx/source.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -205,26 +205,22 @@ int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
   for (size_t i = 0; i < n; i++) {
     const wtx_memory_tensor *m = &tensors[i];
     wtx_tensor_meta *pm = &t->metas[i];
-    if (m->name[0] == '\0' || strlen(m->name) > WTX_MAX_NAME_BYTES ||
-        m->ndim > WTX_MAX_DIMS || (m->ndim > 0 && m->shape == NULL)) {
-      snprintf(err, errlen, "tensor %zu '%s': name must be 1..%d bytes and "
-               "ndim at most %d", i, m->name, WTX_MAX_NAME_BYTES, WTX_MAX_DIMS);
+    char why[1400];
+    int rc = wtx_tensor_meta_set(pm, m->name, m->dtype, m->shape, m->ndim, why,
+                                 sizeof why);
+    if (rc == 0 && pm->nbytes > 0 && m->data == NULL) {
+      snprintf(why, sizeof why, "data: NULL for %llu bytes",
+               (unsigned long long)pm->nbytes);
+      rc = WTX_EINVAL;
+    }
+    if (rc != 0) {
+      snprintf(err, errlen, "tensor '%s' (index %zu): %s", m->name, i, why);
       table_destroy(t);
-      return WTX_EINVAL;
+      return rc;
     }
     strcpy(p, m->name);
     pm->name = p;
     p += strlen(m->name) + 1;
-    pm->dtype = m->dtype;
-    pm->ndim = m->ndim;
-    if (m->ndim > 0) memcpy(pm->shape, m->shape, m->ndim * sizeof *m->shape);
-    int rc = wtx_tensor_nbytes(m->dtype, pm->shape, pm->ndim, &pm->nbytes);
-    if (rc != 0 || (pm->nbytes > 0 && m->data == NULL)) {
-      snprintf(err, errlen, "tensor '%s': %s", m->name,
-               rc != 0 ? "unknown dtype or size too large" : "no data");
-      table_destroy(t);
-      return WTX_EINVAL;
-    }
     t->data[i] = m->data;
     if (m->device) {
       if (t->device == NULL && (t->device = calloc(n, 1)) == NULL) {

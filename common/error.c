@@ -1,4 +1,4 @@
-#include "common/error.h"
+#include "wtx/error.h"
 
 const char *wtx_strerror(int code) {
   switch (code) {

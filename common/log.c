@@ -9,7 +9,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include "common/error.h"
+#include "wtx/error.h"
 
 static atomic_int threshold = WTX_LOG_INFO;
 static pthread_mutex_t sink_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/error.h"
+#include "wtx/error.h"
 
 struct wtx_st_file {
   uint8_t *map;

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/tensor.h"
+#include "wtx/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

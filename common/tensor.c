@@ -1,8 +1,9 @@
-#include "common/tensor.h"
+#include "wtx/tensor.h"
 
+#include <stdio.h>
 #include <string.h>
 
-#include "common/error.h"
+#include "wtx/error.h"
 
 size_t wtx_dtype_size(int dtype) {
   switch (dtype) {
@@ -64,4 +65,48 @@ int wtx_tensor_nbytes(int dtype, const uint64_t *shape, size_t ndim,
   }
   *out = n;
   return 0;
+}
+
+int wtx_tensor_meta_set(wtx_tensor_meta *out, const char *name, int dtype,
+                        const uint64_t *shape, size_t ndim, char *err,
+                        size_t errlen) {
+  size_t nlen = name != NULL ? strlen(name) : 0;
+  memset(out, 0, sizeof *out);
+  if (nlen == 0 || nlen > WTX_MAX_NAME_BYTES) {
+    snprintf(err, errlen, "name: %zu bytes, must be 1..%d", nlen, WTX_MAX_NAME_BYTES);
+    return WTX_EINVAL;
+  }
+  if (wtx_dtype_size(dtype) == 0) {
+    snprintf(err, errlen, "dtype: %d is not a wire dtype ('%s')", dtype, name);
+    return WTX_EINVAL;
+  }
+  if (ndim > WTX_MAX_DIMS || (ndim > 0 && shape == NULL)) {
+    snprintf(err, errlen, "shape: %zu dims, at most %d ('%s')", ndim, WTX_MAX_DIMS, name);
+    return WTX_EINVAL;
+  }
+  out->name = name;
+  out->dtype = dtype;
+  out->ndim = ndim;
+  if (ndim > 0) memcpy(out->shape, shape, ndim * sizeof *shape);
+  if (wtx_tensor_nbytes(dtype, out->shape, ndim, &out->nbytes) != 0) {
+    snprintf(err, errlen, "shape: byte size overflows 63 bits ('%s')", name);
+    return WTX_EINVAL;
+  }
+  return 0;
+}
+
+int wtx_tensor_meta_same_layout(const wtx_tensor_meta *a,
+                                const wtx_tensor_meta *b) {
+  if (a->dtype != b->dtype || a->ndim != b->ndim) return 0;
+  for (size_t i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return 0;
+  return 1;
+}
+
+void wtx_tensor_meta_str(const wtx_tensor_meta *m, char *buf, size_t len) {
+  size_t o = (size_t)snprintf(buf, len, "shape [");
+  for (size_t d = 0; d < m->ndim && o < len; d++)
+    o += (size_t)snprintf(buf + o, len - o, "%s%llu", d ? ", " : "",
+                          (unsigned long long)m->shape[d]);
+  if (o < len) snprintf(buf + o, len - o, "] %s", wtx_dtype_name(m->dtype));
 }

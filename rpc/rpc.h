@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
+#include "wtx/error.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -14,6 +14,7 @@ PACKAGES=(
   libgtest-dev             # GoogleTest
   libxxhash-dev            # XXH3 checksums
   libjansson-dev           # JSON (safetensors headers)
+  uthash-dev               # hash tables (common/strmap.c)
   python3 python3-venv     # Python client tests
   openssl                  # test certificates (TLS client test)
 )

@@ -8,7 +8,7 @@
 #include <uv.h>
 
 #include "common/log.h"
-#include "server/worker.h"
+#include "wtx/worker.h"
 
 static const char usage[] =
     "usage: wtx-worker [options]\n"
@@ -88,111 +88,146 @@ static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi,
   return 0;
 }
 
-int main(int argc, char **argv) {
-  const char *listen = env_or("WTX_LISTEN", "127.0.0.1:50051");
-  const char *world = env_or("WTX_WORLD_SIZE", "1");
-  const char *watchdog = env_or("WTX_WATCHDOG_MS", "600000");
-  const char *maxmsg = env_or("WTX_MAX_MESSAGE_BYTES", "67108864");
-  const char *grace = env_or("WTX_GRACE_MS", "5000");
-  const char *port_file = NULL;
-  const char *model_spec = env_or("WTX_MODEL_SPEC", NULL);
-  const char *publish_dir = env_or("WTX_PUBLISH_DIR", NULL);
-  const char *publish_keep = env_or("WTX_PUBLISH_KEEP", "2");
-  const char *log_level = env_or("WTX_LOG_LEVEL", "info");
-  static const struct option longopts[] = {
-      {"listen", required_argument, NULL, 'l'},
-      {"world-size", required_argument, NULL, 'w'},
-      {"watchdog-ms", required_argument, NULL, 'd'},
-      {"max-message-bytes", required_argument, NULL, 'm'},
-      {"grace-ms", required_argument, NULL, 'g'},
-      {"port-file", required_argument, NULL, 'p'},
-      {"model-spec", required_argument, NULL, 's'},
-      {"publish-dir", required_argument, NULL, 'P'},
-      {"publish-keep", required_argument, NULL, 'k'},
-      {"log-level", required_argument, NULL, 'L'},
-      {"help", no_argument, NULL, 'h'},
-      {NULL, 0, NULL, 0},
+/* Every flag's value, from the command line, else the environment, else
+ * the default. */
+typedef struct flags {
+  const char *listen, *world, *watchdog, *maxmsg, *grace, *port_file;
+  const char *model_spec, *publish_dir, *publish_keep, *log_level;
+} flags;
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+_Static_assert(WTX_DEFAULT_MAX_MESSAGE_BYTES == 67108864, "--max-message-bytes default");
+
+static const struct option longopts[] = {
+    {"listen", required_argument, NULL, 'l'},
+    {"world-size", required_argument, NULL, 'w'},
+    {"watchdog-ms", required_argument, NULL, 'd'},
+    {"max-message-bytes", required_argument, NULL, 'm'},
+    {"grace-ms", required_argument, NULL, 'g'},
+    {"port-file", required_argument, NULL, 'p'},
+    {"model-spec", required_argument, NULL, 's'},
+    {"publish-dir", required_argument, NULL, 'P'},
+    {"publish-keep", required_argument, NULL, 'k'},
+    {"log-level", required_argument, NULL, 'L'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* 0 to go on; otherwise the exit status + 1 (so help's 0 is 1). */
+static int parse_flags(int argc, char **argv, flags *f) {
+  *f = (flags){
+      .listen = env_or("WTX_LISTEN", "127.0.0.1:50051"),
+      .world = env_or("WTX_WORLD_SIZE", "1"),
+      .watchdog = env_or("WTX_WATCHDOG_MS", STR(WTX_DEFAULT_WATCHDOG_MS)),
+      .maxmsg = env_or("WTX_MAX_MESSAGE_BYTES", "67108864"), /* the default */
+      .grace = env_or("WTX_GRACE_MS", STR(WTX_DEFAULT_GRACE_MS)),
+      .model_spec = env_or("WTX_MODEL_SPEC", NULL),
+      .publish_dir = env_or("WTX_PUBLISH_DIR", NULL),
+      .publish_keep = env_or("WTX_PUBLISH_KEEP", STR(WTX_DEFAULT_PUBLISH_KEEP)),
+      .log_level = env_or("WTX_LOG_LEVEL", "info"),
+  };
+  const char **slot[128] = {
+      ['l'] = &f->listen, ['w'] = &f->world, ['d'] = &f->watchdog,
+      ['m'] = &f->maxmsg, ['g'] = &f->grace, ['p'] = &f->port_file,
+      ['s'] = &f->model_spec, ['P'] = &f->publish_dir, ['k'] = &f->publish_keep,
+      ['L'] = &f->log_level,
   };
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-    switch (c) {
-      case 'l': listen = optarg; break;
-      case 'w': world = optarg; break;
-      case 'd': watchdog = optarg; break;
-      case 'm': maxmsg = optarg; break;
-      case 'g': grace = optarg; break;
-      case 'p': port_file = optarg; break;
-      case 's': model_spec = optarg; break;
-      case 'P': publish_dir = optarg; break;
-      case 'k': publish_keep = optarg; break;
-      case 'L': log_level = optarg; break;
-      case 'h': fputs(usage, stdout); return 0;
-      default: fputs(usage, stderr); return 2;
+    if (c == 'h') {
+      fputs(usage, stdout);
+      return 1;
     }
+    if (c < 0 || c >= 128 || slot[c] == NULL) {
+      fputs(usage, stderr);
+      return 3;
+    }
+    *slot[c] = optarg;
   }
   if (optind < argc) {
     fprintf(stderr, "wtx-worker: unexpected argument '%s'\n%s", argv[optind], usage);
-    return 2;
+    return 3;
   }
+  return 0;
+}
+
+/* The worker options and grace period the flags say, checked. */
+static int options_from_flags(const flags *f, wtx_worker_options *o,
+                              int64_t *grace_ms) {
   int level;
-  if (wtx_log_parse_level(log_level, &level) != 0) {
+  if (wtx_log_parse_level(f->log_level, &level) != 0) {
     fprintf(stderr, "wtx-worker: --log-level: '%s' is not debug, info, warn, "
-            "error or off\n", log_level);
-    return 2;
+            "error or off\n", f->log_level);
+    return -1;
   }
   wtx_log_set_level(level);
-  int64_t world_size, watchdog_ms, max_message, grace_ms, keep;
-  if (parse_i64("--world-size", world, 1, 1 << 20, &world_size) != 0 ||
-      parse_i64("--watchdog-ms", watchdog, 1, INT64_C(1) << 40, &watchdog_ms) != 0 ||
-      parse_i64("--max-message-bytes", maxmsg, 1024, INT32_MAX, &max_message) != 0 ||
-      parse_i64("--grace-ms", grace, 0, INT64_C(1) << 40, &grace_ms) != 0 ||
-      parse_i64("--publish-keep", publish_keep, 1, 1000000, &keep) != 0)
-    return 2;
+  int64_t world_size, watchdog_ms, max_message, keep;
+  if (parse_i64("--world-size", f->world, 1, 1 << 20, &world_size) != 0 ||
+      parse_i64("--watchdog-ms", f->watchdog, 1, INT64_C(1) << 40, &watchdog_ms) != 0 ||
+      parse_i64("--max-message-bytes", f->maxmsg, 1024, INT32_MAX, &max_message) != 0 ||
+      parse_i64("--grace-ms", f->grace, 0, INT64_C(1) << 40, grace_ms) != 0 ||
+      parse_i64("--publish-keep", f->publish_keep, 1, 1000000, &keep) != 0)
+    return -1;
+  o->listen = f->listen;
+  o->world_size = (uint32_t)world_size;
+  o->watchdog_ms = watchdog_ms;
+  o->max_message_bytes = (int)max_message;
+  o->model_spec = f->model_spec;
+  o->publish_dir = f->publish_dir;
+  o->publish_keep = (int)keep;
+  return 0;
+}
 
+/* Writes the bound port to path atomically (temp file, rename). */
+static int write_port_file(const char *path, int port) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (f == NULL) return -1;
+  int bad = fprintf(f, "%d\n", port) < 0;
+  bad |= fclose(f) != 0;
+  return bad || rename(tmp, path) != 0 ? -1 : 0;
+}
+
+/* Runs the libuv loop until a signal drains the worker. */
+static void serve(daemon_t *d, int64_t watchdog_ms) {
+  uv_loop_t *loop = uv_default_loop();
+  uv_signal_init(loop, &d->sigterm);
+  uv_signal_init(loop, &d->sigint);
+  uv_timer_init(loop, &d->watchdog);
+  d->sigterm.data = d->sigint.data = d->watchdog.data = d;
+  uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&d->sigint, on_signal, SIGINT);
+  uint64_t tick = (uint64_t)(watchdog_ms / 4 > 0 ? watchdog_ms / 4 : 1);
+  if (tick > 1000) tick = 1000;
+  uv_timer_start(&d->watchdog, on_watchdog, tick, tick);
+  uv_run(loop, UV_RUN_DEFAULT);
+  uv_loop_close(loop);
+}
+
+int main(int argc, char **argv) {
+  flags f;
+  int st = parse_flags(argc, argv, &f);
+  if (st != 0) return st - 1;
   wtx_worker_options opts = WTX_WORKER_OPTIONS_INIT;
-  opts.listen = listen;
-  opts.world_size = (uint32_t)world_size;
-  opts.watchdog_ms = watchdog_ms;
-  opts.max_message_bytes = (int)max_message;
-  opts.model_spec = model_spec;
-  opts.publish_dir = publish_dir;
-  opts.publish_keep = (int)keep;
   daemon_t d;
   memset(&d, 0, sizeof d);
-  d.grace_ms = grace_ms;
+  if (options_from_flags(&f, &opts, &d.grace_ms) != 0) return 2;
   char err[512] = "";
-  int rc = wtx_worker_start(&opts, &d.w, err, sizeof err);
-  if (rc != 0) {
+  if (wtx_worker_start(&opts, &d.w, err, sizeof err) != 0) {
     fprintf(stderr, "wtx-worker: %s\n", err);
     return 1;
   }
   wtx_log(WTX_LOG_INFO, "event=serving listen=%s port=%d services=wtx.v1."
           "WeightTransfer,grpc.health.v1.Health,grpc.reflection.v1,"
-          "grpc.reflection.v1alpha", listen, wtx_worker_port(d.w));
-  if (port_file != NULL) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", port_file);
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL || fprintf(f, "%d\n", wtx_worker_port(d.w)) < 0 ||
-        fclose(f) != 0 || rename(tmp, port_file) != 0) {
-      fprintf(stderr, "wtx-worker: --port-file: cannot write %s\n", port_file);
-      wtx_worker_destroy(d.w);
-      return 1;
-    }
+          "grpc.reflection.v1alpha", f.listen, wtx_worker_port(d.w));
+  if (f.port_file != NULL && write_port_file(f.port_file, wtx_worker_port(d.w)) != 0) {
+    fprintf(stderr, "wtx-worker: --port-file: cannot write %s\n", f.port_file);
+    wtx_worker_destroy(d.w);
+    return 1;
   }
-
-  uv_loop_t *loop = uv_default_loop();
-  uv_signal_init(loop, &d.sigterm);
-  uv_signal_init(loop, &d.sigint);
-  uv_timer_init(loop, &d.watchdog);
-  d.sigterm.data = d.sigint.data = d.watchdog.data = &d;
-  uv_signal_start(&d.sigterm, on_signal, SIGTERM);
-  uv_signal_start(&d.sigint, on_signal, SIGINT);
-  uint64_t tick = (uint64_t)(watchdog_ms / 4 > 0 ? watchdog_ms / 4 : 1);
-  if (tick > 1000) tick = 1000;
-  uv_timer_start(&d.watchdog, on_watchdog, tick, tick);
-  uv_run(loop, UV_RUN_DEFAULT);
-  uv_loop_close(loop);
+  serve(&d, opts.watchdog_ms);
   wtx_worker_destroy(d.w);
   wtx_log(WTX_LOG_INFO, "event=stopped");
   return 0;

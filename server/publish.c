@@ -11,7 +11,7 @@
 
 #include "common/log.h"
 #include "common/safetensors.h"
-#include "server/internal.h"
+#include "server/publish.h"
 
 struct wtx__publisher {
   wtx_store *store;

@@ -1,6 +1,4 @@
-/* The WorkerEngine session: wtx.v1.WeightTransfer's state machine, enforced
- * here and nowhere else. Long data-plane receives run outside the lock, so
- * inspection calls are answered during an update. */
+/* The WorkerEngine session: the calls that change it (see session.h). */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -11,7 +9,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "server/internal.h"
+#include "server/session.h"
 
 static void new_session_id(char out[33]) {
   uint8_t r[16];
@@ -28,7 +26,7 @@ static void new_session_id(char out[33]) {
 /* Discards the active update. Caller holds mu. */
 static void abort_locked(wtx_session *s, const char *why) {
   if (s->state != WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING) return;
-  s->model_ops->abort(s->model);
+  s->cfg.model_ops->abort(s->cfg.model);
   if (s->transport != NULL && s->transport->reset != NULL)
     s->transport->reset(s->engine);
   wtx__rx_reset(s->rx);
@@ -37,22 +35,27 @@ static void abort_locked(wtx_session *s, const char *why) {
                          : WTX__V1__SESSION_STATE__SESSION_STATE_READY;
   s->staged_params = 0;
   s->staged_bytes = 0;
-  wtx__names_clear(&s->names);
+  wtx__strmap_clear(s->names);
   char q[512];
   wtx_log(WTX_LOG_WARN, "event=aborted update=%llu reason=%s",
           (unsigned long long)s->update_id, wtx_log_quote(why, q, sizeof q));
 }
 
-int wtx__session_init(wtx_session *s, const wtx_model_ops *ops, void *model,
-                      uint32_t world_size, int64_t watchdog_ms) {
+int wtx__session_init(wtx_session *s, const wtx__session_config *cfg) {
   memset(s, 0, sizeof *s);
   pthread_mutex_init(&s->mu, NULL);
-  s->model_ops = ops;
-  s->model = model;
-  s->world_size = world_size ? world_size : 1;
-  s->watchdog_ms = watchdog_ms > 0 ? watchdog_ms : 600000;
+  s->cfg = *cfg;
+  if (s->cfg.world_size == 0) s->cfg.world_size = 1;
+  if (s->cfg.watchdog_ms <= 0) s->cfg.watchdog_ms = WTX_DEFAULT_WATCHDOG_MS;
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UNINITIALIZED;
-  return wtx__rx_create(&s->rx);
+  atomic_init(&s->paused, 0);
+  int rc = wtx__strmap_create(&s->names);
+  if (rc == 0) rc = wtx__rx_create(&s->rx);
+  if (rc != 0) {
+    wtx__strmap_destroy(s->names);
+    pthread_mutex_destroy(&s->mu);
+  }
+  return rc;
 }
 
 void wtx__session_destroy(wtx_session *s) {
@@ -62,8 +65,7 @@ void wtx__session_destroy(wtx_session *s) {
   s->engine = NULL;
   pthread_mutex_unlock(&s->mu);
   wtx__rx_destroy(s->rx);
-  wtx__names_clear(&s->names);
-  free(s->names.slots);
+  wtx__strmap_destroy(s->names);
   pthread_mutex_destroy(&s->mu);
 }
 
@@ -71,7 +73,7 @@ int wtx__session_watchdog(wtx_session *s) {
   int fired = 0;
   pthread_mutex_lock(&s->mu);
   if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING &&
-      !s->receiving && wtx_clock_ms() - s->last_activity_ms > s->watchdog_ms) {
+      !s->receiving && wtx_clock_ms() - s->last_activity_ms > s->cfg.watchdog_ms) {
     abort_locked(s, "watchdog: no call from the trainer within the timeout");
     fired = 1;
   }
@@ -135,117 +137,123 @@ static grpc_status_code from_wtx(wtx_rpc_ctx *ctx, int rc, const char *what,
                             "%s: %s", what, detail[0] ? detail : wtx_strerror(rc));
 }
 
+/* The session's transport for init's backend member, or an error naming
+ * the member and the backends this worker serves. */
+static grpc_status_code find_transport(wtx_session *s, wtx_rpc_ctx *ctx,
+                                       const Wtx__V1__InitInfo *init,
+                                       const wtx_worker_transport **out) {
+  for (size_t i = 0; i < s->cfg.n_transports; i++)
+    if (s->cfg.transports[i]->init_case == (int)init->backend_case) {
+      *out = s->cfg.transports[i];
+      return GRPC_STATUS_OK;
+    }
+  char names[256] = "";
+  for (size_t i = 0, o = 0; i < s->cfg.n_transports && o < sizeof names; i++)
+    o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "",
+                          s->cfg.transports[i]->name);
+  /* No member set, or one this worker's schema does not know (which
+   * decodes as none), or one it does not serve. */
+  const char *member = wtx_init_case_name(init->backend_case);
+  if (member == NULL)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+                              "init_info.backend: no backend set; this worker "
+                              "serves: %s", names);
+  return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+                            "init_info.backend: '%s' is not served by this "
+                            "worker; it serves: %s", member, names);
+}
+
+/* Replaces the session's engine. Caller holds mu. */
+static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
+                         void *engine, const wtx_wire_params *wire) {
+  if (s->engine != NULL) s->transport->destroy(s->engine);
+  s->engine = engine;
+  s->transport = t;
+  s->wire = *wire;
+  new_session_id(s->session_id);
+  s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
+  wtx_log(WTX_LOG_INFO, "event=init backend=%s session=%s buffer_size=%llu "
+          "num_buffers=%u timeout_ms=%lld", t->name, s->session_id,
+          (unsigned long long)wire->buffer_size, (unsigned)wire->num_buffers,
+          (long long)wire->timeout_ms);
+}
+
 grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
     const Wtx__V1__InitWeightTransferEngineRequest *req, Wtx__V1__InitWeightTransferEngineResponse *resp) {
-  wtx_session *s = wtx__session_of(ctx);
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  const Wtx__V1__InitInfo *init = req->init_info;
+  if (init == NULL)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "init_info: missing");
+  const wtx_worker_transport *t = NULL;
+  grpc_status_code code = find_transport(s, ctx, init, &t);
+  if (code != GRPC_STATUS_OK) return code;
   char err[512] = "";
-  if (req->init_info == NULL)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                              "init_info: missing");
-  const char *name = wtx_init_backend_name(req->init_info);
-  const wtx_worker_transport *t = name ? wtx_worker_transport_find(name) : NULL;
-  if (t == NULL) {
-    /* No backend set (or one this worker's schema does not know, which
-     * decodes as none), or one not registered here. */
-    char names[256];
-    wtx_worker_transport_names(names, sizeof names);
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                              "init_info.backend: %s%s%s; registered: %s",
-                              name ? "'" : "no backend set",
-                              name ? name : "",
-                              name ? "' is not available in this worker" : "",
-                              names);
-  }
   wtx_wire_params wire;
-  int rc = wtx_wire_params_from_init(req->init_info, &wire, err, sizeof err);
-  if (rc != 0)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "init_info.%s: %s",
-                              name, err);
+  if (wtx_wire_params_from_init(init, t->default_checksum, &wire, err, sizeof err) != 0)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "init_info.%s", err);
   pthread_mutex_lock(&s->mu);
-  grpc_status_code code = GRPC_STATUS_OK;
+  void *engine = NULL;
+  char addr[256] = "";
+  int rc;
   if (s->draining) {
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "worker is draining");
   } else if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING) {
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "update %llu is active: finish or abort it before "
-                              "re-initializing",
-                              (unsigned long long)s->update_id);
+                              "re-initializing", (unsigned long long)s->update_id);
+  } else if ((rc = t->init(init, &wire, &engine, addr, sizeof addr, err, sizeof err)) != 0) {
+    code = from_wtx(ctx, rc, "init_info", err);
   } else {
-    void *engine = NULL;
-    char addr[256] = "";
-    rc = t->init(req->init_info, &wire, &engine, addr, sizeof addr, err,
-                 sizeof err);
-    if (rc != 0) {
-      code = from_wtx(ctx, rc, "init_info", err);
-    } else {
-      if (s->engine != NULL) s->transport->destroy(s->engine);
-      s->engine = engine;
-      s->transport = t;
-      s->wire = wire;
-      new_session_id(s->session_id);
-      s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
-      resp->session_id = wtx_rpc_ctx_strdup(ctx, s->session_id);
-      resp->backend = (char *)t->name;
-      resp->data_address = wtx_rpc_ctx_strdup(ctx, addr);
-      resp->world_size = s->world_size;
-      wtx_log(WTX_LOG_INFO, "event=init backend=%s session=%s buffer_size=%llu "
-              "num_buffers=%u timeout_ms=%lld", t->name, s->session_id,
-              (unsigned long long)wire.buffer_size, (unsigned)wire.num_buffers,
-              (long long)wire.timeout_ms);
-    }
+    adopt_engine(s, t, engine, &wire);
+    resp->session_id = wtx_rpc_ctx_strdup(ctx, s->session_id);
+    resp->backend = (char *)t->name;
+    resp->data_address = wtx_rpc_ctx_strdup(ctx, addr);
+    resp->world_size = s->cfg.world_size;
   }
   pthread_mutex_unlock(&s->mu);
   return code;
 }
 
+/* Opens update target. Caller holds mu and has checked the session. */
+static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
+                                    wtx_target target) {
+  if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+                              "update %llu is already active: finish or abort "
+                              "it first", (unsigned long long)s->update_id);
+  if (target == WTX_TARGET_DRAFT && !s->transport->supports_draft)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+                              "target: the %s engine does not support draft "
+                              "model updates", s->transport->name);
+  int rc = s->cfg.model_ops->begin(s->cfg.model, target);
+  if (rc != 0) return from_wtx(ctx, rc, "model", "cannot begin an update");
+  s->update_id++;
+  s->target = target;
+  s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING;
+  s->staged_params = 0;
+  s->staged_bytes = 0;
+  wtx__strmap_clear(s->names);
+  wtx__rx_reset(s->rx);
+  s->last_activity_ms = wtx_clock_ms();
+  wtx_log(WTX_LOG_INFO, "event=start update=%llu target=%s",
+          (unsigned long long)s->update_id,
+          target == WTX_TARGET_DRAFT ? "draft" : "main");
+  return GRPC_STATUS_OK;
+}
+
 grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
     const Wtx__V1__StartWeightUpdateRequest *req, Wtx__V1__StartWeightUpdateResponse *resp) {
-  wtx_session *s = wtx__session_of(ctx);
-  int target;
-  switch (req->target) {
-    case WTX__V1__UPDATE_TARGET__UPDATE_TARGET_UNSPECIFIED:
-    case WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN:
-      target = WTX_TARGET_MAIN;
-      break;
-    case WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT:
-      target = WTX_TARGET_DRAFT;
-      break;
-    default:
-      return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                                "target: unknown value %d", req->target);
-  }
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  /* wtx_target holds the wire values; UNSPECIFIED means the main model. */
+  wtx_target target = req->target == WTX__V1__UPDATE_TARGET__UPDATE_TARGET_UNSPECIFIED
+                          ? WTX_TARGET_MAIN : (wtx_target)req->target;
+  if (target != WTX_TARGET_MAIN && target != WTX_TARGET_DRAFT)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+                              "target: unknown value %d", req->target);
   pthread_mutex_lock(&s->mu);
   grpc_status_code code = check_session(s, ctx, req->session_id);
-  if (code != GRPC_STATUS_OK) {
-  } else if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING) {
-    code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
-                              "update %llu is already active: finish or abort "
-                              "it first",
-                              (unsigned long long)s->update_id);
-  } else if (target == WTX_TARGET_DRAFT && !s->transport->supports_draft) {
-    code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
-                              "target: the %s engine does not support draft "
-                              "model updates",
-                              s->transport->name);
-  } else {
-    int rc = s->model_ops->begin(s->model, target);
-    if (rc != 0) {
-      code = from_wtx(ctx, rc, "model", "cannot begin an update");
-    } else {
-      s->update_id++;
-      s->target = target;
-      s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING;
-      s->staged_params = 0;
-      s->staged_bytes = 0;
-      wtx__names_clear(&s->names);
-      wtx__rx_reset(s->rx);
-      s->last_activity_ms = wtx_clock_ms();
-      resp->update_id = s->update_id;
-      wtx_log(WTX_LOG_INFO, "event=start update=%llu target=%s",
-              (unsigned long long)s->update_id,
-              target == WTX_TARGET_DRAFT ? "draft" : "main");
-    }
-  }
+  if (code == GRPC_STATUS_OK) code = open_update(s, ctx, target);
+  if (code == GRPC_STATUS_OK) resp->update_id = s->update_id;
   pthread_mutex_unlock(&s->mu);
   return code;
 }
@@ -253,163 +261,211 @@ grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
 /* Validates one ParamMeta into meta (no byte has moved yet). */
 static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
                       wtx_tensor_meta *meta, char *err, size_t errlen) {
-  size_t nlen = strlen(pm->name);
-  if (nlen == 0 || nlen > WTX_MAX_NAME_BYTES) {
-    snprintf(err, errlen, "update_info.params[%zu].name: %zu bytes, must be 1..%d",
-             i, nlen, WTX_MAX_NAME_BYTES);
-    return WTX_EINVAL;
+  char why[1400];
+  int rc = wtx_tensor_meta_set(meta, pm->name, pm->dtype, pm->shape, pm->n_shape,
+                               why, sizeof why);
+  if (rc != 0) {
+    snprintf(err, errlen, "update_info.params[%zu].%s", i, why);
+    return rc;
   }
-  if (wtx_dtype_size(pm->dtype) == 0) {
-    snprintf(err, errlen, "update_info.params[%zu].dtype: %d is not a wire dtype "
-             "('%s')", i, pm->dtype, pm->name);
-    return WTX_EINVAL;
-  }
-  if (pm->n_shape > WTX_MAX_DIMS) {
-    snprintf(err, errlen, "update_info.params[%zu].shape: %zu dims, at most %d "
-             "('%s')", i, pm->n_shape, WTX_MAX_DIMS, pm->name);
-    return WTX_EINVAL;
-  }
-  memset(meta, 0, sizeof *meta);
-  meta->name = pm->name;
-  meta->dtype = pm->dtype;
-  meta->ndim = pm->n_shape;
-  if (pm->n_shape > 0) memcpy(meta->shape, pm->shape, pm->n_shape * sizeof *pm->shape);
-  if (wtx_tensor_nbytes(pm->dtype, pm->shape, pm->n_shape, &meta->nbytes) != 0) {
-    snprintf(err, errlen, "update_info.params[%zu].shape: byte size overflows "
-             "63 bits ('%s')", i, pm->name);
-    return WTX_EINVAL;
-  }
-  if (s->model_ops->check == NULL) return 0;
-  return s->model_ops->check(s->model, s->target, meta, err, errlen);
+  if (s->cfg.model_ops->check == NULL) return 0;
+  return s->cfg.model_ops->check(s->cfg.model, s->target, meta, err, errlen);
 }
 
-grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
-    const Wtx__V1__UpdateWeightsRequest *req, Wtx__V1__UpdateWeightsResponse *resp) {
-  wtx_session *s = wtx__session_of(ctx);
-  char err[768] = "";
-  pthread_mutex_lock(&s->mu);
-  grpc_status_code code =
-      check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights");
-  if (code != GRPC_STATUS_OK) {
-    pthread_mutex_unlock(&s->mu);
-    return code;
+/* One UpdateWeights call's chunk: its validated tensors and where their
+ * bytes go. */
+typedef struct chunk {
+  const Wtx__V1__UpdateInfo *ui;
+  size_t n;
+  wtx_tensor_meta *metas;
+  wtx_rx_tensor *rt;
+  char err[1600];
+} chunk;
+
+static void chunk_free(chunk *c) {
+  free(c->metas);
+  free(c->rt);
+}
+
+/* Step 1: the chunk's shape as a whole, and its tensors' memory. */
+static int chunk_check_frame(wtx_session *s, chunk *c) {
+  const Wtx__V1__UpdateInfo *ui = c->ui;
+  c->n = ui != NULL ? ui->n_params : 0;
+  if (c->n == 0 || c->n > WTX_MAX_CHUNK_PARAMS) {
+    snprintf(c->err, sizeof c->err, "update_info.params: %zu parameters, must be "
+             "1..%d", c->n, WTX_MAX_CHUNK_PARAMS);
+    return WTX_EINVAL;
   }
-  if (s->receiving) {
-    pthread_mutex_unlock(&s->mu);
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
-                              "another UpdateWeights of update %llu is still "
-                              "receiving; chunks go one at a time",
-                              (unsigned long long)s->update_id);
+  if ((int)ui->backend_case != s->transport->update_case) {
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(
+        &wtx__v1__update_info__descriptor, (unsigned)s->transport->update_case);
+    snprintf(c->err, sizeof c->err, "update_info.%s: missing (the session's "
+             "backend is %s)", f != NULL ? f->name : "backend", s->transport->name);
+    return WTX_EINVAL;
   }
-  s->last_activity_ms = wtx_clock_ms();
-  const Wtx__V1__UpdateInfo *ui = req->update_info;
-  size_t n = ui != NULL ? ui->n_params : 0;
-  int rc = 0;
-  wtx_rx_tensor *rt = NULL;
-  wtx_tensor_meta *metas = NULL;
-  uint64_t first_offset = 0;
-  if (ui == NULL || n == 0 || n > 65536) {
-    snprintf(err, sizeof err, "update_info.params: %zu parameters, must be 1..65536", n);
-    rc = WTX_EINVAL;
-  } else if (ui->backend_case == WTX__V1__UPDATE_INFO__BACKEND__NOT_SET) {
-    snprintf(err, sizeof err, "update_info.backend: missing (the session's backend is %s)",
-             s->transport->name);
-    rc = WTX_EINVAL;
-  }
-  if (rc == 0) first_offset = ui->first_param_offset;
-  if (rc == 0) {
-    rt = calloc(n, sizeof *rt);
-    metas = calloc(n, sizeof *metas);
-    if (rt == NULL || metas == NULL) rc = WTX_ENOMEM;
-  }
-  /* Validate every tensor before any byte moves. */
+  c->rt = calloc(c->n, sizeof *c->rt);
+  c->metas = calloc(c->n, sizeof *c->metas);
+  return c->rt != NULL && c->metas != NULL ? 0 : WTX_ENOMEM;
+}
+
+/* Step 2: every tensor valid and new to this update, before any byte moves.
+ * A tensor continued from the previous chunk is not new. */
+static int chunk_check_tensors(wtx_session *s, chunk *c) {
   uint64_t have = 0, want = 0;
   const char *carry = wtx__rx_incomplete(s->rx, &have, &want);
-  for (size_t i = 0; rc == 0 && i < n; i++) {
-    rc = check_meta(s, ui->params[i], i, &metas[i], err, sizeof err);
-    if (rc != 0) break;
-    int continues = i == 0 && first_offset > 0 && carry != NULL &&
-                    strcmp(carry, metas[0].name) == 0;
-    if (!continues && wtx__names_add(&s->names, metas[i].name) != 0) {
-      snprintf(err, sizeof err,
-               "update_info.params[%zu].name: '%s' appears twice in update %llu",
-               i, metas[i].name, (unsigned long long)s->update_id);
-      rc = WTX_EINVAL;
+  for (size_t i = 0; i < c->n; i++) {
+    int rc = check_meta(s, c->ui->params[i], i, &c->metas[i], c->err, sizeof c->err);
+    if (rc != 0) return rc;
+    int continues = i == 0 && c->ui->first_param_offset > 0 && carry != NULL &&
+                    strcmp(carry, c->metas[0].name) == 0;
+    if (continues) continue;
+    rc = wtx__strmap_add(s->names, c->metas[i].name, i);
+    if (rc == WTX_EEXIST) {
+      snprintf(c->err, sizeof c->err, "update_info.params[%zu].name: '%s' appears "
+               "twice in update %llu", i, c->metas[i].name,
+               (unsigned long long)s->update_id);
+      return WTX_EINVAL;
     }
+    if (rc != 0) return rc;
   }
-  /* Staging memory for tensors that begin in this chunk. */
-  for (size_t i = 0; rc == 0 && i < n; i++) {
-    rt[i].name = metas[i].name;
-    rt[i].nbytes = metas[i].nbytes;
-    if (i == 0 && first_offset > 0) {
-      rt[0].dst = s->carry_dst;
-    } else {
-      rc = s->model_ops->stage(s->model, &metas[i], &rt[i].dst);
-      if (rc != 0) snprintf(err, sizeof err, "model: cannot stage '%s'", metas[i].name);
+  return 0;
+}
+
+/* Step 3: staging memory for the tensors that begin in this chunk, and the
+ * assembler set up to receive into it. */
+static int chunk_stage(wtx_session *s, chunk *c) {
+  const Wtx__V1__UpdateInfo *ui = c->ui;
+  for (size_t i = 0; i < c->n; i++) {
+    c->rt[i].name = c->metas[i].name;
+    c->rt[i].nbytes = c->metas[i].nbytes;
+    if (i == 0 && ui->first_param_offset > 0) {
+      c->rt[0].dst = s->carry_dst;
+      continue;
+    }
+    int rc = s->cfg.model_ops->stage(s->cfg.model, &c->metas[i], &c->rt[i].dst);
+    if (rc != 0) {
+      snprintf(c->err, sizeof c->err, "model: cannot stage '%s'", c->metas[i].name);
+      return rc;
     }
   }
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
-  if (rc == 0) {
-    rc = wtx__rx_begin(s->rx, rt, n, first_offset, ui->chunk_bytes, verify);
-    if (rc != 0) snprintf(err, sizeof err, "%s", wtx__rx_error(s->rx));
-    else if (verify) wtx__rx_expect_checksums(s->rx, ui->xxh3_64, ui->n_xxh3_64);
+  int rc = wtx__rx_begin(s->rx, c->rt, c->n, ui->first_param_offset, ui->chunk_bytes,
+                         verify);
+  if (rc != 0) snprintf(c->err, sizeof c->err, "%s", wtx__rx_error(s->rx));
+  else if (verify) wtx__rx_expect_checksums(s->rx, ui->xxh3_64, ui->n_xxh3_64);
+  return rc;
+}
+
+/* Step 5 (after the receive): hands the completed tensors to the model.
+ * Caller holds mu. */
+static int chunk_loaded(wtx_session *s, chunk *c) {
+  size_t done = wtx__rx_completed(s->rx);
+  for (size_t i = 0; i < done; i++) {
+    int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i],
+                                      wtx__rx_checksum(s->rx, i));
+    if (rc != 0) {
+      snprintf(c->err, sizeof c->err, "model: cannot load '%s'", c->metas[i].name);
+      return rc;
+    }
+    s->staged_params++;
+    s->staged_bytes += c->metas[i].nbytes;
   }
-  if (rc != 0) {
-    abort_locked(s, err);
-    pthread_mutex_unlock(&s->mu);
-    free(rt);
-    free(metas);
-    return from_wtx(ctx, rc, "UpdateWeights (update aborted)", err);
+  if (done < c->n) s->carry_dst = c->rt[c->n - 1].dst;
+  if (s->abort_requested) {
+    snprintf(c->err, sizeof c->err, "aborted while receiving");
+    return WTX_EABORTED;
   }
+  return 0;
+}
+
+/* Step 4: the data plane moves the chunk's bytes, outside the lock (which
+ * the caller holds on entry and on return). */
+static int chunk_receive(wtx_session *s, chunk *c) {
   s->receiving = 1;
   const wtx_worker_transport *t = s->transport;
   void *engine = s->engine;
   pthread_mutex_unlock(&s->mu);
-
-  rc = t->receive(engine, ui, s->rx);
+  int rc = t->receive(engine, c->ui, s->rx);
   if (rc == 0) rc = wtx__rx_end(s->rx);
-  if (rc != 0) snprintf(err, sizeof err, "%s", wtx__rx_error(s->rx));
-
+  if (rc != 0) snprintf(c->err, sizeof c->err, "%s", wtx__rx_error(s->rx));
   pthread_mutex_lock(&s->mu);
   s->receiving = 0;
   s->last_activity_ms = wtx_clock_ms();
-  size_t done = wtx__rx_completed(s->rx);
-  for (size_t i = 0; rc == 0 && i < done; i++) {
-    rc = s->model_ops->loaded(s->model, &metas[i], wtx__rx_checksum(s->rx, i));
-    if (rc == 0) {
-      s->staged_params++;
-      s->staged_bytes += metas[i].nbytes;
-    }
-  }
-  if (rc == 0 && done < n) s->carry_dst = rt[n - 1].dst;
-  if (rc == 0 && s->abort_requested) {
-    rc = WTX_EABORTED;
-    snprintf(err, sizeof err, "aborted while receiving");
-  }
-  if (rc != 0) {
-    abort_locked(s, err);
-    code = from_wtx(ctx, rc, "UpdateWeights (update aborted)", err);
-  } else {
-    resp->staged_params = (uint32_t)s->staged_params;
-    resp->staged_bytes = s->staged_bytes;
-  }
+  return rc;
+}
+
+grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
+    const Wtx__V1__UpdateWeightsRequest *req, Wtx__V1__UpdateWeightsResponse *resp) {
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  chunk c = {.ui = req->update_info};
+  int rc;
+  pthread_mutex_lock(&s->mu);
+  grpc_status_code code =
+      check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights");
+  if (code == GRPC_STATUS_OK && s->receiving)
+    code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+                              "another UpdateWeights of update %llu is still "
+                              "receiving; chunks go one at a time",
+                              (unsigned long long)s->update_id);
+  if (code != GRPC_STATUS_OK) goto done;
+  s->last_activity_ms = wtx_clock_ms();
+  if ((rc = chunk_check_frame(s, &c)) != 0 || (rc = chunk_check_tensors(s, &c)) != 0 ||
+      (rc = chunk_stage(s, &c)) != 0 || (rc = chunk_receive(s, &c)) != 0 ||
+      (rc = chunk_loaded(s, &c)) != 0)
+    goto fail;
+  resp->staged_params = (uint32_t)s->staged_params;
+  resp->staged_bytes = s->staged_bytes;
+  goto done;
+fail:
+  /* Any failed chunk ends the update; the published weights stay. */
+  abort_locked(s, c.err[0] ? c.err : wtx_strerror(rc));
+  code = from_wtx(ctx, rc, "UpdateWeights (update aborted)", c.err);
+done:
   pthread_mutex_unlock(&s->mu);
-  free(rt);
-  free(metas);
+  chunk_free(&c);
   return code;
+}
+
+/* Publishes the staged update as v (or the next number). Caller holds mu
+ * and has checked the update is complete. */
+static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx,
+                                      const char *v,
+                                      Wtx__V1__FinishWeightUpdateResponse *resp) {
+  char version[32];
+  if (v[0] == '\0') {
+    snprintf(version, sizeof version, "%llu", (unsigned long long)(++s->auto_version));
+    v = version;
+  }
+  int rc = s->cfg.model_ops->commit(s->cfg.model, v);
+  if (rc != 0) {
+    abort_locked(s, "commit failed");
+    return from_wtx(ctx, rc, "model", "commit failed (update aborted)");
+  }
+  resp->weight_version = wtx_rpc_ctx_strdup(ctx, v);
+  resp->num_params = (uint32_t)s->staged_params;
+  resp->total_bytes = s->staged_bytes;
+  s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
+  wtx__strmap_clear(s->names);
+  char q[600];
+  wtx_log(WTX_LOG_INFO, "event=published update=%llu target=%s version=%s "
+          "params=%llu bytes=%llu", (unsigned long long)s->update_id,
+          s->target == WTX_TARGET_DRAFT ? "draft" : "main",
+          wtx_log_quote(v, q, sizeof q), (unsigned long long)s->staged_params,
+          (unsigned long long)s->staged_bytes);
+  return GRPC_STATUS_OK;
 }
 
 grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
     const Wtx__V1__FinishWeightUpdateRequest *req, Wtx__V1__FinishWeightUpdateResponse *resp) {
-  wtx_session *s = wtx__session_of(ctx);
-  if (strlen(req->weight_version) > 256)
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  size_t vlen = strlen(req->weight_version);
+  if (vlen > WTX_MAX_VERSION_BYTES)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                              "weight_version: %zu bytes, at most 256",
-                              strlen(req->weight_version));
+                              "weight_version: %zu bytes, at most %d (empty: the "
+                              "worker numbers it)", vlen, WTX_MAX_VERSION_BYTES);
   pthread_mutex_lock(&s->mu);
   grpc_status_code code = check_update(s, ctx, req->session_id, req->update_id,
                                        "FinishWeightUpdate");
-  int committed = 0;
   if (code == GRPC_STATUS_OK && s->receiving)
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "an UpdateWeights is still receiving");
@@ -423,41 +479,18 @@ grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
                               "FinishWeightUpdate: %s (update aborted)", why);
     abort_locked(s, why);
   } else if (code == GRPC_STATUS_OK) {
-    char version[32];
-    const char *v = req->weight_version;
-    if (v[0] == '\0') {
-      snprintf(version, sizeof version, "%llu",
-               (unsigned long long)(++s->auto_version));
-      v = version;
-    }
-    int rc = s->model_ops->commit(s->model, v);
-    if (rc != 0) {
-      code = from_wtx(ctx, rc, "model", "commit failed (update aborted)");
-      abort_locked(s, "commit failed");
-    } else {
-      resp->weight_version = wtx_rpc_ctx_strdup(ctx, v);
-      resp->num_params = (uint32_t)s->staged_params;
-      resp->total_bytes = s->staged_bytes;
-      s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
-      wtx__names_clear(&s->names);
-      char q[600];
-      wtx_log(WTX_LOG_INFO, "event=published update=%llu target=%s version=%s "
-              "params=%llu bytes=%llu", (unsigned long long)s->update_id,
-              s->target == WTX_TARGET_DRAFT ? "draft" : "main",
-              wtx_log_quote(v, q, sizeof q), (unsigned long long)s->staged_params,
-              (unsigned long long)s->staged_bytes);
-      committed = 1;
-    }
+    code = commit_locked(s, ctx, req->weight_version, resp);
   }
-  int target = s->target;
+  wtx_target target = s->target;
   pthread_mutex_unlock(&s->mu);
-  if (committed && s->on_commit != NULL) s->on_commit(s->on_commit_user, target);
+  if (code == GRPC_STATUS_OK && s->cfg.on_commit != NULL)
+    s->cfg.on_commit(s->cfg.on_commit_user, target);
   return code;
 }
 
 grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
     const Wtx__V1__AbortWeightUpdateRequest *req, Wtx__V1__AbortWeightUpdateResponse *resp) {
-  wtx_session *s = wtx__session_of(ctx);
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
   pthread_mutex_lock(&s->mu);
   /* An empty session_id is an operator's abort of whatever is current. */
   grpc_status_code code = check_session(

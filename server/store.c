@@ -13,7 +13,11 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "server/worker.h"
+#include "common/strmap.h"
+#include "wtx/worker.h"
+
+/* The published versions, by target. */
+#define PUB(s, target) ((s)->pub[(target) == WTX_TARGET_DRAFT])
 
 typedef struct pool pool;
 
@@ -82,43 +86,13 @@ typedef struct entry {
   uint64_t xxh3;
 } entry;
 
-/* name -> index, open addressing */
-typedef struct index {
-  size_t *slots; /* index + 1; 0 = empty */
-  size_t cap;
-} index_t;
-
-static int index_build(index_t *ix, const entry *e, size_t n) {
-  ix->cap = 16;
-  while (ix->cap < n * 2) ix->cap *= 2;
-  ix->slots = calloc(ix->cap, sizeof *ix->slots);
-  if (ix->slots == NULL) return WTX_ENOMEM;
-  for (size_t i = 0; i < n; i++) {
-    size_t h = XXH3_64bits(e[i].meta.name, strlen(e[i].meta.name)) & (ix->cap - 1);
-    while (ix->slots[h] != 0) h = (h + 1) & (ix->cap - 1);
-    ix->slots[h] = i + 1;
-  }
-  return 0;
-}
-
-static long index_find(const index_t *ix, const entry *e, const char *name) {
-  if (ix->slots == NULL) return -1;
-  size_t h = XXH3_64bits(name, strlen(name)) & (ix->cap - 1);
-  while (ix->slots[h] != 0) {
-    if (strcmp(e[ix->slots[h] - 1].meta.name, name) == 0)
-      return (long)(ix->slots[h] - 1);
-    h = (h + 1) & (ix->cap - 1);
-  }
-  return -1;
-}
-
 typedef struct snapshot {
   atomic_int refs;
   char *version;
   uint64_t generation;
   entry *e;
   size_t n;
-  index_t ix;
+  wtx__strmap *ix; /* name -> index into e */
   uint64_t total;
   wtx_store_param *view; /* built for readers */
 } snapshot;
@@ -130,7 +104,7 @@ static void snapshot_unref(snapshot *s) {
     blob_unref(s->e[i].b);
   }
   free(s->e);
-  free(s->ix.slots);
+  wtx__strmap_destroy(s->ix);
   free(s->view);
   free(s->version);
   free(s);
@@ -142,10 +116,10 @@ struct wtx_store {
   snapshot *pub[2]; /* main, draft */
   entry *declared;
   size_t n_declared;
-  index_t declared_ix;
+  wtx__strmap *declared_ix;
   /* staging */
   int staging;
-  int target;
+  wtx_target target;
   entry *st;
   size_t n_st, cap_st;
 };
@@ -176,7 +150,7 @@ void wtx_store_destroy(wtx_store *s) {
   snapshot_unref(s->pub[1]);
   for (size_t i = 0; i < s->n_declared; i++) free((char *)s->declared[i].meta.name);
   free(s->declared);
-  free(s->declared_ix.slots);
+  wtx__strmap_destroy(s->declared_ix);
   pool_drain(&s->pool);
   pthread_mutex_destroy(&s->pool.mu);
   pthread_mutex_destroy(&s->mu);
@@ -187,6 +161,13 @@ static int meta_copy(wtx_tensor_meta *dst, const wtx_tensor_meta *src) {
   *dst = *src;
   dst->name = strdup(src->name);
   return dst->name != NULL ? 0 : WTX_ENOMEM;
+}
+
+/* A map from each entry's name to its index. */
+static int index_build(wtx__strmap **ix, const entry *e, size_t n) {
+  int rc = wtx__strmap_create(ix);
+  for (size_t i = 0; rc == 0 && i < n; i++) rc = wtx__strmap_add(*ix, e[i].meta.name, i);
+  return rc;
 }
 
 int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n) {
@@ -217,62 +198,42 @@ static int entry_share(entry *dst, const entry *src) {
   return 0;
 }
 
-static int same_shape(const wtx_tensor_meta *a, const wtx_tensor_meta *b) {
-  if (a->ndim != b->ndim) return 0;
-  for (size_t i = 0; i < a->ndim; i++)
-    if (a->shape[i] != b->shape[i]) return 0;
-  return 1;
+/* The layout a chunk tensor of target is checked against: the declared one
+ * for the main model, else the published one. Caller holds mu. */
+static const snapshot *layout_of(wtx_store *s, wtx_target target, snapshot *declared) {
+  if (target == WTX_TARGET_MAIN && s->declared != NULL) {
+    *declared = (snapshot){.e = s->declared, .n = s->n_declared, .ix = s->declared_ix};
+    return declared;
+  }
+  const snapshot *pub = PUB(s, target);
+  return pub != NULL && pub->generation > 0 ? pub : NULL;
 }
 
-static void shape_str(const wtx_tensor_meta *m, char *buf, size_t len) {
-  size_t off = (size_t)snprintf(buf, len, "[");
-  for (size_t i = 0; i < m->ndim && off < len; i++)
-    off += (size_t)snprintf(buf + off, len - off, "%s%llu", i ? ", " : "",
-                            (unsigned long long)m->shape[i]);
-  if (off < len) snprintf(buf + off, len - off, "]");
-}
-
-int wtx_store_check(wtx_store *s, int target, const wtx_tensor_meta *meta,
+int wtx_store_check(wtx_store *s, wtx_target target, const wtx_tensor_meta *meta,
                     char *err, size_t errlen) {
   pthread_mutex_lock(&s->mu);
-  const entry *e = NULL;
-  size_t n = 0;
-  const index_t *ix = NULL;
-  if (target == WTX_TARGET_MAIN && s->declared != NULL) {
-    e = s->declared;
-    n = s->n_declared;
-    ix = &s->declared_ix;
-  } else if (s->pub[target] != NULL && s->pub[target]->generation > 0) {
-    e = s->pub[target]->e;
-    n = s->pub[target]->n;
-    ix = &s->pub[target]->ix;
-  }
+  snapshot declared;
+  const snapshot *l = layout_of(s, target, &declared);
+  size_t i = 0;
   int rc = 0;
-  if (e != NULL) {
-    long i = index_find(ix, e, meta->name);
-    if (i < 0) {
-      snprintf(err, errlen, "parameter '%s' is not in the model (%zu parameters)",
-               meta->name, n);
-      rc = WTX_ENOENT;
-    } else if (e[i].meta.dtype != meta->dtype) {
-      snprintf(err, errlen, "parameter '%s': dtype %s, the model holds %s",
-               meta->name, wtx_dtype_name(meta->dtype),
-               wtx_dtype_name(e[i].meta.dtype));
-      rc = WTX_EINVAL;
-    } else if (!same_shape(&e[i].meta, meta)) {
-      char a[160], b[160];
-      shape_str(meta, a, sizeof a);
-      shape_str(&e[i].meta, b, sizeof b);
-      snprintf(err, errlen, "parameter '%s': shape %s, the model holds %s",
-               meta->name, a, b);
-      rc = WTX_EINVAL;
-    }
+  if (l == NULL) {
+    rc = 0; /* no layout yet: the first update defines it */
+  } else if (!wtx__strmap_get(l->ix, meta->name, &i)) {
+    snprintf(err, errlen, "parameter '%s' is not in the model (%zu parameters)",
+             meta->name, l->n);
+    rc = WTX_ENOENT;
+  } else if (!wtx_tensor_meta_same_layout(&l->e[i].meta, meta)) {
+    char a[200], b[200];
+    wtx_tensor_meta_str(meta, a, sizeof a);
+    wtx_tensor_meta_str(&l->e[i].meta, b, sizeof b);
+    snprintf(err, errlen, "parameter '%s': %s, the model holds %s", meta->name, a, b);
+    rc = WTX_EINVAL;
   }
   pthread_mutex_unlock(&s->mu);
   return rc;
 }
 
-static int store_begin(void *model, int target) {
+static int store_begin(void *model, wtx_target target) {
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
   int rc = 0;
@@ -286,21 +247,22 @@ static int store_begin(void *model, int target) {
   return rc;
 }
 
+static int staged_grow(wtx_store *s) {
+  if (s->n_st < s->cap_st) return 0;
+  size_t cap = s->cap_st ? s->cap_st * 2 : 64;
+  entry *e = realloc(s->st, cap * sizeof *e);
+  if (e == NULL) return WTX_ENOMEM;
+  s->st = e;
+  s->cap_st = cap;
+  return 0;
+}
+
 static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) {
   wtx_store *s = model;
   blob *b = blob_new(&s->pool, meta->nbytes);
   if (b == NULL) return WTX_ENOMEM;
   pthread_mutex_lock(&s->mu);
-  int rc = 0;
-  if (s->n_st == s->cap_st) {
-    size_t cap = s->cap_st ? s->cap_st * 2 : 64;
-    entry *e = realloc(s->st, cap * sizeof *e);
-    if (e == NULL) rc = WTX_ENOMEM;
-    else {
-      s->st = e;
-      s->cap_st = cap;
-    }
-  }
+  int rc = staged_grow(s);
   if (rc == 0) rc = meta_copy(&s->st[s->n_st].meta, meta);
   if (rc == 0) {
     s->st[s->n_st].b = b;
@@ -330,56 +292,62 @@ static int store_loaded(void *model, const wtx_tensor_meta *meta,
   return rc;
 }
 
-static int build_view(snapshot *snap) {
-  snap->view = calloc(snap->n ? snap->n : 1, sizeof *snap->view);
-  if (snap->view == NULL) return WTX_ENOMEM;
-  snap->total = 0;
-  for (size_t i = 0; i < snap->n; i++) {
-    snap->view[i].meta = snap->e[i].meta;
-    snap->view[i].data = snap->e[i].b->data;
-    snap->view[i].xxh3 = snap->e[i].xxh3;
-    snap->total += snap->e[i].meta.nbytes;
+/* Appends to snap a share of e. */
+static int snapshot_add(snapshot *snap, const entry *e) {
+  int rc = entry_share(&snap->e[snap->n], e);
+  if (rc == 0) snap->total += snap->e[snap->n++].meta.nbytes;
+  return rc;
+}
+
+/* The one place a snapshot is made: old's tensors first, in their order,
+ * replaced where st (the staged update; may be empty) has them, then the
+ * tensors new in st, in update order; labelled version. Sharing, never
+ * copying, bytes. *out has one reference. */
+static int snapshot_build(const snapshot *old, const entry *st, size_t n_st,
+                          const char *version, uint64_t generation, snapshot **out) {
+  size_t n_old = old != NULL ? old->n : 0;
+  wtx__strmap *stix = NULL;
+  char *used = calloc(n_st + 1, 1);
+  snapshot *snap = calloc(1, sizeof *snap);
+  if (snap != NULL) atomic_init(&snap->refs, 1);
+  int rc = used != NULL && snap != NULL ? index_build(&stix, st, n_st) : WTX_ENOMEM;
+  if (rc != 0) goto fail;
+  snap->generation = generation;
+  snap->version = strdup(version);
+  snap->e = calloc(n_old + n_st + 1, sizeof *snap->e);
+  if (snap->version == NULL || snap->e == NULL) rc = WTX_ENOMEM;
+  for (size_t i = 0, j; rc == 0 && i < n_old; i++) {
+    int fresh = wtx__strmap_get(stix, old->e[i].meta.name, &j);
+    if (fresh) used[j] = 1;
+    rc = snapshot_add(snap, fresh ? &st[j] : &old->e[i]);
   }
-  return index_build(&snap->ix, snap->e, snap->n);
+  for (size_t j = 0; rc == 0 && j < n_st; j++)
+    if (!used[j]) rc = snapshot_add(snap, &st[j]);
+  snap->view = rc == 0 ? calloc(snap->n + 1, sizeof *snap->view) : NULL;
+  if (rc == 0 && snap->view == NULL) rc = WTX_ENOMEM;
+  for (size_t i = 0; rc == 0 && i < snap->n; i++)
+    snap->view[i] = (wtx_store_param){snap->e[i].meta, snap->e[i].b->data, snap->e[i].xxh3};
+  if (rc == 0) rc = index_build(&snap->ix, snap->e, snap->n);
+  if (rc != 0) goto fail;
+  wtx__strmap_destroy(stix);
+  free(used);
+  *out = snap;
+  return 0;
+fail:
+  wtx__strmap_destroy(stix);
+  free(used);
+  snapshot_unref(snap);
+  return rc;
 }
 
 static int store_commit(void *model, const char *version) {
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
-  snapshot *old = s->pub[s->target];
-  snapshot *snap = calloc(1, sizeof *snap);
-  int rc = snap != NULL ? 0 : WTX_ENOMEM;
+  snapshot *old = PUB(s, s->target), *snap = NULL;
+  int rc = snapshot_build(old, s->st, s->n_st, version,
+                          (old ? old->generation : 0) + 1, &snap);
   if (rc == 0) {
-    atomic_init(&snap->refs, 1);
-    snap->version = strdup(version);
-    snap->generation = (old ? old->generation : 0) + 1;
-    size_t cap = s->n_st + (old ? old->n : 0);
-    snap->e = calloc(cap ? cap : 1, sizeof *snap->e);
-    if (snap->version == NULL || snap->e == NULL) rc = WTX_ENOMEM;
-  }
-  /* Previous tensors first, in their order, replaced where the update has
-   * them; then tensors new to this version, in update order. */
-  index_t stix = {0};
-  if (rc == 0) rc = index_build(&stix, s->st, s->n_st);
-  char *used = rc == 0 ? calloc(s->n_st ? s->n_st : 1, 1) : NULL;
-  if (rc == 0 && used == NULL) rc = WTX_ENOMEM;
-  for (size_t i = 0; rc == 0 && old != NULL && i < old->n; i++) {
-    long j = index_find(&stix, s->st, old->e[i].meta.name);
-    const entry *src = j >= 0 ? &s->st[j] : &old->e[i];
-    if (j >= 0) used[j] = 1;
-    rc = entry_share(&snap->e[snap->n], src);
-    if (rc == 0) snap->n++;
-  }
-  for (size_t j = 0; rc == 0 && j < s->n_st; j++) {
-    if (used[j]) continue;
-    rc = entry_share(&snap->e[snap->n], &s->st[j]);
-    if (rc == 0) snap->n++;
-  }
-  free(used);
-  free(stix.slots);
-  if (rc == 0) rc = build_view(snap);
-  if (rc == 0) {
-    s->pub[s->target] = snap;
+    PUB(s, s->target) = snap;
     /* Keep up to one spare copy of the largest model published. */
     pthread_mutex_lock(&s->pool.mu);
     if (snap->total > s->pool.cap) s->pool.cap = snap->total;
@@ -387,9 +355,6 @@ static int store_commit(void *model, const char *version) {
     snapshot_unref(old);
     staged_free(s);
     s->staging = 0;
-  } else if (snap != NULL) {
-    atomic_store(&snap->refs, 1);
-    snapshot_unref(snap);
   }
   pthread_mutex_unlock(&s->mu);
   return rc;
@@ -403,7 +368,7 @@ static void store_abort(void *model) {
   pthread_mutex_unlock(&s->mu);
 }
 
-static int store_check(void *model, int target, const wtx_tensor_meta *meta,
+static int store_check(void *model, wtx_target target, const wtx_tensor_meta *meta,
                        char *err, size_t errlen) {
   return wtx_store_check(model, target, meta, err, errlen);
 }
@@ -417,12 +382,12 @@ const wtx_model_ops wtx_store_model_ops = {
     .abort = store_abort,
 };
 
-int wtx_store_acquire(wtx_store *s, int target, wtx_store_view *out) {
+int wtx_store_acquire(wtx_store *s, wtx_target target, wtx_store_view *out) {
   if (target != WTX_TARGET_MAIN && target != WTX_TARGET_DRAFT) return WTX_EINVAL;
   memset(out, 0, sizeof *out);
   out->version = "";
   pthread_mutex_lock(&s->mu);
-  snapshot *snap = s->pub[target];
+  snapshot *snap = PUB(s, target);
   if (snap != NULL) {
     atomic_fetch_add(&snap->refs, 1);
     out->version = snap->version;
@@ -446,28 +411,14 @@ int wtx_store_set_version(wtx_store *s, const char *version, char **previous) {
   /* Readers hold the version string through their snapshot: publish a new
    * snapshot that shares every tensor of the current one (if any). */
   pthread_mutex_lock(&s->mu);
-  snapshot *old = s->pub[0];
-  size_t n = old != NULL ? old->n : 0;
-  snapshot *snap = calloc(1, sizeof *snap);
-  int rc = snap != NULL ? 0 : WTX_ENOMEM;
+  snapshot *old = PUB(s, WTX_TARGET_MAIN), *snap = NULL;
+  int rc = snapshot_build(old, NULL, 0, version, old != NULL ? old->generation : 0,
+                          &snap);
+  if (rc == 0 && previous != NULL &&
+      (*previous = strdup(old != NULL ? old->version : "")) == NULL)
+    rc = WTX_ENOMEM;
   if (rc == 0) {
-    atomic_init(&snap->refs, 1);
-    snap->version = strdup(version);
-    snap->e = calloc(n ? n : 1, sizeof *snap->e);
-    snap->generation = old != NULL ? old->generation : 0;
-    if (snap->version == NULL || snap->e == NULL) rc = WTX_ENOMEM;
-  }
-  for (size_t i = 0; rc == 0 && i < n; i++) {
-    rc = entry_share(&snap->e[i], &old->e[i]);
-    if (rc == 0) snap->n++;
-  }
-  if (rc == 0) rc = build_view(snap);
-  if (rc == 0 && previous != NULL) {
-    *previous = strdup(old != NULL ? old->version : "");
-    if (*previous == NULL) rc = WTX_ENOMEM;
-  }
-  if (rc == 0) {
-    s->pub[0] = snap;
+    PUB(s, WTX_TARGET_MAIN) = snap;
     snapshot_unref(old);
   } else {
     snapshot_unref(snap);

@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "common/clock.h"
-#include "common/error.h"
+#include "wtx/error.h"
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static wtx_cuda api;

@@ -64,11 +64,6 @@ static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
 static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
   ipc_worker *w = self;
   const wtx_cuda *c = w->cuda;
-  if (info->backend_case != WTX__V1__UPDATE_INFO__BACKEND_CUDA_IPC) {
-    wtx_rx_errorf(rx, "update_info.cuda_ipc: missing (the session's backend is "
-                  "cuda_ipc)");
-    return WTX_EINVAL;
-  }
   const Wtx__V1__CudaIpcUpdateInfo *u = info->cuda_ipc;
   const Wtx__V1__CudaIpcBuffer *b = NULL;
   char offered[400] = "";
@@ -145,6 +140,9 @@ static void ipc_worker_destroy(void *self) {
 
 const wtx_worker_transport wtx_cuda_ipc_worker_transport = {
     .name = "cuda_ipc",
+    .init_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC,
+    .update_case = WTX__V1__UPDATE_INFO__BACKEND_CUDA_IPC,
+    .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE,
     .supports_draft = 1,
     .init = ipc_worker_init,
     .receive = ipc_worker_receive,
@@ -163,9 +161,7 @@ typedef struct ipc_trainer {
   Wtx__V1__CudaIpcBuffer *entries;
   Wtx__V1__CudaIpcBuffer **entry_ptrs;
   Wtx__V1__CudaIpcUpdateInfo *updates;
-  Wtx__V1__PackingParams packing;
   Wtx__V1__CudaIpcInitInfo ipc;
-  Wtx__V1__InitInfo init;
 } ipc_trainer;
 
 static void ipc_trainer_destroy(void *self) {
@@ -179,10 +175,9 @@ static void ipc_trainer_destroy(void *self) {
   free(t);
 }
 
-static int ipc_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_params *wire,
-                              size_t n_workers, void **self, char *err, size_t errlen) {
-  (void)tmpl;
-  (void)n_workers;
+static int ipc_trainer_create(const wtx_trainer_args *args, void **self, char *err,
+                              size_t errlen) {
+  const wtx_wire_params *wire = &args->wire;
   const wtx_cuda *c;
   int rc = wtx__cuda_load(0, &c, err, errlen);
   if (rc != 0) return rc;
@@ -228,23 +223,17 @@ static int ipc_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_para
     ipc_trainer_destroy(t);
     return WTX_EUNAVAIL;
   }
-  wtx_wire_params_packing(wire, &t->packing);
   wtx__v1__cuda_ipc_init_info__init(&t->ipc);
-  t->ipc.packing = &t->packing;
-  t->ipc.checksum = (Wtx__V1__ChecksumAlgorithm)wire->checksum;
-  t->ipc.timeout_ms = wire->timeout_ms;
-  wtx__v1__init_info__init(&t->init);
-  t->init.backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC;
-  t->init.cuda_ipc = &t->ipc;
   *self = t;
   return 0;
 }
 
 static int ipc_trainer_init_info(void *self, size_t i, const char *const *prev,
-                                 const Wtx__V1__InitInfo **out) {
+                                 Wtx__V1__InitInfo *out) {
   (void)i;
   (void)prev;
-  *out = &((ipc_trainer *)self)->init;
+  out->backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC;
+  out->cuda_ipc = &((ipc_trainer *)self)->ipc;
   return 0;
 }
 
@@ -266,7 +255,9 @@ static int ipc_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
 
 const wtx_trainer_transport wtx_cuda_ipc_trainer_transport = {
     .name = "cuda_ipc",
-    .backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC,
+    .init_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC,
+    .update_case = WTX__V1__UPDATE_INFO__BACKEND_CUDA_IPC,
+    .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE,
     .create = ipc_trainer_create,
     .init_info = ipc_trainer_init_info,
     .buffer = ipc_trainer_buffer,

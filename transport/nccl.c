@@ -99,12 +99,9 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
 }
 
 static int nccl_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
+  (void)info; /* nccl sends nothing per round */
   nccl_worker *w = self;
   const wtx_cuda *c = w->cuda;
-  if (info->backend_case != WTX__V1__UPDATE_INFO__BACKEND_NCCL) {
-    wtx_rx_errorf(rx, "update_info.nccl: missing (the session's backend is nccl)");
-    return WTX_EINVAL;
-  }
   if (w->broken) {
     wtx_rx_errorf(rx, "nccl: the communicator failed earlier; initialize the "
                   "session again");
@@ -153,6 +150,9 @@ static void nccl_worker_reset(void *self) {
 
 const wtx_worker_transport wtx_nccl_worker_transport = {
     .name = "nccl",
+    .init_case = WTX__V1__INIT_INFO__BACKEND_NCCL,
+    .update_case = WTX__V1__UPDATE_INFO__BACKEND_NCCL,
+    .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE,
     .supports_draft = 1,
     .init = nccl_worker_init,
     .receive = nccl_worker_receive,
@@ -171,9 +171,7 @@ typedef struct nccl_trainer {
   void *comm, *stream;
   wtx__cuda_buffers bufs;
   int broken;
-  Wtx__V1__PackingParams packing;
   Wtx__V1__NcclInitInfo *nccl; /* per worker */
-  Wtx__V1__InitInfo *init;
   Wtx__V1__NcclUpdateInfo update;
 } nccl_trainer;
 
@@ -185,13 +183,13 @@ static void nccl_trainer_destroy(void *self) {
   wtx__cuda_buffers_destroy(&t->bufs);
   if (t->stream != NULL) c->StreamDestroy(t->stream);
   free(t->nccl);
-  free(t->init);
   free(t);
 }
 
-static int nccl_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_params *wire,
-                               size_t n_workers, void **self, char *err, size_t errlen) {
-  (void)tmpl;
+static int nccl_trainer_create(const wtx_trainer_args *args, void **self, char *err,
+                               size_t errlen) {
+  const wtx_wire_params *wire = &args->wire;
+  size_t n_workers = args->n_workers;
   const wtx_cuda *c;
   int rc = wtx__cuda_load(1, &c, err, errlen);
   if (rc != 0) return rc;
@@ -202,8 +200,7 @@ static int nccl_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_par
   t->n_workers = n_workers;
   t->device = wtx__cuda_device();
   t->nccl = calloc(n_workers, sizeof *t->nccl);
-  t->init = calloc(n_workers, sizeof *t->init);
-  if (!t->nccl || !t->init) {
+  if (!t->nccl) {
     nccl_trainer_destroy(t);
     return WTX_ENOMEM;
   }
@@ -225,14 +222,13 @@ static int nccl_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_par
     nccl_trainer_destroy(t);
     return WTX_EUNAVAIL;
   }
-  wtx_wire_params_packing(wire, &t->packing);
   wtx__v1__nccl_update_info__init(&t->update);
   *self = t;
   return 0;
 }
 
 static int nccl_trainer_init_info(void *self, size_t i, const char *const *prev,
-                                  const Wtx__V1__InitInfo **out) {
+                                  Wtx__V1__InitInfo *out) {
   (void)prev;
   nccl_trainer *t = self;
   Wtx__V1__NcclInitInfo *ni = &t->nccl[i];
@@ -241,13 +237,8 @@ static int nccl_trainer_init_info(void *self, size_t i, const char *const *prev,
   ni->unique_id.len = sizeof t->id;
   ni->world_size = (uint32_t)(t->n_workers + 1);
   ni->rank_offset = (uint32_t)(i + 1);
-  ni->packing = &t->packing;
-  ni->checksum = (Wtx__V1__ChecksumAlgorithm)t->wire.checksum;
-  ni->timeout_ms = t->wire.timeout_ms;
-  wtx__v1__init_info__init(&t->init[i]);
-  t->init[i].backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
-  t->init[i].nccl = ni;
-  *out = &t->init[i];
+  out->backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
+  out->nccl = ni;
   return 0;
 }
 
@@ -305,7 +296,9 @@ static int nccl_trainer_complete(void *self, uint32_t k, char *err, size_t errle
 
 const wtx_trainer_transport wtx_nccl_trainer_transport = {
     .name = "nccl",
-    .backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL,
+    .init_case = WTX__V1__INIT_INFO__BACKEND_NCCL,
+    .update_case = WTX__V1__UPDATE_INFO__BACKEND_NCCL,
+    .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE,
     .collective_init = 1,
     .create = nccl_trainer_create,
     .init_info = nccl_trainer_init_info,

@@ -1,4 +1,4 @@
-/* Backend registries and the handshake's wire parameters. */
+/* Backend registries and the handshake's shared wire parameters. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,9 +51,16 @@ static void reg_names(registry *r, char *buf, size_t len) {
   pthread_mutex_unlock(&mu);
 }
 
+/* The oneof cases must name members of the schema's oneofs. */
+static int cases_valid(int init_case, int update_case) {
+  return wtx_init_case_name(init_case) != NULL &&
+         protobuf_c_message_descriptor_get_field(&wtx__v1__update_info__descriptor,
+                                                 (unsigned)update_case) != NULL;
+}
+
 int wtx_worker_transport_register(const wtx_worker_transport *t) {
   if (t == NULL || t->name == NULL || t->init == NULL || t->receive == NULL ||
-      t->destroy == NULL)
+      t->destroy == NULL || !cases_valid(t->init_case, t->update_case))
     return WTX_EINVAL;
   return reg_add(&workers, t, t->name);
 }
@@ -69,7 +76,7 @@ void wtx_worker_transport_names(char *buf, size_t len) {
 int wtx_trainer_transport_register(const wtx_trainer_transport *t) {
   if (t == NULL || t->name == NULL || t->create == NULL ||
       t->init_info == NULL || t->buffer == NULL || t->prepare == NULL ||
-      t->destroy == NULL)
+      t->destroy == NULL || !cases_valid(t->init_case, t->update_case))
     return WTX_EINVAL;
   return reg_add(&trainers, t, t->name);
 }
@@ -81,6 +88,10 @@ const wtx_trainer_transport *wtx_trainer_transport_find(const char *name) {
 void wtx_trainer_transport_names(char *buf, size_t len) {
   reg_names(&trainers, buf, len);
 }
+
+const char *const wtx_builtin_backends[] = {"shm", "tcp", "nccl", "cuda_ipc"};
+const size_t wtx_n_builtin_backends =
+    sizeof wtx_builtin_backends / sizeof wtx_builtin_backends[0];
 
 static pthread_once_t builtin_once = PTHREAD_ONCE_INIT;
 
@@ -99,53 +110,31 @@ void wtx_transports_register_builtin(void) {
   pthread_once(&builtin_once, register_builtin);
 }
 
-/* The fields every backend's init message shares, found by its oneof. */
-typedef struct init_fields {
-  const char *name;
-  const Wtx__V1__PackingParams *packing;
-  int checksum;
-  uint32_t timeout_ms;
-  int gpu;
-} init_fields;
+const char *wtx_init_case_name(int init_case) {
+  const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(
+      &wtx__v1__init_info__descriptor, (unsigned)init_case);
+  /* Only oneof members name a backend (the shared fields are no members). */
+  return f != NULL && (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) ? f->name : NULL;
+}
 
-static int init_fields_of(const Wtx__V1__InitInfo *init, init_fields *f) {
-#define WTX__FIELDS(msg, n, g) \
-  *f = (init_fields){n, msg->packing, msg->checksum, msg->timeout_ms, g}
-  switch (init->backend_case) {
-    case WTX__V1__INIT_INFO__BACKEND_NCCL:
-      WTX__FIELDS(init->nccl, "nccl", 1);
+static int resolve_checksum(int checksum, int default_checksum, int *out) {
+  switch (checksum) {
+    case WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_UNSPECIFIED:
+      *out = default_checksum;
       return 0;
-    case WTX__V1__INIT_INFO__BACKEND_CUDA_IPC:
-      WTX__FIELDS(init->cuda_ipc, "cuda_ipc", 1);
-      return 0;
-    case WTX__V1__INIT_INFO__BACKEND_TCP:
-      WTX__FIELDS(init->tcp, "tcp", 0);
-      return 0;
-    case WTX__V1__INIT_INFO__BACKEND_SHM:
-      WTX__FIELDS(init->shm, "shm", 0);
+    case WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE:
+    case WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64:
+      *out = checksum;
       return 0;
     default:
       return WTX_EINVAL;
   }
-#undef WTX__FIELDS
-}
-
-const char *wtx_init_backend_name(const Wtx__V1__InitInfo *init) {
-  init_fields f;
-  return init_fields_of(init, &f) == 0 ? f.name : NULL;
 }
 
 int wtx_wire_params_from_init(const Wtx__V1__InitInfo *init,
-                              wtx_wire_params *out, char *err, size_t errlen) {
-  init_fields f;
-  if (init_fields_of(init, &f) != 0) {
-    snprintf(err, errlen, "init_info.backend: no backend set");
-    return WTX_EINVAL;
-  }
-  const Wtx__V1__PackingParams *pk = f.packing;
-  int checksum = f.checksum;
-  uint32_t timeout_ms = f.timeout_ms;
-  int gpu = f.gpu;
+                              int default_checksum, wtx_wire_params *out,
+                              char *err, size_t errlen) {
+  const Wtx__V1__PackingParams *pk = init->packing;
   memset(out, 0, sizeof *out);
   out->packed = pk != NULL ? pk->packed : 1;
   out->buffer_size = pk != NULL && pk->buffer_size_bytes != 0
@@ -154,38 +143,33 @@ int wtx_wire_params_from_init(const Wtx__V1__InitInfo *init,
   out->num_buffers = pk != NULL && pk->num_buffers != 0
                          ? pk->num_buffers
                          : WTX_DEFAULT_NUM_BUFFERS;
-  out->timeout_ms = timeout_ms != 0 ? timeout_ms : WTX_DEFAULT_TIMEOUT_MS;
-  if (out->buffer_size < 1024 || out->buffer_size > (UINT64_C(1) << 40)) {
-    snprintf(err, errlen,
-             "packing.buffer_size_bytes: %llu is outside 1024 .. 2^40",
-             (unsigned long long)out->buffer_size);
+  out->timeout_ms = init->timeout_ms != 0 ? init->timeout_ms : WTX_DEFAULT_TIMEOUT_MS;
+  if (out->buffer_size < WTX_MIN_BUFFER_SIZE || out->buffer_size > WTX_MAX_BUFFER_SIZE) {
+    snprintf(err, errlen, "packing.buffer_size_bytes: %llu is outside %llu .. 2^40",
+             (unsigned long long)out->buffer_size,
+             (unsigned long long)WTX_MIN_BUFFER_SIZE);
     return WTX_EINVAL;
   }
-  if (out->num_buffers > 64) {
-    snprintf(err, errlen, "packing.num_buffers: %u is outside 1 .. 64",
-             out->num_buffers);
+  if (out->num_buffers > WTX_MAX_BUFFERS) {
+    snprintf(err, errlen, "packing.num_buffers: %u is outside 1 .. %d",
+             out->num_buffers, WTX_MAX_BUFFERS);
     return WTX_EINVAL;
   }
-  switch (checksum) {
-    case WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_UNSPECIFIED:
-      out->checksum = gpu ? WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE
-                          : WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
-      break;
-    case WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE:
-    case WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64:
-      out->checksum = checksum;
-      break;
-    default:
-      snprintf(err, errlen, "checksum: unknown algorithm %d", checksum);
-      return WTX_EINVAL;
+  if (resolve_checksum(init->checksum, default_checksum, &out->checksum) != 0) {
+    snprintf(err, errlen, "checksum: unknown algorithm %d", init->checksum);
+    return WTX_EINVAL;
   }
   return 0;
 }
 
-void wtx_wire_params_packing(const wtx_wire_params *wire,
-                             Wtx__V1__PackingParams *out) {
-  wtx__v1__packing_params__init(out);
-  out->packed = wire->packed;
-  out->buffer_size_bytes = wire->buffer_size;
-  out->num_buffers = wire->num_buffers;
+void wtx_wire_params_to_init(const wtx_wire_params *wire,
+                             Wtx__V1__PackingParams *pk,
+                             Wtx__V1__InitInfo *init) {
+  wtx__v1__packing_params__init(pk);
+  pk->packed = wire->packed;
+  pk->buffer_size_bytes = wire->buffer_size;
+  pk->num_buffers = wire->num_buffers;
+  init->packing = pk;
+  init->checksum = (Wtx__V1__ChecksumAlgorithm)wire->checksum;
+  init->timeout_ms = wire->timeout_ms;
 }

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "transport/transport.h"
+#include "transport/rx.h"
 
 struct wtx_rx {
   const wtx_rx_tensor *t;

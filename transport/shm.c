@@ -56,10 +56,6 @@ static int shm_worker_init(const Wtx__V1__InitInfo *init,
 static int shm_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
                               wtx_rx *rx) {
   shm_worker *w = self;
-  if (info->backend_case != WTX__V1__UPDATE_INFO__BACKEND_SHM) {
-    wtx_rx_errorf(rx, "update_info.shm: missing (the session's backend is shm)");
-    return WTX_EINVAL;
-  }
   const Wtx__V1__ShmUpdateInfo *u = info->shm;
   if (u->region[0] != '/' || strchr(u->region + 1, '/') != NULL ||
       strlen(u->region) > 255) {
@@ -114,6 +110,9 @@ static void shm_worker_destroy(void *self) {
 
 const wtx_worker_transport wtx_shm_worker_transport = {
     .name = "shm",
+    .init_case = WTX__V1__INIT_INFO__BACKEND_SHM,
+    .update_case = WTX__V1__UPDATE_INFO__BACKEND_SHM,
+    .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
     .supports_draft = 1,
     .init = shm_worker_init,
     .receive = shm_worker_receive,
@@ -127,9 +126,7 @@ typedef struct shm_trainer {
   char region[64];
   uint8_t *map;
   size_t len;
-  Wtx__V1__InitInfo init;
   Wtx__V1__ShmInitInfo shm;
-  Wtx__V1__PackingParams packing;
   Wtx__V1__ShmUpdateInfo *su; /* one per buffer */
 } shm_trainer;
 
@@ -142,10 +139,9 @@ static void shm_trainer_destroy(void *self) {
   free(t);
 }
 
-static int shm_trainer_create(const Wtx__V1__InitInfo *tmpl,
-                              const wtx_wire_params *wire, size_t n_workers,
-                              void **self, char *err, size_t errlen) {
-  (void)n_workers;
+static int shm_trainer_create(const wtx_trainer_args *args, void **self,
+                              char *err, size_t errlen) {
+  const wtx_wire_params *wire = &args->wire;
   shm_trainer *t = calloc(1, sizeof *t);
   if (t == NULL) return WTX_ENOMEM;
   t->wire = *wire;
@@ -177,24 +173,17 @@ static int shm_trainer_create(const Wtx__V1__InitInfo *tmpl,
     t->su[k].region = t->region;
     t->su[k].offset = k * wire->buffer_size;
   }
-  wtx__v1__init_info__init(&t->init);
   wtx__v1__shm_init_info__init(&t->shm);
-  wtx_wire_params_packing(wire, &t->packing);
-  t->shm.packing = &t->packing;
-  t->shm.checksum = (Wtx__V1__ChecksumAlgorithm)wire->checksum;
-  t->shm.timeout_ms = wire->timeout_ms;
-  t->init.backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
-  t->init.shm = &t->shm;
-  (void)tmpl;
   *self = t;
   return 0;
 }
 
 static int shm_trainer_init_info(void *self, size_t i, const char *const *prev,
-                                 const Wtx__V1__InitInfo **out) {
+                                 Wtx__V1__InitInfo *out) {
   (void)i;
   (void)prev;
-  *out = &((shm_trainer *)self)->init;
+  out->backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
+  out->shm = &((shm_trainer *)self)->shm;
   return 0;
 }
 
@@ -214,7 +203,9 @@ static int shm_trainer_prepare(void *self, uint32_t k, const wtx_chunk *c,
 
 const wtx_trainer_transport wtx_shm_trainer_transport = {
     .name = "shm",
-    .backend_case = WTX__V1__INIT_INFO__BACKEND_SHM,
+    .init_case = WTX__V1__INIT_INFO__BACKEND_SHM,
+    .update_case = WTX__V1__UPDATE_INFO__BACKEND_SHM,
+    .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
     .create = shm_trainer_create,
     .init_info = shm_trainer_init_info,
     .buffer = shm_trainer_buffer,

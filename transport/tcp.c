@@ -395,10 +395,6 @@ static int worker_fail(tcp_worker *w, wtx_rx *rx, int rc, const char *fmt, ...) 
 static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
                               wtx_rx *rx) {
   tcp_worker *w = self;
-  if (info->backend_case != WTX__V1__UPDATE_INFO__BACKEND_TCP) {
-    wtx_rx_errorf(rx, "update_info.tcp: missing (the session's backend is tcp)");
-    return WTX_EINVAL;
-  }
   if (w->broken) {
     wtx_rx_errorf(rx, "tcp: the data stream broke earlier (%s); initialize the "
                   "session again", w->broke_why);
@@ -455,6 +451,9 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
 
 const wtx_worker_transport wtx_tcp_worker_transport = {
     .name = "tcp",
+    .init_case = WTX__V1__INIT_INFO__BACKEND_TCP,
+    .update_case = WTX__V1__UPDATE_INFO__BACKEND_TCP,
+    .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
     .supports_draft = 1,
     .init = tcp_worker_init,
     .receive = tcp_worker_receive,
@@ -471,9 +470,7 @@ typedef struct tcp_trainer {
   int lfd, fd;
   char address[300]; /* the data port, as worker 0 reaches it */
   uint8_t *buffers;
-  Wtx__V1__PackingParams packing;
   Wtx__V1__TcpInitInfo *tcp; /* one per worker */
-  Wtx__V1__InitInfo *init;
   Wtx__V1__TcpUpdateInfo update;
   /* the writer thread: one chunk at a time */
   pthread_t writer;
@@ -529,13 +526,13 @@ static void tcp_trainer_destroy(void *self) {
   pthread_cond_destroy(&t->cv);
   free(t->buffers);
   free(t->tcp);
-  free(t->init);
   free(t);
 }
 
-static int tcp_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_params *wire,
-                              size_t n_workers, void **self, char *err,
-                              size_t errlen) {
+static int tcp_trainer_create(const wtx_trainer_args *args, void **self,
+                              char *err, size_t errlen) {
+  const wtx_wire_params *wire = &args->wire;
+  size_t n_workers = args->n_workers;
   tcp_trainer *t = calloc(1, sizeof *t);
   if (t == NULL) return WTX_ENOMEM;
   t->lfd = t->fd = -1;
@@ -545,8 +542,7 @@ static int tcp_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_para
   pthread_cond_init(&t->cv, NULL);
   t->buffers = malloc((size_t)(wire->buffer_size * wire->num_buffers));
   t->tcp = calloc(n_workers, sizeof *t->tcp);
-  t->init = calloc(n_workers, sizeof *t->init);
-  if (t->buffers == NULL || t->tcp == NULL || t->init == NULL) {
+  if (t->buffers == NULL || t->tcp == NULL) {
     snprintf(err, errlen, "tcp: cannot allocate %u buffers of %llu bytes",
              wire->num_buffers, (unsigned long long)wire->buffer_size);
     tcp_trainer_destroy(t);
@@ -561,9 +557,9 @@ static int tcp_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_para
     tcp_trainer_destroy(t);
     return WTX_EIO;
   }
-  /* The template's upstream_address is where the trainer listens. */
-  const char *bind = tmpl->tcp->upstream_address[0] ? tmpl->tcp->upstream_address
-                                                    : "127.0.0.1:0";
+  const char *bind = args->data_address != NULL && args->data_address[0]
+                         ? args->data_address
+                         : "127.0.0.1:0";
   int rc = listen_on(bind, &t->lfd, t->address, sizeof t->address, err, errlen);
   if (rc == 0 && pthread_create(&t->writer, NULL, writer_main, t) != 0)
     rc = WTX_ENOMEM;
@@ -571,30 +567,24 @@ static int tcp_trainer_create(const Wtx__V1__InitInfo *tmpl, const wtx_wire_para
     tcp_trainer_destroy(t);
     return rc;
   }
-  wtx_wire_params_packing(wire, &t->packing);
   wtx__v1__tcp_update_info__init(&t->update);
   *self = t;
   return 0;
 }
 
 static int tcp_trainer_init_info(void *self, size_t i, const char *const *prev,
-                                 const Wtx__V1__InitInfo **out) {
+                                 Wtx__V1__InitInfo *out) {
   tcp_trainer *t = self;
   Wtx__V1__TcpInitInfo *ti = &t->tcp[i];
   wtx__v1__tcp_init_info__init(ti);
-  ti->packing = &t->packing;
-  ti->checksum = (Wtx__V1__ChecksumAlgorithm)t->wire.checksum;
-  ti->timeout_ms = t->wire.timeout_ms;
   ti->upstream_address = i == 0 ? t->address : (char *)prev[i - 1];
   if (ti->upstream_address == NULL || ti->upstream_address[0] == '\0')
     return WTX_EPROTO; /* worker i-1 did not report a relay address */
   ti->relay = i + 1 < t->n_workers;
   ti->data_token.data = t->token;
   ti->data_token.len = sizeof t->token;
-  wtx__v1__init_info__init(&t->init[i]);
-  t->init[i].backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
-  t->init[i].tcp = ti;
-  *out = &t->init[i];
+  out->backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
+  out->tcp = ti;
   return 0;
 }
 
@@ -649,7 +639,9 @@ static int tcp_trainer_complete(void *self, uint32_t k, char *err, size_t errlen
 
 const wtx_trainer_transport wtx_tcp_trainer_transport = {
     .name = "tcp",
-    .backend_case = WTX__V1__INIT_INFO__BACKEND_TCP,
+    .init_case = WTX__V1__INIT_INFO__BACKEND_TCP,
+    .update_case = WTX__V1__UPDATE_INFO__BACKEND_TCP,
+    .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
     .create = tcp_trainer_create,
     .init_info = tcp_trainer_init_info,
     .connect = tcp_trainer_connect,

@@ -7,8 +7,14 @@
  *
  * A backend is a `const` struct of function pointers registered by name on
  * each side (wtx_worker_transport_register / wtx_trainer_transport_register);
- * a duplicate name is WTX_EEXIST. Adding a backend touches its own file and
- * one registration line in registry.c.
+ * a duplicate name is WTX_EEXIST. Adding a backend takes exactly:
+ *  - one file here (transport/<name>.c) with its worker and trainer halves;
+ *  - one registration line per half in registry.c (register_builtin and
+ *    wtx_builtin_backends);
+ *  - one member in InitInfo.backend and one in UpdateInfo.backend
+ *    (proto/wtx/v1), for what only this backend sends. The parameters every
+ *    backend shares (packing, checksum, timeout_ms) are InitInfo's own
+ *    fields and reach the backend resolved, as wtx_wire_params.
  *
  * The stream of an update: the tensors of the update, in the order the
  * trainer sends them, concatenated without padding; a chunk is a contiguous
@@ -19,49 +25,42 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
+#include "wtx/error.h"
+#include "wtx/limits.h"
 #include "wtx/v1/weight_transfer.pb-c.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Wire parameters of a session, resolved from the handshake (defaults
- * applied, limits checked by wtx_wire_params_from_init). */
+/* Wire parameters of a session: InitInfo's shared fields, resolved
+ * (defaults applied, limits of wtx/limits.h checked). */
 typedef struct wtx_wire_params {
   int packed;
-  uint64_t buffer_size;  /* bytes, 1024 .. 2^40 */
-  uint32_t num_buffers;  /* 1 .. 64 */
+  uint64_t buffer_size;  /* bytes, WTX_MIN_BUFFER_SIZE .. WTX_MAX_BUFFER_SIZE */
+  uint32_t num_buffers;  /* 1 .. WTX_MAX_BUFFERS */
   int checksum;          /* WTX__V1__CHECKSUM_ALGORITHM__* (never UNSPECIFIED) */
   uint32_t timeout_ms;
 } wtx_wire_params;
 
-#define WTX_DEFAULT_BUFFER_SIZE (UINT64_C(64) << 20)
-#define WTX_DEFAULT_NUM_BUFFERS 2
-#define WTX_DEFAULT_TIMEOUT_MS 300000
-
-/* The backend name of init ("tcp", "shm", "nccl", "cuda_ipc"), or NULL when
- * its oneof is unset. Static string. */
-const char *wtx_init_backend_name(const Wtx__V1__InitInfo *init);
-
-/* Resolves and checks the wire parameters of init. On error writes a message
- * naming the field and the limit into err. */
+/* Resolves and checks init's shared wire parameters; an UNSPECIFIED checksum
+ * becomes default_checksum (the backend's). On error writes a message naming
+ * the field and the limit into err. */
 int wtx_wire_params_from_init(const Wtx__V1__InitInfo *init,
-                              wtx_wire_params *out, char *err, size_t errlen);
+                              int default_checksum, wtx_wire_params *out,
+                              char *err, size_t errlen);
 
-/* The PackingParams message for wire (for a trainer half's handshake). */
-void wtx_wire_params_packing(const wtx_wire_params *wire,
-                             Wtx__V1__PackingParams *out);
+/* Sets init's shared fields from wire; init->packing points to *pk, which
+ * must outlive init. The backend member is left alone. */
+void wtx_wire_params_to_init(const wtx_wire_params *wire,
+                             Wtx__V1__PackingParams *pk,
+                             Wtx__V1__InitInfo *init);
+
+/* The name of the InitInfo.backend member numbered init_case ("tcp", ...,
+ * from the schema's descriptor), or NULL when there is none. Static. */
+const char *wtx_init_case_name(int init_case);
 
 /* ---- worker side: receiving ---- */
-
-/* Where one tensor of the update goes. The session fills it from the
- * validated ParamMeta; dst is the model's staging memory (host). */
-typedef struct wtx_rx_tensor {
-  const char *name;
-  uint64_t nbytes;
-  uint8_t *dst;
-} wtx_rx_tensor;
 
 /* Assembler for one chunk: owned by the session, lent to the backend's
  * receive for one call. */
@@ -86,6 +85,13 @@ void wtx_rx_errorf(wtx_rx *rx, const char *fmt, ...)
  * init and freed by destroy. */
 typedef struct wtx_worker_transport {
   const char *name;
+  /* The InitInfo.backend member it serves (WTX__V1__INIT_INFO__BACKEND_*),
+   * the UpdateInfo.backend member its chunks carry
+   * (WTX__V1__UPDATE_INFO__BACKEND_*; the session refuses any other), and
+   * the checksum an UNSPECIFIED one means (WTX__V1__CHECKSUM_ALGORITHM__*). */
+  int init_case;
+  int update_case;
+  int default_checksum;
   /* Whether updates may target the draft model. */
   int supports_draft;
   /* Sets up from the handshake. data_address (may stay empty) receives the
@@ -106,7 +112,7 @@ typedef struct wtx_worker_transport {
 
 int wtx_worker_transport_register(const wtx_worker_transport *t);
 const wtx_worker_transport *wtx_worker_transport_find(const char *name);
-/* Comma-separated registered names into buf ("cuda_ipc, nccl, shm, tcp"). */
+/* Comma-separated registered names into buf ("shm, tcp, nccl, cuda_ipc"). */
 void wtx_worker_transport_names(char *buf, size_t len);
 
 /* ---- chunks: how an update's stream is cut, the same on both sides ---- */
@@ -141,23 +147,39 @@ int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
  * Buffers k are 0..num_buffers-1, reused round robin; the engine never
  * packs a buffer whose previous chunk has not completed. connect, post and
  * complete may be NULL (nothing to do: shm). */
+/* What the engine gives a trainer half at create. */
+typedef struct wtx_trainer_args {
+  wtx_wire_params wire;
+  size_t n_workers;
+  /* Where a backend whose workers connect to the trainer listens
+   * ("host:port"; tcp); NULL: 127.0.0.1:0. */
+  const char *data_address;
+} wtx_trainer_args;
+
 typedef struct wtx_trainer_transport {
   const char *name;
-  int backend_case; /* WTX__V1__INIT_INFO__BACKEND_* it serves */
+  /* As in wtx_worker_transport: the members of InitInfo.backend and
+   * UpdateInfo.backend it fills, and what an UNSPECIFIED checksum means. */
+  int init_case;
+  int update_case;
+  int default_checksum;
   /* 1: the workers' init and the trainer's connect form one collective
    * (NCCL): every init call is started, then connect runs, then the calls
    * are awaited. 0: workers are initialized one after the other. */
   int collective_init;
-  int (*create)(const Wtx__V1__InitInfo *tmpl, const wtx_wire_params *wire,
-                size_t n_workers, void **self, char *err, size_t errlen);
-  /* The InitInfo for worker i (storage owned by self). prev holds the
-   * data_address each worker 0..i-1 answered. */
+  int (*create)(const wtx_trainer_args *args, void **self, char *err,
+                size_t errlen);
+  /* Sets the backend member of worker i's InitInfo (out->backend_case and
+   * the member, whose storage self owns; the engine has set the shared
+   * fields). prev holds the data_address each worker 0..i-1 answered. */
   int (*init_info)(void *self, size_t i, const char *const *prev,
-                   const Wtx__V1__InitInfo **out);
+                   Wtx__V1__InitInfo *out);
   /* Every worker answered init (data_address of each): make connections. */
   int (*connect)(void *self, const char *const *addresses, char *err,
                  size_t errlen);
   uint8_t *(*buffer)(void *self, uint32_t k);
+  /* Sets the backend member of the chunk's UpdateInfo (ui->backend_case and
+   * the member, storage owned by self). */
   int (*prepare)(void *self, uint32_t k, const wtx_chunk *c,
                  Wtx__V1__UpdateInfo *ui);
   int (*post)(void *self, uint32_t k, const wtx_chunk *c);
@@ -179,42 +201,15 @@ extern const wtx_trainer_transport wtx_nccl_trainer_transport;
 extern const wtx_worker_transport wtx_cuda_ipc_worker_transport;
 extern const wtx_trainer_transport wtx_cuda_ipc_trainer_transport;
 
-/* Registers every built-in backend on both sides; idempotent. A backend
- * registered earlier under a built-in's name keeps its place (tests put a
- * double there before the first worker or trainer starts). */
+/* Registers every built-in backend on both sides; idempotent. A test double
+ * registers under a name of its own (wrapping a built-in's functions) and is
+ * chosen by that name: wtx_trainer_config.backend on the trainer,
+ * wtx_worker_options.backends on the worker. */
 void wtx_transports_register_builtin(void);
 
-/* ---- internal: used by the session ---- */
-
-/* A chunk's tensors, in stream order; first_offset is where the chunk starts
- * within tensors[0]. The tensors' dst must stay valid until the chunk ends. */
-int wtx__rx_create(wtx_rx **out);
-void wtx__rx_destroy(wtx_rx *rx);
-/* Starts a chunk of chunk_bytes (0: to the end of the last tensor), which
- * must end inside or at the end of tensors[n-1]. verify: whether checksums
- * are expected and checked. A
- * non-zero first_offset must continue the tensor the previous chunk left
- * incomplete, at the byte it stopped (else WTX_EPROTO); a zero one requires
- * that no tensor was left incomplete. */
-int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
-                  uint64_t first_offset, uint64_t chunk_bytes, int verify);
-/* The sender's checksums of the tensors that end in this chunk, in order
- * (after begin; borrowed until end). */
-int wtx__rx_expect_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n);
-/* Forgets any tensor left incomplete (abort, new update). */
-void wtx__rx_reset(wtx_rx *rx);
-/* Whether a tensor is left incomplete, and which. */
-const char *wtx__rx_incomplete(const wtx_rx *rx, uint64_t *have,
-                               uint64_t *want);
-/* Ends the chunk: checks every expected byte arrived and every checksum
- * matched (WTX_ECHECKSUM names the tensor). */
-int wtx__rx_end(wtx_rx *rx);
-/* Detail of the last error (empty when none). */
-const char *wtx__rx_error(const wtx_rx *rx);
-/* Tensors completed (all bytes in) by this chunk so far. */
-size_t wtx__rx_completed(const wtx_rx *rx);
-/* Checksum of a completed tensor: index into the chunk's tensors. */
-uint64_t wtx__rx_checksum(const wtx_rx *rx, size_t i);
+/* The backends a worker serves when its options name none, in order. */
+extern const char *const wtx_builtin_backends[];
+extern const size_t wtx_n_builtin_backends;
 
 #ifdef __cplusplus
 }

@@ -10,8 +10,10 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
-#include "client/client.h"
+#include "client/fanout.h"
+#include "wtx/client.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 
 namespace {
@@ -74,7 +76,8 @@ class ClientTest : public ::testing::Test {
   void Connect(wtx_client_options o, const std::string &host = "127.0.0.1") {
     std::string t = host + ":" + std::to_string(port_);
     const char *targets[] = {t.c_str()};
-    ASSERT_EQ(0, wtx_client_create(targets, 1, &o, &c_));
+    char err[600] = "";
+    ASSERT_EQ(0, wtx_client_create(targets, 1, &o, &c_, err, sizeof err)) << err;
   }
   Script script_;
   wtx_rpc_server *srv_ = nullptr;
@@ -92,7 +95,7 @@ TEST_F(ClientTest, IdempotentCallsAreRetriedAndUpdateCallsAreNot) {
   EXPECT_EQ(0, wtx_client_world_size(c_, 0, &ws)) << wtx_client_last_error(c_);
   EXPECT_EQ(1u, ws);
   EXPECT_EQ(3, script_.world_calls.load());
-  EXPECT_EQ(WTX_EUNAVAIL, wtx_client_start(c_, 0));
+  EXPECT_EQ(WTX_EUNAVAIL, wtx__client_start(c_, 0));
   EXPECT_EQ(1, script_.start_calls.load());  // never repeated
   EXPECT_NE(std::string::npos,
             std::string(wtx_client_last_error(c_)).find("worker 0 (127.0.0.1:"));
@@ -100,7 +103,7 @@ TEST_F(ClientTest, IdempotentCallsAreRetriedAndUpdateCallsAreNot) {
   EXPECT_EQ(GRPC_STATUS_UNAVAILABLE, wtx_client_last_status(c_));
   // A call the server does not implement: UNIMPLEMENTED, named.
   Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
-  EXPECT_EQ(WTX_ENOTSUP, wtx_client_init_one(c_, 0, &ii, nullptr));
+  EXPECT_EQ(WTX_ENOTSUP, wtx__client_init_one(c_, 0, &ii, nullptr));
   EXPECT_NE(std::string::npos, std::string(wtx_client_last_error(c_))
                                    .find("InitWeightTransferEngine: UNIMPLEMENTED"))
       << wtx_client_last_error(c_);
@@ -170,6 +173,36 @@ TEST_F(ClientTest, TlsWithATrustedCaConnectsAndPlaintextDoesNot) {
   Connect(plain, "127.0.0.1");
   EXPECT_NE(0, wtx_client_world_size(c_, 0, &ws));
   EXPECT_EQ(0, std::system(("rm -rf " + dir).c_str()));
+}
+
+TEST(ClientCreateTest, MoreWorkersThanTheLimitIsAnErrorNotADrop) {
+  std::vector<std::string> addrs(WTX_MAX_WORKERS + 1, "127.0.0.1:1");
+  std::vector<const char *> t;
+  for (auto &a : addrs) t.push_back(a.c_str());
+  wtx_client *c = nullptr;
+  char err[600] = "";
+  EXPECT_EQ(WTX_EINVAL, wtx_client_create(t.data(), t.size(), nullptr, &c, err, sizeof err));
+  EXPECT_EQ(nullptr, c);
+  EXPECT_STREQ("workers: 257 given, must be 1..256", err);
+  ASSERT_EQ(0, wtx_client_create(t.data(), WTX_MAX_WORKERS, nullptr, &c, err, sizeof err));
+  EXPECT_EQ(size_t{WTX_MAX_WORKERS}, wtx_client_size(c));
+  wtx_client_destroy(c);
+}
+
+TEST(ClientCreateTest, TlsOptionsThatCannotBuildCredentialsAreErrors) {
+  const char *t[] = {"127.0.0.1:1"};
+  wtx_client *c = nullptr;
+  char err[600] = "";
+  wtx_client_options o = WTX_CLIENT_OPTIONS_INIT;
+  o.tls_cert_pem = "-----BEGIN CERTIFICATE-----";  // a certificate without its key
+  o.tls_ca_pem = "-----BEGIN CERTIFICATE-----";
+  EXPECT_EQ(WTX_EINVAL, wtx_client_create(t, 1, &o, &c, err, sizeof err));
+  EXPECT_STREQ("tls: tls_cert_pem and tls_key_pem go together", err);
+  o = WTX_CLIENT_OPTIONS_INIT;
+  o.tls_key_pem = "key";  // client credentials without a CA: never plaintext
+  EXPECT_EQ(WTX_EINVAL, wtx_client_create(t, 1, &o, &c, err, sizeof err));
+  EXPECT_STREQ("tls: a client certificate needs tls_ca_pem too", err);
+  EXPECT_EQ(nullptr, c);
 }
 
 }  // namespace

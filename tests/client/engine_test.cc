@@ -4,6 +4,8 @@
 // fan-out rules with a failing replica, a source whose iteration disagrees
 // with its metadata, and a worker killed mid-transfer.
 #include <gtest/gtest.h>
+
+#include <mutex>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "client/client.h"
+#include "wtx/client.h"
 #include "common/safetensors.h"
 #include "tests/client/harness.h"
 #include "transport/transport.h"
@@ -76,12 +78,12 @@ TEST_P(EngineTest, PushesHalfAGigabyteOfMixedDtypesToOneThenThreeWorkerProcesses
     // Every worker's published checksums equal the trainer's.
     EXPECT_EQ(0, wtx_client_verify(c, src, sums.data())) << wtx_client_last_error(c);
     for (size_t i = 0; i < ws.size(); i++) {
-      Wtx__V1__GetWeightInfoResponse *info = nullptr;
+      wtx_weight_info info;
       ASSERT_EQ(0, wtx_client_weight_info(c, i, 0, &info));
-      EXPECT_STREQ(v.c_str(), info->weight_version);
-      EXPECT_EQ(total, info->total_bytes);
-      EXPECT_EQ(model.tensors.size(), info->num_params);
-      protobuf_c_message_free_unpacked(&info->base, nullptr);
+      EXPECT_STREQ(v.c_str(), info.version);
+      EXPECT_EQ(total, info.total_bytes);
+      EXPECT_EQ(model.tensors.size(), info.num_params);
+      wtx_weight_info_free(&info);
     }
     wtx_client_destroy(c);
   }
@@ -208,22 +210,23 @@ TEST_P(EngineTest, IterationDisagreeingWithMetadataIsCaughtBeforeTheWire) {
   std::string err;
   EXPECT_EQ(WTX_EINVAL, Push(c, src, "lie", 1 << 20, 2, 60000, &err));
   EXPECT_NE(std::string::npos,
-            err.find("parameter 2 of the iteration is 'c' FLOAT32 [8] but metadata() "
-                     "says 'c' FLOAT32 [16]"))
+            err.find("parameter 2 of the iteration is 'c' shape [8] FLOAT32 but "
+                     "metadata() says 'c' shape [16] FLOAT32"))
       << err;
   EXPECT_EQ("", Version(a));  // nothing was published
-  Wtx__V1__GetWeightInfoResponse *info = nullptr;
+  wtx_weight_info info;
   ASSERT_EQ(0, wtx_client_weight_info(c, 0, 0, &info));
-  EXPECT_EQ(0u, info->num_params);
-  protobuf_c_message_free_unpacked(&info->base, nullptr);
+  EXPECT_EQ(0u, info.num_params);
+  wtx_weight_info_free(&info);
   wtx_client_destroy(c);
   wtx_source_destroy(src);
 }
 
 // Trainer halves that corrupt one byte of one chunk after it was packed and
 // checksummed: what a flipped bit on the way would look like to a worker.
-// Registered under the built-ins' names before they are (the built-ins then
-// leave the names to them); they corrupt nothing unless a test asks.
+// TEST DOUBLES wrapping each real trainer half, registered under names of
+// their own ("corrupt_shm", ...) and chosen by that name; they corrupt
+// nothing unless a test asks.
 std::atomic<int> g_corrupt_chunk{-1}, g_chunks{0};
 wtx_trainer_transport g_corrupting[4];
 
@@ -234,24 +237,26 @@ int CorruptingPrepare(void *self, uint32_t k, const wtx_chunk *c, Wtx__V1__Updat
   return real->prepare(self, k, c, ui);
 }
 
-struct RegisterCorrupting {
-  RegisterCorrupting() {
-    const wtx_trainer_transport *reals[4] = {&wtx_shm_trainer_transport,
-                                             &wtx_tcp_trainer_transport,
-                                             &wtx_nccl_trainer_transport,
-                                             &wtx_cuda_ipc_trainer_transport};
+void RegisterCorrupting() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    wtx_transports_register_builtin();
+    static const char *const names[4] = {"corrupt_shm", "corrupt_tcp", "corrupt_nccl",
+                                         "corrupt_cuda_ipc"};
+    const char *reals[4] = {"shm", "tcp", "nccl", "cuda_ipc"};
     int (*prepares[4])(void *, uint32_t, const wtx_chunk *, Wtx__V1__UpdateInfo *) = {
         CorruptingPrepare<0>, CorruptingPrepare<1>, CorruptingPrepare<2>,
         CorruptingPrepare<3>};
     static wtx_trainer_transport wrappers[4];
     for (int i = 0; i < 4; i++) {
-      g_corrupting[i] = *reals[i];
-      wrappers[i] = *reals[i];
+      g_corrupting[i] = *wtx_trainer_transport_find(reals[i]);
+      wrappers[i] = g_corrupting[i];
+      wrappers[i].name = names[i];
       wrappers[i].prepare = prepares[i];
-      wtx_trainer_transport_register(&wrappers[i]);
+      ASSERT_EQ(0, wtx_trainer_transport_register(&wrappers[i]));
     }
-  }
-} const kRegisterCorrupting;
+  });
+}
 
 TEST_P(EngineTest, ACorruptedByteIsDataLossAndEveryWorkerKeepsItsWeights) {
   Worker w0 = Spawn(), w1 = Spawn(), w2 = Spawn();
@@ -259,6 +264,8 @@ TEST_P(EngineTest, ACorruptedByteIsDataLossAndEveryWorkerKeepsItsWeights) {
   wtx_source *src = nullptr;
   ASSERT_EQ(0, wtx_source_synthetic(8 << 20, 9, &src));
   std::string err;
+  RegisterCorrupting();
+  backend_ = std::string("corrupt_") + GetParam();  // the wrapper of GetParam()
   ASSERT_EQ(0, Push(c, src, "clean", 1 << 20, 2, 10000, &err)) << err;
   g_chunks = 0;
   g_corrupt_chunk = 3;
@@ -319,8 +326,9 @@ TEST_P(EngineTest, AWorkerKilledMidTransferEndsTheSyncWithinTheTimeout) {
 TEST_P(EngineTest, RanksOtherThanZeroIterateWithoutSending) {
   // No client at all: such a rank never talks to a worker. It still runs
   // its source's pass, checked like the sender's: a lying source fails.
-  Init in(GetParam(), 1 << 20, 2, 1000);
-  wtx_trainer_init_info ti = {1, &in.ii};
+  std::string backend = GetParam();
+  wtx_trainer_config ti = Config(backend, 1 << 20, 2, 1000);
+  ti.rank = 1;
   wtx_source *src = nullptr;
   ASSERT_EQ(0, wtx_source_synthetic(1 << 20, 1, &src));
   wtx_trainer *t = nullptr;

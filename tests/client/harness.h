@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/client.h"
+#include "wtx/client.h"
 
 extern char **environ;
 
@@ -75,58 +75,35 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
     wtx_client_options o = WTX_CLIENT_OPTIONS_INIT;
     o.timeout_ms = timeout_ms;
     wtx_client *c = nullptr;
-    EXPECT_EQ(0, wtx_client_create(t.data(), t.size(), &o, &c));
+    char err[600] = "";
+    EXPECT_EQ(0, wtx_client_create(t.data(), t.size(), &o, &c, err, sizeof err)) << err;
     return c;
   }
 
-  // The trainer's init info for the backend under test.
-  struct Init {
-    Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
-    Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
-    Wtx__V1__ShmInitInfo shm = WTX__V1__SHM_INIT_INFO__INIT;
-    Wtx__V1__TcpInitInfo tcp = WTX__V1__TCP_INIT_INFO__INIT;
-    Wtx__V1__NcclInitInfo nccl = WTX__V1__NCCL_INIT_INFO__INIT;
-    Wtx__V1__CudaIpcInitInfo ipc = WTX__V1__CUDA_IPC_INIT_INFO__INIT;
-    Init(const std::string &backend, uint64_t buffer, uint32_t nbuf, uint32_t timeout_ms) {
-      pk.packed = 1;
-      pk.buffer_size_bytes = buffer;
-      pk.num_buffers = nbuf;
-      // Checksums on for every backend (GPU backends default to none).
-      auto common = [&](auto &m) {
-        m.packing = &pk;
-        m.timeout_ms = timeout_ms;
-        m.checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
-      };
-      if (backend == "shm") {
-        common(shm);
-        ii.backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
-        ii.shm = &shm;
-      } else if (backend == "nccl") {
-        common(nccl);
-        ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
-        ii.nccl = &nccl;
-      } else if (backend == "cuda_ipc") {
-        common(ipc);
-        ii.backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC;
-        ii.cuda_ipc = &ipc;
-      } else {
-        common(tcp);
-        ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
-        ii.tcp = &tcp;
-      }
-    }
-  };
+  // The trainer's config for the backend under test: checksums on for every
+  // backend (GPU backends default to none). backend: GetParam() unless a
+  // test names a wrapper registered under a name of its own.
+  static wtx_trainer_config Config(const std::string &backend, uint64_t buffer,
+                                   uint32_t nbuf, uint32_t timeout_ms) {
+    wtx_trainer_config cfg = WTX_TRAINER_CONFIG_INIT;
+    cfg.buffer_size = buffer;
+    cfg.num_buffers = nbuf;
+    cfg.timeout_ms = timeout_ms;
+    cfg.checksum = WTX_CHECKSUM_XXH3_64;
+    cfg.backend = backend.c_str();  // the caller keeps backend alive
+    return cfg;
+  }
 
   // One push of src to c's workers; returns the engine's result code.
   int Push(wtx_client *c, wtx_source *src, const char *version, uint64_t buffer = 4 << 20,
            uint32_t nbuf = 2, uint32_t timeout_ms = 60000, std::string *err = nullptr,
            std::vector<uint64_t> *sums = nullptr,
            void (*progress)(void *, uint64_t, uint64_t) = nullptr, void *arg = nullptr) {
-    Init in(GetParam(), buffer, nbuf, timeout_ms);
-    wtx_trainer_init_info ti = {0, &in.ii};
+    std::string backend = backend_.empty() ? GetParam() : backend_;
+    wtx_trainer_config cfg = Config(backend, buffer, nbuf, timeout_ms);
     wtx_trainer *t = nullptr;
     char e[2048] = "";
-    int rc = wtx_trainer_init(&ti, c, src, &t, e, sizeof e);
+    int rc = wtx_trainer_init(&cfg, c, src, &t, e, sizeof e);
     if (rc != 0) {
       if (err) *err = e;
       return rc;
@@ -148,17 +125,16 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
 
   std::string Version(const Worker &w) {
     wtx_client *c = Client({w});
-    Wtx__V1__GetWeightInfoResponse *info = nullptr;
+    wtx_weight_info info;
     std::string v = "?";
-    if (wtx_client_weight_info(c, 0, 0, &info) == 0) {
-      v = info->weight_version;
-      protobuf_c_message_free_unpacked(&info->base, nullptr);
-    }
+    if (wtx_client_weight_info(c, 0, 0, &info) == 0) v = info.version;
+    wtx_weight_info_free(&info);
     wtx_client_destroy(c);
     return v;
   }
 
   std::string dir_;
+  std::string backend_;  // a wrapper's name instead of GetParam(), when set
   std::vector<Worker> workers_;
 };
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "client/source.h"
+#include "wtx/source.h"
 #include "common/safetensors.h"
 
 namespace {
@@ -91,7 +91,7 @@ TEST(Source, MemoryBorrowsDataAndValidatesMetadata) {
   ts[1].name = "b";
   ts[1].dtype = 99;
   EXPECT_EQ(WTX_EINVAL, wtx_source_memory(ts, 2, &s, err, sizeof err));
-  EXPECT_NE(nullptr, strstr(err, "tensor 'b'")) << err;
+  EXPECT_NE(nullptr, strstr(err, "tensor 'b' (index 1): dtype: 99 is not a wire dtype")) << err;
 }
 
 // Device tensors, on the TEST DOUBLE of the CUDA runtime

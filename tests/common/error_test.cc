@@ -5,7 +5,7 @@
 #include <set>
 #include <string>
 
-#include "common/error.h"
+#include "wtx/error.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "common/error.h"
+#include "wtx/error.h"
 #include "common/log.h"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/error.h"
+#include "wtx/error.h"
 #include "common/safetensors.h"
 
 namespace {

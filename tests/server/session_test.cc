@@ -22,7 +22,7 @@
 
 #include "common/safetensors.h"
 #include "grpc/health/v1/health.grpc-c.h"
-#include "server/worker.h"
+#include "wtx/worker.h"
 #include "transport/transport.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 
@@ -66,12 +66,12 @@ class SessionTest : public ::testing::Test {
   int Init(const char *backend = "shm", uint32_t checksum = 0) {
     Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
     Wtx__V1__ShmInitInfo shm = WTX__V1__SHM_INIT_INFO__INIT;
-    shm.packing = &pk;
-    shm.checksum = (Wtx__V1__ChecksumAlgorithm)checksum;
     Wtx__V1__TcpInitInfo tcp = WTX__V1__TCP_INIT_INFO__INIT;
     Wtx__V1__NcclInitInfo nccl = WTX__V1__NCCL_INIT_INFO__INIT;
     Wtx__V1__CudaIpcInitInfo ipc = WTX__V1__CUDA_IPC_INIT_INFO__INIT;
     Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+    ii.packing = &pk;
+    ii.checksum = (Wtx__V1__ChecksumAlgorithm)checksum;
     if (std::string(backend) == "shm") {
       ii.backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
       ii.shm = &shm;
@@ -232,7 +232,8 @@ class SessionTest : public ::testing::Test {
 };
 
 void ReleaseSlowReceive();
-void RegisterSlowDouble();
+// Registers the slow double (once) and has o's worker serve nccl with it.
+void UseSlowDouble(wtx_worker_options *o);
 
 TEST_F(SessionTest, FullUpdatePublishesBitExactWithChecksums) {
   PublishV1();
@@ -256,8 +257,8 @@ TEST_F(SessionTest, CallsBeforeInitAreFailedPrecondition) {
 TEST_F(SessionTest, NoBackendListsTheRegisteredOnes) {
   EXPECT_EQ(WTX_EINVAL, Init("none"));
   EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code);
-  EXPECT_NE(nullptr, strstr(st_.message, "init_info.backend: no backend set; registered: "
-                                         "nccl, shm, tcp, cuda_ipc"))
+  EXPECT_NE(nullptr, strstr(st_.message, "init_info.backend: no backend set; this worker "
+                                         "serves: shm, tcp, nccl, cuda_ipc"))
       << st_.message;
 }
 
@@ -307,7 +308,7 @@ TEST_F(SessionTest, ShapeOrNameOutsideTheLayoutIsRejectedBeforeBytesMove) {
   PublishV1();
   ASSERT_EQ(0, Start());
   EXPECT_EQ(WTX_EINVAL, Update({T("a", 15, 0)}));
-  EXPECT_NE(nullptr, strstr(st_.message, "shape [15], the model holds [16]"));
+  EXPECT_NE(nullptr, strstr(st_.message, "the model holds shape [16]"));
   ASSERT_EQ(0, Start());
   EXPECT_EQ(WTX_ENOENT, Update({T("zzz", 4, 0)}));
   EXPECT_EQ(GRPC_STATUS_NOT_FOUND, st_.code);
@@ -391,8 +392,10 @@ TEST_F(SessionTest, InspectionCallsAnswer) {
   protobuf_c_message_free_unpacked(&wresp->base, nullptr);
 }
 
-// A test double for a slow data plane, registered under the name "nccl"
-// before the built-in backends (which then leave the name to it): receive blocks until released, then delivers zeros (one tensor).
+// A TEST DOUBLE of a slow data plane, registered under its own name
+// ("slow") for InitInfo's nccl member; a worker that names it in its
+// backends serves nccl with it. receive blocks until released, then
+// delivers zeros (one tensor).
 std::mutex g_mu;
 std::condition_variable g_cv;
 bool g_in_receive = false, g_release = false;
@@ -416,7 +419,10 @@ int SlowReceive(void *, const Wtx__V1__UpdateInfo *, wtx_rx *rx) {
 void SlowDestroy(void *) {}
 
 const wtx_worker_transport kSlowDouble = {
-    .name = "nccl",
+    .name = "slow",
+    .init_case = WTX__V1__INIT_INFO__BACKEND_NCCL,
+    .update_case = WTX__V1__UPDATE_INFO__BACKEND_NCCL,
+    .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
     .supports_draft = 0,
     .init = SlowInit,
     .receive = SlowReceive,
@@ -429,10 +435,10 @@ struct CountingModel {
   wtx_store *store;
   int aborts = 0;
 };
-int CmCheck(void *m, int t, const wtx_tensor_meta *meta, char *e, size_t n) {
+int CmCheck(void *m, wtx_target t, const wtx_tensor_meta *meta, char *e, size_t n) {
   return wtx_store_model_ops.check(static_cast<CountingModel *>(m)->store, t, meta, e, n);
 }
-int CmBegin(void *m, int t) {
+int CmBegin(void *m, wtx_target t) {
   return wtx_store_model_ops.begin(static_cast<CountingModel *>(m)->store, t);
 }
 int CmStage(void *m, const wtx_tensor_meta *meta, uint8_t **dst) {
@@ -454,8 +460,8 @@ TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
   CountingModel cm;
   ASSERT_EQ(0, wtx_store_create(&cm.store));
-  RegisterSlowDouble();
   wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  UseSlowDouble(&o);
   o.model_ops = &kCounting;
   o.model = &cm;
   Restart(o);
@@ -522,17 +528,19 @@ void ReleaseSlowReceive() {
   g_cv.notify_all();
 }
 
-// Registered at load time, before any worker registers the built-ins.
-const int kSlowRegistered = wtx_worker_transport_register(&kSlowDouble);
+const char *const kSlowBackends[] = {"shm", "slow"};
 
-void RegisterSlowDouble() {
-  ASSERT_EQ(0, kSlowRegistered);
-  wtx_transports_register_builtin();
-  ASSERT_EQ(&kSlowDouble, wtx_worker_transport_find("nccl"));
+void UseSlowDouble(wtx_worker_options *o) {
+  static const int registered = wtx_worker_transport_register(&kSlowDouble);
+  ASSERT_EQ(0, registered);
+  o->backends = kSlowBackends;
+  o->n_backends = 2;
 }
 
 TEST_F(SessionTest, InspectionIsAnsweredWhileAnUpdateIsReceiving) {
-  RegisterSlowDouble();
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  UseSlowDouble(&o);
+  Restart(o);
   ASSERT_EQ(0, Init("nccl")) << st_.message;
   ASSERT_EQ(0, Start()) << st_.message;
   wtx_rpc_pending *p = StartSlowUpdate();
@@ -540,7 +548,7 @@ TEST_F(SessionTest, InspectionIsAnsweredWhileAnUpdateIsReceiving) {
   ASSERT_EQ(0, Info(&info)) << st_.message;
   EXPECT_EQ(WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING, info->state);
   EXPECT_EQ(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, info->active_target);
-  EXPECT_STREQ("nccl", info->backend);
+  EXPECT_STREQ("slow", info->backend);
   protobuf_c_message_free_unpacked(&info->base, nullptr);
   ReleaseSlowReceive();
   Wtx__V1__UpdateWeightsResponse *resp = nullptr;
@@ -571,12 +579,14 @@ TEST_F(SessionTest, DraftTargetPublishesBesideTheMainWeights) {
 }
 
 TEST_F(SessionTest, DraftTargetOnAnEngineWithoutItIsRefused) {
-  RegisterSlowDouble();
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  UseSlowDouble(&o);
+  Restart(o);
   ASSERT_EQ(0, Init("nccl")) << st_.message;
   EXPECT_EQ(WTX_ESTATE, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT));
   EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
   EXPECT_NE(nullptr, strstr(st_.message, "draft")) << st_.message;
-  EXPECT_NE(nullptr, strstr(st_.message, "nccl")) << st_.message;
+  EXPECT_NE(nullptr, strstr(st_.message, "the slow engine")) << st_.message;
   ASSERT_EQ(0, Start()) << st_.message;  // the main target still works
 }
 
@@ -626,7 +636,7 @@ struct HostModel {
   std::string version;
   int begins = 0, aborts = 0, pauses = 0, resumes = 0, last_wait = -1;
 };
-int HmBegin(void *m, int) {
+int HmBegin(void *m, wtx_target) {
   static_cast<HostModel *>(m)->begins++;
   return 0;
 }
@@ -745,7 +755,7 @@ TEST_F(SessionTest, ModelSpecDeclaresTheLayoutBeforeAnyUpdate) {
   ASSERT_EQ(0, Start());
   // The very first update is already checked against the declared layout.
   EXPECT_EQ(WTX_EINVAL, Update({T("a", 15, 0)}));
-  EXPECT_NE(nullptr, strstr(st_.message, "shape [15], the model holds [16]")) << st_.message;
+  EXPECT_NE(nullptr, strstr(st_.message, "the model holds shape [16]")) << st_.message;
   ASSERT_EQ(0, Start());
   EXPECT_EQ(WTX_ENOENT, Update({T("c", 4, 0)}));
   EXPECT_NE(nullptr, strstr(st_.message, "'c' is not in the model")) << st_.message;
@@ -802,3 +812,54 @@ TEST_F(SessionTest, PublishDirHoldsTheNewestVersionsAsSafetensors) {
 }
 
 }  // namespace
+
+TEST_F(SessionTest, AWorkerServesOnlyTheBackendsItNames) {
+  const char *const only_tcp[] = {"tcp"};
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.backends = only_tcp;
+  o.n_backends = 1;
+  Restart(o);
+  EXPECT_EQ(WTX_EINVAL, Init("shm"));
+  EXPECT_NE(nullptr, strstr(st_.message, "init_info.backend: 'shm' is not served by this "
+                                         "worker; it serves: tcp"))
+      << st_.message;
+  // A name nobody registered, or two backends for one member, fail at start.
+  const char *const unknown[] = {"shm", "nope"};
+  const char *const twice[] = {"shm", "shm"};
+  wtx_worker *w = nullptr;
+  char err[512] = "";
+  o.listen = "127.0.0.1:0";
+  o.backends = unknown;
+  o.n_backends = 2;
+  EXPECT_EQ(WTX_EINVAL, wtx_worker_start(&o, &w, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "backends: 'nope' is not registered")) << err;
+  o.backends = twice;
+  EXPECT_EQ(WTX_EINVAL, wtx_worker_start(&o, &w, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "both serve init_info.shm")) << err;
+  EXPECT_EQ(nullptr, w);
+}
+
+TEST_F(SessionTest, AChunkForAnotherBackendIsRefusedByName) {
+  ASSERT_EQ(0, Init("shm")) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT;
+  pm.name = const_cast<char *>("a");
+  pm.dtype = WTX__V1__DTYPE__DTYPE_UINT8;
+  Wtx__V1__ParamMeta *pmp = &pm;
+  Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  ui.params = &pmp;
+  ui.n_params = 1;
+  ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
+  ui.tcp = &tu;
+  Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
+  req.session_id = const_cast<char *>(session_.c_str());
+  req.update_id = update_;
+  req.update_info = &ui;
+  Wtx__V1__UpdateWeightsResponse *resp = nullptr;
+  EXPECT_EQ(WTX_EINVAL, wtx__v1__weight_transfer__update_weights__call(ch_, &req, &resp,
+                                                                       nullptr, &st_));
+  EXPECT_NE(nullptr, strstr(st_.message, "update_info.shm: missing (the session's backend "
+                                         "is shm)"))
+      << st_.message;
+}

@@ -7,8 +7,8 @@
  *
  * The table also fixes how each code crosses the wire as a gRPC status, so the
  * worker answers with the same code the client library maps back. */
-#ifndef WTX_COMMON_ERROR_H
-#define WTX_COMMON_ERROR_H
+#ifndef WTX_ERROR_H
+#define WTX_ERROR_H
 
 #ifdef __cplusplus
 extern "C" {
@@ -61,4 +61,4 @@ int wtx_err_from_grpc(int grpc_code);
 #ifdef __cplusplus
 }
 #endif
-#endif /* WTX_COMMON_ERROR_H */
+#endif /* WTX_ERROR_H */

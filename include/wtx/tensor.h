@@ -1,18 +1,16 @@
 /* Tensor metadata shared by the trainer and the worker: wire dtypes (the
  * values of wtx.v1.DType) and the byte size of a (dtype, shape) pair. */
-#ifndef WTX_COMMON_TENSOR_H
-#define WTX_COMMON_TENSOR_H
+#ifndef WTX_TENSOR_H
+#define WTX_TENSOR_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wtx/limits.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Limits of wtx.v1.ParamMeta (proto/wtx/v1/types.proto). */
-#define WTX_MAX_NAME_BYTES 1024
-#define WTX_MAX_DIMS 8
 
 /* XX(name, wtx.v1.DType value, element bytes, safetensors name) */
 #define WTX_DTYPE_MAP(XX)            \
@@ -63,6 +61,19 @@ int wtx_dtype_from_safetensors(const char *s);
  * 63 bits. A scalar (ndim 0) is one element. */
 int wtx_tensor_nbytes(int dtype, const uint64_t *shape, size_t ndim,
                       uint64_t *out);
+
+/* Sets *out to a checked tensor: name (borrowed) 1..WTX_MAX_NAME_BYTES
+ * bytes, a known dtype, at most WTX_MAX_DIMS dims, a byte size that fits in
+ * 63 bits (nbytes computed). WTX_EINVAL otherwise, with err naming the field
+ * ("name: ...", "dtype: ...", "shape: ...") and the limit. */
+int wtx_tensor_meta_set(wtx_tensor_meta *out, const char *name, int dtype,
+                        const uint64_t *shape, size_t ndim, char *err,
+                        size_t errlen);
+/* 1 when a and b have the same dtype and shape (names not compared). */
+int wtx_tensor_meta_same_layout(const wtx_tensor_meta *a,
+                                const wtx_tensor_meta *b);
+/* "shape [4096, 4096] BFLOAT16" into buf (truncated to len). */
+void wtx_tensor_meta_str(const wtx_tensor_meta *m, char *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -14,14 +14,15 @@
  *  - a failed or aborted update leaves the published weights untouched, and
  *    a new update can start;
  *  - an update idle longer than the watchdog timeout is aborted. */
-#ifndef WTX_SERVER_WORKER_H
-#define WTX_SERVER_WORKER_H
+#ifndef WTX_WORKER_H
+#define WTX_WORKER_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/tensor.h"
+#include "wtx/error.h"
+#include "wtx/limits.h"
+#include "wtx/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,7 +30,13 @@ extern "C" {
 
 /* ---- the model the worker loads into ---- */
 
-enum { WTX_TARGET_MAIN = 0, WTX_TARGET_DRAFT = 1 };
+/* Which model of the worker an update writes to. The values are those of
+ * wtx.v1.UpdateTarget, the same everywhere: on the wire, in the trainer
+ * library, in the store and in wtx_model_ops. */
+typedef enum wtx_target {
+  WTX_TARGET_MAIN = 1,
+  WTX_TARGET_DRAFT = 2,
+} wtx_target;
 
 /* A model sink, like vLLM's model.load_weights. All calls come from one
  * update at a time. Returning an error from any of them aborts the update. */
@@ -37,10 +44,10 @@ typedef struct wtx_model_ops {
   /* Optional: checks a tensor of an update against the model's layout before
    * any byte moves; WTX_ENOENT (unknown name) or WTX_EINVAL (dtype, shape)
    * with a message in err. NULL accepts every tensor. */
-  int (*check)(void *model, int target, const wtx_tensor_meta *meta, char *err,
+  int (*check)(void *model, wtx_target target, const wtx_tensor_meta *meta, char *err,
                size_t errlen);
-  /* An update for target (WTX_TARGET_*) begins. */
-  int (*begin)(void *model, int target);
+  /* An update for target begins. */
+  int (*begin)(void *model, wtx_target target);
   /* Returns host memory of meta->nbytes where the tensor's bytes are
    * received, owned by the model until commit or abort. */
   int (*stage)(void *model, const wtx_tensor_meta *meta, uint8_t **dst);
@@ -83,7 +90,7 @@ typedef struct wtx_store_view {
   void *internal;
 } wtx_store_view;
 
-int wtx_store_acquire(wtx_store *s, int target, wtx_store_view *out);
+int wtx_store_acquire(wtx_store *s, wtx_target target, wtx_store_view *out);
 void wtx_store_release(wtx_store *s, wtx_store_view *v);
 /* Relabels the published main weights; *previous (may be NULL) receives a
  * malloc'd copy of the old label. */
@@ -91,7 +98,7 @@ int wtx_store_set_version(wtx_store *s, const char *version, char **previous);
 /* Checks a chunk tensor against the declared/published layout: WTX_ENOENT
  * for an unknown name, WTX_EINVAL for a dtype or shape difference; detail in
  * err. No layout yet: accepts anything. */
-int wtx_store_check(wtx_store *s, int target, const wtx_tensor_meta *meta,
+int wtx_store_check(wtx_store *s, wtx_target target, const wtx_tensor_meta *meta,
                     char *err, size_t errlen);
 
 /* ---- the worker ---- */
@@ -101,14 +108,21 @@ typedef struct wtx_worker wtx_worker;
 typedef struct wtx_worker_options {
   /* "host:port" to listen on; port 0 picks one (wtx_worker_port). */
   const char *listen;
+  /* The data-plane backends served, by registered name, one per
+   * InitInfo.backend member (NULL: the built-ins shm, tcp, nccl,
+   * cuda_ipc). A test double registers under its own name and is named
+   * here. */
+  const char *const *backends;
+  size_t n_backends;
   /* The model; NULL uses an internal wtx_store (wtx_worker_store). */
   const wtx_model_ops *model_ops;
   void *model;
   /* Receiving ranks behind this endpoint (GetWorldSize); 0 means 1. */
   uint32_t world_size;
-  /* An update with no call for this long is aborted; 0: 600000 ms. */
+  /* An update with no call for this long is aborted; 0:
+   * WTX_DEFAULT_WATCHDOG_MS. */
   int64_t watchdog_ms;
-  /* Largest gRPC request, bytes; 0: 64 MiB. */
+  /* Largest gRPC request, bytes; 0: WTX_DEFAULT_MAX_MESSAGE_BYTES. */
   int max_message_bytes;
   /* Host callbacks for Pause / Resume (may be NULL). */
   void (*on_pause)(void *host, int wait_for_inflight);
@@ -122,12 +136,13 @@ typedef struct wtx_worker_options {
    * <version>.safetensors (atomically) plus a LATEST file naming it. NULL:
    * not published. Internal store only. */
   const char *publish_dir;
-  /* Published files kept in publish_dir, newest first; 0: 2. */
+  /* Published files kept in publish_dir, newest first; 0:
+   * WTX_DEFAULT_PUBLISH_KEEP. */
   int publish_keep;
 } wtx_worker_options;
 
-#define WTX_WORKER_OPTIONS_INIT \
-  {NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, 0}
+/* Every field at its default; set the ones you need after it. */
+#define WTX_WORKER_OPTIONS_INIT WTX__INIT(.listen = NULL)
 
 /* Creates and starts serving. opts and what it points to are copied, except
  * model/host, which must outlive the worker. */
@@ -155,4 +170,4 @@ int wtx_worker_paused(const wtx_worker *w);
 #ifdef __cplusplus
 }
 #endif
-#endif /* WTX_SERVER_WORKER_H */
+#endif /* WTX_WORKER_H */

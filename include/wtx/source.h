@@ -13,14 +13,14 @@
  * Built in: tensors in host memory, safetensors files (mmap), and a
  * synthetic GPT-style model for demos and benchmarks. Any other producer
  * (a framework's parameters) implements wtx_source_ops. */
-#ifndef WTX_CLIENT_SOURCE_H
-#define WTX_CLIENT_SOURCE_H
+#ifndef WTX_SOURCE_H
+#define WTX_SOURCE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
-#include "common/tensor.h"
+#include "wtx/error.h"
+#include "wtx/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -106,4 +106,4 @@ size_t wtx_param_groups(const wtx_tensor_meta *metas, size_t n, size_t *starts);
 #ifdef __cplusplus
 }
 #endif
-#endif /* WTX_CLIENT_SOURCE_H */
+#endif /* WTX_SOURCE_H */

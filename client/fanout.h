@@ -1,0 +1,44 @@
+/* The sync client's typed calls of one weight update, for the trainer
+ * engine (engine.c) and the client's tests: protobuf-c messages in, every
+ * replica out. The public face of wtx_client is wtx/client.h. */
+#ifndef WTX_CLIENT_FANOUT_H
+#define WTX_CLIENT_FANOUT_H
+
+#include "wtx/client.h"
+#include "wtx/v1/weight_transfer.pb-c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* InitWeightTransferEngine on replica i alone (a chain initializes in
+ * order). On success the replica's session id is kept for the calls below;
+ * *resp (may be NULL) receives the response, freed by the caller with
+ * protobuf_c_message_free_unpacked. */
+int wtx__client_init_one(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info,
+                         Wtx__V1__InitWeightTransferEngineResponse **resp);
+/* The same in two halves, so calls to several replicas can be in flight at
+ * once (a collective rendezvous such as NCCL's): every started call must be
+ * waited for. info is only read during start. */
+int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info);
+int wtx__client_init_wait(wtx_client *c, size_t i,
+                          Wtx__V1__InitWeightTransferEngineResponse **resp);
+/* StartWeightUpdate on every replica (target: wtx_target, 0: main). */
+int wtx__client_start(wtx_client *c, int target);
+/* UpdateWeights on every replica: start returns once every call is in
+ * flight (the data plane then moves the bytes), wait collects them all and
+ * reports the most telling failure (a refusal over a broken stream). */
+int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui);
+int wtx__client_update_wait(wtx_client *c);
+/* FinishWeightUpdate on every replica; version "" or NULL lets the workers
+ * number it. published (may be NULL) receives replica 0's label. */
+int wtx__client_finish(wtx_client *c, const char *version, char *published,
+                       size_t publen);
+/* AbortWeightUpdate on every replica with an open session (best effort:
+ * all are tried; returns the first failure). */
+int wtx__client_abort(wtx_client *c, const char *reason);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_CLIENT_FANOUT_H */

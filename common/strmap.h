@@ -1,0 +1,34 @@
+/* A string -> index map: the parameter names of an update (duplicate
+ * detection) and of a published version (lookup by name), one hash table
+ * for both, over uthash (Debian's uthash-dev). Lookups and inserts are O(1)
+ * expected, so an update of N parameters costs O(N).
+ *
+ * Not thread-safe: its owner locks. */
+#ifndef WTX_COMMON_STRMAP_H
+#define WTX_COMMON_STRMAP_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct wtx__strmap wtx__strmap;
+
+/* An empty map; *out is the caller's until wtx__strmap_destroy. */
+int wtx__strmap_create(wtx__strmap **out);
+/* Frees m and every key it copied (NULL: no-op). */
+void wtx__strmap_destroy(wtx__strmap *m);
+/* Maps a copy of key to value. WTX_EEXIST when key is present (its value
+ * stays), WTX_ENOMEM; m is unchanged on error. */
+int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value);
+/* 1 with *value (may be NULL) set when key is present, else 0. */
+int wtx__strmap_get(const wtx__strmap *m, const char *key, size_t *value);
+size_t wtx__strmap_count(const wtx__strmap *m);
+/* Removes every key. */
+void wtx__strmap_clear(wtx__strmap *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_COMMON_STRMAP_H */

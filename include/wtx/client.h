@@ -1,0 +1,211 @@
+/* wtx trainer library: the sync client and the trainer engine.
+ *
+ * wtx_client drives every replica of a model (a list of worker addresses)
+ * through wtx.v1.WeightTransfer. A weight update is never load-balanced:
+ * each call goes to every replica, blocks until all have answered, and
+ * fails if any failed, naming the replica and carrying its gRPC status
+ * (wtx_client_last_error, _last_replica, _last_status).
+ *
+ * wtx_trainer (the trainer engine, like vLLM's TrainerWeightTransferEngine)
+ * does a whole weight sync from a wtx_source over the backend its config
+ * names: rendezvous with every worker, then per sync start, every chunk
+ * over the data plane, finish with a version.
+ *
+ * Everything here is plain C: config structs with _INIT macros, enums with
+ * the wire's values, opaque handles; a binding (ctypes, cffi, cgo) needs no
+ * protobuf. Functions return 0 or a negative WTX_E* code (wtx/error.h). */
+#ifndef WTX_CLIENT_H
+#define WTX_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wtx/error.h"
+#include "wtx/limits.h"
+#include "wtx/source.h"
+#include "wtx/worker.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the sync client ---- */
+
+typedef struct wtx_client wtx_client;
+
+typedef struct wtx_client_options {
+  /* Deadline of every call, ms; 0: WTX_DEFAULT_TIMEOUT_MS. */
+  int64_t timeout_ms;
+  /* Extra attempts of idempotent calls (GetWeightInfo, GetWorldSize) after
+   * UNAVAILABLE or DEADLINE_EXCEEDED, with 100 ms x 2^attempt backoff; the
+   * update calls are never retried. 0: none. */
+  int retries;
+  /* Bearer token sent as "authorization: Bearer <token>" (NULL: none).
+   * Copied. */
+  const char *token;
+  /* TLS: PEM contents (not paths) of the CA bundle to trust; NULL keeps
+   * plaintext. With cert_pem and key_pem also set: mutual TLS (one without
+   * the other is an error). Copied. */
+  const char *tls_ca_pem;
+  const char *tls_cert_pem;
+  const char *tls_key_pem;
+} wtx_client_options;
+
+/* Every field at its default; set the ones you need after it. */
+#define WTX_CLIENT_OPTIONS_INIT WTX__INIT(.timeout_ms = 0)
+
+/* Connects (lazily) to every "host:port" in targets (1..WTX_MAX_WORKERS;
+ * targets is only read during the call). opts may be NULL. On error err
+ * says why (too many workers, TLS credentials that do not build) and
+ * nothing is created. *out is the caller's until wtx_client_destroy. */
+int wtx_client_create(const char *const *targets, size_t n,
+                      const wtx_client_options *opts, wtx_client **out,
+                      char *err, size_t errlen);
+void wtx_client_destroy(wtx_client *c);
+size_t wtx_client_size(const wtx_client *c);
+/* Replica i's address, owned by c. */
+const char *wtx_client_target(const wtx_client *c, size_t i);
+/* The last failure: message naming the replica, the replica's index (-1
+ * when not one replica's) and its gRPC status code. Owned by c, valid until
+ * the next call on c. */
+const char *wtx_client_last_error(const wtx_client *c);
+int wtx_client_last_replica(const wtx_client *c);
+int wtx_client_last_status(const wtx_client *c);
+
+/* The state of a worker's session (the values of wtx.v1.SessionState). */
+typedef enum wtx_session_state {
+  WTX_SESSION_UNINITIALIZED = 1,
+  WTX_SESSION_READY = 2,
+  WTX_SESSION_UPDATING = 3,
+  WTX_SESSION_DRAINING = 4,
+} wtx_session_state;
+
+/* "UNINITIALIZED", "READY", ... (static); "UNSPECIFIED" for others. */
+const char *wtx_session_state_name(int state);
+
+/* One published parameter. */
+typedef struct wtx_param_info {
+  wtx_tensor_meta meta; /* meta.name owned by the wtx_weight_info */
+  uint64_t xxh3;        /* XXH3-64 of the published bytes */
+} wtx_param_info;
+
+/* What GetWeightInfo tells of one worker. */
+typedef struct wtx_weight_info {
+  char version[WTX_MAX_VERSION_BYTES + 1]; /* "" before the first publish */
+  uint64_t generation;      /* updates published since the worker started */
+  wtx_session_state state;
+  char backend[64];         /* of the current session; "" before init */
+  size_t num_params;
+  uint64_t total_bytes;
+  int paused;
+  int active_target;        /* wtx_target of the active update; 0: none */
+  size_t draft_num_params;
+  uint64_t draft_total_bytes;
+  /* With include_params: every published parameter (n_params of them),
+   * owned by the struct until wtx_weight_info_free. */
+  wtx_param_info *params;
+  size_t n_params;
+} wtx_weight_info;
+
+/* GetWeightInfo of replica i (retried per options) into *out; free it with
+ * wtx_weight_info_free, also after an error. */
+int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
+                           wtx_weight_info *out);
+void wtx_weight_info_free(wtx_weight_info *info);
+int wtx_client_world_size(wtx_client *c, size_t i, uint32_t *world_size);
+/* UpdateWeightVersion on every replica (version 1..WTX_MAX_VERSION_BYTES
+ * bytes); previous (may be NULL) receives replica 0's old label, truncated
+ * to prevlen. */
+int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
+                           size_t prevlen);
+/* An operator's abort: AbortWeightUpdate with no session id, discarding
+ * whatever update is active on each replica, whoever started it. aborted
+ * (may be NULL; wtx_client_size entries) receives 1 when one was, 0 when
+ * none was, -1 on failure. Returns the first failure. */
+int wtx_client_abort_any(wtx_client *c, const char *reason, int *aborted);
+/* Compares every replica's published checksums with xxh3 (metadata order of
+ * source): 0 when all match, WTX_ECHECKSUM naming the first difference. */
+int wtx_client_verify(wtx_client *c, wtx_source *source, const uint64_t *xxh3);
+
+/* ---- the trainer engine ---- */
+
+/* Per-tensor integrity check (the values of wtx.v1.ChecksumAlgorithm). */
+typedef enum wtx_checksum {
+  WTX_CHECKSUM_DEFAULT = 0, /* the backend's: XXH3-64 on shm and tcp, none on GPU */
+  WTX_CHECKSUM_NONE = 1,
+  WTX_CHECKSUM_XXH3_64 = 2,
+} wtx_checksum;
+
+/* What a trainer rank brings to the rendezvous: the backend and the wire
+ * parameters every worker of the session agrees to. */
+typedef struct wtx_trainer_config {
+  uint32_t rank;            /* 0 sends; other ranks only iterate their source */
+  /* A registered trainer backend: "shm" (same host), "tcp", "cuda_ipc"
+   * (same node, GPU), "nccl" (GPU); NULL: "shm". */
+  const char *backend;
+  int unpacked;             /* 1: one tensor per chunk; 0: packed (default) */
+  uint64_t buffer_size;     /* bytes per buffer; 0: WTX_DEFAULT_BUFFER_SIZE */
+  uint32_t num_buffers;     /* buffers in flight; 0: WTX_DEFAULT_NUM_BUFFERS */
+  wtx_checksum checksum;
+  uint32_t timeout_ms;      /* bound on one data-plane step; 0: the default */
+  /* tcp: where the trainer's data port listens ("host:port"; NULL:
+   * 127.0.0.1:0). Copied. */
+  const char *data_address;
+} wtx_trainer_config;
+
+/* Every field at its default; set the ones you need after it. */
+#define WTX_TRAINER_CONFIG_INIT WTX__INIT(.rank = 0)
+
+typedef struct wtx_trainer wtx_trainer;
+
+/* Rendezvous: creates the backend's trainer half and initializes every
+ * replica. client (may be NULL on ranks other than 0) and source must
+ * outlive the trainer; cfg is only read during the call. On error err names
+ * the cause (a limit, an unknown backend, a replica's refusal). *out is the
+ * caller's until wtx_trainer_shutdown. */
+int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
+                     wtx_source *source, wtx_trainer **out, char *err,
+                     size_t errlen);
+
+typedef struct wtx_send_options {
+  /* Label of the new weights (at most WTX_MAX_VERSION_BYTES); NULL or "":
+   * the workers number versions. Only read during the call. */
+  const char *version;
+  int target; /* wtx_target; 0: main */
+  /* Called after every chunk (may be NULL), with progress_arg. */
+  void (*progress)(void *arg, uint64_t done_bytes, uint64_t total_bytes);
+  void *progress_arg;
+} wtx_send_options;
+
+/* Every field at its default; set the ones you need after it. */
+#define WTX_SEND_OPTIONS_INIT WTX__INIT(.version = NULL)
+
+typedef struct wtx_send_result {
+  uint64_t bytes;
+  size_t params;
+  size_t chunks;
+  double seconds;
+  char version[WTX_MAX_VERSION_BYTES + 1]; /* as published by replica 0 */
+  /* XXH3-64 of every parameter sent, in metadata order (checksum XXH3_64
+   * sessions, else NULL); owned by the trainer until the next send. */
+  const uint64_t *xxh3;
+} wtx_send_result;
+
+/* One weight sync: start, every chunk, finish. Returns when every replica
+ * has published the new version. On any failure (a replica's error, the
+ * source's iteration disagreeing with its metadata, the data plane) every
+ * replica's update is aborted (their previous weights stay) and the error
+ * names the cause; the next call initializes the sessions again. On ranks
+ * other than 0 it iterates the source (keeping collectives aligned) and
+ * sends nothing. opts and result may be NULL. */
+int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
+                             wtx_send_result *result);
+/* The last failure's message, owned by t, valid until the next call on t. */
+const char *wtx_trainer_last_error(const wtx_trainer *t);
+/* Releases the backend and frees t (the workers keep their weights). */
+void wtx_trainer_shutdown(wtx_trainer *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_CLIENT_H */

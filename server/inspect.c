@@ -1,0 +1,121 @@
+/* The WeightTransfer calls that look at the session and the published
+ * weights without changing an update, and Pause / Resume (see session.h).
+ * None waits on a receive: the session lock is held only to copy a few
+ * fields, and the store hands out refcounted snapshots. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/session.h"
+
+grpc_status_code wtx__handle_version(wtx_rpc_ctx *ctx,
+    const Wtx__V1__UpdateWeightVersionRequest *req,
+    Wtx__V1__UpdateWeightVersionResponse *resp) {
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  size_t n = strlen(req->weight_version);
+  if (n == 0 || n > WTX_MAX_VERSION_BYTES)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+                              "weight_version: %zu bytes, must be 1..%d", n,
+                              WTX_MAX_VERSION_BYTES);
+  if (s->cfg.store == NULL)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNIMPLEMENTED,
+                              "the host model does not keep versions here");
+  char *prev = NULL;
+  int rc = wtx_store_set_version(s->cfg.store, req->weight_version, &prev);
+  if (rc != 0)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INTERNAL, "%s", wtx_strerror(rc));
+  resp->previous_version = wtx_rpc_ctx_strdup(ctx, prev ? prev : "");
+  free(prev);
+  return GRPC_STATUS_OK;
+}
+
+/* The published parameters of v as ParamInfo messages in the call arena. */
+static grpc_status_code list_params(wtx_rpc_ctx *ctx, const wtx_store_view *v,
+                                    Wtx__V1__GetWeightInfoResponse *resp) {
+  size_t n = v->n_params;
+  Wtx__V1__ParamInfo **pi = wtx_rpc_ctx_alloc(ctx, n * sizeof *pi);
+  Wtx__V1__ParamInfo *pis = wtx_rpc_ctx_alloc(ctx, n * sizeof *pis);
+  Wtx__V1__ParamMeta *pms = wtx_rpc_ctx_alloc(ctx, n * sizeof *pms);
+  if (pi == NULL || pis == NULL || pms == NULL)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    const wtx_store_param *p = &v->params[i];
+    wtx__v1__param_meta__init(&pms[i]);
+    /* Copied: the view is released before the response is sent. */
+    pms[i].name = wtx_rpc_ctx_strdup(ctx, p->meta.name);
+    pms[i].dtype = (Wtx__V1__DType)p->meta.dtype;
+    pms[i].n_shape = p->meta.ndim;
+    pms[i].shape = wtx_rpc_ctx_alloc(ctx, (p->meta.ndim + 1) * sizeof(uint64_t));
+    if (pms[i].name == NULL || pms[i].shape == NULL)
+      return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    memcpy(pms[i].shape, p->meta.shape, p->meta.ndim * sizeof(uint64_t));
+    wtx__v1__param_info__init(&pis[i]);
+    pis[i].meta = &pms[i];
+    pis[i].nbytes = p->meta.nbytes;
+    pis[i].xxh3_64 = p->xxh3;
+    pi[i] = &pis[i];
+  }
+  resp->params = pi;
+  resp->n_params = n;
+  return GRPC_STATUS_OK;
+}
+
+/* The session's part of GetWeightInfo, copied under its lock. */
+static void describe_session(wtx_rpc_ctx *ctx, wtx_session *s,
+                             Wtx__V1__GetWeightInfoResponse *resp) {
+  pthread_mutex_lock(&s->mu);
+  resp->state = s->state;
+  resp->backend = wtx_rpc_ctx_strdup(ctx, s->transport ? s->transport->name : "");
+  if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING)
+    resp->active_target = (Wtx__V1__UpdateTarget)s->target;
+  pthread_mutex_unlock(&s->mu);
+  resp->paused = atomic_load(&s->paused);
+}
+
+grpc_status_code wtx__handle_info(wtx_rpc_ctx *ctx,
+    const Wtx__V1__GetWeightInfoRequest *req, Wtx__V1__GetWeightInfoResponse *resp) {
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  describe_session(ctx, s, resp);
+  resp->weight_version = (char *)"";
+  if (s->cfg.store == NULL) return GRPC_STATUS_OK;
+  wtx_store_view v, d;
+  wtx_store_acquire(s->cfg.store, WTX_TARGET_MAIN, &v);
+  wtx_store_acquire(s->cfg.store, WTX_TARGET_DRAFT, &d);
+  grpc_status_code code = GRPC_STATUS_OK;
+  resp->weight_version = wtx_rpc_ctx_strdup(ctx, v.version);
+  resp->generation = v.generation;
+  resp->num_params = (uint32_t)v.n_params;
+  resp->total_bytes = v.total_bytes;
+  resp->draft_num_params = (uint32_t)d.n_params;
+  resp->draft_total_bytes = d.total_bytes;
+  if (req->include_params && v.n_params > 0) code = list_params(ctx, &v, resp);
+  wtx_store_release(s->cfg.store, &v);
+  wtx_store_release(s->cfg.store, &d);
+  return code;
+}
+
+grpc_status_code wtx__handle_world(wtx_rpc_ctx *ctx,
+    const Wtx__V1__GetWorldSizeRequest *req, Wtx__V1__GetWorldSizeResponse *resp) {
+  (void)req;
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  resp->world_size = s->cfg.world_size;
+  return GRPC_STATUS_OK;
+}
+
+grpc_status_code wtx__handle_pause(wtx_rpc_ctx *ctx,
+    const Wtx__V1__PauseRequest *req, Wtx__V1__PauseResponse *resp) {
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  if (s->cfg.on_pause != NULL) s->cfg.on_pause(s->cfg.host, req->wait_for_inflight);
+  atomic_store(&s->paused, 1);
+  resp->paused = 1;
+  return GRPC_STATUS_OK;
+}
+
+grpc_status_code wtx__handle_resume(wtx_rpc_ctx *ctx,
+    const Wtx__V1__ResumeRequest *req, Wtx__V1__ResumeResponse *resp) {
+  (void)req;
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  if (s->cfg.on_resume != NULL) s->cfg.on_resume(s->cfg.host);
+  atomic_store(&s->paused, 0);
+  resp->paused = 0;
+  return GRPC_STATUS_OK;
+}

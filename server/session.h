@@ -1,0 +1,112 @@
+/* The WorkerEngine session: wtx.v1.WeightTransfer's state machine and the
+ * handlers of every WeightTransfer call. Each handler receives its session
+ * as the call's user data (wtx_rpc_server_add_service's user pointer).
+ *
+ * session.c holds the calls that change the session (init, start, update,
+ * finish, abort) and enforces the state machine, nowhere else; inspect.c
+ * answers the calls that only look at it or at the published weights, and
+ * Pause / Resume. Long data-plane receives run outside the session lock, so
+ * inspection is answered during an update. */
+#ifndef WTX_SERVER_SESSION_H
+#define WTX_SERVER_SESSION_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "common/strmap.h"
+#include "transport/rx.h"
+#include "wtx/v1/weight_transfer.grpc-c.h"
+#include "wtx/worker.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a session works with; copied at init. */
+typedef struct wtx__session_config {
+  const wtx_model_ops *model_ops;
+  void *model;
+  /* The internal store, for inspection (NULL with a host model). */
+  wtx_store *store;
+  /* The worker transports this session may create, one per InitInfo member
+   * (resolved by the worker from wtx_worker_options.backends). */
+  const wtx_worker_transport *const *transports;
+  size_t n_transports;
+  uint32_t world_size;
+  int64_t watchdog_ms;
+  /* Host callbacks for Pause / Resume (may be NULL), with their argument. */
+  void (*on_pause)(void *host, int wait_for_inflight);
+  void (*on_resume)(void *host);
+  void *host;
+  /* Called after each successful commit, outside the lock (may be NULL). */
+  void (*on_commit)(void *user, wtx_target target);
+  void *on_commit_user;
+} wtx__session_config;
+
+typedef struct wtx_session {
+  pthread_mutex_t mu;
+  wtx__session_config cfg;
+  int state; /* WTX__V1__SESSION_STATE__* */
+  char session_id[33];
+  const wtx_worker_transport *transport;
+  void *engine;
+  wtx_wire_params wire;
+  /* the active update */
+  uint64_t update_id;
+  uint64_t auto_version;
+  wtx_target target;
+  int receiving;
+  int abort_requested; /* abort once the running receive returns */
+  int draining;        /* no new calls; state ends at DRAINING */
+  int64_t last_activity_ms;
+  size_t staged_params;
+  uint64_t staged_bytes;
+  wtx__strmap *names; /* of this update, for duplicates */
+  wtx_rx *rx;
+  uint8_t *carry_dst; /* staging of a tensor continued by the next chunk */
+  atomic_int paused;  /* Pause in effect (its own flag: no lock needed) */
+} wtx_session;
+
+int wtx__session_init(wtx_session *s, const wtx__session_config *cfg);
+void wtx__session_destroy(wtx_session *s);
+/* Aborts an update idle longer than the watchdog; 1 when it did. */
+int wtx__session_watchdog(wtx_session *s);
+/* No new calls; the active update is aborted (once its receive returns). */
+void wtx__session_drain(wtx_session *s);
+
+/* session.c: the calls that change the session. */
+grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
+    const Wtx__V1__InitWeightTransferEngineRequest *req,
+    Wtx__V1__InitWeightTransferEngineResponse *resp);
+grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
+    const Wtx__V1__StartWeightUpdateRequest *req,
+    Wtx__V1__StartWeightUpdateResponse *resp);
+grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
+    const Wtx__V1__UpdateWeightsRequest *req,
+    Wtx__V1__UpdateWeightsResponse *resp);
+grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
+    const Wtx__V1__FinishWeightUpdateRequest *req,
+    Wtx__V1__FinishWeightUpdateResponse *resp);
+grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
+    const Wtx__V1__AbortWeightUpdateRequest *req,
+    Wtx__V1__AbortWeightUpdateResponse *resp);
+
+/* inspect.c: the calls that look, and Pause / Resume. */
+grpc_status_code wtx__handle_version(wtx_rpc_ctx *ctx,
+    const Wtx__V1__UpdateWeightVersionRequest *req,
+    Wtx__V1__UpdateWeightVersionResponse *resp);
+grpc_status_code wtx__handle_info(wtx_rpc_ctx *ctx,
+    const Wtx__V1__GetWeightInfoRequest *req,
+    Wtx__V1__GetWeightInfoResponse *resp);
+grpc_status_code wtx__handle_world(wtx_rpc_ctx *ctx,
+    const Wtx__V1__GetWorldSizeRequest *req,
+    Wtx__V1__GetWorldSizeResponse *resp);
+grpc_status_code wtx__handle_pause(wtx_rpc_ctx *ctx,
+    const Wtx__V1__PauseRequest *req, Wtx__V1__PauseResponse *resp);
+grpc_status_code wtx__handle_resume(wtx_rpc_ctx *ctx,
+    const Wtx__V1__ResumeRequest *req, Wtx__V1__ResumeResponse *resp);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_SERVER_SESSION_H */

@@ -1,0 +1,61 @@
+// The string -> index map the worker uses for update names and the store's
+// index: each key once, found again after growth, cleared for reuse.
+#include "common/strmap.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "wtx/error.h"
+
+namespace {
+
+TEST(StrmapTest, AddsFindsAndRefusesDuplicates) {
+  wtx__strmap *m = nullptr;
+  ASSERT_EQ(0, wtx__strmap_create(&m));
+  EXPECT_EQ(0u, wtx__strmap_count(m));
+  EXPECT_EQ(0, wtx__strmap_get(m, "a", nullptr));
+  ASSERT_EQ(0, wtx__strmap_add(m, "a", 7));
+  ASSERT_EQ(0, wtx__strmap_add(m, "", 8));  // the empty key is a key
+  EXPECT_EQ(WTX_EEXIST, wtx__strmap_add(m, "a", 9));
+  size_t v = 0;
+  ASSERT_EQ(1, wtx__strmap_get(m, "a", &v));
+  EXPECT_EQ(7u, v);  // the duplicate left the value alone
+  ASSERT_EQ(1, wtx__strmap_get(m, "", &v));
+  EXPECT_EQ(8u, v);
+  EXPECT_EQ(0, wtx__strmap_get(m, "b", &v));
+  EXPECT_EQ(2u, wtx__strmap_count(m));
+  wtx__strmap_destroy(m);
+}
+
+TEST(StrmapTest, KeysAreCopied) {
+  wtx__strmap *m = nullptr;
+  ASSERT_EQ(0, wtx__strmap_create(&m));
+  char key[] = "layer.0.weight";
+  ASSERT_EQ(0, wtx__strmap_add(m, key, 1));
+  key[0] = 'X';
+  EXPECT_EQ(1, wtx__strmap_get(m, "layer.0.weight", nullptr));
+  EXPECT_EQ(0, wtx__strmap_get(m, key, nullptr));
+  wtx__strmap_destroy(m);
+}
+
+TEST(StrmapTest, HoldsAHundredThousandNamesAndClears) {
+  wtx__strmap *m = nullptr;
+  ASSERT_EQ(0, wtx__strmap_create(&m));
+  const size_t n = 100000;  // an MoE checkpoint's parameter count
+  for (size_t i = 0; i < n; i++)
+    ASSERT_EQ(0, wtx__strmap_add(m, ("model.layers." + std::to_string(i)).c_str(), i));
+  EXPECT_EQ(n, wtx__strmap_count(m));
+  for (size_t i = 0; i < n; i += 997) {
+    size_t v = 0;
+    ASSERT_EQ(1, wtx__strmap_get(m, ("model.layers." + std::to_string(i)).c_str(), &v));
+    EXPECT_EQ(i, v);
+  }
+  wtx__strmap_clear(m);
+  EXPECT_EQ(0u, wtx__strmap_count(m));
+  EXPECT_EQ(0, wtx__strmap_get(m, "model.layers.5", nullptr));
+  ASSERT_EQ(0, wtx__strmap_add(m, "model.layers.5", 3));  // usable after clear
+  wtx__strmap_destroy(m);
+}
+
+}  // namespace

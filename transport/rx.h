@@ -1,0 +1,58 @@
+/* The receive assembler, as the session drives it: one wtx_rx per session;
+ * per chunk the session names the chunk's tensors and where their bytes go
+ * (begin), lends the assembler to the backend's receive (which feeds it with
+ * the wtx_rx_* calls of transport.h), then ends the chunk, which checks that
+ * every byte arrived and every checksum matched. Bytes are hashed while they
+ * are copied, never in a second pass. Backends never include this header. */
+#ifndef WTX_TRANSPORT_RX_H
+#define WTX_TRANSPORT_RX_H
+
+#include "transport/transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where one tensor of the update goes. The session fills it from the
+ * validated ParamMeta; dst is the model's staging memory (host). */
+typedef struct wtx_rx_tensor {
+  const char *name;
+  uint64_t nbytes;
+  uint8_t *dst;
+} wtx_rx_tensor;
+
+/* One assembler per session; *out is the caller's until destroy. */
+int wtx__rx_create(wtx_rx **out);
+void wtx__rx_destroy(wtx_rx *rx);
+/* Starts a chunk over tensors (the chunk's, in stream order; their dst must
+ * stay valid until the chunk ends), first_offset bytes into tensors[0], of
+ * chunk_bytes (0: to the end of the last tensor), which
+ * must end inside or at the end of tensors[n-1]. verify: whether checksums
+ * are expected and checked. A
+ * non-zero first_offset must continue the tensor the previous chunk left
+ * incomplete, at the byte it stopped (else WTX_EPROTO); a zero one requires
+ * that no tensor was left incomplete. */
+int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
+                  uint64_t first_offset, uint64_t chunk_bytes, int verify);
+/* The sender's checksums of the tensors that end in this chunk, in order
+ * (after begin; borrowed until end). */
+int wtx__rx_expect_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n);
+/* Forgets any tensor left incomplete (abort, new update). */
+void wtx__rx_reset(wtx_rx *rx);
+/* Whether a tensor is left incomplete, and which. */
+const char *wtx__rx_incomplete(const wtx_rx *rx, uint64_t *have,
+                               uint64_t *want);
+/* Ends the chunk: checks every expected byte arrived and every checksum
+ * matched (WTX_ECHECKSUM names the tensor). */
+int wtx__rx_end(wtx_rx *rx);
+/* Detail of the last error (empty when none). */
+const char *wtx__rx_error(const wtx_rx *rx);
+/* Tensors completed (all bytes in) by this chunk so far. */
+size_t wtx__rx_completed(const wtx_rx *rx);
+/* Checksum of a completed tensor: index into the chunk's tensors. */
+uint64_t wtx__rx_checksum(const wtx_rx *rx, size_t i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_TRANSPORT_RX_H */
