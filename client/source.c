@@ -8,7 +8,7 @@
 #include <xxhash.h>
 
 #include "common/safetensors.h"
-#include "transport/cuda.h"
+#include "cuda/cuda.h"
 
 struct wtx_source {
   const wtx_source_ops *ops;

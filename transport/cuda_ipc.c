@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/cuda.h"
+#include "cuda/cuda.h"
 #include "transport/transport.h"
 
 static void uuid_str(const uint8_t *u, size_t len, char *out, size_t outlen) {
@@ -152,11 +152,8 @@ const wtx_worker_transport wtx_cuda_ipc_worker_transport = {
 /* ---- trainer half ---- */
 
 typedef struct ipc_trainer {
-  const wtx_cuda *cuda;
-  wtx_wire_params wire;
-  int device;
+  wtx__cuda_trainer gpu;
   uint8_t uuid[16];
-  wtx__cuda_buffers bufs;
   wtx_cuda_ipc_handle *handles;
   Wtx__V1__CudaIpcBuffer *entries;
   Wtx__V1__CudaIpcBuffer **entry_ptrs;
@@ -167,7 +164,7 @@ typedef struct ipc_trainer {
 static void ipc_trainer_destroy(void *self) {
   ipc_trainer *t = self;
   if (t == NULL) return;
-  wtx__cuda_buffers_destroy(&t->bufs);
+  wtx__cuda_trainer_close(&t->gpu);
   free(t->handles);
   free(t->entries);
   free(t->entry_ptrs);
@@ -175,57 +172,53 @@ static void ipc_trainer_destroy(void *self) {
   free(t);
 }
 
+/* Exports buffer k once (one handle per buffer, never per tensor) and fills
+ * its UpdateInfo entry. */
+static int export_buffer(ipc_trainer *t, uint32_t k, char *why, size_t len) {
+  const wtx_cuda *c = t->gpu.cuda;
+  int e = c->IpcGetMemHandle(&t->handles[k], t->gpu.bufs.dev[k]);
+  if (e != WTX_CUDA_SUCCESS) {
+    snprintf(why, len, "cudaIpcGetMemHandle: %s", c->GetErrorString(e));
+    return WTX_EUNAVAIL;
+  }
+  Wtx__V1__CudaIpcBuffer *b = &t->entries[k];
+  wtx__v1__cuda_ipc_buffer__init(b);
+  b->gpu_uuid.data = t->uuid;
+  b->gpu_uuid.len = 16;
+  b->handle.data = (uint8_t *)&t->handles[k];
+  b->handle.len = sizeof t->handles[k];
+  b->buffer_index = k;
+  t->entry_ptrs[k] = b;
+  wtx__v1__cuda_ipc_update_info__init(&t->updates[k]);
+  t->updates[k].buffers = &t->entry_ptrs[k];
+  t->updates[k].n_buffers = 1;
+  return 0;
+}
+
 static int ipc_trainer_create(const wtx_trainer_args *args, void **self, char *err,
                               size_t errlen) {
-  const wtx_wire_params *wire = &args->wire;
-  const wtx_cuda *c;
-  int rc = wtx__cuda_load(0, &c, err, errlen);
-  if (rc != 0) return rc;
+  uint32_t nb = args->wire.num_buffers;
   ipc_trainer *t = calloc(1, sizeof *t);
   if (t == NULL) return WTX_ENOMEM;
-  t->cuda = c;
-  t->wire = *wire;
-  t->device = wtx__cuda_device();
-  uint32_t nb = wire->num_buffers;
+  int rc = wtx__cuda_trainer_open(&t->gpu, "cuda_ipc", 0, 0, nb, args->wire.buffer_size,
+                                  err, errlen);
+  if (rc != 0) goto fail;
   t->handles = calloc(nb, sizeof *t->handles);
   t->entries = calloc(nb, sizeof *t->entries);
   t->entry_ptrs = calloc(nb, sizeof *t->entry_ptrs);
   t->updates = calloc(nb, sizeof *t->updates);
-  if (!t->handles || !t->entries || !t->entry_ptrs || !t->updates) {
-    ipc_trainer_destroy(t);
-    return WTX_ENOMEM;
-  }
-  char why[300] = "";
-  int e = c->SetDevice(t->device);
-  if (e != WTX_CUDA_SUCCESS || wtx__cuda_uuid(c, t->device, t->uuid) != 0)
-    snprintf(why, sizeof why, "%s", e ? c->GetErrorString(e) : "no device properties");
-  else if (wtx__cuda_buffers_create(c, nb, wire->buffer_size, &t->bufs, why,
-                                    sizeof why) != 0)
-    e = -1;
-  /* One handle per buffer, exported once. */
-  for (uint32_t k = 0; why[0] == '\0' && k < nb; k++) {
-    if ((e = c->IpcGetMemHandle(&t->handles[k], t->bufs.dev[k])) != WTX_CUDA_SUCCESS)
-      snprintf(why, sizeof why, "cudaIpcGetMemHandle: %s", c->GetErrorString(e));
-    Wtx__V1__CudaIpcBuffer *b = &t->entries[k];
-    wtx__v1__cuda_ipc_buffer__init(b);
-    b->gpu_uuid.data = t->uuid;
-    b->gpu_uuid.len = 16;
-    b->handle.data = (uint8_t *)&t->handles[k];
-    b->handle.len = sizeof t->handles[k];
-    b->buffer_index = k;
-    t->entry_ptrs[k] = b;
-    wtx__v1__cuda_ipc_update_info__init(&t->updates[k]);
-    t->updates[k].buffers = &t->entry_ptrs[k];
-    t->updates[k].n_buffers = 1;
-  }
-  if (why[0] != '\0') {
-    snprintf(err, errlen, "cuda_ipc: device %d: %s", t->device, why);
-    ipc_trainer_destroy(t);
-    return WTX_EUNAVAIL;
-  }
+  rc = t->handles && t->entries && t->entry_ptrs && t->updates ? 0 : WTX_ENOMEM;
+  char why[300] = "no device properties";
+  if (rc == 0 && wtx__cuda_uuid(t->gpu.cuda, t->gpu.device, t->uuid) != 0) rc = WTX_EUNAVAIL;
+  for (uint32_t k = 0; rc == 0 && k < nb; k++) rc = export_buffer(t, k, why, sizeof why);
+  if (rc == WTX_EUNAVAIL) snprintf(err, errlen, "cuda_ipc: device %d: %s", t->gpu.device, why);
+  if (rc != 0) goto fail;
   wtx__v1__cuda_ipc_init_info__init(&t->ipc);
   *self = t;
   return 0;
+fail:
+  ipc_trainer_destroy(t);
+  return rc;
 }
 
 static int ipc_trainer_init_info(void *self, size_t i, const char *const *prev,
@@ -238,14 +231,14 @@ static int ipc_trainer_init_info(void *self, size_t i, const char *const *prev,
 }
 
 static uint8_t *ipc_trainer_buffer(void *self, uint32_t k) {
-  return wtx__cuda_buffers_host(&((ipc_trainer *)self)->bufs, k);
+  return wtx__cuda_buffers_host(&((ipc_trainer *)self)->gpu.bufs, k);
 }
 
 static int ipc_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
                                Wtx__V1__UpdateInfo *ui) {
   ipc_trainer *t = self;
-  t->cuda->SetDevice(t->device);
-  int rc = wtx__cuda_buffers_upload(&t->bufs, k, ch->bytes);
+  t->gpu.cuda->SetDevice(t->gpu.device);
+  int rc = wtx__cuda_buffers_upload(&t->gpu.bufs, k, ch->bytes);
   if (rc != 0) return rc;
   t->entries[k].size = ch->bytes;
   ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_CUDA_IPC;

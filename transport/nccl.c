@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/cuda.h"
+#include "cuda/cuda.h"
 #include "transport/transport.h"
 
 /* A communicator that failed must be aborted (that is what unblocks its
@@ -163,13 +163,11 @@ const wtx_worker_transport wtx_nccl_worker_transport = {
 /* ---- trainer half ---- */
 
 typedef struct nccl_trainer {
-  const wtx_cuda *cuda;
-  wtx_wire_params wire;
-  int device;
+  wtx__cuda_trainer gpu;
   size_t n_workers;
+  uint32_t timeout_ms;
   wtx_nccl_id id;
-  void *comm, *stream;
-  wtx__cuda_buffers bufs;
+  void *comm;
   int broken;
   Wtx__V1__NcclInitInfo *nccl; /* per worker */
   Wtx__V1__NcclUpdateInfo update;
@@ -178,49 +176,29 @@ typedef struct nccl_trainer {
 static void nccl_trainer_destroy(void *self) {
   nccl_trainer *t = self;
   if (t == NULL) return;
-  const wtx_cuda *c = t->cuda;
-  comm_release(c, t->comm, t->broken);
-  wtx__cuda_buffers_destroy(&t->bufs);
-  if (t->stream != NULL) c->StreamDestroy(t->stream);
+  if (t->gpu.cuda != NULL) comm_release(t->gpu.cuda, t->comm, t->broken);
+  wtx__cuda_trainer_close(&t->gpu);
   free(t->nccl);
   free(t);
 }
 
 static int nccl_trainer_create(const wtx_trainer_args *args, void **self, char *err,
                                size_t errlen) {
-  const wtx_wire_params *wire = &args->wire;
-  size_t n_workers = args->n_workers;
-  const wtx_cuda *c;
-  int rc = wtx__cuda_load(1, &c, err, errlen);
-  if (rc != 0) return rc;
   nccl_trainer *t = calloc(1, sizeof *t);
   if (t == NULL) return WTX_ENOMEM;
-  t->cuda = c;
-  t->wire = *wire;
-  t->n_workers = n_workers;
-  t->device = wtx__cuda_device();
-  t->nccl = calloc(n_workers, sizeof *t->nccl);
-  if (!t->nccl) {
-    nccl_trainer_destroy(t);
-    return WTX_ENOMEM;
+  t->n_workers = args->n_workers;
+  t->timeout_ms = args->wire.timeout_ms;
+  int rc = wtx__cuda_trainer_open(&t->gpu, "nccl", 1, 1, args->wire.num_buffers,
+                                  args->wire.buffer_size, err, errlen);
+  if (rc == 0 && (t->nccl = calloc(t->n_workers, sizeof *t->nccl)) == NULL) rc = WTX_ENOMEM;
+  int e = rc == 0 ? t->gpu.cuda->GetUniqueId(&t->id) : WTX_NCCL_SUCCESS;
+  if (e != WTX_NCCL_SUCCESS) {
+    snprintf(err, errlen, "nccl: ncclGetUniqueId: %s", t->gpu.cuda->NcclErrorString(e));
+    rc = WTX_EUNAVAIL;
   }
-  char why[300] = "";
-  int e = c->SetDevice(t->device);
-  if (e == WTX_CUDA_SUCCESS) e = c->StreamCreate(&t->stream);
-  if (e != WTX_CUDA_SUCCESS)
-    snprintf(why, sizeof why, "%s", c->GetErrorString(e));
-  else
-    wtx__cuda_buffers_create(c, wire->num_buffers, wire->buffer_size, &t->bufs, why,
-                             sizeof why);
-  if (why[0] != '\0') {
-    snprintf(err, errlen, "nccl: device %d: %s", t->device, why);
+  if (rc != 0) {
     nccl_trainer_destroy(t);
-    return WTX_EUNAVAIL;
-  }
-  if ((e = c->GetUniqueId(&t->id)) != WTX_NCCL_SUCCESS) {
-    snprintf(err, errlen, "nccl: ncclGetUniqueId: %s", c->NcclErrorString(e));
-    nccl_trainer_destroy(t);
-    return WTX_EUNAVAIL;
+    return rc;
   }
   wtx__v1__nccl_update_info__init(&t->update);
   *self = t;
@@ -246,26 +224,26 @@ static int nccl_trainer_connect(void *self, const char *const *addresses, char *
                                 size_t errlen) {
   (void)addresses;
   nccl_trainer *t = self;
-  t->cuda->SetDevice(t->device);
-  int e = t->cuda->CommInitRank(&t->comm, (int)(t->n_workers + 1), t->id, 0);
+  t->gpu.cuda->SetDevice(t->gpu.device);
+  int e = t->gpu.cuda->CommInitRank(&t->comm, (int)(t->n_workers + 1), t->id, 0);
   if (e != WTX_NCCL_SUCCESS) {
     t->comm = NULL;
     snprintf(err, errlen, "nccl: joining the communicator as rank 0 of %zu: %s",
-             t->n_workers + 1, t->cuda->NcclErrorString(e));
+             t->n_workers + 1, t->gpu.cuda->NcclErrorString(e));
     return WTX_EUNAVAIL;
   }
   return 0;
 }
 
 static uint8_t *nccl_trainer_buffer(void *self, uint32_t k) {
-  return wtx__cuda_buffers_host(&((nccl_trainer *)self)->bufs, k);
+  return wtx__cuda_buffers_host(&((nccl_trainer *)self)->gpu.bufs, k);
 }
 
 static int nccl_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
                                 Wtx__V1__UpdateInfo *ui) {
   nccl_trainer *t = self;
-  t->cuda->SetDevice(t->device);
-  int rc = wtx__cuda_buffers_upload(&t->bufs, k, ch->bytes);
+  t->gpu.cuda->SetDevice(t->gpu.device);
+  int rc = wtx__cuda_buffers_upload(&t->gpu.bufs, k, ch->bytes);
   if (rc != 0) return rc;
   ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_NCCL;
   ui->nccl = &t->update;
@@ -275,8 +253,8 @@ static int nccl_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
 static int nccl_trainer_post(void *self, uint32_t k, const wtx_chunk *ch) {
   nccl_trainer *t = self;
   if (t->broken) return WTX_ESTATE;
-  int e = t->cuda->Broadcast(t->bufs.dev[k], t->bufs.dev[k], (size_t)ch->bytes, WTX_NCCL_UINT8,
-                             0, t->comm, t->stream);
+  int e = t->gpu.cuda->Broadcast(t->gpu.bufs.dev[k], t->gpu.bufs.dev[k], (size_t)ch->bytes, WTX_NCCL_UINT8,
+                             0, t->comm, t->gpu.stream);
   if (e != WTX_NCCL_SUCCESS) t->broken = 1;
   return e == WTX_NCCL_SUCCESS ? 0 : WTX_EIO;
 }
@@ -285,7 +263,7 @@ static int nccl_trainer_complete(void *self, uint32_t k, char *err, size_t errle
   (void)k;
   nccl_trainer *t = self;
   char why[300];
-  int rc = wtx__cuda_wait(t->cuda, t->stream, t->comm, t->wire.timeout_ms, why,
+  int rc = wtx__cuda_wait(t->gpu.cuda, t->gpu.stream, t->comm, t->timeout_ms, why,
                           sizeof why);
   if (rc != 0) {
     t->broken = 1;

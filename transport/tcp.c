@@ -33,16 +33,11 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "transport/tcp_frame.h"
 #include "transport/transport.h"
 
-#define TOKEN_MAX 64
-#define HELLO_BYTES (12 + TOKEN_MAX)
-#define FRAME_BYTES 32
+#define TOKEN_MAX WTX__TCP_TOKEN_MAX
 #define PIECE (1u << 20)
-
-static const char hello_magic[4] = {'W', 'T', 'X', 'H'};
-static const char frame_magic[4] = {'W', 'T', 'X', 'C'};
-enum { VERSION = 1 };
 
 /* ---- sockets with deadlines ---- */
 
@@ -228,29 +223,10 @@ static int connect_to(const char *addr, uint32_t timeout_ms, int *fd_out,
   return 0;
 }
 
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-         (uint32_t)p[3] << 24;
-}
-
 static int send_hello(int fd, const uint8_t *token, size_t len, uint32_t timeout_ms,
                       const char **why) {
-  uint8_t h[HELLO_BYTES] = {0};
-  memcpy(h, hello_magic, 4);
-  put32(h + 4, VERSION);
-  put32(h + 8, (uint32_t)len);
-  memcpy(h + 12, token, len);
+  uint8_t h[WTX__TCP_HELLO_BYTES];
+  wtx__tcp_hello_encode(h, token, len);
   return write_full(fd, h, sizeof h, timeout_ms, why);
 }
 
@@ -271,16 +247,13 @@ static int accept_peer(int lfd, const uint8_t *token, size_t len,
       snprintf(err, errlen, "tcp: accept: %s", strerror(errno));
       return WTX_EIO;
     }
-    uint8_t h[HELLO_BYTES];
+    uint8_t h[WTX__TCP_HELLO_BYTES];
     const char *why = "";
     char peer[128];
     sock_name(fd, 0, peer, sizeof peer);
     rc = read_full(fd, h, sizeof h, timeout_ms, &why);
-    if (rc == 0 && (memcmp(h, hello_magic, 4) != 0 || get32(h + 4) != VERSION ||
-                    get32(h + 8) != len || memcmp(h + 12, token, len) != 0)) {
+    if (rc == 0 && (rc = wtx__tcp_hello_check(h, token, len)) != 0)
       why = "hello without this session's data_token";
-      rc = WTX_EAUTH;
-    }
     if (rc != 0) {
       /* Not our peer: refuse it and keep waiting for the right one. */
       close(fd);
@@ -292,14 +265,6 @@ static int accept_peer(int lfd, const uint8_t *token, size_t len,
     *fd_out = fd;
     return 0;
   }
-}
-
-static void frame_encode(uint8_t *f, uint64_t seq, const wtx_chunk *c) {
-  memcpy(f, frame_magic, 4);
-  put32(f + 4, VERSION);
-  put64(f + 8, seq);
-  put64(f + 16, c->first_offset);
-  put64(f + 24, c->bytes);
 }
 
 /* ---- worker half ---- */
@@ -330,9 +295,9 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
                            void **self, char *data_address, size_t addrlen,
                            char *err, size_t errlen) {
   const Wtx__V1__TcpInitInfo *ti = init->tcp;
-  if (ti->data_token.len < 16 || ti->data_token.len > TOKEN_MAX) {
-    snprintf(err, errlen, "init_info.tcp.data_token: %zu bytes, must be 16..%d",
-             ti->data_token.len, TOKEN_MAX);
+  if (ti->data_token.len < WTX__TCP_TOKEN_MIN || ti->data_token.len > TOKEN_MAX) {
+    snprintf(err, errlen, "init_info.tcp.data_token: %zu bytes, must be %d..%d",
+             ti->data_token.len, WTX__TCP_TOKEN_MIN, TOKEN_MAX);
     return WTX_EINVAL;
   }
   tcp_worker *w = calloc(1, sizeof *w);
@@ -402,24 +367,17 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
   }
   uint32_t to = w->wire.timeout_ms;
   const char *why = "";
-  uint8_t f[FRAME_BYTES];
+  uint8_t f[WTX__TCP_FRAME_BYTES];
   int rc = read_full(w->up, f, sizeof f, to, &why);
   if (rc != 0)
     return worker_fail(w, rx, rc, "chunk %llu header from %s: %s",
                        (unsigned long long)w->seq, w->upstream, why);
   uint64_t remaining = wtx_rx_remaining(rx);
-  if (memcmp(f, frame_magic, 4) != 0 || get32(f + 4) != VERSION ||
-      get64(f + 8) != w->seq || get64(f + 16) != info->first_param_offset ||
-      get64(f + 24) != remaining)
-    return worker_fail(w, rx, WTX_EPROTO,
-                       "frame header (chunk %llu, offset %llu, %llu bytes) does "
-                       "not match UpdateWeights (chunk %llu, offset %llu, %llu "
-                       "bytes)", (unsigned long long)get64(f + 8),
-                       (unsigned long long)get64(f + 16),
-                       (unsigned long long)get64(f + 24),
-                       (unsigned long long)w->seq,
-                       (unsigned long long)info->first_param_offset,
-                       (unsigned long long)remaining);
+  wtx__tcp_frame want = {w->seq, info->first_param_offset, remaining};
+  char bad[300];
+  if ((rc = wtx__tcp_frame_check(f, &want, bad, sizeof bad)) != 0)
+    return worker_fail(w, rx, rc, "chunk %llu from %s: %s", (unsigned long long)w->seq,
+                       w->upstream, bad);
   if (w->lfd >= 0 && w->down < 0) {
     char err[300];
     rc = accept_peer(w->lfd, w->token, w->token_len, to, &w->down, err, sizeof err);
@@ -493,8 +451,8 @@ static void *writer_main(void *arg) {
     uint32_t k = t->job_k;
     uint64_t seq = t->seq++;
     pthread_mutex_unlock(&t->mu);
-    uint8_t f[FRAME_BYTES];
-    frame_encode(f, seq, &c);
+    uint8_t f[WTX__TCP_FRAME_BYTES];
+    wtx__tcp_frame_encode(f, &(wtx__tcp_frame){seq, c.first_offset, c.bytes});
     const char *why = "";
     int rc = write_full(t->fd, f, sizeof f, t->wire.timeout_ms, &why);
     if (rc == 0)

@@ -353,7 +353,7 @@ INSTANTIATE_TEST_SUITE_P(HostBackends, EngineTest, ::testing::Values("shm", "tcp
 
 // The GPU backends' own logic (packing, chunk order, handle routing, the
 // collective rendezvous, errors, timeouts) against the TEST DOUBLE of CUDA
-// and NCCL (transport/testing/fake_cuda.c) loaded at the dlopen seam; the
+// and NCCL (cuda/testing/fake_cuda.c) loaded at the dlopen seam; the
 // real libraries run in tests/gpu/run.sh.
 INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, EngineTest,
                          ::testing::Values("nccl", "cuda_ipc"),
@@ -396,7 +396,7 @@ struct UseCudaDouble : ::testing::Environment {
   void SetUp() override {
     char cwd[4096];
     ASSERT_NE(nullptr, getcwd(cwd, sizeof cwd));
-    std::string lib = std::string(cwd) + "/transport/testing/libwtx_fake_cuda.so";
+    std::string lib = std::string(cwd) + "/cuda/testing/libwtx_fake_cuda.so";
     setenv("WTX_CUDART_LIB", lib.c_str(), 1);
     setenv("WTX_NCCL_LIB", lib.c_str(), 1);
     setenv("WTX_FAKE_NCCL_TIMEOUT_MS", "3000", 1);

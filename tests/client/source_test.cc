@@ -95,7 +95,7 @@ TEST(Source, MemoryBorrowsDataAndValidatesMetadata) {
 }
 
 // Device tensors, on the TEST DOUBLE of the CUDA runtime
-// (transport/testing/fake_cuda.c) loaded at the dlopen seam.
+// (cuda/testing/fake_cuda.c) loaded at the dlopen seam.
 TEST(Source, DeviceTensorsAreCopiedToTheHostAsThePassReachesThem) {
   setenv("WTX_CUDART_LIB", "/nonexistent/libcudart.so", 1);
   float host = 1.0f;
@@ -109,7 +109,7 @@ TEST(Source, DeviceTensorsAreCopiedToTheHostAsThePassReachesThem) {
 
   char cwd[4096];
   ASSERT_NE(nullptr, getcwd(cwd, sizeof cwd));
-  std::string lib = std::string(cwd) + "/transport/testing/libwtx_fake_cuda.so";
+  std::string lib = std::string(cwd) + "/cuda/testing/libwtx_fake_cuda.so";
   setenv("WTX_CUDART_LIB", lib.c_str(), 1);
   void *h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(nullptr, h) << dlerror();

@@ -6,9 +6,9 @@
  * declarations (no CUDA headers needed to build). The libraries come from
  * WTX_CUDART_LIB / WTX_NCCL_LIB when set (a path), else the system's
  * libcudart.so.13, .so.12, .so and libnccl.so.2. Tests point both at the
- * test double transport/testing/fake_cuda.c. Internal to transport/. */
-#ifndef WTX_TRANSPORT_CUDA_H
-#define WTX_TRANSPORT_CUDA_H
+ * test double cuda/testing/fake_cuda.c. Internal to transport/. */
+#ifndef WTX_CUDA_CUDA_H
+#define WTX_CUDA_CUDA_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -87,4 +87,22 @@ uint8_t *wtx__cuda_buffers_host(wtx__cuda_buffers *b, uint32_t k);
 /* Copies bytes of host buffer k into device buffer k. */
 int wtx__cuda_buffers_upload(wtx__cuda_buffers *b, uint32_t k, uint64_t bytes);
 
-#endif /* WTX_TRANSPORT_CUDA_H */
+/* What every GPU trainer half holds: the API, its device, a stream (when
+ * asked for) and its transfer buffers. */
+typedef struct wtx__cuda_trainer {
+  const wtx_cuda *cuda;
+  int device;
+  void *stream;
+  wtx__cuda_buffers bufs;
+} wtx__cuda_trainer;
+
+/* Loads the API (and NCCL when with_nccl), selects WTX_CUDA_DEVICE, creates
+ * a stream when with_stream, and num buffers of size bytes. On failure err
+ * reads "<who>: device N: <why>", nothing is held, and the code is
+ * WTX_EUNAVAIL (or the loader's). */
+int wtx__cuda_trainer_open(wtx__cuda_trainer *t, const char *who, int with_nccl,
+                           int with_stream, uint32_t num, uint64_t size,
+                           char *err, size_t errlen);
+void wtx__cuda_trainer_close(wtx__cuda_trainer *t);
+
+#endif /* WTX_CUDA_CUDA_H */

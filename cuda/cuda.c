@@ -1,5 +1,5 @@
 /* Run-time loading of the CUDA runtime and NCCL (see cuda.h). */
-#include "transport/cuda.h"
+#include "cuda/cuda.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -186,4 +186,34 @@ int wtx__cuda_buffers_upload(wtx__cuda_buffers *b, uint32_t k, uint64_t bytes) {
   int e = b->cuda->Memcpy(b->dev[k], wtx__cuda_buffers_host(b, k), (size_t)bytes,
                           WTX_CUDA_H2D);
   return e == WTX_CUDA_SUCCESS ? 0 : WTX_EIO;
+}
+
+int wtx__cuda_trainer_open(wtx__cuda_trainer *t, const char *who, int with_nccl,
+                           int with_stream, uint32_t num, uint64_t size,
+                           char *err, size_t errlen) {
+  memset(t, 0, sizeof *t);
+  int rc = wtx__cuda_load(with_nccl, &t->cuda, err, errlen);
+  if (rc != 0) return rc;
+  const wtx_cuda *c = t->cuda;
+  t->device = wtx__cuda_device();
+  char why[300] = "";
+  int e = c->SetDevice(t->device);
+  if (e == WTX_CUDA_SUCCESS && with_stream) e = c->StreamCreate(&t->stream);
+  if (e != WTX_CUDA_SUCCESS) {
+    t->stream = NULL;
+    snprintf(why, sizeof why, "%s", c->GetErrorString(e));
+  } else {
+    wtx__cuda_buffers_create(c, num, size, &t->bufs, why, sizeof why);
+  }
+  if (why[0] == '\0') return 0;
+  snprintf(err, errlen, "%s: device %d: %s", who, t->device, why);
+  wtx__cuda_trainer_close(t);
+  return WTX_EUNAVAIL;
+}
+
+void wtx__cuda_trainer_close(wtx__cuda_trainer *t) {
+  if (t->cuda == NULL) return;
+  if (t->bufs.cuda != NULL) wtx__cuda_buffers_destroy(&t->bufs);
+  if (t->stream != NULL) t->cuda->StreamDestroy(t->stream);
+  memset(t, 0, sizeof *t);
 }

@@ -17,7 +17,7 @@
  *    Every wait gives up after WTX_FAKE_NCCL_TIMEOUT_MS (default 10000) and
  *    fails with ncclSystemError, as a dead peer would make real NCCL fail
  *    under a watchdog.
- * Built as libwtx_fake_cuda.so (//transport/testing:fake_cuda). Never
+ * Built as libwtx_fake_cuda.so (//cuda/testing:fake_cuda). Never
  * shipped, never loaded unless a test points the variables at it. */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,0 +1,156 @@
+// The worker's parameter store: atomic publish, refcounted snapshots that a
+// publish never frees under a reader, buffers of the version before last
+// reused for the next update, an abort that keeps the published bytes, and
+// the layout check.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "wtx/worker.h"
+
+namespace {
+
+wtx_tensor_meta Meta(const char *name, uint64_t n) {
+  wtx_tensor_meta m{};
+  char err[128];
+  uint64_t shape = n;
+  EXPECT_EQ(0, wtx_tensor_meta_set(&m, name, WTX_DTYPE_UINT8, &shape, 1, err, sizeof err));
+  return m;
+}
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(0, wtx_store_create(&s_)); }
+  void TearDown() override { wtx_store_destroy(s_); }
+
+  // One update of tensors (name, size, fill byte); returns where each landed.
+  std::vector<uint8_t *> Stage(const std::vector<std::tuple<const char *, uint64_t, int>> &ts) {
+    const wtx_model_ops &ops = wtx_store_model_ops;
+    EXPECT_EQ(0, ops.begin(s_, WTX_TARGET_MAIN));
+    std::vector<uint8_t *> dst;
+    for (auto &[name, n, fill] : ts) {
+      wtx_tensor_meta m = Meta(name, n);
+      uint8_t *d = nullptr;
+      EXPECT_EQ(0, ops.stage(s_, &m, &d));
+      memset(d, fill, n);
+      EXPECT_EQ(0, ops.loaded(s_, &m, static_cast<uint64_t>(fill)));
+      dst.push_back(d);
+    }
+    return dst;
+  }
+  std::vector<uint8_t *> Publish(const char *version,
+                                 const std::vector<std::tuple<const char *, uint64_t, int>> &ts) {
+    std::vector<uint8_t *> dst = Stage(ts);
+    EXPECT_EQ(0, wtx_store_model_ops.commit(s_, version));
+    return dst;
+  }
+  static bool Filled(const wtx_store_param &p, int fill) {
+    for (uint64_t i = 0; i < p.meta.nbytes; i++)
+      if (p.data[i] != fill) return false;
+    return true;
+  }
+  wtx_store *s_ = nullptr;
+};
+
+TEST_F(StoreTest, APublishIsAtomicAndCarriesOverTensorsTheUpdateLacks) {
+  Publish("v1", {{"a", 16, 1}, {"b", 32, 2}});
+  Publish("v2", {{"b", 32, 3}, {"c", 8, 4}});  // replaces b, adds c, keeps a
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  EXPECT_STREQ("v2", v.version);
+  EXPECT_EQ(2u, v.generation);
+  ASSERT_EQ(3u, v.n_params);
+  EXPECT_STREQ("a", v.params[0].meta.name);  // previous order first, then new ones
+  EXPECT_STREQ("b", v.params[1].meta.name);
+  EXPECT_STREQ("c", v.params[2].meta.name);
+  EXPECT_TRUE(Filled(v.params[0], 1));
+  EXPECT_TRUE(Filled(v.params[1], 3));
+  EXPECT_EQ(3u, v.params[1].xxh3);
+  EXPECT_EQ(56u, v.total_bytes);
+  wtx_store_release(s_, &v);
+}
+
+TEST_F(StoreTest, AHeldSnapshotSurvivesLaterPublishesUnchanged) {
+  Publish("v1", {{"w", 4096, 1}});
+  wtx_store_view old;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &old));
+  const uint8_t *old_data = old.params[0].data;
+  // Two more versions: v1's buffer would be the spare, but a reader holds it.
+  std::vector<uint8_t *> d2 = Publish("v2", {{"w", 4096, 2}});
+  std::vector<uint8_t *> d3 = Publish("v3", {{"w", 4096, 3}});
+  EXPECT_NE(old_data, d2[0]);
+  EXPECT_NE(old_data, d3[0]);
+  EXPECT_STREQ("v1", old.version);
+  EXPECT_TRUE(Filled(old.params[0], 1));
+  wtx_store_release(s_, &old);
+}
+
+TEST_F(StoreTest, TheNextUpdateStagesIntoTheBuffersOfTheVersionBeforeLast) {
+  std::vector<uint8_t *> d1 = Publish("v1", {{"a", 1 << 20, 1}, {"b", 1 << 16, 2}});
+  std::vector<uint8_t *> d2 = Publish("v2", {{"a", 1 << 20, 3}, {"b", 1 << 16, 4}});
+  std::vector<uint8_t *> d3 = Publish("v3", {{"a", 1 << 20, 5}, {"b", 1 << 16, 6}});
+  // v1's buffers were freed by v2's publish and reused for v3, not v2's.
+  EXPECT_EQ(std::set<uint8_t *>(d1.begin(), d1.end()), std::set<uint8_t *>(d3.begin(), d3.end()));
+  EXPECT_EQ(0u, std::set<uint8_t *>(d2.begin(), d2.end()).count(d3[0]));
+  wtx_store_view v;
+  wtx_store_acquire(s_, WTX_TARGET_MAIN, &v);
+  EXPECT_TRUE(Filled(v.params[0], 5));
+  EXPECT_TRUE(Filled(v.params[1], 6));
+  wtx_store_release(s_, &v);
+}
+
+TEST_F(StoreTest, AnAbortKeepsThePublishedBytesAndTheNextUpdateWorks) {
+  Publish("v1", {{"a", 64, 7}});
+  Stage({{"a", 64, 9}, {"new", 8, 9}});
+  wtx_store_model_ops.abort(s_);
+  wtx_store_view v;
+  wtx_store_acquire(s_, WTX_TARGET_MAIN, &v);
+  EXPECT_STREQ("v1", v.version);
+  ASSERT_EQ(1u, v.n_params);
+  EXPECT_TRUE(Filled(v.params[0], 7));
+  wtx_store_release(s_, &v);
+  Publish("v2", {{"a", 64, 8}});
+  wtx_store_acquire(s_, WTX_TARGET_MAIN, &v);
+  EXPECT_STREQ("v2", v.version);
+  EXPECT_TRUE(Filled(v.params[0], 8));
+  wtx_store_release(s_, &v);
+}
+
+TEST_F(StoreTest, RelabelingSharesTheBytesAndKeepsTheGeneration) {
+  Publish("v1", {{"a", 64, 7}});
+  wtx_store_view before;
+  wtx_store_acquire(s_, WTX_TARGET_MAIN, &before);
+  char *prev = nullptr;
+  ASSERT_EQ(0, wtx_store_set_version(s_, "step-9", &prev));
+  EXPECT_STREQ("v1", prev);
+  free(prev);
+  wtx_store_view after;
+  wtx_store_acquire(s_, WTX_TARGET_MAIN, &after);
+  EXPECT_STREQ("step-9", after.version);
+  EXPECT_STREQ("v1", before.version);  // a reader keeps its label
+  EXPECT_EQ(before.generation, after.generation);
+  EXPECT_EQ(before.params[0].data, after.params[0].data);  // no copy
+  wtx_store_release(s_, &before);
+  wtx_store_release(s_, &after);
+}
+
+TEST_F(StoreTest, TheLayoutCheckNamesTheTensorAndTheDifference) {
+  char err[256] = "";
+  wtx_tensor_meta a = Meta("a", 16);
+  EXPECT_EQ(0, wtx_store_check(s_, WTX_TARGET_MAIN, &a, err, sizeof err));  // no layout yet
+  ASSERT_EQ(0, wtx_store_declare(s_, &a, 1));
+  wtx_tensor_meta other = Meta("zz", 16), shorter = Meta("a", 15);
+  EXPECT_EQ(WTX_ENOENT, wtx_store_check(s_, WTX_TARGET_MAIN, &other, err, sizeof err));
+  EXPECT_STREQ("parameter 'zz' is not in the model (1 parameters)", err);
+  EXPECT_EQ(WTX_EINVAL, wtx_store_check(s_, WTX_TARGET_MAIN, &shorter, err, sizeof err));
+  EXPECT_STREQ("parameter 'a': shape [15] UINT8, the model holds shape [16] UINT8", err);
+  EXPECT_EQ(0, wtx_store_check(s_, WTX_TARGET_MAIN, &a, err, sizeof err));
+  // The draft model has no declared layout: anything goes until it publishes.
+  EXPECT_EQ(0, wtx_store_check(s_, WTX_TARGET_DRAFT, &other, err, sizeof err));
+  EXPECT_EQ(WTX_ESTATE, wtx_store_declare(s_, &a, 1));  // declared once
+}
+
+}  // namespace

@@ -1,0 +1,140 @@
+// The receive assembler: a chunk's bytes cut into tensors in stream order,
+// tensors split across chunks, the XXH3 of each tensor computed as its bytes
+// are copied, and every way a chunk can disagree with its UpdateInfo.
+#include "transport/rx.h"
+
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+class RxTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(0, wtx__rx_create(&rx_)); }
+  void TearDown() override { wtx__rx_destroy(rx_); }
+
+  // Bytes 0, 1, 2, ... of a stream.
+  static std::vector<uint8_t> Stream(size_t n) {
+    std::vector<uint8_t> s(n);
+    for (size_t i = 0; i < n; i++) s[i] = static_cast<uint8_t>(i * 7 + 3);
+    return s;
+  }
+  wtx_rx *rx_ = nullptr;
+};
+
+TEST_F(RxTest, ATensorSplitAcrossChunksArrivesWholeWithTheSendersChecksum) {
+  // Tensors a (10 bytes), b (25), c (5) in chunks of 16, 16 and 8 bytes:
+  // a + 6 bytes of b | 16 more of b | the last 3 of b + c.
+  std::vector<uint8_t> a(10), b(25), c(5);
+  std::vector<uint8_t> s = Stream(40);
+  wtx_rx_tensor t[3] = {{"a", 10, a.data()}, {"b", 25, b.data()}, {"c", 5, c.data()}};
+  uint64_t sum_a = XXH3_64bits(s.data(), 10), sum_b = XXH3_64bits(s.data() + 10, 25),
+           sum_c = XXH3_64bits(s.data() + 35, 5);
+
+  ASSERT_EQ(0, wtx__rx_begin(rx_, t, 2, 0, 16, 1)) << wtx__rx_error(rx_);
+  wtx__rx_expect_checksums(rx_, &sum_a, 1);
+  EXPECT_EQ(16u, wtx_rx_remaining(rx_));
+  ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), 16));
+  ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+  EXPECT_EQ(1u, wtx__rx_completed(rx_));
+  EXPECT_EQ(sum_a, wtx__rx_checksum(rx_, 0));
+  uint64_t have = 0, want = 0;
+  EXPECT_STREQ("b", wtx__rx_incomplete(rx_, &have, &want));
+  EXPECT_EQ(6u, have);
+  EXPECT_EQ(25u, want);
+
+  // The middle chunk only continues b: no tensor completes.
+  ASSERT_EQ(0, wtx__rx_begin(rx_, &t[1], 1, 6, 16, 1)) << wtx__rx_error(rx_);
+  wtx__rx_expect_checksums(rx_, nullptr, 0);
+  // Received in place, in two pieces, as a socket backend does.
+  uint8_t *dst = nullptr;
+  size_t room = wtx_rx_next(rx_, &dst);
+  ASSERT_EQ(16u, room);
+  EXPECT_EQ(b.data() + 6, dst);
+  memcpy(dst, s.data() + 16, 9);
+  ASSERT_EQ(0, wtx_rx_commit(rx_, 9));
+  ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data() + 25, 7));
+  ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+  EXPECT_EQ(0u, wtx__rx_completed(rx_));
+
+  ASSERT_EQ(0, wtx__rx_begin(rx_, &t[1], 2, 22, 0, 1)) << wtx__rx_error(rx_);
+  uint64_t sums[2] = {sum_b, sum_c};
+  wtx__rx_expect_checksums(rx_, sums, 2);
+  EXPECT_EQ(8u, wtx_rx_remaining(rx_));  // 0: to the end of the last tensor
+  ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data() + 32, 8));
+  ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+  EXPECT_EQ(sum_b, wtx__rx_checksum(rx_, 0));
+  EXPECT_EQ(sum_c, wtx__rx_checksum(rx_, 1));
+  EXPECT_EQ(nullptr, wtx__rx_incomplete(rx_, &have, &want));
+  EXPECT_EQ(0, memcmp(a.data(), s.data(), 10));
+  EXPECT_EQ(0, memcmp(b.data(), s.data() + 10, 25));
+  EXPECT_EQ(0, memcmp(c.data(), s.data() + 35, 5));
+}
+
+TEST_F(RxTest, AFlippedByteIsAChecksumMismatchNamingTheTensor) {
+  std::vector<uint8_t> a(64), s = Stream(64);
+  wtx_rx_tensor t = {"layer.0.w", 64, a.data()};
+  uint64_t sent = XXH3_64bits(s.data(), s.size());
+  s[17] ^= 1;  // on the way
+  ASSERT_EQ(0, wtx__rx_begin(rx_, &t, 1, 0, 0, 1));
+  wtx__rx_expect_checksums(rx_, &sent, 1);
+  ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), s.size()));
+  EXPECT_EQ(WTX_ECHECKSUM, wtx__rx_end(rx_));
+  EXPECT_NE(nullptr, strstr(wtx__rx_error(rx_), "checksum mismatch for 'layer.0.w'"))
+      << wtx__rx_error(rx_);
+}
+
+TEST_F(RxTest, WithoutVerificationNoChecksumIsExpected) {
+  std::vector<uint8_t> a(8), s = Stream(8);
+  wtx_rx_tensor t = {"a", 8, a.data()};
+  ASSERT_EQ(0, wtx__rx_begin(rx_, &t, 1, 0, 0, 0));
+  ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), 8));
+  EXPECT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+}
+
+TEST_F(RxTest, ChunksThatDisagreeWithTheirTensorsAreRefused) {
+  std::vector<uint8_t> a(10), b(10), s = Stream(30);
+  wtx_rx_tensor t[2] = {{"a", 10, a.data()}, {"b", 10, b.data()}};
+  // More bytes than the tensors hold; a chunk that ends before the last one.
+  EXPECT_EQ(WTX_EINVAL, wtx__rx_begin(rx_, t, 2, 0, 21, 0));
+  EXPECT_NE(nullptr, strstr(wtx__rx_error(rx_), "update_info.chunk_bytes: 21"));
+  EXPECT_EQ(WTX_EINVAL, wtx__rx_begin(rx_, t, 2, 0, 10, 0));
+  // An offset past the tensor; a continuation of nothing.
+  EXPECT_EQ(WTX_EINVAL, wtx__rx_begin(rx_, t, 1, 10, 0, 0));
+  EXPECT_EQ(WTX_EPROTO, wtx__rx_begin(rx_, t, 1, 4, 0, 0));
+  EXPECT_NE(nullptr, strstr(wtx__rx_error(rx_), "no tensor incomplete")) << wtx__rx_error(rx_);
+  // A backend delivering too much, or too little.
+  ASSERT_EQ(0, wtx__rx_begin(rx_, t, 2, 0, 20, 0));
+  EXPECT_EQ(WTX_EPROTO, wtx_rx_bytes(rx_, s.data(), 21));
+  ASSERT_EQ(0, wtx__rx_begin(rx_, t, 2, 0, 20, 0));
+  ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), 15));
+  EXPECT_EQ(WTX_EPROTO, wtx__rx_end(rx_));
+  EXPECT_NE(nullptr, strstr(wtx__rx_error(rx_), "chunk ended early: 15 of 20 bytes"));
+  // A tensor left incomplete must be continued, at the byte it stopped.
+  wtx__rx_reset(rx_);
+  ASSERT_EQ(0, wtx__rx_begin(rx_, t, 1, 0, 4, 0));
+  ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), 4));
+  ASSERT_EQ(0, wtx__rx_end(rx_));
+  EXPECT_EQ(WTX_EPROTO, wtx__rx_begin(rx_, &t[1], 1, 0, 0, 0));  // starts b instead
+  EXPECT_EQ(WTX_EPROTO, wtx__rx_begin(rx_, t, 1, 5, 0, 0));      // skips a byte
+  EXPECT_EQ(0, wtx__rx_begin(rx_, t, 1, 4, 0, 0)) << wtx__rx_error(rx_);
+}
+
+TEST_F(RxTest, ZeroByteTensorsCompleteWhereTheyFall) {
+  std::vector<uint8_t> a(4), s = Stream(4);
+  wtx_rx_tensor t[3] = {{"empty0", 0, nullptr}, {"a", 4, a.data()}, {"empty1", 0, nullptr}};
+  uint64_t sums[3] = {XXH3_64bits(nullptr, 0), XXH3_64bits(s.data(), 4),
+                      XXH3_64bits(nullptr, 0)};
+  ASSERT_EQ(0, wtx__rx_begin(rx_, t, 3, 0, 0, 1));
+  wtx__rx_expect_checksums(rx_, sums, 3);
+  EXPECT_EQ(1u, wtx__rx_completed(rx_));  // at once
+  ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), 4));
+  ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+  EXPECT_EQ(3u, wtx__rx_completed(rx_));
+}
+
+}  // namespace

@@ -1,0 +1,69 @@
+// The tcp backend's wire records: the hello that admits a peer to the chain
+// and the frame header before each chunk, each bad field refused by name.
+#include "transport/tcp_frame.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "wtx/error.h"
+
+namespace {
+
+const uint8_t kToken[32] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+                            17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
+
+TEST(TcpHello, OnlyTheSessionsTokenIsAdmitted) {
+  uint8_t h[WTX__TCP_HELLO_BYTES];
+  wtx__tcp_hello_encode(h, kToken, sizeof kToken);
+  EXPECT_EQ(0, memcmp(h, "WTXH", 4));
+  EXPECT_EQ(0, wtx__tcp_hello_check(h, kToken, sizeof kToken));
+
+  uint8_t other[32];
+  memcpy(other, kToken, sizeof other);
+  other[31] ^= 1;
+  EXPECT_EQ(WTX_EAUTH, wtx__tcp_hello_check(h, other, sizeof other));  // one bit off
+  EXPECT_EQ(WTX_EAUTH, wtx__tcp_hello_check(h, kToken, 16));           // a prefix
+  uint8_t bad[WTX__TCP_HELLO_BYTES];
+  memcpy(bad, h, sizeof bad);
+  bad[0] = 'G';  // "GET / HTTP..." from a stray client
+  EXPECT_EQ(WTX_EAUTH, wtx__tcp_hello_check(bad, kToken, sizeof kToken));
+  memcpy(bad, h, sizeof bad);
+  bad[4] = 2;  // another version
+  EXPECT_EQ(WTX_EAUTH, wtx__tcp_hello_check(bad, kToken, sizeof kToken));
+}
+
+TEST(TcpFrame, AHeaderRoundTrips) {
+  uint8_t f[WTX__TCP_FRAME_BYTES];
+  wtx__tcp_frame fr = {7, 123456789012ull, 64ull << 20};
+  wtx__tcp_frame_encode(f, &fr);
+  char err[256] = "";
+  EXPECT_EQ(0, wtx__tcp_frame_check(f, &fr, err, sizeof err)) << err;
+  EXPECT_EQ(0, memcmp(f, "WTXC", 4));
+  EXPECT_EQ(7, f[8]);  // little-endian sequence
+}
+
+TEST(TcpFrame, EachBadFieldIsNamedWithBothValues) {
+  wtx__tcp_frame want = {3, 100, 4096};
+  struct Case {
+    int byte;       // flipped byte of an otherwise matching header
+    const char *msg;
+  } cases[] = {
+      {0, "frame header: no 'WTXC' magic (the stream is out of step)"},
+      {4, "frame header: version 0, this worker speaks 1"},
+      {8, "frame header: chunk 2, UpdateWeights announced 3"},
+      {16, "frame header: first_param_offset 101, UpdateWeights announced 100"},
+      {25, "frame header: chunk_bytes 4352, UpdateWeights announced 4096"},
+  };
+  for (const Case &c : cases) {
+    uint8_t f[WTX__TCP_FRAME_BYTES];
+    wtx__tcp_frame_encode(f, &want);
+    f[c.byte] ^= 1;
+    char err[256] = "";
+    EXPECT_EQ(WTX_EPROTO, wtx__tcp_frame_check(f, &want, err, sizeof err)) << c.byte;
+    EXPECT_STREQ(c.msg, err) << c.byte;
+  }
+}
+
+}  // namespace

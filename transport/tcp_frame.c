@@ -1,0 +1,78 @@
+/* The tcp backend's hello and frame header (see tcp_frame.h). */
+#include "transport/tcp_frame.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "wtx/error.h"
+
+static const char hello_magic[4] = {'W', 'T', 'X', 'H'};
+static const char frame_magic[4] = {'W', 'T', 'X', 'C'};
+enum { VERSION = 1 };
+
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+         (uint32_t)p[3] << 24;
+}
+
+void wtx__tcp_hello_encode(uint8_t *h, const uint8_t *token, size_t len) {
+  memset(h, 0, WTX__TCP_HELLO_BYTES);
+  memcpy(h, hello_magic, 4);
+  put32(h + 4, VERSION);
+  put32(h + 8, (uint32_t)len);
+  memcpy(h + 12, token, len);
+}
+
+int wtx__tcp_hello_check(const uint8_t *h, const uint8_t *token, size_t len) {
+  int ok = memcmp(h, hello_magic, 4) == 0 && get32(h + 4) == VERSION &&
+           get32(h + 8) == len && memcmp(h + 12, token, len) == 0;
+  return ok ? 0 : WTX_EAUTH;
+}
+
+void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr) {
+  memcpy(f, frame_magic, 4);
+  put32(f + 4, VERSION);
+  put64(f + 8, fr->seq);
+  put64(f + 16, fr->first_offset);
+  put64(f + 24, fr->bytes);
+}
+
+int wtx__tcp_frame_check(const uint8_t *f, const wtx__tcp_frame *want,
+                         char *err, size_t errlen) {
+  if (memcmp(f, frame_magic, 4) != 0) {
+    snprintf(err, errlen, "frame header: no 'WTXC' magic (the stream is out of step)");
+    return WTX_EPROTO;
+  }
+  if (get32(f + 4) != VERSION) {
+    snprintf(err, errlen, "frame header: version %u, this worker speaks %d",
+             get32(f + 4), VERSION);
+    return WTX_EPROTO;
+  }
+  const struct {
+    const char *field;
+    uint64_t got, want;
+  } fields[] = {
+      {"chunk", get64(f + 8), want->seq},
+      {"first_param_offset", get64(f + 16), want->first_offset},
+      {"chunk_bytes", get64(f + 24), want->bytes},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+    if (fields[i].got != fields[i].want) {
+      snprintf(err, errlen, "frame header: %s %llu, UpdateWeights announced %llu",
+               fields[i].field, (unsigned long long)fields[i].got,
+               (unsigned long long)fields[i].want);
+      return WTX_EPROTO;
+    }
+  return 0;
+}

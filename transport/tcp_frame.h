@@ -1,0 +1,47 @@
+/* The tcp backend's two wire records (docs/data-plane.md, "tcp"), as pure
+ * functions so they are tested on their own:
+ *  - the hello every data connection opens with: "WTXH", version, token
+ *    length, the session's data_token (zero-padded to WTX__TCP_TOKEN_MAX);
+ *  - the 32-byte frame header before each chunk: "WTXC", version, chunk
+ *    sequence, first_param_offset, chunk_bytes.
+ * Integers are little-endian. Internal to transport/. */
+#ifndef WTX_TRANSPORT_TCP_FRAME_H
+#define WTX_TRANSPORT_TCP_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WTX__TCP_TOKEN_MIN 16
+#define WTX__TCP_TOKEN_MAX 64
+#define WTX__TCP_HELLO_BYTES (12 + WTX__TCP_TOKEN_MAX)
+#define WTX__TCP_FRAME_BYTES 32
+
+/* What a frame header says of the chunk that follows it. */
+typedef struct wtx__tcp_frame {
+  uint64_t seq;          /* chunks of the session before this one */
+  uint64_t first_offset; /* UpdateInfo.first_param_offset */
+  uint64_t bytes;        /* UpdateInfo.chunk_bytes */
+} wtx__tcp_frame;
+
+/* h: WTX__TCP_HELLO_BYTES. len: 1..WTX__TCP_TOKEN_MAX. */
+void wtx__tcp_hello_encode(uint8_t *h, const uint8_t *token, size_t len);
+/* 0 when h is a hello of this version carrying exactly token, else
+ * WTX_EAUTH (a peer that is not ours: nothing of it is echoed). */
+int wtx__tcp_hello_check(const uint8_t *h, const uint8_t *token, size_t len);
+
+/* f: WTX__TCP_FRAME_BYTES. */
+void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr);
+/* Checks a received header against the chunk UpdateWeights announced
+ * (want): WTX_EPROTO naming the first field that differs (magic, version,
+ * chunk sequence, offset, bytes) in err, with both values. */
+int wtx__tcp_frame_check(const uint8_t *f, const wtx__tcp_frame *want,
+                         char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_TRANSPORT_TCP_FRAME_H */
