@@ -333,10 +333,22 @@ int wtx__client_update_wait(wtx_client *c) {
   return first;
 }
 
-typedef struct finish_arg {
+/* Where replica 0's answer puts a label (field of the response message). */
+typedef struct label_arg {
+  const char *field; /* "weight_version", "previous_version" */
   char *out;
   size_t len;
-} finish_arg;
+} label_arg;
+
+/* take() of the calls that report a label: replica 0's, by field name. */
+static void take_label(fanout *f, size_t i, const ProtobufCMessage *m) {
+  label_arg *a = f->arg;
+  const ProtobufCFieldDescriptor *fd =
+      protobuf_c_message_descriptor_get_field_by_name(m->descriptor, a->field);
+  if (i != 0 || a->out == NULL || fd == NULL || fd->type != PROTOBUF_C_TYPE_STRING)
+    return;
+  snprintf(a->out, a->len, "%s", *(char *const *)((const char *)m + fd->offset));
+}
 
 static void finish_fill(fanout *f, size_t i, ProtobufCMessage *m) {
   Wtx__V1__FinishWeightUpdateRequest *req = (Wtx__V1__FinishWeightUpdateRequest *)m;
@@ -344,21 +356,14 @@ static void finish_fill(fanout *f, size_t i, ProtobufCMessage *m) {
   req->update_id = f->c->r[i].update_id;
 }
 
-static void finish_take(fanout *f, size_t i, const ProtobufCMessage *m) {
-  finish_arg *a = f->arg;
-  if (i == 0 && a->out != NULL)
-    snprintf(a->out, a->len, "%s",
-             ((const Wtx__V1__FinishWeightUpdateResponse *)m)->weight_version);
-}
-
 int wtx__client_finish(wtx_client *c, const char *version, char *published,
                        size_t publen) {
   if (published != NULL && publen > 0) published[0] = '\0';
   Wtx__V1__FinishWeightUpdateRequest req = WTX__V1__FINISH_WEIGHT_UPDATE_REQUEST__INIT;
   req.weight_version = (char *)(version ? version : "");
-  finish_arg a = {published, publen};
+  label_arg a = {"weight_version", published, publen};
   fanout f = {wtx__v1__weight_transfer__finish_weight_update__method, finish_fill,
-              finish_take, &req.base, c, &a};
+              take_label, &req.base, c, &a};
   return each_replica(&f);
 }
 
@@ -470,13 +475,6 @@ static void version_fill(fanout *f, size_t i, ProtobufCMessage *m) {
   (void)f, (void)i, (void)m; /* the same request for every replica */
 }
 
-static void version_take(fanout *f, size_t i, const ProtobufCMessage *m) {
-  finish_arg *a = f->arg;
-  if (i == 0 && a->out != NULL)
-    snprintf(a->out, a->len, "%s",
-             ((const Wtx__V1__UpdateWeightVersionResponse *)m)->previous_version);
-}
-
 int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
                            size_t prevlen) {
   if (previous != NULL && prevlen > 0) previous[0] = '\0';
@@ -488,9 +486,9 @@ int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
   }
   Wtx__V1__UpdateWeightVersionRequest req = WTX__V1__UPDATE_WEIGHT_VERSION_REQUEST__INIT;
   req.weight_version = (char *)version;
-  finish_arg a = {previous, prevlen};
+  label_arg a = {"previous_version", previous, prevlen};
   fanout f = {wtx__v1__weight_transfer__update_weight_version__method, version_fill,
-              version_take, &req.base, c, &a};
+              take_label, &req.base, c, &a};
   return each_replica(&f);
 }
 

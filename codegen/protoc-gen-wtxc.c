@@ -275,12 +275,45 @@ static int is_unary(const MethodProto *m) {
   return !m->client_streaming && !m->server_streaming;
 }
 
-static void emit_service_header(buf *h, const FileProto *f, const SvcProto *s) {
-  char *full = qualified(f, NULL, s->name);
-  char *type = c_name(full, 0);
-  char *low = c_name(full, 1);
-  out(h, "/* ---- service %s ---- */\n\n", full);
-  out(h, "extern const wtx_rpc_service %s__grpc;\n\n", low);
+/* The C names of a service: its full proto name, its type prefix and its
+ * function prefix ("wtx.v1.WeightTransfer", "Wtx__V1__WeightTransfer",
+ * "wtx__v1__weight_transfer"). */
+typedef struct svc_names {
+  char *full, *type, *low;
+} svc_names;
+
+static svc_names svc_names_of(const FileProto *f, const SvcProto *s) {
+  svc_names n = {qualified(f, NULL, s->name), NULL, NULL};
+  n.type = c_name(n.full, 0);
+  n.low = c_name(n.full, 1);
+  return n;
+}
+
+static void svc_names_free(svc_names *n) {
+  free(n->full);
+  free(n->type);
+  free(n->low);
+}
+
+/* The C names of a method: lower-case name, input and output types (type
+ * names, or descriptor prefixes with lower = 1). */
+typedef struct method_names {
+  char *low, *in, *out;
+} method_names;
+
+static method_names method_names_of(const MethodProto *m, int lower) {
+  return (method_names){lower_name(m->name), c_name(m->input_type, lower),
+                        c_name(m->output_type, lower)};
+}
+
+static void method_names_free(method_names *n) {
+  free(n->low);
+  free(n->in);
+  free(n->out);
+}
+
+/* The handlers struct a server fills, one member per method. */
+static void emit_handlers_struct(buf *h, const svc_names *sn, const SvcProto *s) {
   out(h,
       "/* Server handlers: fill a struct, pass it to "
       "wtx_rpc_server_add_service(srv, &%s__grpc, &handlers, user).\n"
@@ -288,159 +321,139 @@ static void emit_service_header(buf *h, const FileProto *f, const SvcProto *s) {
       "(fields pointing to\n"
       " * wtx_rpc_ctx_alloc memory or longer-lived memory) and return a status "
       "code. */\n",
-      low);
-  out(h, "typedef struct %s_Handlers {\n", type);
+      sn->low);
+  out(h, "typedef struct %s_Handlers {\n", sn->type);
   for (size_t i = 0; i < s->n_method; i++) {
     const MethodProto *m = s->method[i];
-    char *mlow = lower_name(m->name);
-    char *in = c_name(m->input_type, 0);
-    char *outt = c_name(m->output_type, 0);
+    method_names mn = method_names_of(m, 0);
     out(h, "  /* rpc %s(%s%s) returns (%s%s) */\n", m->name,
         m->client_streaming ? "stream " : "", m->input_type + 1,
         m->server_streaming ? "stream " : "", m->output_type + 1);
     if (is_unary(m))
-      out(h,
-          "  grpc_status_code (*%s)(wtx_rpc_ctx *ctx, const %s *req, %s "
-          "*resp);\n",
-          mlow, in, outt);
+      out(h, "  grpc_status_code (*%s)(wtx_rpc_ctx *ctx, const %s *req, %s *resp);\n",
+          mn.low, mn.in, mn.out);
     else
-      out(h, "  grpc_status_code (*%s)(wtx_rpc_ctx *ctx);\n", mlow);
-    free(mlow);
-    free(in);
-    free(outt);
+      out(h, "  grpc_status_code (*%s)(wtx_rpc_ctx *ctx);\n", mn.low);
+    method_names_free(&mn);
   }
   if (s->n_method == 0) out(h, "  int unused;\n");
-  out(h, "} %s_Handlers;\n\n", type);
+  out(h, "} %s_Handlers;\n\n", sn->type);
+}
 
+/* Typed client stubs of unary method i: blocking call, start and wait. */
+static void emit_unary_stubs(buf *h, const char *low, const method_names *mn, size_t i) {
+  out(h,
+      "static inline int %s__%s__call(wtx_rpc_channel *ch, const %s *req,\n"
+      "    %s **resp, const wtx_rpc_call_options *opts, wtx_rpc_status *st) {\n"
+      "  ProtobufCMessage *m = NULL;\n"
+      "  int rc = wtx_rpc_unary(ch, &%s__grpc.methods[%zu], &req->base, &m, opts, st);\n"
+      "  *resp = (%s *)m;\n"
+      "  return rc;\n"
+      "}\n",
+      low, mn->low, mn->in, mn->out, low, i, mn->out);
+  out(h,
+      "static inline int %s__%s__start(wtx_rpc_channel *ch, const %s *req,\n"
+      "    const wtx_rpc_call_options *opts, wtx_rpc_pending **out) {\n"
+      "  return wtx_rpc_unary_start(ch, &%s__grpc.methods[%zu], &req->base, opts, out);\n"
+      "}\n",
+      low, mn->low, mn->in, low, i);
+  out(h,
+      "static inline int %s__%s__wait(wtx_rpc_pending *p, %s **resp,\n"
+      "    wtx_rpc_status *st) {\n"
+      "  ProtobufCMessage *m = NULL;\n"
+      "  int rc = wtx_rpc_unary_wait(p, &m, st);\n"
+      "  *resp = (%s *)m;\n"
+      "  return rc;\n"
+      "}\n\n",
+      low, mn->low, mn->out, mn->out);
+}
+
+/* Typed stubs of streaming method i: client open/send/recv, server
+ * read/write. */
+static void emit_stream_stubs(buf *h, const char *low, const method_names *mn, size_t i) {
+  out(h,
+      "static inline int %s__%s__open(wtx_rpc_channel *ch,\n"
+      "    const wtx_rpc_call_options *opts, wtx_rpc_stream **out) {\n"
+      "  return wtx_rpc_stream_open(ch, &%s__grpc.methods[%zu], opts, out);\n"
+      "}\n",
+      low, mn->low, low, i);
+  out(h,
+      "static inline int %s__%s__send(wtx_rpc_stream *s, const %s *msg) {\n"
+      "  return wtx_rpc_stream_send(s, &msg->base);\n"
+      "}\n",
+      low, mn->low, mn->in);
+  /* recv (client) and read (server) differ only in the call and the type. */
+  const char *const rd[2][3] = {{"recv", "wtx_rpc_stream *s", "wtx_rpc_stream_recv(s"},
+                                {"read", "wtx_rpc_ctx *ctx", "wtx_rpc_ctx_read(ctx"}};
+  for (int k = 0; k < 2; k++) {
+    const char *t = k == 0 ? mn->out : mn->in;
+    out(h,
+        "static inline int %s__%s__%s(%s, %s **msg) {\n"
+        "  ProtobufCMessage *m = NULL;\n"
+        "  int rc = %s, &m);\n"
+        "  *msg = (%s *)m;\n"
+        "  return rc;\n"
+        "}\n",
+        low, mn->low, rd[k][0], rd[k][1], t, rd[k][2], t);
+  }
+  out(h,
+      "static inline int %s__%s__write(wtx_rpc_ctx *ctx, const %s *msg) {\n"
+      "  return wtx_rpc_ctx_write(ctx, &msg->base);\n"
+      "}\n\n",
+      low, mn->low, mn->out);
+}
+
+static void emit_service_header(buf *h, const FileProto *f, const SvcProto *s) {
+  svc_names sn = svc_names_of(f, s);
+  out(h, "/* ---- service %s ---- */\n\n", sn.full);
+  out(h, "extern const wtx_rpc_service %s__grpc;\n\n", sn.low);
+  emit_handlers_struct(h, &sn, s);
   for (size_t i = 0; i < s->n_method; i++) {
     const MethodProto *m = s->method[i];
-    char *mlow = lower_name(m->name);
-    char *in = c_name(m->input_type, 0);
-    char *outt = c_name(m->output_type, 0);
-    const char *tbl = low;
-    out(h, "/* %s.%s */\n", full, m->name);
+    method_names mn = method_names_of(m, 0);
+    out(h, "/* %s.%s */\n", sn.full, m->name);
     /* The method's table entry by name, for generic callers (retrying
      * wrappers, reflection) that must not search the table by string. */
-    out(h, "#define %s__%s__method (&%s__grpc.methods[%zu])\n", low, mlow, tbl, i);
-    if (is_unary(m)) {
-      out(h,
-          "static inline int %s__%s__call(wtx_rpc_channel *ch, const %s *req,\n"
-          "    %s **resp, const wtx_rpc_call_options *opts, wtx_rpc_status "
-          "*st) {\n"
-          "  ProtobufCMessage *m = NULL;\n"
-          "  int rc = wtx_rpc_unary(ch, &%s__grpc.methods[%zu], &req->base, "
-          "&m, opts, st);\n"
-          "  *resp = (%s *)m;\n"
-          "  return rc;\n"
-          "}\n",
-          low, mlow, in, outt, tbl, i, outt);
-      out(h,
-          "static inline int %s__%s__start(wtx_rpc_channel *ch, const %s "
-          "*req,\n"
-          "    const wtx_rpc_call_options *opts, wtx_rpc_pending **out) {\n"
-          "  return wtx_rpc_unary_start(ch, &%s__grpc.methods[%zu], "
-          "&req->base, opts, out);\n"
-          "}\n",
-          low, mlow, in, tbl, i);
-      out(h,
-          "static inline int %s__%s__wait(wtx_rpc_pending *p, %s **resp,\n"
-          "    wtx_rpc_status *st) {\n"
-          "  ProtobufCMessage *m = NULL;\n"
-          "  int rc = wtx_rpc_unary_wait(p, &m, st);\n"
-          "  *resp = (%s *)m;\n"
-          "  return rc;\n"
-          "}\n\n",
-          low, mlow, outt, outt);
-    } else {
-      out(h,
-          "static inline int %s__%s__open(wtx_rpc_channel *ch,\n"
-          "    const wtx_rpc_call_options *opts, wtx_rpc_stream **out) {\n"
-          "  return wtx_rpc_stream_open(ch, &%s__grpc.methods[%zu], opts, "
-          "out);\n"
-          "}\n",
-          low, mlow, tbl, i);
-      out(h,
-          "static inline int %s__%s__send(wtx_rpc_stream *s, const %s *msg) "
-          "{\n"
-          "  return wtx_rpc_stream_send(s, &msg->base);\n"
-          "}\n",
-          low, mlow, in);
-      out(h,
-          "static inline int %s__%s__recv(wtx_rpc_stream *s, %s **msg) {\n"
-          "  ProtobufCMessage *m = NULL;\n"
-          "  int rc = wtx_rpc_stream_recv(s, &m);\n"
-          "  *msg = (%s *)m;\n"
-          "  return rc;\n"
-          "}\n",
-          low, mlow, outt, outt);
-      out(h,
-          "static inline int %s__%s__read(wtx_rpc_ctx *ctx, %s **msg) {\n"
-          "  ProtobufCMessage *m = NULL;\n"
-          "  int rc = wtx_rpc_ctx_read(ctx, &m);\n"
-          "  *msg = (%s *)m;\n"
-          "  return rc;\n"
-          "}\n",
-          low, mlow, in, in);
-      out(h,
-          "static inline int %s__%s__write(wtx_rpc_ctx *ctx, const %s *msg) "
-          "{\n"
-          "  return wtx_rpc_ctx_write(ctx, &msg->base);\n"
-          "}\n\n",
-          low, mlow, outt);
-    }
-    free(mlow);
-    free(in);
-    free(outt);
+    out(h, "#define %s__%s__method (&%s__grpc.methods[%zu])\n", sn.low, mn.low, sn.low, i);
+    if (is_unary(m))
+      emit_unary_stubs(h, sn.low, &mn, i);
+    else
+      emit_stream_stubs(h, sn.low, &mn, i);
+    method_names_free(&mn);
   }
-  free(full);
-  free(type);
-  free(low);
+  svc_names_free(&sn);
+}
+
+/* The trampoline of method m: casts the messages, calls the handler. */
+static void emit_invoke(buf *c, const svc_names *sn, const MethodProto *m) {
+  method_names mn = method_names_of(m, 0);
+  int unary = is_unary(m);
+  out(c,
+      "static grpc_status_code %s__%s__invoke(const void *handlers,\n"
+      "    wtx_rpc_ctx *ctx%s) {\n"
+      "  const %s_Handlers *h = (const %s_Handlers *)handlers;\n"
+      "  if (h->%s == NULL)\n"
+      "    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNIMPLEMENTED,\n"
+      "                              \"%s.%s is not implemented\");\n",
+      sn->low, mn.low,
+      unary ? ", const ProtobufCMessage *req, ProtobufCMessage *resp" : "",
+      sn->type, sn->type, mn.low, sn->full, m->name);
+  if (unary)
+    out(c, "  return h->%s(ctx, (const %s *)req, (%s *)resp);\n}\n\n", mn.low, mn.in,
+        mn.out);
+  else
+    out(c, "  return h->%s(ctx);\n}\n\n", mn.low);
+  method_names_free(&mn);
 }
 
 static void emit_service_source(buf *c, const FileProto *f, const SvcProto *s,
                                 const char *fid) {
-  char *full = qualified(f, NULL, s->name);
-  char *type = c_name(full, 0);
-  char *low = c_name(full, 1);
+  svc_names sn = svc_names_of(f, s);
+  for (size_t i = 0; i < s->n_method; i++) emit_invoke(c, &sn, s->method[i]);
+  out(c, "static const wtx_rpc_method %s__methods[] = {\n", sn.low);
   for (size_t i = 0; i < s->n_method; i++) {
     const MethodProto *m = s->method[i];
-    char *mlow = lower_name(m->name);
-    char *in = c_name(m->input_type, 0);
-    char *outt = c_name(m->output_type, 0);
-    if (is_unary(m)) {
-      out(c,
-          "static grpc_status_code %s__%s__invoke(const void *handlers,\n"
-          "    wtx_rpc_ctx *ctx, const ProtobufCMessage *req, "
-          "ProtobufCMessage *resp) {\n"
-          "  const %s_Handlers *h = (const %s_Handlers *)handlers;\n"
-          "  if (h->%s == NULL)\n"
-          "    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNIMPLEMENTED,\n"
-          "                              \"%s.%s is not implemented\");\n"
-          "  return h->%s(ctx, (const %s *)req, (%s *)resp);\n"
-          "}\n\n",
-          low, mlow, type, type, mlow, full, m->name, mlow, in, outt);
-    } else {
-      out(c,
-          "static grpc_status_code %s__%s__invoke(const void *handlers,\n"
-          "    wtx_rpc_ctx *ctx) {\n"
-          "  const %s_Handlers *h = (const %s_Handlers *)handlers;\n"
-          "  if (h->%s == NULL)\n"
-          "    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNIMPLEMENTED,\n"
-          "                              \"%s.%s is not implemented\");\n"
-          "  return h->%s(ctx);\n"
-          "}\n\n",
-          low, mlow, type, type, mlow, full, m->name, mlow);
-    }
-    free(mlow);
-    free(in);
-    free(outt);
-  }
-  out(c, "static const wtx_rpc_method %s__methods[] = {\n", low);
-  for (size_t i = 0; i < s->n_method; i++) {
-    const MethodProto *m = s->method[i];
-    char *mlow = lower_name(m->name);
-    char *in = c_name(m->input_type, 1);
-    char *outt = c_name(m->output_type, 1);
+    method_names mn = method_names_of(m, 1);
     out(c,
         "    {.path = \"/%s/%s\",\n"
         "     .name = \"%s\",\n"
@@ -449,12 +462,10 @@ static void emit_service_source(buf *c, const FileProto *f, const SvcProto *s,
         "     .client_streaming = %d,\n"
         "     .server_streaming = %d,\n"
         "     .%s = %s__%s__invoke},\n",
-        full, m->name, m->name, in, outt, m->client_streaming ? 1 : 0,
+        sn.full, m->name, m->name, mn.in, mn.out, m->client_streaming ? 1 : 0,
         m->server_streaming ? 1 : 0,
-        is_unary(m) ? "invoke_unary" : "invoke_stream", low, mlow);
-    free(mlow);
-    free(in);
-    free(outt);
+        is_unary(m) ? "invoke_unary" : "invoke_stream", sn.low, mn.low);
+    method_names_free(&mn);
   }
   if (s->n_method == 0) out(c, "    {0},\n");
   out(c, "};\n\n");
@@ -465,10 +476,8 @@ static void emit_service_source(buf *c, const FileProto *f, const SvcProto *s,
       "    .n_methods = %zu,\n"
       "    .file = &%s__file,\n"
       "};\n\n",
-      low, full, low, s->n_method, fid);
-  free(full);
-  free(type);
-  free(low);
+      sn.low, sn.full, sn.low, s->n_method, fid);
+  svc_names_free(&sn);
 }
 
 static void generate(const request *r, FileProto *f,

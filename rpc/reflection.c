@@ -83,21 +83,53 @@ static int add_with_imports(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
   return rc;
 }
 
+/* The list_services answer: every service the server hosts. */
+static void list_services(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv, Response *resp) {
+  size_t n = wtx_rpc_server_service_count(srv);
+  Grpc__Reflection__V1__ListServiceResponse *list = wtx_rpc_ctx_alloc(ctx, sizeof *list);
+  Grpc__Reflection__V1__ServiceResponse *items = wtx_rpc_ctx_alloc(ctx, (n + 1) * sizeof *items);
+  if (list == NULL || items == NULL) return;
+  grpc__reflection__v1__list_service_response__init(list);
+  if ((list->service = wtx_rpc_ctx_alloc(ctx, (n + 1) * sizeof *list->service)) == NULL)
+    return;
+  for (size_t i = 0; i < n; i++) {
+    grpc__reflection__v1__service_response__init(&items[i]);
+    items[i].name = (char *)wtx_rpc_server_service(srv, i)->full_name;
+    list->service[i] = &items[i];
+  }
+  list->n_service = n;
+  resp->message_response_case = RESP(LIST_SERVICES_RESPONSE);
+  resp->list_services_response = list;
+}
+
+/* The file_descriptor answer: b and every file it imports. */
+static void send_files(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
+                       const wtx_rpc_file_blob *b, Response *resp,
+                       Grpc__Reflection__V1__ErrorResponse *err) {
+  Grpc__Reflection__V1__FileDescriptorResponse *files = wtx_rpc_ctx_alloc(ctx, sizeof *files);
+  file_list l = {0};
+  int rc = files != NULL ? add_with_imports(ctx, srv, &l, b) : WTX_ENOMEM;
+  if (rc != 0) {
+    err->error_code = GRPC_STATUS_INTERNAL;
+    err->error_message = wtx_rpc_ctx_strdup(ctx, wtx_strerror(rc));
+    return;
+  }
+  grpc__reflection__v1__file_descriptor_response__init(files);
+  files->file_descriptor_proto = l.items;
+  files->n_file_descriptor_proto = l.n;
+  resp->message_response_case = RESP(FILE_DESCRIPTOR_RESPONSE);
+  resp->file_descriptor_response = files;
+}
+
 /* Fills resp for one request; the response lives in the call's arena. */
 static void answer(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
                    const Request *req, Response *resp) {
   Grpc__Reflection__V1__ErrorResponse *err =
       wtx_rpc_ctx_alloc(ctx, sizeof *err);
-  Grpc__Reflection__V1__FileDescriptorResponse *files =
-      wtx_rpc_ctx_alloc(ctx, sizeof *files);
-  Grpc__Reflection__V1__ListServiceResponse *list =
-      wtx_rpc_ctx_alloc(ctx, sizeof *list);
   Grpc__Reflection__V1__ExtensionNumberResponse *ext =
       wtx_rpc_ctx_alloc(ctx, sizeof *ext);
-  if (err == NULL || files == NULL || list == NULL || ext == NULL) return;
+  if (err == NULL || ext == NULL) return;
   grpc__reflection__v1__error_response__init(err);
-  grpc__reflection__v1__file_descriptor_response__init(files);
-  grpc__reflection__v1__list_service_response__init(list);
   grpc__reflection__v1__extension_number_response__init(ext);
   resp->valid_host = req->host;
   resp->original_request = (Request *)req;
@@ -107,22 +139,9 @@ static void answer(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
 
   const wtx_rpc_file_blob *b = NULL;
   switch (req->message_request_case) {
-    case REQ(LIST_SERVICES): {
-      size_t n = wtx_rpc_server_service_count(srv);
-      list->service = wtx_rpc_ctx_alloc(ctx, (n + 1) * sizeof *list->service);
-      Grpc__Reflection__V1__ServiceResponse *items =
-          wtx_rpc_ctx_alloc(ctx, (n + 1) * sizeof *items);
-      if (list->service == NULL || items == NULL) return;
-      for (size_t i = 0; i < n; i++) {
-        grpc__reflection__v1__service_response__init(&items[i]);
-        items[i].name = (char *)wtx_rpc_server_service(srv, i)->full_name;
-        list->service[i] = &items[i];
-      }
-      list->n_service = n;
-      resp->message_response_case = RESP(LIST_SERVICES_RESPONSE);
-      resp->list_services_response = list;
+    case REQ(LIST_SERVICES):
+      list_services(ctx, srv, resp);
       return;
-    }
     case REQ(FILE_BY_FILENAME):
       b = find_blob(srv, req->file_by_filename, NULL);
       if (b == NULL)
@@ -151,18 +170,7 @@ static void answer(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
       err->error_message = wtx_rpc_ctx_strdup(ctx, "message_request: not set");
       return;
   }
-  if (b == NULL) return;
-  file_list l = {0};
-  int rc = add_with_imports(ctx, srv, &l, b);
-  if (rc != 0) {
-    err->error_code = GRPC_STATUS_INTERNAL;
-    err->error_message = wtx_rpc_ctx_strdup(ctx, wtx_strerror(rc));
-    return;
-  }
-  files->file_descriptor_proto = l.items;
-  files->n_file_descriptor_proto = l.n;
-  resp->message_response_case = RESP(FILE_DESCRIPTOR_RESPONSE);
-  resp->file_descriptor_response = files;
+  if (b != NULL) send_files(ctx, srv, b, resp, err);
 }
 
 /* m re-decoded as the wire-identical message type to (m itself when it is

@@ -204,31 +204,73 @@ const char *wtx_rpc_channel_target(const wtx_rpc_channel *ch) {
   return ch->target;
 }
 
-/* ---- unary client calls ---- */
+/* ---- client calls ---- */
 
-struct wtx_rpc_pending {
+/* What every client call holds, unary or streaming: its queue, the call,
+ * the metadata sent and received, and the final status. */
+typedef struct call_core {
   const wtx_rpc_method *method;
   grpc_completion_queue *cq;
   grpc_call *call;
   md_list md;
-  grpc_byte_buffer *req_bb;
   grpc_metadata_array initial_md;
   grpc_metadata_array trailing_md;
-  grpc_byte_buffer *resp_bb;
   grpc_status_code status;
   grpc_slice details;
   const char *error_string;
-  int start_failed;
-};
+} call_core;
 
-static grpc_call *call_create(wtx_rpc_channel *ch, const wtx_rpc_method *m,
-                              grpc_completion_queue *cq,
-                              const wtx_rpc_call_options *opts) {
-  return grpc_channel_create_call(
-      ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+/* Creates the call of m on ch with opts' deadline and metadata. */
+static int core_open(call_core *c, wtx_rpc_channel *ch, const wtx_rpc_method *m,
+                     const wtx_rpc_call_options *opts) {
+  c->method = m;
+  if (md_list_init(&c->md, opts) != 0) return WTX_ENOMEM;
+  c->cq = grpc_completion_queue_create_for_pluck(NULL);
+  c->call = grpc_channel_create_call(
+      ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq,
       grpc_slice_from_static_string(m->path), NULL,
       deadline_after(opts != NULL ? opts->timeout_ms : 0), NULL);
+  grpc_metadata_array_init(&c->initial_md);
+  grpc_metadata_array_init(&c->trailing_md);
+  c->details = grpc_empty_slice();
+  return 0;
 }
+
+static void core_close(call_core *c) {
+  grpc_call_unref(c->call);
+  cq_destroy(c->cq);
+  md_list_free(&c->md);
+  grpc_metadata_array_destroy(&c->initial_md);
+  grpc_metadata_array_destroy(&c->trailing_md);
+  grpc_slice_unref(c->details);
+  gpr_free((void *)c->error_string);
+}
+
+/* The ops that open a call and that collect its final status. */
+static void op_send_md(call_core *c, grpc_op *op) {
+  memset(op, 0, sizeof *op);
+  op->op = GRPC_OP_SEND_INITIAL_METADATA;
+  op->data.send_initial_metadata.count = c->md.n;
+  op->data.send_initial_metadata.metadata = c->md.md;
+}
+
+static void op_recv_status(call_core *c, grpc_op *op) {
+  memset(op, 0, sizeof *op);
+  op->op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  op->data.recv_status_on_client.trailing_metadata = &c->trailing_md;
+  op->data.recv_status_on_client.status = &c->status;
+  op->data.recv_status_on_client.status_details = &c->details;
+  op->data.recv_status_on_client.error_string = &c->error_string;
+}
+
+/* ---- unary client calls ---- */
+
+struct wtx_rpc_pending {
+  call_core c;
+  grpc_byte_buffer *req_bb;
+  grpc_byte_buffer *resp_bb;
+  int start_failed;
+};
 
 int wtx_rpc_unary_start(wtx_rpc_channel *ch, const wtx_rpc_method *m,
                         const ProtobufCMessage *req,
@@ -237,85 +279,69 @@ int wtx_rpc_unary_start(wtx_rpc_channel *ch, const wtx_rpc_method *m,
   *out = NULL;
   if (req == NULL || req->descriptor != m->input) return WTX_EINVAL;
   wtx_rpc_pending *p = calloc(1, sizeof *p);
-  if (p == NULL) return WTX_ENOMEM;
-  p->method = m;
-  if (md_list_init(&p->md, opts) != 0) {
+  if (p == NULL || core_open(&p->c, ch, m, opts) != 0) {
     free(p);
     return WTX_ENOMEM;
   }
-  p->cq = grpc_completion_queue_create_for_pluck(NULL);
-  p->call = call_create(ch, m, p->cq, opts);
   p->req_bb = pack(req);
-  grpc_metadata_array_init(&p->initial_md);
-  grpc_metadata_array_init(&p->trailing_md);
-  p->details = grpc_empty_slice();
-
+  /* The whole exchange in one batch. */
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[0].data.send_initial_metadata.count = p->md.n;
-  ops[0].data.send_initial_metadata.metadata = p->md.md;
+  op_send_md(&p->c, &ops[0]);
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = p->req_bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
   ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &p->initial_md;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &p->c.initial_md;
   ops[4].op = GRPC_OP_RECV_MESSAGE;
   ops[4].data.recv_message.recv_message = &p->resp_bb;
-  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  ops[5].data.recv_status_on_client.trailing_metadata = &p->trailing_md;
-  ops[5].data.recv_status_on_client.status = &p->status;
-  ops[5].data.recv_status_on_client.status_details = &p->details;
-  ops[5].data.recv_status_on_client.error_string = &p->error_string;
-  if (grpc_call_start_batch(p->call, ops, 6, p, NULL) != GRPC_CALL_OK)
+  op_recv_status(&p->c, &ops[5]);
+  if (grpc_call_start_batch(p->c.call, ops, 6, p, NULL) != GRPC_CALL_OK)
     p->start_failed = 1;
   *out = p;
   return 0;
 }
 
 void wtx_rpc_unary_cancel(wtx_rpc_pending *p) {
-  if (p != NULL) grpc_call_cancel(p->call, NULL);
+  if (p != NULL) grpc_call_cancel(p->c.call, NULL);
+}
+
+/* The response of a finished unary call, or why there is none. */
+static int unary_result(wtx_rpc_pending *p, ProtobufCMessage **resp,
+                        wtx_rpc_status *st) {
+  const wtx_rpc_method *m = p->c.method;
+  if (p->c.status != GRPC_STATUS_OK) {
+    status_from_slice(st, p->c.status, p->c.details);
+    return wtx_err_from_grpc(p->c.status);
+  }
+  if (p->resp_bb == NULL) {
+    status_set(st, GRPC_STATUS_INTERNAL, "%s: OK status without a response", m->path);
+    return WTX_EPROTO;
+  }
+  if ((*resp = unpack(m->output, p->resp_bb)) == NULL) {
+    status_set(st, GRPC_STATUS_INTERNAL, "%s: response does not decode as %s",
+               m->path, m->output->name);
+    return WTX_EPROTO;
+  }
+  status_set(st, GRPC_STATUS_OK, "%s", "");
+  return 0;
 }
 
 int wtx_rpc_unary_wait(wtx_rpc_pending *p, ProtobufCMessage **resp,
                        wtx_rpc_status *st) {
   *resp = NULL;
-  int rc = 0;
+  int rc;
   if (p->start_failed) {
     status_set(st, GRPC_STATUS_INTERNAL, "%s: cannot start the call",
-               p->method->path);
+               p->c.method->path);
     rc = WTX_EINTERNAL;
   } else {
-    grpc_event ev = pluck(p->cq, p);
-    (void)ev;
-    if (p->status != GRPC_STATUS_OK) {
-      status_from_slice(st, p->status, p->details);
-      rc = wtx_err_from_grpc(p->status);
-    } else if (p->resp_bb == NULL) {
-      status_set(st, GRPC_STATUS_INTERNAL, "%s: OK status without a response",
-                 p->method->path);
-      rc = WTX_EPROTO;
-    } else {
-      *resp = unpack(p->method->output, p->resp_bb);
-      if (*resp == NULL) {
-        status_set(st, GRPC_STATUS_INTERNAL,
-                   "%s: response does not decode as %s", p->method->path,
-                   p->method->output->name);
-        rc = WTX_EPROTO;
-      } else {
-        status_set(st, GRPC_STATUS_OK, "%s", "");
-      }
-    }
+    pluck(p->c.cq, p);
+    rc = unary_result(p, resp, st);
   }
-  grpc_call_unref(p->call);
-  cq_destroy(p->cq);
-  md_list_free(&p->md);
+  core_close(&p->c);
   grpc_byte_buffer_destroy(p->req_bb);
   if (p->resp_bb != NULL) grpc_byte_buffer_destroy(p->resp_bb);
-  grpc_metadata_array_destroy(&p->initial_md);
-  grpc_metadata_array_destroy(&p->trailing_md);
-  grpc_slice_unref(p->details);
-  gpr_free((void *)p->error_string);
   free(p);
   return rc;
 }
@@ -337,15 +363,7 @@ int wtx_rpc_unary(wtx_rpc_channel *ch, const wtx_rpc_method *m,
 /* ---- streaming client calls ---- */
 
 struct wtx_rpc_stream {
-  const wtx_rpc_method *method;
-  grpc_completion_queue *cq;
-  grpc_call *call;
-  md_list md;
-  grpc_metadata_array initial_md;
-  grpc_metadata_array trailing_md;
-  grpc_status_code status;
-  grpc_slice details;
-  const char *error_string;
+  call_core c;
   int got_initial_md;
   int half_closed;
   int status_started;
@@ -358,49 +376,31 @@ int wtx_rpc_stream_open(wtx_rpc_channel *ch, const wtx_rpc_method *m,
                         wtx_rpc_stream **out) {
   *out = NULL;
   wtx_rpc_stream *s = calloc(1, sizeof *s);
-  if (s == NULL) return WTX_ENOMEM;
-  s->method = m;
-  if (md_list_init(&s->md, opts) != 0) {
+  if (s == NULL || core_open(&s->c, ch, m, opts) != 0) {
     free(s);
     return WTX_ENOMEM;
   }
-  s->cq = grpc_completion_queue_create_for_pluck(NULL);
-  s->call = call_create(ch, m, s->cq, opts);
-  grpc_metadata_array_init(&s->initial_md);
-  grpc_metadata_array_init(&s->trailing_md);
-  s->details = grpc_empty_slice();
-
+  /* The status is collected whenever the call ends; the metadata goes now. */
   grpc_op op;
-  memset(&op, 0, sizeof op);
-  op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  op.data.recv_status_on_client.trailing_metadata = &s->trailing_md;
-  op.data.recv_status_on_client.status = &s->status;
-  op.data.recv_status_on_client.status_details = &s->details;
-  op.data.recv_status_on_client.error_string = &s->error_string;
-  if (grpc_call_start_batch(s->call, &op, 1, &s->tag_status, NULL) ==
-      GRPC_CALL_OK)
+  op_recv_status(&s->c, &op);
+  if (grpc_call_start_batch(s->c.call, &op, 1, &s->tag_status, NULL) == GRPC_CALL_OK)
     s->status_started = 1;
-
-  memset(&op, 0, sizeof op);
-  op.op = GRPC_OP_SEND_INITIAL_METADATA;
-  op.data.send_initial_metadata.count = s->md.n;
-  op.data.send_initial_metadata.metadata = s->md.md;
-  if (grpc_call_start_batch(s->call, &op, 1, &s->tag_send, NULL) ==
-      GRPC_CALL_OK)
-    pluck(s->cq, &s->tag_send);
+  op_send_md(&s->c, &op);
+  if (grpc_call_start_batch(s->c.call, &op, 1, &s->tag_send, NULL) == GRPC_CALL_OK)
+    pluck(s->c.cq, &s->tag_send);
   *out = s;
   return 0;
 }
 
 static int stream_op(wtx_rpc_stream *s, grpc_op *ops, size_t n, void *tag) {
-  if (grpc_call_start_batch(s->call, ops, n, tag, NULL) != GRPC_CALL_OK)
+  if (grpc_call_start_batch(s->c.call, ops, n, tag, NULL) != GRPC_CALL_OK)
     return WTX_EIO;
-  grpc_event ev = pluck(s->cq, tag);
+  grpc_event ev = pluck(s->c.cq, tag);
   return ev.success ? 0 : WTX_EIO;
 }
 
 int wtx_rpc_stream_send(wtx_rpc_stream *s, const ProtobufCMessage *msg) {
-  if (msg == NULL || msg->descriptor != s->method->input) return WTX_EINVAL;
+  if (msg == NULL || msg->descriptor != s->c.method->input) return WTX_EINVAL;
   if (s->half_closed) return WTX_ESTATE;
   grpc_op op;
   memset(&op, 0, sizeof op);
@@ -427,7 +427,7 @@ int wtx_rpc_stream_recv(wtx_rpc_stream *s, ProtobufCMessage **msg) {
   size_t n = 0;
   if (!s->got_initial_md) {
     ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[n].data.recv_initial_metadata.recv_initial_metadata = &s->initial_md;
+    ops[n].data.recv_initial_metadata.recv_initial_metadata = &s->c.initial_md;
     n++;
     s->got_initial_md = 1;
   }
@@ -438,7 +438,7 @@ int wtx_rpc_stream_recv(wtx_rpc_stream *s, ProtobufCMessage **msg) {
   int rc = stream_op(s, ops, n, &s->tag_recv);
   if (rc != 0) return rc;
   if (bb == NULL) return 0;
-  *msg = unpack(s->method->output, bb);
+  *msg = unpack(s->c.method->output, bb);
   grpc_byte_buffer_destroy(bb);
   return *msg != NULL ? 1 : WTX_EPROTO;
 }
@@ -448,20 +448,14 @@ int wtx_rpc_stream_finish(wtx_rpc_stream *s, wtx_rpc_status *st) {
   if (!s->half_closed) wtx_rpc_stream_close_send(s);
   if (!s->status_started) {
     status_set(st, GRPC_STATUS_INTERNAL, "%s: cannot start the call",
-               s->method->path);
+               s->c.method->path);
     rc = WTX_EINTERNAL;
   } else {
-    pluck(s->cq, &s->tag_status);
-    status_from_slice(st, s->status, s->details);
-    rc = wtx_err_from_grpc(s->status);
+    pluck(s->c.cq, &s->tag_status);
+    status_from_slice(st, s->c.status, s->c.details);
+    rc = wtx_err_from_grpc(s->c.status);
   }
-  grpc_call_unref(s->call);
-  cq_destroy(s->cq);
-  md_list_free(&s->md);
-  grpc_metadata_array_destroy(&s->initial_md);
-  grpc_metadata_array_destroy(&s->trailing_md);
-  grpc_slice_unref(s->details);
-  gpr_free((void *)s->error_string);
+  core_close(&s->c);
   free(s);
   return rc;
 }

@@ -150,16 +150,21 @@ class SessionTest : public ::testing::Test {
     ui.n_params = pmp.size();
     ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_SHM;
     ui.shm = &su;
+    int rc = SendUpdate(&ui);
+    munmap(buf, total ? total : 1);
+    close(fd);
+    return rc;
+  }
+
+  // UpdateWeights of the current update with ui.
+  int SendUpdate(Wtx__V1__UpdateInfo *ui) {
     Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
     req.session_id = const_cast<char *>(session_.c_str());
     req.update_id = update_;
-    req.update_info = &ui;
+    req.update_info = ui;
     Wtx__V1__UpdateWeightsResponse *resp = nullptr;
-    int rc = wtx__v1__weight_transfer__update_weights__call(ch_, &req, &resp,
-                                                             nullptr, &st_);
+    int rc = wtx__v1__weight_transfer__update_weights__call(ch_, &req, &resp, nullptr, &st_);
     if (resp) protobuf_c_message_free_unpacked(&resp->base, nullptr);
-    munmap(buf, total ? total : 1);
-    close(fd);
     return rc;
   }
 
@@ -842,23 +847,16 @@ TEST_F(SessionTest, AWorkerServesOnlyTheBackendsItNames) {
 TEST_F(SessionTest, AChunkForAnotherBackendIsRefusedByName) {
   ASSERT_EQ(0, Init("shm")) << st_.message;
   ASSERT_EQ(0, Start()) << st_.message;
-  Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT;
+  Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT, *pmp = &pm;
   pm.name = const_cast<char *>("a");
   pm.dtype = WTX__V1__DTYPE__DTYPE_UINT8;
-  Wtx__V1__ParamMeta *pmp = &pm;
   Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
   Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
   ui.params = &pmp;
   ui.n_params = 1;
-  ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
+  ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;  // a shm session
   ui.tcp = &tu;
-  Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
-  req.session_id = const_cast<char *>(session_.c_str());
-  req.update_id = update_;
-  req.update_info = &ui;
-  Wtx__V1__UpdateWeightsResponse *resp = nullptr;
-  EXPECT_EQ(WTX_EINVAL, wtx__v1__weight_transfer__update_weights__call(ch_, &req, &resp,
-                                                                       nullptr, &st_));
+  EXPECT_EQ(WTX_EINVAL, SendUpdate(&ui));
   EXPECT_NE(nullptr, strstr(st_.message, "update_info.shm: missing (the session's backend "
                                          "is shm)"))
       << st_.message;
