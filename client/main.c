@@ -9,6 +9,9 @@
 #include "common/clock.h"
 #include "wtx/client.h"
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
 static const char usage[] =
     "usage: wtx push --workers HOST:PORT[,...] [options] SOURCE...\n"
     "       wtx info HOST:PORT [--params]\n"
@@ -21,7 +24,8 @@ static const char usage[] =
     "  --backend NAME       data plane: shm (same host), tcp, cuda_ipc (same\n"
     "                       node, GPU) or nccl (GPU) (default shm)\n"
     "  --buffer-size BYTES  transfer buffer (default 64M; K/M/G suffixes)\n"
-    "  --num-buffers N      buffers in flight, 1..64 (default 2)\n"
+    "  --num-buffers N      buffers in flight, 1.." STR(WTX_MAX_BUFFERS) " (default "
+    STR(WTX_DEFAULT_NUM_BUFFERS) ")\n"
     "  --unpacked           one tensor per chunk (default: packed)\n"
     "  --no-checksum        skip per-tensor XXH3-64 verification (the default\n"
     "                       on cuda_ipc and nccl; --verify needs checksums)\n"
@@ -32,7 +36,8 @@ static const char usage[] =
     "                       number it)\n"
     "  --draft              update the draft model instead of the main one\n"
     "  --seed N             content of a synthetic model (default 0)\n"
-    "  --timeout-ms MS      bound on every call and data-plane step (300000)\n"
+    "  --timeout-ms MS      bound on every call and data-plane step\n"
+    "                       (" STR(WTX_DEFAULT_TIMEOUT_MS) ")\n"
     "  --token TOKEN        sent as 'authorization: Bearer TOKEN'\n"
     "  --tls-ca FILE        use TLS, trusting this CA bundle (PEM)\n"
     "  --tls-cert FILE, --tls-key FILE   client certificate (mutual TLS)\n"

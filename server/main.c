@@ -10,6 +10,9 @@
 #include "common/log.h"
 #include "wtx/worker.h"
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
 static const char usage[] =
     "usage: wtx-worker [options]\n"
     "\n"
@@ -21,11 +24,11 @@ static const char usage[] =
     "  --world-size N         receiving ranks behind this endpoint, as\n"
     "                         GetWorldSize reports [WTX_WORLD_SIZE] (default 1)\n"
     "  --watchdog-ms MS       abort an update idle this long\n"
-    "                         [WTX_WATCHDOG_MS] (default 600000)\n"
+    "                         [WTX_WATCHDOG_MS] (default " STR(WTX_DEFAULT_WATCHDOG_MS) ")\n"
     "  --max-message-bytes N  largest gRPC request [WTX_MAX_MESSAGE_BYTES]\n"
     "                         (default 67108864)\n"
     "  --grace-ms MS          on SIGTERM, how long running calls may finish\n"
-    "                         [WTX_GRACE_MS] (default 5000)\n"
+    "                         [WTX_GRACE_MS] (default " STR(WTX_DEFAULT_GRACE_MS) ")\n"
     "  --model-spec FILE      a safetensors file whose header declares the\n"
     "                         expected names, dtypes and shapes (data unread)\n"
     "                         [WTX_MODEL_SPEC]; default: the first complete\n"
@@ -33,7 +36,8 @@ static const char usage[] =
     "  --publish-dir DIR      write every published version to\n"
     "                         DIR/<version>.safetensors (atomic) and name it in\n"
     "                         DIR/LATEST [WTX_PUBLISH_DIR]\n"
-    "  --publish-keep N       published files kept [WTX_PUBLISH_KEEP] (default 2)\n"
+    "  --publish-keep N       published files kept [WTX_PUBLISH_KEEP] (default "
+    STR(WTX_DEFAULT_PUBLISH_KEEP) ")\n"
     "  --log-level LEVEL      debug, info, warn, error or off [WTX_LOG_LEVEL]\n"
     "                         (default info); logs are logfmt lines on stderr\n"
     "  --port-file FILE       write the bound port to FILE once serving\n"
@@ -95,8 +99,6 @@ typedef struct flags {
   const char *model_spec, *publish_dir, *publish_keep, *log_level;
 } flags;
 
-#define STR_(x) #x
-#define STR(x) STR_(x)
 _Static_assert(WTX_DEFAULT_MAX_MESSAGE_BYTES == 67108864, "--max-message-bytes default");
 
 static const struct option longopts[] = {

@@ -33,8 +33,8 @@ typedef struct ipc_worker {
   wtx_wire_params wire;
   int device;
   uint8_t uuid[16];
-  void *opened[64];
-  wtx_cuda_ipc_handle handles[64];
+  void *opened[WTX_MAX_BUFFERS];
+  wtx_cuda_ipc_handle handles[WTX_MAX_BUFFERS];
 } ipc_worker;
 
 static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
@@ -87,7 +87,7 @@ static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_r
     return WTX_EINVAL;
   }
   uint64_t want = wtx_rx_remaining(rx);
-  if (b->handle.len != sizeof(wtx_cuda_ipc_handle) || b->buffer_index >= 64 ||
+  if (b->handle.len != sizeof(wtx_cuda_ipc_handle) || b->buffer_index >= WTX_MAX_BUFFERS ||
       b->buffer_index >= w->wire.num_buffers || b->size != want ||
       want > w->wire.buffer_size) {
     wtx_rx_errorf(rx, "update_info.cuda_ipc.buffers: entry for GPU %s needs a "
@@ -133,7 +133,7 @@ static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_r
 
 static void ipc_worker_destroy(void *self) {
   ipc_worker *w = self;
-  for (int k = 0; k < 64; k++)
+  for (int k = 0; k < WTX_MAX_BUFFERS; k++)
     if (w->opened[k] != NULL) w->cuda->IpcCloseMemHandle(w->opened[k]);
   free(w);
 }

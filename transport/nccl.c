@@ -60,10 +60,11 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
              ni->unique_id.len, sizeof(wtx_nccl_id));
     return WTX_EINVAL;
   }
-  if (ni->world_size < 2 || ni->world_size > 65536 || ni->rank_offset < 1 ||
+  if (ni->world_size < 2 || ni->world_size > WTX_MAX_NCCL_WORLD_SIZE || ni->rank_offset < 1 ||
       ni->rank_offset >= ni->world_size) {
-    snprintf(err, errlen, "init_info.nccl: world_size %u must be 2..65536 and "
-             "rank_offset %u within 1..world_size-1", ni->world_size, ni->rank_offset);
+    snprintf(err, errlen, "init_info.nccl: world_size %u must be 2..%d and "
+             "rank_offset %u within 1..world_size-1", ni->world_size,
+             WTX_MAX_NCCL_WORLD_SIZE, ni->rank_offset);
     return WTX_EINVAL;
   }
   const wtx_cuda *c;

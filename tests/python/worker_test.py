@@ -293,6 +293,31 @@ class WorkerTest(unittest.TestCase):
         want = {n: (xxhash.xxh3_64_intdigest(d), tensors[n][1]) for n, d in raw.items()}
         self.assertEqual(want, got)
 
+    def test_wtx_push_refuses_what_it_cannot_honour(self):
+        # An unreadable TLS file, a client certificate without its key and
+        # more workers than the limit are errors, never a silent plaintext
+        # session or a dropped worker.
+        w = f"127.0.0.1:{self.w.port}"
+        cases = [
+            (["--tls-ca", "/nonexistent/ca.pem"], "--tls-ca: cannot read /nonexistent/ca.pem"),
+            (["--tls-ca", CLI, "--tls-cert", "/nonexistent/c.pem"],
+             "--tls-cert: cannot read /nonexistent/c.pem"),
+            (["--tls-ca", CLI, "--tls-cert", CLI],
+             "tls: tls_cert_pem and tls_key_pem go together"),
+        ]
+        for flags, want in cases:
+            out = subprocess.run([CLI, "push", "--workers", w] + flags + ["synthetic:1M"],
+                                 capture_output=True, text=True, timeout=30)
+            self.assertEqual(2, out.returncode, out.stderr)
+            self.assertIn(want, out.stderr)
+        many = ",".join([w] * 257)
+        out = subprocess.run([CLI, "push", "--workers", many, "synthetic:1M"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(2, out.returncode, out.stderr)
+        self.assertIn("workers: 257 given, must be 1..256", out.stderr)
+        info = self.stub.GetWeightInfo(wt.GetWeightInfoRequest())
+        self.assertEqual(0, info.generation)  # nothing was pushed
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
