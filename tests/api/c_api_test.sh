@@ -23,7 +23,8 @@ diff -u examples/trainer.c "$tmp/readme.c" >&2 || fail "README's C example diffe
 # 2. Built the way a binding's user builds it (under --config=asan the
 #    library needs the sanitizer runtime first, so the example gets it too).
 san=
-if ldd lib/libwtx.so | grep -q libasan; then san=-fsanitize=address,undefined; fi
+# (grep reads all of ldd's output: with -q and pipefail, ldd could die of SIGPIPE.)
+if ldd lib/libwtx.so | grep libasan >/dev/null; then san=-fsanitize=address,undefined; fi
 cc -std=c17 -Wall -Wextra -Werror $san -Iinclude examples/trainer.c -Llib -l:libwtx.so \
   -Wl,-rpath,"$PWD/lib" -o "$tmp/trainer" || fail "examples/trainer.c does not build"
 
@@ -47,8 +48,8 @@ addr="127.0.0.1:$(cat "$tmp/port")"
 out=$("$tmp/trainer" "$addr" "$tmp/model.safetensors") || fail "trainer: $out"
 [ "$out" = "published step-42: 1 params, 16 bytes" ] || fail "trainer said: $out"
 info=$(client/wtx info "$addr" --params)
-echo "$info" | grep -q "version step-42 .* params 1  bytes 16" || fail "worker holds: $info"
-echo "$info" | grep -q "^  w  16 bytes" || fail "worker holds: $info"
+grep -q "version step-42 .* params 1  bytes 16" <<<"$info" || fail "worker holds: $info"
+grep -q "^  w  16 bytes" <<<"$info" || fail "worker holds: $info"
 # A worker that is not there: a clear error, exit 1.
 if "$tmp/trainer" 127.0.0.1:1 "$tmp/model.safetensors" 2>"$tmp/err"; then
   fail "a push to no worker succeeded"
