@@ -63,27 +63,23 @@ class SessionTest : public ::testing::Test {
     return wtx__v1__weight_transfer__get_weight_info__call(ch_, &req, info, nullptr, &st_);
   }
 
+  // InitWeightTransferEngine with the InitInfo member named backend (left
+  // at its defaults), found in the schema: no per-backend code here.
   int Init(const char *backend = "shm", uint32_t checksum = 0) {
     Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
-    Wtx__V1__ShmInitInfo shm = WTX__V1__SHM_INIT_INFO__INIT;
-    Wtx__V1__TcpInitInfo tcp = WTX__V1__TCP_INIT_INFO__INIT;
-    Wtx__V1__NcclInitInfo nccl = WTX__V1__NCCL_INIT_INFO__INIT;
-    Wtx__V1__CudaIpcInitInfo ipc = WTX__V1__CUDA_IPC_INIT_INFO__INIT;
     Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
     ii.packing = &pk;
     ii.checksum = (Wtx__V1__ChecksumAlgorithm)checksum;
-    if (std::string(backend) == "shm") {
-      ii.backend_case = WTX__V1__INIT_INFO__BACKEND_SHM;
-      ii.shm = &shm;
-    } else if (std::string(backend) == "tcp") {
-      ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
-      ii.tcp = &tcp;
-    } else if (std::string(backend) == "cuda_ipc") {
-      ii.backend_case = WTX__V1__INIT_INFO__BACKEND_CUDA_IPC;
-      ii.cuda_ipc = &ipc;
-    } else if (std::string(backend) == "nccl") {
-      ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
-      ii.nccl = &nccl;
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field_by_name(&wtx__v1__init_info__descriptor, backend);
+    alignas(max_align_t) uint8_t member[256];
+    if (f != nullptr && (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)) {
+      const auto *md = static_cast<const ProtobufCMessageDescriptor *>(f->descriptor);
+      EXPECT_LE(md->sizeof_message, sizeof member);
+      md->message_init(reinterpret_cast<ProtobufCMessage *>(member));
+      *reinterpret_cast<void **>(reinterpret_cast<uint8_t *>(&ii) + f->offset) = member;
+      *reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(&ii) + f->quantifier_offset) =
+          f->id;
     }
     Wtx__V1__InitWeightTransferEngineRequest req =
         WTX__V1__INIT_WEIGHT_TRANSFER_ENGINE_REQUEST__INIT;
