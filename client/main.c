@@ -14,9 +14,9 @@
 
 static const char usage[] =
     "usage: wtx push --workers HOST:PORT[,...] [options] SOURCE...\n"
-    "       wtx info HOST:PORT [--params]\n"
-    "       wtx version HOST:PORT[,...] NEW_VERSION\n"
-    "       wtx abort HOST:PORT[,...] [REASON]\n"
+    "       wtx info HOST:PORT [--params] [credentials]\n"
+    "       wtx version HOST:PORT[,...] NEW_VERSION [credentials]\n"
+    "       wtx abort HOST:PORT[,...] [REASON] [credentials]\n"
     "\n"
     "push: one weight sync of SOURCE to every worker (all replicas of a model;\n"
     "never load-balanced). SOURCE is one or more .safetensors files, or\n"
@@ -38,14 +38,19 @@ static const char usage[] =
     "  --seed N             content of a synthetic model (default 0)\n"
     "  --timeout-ms MS      bound on every call and data-plane step\n"
     "                       (" STR(WTX_DEFAULT_TIMEOUT_MS) ")\n"
-    "  --token TOKEN        sent as 'authorization: Bearer TOKEN'\n"
-    "  --tls-ca FILE        use TLS, trusting this CA bundle (PEM)\n"
-    "  --tls-cert FILE, --tls-key FILE   client certificate (mutual TLS)\n"
+
     "  --verify             then compare every worker's checksums with ours\n"
     "                       (turns --checksum on)\n"
     "\n"
     "A progress bar (bytes/s, ETA) is drawn on a terminal; the last line is\n"
-    "a summary: bytes, seconds, GB/s, version.\n";
+    "a summary: bytes, seconds, GB/s, version.\n"
+    "\n"
+    "credentials (every command):\n"
+    "  --token TOKEN        sent as 'authorization: Bearer TOKEN'\n"
+    "  --token-file FILE    the token is the first line of FILE\n"
+    "                       (default: $WTX_TOKEN when set)\n"
+    "  --tls-ca FILE        use TLS, trusting this CA bundle (PEM)\n"
+    "  --tls-cert FILE, --tls-key FILE   client certificate (mutual TLS)\n";
 
 static int parse_size(const char *s, uint64_t *out) {
   char *end;
@@ -108,9 +113,33 @@ static void on_progress(void *arg, uint64_t done, uint64_t total) {
   if (done == total) fputc('\n', stderr);
 }
 
+/* How the CLI authenticates to workers. */
+typedef struct creds {
+  const char *token, *token_file, *tls_ca, *tls_cert, *tls_key;
+} creds;
+
+/* One credential option into cr; 0 when c is one, -1 when not. */
+static int cred_option(int c, const char *arg, creds *cr) {
+  switch (c) {
+    case 'k': cr->token = arg; return 0;
+    case 'T': cr->token_file = arg; return 0;
+    case 'C': cr->tls_ca = arg; return 0;
+    case 'R': cr->tls_cert = arg; return 0;
+    case 'K': cr->tls_key = arg; return 0;
+    default: return -1;
+  }
+}
+
+#define CRED_LONGOPTS                           \
+  {"token", required_argument, NULL, 'k'},      \
+  {"token-file", required_argument, NULL, 'T'}, \
+  {"tls-ca", required_argument, NULL, 'C'},     \
+  {"tls-cert", required_argument, NULL, 'R'},   \
+  {"tls-key", required_argument, NULL, 'K'}
+
 typedef struct push_args {
-  const char *workers, *version, *token;
-  const char *tls_ca, *tls_cert, *tls_key;
+  const char *workers, *version;
+  creds cr;
   wtx_trainer_config cfg;
   uint64_t seed;
   int verify, draft;
@@ -151,27 +180,45 @@ static int read_pem(const char *flag, const char *path, char **out) {
   return -1;
 }
 
-/* The client for a comma-separated worker list, with a's credentials
- * (a may be NULL: inspection commands). */
-static int make_client(const char *workers, const push_args *a, wtx_client **cl) {
+/* The bearer token: --token, else the first line of --token-file, else
+ * $WTX_TOKEN. *buf (malloc'd) holds it when read from a file. */
+static int resolve_token(const creds *cr, const char **token, char **buf) {
+  *buf = NULL;
+  *token = cr->token;
+  if (*token == NULL && cr->token_file != NULL) {
+    if (read_pem("--token-file", cr->token_file, buf) != 0) return -1;
+    (*buf)[strcspn(*buf, "\r\n")] = '\0';
+    if ((*buf)[0] == '\0') {
+      fprintf(stderr, "wtx: --token-file: %s has no token on its first line\n",
+              cr->token_file);
+      return -1;
+    }
+    *token = *buf;
+  }
+  if (*token == NULL && getenv("WTX_TOKEN") != NULL && getenv("WTX_TOKEN")[0] != '\0')
+    *token = getenv("WTX_TOKEN");
+  return 0;
+}
+
+/* The client for a comma-separated worker list with cr's credentials;
+ * timeout_ms 0: the inspection default. */
+static int make_client(const char *workers, const creds *cr, int64_t timeout_ms,
+                       wtx_client **cl) {
   char *list = strdup(workers);
   const char *targets[WTX_MAX_WORKERS + 1];
   size_t nt = list ? split_list(list, targets, WTX_MAX_WORKERS + 1) : 0;
   wtx_client_options co = WTX_CLIENT_OPTIONS_INIT;
-  co.timeout_ms = a ? (int64_t)a->cfg.timeout_ms : 10000;
+  co.timeout_ms = timeout_ms > 0 ? timeout_ms : 10000;
   co.retries = 2;
-  char *ca = NULL, *cert = NULL, *key = NULL, err[600] = "";
+  char *ca = NULL, *cert = NULL, *key = NULL, *tok = NULL, err[600] = "";
   int rc = -1;
-  if (a != NULL) {
-    co.token = a->token;
-    if (read_pem("--tls-ca", a->tls_ca, &ca) != 0 ||
-        read_pem("--tls-cert", a->tls_cert, &cert) != 0 ||
-        read_pem("--tls-key", a->tls_key, &key) != 0)
-      goto done;
-    co.tls_ca_pem = ca;
-    co.tls_cert_pem = cert;
-    co.tls_key_pem = key;
-  }
+  if (resolve_token(cr, &co.token, &tok) != 0 || read_pem("--tls-ca", cr->tls_ca, &ca) != 0 ||
+      read_pem("--tls-cert", cr->tls_cert, &cert) != 0 ||
+      read_pem("--tls-key", cr->tls_key, &key) != 0)
+    goto done;
+  co.tls_ca_pem = ca;
+  co.tls_cert_pem = cert;
+  co.tls_key_pem = key;
   /* One past the limit was kept, so too many is an error, never a drop. */
   rc = wtx_client_create(targets, nt, &co, cl, err, sizeof err);
   if (rc != 0) fprintf(stderr, "wtx: --workers '%s': %s\n", workers, err);
@@ -179,6 +226,7 @@ done:
   free(ca);
   free(cert);
   free(key);
+  free(tok);
   free(list);
   return rc == 0 ? 0 : -1;
 }
@@ -196,11 +244,8 @@ static const struct option push_longopts[] = {
     {"draft", no_argument, NULL, 'd'},
     {"seed", required_argument, NULL, 'e'},
     {"timeout-ms", required_argument, NULL, 't'},
-    {"token", required_argument, NULL, 'k'},
-    {"tls-ca", required_argument, NULL, 'C'},
-    {"tls-cert", required_argument, NULL, 'R'},
-    {"tls-key", required_argument, NULL, 'K'},
     {"verify", no_argument, NULL, 'c'},
+    CRED_LONGOPTS,
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -228,12 +273,8 @@ static int push_option(int c, const char *arg, push_args *a) {
       if (parse_size(arg, &v) != 0 || v == 0 || v > UINT32_MAX) return 1;
       cfg->timeout_ms = (uint32_t)v;
       return 0;
-    case 'k': a->token = arg; return 0;
-    case 'C': a->tls_ca = arg; return 0;
-    case 'R': a->tls_cert = arg; return 0;
-    case 'K': a->tls_key = arg; return 0;
     case 'c': a->verify = 1; return 0;
-    default: return 1;
+    default: return cred_option(c, arg, &a->cr) != 0;
   }
 }
 
@@ -311,7 +352,7 @@ static int cmd_push(int argc, char **argv) {
   wtx_source *src = NULL;
   wtx_client *cl = NULL;
   if (open_source(argc - optind, argv + optind, &a, &src) != 0) return 2;
-  if (make_client(a.workers, &a, &cl) != 0) {
+  if (make_client(a.workers, &a.cr, a.cfg.timeout_ms, &cl) != 0) {
     wtx_source_destroy(src);
     return 2;
   }
@@ -321,32 +362,62 @@ static int cmd_push(int argc, char **argv) {
   return rc == 0 ? 0 : 1;
 }
 
+/* The options of info, version and abort: credentials (and info's
+ * --params); the positional arguments are left in argv[optind..]. 0 to go
+ * on, else the exit status. */
+static int parse_common(int argc, char **argv, creds *cr, int *params) {
+  static const struct option longopts[] = {
+      {"params", no_argument, NULL, 'p'}, {"help", no_argument, NULL, 'h'},
+      CRED_LONGOPTS, {NULL, 0, NULL, 0}};
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    if (c == 'p' && params != NULL) {
+      *params = 1;
+    } else if (c == 'h') {
+      fputs(usage, stdout);
+      return -1;
+    } else if (cred_option(c, optarg, cr) != 0) {
+      fputs(usage, stderr);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+static void print_info(const char *target, const wtx_weight_info *info) {
+  printf("%s: version %s  generation %llu  params %zu  bytes %llu  state "
+         "SESSION_STATE_%s  backend %s%s\n", target,
+         info->version[0] ? info->version : "(none)",
+         (unsigned long long)info->generation, info->num_params,
+         (unsigned long long)info->total_bytes, wtx_session_state_name(info->state),
+         info->backend[0] ? info->backend : "-", info->paused ? "  paused" : "");
+  for (size_t j = 0; j < info->n_params; j++)
+    printf("  %s  %llu bytes  xxh3 %016llx\n", info->params[j].meta.name,
+           (unsigned long long)info->params[j].meta.nbytes,
+           (unsigned long long)info->params[j].xxh3);
+}
+
 static int cmd_info(int argc, char **argv) {
-  if (argc < 2 || argc > 3 || (argc == 3 && strcmp(argv[2], "--params") != 0)) {
+  creds cr = {0};
+  int params = 0, st = parse_common(argc, argv, &cr, &params);
+  if (st != 0) return st < 0 ? 0 : st;
+  if (argc - optind != 1) {
     fputs(usage, stderr);
     return 2;
   }
   wtx_client *cl;
-  if (make_client(argv[1], NULL, &cl) != 0) return 2;
+  if (make_client(argv[optind], &cr, 0, &cl) != 0) return 2;
   int rc = 0;
   for (size_t i = 0; i < wtx_client_size(cl); i++) {
     wtx_weight_info info;
-    int e = wtx_client_weight_info(cl, i, argc == 3, &info);
+    int e = wtx_client_weight_info(cl, i, params, &info);
     if (e != 0) {
       fprintf(stderr, "wtx info: %s\n", wtx_client_last_error(cl));
       rc = e;
-      continue;
+    } else {
+      print_info(wtx_client_target(cl, i), &info);
     }
-    printf("%s: version %s  generation %llu  params %zu  bytes %llu  state "
-           "SESSION_STATE_%s  backend %s%s\n", wtx_client_target(cl, i),
-           info.version[0] ? info.version : "(none)",
-           (unsigned long long)info.generation, info.num_params,
-           (unsigned long long)info.total_bytes, wtx_session_state_name(info.state),
-           info.backend[0] ? info.backend : "-", info.paused ? "  paused" : "");
-    for (size_t j = 0; j < info.n_params; j++)
-      printf("  %s  %llu bytes  xxh3 %016llx\n", info.params[j].meta.name,
-             (unsigned long long)info.params[j].meta.nbytes,
-             (unsigned long long)info.params[j].xxh3);
     wtx_weight_info_free(&info);
   }
   wtx_client_destroy(cl);
@@ -354,35 +425,41 @@ static int cmd_info(int argc, char **argv) {
 }
 
 static int cmd_version(int argc, char **argv) {
-  if (argc != 3) {
+  creds cr = {0};
+  int st = parse_common(argc, argv, &cr, NULL);
+  if (st != 0) return st < 0 ? 0 : st;
+  if (argc - optind != 2) {
     fputs(usage, stderr);
     return 2;
   }
   wtx_client *cl;
-  if (make_client(argv[1], NULL, &cl) != 0) return 2;
+  if (make_client(argv[optind], &cr, 0, &cl) != 0) return 2;
   char prev[WTX_MAX_VERSION_BYTES + 1];
-  int rc = wtx_client_set_version(cl, argv[2], prev, sizeof prev);
+  int rc = wtx_client_set_version(cl, argv[optind + 1], prev, sizeof prev);
   if (rc != 0)
     fprintf(stderr, "wtx version: %s\n", wtx_client_last_error(cl));
   else
-    printf("version %s (was %s) on %zu worker(s)\n", argv[2],
+    printf("version %s (was %s) on %zu worker(s)\n", argv[optind + 1],
            prev[0] ? prev : "(none)", wtx_client_size(cl));
   wtx_client_destroy(cl);
   return rc == 0 ? 0 : 1;
 }
 
 static int cmd_abort(int argc, char **argv) {
-  if (argc < 2 || argc > 3) {
+  creds cr = {0};
+  int st = parse_common(argc, argv, &cr, NULL);
+  if (st != 0) return st < 0 ? 0 : st;
+  if (argc - optind < 1 || argc - optind > 2) {
     fputs(usage, stderr);
     return 2;
   }
   wtx_client *cl;
-  if (make_client(argv[1], NULL, &cl) != 0) return 2;
+  if (make_client(argv[optind], &cr, 0, &cl) != 0) return 2;
   /* An operator's abort: the worker's current session, whatever it is. */
   size_t n = wtx_client_size(cl);
   int *aborted = calloc(n, sizeof *aborted);
-  int rc = aborted ? wtx_client_abort_any(cl, argc == 3 ? argv[2] : "wtx abort",
-                                          aborted) : WTX_ENOMEM;
+  const char *reason = argc - optind == 2 ? argv[optind + 1] : "wtx abort";
+  int rc = aborted ? wtx_client_abort_any(cl, reason, aborted) : WTX_ENOMEM;
   if (rc != 0) fprintf(stderr, "wtx abort: %s\n", wtx_client_last_error(cl));
   for (size_t i = 0; aborted != NULL && i < n; i++)
     if (aborted[i] >= 0)

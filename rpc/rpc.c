@@ -787,6 +787,27 @@ static void *serve_call(void *arg) {
   return NULL;
 }
 
+/* Whether another handler thread would pass opts.max_calls. */
+static int over_capacity(wtx_rpc_server *srv) {
+  pthread_mutex_lock(&srv->mu);
+  int over = srv->opts.max_calls > 0 && srv->active >= srv->opts.max_calls;
+  pthread_mutex_unlock(&srv->mu);
+  return over;
+}
+
+/* Answers a call beyond the cap RESOURCE_EXHAUSTED, on the poller (the
+ * status batch completes at once: nothing is read from the client). */
+static void refuse_busy(slot *sl) {
+  wtx_rpc_ctx ctx;
+  memset(&ctx, 0, sizeof ctx);
+  ctx.sl = sl;
+  wtx_rpc_ctx_errorf(&ctx, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                     "the worker serves at most %d calls at once; retry later",
+                     sl->srv->opts.max_calls);
+  ctx_finish(&ctx, NULL);
+  slot_free(sl);
+}
+
 static void *poll_loop(void *arg) {
   wtx_rpc_server *srv = arg;
   for (;;) {
@@ -810,6 +831,10 @@ static void *poll_loop(void *arg) {
     }
     /* Re-arm first so the method keeps accepting while this call runs. */
     slot_post(srv, sl->entry, sl->method, sl->registered);
+    if (over_capacity(srv)) {
+      refuse_busy(sl);
+      continue;
+    }
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);

@@ -190,9 +190,12 @@ typedef struct wtx_rpc_server_options {
    * code (set the message with wtx_rpc_ctx_errorf). NULL: accept all. */
   grpc_status_code (*authorize)(void *auth_data, wtx_rpc_ctx *ctx);
   void *auth_data;
+  /* Handler threads at once; a call beyond it is answered
+   * RESOURCE_EXHAUSTED without a thread. 0: unlimited. */
+  int max_calls;
 } wtx_rpc_server_options;
 
-#define WTX_RPC_SERVER_OPTIONS_INIT {0, 0, NULL, NULL, NULL}
+#define WTX_RPC_SERVER_OPTIONS_INIT {0, 0, NULL, NULL, NULL, 0}
 
 /* opts may be NULL. On success *out is owned by the caller until
  * wtx_rpc_server_destroy. */

@@ -41,6 +41,19 @@ static const char usage[] =
     "  --log-level LEVEL      debug, info, warn, error or off [WTX_LOG_LEVEL]\n"
     "                         (default info); logs are logfmt lines on stderr\n"
     "  --port-file FILE       write the bound port to FILE once serving\n"
+    "\n"
+    "Security (docs/security.md):\n"
+    "  --token-file FILE      every call but health needs 'authorization:\n"
+    "                         Bearer <first line of FILE>'; the file is re-read\n"
+    "                         when it changes [WTX_TOKEN_FILE]\n"
+    "  --tls-cert FILE, --tls-key FILE   serve TLS with this certificate and\n"
+    "                         key (PEM) [WTX_TLS_CERT, WTX_TLS_KEY]\n"
+    "  --tls-client-ca FILE   mutual TLS: admit only clients whose certificate\n"
+    "                         this CA signed [WTX_TLS_CLIENT_CA]\n"
+    "  --reflection MODE      open (default: anyone), token (as every call) or\n"
+    "                         off [WTX_REFLECTION]\n"
+    "  --max-calls N          calls served at once; more get RESOURCE_EXHAUSTED\n"
+    "                         [WTX_MAX_CALLS] (default " STR(WTX_DEFAULT_MAX_CALLS) ")\n"
 
     "  -h, --help             this text\n"
     "\n"
@@ -97,6 +110,8 @@ static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi,
 typedef struct flags {
   const char *listen, *world, *watchdog, *maxmsg, *grace, *port_file;
   const char *model_spec, *publish_dir, *publish_keep, *log_level;
+  const char *token_file, *tls_cert, *tls_key, *tls_client_ca, *reflection;
+  const char *max_calls;
 } flags;
 
 _Static_assert(WTX_DEFAULT_MAX_MESSAGE_BYTES == 67108864, "--max-message-bytes default");
@@ -112,6 +127,12 @@ static const struct option longopts[] = {
     {"publish-dir", required_argument, NULL, 'P'},
     {"publish-keep", required_argument, NULL, 'k'},
     {"log-level", required_argument, NULL, 'L'},
+    {"token-file", required_argument, NULL, 't'},
+    {"tls-cert", required_argument, NULL, 'C'},
+    {"tls-key", required_argument, NULL, 'K'},
+    {"tls-client-ca", required_argument, NULL, 'A'},
+    {"reflection", required_argument, NULL, 'r'},
+    {"max-calls", required_argument, NULL, 'c'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -128,12 +149,20 @@ static int parse_flags(int argc, char **argv, flags *f) {
       .publish_dir = env_or("WTX_PUBLISH_DIR", NULL),
       .publish_keep = env_or("WTX_PUBLISH_KEEP", STR(WTX_DEFAULT_PUBLISH_KEEP)),
       .log_level = env_or("WTX_LOG_LEVEL", "info"),
+      .token_file = env_or("WTX_TOKEN_FILE", NULL),
+      .tls_cert = env_or("WTX_TLS_CERT", NULL),
+      .tls_key = env_or("WTX_TLS_KEY", NULL),
+      .tls_client_ca = env_or("WTX_TLS_CLIENT_CA", NULL),
+      .reflection = env_or("WTX_REFLECTION", "open"),
+      .max_calls = env_or("WTX_MAX_CALLS", STR(WTX_DEFAULT_MAX_CALLS)),
   };
   const char **slot[128] = {
       ['l'] = &f->listen, ['w'] = &f->world, ['d'] = &f->watchdog,
       ['m'] = &f->maxmsg, ['g'] = &f->grace, ['p'] = &f->port_file,
       ['s'] = &f->model_spec, ['P'] = &f->publish_dir, ['k'] = &f->publish_keep,
-      ['L'] = &f->log_level,
+      ['L'] = &f->log_level, ['t'] = &f->token_file, ['C'] = &f->tls_cert,
+      ['K'] = &f->tls_key, ['A'] = &f->tls_client_ca, ['r'] = &f->reflection,
+      ['c'] = &f->max_calls,
   };
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -151,6 +180,56 @@ static int parse_flags(int argc, char **argv, flags *f) {
     fprintf(stderr, "wtx-worker: unexpected argument '%s'\n%s", argv[optind], usage);
     return 3;
   }
+  return 0;
+}
+
+/* The whole of a PEM file named by a flag; an unreadable one is an error
+ * naming the flag, never a silent fall back to plaintext. */
+static int read_pem(const char *flag, const char *path, char **out) {
+  *out = NULL;
+  if (path == NULL) return 0;
+  FILE *f = fopen(path, "rb");
+  long n = -1;
+  if (f != NULL && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 &&
+      fseek(f, 0, SEEK_SET) == 0 && (*out = calloc(1, (size_t)n + 1)) != NULL &&
+      fread(*out, 1, (size_t)n, f) != (size_t)n) {
+    free(*out);
+    *out = NULL;
+  }
+  if (f != NULL) fclose(f);
+  if (*out != NULL && n > 0) return 0;
+  free(*out);
+  *out = NULL;
+  fprintf(stderr, "wtx-worker: %s: cannot read %s\n", flag, path);
+  return -1;
+}
+
+static int parse_reflection(const char *s, wtx_reflection *out) {
+  static const char *const names[] = {"open", "token", "off"};
+  for (int i = 0; i < 3; i++)
+    if (strcmp(s, names[i]) == 0) {
+      *out = (wtx_reflection)i;
+      return 0;
+    }
+  fprintf(stderr, "wtx-worker: --reflection: '%s' is not open, token or off\n", s);
+  return -1;
+}
+
+/* The security options: token file, TLS material (read here), reflection,
+ * call cap. pems[3] receive the PEMs read (freed by the caller). */
+static int security_from_flags(const flags *f, wtx_worker_options *o, char *pems[3]) {
+  int64_t max_calls;
+  if (parse_reflection(f->reflection, &o->reflection) != 0 ||
+      parse_i64("--max-calls", f->max_calls, 1, 1 << 20, &max_calls) != 0 ||
+      read_pem("--tls-cert", f->tls_cert, &pems[0]) != 0 ||
+      read_pem("--tls-key", f->tls_key, &pems[1]) != 0 ||
+      read_pem("--tls-client-ca", f->tls_client_ca, &pems[2]) != 0)
+    return -1;
+  o->max_calls = (int)max_calls;
+  o->token_file = f->token_file;
+  o->tls_cert_pem = pems[0];
+  o->tls_key_pem = pems[1];
+  o->tls_client_ca_pem = pems[2];
   return 0;
 }
 
@@ -215,15 +294,23 @@ int main(int argc, char **argv) {
   wtx_worker_options opts = WTX_WORKER_OPTIONS_INIT;
   daemon_t d;
   memset(&d, 0, sizeof d);
-  if (options_from_flags(&f, &opts, &d.grace_ms) != 0) return 2;
+  char *pems[3] = {NULL, NULL, NULL};
+  if (options_from_flags(&f, &opts, &d.grace_ms) != 0 ||
+      security_from_flags(&f, &opts, pems) != 0) {
+    for (int i = 0; i < 3; i++) free(pems[i]);
+    return 2;
+  }
   char err[512] = "";
-  if (wtx_worker_start(&opts, &d.w, err, sizeof err) != 0) {
+  int rc = wtx_worker_start(&opts, &d.w, err, sizeof err);
+  for (int i = 0; i < 3; i++) free(pems[i]); /* copied or used by start */
+  if (rc != 0) {
     fprintf(stderr, "wtx-worker: %s\n", err);
     return 1;
   }
-  wtx_log(WTX_LOG_INFO, "event=serving listen=%s port=%d services=wtx.v1."
-          "WeightTransfer,grpc.health.v1.Health,grpc.reflection.v1,"
-          "grpc.reflection.v1alpha", f.listen, wtx_worker_port(d.w));
+  wtx_log(WTX_LOG_INFO, "event=serving listen=%s port=%d tls=%s token=%s "
+          "reflection=%s", f.listen, wtx_worker_port(d.w),
+          f.tls_cert ? (f.tls_client_ca ? "mutual" : "on") : "off",
+          f.token_file ? "required" : "none", f.reflection);
   if (f.port_file != NULL && write_port_file(f.port_file, wtx_worker_port(d.w)) != 0) {
     fprintf(stderr, "wtx-worker: --port-file: cannot write %s\n", f.port_file);
     wtx_worker_destroy(d.w);

@@ -1,5 +1,6 @@
 /* wtx_worker: one session behind a gRPC server, with health, reflection,
  * the internal store and the publisher (see wtx/worker.h). */
+#include <grpc/grpc_security.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "rpc/services.h"
+#include "server/auth.h"
 #include "server/publish.h"
 #include "server/session.h"
 
@@ -14,6 +16,7 @@ struct wtx_worker {
   wtx_rpc_server *srv;
   wtx_rpc_health *health;
   wtx__publisher *publisher;
+  wtx__auth *auth;
   wtx_session session;
   int session_ready;
   wtx_store *own_store; /* NULL with a host model */
@@ -123,23 +126,57 @@ static int open_model(wtx_worker *w, const wtx_worker_options *opts,
   return rc;
 }
 
-/* The gRPC server with WeightTransfer, health and reflection, listening. */
+/* TLS server credentials from opts (NULL for plaintext); an error when
+ * they are asked for but incomplete or do not build. */
+static int server_credentials(const wtx_worker_options *opts,
+                              grpc_server_credentials **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (opts->tls_cert_pem == NULL && opts->tls_key_pem == NULL) {
+    if (opts->tls_client_ca_pem == NULL) return 0;
+    snprintf(err, errlen, "tls_client_ca: mutual TLS needs tls_cert and tls_key too");
+    return WTX_EINVAL;
+  }
+  if (opts->tls_cert_pem == NULL || opts->tls_key_pem == NULL) {
+    snprintf(err, errlen, "tls_cert and tls_key go together");
+    return WTX_EINVAL;
+  }
+  grpc_ssl_pem_key_cert_pair pair = {opts->tls_key_pem, opts->tls_cert_pem};
+  *out = grpc_ssl_server_credentials_create_ex(
+      opts->tls_client_ca_pem, &pair, 1,
+      opts->tls_client_ca_pem ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                              : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+      NULL);
+  if (*out == NULL) {
+    snprintf(err, errlen, "tls: the certificate, key or client CA do not build "
+             "TLS credentials");
+    return WTX_EINVAL;
+  }
+  return 0;
+}
+
+/* The gRPC server with WeightTransfer, health and (unless off)
+ * reflection, behind the token check, listening. */
 static int open_server(wtx_worker *w, const wtx_worker_options *opts, char *err,
                        size_t errlen) {
   wtx_rpc_server_options so = WTX_RPC_SERVER_OPTIONS_INIT;
   so.max_receive_message_bytes = opts->max_message_bytes > 0
                                      ? opts->max_message_bytes
                                      : WTX_DEFAULT_MAX_MESSAGE_BYTES;
-  int rc = wtx_rpc_server_create(&so, &w->srv);
+  so.max_calls = opts->max_calls > 0 ? opts->max_calls : WTX_DEFAULT_MAX_CALLS;
+  so.authorize = wtx__auth_check;
+  so.auth_data = w->auth;
+  int rc = server_credentials(opts, &so.credentials, err, errlen);
+  if (rc == 0) rc = wtx_rpc_server_create(&so, &w->srv);
   if (rc == 0)
     rc = wtx_rpc_server_add_service(w->srv, &wtx__v1__weight_transfer__grpc,
                                     &handlers, &w->session);
   if (rc == 0) rc = wtx_rpc_health_create(w->srv, &w->health);
-  if (rc == 0) rc = wtx_rpc_server_add_reflection(w->srv);
-  if (rc != 0) return rc;
-  rc = wtx_rpc_server_start(w->srv, opts->listen, &w->port);
-  if (rc != 0) snprintf(err, errlen, "listen: cannot bind %s", opts->listen);
-  else wtx_rpc_health_set(w->health, 1);
+  if (rc == 0 && opts->reflection != WTX_REFLECTION_OFF)
+    rc = wtx_rpc_server_add_reflection(w->srv);
+  if (rc == 0 && (rc = wtx_rpc_server_start(w->srv, opts->listen, &w->port)) != 0)
+    snprintf(err, errlen, "listen: cannot bind %s", opts->listen);
+  if (rc == 0) wtx_rpc_health_set(w->health, 1);
+  if (so.credentials != NULL) grpc_server_credentials_release(so.credentials);
   return rc;
 }
 
@@ -166,6 +203,7 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
       .transports = w->transports,
   };
   int rc = resolve_backends(w, opts, &cfg.n_transports, err, errlen);
+  if (rc == 0) rc = wtx__auth_create(opts->token_file, opts->reflection, &w->auth, err, errlen);
   if (rc == 0) rc = open_model(w, opts, &cfg, err, errlen);
   if (rc == 0 && (rc = wtx__session_init(&w->session, &cfg)) == 0) w->session_ready = 1;
   if (rc == 0) rc = open_server(w, opts, err, errlen);
@@ -213,6 +251,7 @@ void wtx_worker_destroy(wtx_worker *w) {
   wtx__publisher_destroy(w->publisher);
   if (w->session_ready) wtx__session_destroy(&w->session);
   wtx_store_destroy(w->own_store);
+  wtx__auth_destroy(w->auth);
   pthread_mutex_destroy(&w->mu);
   free(w);
 }

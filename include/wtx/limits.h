@@ -39,6 +39,9 @@
 #define WTX_DEFAULT_MAX_MESSAGE_BYTES (64 << 20)
 /* Replicas one wtx_client drives. */
 #define WTX_MAX_WORKERS 256
+/* wtx-worker --max-calls: gRPC calls served at once. */
+#define WTX_DEFAULT_MAX_CALLS 256
+
 /* NcclInitInfo.world_size: 2..65536 ranks. */
 #define WTX_MAX_NCCL_WORLD_SIZE 65536
 

@@ -105,6 +105,13 @@ int wtx_store_check(wtx_store *s, wtx_target target, const wtx_tensor_meta *meta
 
 typedef struct wtx_worker wtx_worker;
 
+/* Who may use server reflection (grpcurl list / describe). */
+typedef enum wtx_reflection {
+  WTX_REFLECTION_OPEN = 0,  /* anyone who reaches the port (the default) */
+  WTX_REFLECTION_TOKEN = 1, /* the bearer token, as every other call */
+  WTX_REFLECTION_OFF = 2,   /* not served */
+} wtx_reflection;
+
 typedef struct wtx_worker_options {
   /* "host:port" to listen on; port 0 picks one (wtx_worker_port). */
   const char *listen;
@@ -139,6 +146,20 @@ typedef struct wtx_worker_options {
   /* Published files kept in publish_dir, newest first; 0:
    * WTX_DEFAULT_PUBLISH_KEEP. */
   int publish_keep;
+  /* A file whose first line is the bearer token every call but health
+   * (and open reflection) must carry; re-read when it changes. NULL: no
+   * token. Copied. */
+  const char *token_file;
+  /* TLS: PEM contents of the server certificate and key (both or
+   * neither); with tls_client_ca_pem also, only clients whose certificate
+   * that CA signed are admitted (mTLS). NULL: plaintext. Copied. */
+  const char *tls_cert_pem;
+  const char *tls_key_pem;
+  const char *tls_client_ca_pem;
+  wtx_reflection reflection;
+  /* Calls served at once; beyond it a call gets RESOURCE_EXHAUSTED. 0:
+   * WTX_DEFAULT_MAX_CALLS. */
+  int max_calls;
 } wtx_worker_options;
 
 /* Every field at its default; set the ones you need after it. */

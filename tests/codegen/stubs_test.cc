@@ -82,9 +82,10 @@ grpc_status_code Chat(wtx_rpc_ctx *ctx) {
 
 class StubsTest : public ::testing::Test {
  protected:
-  void Start(int max_receive = 0) {
+  void Start(int max_receive = 0, int max_calls = 0) {
     wtx_rpc_server_options opts = WTX_RPC_SERVER_OPTIONS_INIT;
     opts.max_receive_message_bytes = max_receive;
+    opts.max_calls = max_calls;
     ASSERT_EQ(0, wtx_rpc_server_create(&opts, &srv_));
     handlers_.say = HandleSay;
     handlers_.chat = Chat;
@@ -185,6 +186,29 @@ TEST_F(StubsTest, DeadlineExpiresWhileTheHandlerIsSlow) {
   EXPECT_EQ(WTX_ETIMEDOUT, Say(req, &reply, &st, &opts));
   EXPECT_EQ(GRPC_STATUS_DEADLINE_EXCEEDED, st.code);
   EXPECT_EQ(nullptr, reply);
+}
+
+TEST_F(StubsTest, CallsBeyondTheCapAreResourceExhaustedAndLaterOnesServed) {
+  Start(0, /*max_calls=*/2);
+  Wtxtest__Echo__EchoRequest slow = WTXTEST__ECHO__ECHO_REQUEST__INIT;
+  slow.text = const_cast<char *>("slow");
+  slow.delay_ms = 1000;
+  wtx_rpc_pending *p[2] = {nullptr, nullptr};
+  for (auto &pp : p) ASSERT_EQ(0, wtxtest__echo__echo__say__start(ch_, &slow, nullptr, &pp));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both running
+  Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
+  req.text = const_cast<char *>("third");
+  Wtxtest__Echo__EchoReply *reply = nullptr;
+  wtx_rpc_status st;
+  EXPECT_EQ(wtx_err_from_grpc(GRPC_STATUS_RESOURCE_EXHAUSTED), Say(req, &reply, &st));
+  EXPECT_EQ(GRPC_STATUS_RESOURCE_EXHAUSTED, st.code);
+  EXPECT_NE(nullptr, strstr(st.message, "at most 2 calls at once")) << st.message;
+  for (auto &pp : p) {
+    ASSERT_EQ(0, wtxtest__echo__echo__say__wait(pp, &reply, &st)) << st.message;
+    protobuf_c_message_free_unpacked(&reply->base, nullptr);
+  }
+  ASSERT_EQ(0, Say(req, &reply, &st)) << st.message;  // a slot is free again
+  protobuf_c_message_free_unpacked(&reply->base, nullptr);
 }
 
 TEST_F(StubsTest, OversizedRequestIsRejectedAndTheServerKeepsServing) {

@@ -319,5 +319,70 @@ class WorkerTest(unittest.TestCase):
         self.assertEqual(0, info.generation)  # nothing was pushed
 
 
+class SecuredWorkerTest(unittest.TestCase):
+    """A worker behind a bearer token and TLS, reached as README shows."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="wtx-tls-")
+        d = self.dir
+        run = lambda *a: subprocess.run(a, cwd=d, check=True, capture_output=True)  # noqa
+        run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=wtx-test-ca", "-keyout", "ca.key", "-out", "ca.pem")
+        run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+            "-keyout", "srv.key", "-out", "srv.csr")
+        with open(os.path.join(d, "san.ext"), "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost")
+        run("openssl", "x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "1", "-extfile", "san.ext", "-out", "srv.pem")
+        with open(os.path.join(d, "token"), "w") as f:
+            f.write("s3cr3t-t0ken\n")
+        self.w = Worker("--token-file", os.path.join(d, "token"),
+                        "--tls-cert", os.path.join(d, "srv.pem"),
+                        "--tls-key", os.path.join(d, "srv.key"))
+
+    def tearDown(self):
+        self.assertEqual(0, self.w.stop())
+
+    def grpcurl(self, *args, token=None, body=None):
+        exe = os.path.join(os.path.dirname(sys.executable), "grpcurl")
+        cmd = [exe, "-cacert", os.path.join(self.dir, "ca.pem"),
+               *(["-H", f"authorization: Bearer {token}"] if token else []),
+               *(["-d", body] if body is not None else []),
+               f"127.0.0.1:{self.w.port}", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+
+    def test_grpcurl_over_tls_with_the_token(self):
+        out = self.grpcurl("list")  # reflection is open by default
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertIn("wtx.v1.WeightTransfer", out.stdout.split())
+        out = self.grpcurl("wtx.v1.WeightTransfer/GetWorldSize", body="{}")
+        self.assertNotEqual(0, out.returncode)
+        self.assertIn("Code: Unauthenticated", out.stderr)
+        out = self.grpcurl("wtx.v1.WeightTransfer/GetWorldSize", body="{}",
+                           token="s3cr3t-t0ken")
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertEqual({"worldSize": 1}, json.loads(out.stdout))
+        out = self.grpcurl("grpc.health.v1.Health/Check")  # probes need no token
+        self.assertEqual({"status": "SERVING"}, json.loads(out.stdout))
+
+    def test_wtx_cli_over_tls_with_a_token_from_the_environment(self):
+        addr = f"127.0.0.1:{self.w.port}"
+        ca = os.path.join(self.dir, "ca.pem")
+        env = dict(os.environ, WTX_TOKEN="s3cr3t-t0ken")
+        out = subprocess.run([CLI, "push", "--workers", addr, "--tls-ca", ca,
+                              "--version", "secure-1", "--verify", "synthetic:1M"],
+                             capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(0, out.returncode, out.stderr)
+        out = subprocess.run([CLI, "info", addr, "--tls-ca", ca, "--token-file",
+                              os.path.join(self.dir, "token")],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertIn("version secure-1", out.stdout)
+        out = subprocess.run([CLI, "info", addr, "--tls-ca", ca, "--token", "wrong"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(1, out.returncode)
+        self.assertIn("UNAUTHENTICATED", out.stderr)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -1,0 +1,127 @@
+/* The worker's bearer-token check (see auth.h). */
+#include "server/auth.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/log.h"
+
+#define MAX_TOKEN 4096
+
+struct wtx__auth {
+  pthread_mutex_t mu;
+  char *path;          /* NULL: no token required */
+  wtx_reflection reflection;
+  char token[MAX_TOKEN + 1];
+  size_t len;
+  struct stat seen;    /* of the file the token came from */
+};
+
+int wtx__auth_equal(const char *a, size_t alen, const char *b, size_t blen) {
+  /* Every byte of b is compared (against a, repeated): the time depends on
+   * the lengths, never on where the first difference is. */
+  unsigned char diff = alen != blen;
+  for (size_t i = 0; i < blen; i++)
+    diff |= (unsigned char)(b[i] ^ (alen ? a[i % alen] : 0));
+  return alen == blen && diff == 0;
+}
+
+/* Reads the first line of the token file into a->token. Caller holds mu
+ * (or owns a). */
+static int load(wtx__auth *a, const struct stat *st, char *err, size_t errlen) {
+  FILE *f = fopen(a->path, "r");
+  char line[MAX_TOKEN + 2];
+  if (f == NULL || fgets(line, sizeof line, f) == NULL) {
+    if (f != NULL) fclose(f);
+    snprintf(err, errlen, "token_file: cannot read %s", a->path);
+    return WTX_EINVAL;
+  }
+  fclose(f);
+  size_t n = strcspn(line, "\r\n");
+  if (n == 0 || n > MAX_TOKEN) {
+    snprintf(err, errlen, "token_file: %s: the first line must hold the token "
+             "(1..%d bytes)", a->path, MAX_TOKEN);
+    return WTX_EINVAL;
+  }
+  memcpy(a->token, line, n);
+  a->token[n] = '\0';
+  a->len = n;
+  a->seen = *st;
+  return 0;
+}
+
+int wtx__auth_create(const char *token_file, wtx_reflection reflection,
+                     wtx__auth **out, char *err, size_t errlen) {
+  *out = NULL;
+  wtx__auth *a = calloc(1, sizeof *a);
+  if (a == NULL) return WTX_ENOMEM;
+  pthread_mutex_init(&a->mu, NULL);
+  a->reflection = reflection;
+  int rc = 0;
+  struct stat st;
+  if (token_file != NULL) {
+    if ((a->path = strdup(token_file)) == NULL) rc = WTX_ENOMEM;
+    else if (stat(token_file, &st) != 0) {
+      snprintf(err, errlen, "token_file: cannot read %s", token_file);
+      rc = WTX_EINVAL;
+    } else {
+      rc = load(a, &st, err, errlen);
+    }
+  }
+  if (rc != 0) {
+    wtx__auth_destroy(a);
+    return rc;
+  }
+  *out = a;
+  return 0;
+}
+
+void wtx__auth_destroy(wtx__auth *a) {
+  if (a == NULL) return;
+  pthread_mutex_destroy(&a->mu);
+  free(a->path);
+  free(a);
+}
+
+static int changed(const struct stat *a, const struct stat *b) {
+  return a->st_ino != b->st_ino || a->st_dev != b->st_dev || a->st_size != b->st_size ||
+         a->st_mtim.tv_sec != b->st_mtim.tv_sec || a->st_mtim.tv_nsec != b->st_mtim.tv_nsec;
+}
+
+/* Whether value ("Bearer <token>") carries the current token; reloads the
+ * file first when it changed. */
+static int token_ok(wtx__auth *a, const char *value) {
+  static const char bearer[] = "Bearer ";
+  if (value == NULL || strncmp(value, bearer, sizeof bearer - 1) != 0) return 0;
+  value += sizeof bearer - 1;
+  pthread_mutex_lock(&a->mu);
+  struct stat st;
+  if (stat(a->path, &st) == 0 && changed(&st, &a->seen)) {
+    char err[256];
+    if (load(a, &st, err, sizeof err) == 0)
+      wtx_log(WTX_LOG_INFO, "event=token_reloaded");
+    else
+      wtx_log(WTX_LOG_WARN, "event=token_reload_failed keeping=previous");
+    a->seen = st; /* do not retry a bad file on every call */
+  }
+  int ok = wtx__auth_equal(a->token, a->len, value, strlen(value));
+  pthread_mutex_unlock(&a->mu);
+  return ok;
+}
+
+grpc_status_code wtx__auth_check(void *auth, wtx_rpc_ctx *ctx) {
+  wtx__auth *a = auth;
+  const char *path = wtx_rpc_ctx_method(ctx)->path;
+  if (strncmp(path, "/grpc.health.v1.Health/", 23) == 0) return GRPC_STATUS_OK;
+  if (strncmp(path, "/grpc.reflection.", 17) == 0 && a->reflection == WTX_REFLECTION_OPEN)
+    return GRPC_STATUS_OK;
+  if (a->path == NULL) return GRPC_STATUS_OK;
+  if (token_ok(a, wtx_rpc_ctx_metadata(ctx, "authorization"))) return GRPC_STATUS_OK;
+  /* Nothing of what the caller sent is echoed. */
+  return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAUTHENTICATED,
+                            "missing or wrong bearer token (send 'authorization: "
+                            "Bearer <token>')");
+}
