@@ -424,6 +424,7 @@ static int copy_params(const Wtx__V1__GetWeightInfoResponse *resp, wtx_weight_in
                                           pm->n_shape, why, sizeof why) != 0)
       q->meta = (wtx_tensor_meta){.name = name};
     q->xxh3 = p->xxh3_64;
+    q->has_xxh3 = p->has_xxh3_64;
   }
   return 0;
 }
@@ -492,13 +493,14 @@ int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
   return each_replica(&f);
 }
 
-/* The published checksum of name in info, or 0 with *found 0. */
+/* The published checksum of name in info, or 0 with *found 0 (absent, or
+ * published without a checksum). */
 static uint64_t published_sum(const wtx_weight_info *info, const char *name,
                               size_t hint, int *found) {
   for (size_t k = 0; k < info->n_params; k++) {
     const wtx_param_info *p = &info->params[(hint + k) % info->n_params];
     if (strcmp(p->meta.name, name) == 0) {
-      *found = 1;
+      *found = p->has_xxh3;
       return p->xxh3;
     }
   }

@@ -392,10 +392,13 @@ static void print_info(const char *target, const wtx_weight_info *info) {
          (unsigned long long)info->generation, info->num_params,
          (unsigned long long)info->total_bytes, wtx_session_state_name(info->state),
          info->backend[0] ? info->backend : "-", info->paused ? "  paused" : "");
-  for (size_t j = 0; j < info->n_params; j++)
-    printf("  %s  %llu bytes  xxh3 %016llx\n", info->params[j].meta.name,
-           (unsigned long long)info->params[j].meta.nbytes,
-           (unsigned long long)info->params[j].xxh3);
+  for (size_t j = 0; j < info->n_params; j++) {
+    const wtx_param_info *p = &info->params[j];
+    char sum[24] = "-";
+    if (p->has_xxh3) snprintf(sum, sizeof sum, "%016llx", (unsigned long long)p->xxh3);
+    printf("  %s  %llu bytes  xxh3 %s\n", p->meta.name, (unsigned long long)p->meta.nbytes,
+           sum);
+  }
 }
 
 static int cmd_info(int argc, char **argv) {

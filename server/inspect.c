@@ -51,7 +51,8 @@ static grpc_status_code list_params(wtx_rpc_ctx *ctx, const wtx_store_view *v,
     wtx__v1__param_info__init(&pis[i]);
     pis[i].meta = &pms[i];
     pis[i].nbytes = p->meta.nbytes;
-    pis[i].xxh3_64 = p->xxh3;
+    pis[i].xxh3_64 = p->has_xxh3 ? p->xxh3 : 0;
+    pis[i].has_xxh3_64 = p->has_xxh3;
     pi[i] = &pis[i];
   }
   resp->params = pi;

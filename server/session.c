@@ -361,8 +361,9 @@ static int chunk_stage(wtx_session *s, chunk *c) {
 static int chunk_loaded(wtx_session *s, chunk *c) {
   size_t done = wtx__rx_completed(s->rx);
   for (size_t i = 0; i < done; i++) {
-    int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i],
-                                      wtx__rx_checksum(s->rx, i));
+    uint64_t sum = wtx__rx_checksum(s->rx, i);
+    int verified = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+    int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i], verified ? &sum : NULL);
     if (rc != 0) {
       snprintf(c->err, sizeof c->err, "model: cannot load '%s'", c->metas[i].name);
       return rc;

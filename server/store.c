@@ -84,6 +84,7 @@ typedef struct entry {
   wtx_tensor_meta meta; /* meta.name owned */
   blob *b;
   uint64_t xxh3;
+  int has_xxh3;
 } entry;
 
 typedef struct snapshot {
@@ -195,6 +196,7 @@ static int entry_share(entry *dst, const entry *src) {
   dst->b = src->b;
   atomic_fetch_add(&src->b->refs, 1);
   dst->xxh3 = src->xxh3;
+  dst->has_xxh3 = src->has_xxh3;
   return 0;
 }
 
@@ -267,6 +269,7 @@ static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) 
   if (rc == 0) {
     s->st[s->n_st].b = b;
     s->st[s->n_st].xxh3 = 0;
+    s->st[s->n_st].has_xxh3 = 0;
     s->n_st++;
     *dst = b->data;
   } else {
@@ -277,14 +280,15 @@ static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) 
 }
 
 static int store_loaded(void *model, const wtx_tensor_meta *meta,
-                        uint64_t xxh3) {
+                        const uint64_t *xxh3) {
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
   int rc = WTX_ENOENT;
   /* The tensor completing is almost always the last one staged. */
   for (size_t i = s->n_st; i-- > 0;)
     if (strcmp(s->st[i].meta.name, meta->name) == 0) {
-      s->st[i].xxh3 = xxh3;
+      s->st[i].xxh3 = xxh3 != NULL ? *xxh3 : 0;
+      s->st[i].has_xxh3 = xxh3 != NULL;
       rc = 0;
       break;
     }
@@ -326,7 +330,8 @@ static int snapshot_build(const snapshot *old, const entry *st, size_t n_st,
   snap->view = rc == 0 ? calloc(snap->n + 1, sizeof *snap->view) : NULL;
   if (rc == 0 && snap->view == NULL) rc = WTX_ENOMEM;
   for (size_t i = 0; rc == 0 && i < snap->n; i++)
-    snap->view[i] = (wtx_store_param){snap->e[i].meta, snap->e[i].b->data, snap->e[i].xxh3};
+    snap->view[i] = (wtx_store_param){snap->e[i].meta, snap->e[i].b->data,
+                                      snap->e[i].xxh3, snap->e[i].has_xxh3};
   if (rc == 0) rc = index_build(&snap->ix, snap->e, snap->n);
   if (rc != 0) goto fail;
   wtx__strmap_destroy(stix);

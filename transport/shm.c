@@ -1,9 +1,10 @@
 /* shm: same-host transfer through POSIX shared memory.
  *
  * The trainer writes each chunk into a shared-memory object it owns and names
- * it in the chunk's ShmUpdateInfo; the worker maps the object read-only
- * (once, while the trainer keeps using it) and copies the chunk once, straight into the model's staging memory, hashing
- * it on the way.
+ * it in the chunk's ShmUpdateInfo; the worker opens the object (once, while
+ * the trainer keeps using it; only "/wtx-..." objects of its own user) and
+ * reads the chunk once with pread, straight into the model's staging
+ * memory, hashing it on the way.
  *
  * Trainer half: one object of num_buffers x buffer_size bytes; buffer k is
  * the range [k * buffer_size, +buffer_size). The bytes are in place once
@@ -21,22 +22,27 @@
 
 #include "transport/transport.h"
 
+/* Regions a worker reads: named by the project's prefix and owned by the
+ * worker's own user (docs/security.md). */
+#define REGION_PREFIX "/wtx-"
+/* Bytes read per pread: the chunk lands in model memory piece by piece,
+ * hashed while the piece is cache-hot. */
+#define PIECE ((size_t)4 << 20)
+
 typedef struct shm_worker {
   wtx_wire_params wire;
-  /* The trainer's region stays mapped across chunks: mapping it again for
-   * every chunk costs a page fault per page, every time. */
+  /* The trainer's region stays open across chunks; it is read with pread,
+   * never mapped, so a region that shrinks or disappears mid-chunk is a
+   * short read (an error), never SIGBUS. */
   char region[256];
-  uint8_t *map;
-  size_t maplen;
+  int fd;
 } shm_worker;
 
-static void unmap_region(shm_worker *w) {
-  if (w->map != NULL) munmap(w->map, w->maplen);
-  w->map = NULL;
-  w->maplen = 0;
+static void close_region(shm_worker *w) {
+  if (w->fd >= 0) close(w->fd);
+  w->fd = -1;
   w->region[0] = '\0';
 }
-
 
 static int shm_worker_init(const Wtx__V1__InitInfo *init,
                            const wtx_wire_params *wire, void **self,
@@ -48,63 +54,91 @@ static int shm_worker_init(const Wtx__V1__InitInfo *init,
   shm_worker *w = calloc(1, sizeof *w);
   if (w == NULL) return WTX_ENOMEM;
   w->wire = *wire;
+  w->fd = -1;
   if (addrlen > 0) data_address[0] = '\0';
   *self = w;
   return 0;
+}
+
+/* A name this worker may open: the prefix, one component, at most 255. */
+static int region_name_ok(const char *r) {
+  return strncmp(r, REGION_PREFIX, strlen(REGION_PREFIX)) == 0 &&
+         strchr(r + 1, '/') == NULL && strlen(r) <= 255;
+}
+
+/* Opens region and checks it is a regular object of the worker's user. */
+static int open_region(shm_worker *w, const char *region, wtx_rx *rx) {
+  close_region(w);
+  int fd = shm_open(region, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (fd < 0) {
+    wtx_rx_errorf(rx, "update_info.shm.region: cannot open '%s': %s", region,
+                  strerror(errno));
+    return WTX_EIO;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+    close(fd);
+    wtx_rx_errorf(rx, "update_info.shm.region: '%s' is not a region of this "
+                  "worker's user", region);
+    return WTX_EPERM;
+  }
+  w->fd = fd;
+  snprintf(w->region, sizeof w->region, "%s", region);
+  return 0;
+}
+
+/* Reads [offset, +length) of the open region into rx, piece by piece. */
+static int read_region(shm_worker *w, uint64_t offset, uint64_t length, wtx_rx *rx) {
+  uint64_t got = 0;
+  for (;;) {
+    uint8_t *dst;
+    size_t room = wtx_rx_next(rx, &dst);
+    if (room == 0) return 0;
+    size_t k = room < PIECE ? room : PIECE;
+    ssize_t n = pread(w->fd, dst, k, (off_t)(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      wtx_rx_errorf(rx, "update_info.shm.region: '%s' ended after %llu of the "
+                    "chunk's %llu bytes (shrunk or removed while read)",
+                    w->region, (unsigned long long)got, (unsigned long long)length);
+      close_region(w);
+      return WTX_EABORTED;
+    }
+    int rc = wtx_rx_commit(rx, (size_t)n);
+    if (rc != 0) return rc;
+    got += (uint64_t)n;
+  }
 }
 
 static int shm_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
                               wtx_rx *rx) {
   shm_worker *w = self;
   const Wtx__V1__ShmUpdateInfo *u = info->shm;
-  if (u->region[0] != '/' || strchr(u->region + 1, '/') != NULL ||
-      strlen(u->region) > 255) {
-    wtx_rx_errorf(rx,
-                  "update_info.shm.region: '%s' is not a POSIX shm name "
-                  "('/name', at most 255 bytes)",
-                  u->region);
+  if (!region_name_ok(u->region)) {
+    wtx_rx_errorf(rx, "update_info.shm.region: must be a POSIX shm name starting "
+                  "'" REGION_PREFIX "' (one component, at most 255 bytes)");
     return WTX_EINVAL;
   }
+  int rc = 0;
+  if (w->fd < 0 || strcmp(w->region, u->region) != 0)
+    rc = open_region(w, u->region, rx);
+  if (rc != 0) return rc;
+  /* The size is checked on every chunk: the region may have changed. */
   uint64_t length = wtx_rx_remaining(rx);
-  if (w->map == NULL || strcmp(w->region, u->region) != 0 ||
-      u->offset > w->maplen || w->maplen - u->offset < length) {
-    unmap_region(w);
-    int fd = shm_open(u->region, O_RDONLY, 0);
-    if (fd < 0) {
-      wtx_rx_errorf(rx, "update_info.shm.region: cannot open '%s': %s",
-                    u->region, strerror(errno));
-      return WTX_EIO;
-    }
-    struct stat st;
-    int ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size >= u->offset &&
-             (uint64_t)st.st_size - u->offset >= length;
-    if (!ok) {
-      wtx_rx_errorf(rx,
-                    "update_info.shm: range [%llu, +%llu) is outside region "
-                    "'%s' (%lld bytes)",
-                    (unsigned long long)u->offset, (unsigned long long)length,
-                    u->region, (long long)st.st_size);
-      close(fd);
-      return WTX_EINVAL;
-    }
-    if (st.st_size > 0) {
-      void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-      if (map == MAP_FAILED) {
-        wtx_rx_errorf(rx, "cannot map region '%s': %s", u->region, strerror(errno));
-        close(fd);
-        return WTX_EIO;
-      }
-      w->map = map;
-      w->maplen = (size_t)st.st_size;
-      snprintf(w->region, sizeof w->region, "%s", u->region);
-    }
-    close(fd);
+  struct stat st;
+  if (fstat(w->fd, &st) != 0 || (uint64_t)st.st_size < u->offset ||
+      (uint64_t)st.st_size - u->offset < length) {
+    wtx_rx_errorf(rx, "update_info.shm: range [%llu, +%llu) is outside region "
+                  "'%s'", (unsigned long long)u->offset, (unsigned long long)length,
+                  u->region);
+    close_region(w);
+    return WTX_EINVAL;
   }
-  return length > 0 ? wtx_rx_bytes(rx, w->map + u->offset, (size_t)length) : 0;
+  return read_region(w, u->offset, length, rx);
 }
 
 static void shm_worker_destroy(void *self) {
-  unmap_region(self);
+  close_region(self);
   free(self);
 }
 

@@ -19,6 +19,8 @@
  *    under a watchdog.
  * Built as libwtx_fake_cuda.so (//cuda/testing:fake_cuda). Never
  * shipped, never loaded unless a test points the variables at it. */
+#include <dirent.h>
+#include <signal.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -114,11 +116,35 @@ static int track(alloc *a, int create, void **ptr) {
   return OK;
 }
 
+/* What the driver does for a process that died: its device memory goes.
+ * The double's device memory is POSIX shm named after the owner's pid; a
+ * process killed mid-test leaves it behind, so the first allocation of
+ * each process removes the objects of pids that no longer run. */
+static void reap_dead_owners(void) {
+  DIR *d = opendir("/dev/shm");
+  if (d == NULL) return;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    int pid = 0;
+    if (sscanf(e->d_name, "wtxfake-%d-", &pid) != 1 || pid <= 0) continue;
+    if (kill(pid, 0) != 0 && errno == ESRCH) {
+      char name[300];
+      snprintf(name, sizeof name, "/%s", e->d_name);
+      shm_unlink(name);
+    }
+  }
+  closedir(d);
+}
+
 EXPORT int cudaMalloc(void **ptr, size_t size) {
+  static pthread_once_t reaped = PTHREAD_ONCE_INIT;
+  pthread_once(&reaped, reap_dead_owners);
   alloc *a = calloc(1, sizeof *a);
   if (a == NULL) return ERR_MEMORY;
-  snprintf(a->name, sizeof a->name, "/wtxfake-%d-%u", (int)getpid(),
-           atomic_fetch_add(&counter, 1));
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  /* pid, start time and a counter: a reused pid never meets a leftover. */
+  snprintf(a->name, sizeof a->name, "/wtxfake-%d-%lx-%u", (int)getpid(),
+           (unsigned long)ts.tv_nsec ^ (unsigned long)ts.tv_sec, atomic_fetch_add(&counter, 1));
   a->size = size;
   return track(a, 1, ptr);
 }

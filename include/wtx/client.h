@@ -86,7 +86,8 @@ const char *wtx_session_state_name(int state);
 /* One published parameter. */
 typedef struct wtx_param_info {
   wtx_tensor_meta meta; /* meta.name owned by the wtx_weight_info */
-  uint64_t xxh3;        /* XXH3-64 of the published bytes */
+  uint64_t xxh3;        /* XXH3-64 of the published bytes, when has_xxh3 */
+  int has_xxh3;         /* 0: the update ran without checksums */
 } wtx_param_info;
 
 /* What GetWeightInfo tells of one worker. */

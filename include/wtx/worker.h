@@ -51,8 +51,10 @@ typedef struct wtx_model_ops {
   /* Returns host memory of meta->nbytes where the tensor's bytes are
    * received, owned by the model until commit or abort. */
   int (*stage)(void *model, const wtx_tensor_meta *meta, uint8_t **dst);
-  /* The tensor staged at dst is complete and verified (xxh3 of its bytes). */
-  int (*loaded)(void *model, const wtx_tensor_meta *meta, uint64_t xxh3);
+  /* The tensor staged at dst is complete and verified. xxh3 points to the
+   * XXH3-64 of its bytes when the session checks checksums, else NULL (no
+   * hash was computed). */
+  int (*loaded)(void *model, const wtx_tensor_meta *meta, const uint64_t *xxh3);
   /* Makes every loaded tensor visible at once, labelled version. */
   int (*commit)(void *model, const char *version);
   /* Discards everything staged since begin. */
@@ -75,7 +77,8 @@ int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n);
 typedef struct wtx_store_param {
   wtx_tensor_meta meta;
   const uint8_t *data;
-  uint64_t xxh3;
+  uint64_t xxh3;  /* meaningful when has_xxh3 */
+  int has_xxh3;   /* 1: xxh3 is the hash of data; 0: none was computed */
 } wtx_store_param;
 
 /* A consistent view of the published main (or draft) weights: the caller

@@ -41,7 +41,7 @@ class PublishTest : public ::testing::Test {
     uint8_t *d = nullptr;
     ASSERT_EQ(0, ops.stage(s_, &m, &d));
     memset(d, fill, 100);
-    ASSERT_EQ(0, ops.loaded(s_, &m, 0));
+    ASSERT_EQ(0, ops.loaded(s_, &m, nullptr));
     ASSERT_EQ(0, ops.commit(s_, version));
     wtx__publisher_notify(p_);
   }

@@ -322,8 +322,40 @@ TEST_F(SessionTest, CorruptedByteIsDataLossAndKeepsOldWeights) {
   ASSERT_EQ(0, Start());
   EXPECT_EQ(WTX_ECHECKSUM, Update({T("a", 16, 7), T("b", 8, 7)}, /*corrupt=*/true));
   EXPECT_EQ(GRPC_STATUS_DATA_LOSS, st_.code);
-  EXPECT_NE(nullptr, strstr(st_.message, "checksum mismatch"));
+  EXPECT_NE(nullptr, strstr(st_.message, "checksum mismatch for 'a': the bytes received do "
+                                         "not hash to the sender's xxh3"))
+      << st_.message;
+  // No hash of what arrived is echoed (it would tell of bytes the caller
+  // may not own): the message holds no 16-digit hex number.
+  for (const char *p = st_.message; *p; p++)
+    ASSERT_FALSE(strspn(p, "0123456789abcdef") >= 16) << st_.message;
   ExpectV1Intact();
+}
+
+TEST_F(SessionTest, WithoutChecksumsNoHashIsReported) {
+  ASSERT_EQ(0, Init("shm", WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE)) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("a", 16, 1)})) << st_.message;
+  ASSERT_EQ(0, Finish("plain")) << st_.message;
+  Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
+  req.include_params = 1;
+  Wtx__V1__GetWeightInfoResponse *info = nullptr;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__get_weight_info__call(ch_, &req, &info, nullptr, &st_));
+  ASSERT_EQ(1u, info->n_params);
+  EXPECT_FALSE(info->params[0]->has_xxh3_64);  // never the XXH3 of empty input
+  EXPECT_EQ(0u, info->params[0]->xxh3_64);
+  protobuf_c_message_free_unpacked(&info->base, nullptr);
+  // With checksums, the published hash is the bytes' own.
+  ASSERT_EQ(0, Init("shm")) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  Tensor a = T("a", 16, 2);
+  ASSERT_EQ(0, Update({a})) << st_.message;
+  ASSERT_EQ(0, Finish("hashed")) << st_.message;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__get_weight_info__call(ch_, &req, &info, nullptr, &st_));
+  ASSERT_EQ(1u, info->n_params);
+  EXPECT_TRUE(info->params[0]->has_xxh3_64);
+  EXPECT_EQ(XXH3_64bits(a.data.data(), a.data.size()), info->params[0]->xxh3_64);
+  protobuf_c_message_free_unpacked(&info->base, nullptr);
 }
 
 TEST_F(SessionTest, AbortDiscardsStagedWeightsAndANewUpdateCanStart) {
@@ -445,7 +477,7 @@ int CmBegin(void *m, wtx_target t) {
 int CmStage(void *m, const wtx_tensor_meta *meta, uint8_t **dst) {
   return wtx_store_model_ops.stage(static_cast<CountingModel *>(m)->store, meta, dst);
 }
-int CmLoaded(void *m, const wtx_tensor_meta *meta, uint64_t h) {
+int CmLoaded(void *m, const wtx_tensor_meta *meta, const uint64_t *h) {
   return wtx_store_model_ops.loaded(static_cast<CountingModel *>(m)->store, meta, h);
 }
 int CmCommit(void *m, const char *v) {
@@ -647,8 +679,8 @@ int HmStage(void *m, const wtx_tensor_meta *meta, uint8_t **dst) {
   *dst = buf.data();
   return 0;
 }
-int HmLoaded(void *m, const wtx_tensor_meta *meta, uint64_t h) {
-  static_cast<HostModel *>(m)->sums[meta->name] = h;
+int HmLoaded(void *m, const wtx_tensor_meta *meta, const uint64_t *h) {
+  static_cast<HostModel *>(m)->sums[meta->name] = h != nullptr ? *h : 0;
   return 0;
 }
 int HmCommit(void *m, const char *v) {

@@ -36,7 +36,8 @@ class StoreTest : public ::testing::Test {
       uint8_t *d = nullptr;
       EXPECT_EQ(0, ops.stage(s_, &m, &d));
       memset(d, fill, n);
-      EXPECT_EQ(0, ops.loaded(s_, &m, static_cast<uint64_t>(fill)));
+      uint64_t sum = static_cast<uint64_t>(fill);
+      EXPECT_EQ(0, ops.loaded(s_, &m, &sum));
       dst.push_back(d);
     }
     return dst;
