@@ -367,6 +367,20 @@ int wtx__client_finish(wtx_client *c, const char *version, char *published,
   return each_replica(&f);
 }
 
+/* text cut to fit len (with its NUL) at a character boundary: the schema
+ * bounds the abort reason and wants UTF-8, so a long one is cut, not
+ * refused, and never mid-character. */
+static char *cut_utf8(const char *text, char *buf, size_t len) {
+  size_t n = strlen(text);
+  if (n >= len) {
+    n = len - 1;
+    while (n > 0 && ((unsigned char)text[n] & 0xC0) == 0x80) n--;
+  }
+  memcpy(buf, text, n);
+  buf[n] = '\0';
+  return buf;
+}
+
 /* AbortWeightUpdate on every replica: of our sessions, or (any) of
  * whatever session is current. Best effort: every replica is tried. */
 static int abort_all(wtx_client *c, const char *reason, int any, int *aborted) {
@@ -376,10 +390,8 @@ static int abort_all(wtx_client *c, const char *reason, int any, int *aborted) {
     if (!any && c->r[i].session_id[0] == '\0') continue;
     Wtx__V1__AbortWeightUpdateRequest req = WTX__V1__ABORT_WEIGHT_UPDATE_REQUEST__INIT;
     req.session_id = any ? (char *)"" : c->r[i].session_id;
-    /* The schema bounds the reason; a long one is cut, not refused. */
     char why[WTX_MAX_REASON_BYTES + 1];
-    snprintf(why, sizeof why, "%s", reason ? reason : "");
-    req.reason = why;
+    req.reason = cut_utf8(reason ? reason : "", why, sizeof why);
     ProtobufCMessage *m = NULL;
     int rc = call(c, i, wtx__v1__weight_transfer__abort_weight_update__method, &req.base, &m, 0);
     if (m != NULL) {
@@ -406,13 +418,15 @@ const char *wtx_session_state_name(int state) {
   return v != NULL && state != 0 ? v->name + strlen("SESSION_STATE_") : "UNSPECIFIED";
 }
 
-/* Copies the listed parameters of resp into info (names malloc'd). */
+/* Appends the page of parameters in resp to info (names malloc'd). */
 static int copy_params(const Wtx__V1__GetWeightInfoResponse *resp, wtx_weight_info *info) {
-  info->params = calloc(resp->n_params + 1, sizeof *info->params);
-  if (info->params == NULL) return WTX_ENOMEM;
+  wtx_param_info *grown =
+      realloc(info->params, (info->n_params + resp->n_params + 1) * sizeof *grown);
+  if (grown == NULL) return WTX_ENOMEM;
+  info->params = grown;
   for (size_t i = 0; i < resp->n_params; i++) {
     const Wtx__V1__ParamInfo *p = resp->params[i];
-    wtx_param_info *q = &info->params[i];
+    wtx_param_info *q = &info->params[info->n_params];
     char why[64];
     const Wtx__V1__ParamMeta *pm = p->meta;
     char *name = strdup(pm != NULL ? pm->name : "");
@@ -429,15 +443,8 @@ static int copy_params(const Wtx__V1__GetWeightInfoResponse *resp, wtx_weight_in
   return 0;
 }
 
-int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
-                           wtx_weight_info *out) {
-  memset(out, 0, sizeof *out);
-  Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
-  req.include_params = include_params;
-  ProtobufCMessage *m = NULL;
-  int rc = i < c->n ? call(c, i, wtx__v1__weight_transfer__get_weight_info__method, &req.base, &m, 1) : WTX_EINVAL;
-  if (rc != 0) return rc;
-  Wtx__V1__GetWeightInfoResponse *r = (Wtx__V1__GetWeightInfoResponse *)m;
+/* The summary fields of r into out. */
+static void copy_summary(const Wtx__V1__GetWeightInfoResponse *r, wtx_weight_info *out) {
   snprintf(out->version, sizeof out->version, "%s", r->weight_version);
   snprintf(out->backend, sizeof out->backend, "%s", r->backend);
   out->generation = r->generation;
@@ -448,9 +455,35 @@ int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
   out->active_target = r->active_target;
   out->draft_num_params = r->draft_num_params;
   out->draft_total_bytes = r->draft_total_bytes;
-  rc = r->n_params > 0 ? copy_params(r, out) : 0;
-  protobuf_c_message_free_unpacked(m, NULL);
-  return rc;
+}
+
+int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
+                           wtx_weight_info *out) {
+  memset(out, 0, sizeof *out);
+  if (i >= c->n) return WTX_EINVAL;
+  Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
+  req.include_params = include_params;
+  /* The listing comes in pages; the summary is the first page's. A version
+   * published between pages starts the listing again (a few times). */
+  for (int page = 0, restarts = 0;; page++) {
+    ProtobufCMessage *m = NULL;
+    int rc = call(c, i, wtx__v1__weight_transfer__get_weight_info__method, &req.base, &m, 1);
+    if (rc != 0) return rc;
+    Wtx__V1__GetWeightInfoResponse *r = (Wtx__V1__GetWeightInfoResponse *)m;
+    if (page > 0 && (r->generation != out->generation ||
+                     strcmp(r->weight_version, out->version) != 0) && restarts++ < 3) {
+      wtx_weight_info_free(out);
+      page = -1;
+      req.params_offset = 0;
+      protobuf_c_message_free_unpacked(m, NULL);
+      continue;
+    }
+    if (page == 0) copy_summary(r, out);
+    rc = r->n_params > 0 ? copy_params(r, out) : 0;
+    req.params_offset = r->next_params_offset;
+    protobuf_c_message_free_unpacked(m, NULL);
+    if (rc != 0 || req.params_offset == 0) return rc;
+  }
 }
 
 void wtx_weight_info_free(wtx_weight_info *info) {

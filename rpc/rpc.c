@@ -634,6 +634,10 @@ const wtx_rpc_method *wtx_rpc_ctx_method(const wtx_rpc_ctx *ctx) {
   return ctx->sl->method;
 }
 
+size_t wtx_rpc_ctx_request_bytes(const wtx_rpc_ctx *ctx) {
+  return ctx->sl->payload != NULL ? grpc_byte_buffer_length(ctx->sl->payload) : 0;
+}
+
 const char *wtx_rpc_ctx_metadata(wtx_rpc_ctx *ctx, const char *key) {
   size_t klen = strlen(key);
   for (size_t i = 0; i < ctx->sl->md.count; i++) {

@@ -226,6 +226,8 @@ const wtx_rpc_service *wtx_rpc_server_service(const wtx_rpc_server *srv,
 void *wtx_rpc_ctx_user(const wtx_rpc_ctx *ctx);
 /* The method being served (from the service's generated table). */
 const wtx_rpc_method *wtx_rpc_ctx_method(const wtx_rpc_ctx *ctx);
+/* Bytes of a unary call's request as it arrived (0 for streaming calls). */
+size_t wtx_rpc_ctx_request_bytes(const wtx_rpc_ctx *ctx);
 /* The value of request metadata key copied into the call arena (NUL
  * terminated), or NULL when absent. */
 const char *wtx_rpc_ctx_metadata(wtx_rpc_ctx *ctx, const char *key);

@@ -15,6 +15,7 @@ PACKAGES=(
   libxxhash-dev            # XXH3 checksums
   libjansson-dev           # JSON (safetensors headers)
   uthash-dev               # hash tables (common/strmap.c)
+  libunistring-dev         # UTF-8 validation of names and versions
   python3 python3-venv     # Python client tests
   openssl                  # test certificates (TLS client test)
 )

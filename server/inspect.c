@@ -12,10 +12,13 @@ grpc_status_code wtx__handle_version(wtx_rpc_ctx *ctx,
     Wtx__V1__UpdateWeightVersionResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   size_t n = strlen(req->weight_version);
-  if (n == 0 || n > WTX_MAX_VERSION_BYTES)
+  if (n == 0)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                              "weight_version: %zu bytes, must be 1..%d", n,
-                              WTX_MAX_VERSION_BYTES);
+                              "weight_version: 0 bytes, must be 1..%d", WTX_MAX_VERSION_BYTES);
+  grpc_status_code code = wtx__check_request(ctx, &req->base);
+  if (code == GRPC_STATUS_OK)
+    code = wtx__check_text(ctx, "weight_version", req->weight_version, WTX_MAX_VERSION_BYTES);
+  if (code != GRPC_STATUS_OK) return code;
   if (s->cfg.store == NULL)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNIMPLEMENTED,
                               "the host model does not keep versions here");
@@ -28,17 +31,42 @@ grpc_status_code wtx__handle_version(wtx_rpc_ctx *ctx,
   return GRPC_STATUS_OK;
 }
 
-/* The published parameters of v as ParamInfo messages in the call arena. */
+/* Bytes a listing page may hold: under the 4 MiB a gRPC client accepts
+ * by default, with room for the rest of the response. */
+#define PAGE_BYTES ((size_t)3 << 20)
+
+/* How many parameters of v from off fit in one page of at most limit. */
+static size_t page_size(const wtx_store_view *v, size_t off, size_t limit) {
+  size_t n = 0, bytes = 0;
+  while (off + n < v->n_params && n < limit) {
+    const wtx_tensor_meta *m = &v->params[off + n].meta;
+    bytes += strlen(m->name) + 16 + 11 * (m->ndim + 1); /* ParamInfo, at most */
+    if (n > 0 && bytes > PAGE_BYTES) break;
+    n++;
+  }
+  return n;
+}
+
+/* One page of the published parameters of v as ParamInfo messages in the
+ * call arena. */
 static grpc_status_code list_params(wtx_rpc_ctx *ctx, const wtx_store_view *v,
+                                    const Wtx__V1__GetWeightInfoRequest *req,
                                     Wtx__V1__GetWeightInfoResponse *resp) {
-  size_t n = v->n_params;
-  Wtx__V1__ParamInfo **pi = wtx_rpc_ctx_alloc(ctx, n * sizeof *pi);
-  Wtx__V1__ParamInfo *pis = wtx_rpc_ctx_alloc(ctx, n * sizeof *pis);
-  Wtx__V1__ParamMeta *pms = wtx_rpc_ctx_alloc(ctx, n * sizeof *pms);
+  size_t off = req->params_offset, limit = req->params_limit;
+  if (limit == 0 || limit > WTX_MAX_INFO_PARAMS) limit = WTX_MAX_INFO_PARAMS;
+  if (off > v->n_params)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_OUT_OF_RANGE,
+                              "params_offset: %zu, the model has %zu parameters", off,
+                              v->n_params);
+  size_t n = page_size(v, off, limit);
+  if (off + n < v->n_params) resp->next_params_offset = (uint32_t)(off + n);
+  Wtx__V1__ParamInfo **pi = wtx_rpc_ctx_alloc(ctx, (n + 1) * sizeof *pi);
+  Wtx__V1__ParamInfo *pis = wtx_rpc_ctx_alloc(ctx, (n + 1) * sizeof *pis);
+  Wtx__V1__ParamMeta *pms = wtx_rpc_ctx_alloc(ctx, (n + 1) * sizeof *pms);
   if (pi == NULL || pis == NULL || pms == NULL)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
   for (size_t i = 0; i < n; i++) {
-    const wtx_store_param *p = &v->params[i];
+    const wtx_store_param *p = &v->params[off + i];
     wtx__v1__param_meta__init(&pms[i]);
     /* Copied: the view is released before the response is sent. */
     pms[i].name = wtx_rpc_ctx_strdup(ctx, p->meta.name);
@@ -88,7 +116,7 @@ grpc_status_code wtx__handle_info(wtx_rpc_ctx *ctx,
   resp->total_bytes = v.total_bytes;
   resp->draft_num_params = (uint32_t)d.n_params;
   resp->draft_total_bytes = d.total_bytes;
-  if (req->include_params && v.n_params > 0) code = list_params(ctx, &v, resp);
+  if (req->include_params) code = list_params(ctx, &v, req, resp);
   wtx_store_release(s->cfg.store, &v);
   wtx_store_release(s->cfg.store, &d);
   return code;

@@ -52,6 +52,9 @@ static const char usage[] =
     "                         this CA signed [WTX_TLS_CLIENT_CA]\n"
     "  --reflection MODE      open (default: anyone), token (as every call) or\n"
     "                         off [WTX_REFLECTION]\n"
+    "  --max-model-bytes N, --max-params N   what one update may stage; more\n"
+    "                         is RESOURCE_EXHAUSTED [WTX_MAX_MODEL_BYTES,\n"
+    "                         WTX_MAX_PARAMS] (default: no limit)\n"
     "  --max-calls N          calls served at once; more get RESOURCE_EXHAUSTED\n"
     "                         [WTX_MAX_CALLS] (default " STR(WTX_DEFAULT_MAX_CALLS) ")\n"
 
@@ -111,7 +114,7 @@ typedef struct flags {
   const char *listen, *world, *watchdog, *maxmsg, *grace, *port_file;
   const char *model_spec, *publish_dir, *publish_keep, *log_level;
   const char *token_file, *tls_cert, *tls_key, *tls_client_ca, *reflection;
-  const char *max_calls;
+  const char *max_calls, *max_model_bytes, *max_params;
 } flags;
 
 _Static_assert(WTX_DEFAULT_MAX_MESSAGE_BYTES == 67108864, "--max-message-bytes default");
@@ -133,6 +136,8 @@ static const struct option longopts[] = {
     {"tls-client-ca", required_argument, NULL, 'A'},
     {"reflection", required_argument, NULL, 'r'},
     {"max-calls", required_argument, NULL, 'c'},
+    {"max-model-bytes", required_argument, NULL, 'B'},
+    {"max-params", required_argument, NULL, 'N'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -155,6 +160,8 @@ static int parse_flags(int argc, char **argv, flags *f) {
       .tls_client_ca = env_or("WTX_TLS_CLIENT_CA", NULL),
       .reflection = env_or("WTX_REFLECTION", "open"),
       .max_calls = env_or("WTX_MAX_CALLS", STR(WTX_DEFAULT_MAX_CALLS)),
+      .max_model_bytes = env_or("WTX_MAX_MODEL_BYTES", "0"),
+      .max_params = env_or("WTX_MAX_PARAMS", "0"),
   };
   const char **slot[128] = {
       ['l'] = &f->listen, ['w'] = &f->world, ['d'] = &f->watchdog,
@@ -162,7 +169,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
       ['s'] = &f->model_spec, ['P'] = &f->publish_dir, ['k'] = &f->publish_keep,
       ['L'] = &f->log_level, ['t'] = &f->token_file, ['C'] = &f->tls_cert,
       ['K'] = &f->tls_key, ['A'] = &f->tls_client_ca, ['r'] = &f->reflection,
-      ['c'] = &f->max_calls,
+      ['c'] = &f->max_calls, ['B'] = &f->max_model_bytes, ['N'] = &f->max_params,
   };
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -218,14 +225,18 @@ static int parse_reflection(const char *s, wtx_reflection *out) {
 /* The security options: token file, TLS material (read here), reflection,
  * call cap. pems[3] receive the PEMs read (freed by the caller). */
 static int security_from_flags(const flags *f, wtx_worker_options *o, char *pems[3]) {
-  int64_t max_calls;
+  int64_t max_calls, max_bytes, max_params;
   if (parse_reflection(f->reflection, &o->reflection) != 0 ||
       parse_i64("--max-calls", f->max_calls, 1, 1 << 20, &max_calls) != 0 ||
+      parse_i64("--max-model-bytes", f->max_model_bytes, 0, INT64_MAX, &max_bytes) != 0 ||
+      parse_i64("--max-params", f->max_params, 0, INT64_MAX, &max_params) != 0 ||
       read_pem("--tls-cert", f->tls_cert, &pems[0]) != 0 ||
       read_pem("--tls-key", f->tls_key, &pems[1]) != 0 ||
       read_pem("--tls-client-ca", f->tls_client_ca, &pems[2]) != 0)
     return -1;
   o->max_calls = (int)max_calls;
+  o->max_model_bytes = (uint64_t)max_bytes;
+  o->max_params = (uint64_t)max_params;
   o->token_file = f->token_file;
   o->tls_cert_pem = pems[0];
   o->tls_key_pem = pems[1];

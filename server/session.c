@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "server/session.h"
 
 static void new_session_id(char out[33]) {
@@ -93,6 +94,26 @@ void wtx__session_drain(wtx_session *s) {
     s->state = WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING;
   }
   pthread_mutex_unlock(&s->mu);
+}
+
+grpc_status_code wtx__check_request(wtx_rpc_ctx *ctx, const ProtobufCMessage *req) {
+  size_t got = wtx_rpc_ctx_request_bytes(ctx);
+  if (protobuf_c_message_get_packed_size(req) == got) return GRPC_STATUS_OK;
+  return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+                            "request: a string holds a NUL byte, or the message "
+                            "is not canonically encoded");
+}
+
+grpc_status_code wtx__check_text(wtx_rpc_ctx *ctx, const char *field, const char *text,
+                                 size_t max) {
+  size_t n = strlen(text);
+  if (max > 0 && n > max)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+                              "%s: %zu bytes, at most %zu", field, n, max);
+  if (!wtx__utf8_valid(text))
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+                              "%s: not valid UTF-8", field);
+  return GRPC_STATUS_OK;
 }
 
 /* Session id and state checks shared by the per-update calls. Caller holds
@@ -232,6 +253,7 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING;
   s->staged_params = 0;
   s->staged_bytes = 0;
+  s->begun_bytes = 0;
   wtx__strmap_clear(s->names);
   wtx__rx_reset(s->rx);
   s->last_activity_ms = wtx_clock_ms();
@@ -267,6 +289,10 @@ static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
   if (rc != 0) {
     snprintf(err, errlen, "update_info.params[%zu].%s", i, why);
     return rc;
+  }
+  if (!wtx__utf8_valid(pm->name)) {
+    snprintf(err, errlen, "update_info.params[%zu].name: not valid UTF-8", i);
+    return WTX_EINVAL;
   }
   if (s->cfg.model_ops->check == NULL) return 0;
   return s->cfg.model_ops->check(s->cfg.model, s->target, meta, err, errlen);
@@ -308,6 +334,25 @@ static int chunk_check_frame(wtx_session *s, chunk *c) {
   return c->rt != NULL && c->metas != NULL ? 0 : WTX_ENOMEM;
 }
 
+/* The update's size against the worker's limits, counting every tensor
+ * begun so far. */
+static int check_limits(wtx_session *s, chunk *c) {
+  size_t params = wtx__strmap_count(s->names);
+  if (s->cfg.max_params > 0 && params > s->cfg.max_params) {
+    snprintf(c->err, sizeof c->err, "update_info.params: the update would hold %zu "
+             "parameters, this worker takes at most %llu (--max-params)", params,
+             (unsigned long long)s->cfg.max_params);
+    return WTX_ETOOBIG;
+  }
+  if (s->cfg.max_model_bytes > 0 && s->begun_bytes > s->cfg.max_model_bytes) {
+    snprintf(c->err, sizeof c->err, "update_info.params: the update would hold %llu "
+             "bytes, this worker takes at most %llu (--max-model-bytes)",
+             (unsigned long long)s->begun_bytes, (unsigned long long)s->cfg.max_model_bytes);
+    return WTX_ETOOBIG;
+  }
+  return 0;
+}
+
 /* Step 2: every tensor valid and new to this update, before any byte moves.
  * A tensor continued from the previous chunk is not new. */
 static int chunk_check_tensors(wtx_session *s, chunk *c) {
@@ -327,8 +372,9 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
       return WTX_EINVAL;
     }
     if (rc != 0) return rc;
+    s->begun_bytes += c->metas[i].nbytes;
   }
-  return 0;
+  return check_limits(s, c);
 }
 
 /* Step 3: staging memory for the tensors that begin in this chunk, and the
@@ -400,9 +446,10 @@ grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   chunk c = {.ui = req->update_info};
   int rc;
+  grpc_status_code code = wtx__check_request(ctx, &req->base);
+  if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
-  grpc_status_code code =
-      check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights");
+  code = check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights");
   if (code == GRPC_STATUS_OK && s->receiving)
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "another UpdateWeights of update %llu is still "
@@ -459,13 +506,12 @@ static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx,
 grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
     const Wtx__V1__FinishWeightUpdateRequest *req, Wtx__V1__FinishWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
-  size_t vlen = strlen(req->weight_version);
-  if (vlen > WTX_MAX_VERSION_BYTES)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
-                              "weight_version: %zu bytes, at most %d (empty: the "
-                              "worker numbers it)", vlen, WTX_MAX_VERSION_BYTES);
+  grpc_status_code code = wtx__check_request(ctx, &req->base);
+  if (code == GRPC_STATUS_OK)
+    code = wtx__check_text(ctx, "weight_version", req->weight_version, WTX_MAX_VERSION_BYTES);
+  if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
-  grpc_status_code code = check_update(s, ctx, req->session_id, req->update_id,
+  code = check_update(s, ctx, req->session_id, req->update_id,
                                        "FinishWeightUpdate");
   if (code == GRPC_STATUS_OK && s->receiving)
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
@@ -492,9 +538,11 @@ grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
 grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
     const Wtx__V1__AbortWeightUpdateRequest *req, Wtx__V1__AbortWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
+  grpc_status_code code = wtx__check_text(ctx, "reason", req->reason, WTX_MAX_REASON_BYTES);
+  if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
   /* An empty session_id is an operator's abort of whatever is current. */
-  grpc_status_code code = check_session(
+  code = check_session(
       s, ctx, req->session_id[0] ? req->session_id : s->session_id);
   if (code == GRPC_STATUS_OK && req->update_id != 0 &&
       s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING &&

@@ -34,6 +34,9 @@ typedef struct wtx__session_config {
   size_t n_transports;
   uint32_t world_size;
   int64_t watchdog_ms;
+  /* Per update, 0: none (wtx_worker_options.max_model_bytes, max_params). */
+  uint64_t max_model_bytes;
+  uint64_t max_params;
   /* Host callbacks for Pause / Resume (may be NULL), with their argument. */
   void (*on_pause)(void *host, int wait_for_inflight);
   void (*on_resume)(void *host);
@@ -61,6 +64,7 @@ typedef struct wtx_session {
   int64_t last_activity_ms;
   size_t staged_params;
   uint64_t staged_bytes;
+  uint64_t begun_bytes; /* of every tensor begun in this update */
   wtx__strmap *names; /* of this update, for duplicates */
   wtx_rx *rx;
   uint8_t *carry_dst; /* staging of a tensor continued by the next chunk */
@@ -73,6 +77,17 @@ void wtx__session_destroy(wtx_session *s);
 int wtx__session_watchdog(wtx_session *s);
 /* No new calls; the active update is aborted (once its receive returns). */
 void wtx__session_drain(wtx_session *s);
+
+/* INVALID_ARGUMENT when a request's strings lost bytes in decoding: a NUL
+ * inside a string (protobuf-c keeps C strings) shows as a request that
+ * re-encodes shorter than it arrived. Also refuses encodings that are not
+ * canonical (explicit defaults, over-long varints), which no protobuf
+ * library emits. */
+grpc_status_code wtx__check_request(wtx_rpc_ctx *ctx, const ProtobufCMessage *req);
+/* INVALID_ARGUMENT naming field when text is not UTF-8 or is longer than
+ * max bytes (max 0: no bound). */
+grpc_status_code wtx__check_text(wtx_rpc_ctx *ctx, const char *field, const char *text,
+                                 size_t max);
 
 /* session.c: the calls that change the session. */
 grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,

@@ -195,6 +195,8 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
   wtx__session_config cfg = {
       .world_size = opts->world_size,
       .watchdog_ms = opts->watchdog_ms,
+      .max_model_bytes = opts->max_model_bytes,
+      .max_params = opts->max_params,
       .on_pause = opts->on_pause,
       .on_resume = opts->on_resume,
       .host = opts->host,

@@ -150,6 +150,11 @@ int wtx_wire_params_from_init(const Wtx__V1__InitInfo *init,
              (unsigned long long)WTX_MIN_BUFFER_SIZE);
     return WTX_EINVAL;
   }
+  if (out->timeout_ms > WTX_MAX_TIMEOUT_MS) {
+    snprintf(err, errlen, "timeout_ms: %u is above %d (one hour)", out->timeout_ms,
+             WTX_MAX_TIMEOUT_MS);
+    return WTX_EINVAL;
+  }
   if (out->num_buffers > WTX_MAX_BUFFERS) {
     snprintf(err, errlen, "packing.num_buffers: %u is outside 1 .. %d",
              out->num_buffers, WTX_MAX_BUFFERS);

@@ -31,6 +31,8 @@
 /* InitInfo.timeout_ms: bound on one data-plane step, default 5 min; also
  * the client library's default call deadline. */
 #define WTX_DEFAULT_TIMEOUT_MS 300000
+/* InitInfo.timeout_ms: at most one hour; more is INVALID_ARGUMENT. */
+#define WTX_MAX_TIMEOUT_MS 3600000
 /* wtx-worker --watchdog-ms: an update idle this long is aborted. */
 #define WTX_DEFAULT_WATCHDOG_MS 600000
 /* wtx-worker --grace-ms: how long running calls may finish on SIGTERM. */
@@ -41,6 +43,10 @@
 #define WTX_MAX_WORKERS 256
 /* wtx-worker --max-calls: gRPC calls served at once. */
 #define WTX_DEFAULT_MAX_CALLS 256
+
+/* GetWeightInfo lists at most this many parameters per response (the
+ * request's limit may ask for fewer); next_offset pages through the rest. */
+#define WTX_MAX_INFO_PARAMS 16384
 
 /* NcclInitInfo.world_size: 2..65536 ranks. */
 #define WTX_MAX_NCCL_WORLD_SIZE 65536

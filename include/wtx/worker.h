@@ -163,6 +163,10 @@ typedef struct wtx_worker_options {
   /* Calls served at once; beyond it a call gets RESOURCE_EXHAUSTED. 0:
    * WTX_DEFAULT_MAX_CALLS. */
   int max_calls;
+  /* Bytes and parameters one update may stage; beyond them the update is
+   * aborted with RESOURCE_EXHAUSTED naming the limit. 0: no limit. */
+  uint64_t max_model_bytes;
+  uint64_t max_params;
 } wtx_worker_options;
 
 /* Every field at its default; set the ones you need after it. */

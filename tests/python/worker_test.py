@@ -293,6 +293,22 @@ class WorkerTest(unittest.TestCase):
         want = {n: (xxhash.xxh3_64_intdigest(d), tensors[n][1]) for n, d in raw.items()}
         self.assertEqual(want, got)
 
+    def test_a_nul_inside_a_name_is_refused(self):
+        # protobuf-c keeps C strings: a NUL would silently cut the name.
+        init = self.stub.InitWeightTransferEngine(wt.InitWeightTransferEngineRequest(
+            init_info=wt.InitInfo(shm=transport_pb2.ShmInitInfo())))
+        start = self.stub.StartWeightUpdate(
+            wt.StartWeightUpdateRequest(session_id=init.session_id))
+        ui = wt.UpdateInfo(
+            params=[types_pb2.ParamMeta(name="a\x00b", dtype=types_pb2.DTYPE_UINT8,
+                                        shape=[4])],
+            shm=transport_pb2.ShmUpdateInfo(region="/wtx-none"))
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.stub.UpdateWeights(wt.UpdateWeightsRequest(
+                session_id=init.session_id, update_id=start.update_id, update_info=ui))
+        self.assertEqual(grpc.StatusCode.INVALID_ARGUMENT, cm.exception.code())
+        self.assertIn("a string holds a NUL byte", cm.exception.details())
+
     def test_wtx_push_refuses_what_it_cannot_honour(self):
         # An unreadable TLS file, a client certificate without its key and
         # more workers than the limit are errors, never a silent plaintext

@@ -889,3 +889,61 @@ TEST_F(SessionTest, AChunkForAnotherBackendIsRefusedByName) {
                                          "is shm)"))
       << st_.message;
 }
+
+TEST_F(SessionTest, AnUpdateBeyondTheWorkersLimitsIsResourceExhausted) {
+  PublishV1();
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.max_params = 2;
+  o.max_model_bytes = 96;  // a and b of PublishV1: 16 + 8 floats
+  Restart(o);
+  ASSERT_EQ(0, Init()) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_EQ(WTX_ETOOBIG, Update({T("a", 16, 1), T("b", 8, 2), T("c", 4, 3)}));
+  EXPECT_EQ(GRPC_STATUS_RESOURCE_EXHAUSTED, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "3 parameters, this worker takes at most 2 "
+                                         "(--max-params)")) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_EQ(WTX_ETOOBIG, Update({T("a", 16, 1), T("b", 12, 2)}));
+  EXPECT_NE(nullptr, strstr(st_.message, "112 bytes, this worker takes at most 96 "
+                                         "(--max-model-bytes)")) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("a", 16, 1), T("b", 8, 2)})) << st_.message;  // at the limits
+  ASSERT_EQ(0, Finish("fits")) << st_.message;
+}
+
+TEST_F(SessionTest, NamesAndVersionsMustBeUtf8) {
+  PublishV1();
+  ASSERT_EQ(0, Start());
+  EXPECT_EQ(WTX_EINVAL, Update({T("bad\xff", 16, 1)}));
+  EXPECT_NE(nullptr, strstr(st_.message, "update_info.params[0].name: not valid UTF-8"))
+      << st_.message;
+  ExpectV1Intact();
+  ASSERT_EQ(0, Start());
+  ASSERT_EQ(0, Update({T("a", 16, 5)}));
+  EXPECT_EQ(WTX_EINVAL, Finish("v\xc3"));  // a cut two-byte character
+  EXPECT_NE(nullptr, strstr(st_.message, "weight_version: not valid UTF-8")) << st_.message;
+  ASSERT_EQ(0, Finish("v2-\xc3\xa9t\xc3\xa9")) << st_.message;  // "v2-été"
+}
+
+TEST_F(SessionTest, TheParameterListingComesInPages) {
+  PublishV1();  // a, b
+  Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
+  req.include_params = 1;
+  req.params_limit = 1;
+  std::vector<std::string> names;
+  for (int page = 0; page < 3; page++) {
+    Wtx__V1__GetWeightInfoResponse *info = nullptr;
+    ASSERT_EQ(0, wtx__v1__weight_transfer__get_weight_info__call(ch_, &req, &info, nullptr, &st_));
+    ASSERT_EQ(1u, info->n_params);
+    names.push_back(info->params[0]->meta->name);
+    req.params_offset = info->next_params_offset;
+    protobuf_c_message_free_unpacked(&info->base, nullptr);
+    if (req.params_offset == 0) break;
+  }
+  EXPECT_EQ((std::vector<std::string>{"a", "b"}), names);
+  req.params_offset = 3;  // past the end
+  Wtx__V1__GetWeightInfoResponse *info = nullptr;
+  EXPECT_EQ(WTX_ERANGE, wtx__v1__weight_transfer__get_weight_info__call(ch_, &req, &info,
+                                                                        nullptr, &st_));
+  EXPECT_NE(nullptr, strstr(st_.message, "params_offset: 3, the model has 2 parameters"));
+}

@@ -100,6 +100,11 @@ TEST(Registry, WireParametersTakeDefaultsAndRefuseOutOfRangeValues) {
   EXPECT_EQ(WTX_EINVAL, wtx_wire_params_from_init(&ii, none, &w, err, sizeof err));
   EXPECT_NE(nullptr, strstr(err, "packing.num_buffers: 65 is outside 1 .. 64"));
   pk.num_buffers = 2;
+  ii.timeout_ms = WTX_MAX_TIMEOUT_MS + 1;  // more than an hour
+  EXPECT_EQ(WTX_EINVAL, wtx_wire_params_from_init(&ii, none, &w, err, sizeof err));
+  EXPECT_STREQ("timeout_ms: 3600001 is above 3600000 (one hour)", err);
+  ii.timeout_ms = WTX_MAX_TIMEOUT_MS;
+  EXPECT_EQ(0, wtx_wire_params_from_init(&ii, none, &w, err, sizeof err)) << err;
   ii.checksum = (Wtx__V1__ChecksumAlgorithm)9;
   EXPECT_EQ(WTX_EINVAL, wtx_wire_params_from_init(&ii, none, &w, err, sizeof err));
   EXPECT_STREQ("checksum: unknown algorithm 9", err);
