@@ -119,7 +119,8 @@ int wtx__cuda_device(void) {
 }
 
 int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
-                   uint32_t timeout_ms, char *err, size_t errlen) {
+                   uint32_t timeout_ms, const atomic_int *cancelled, char *err,
+                   size_t errlen) {
   int64_t until = wtx_clock_ms() + timeout_ms;
   for (;;) {
     int q = c->StreamQuery(stream);
@@ -133,6 +134,10 @@ int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
         ae != WTX_NCCL_SUCCESS && ae != WTX_NCCL_IN_PROGRESS) {
       snprintf(err, errlen, "NCCL: %s", c->NcclErrorString(ae));
       return WTX_EIO;
+    }
+    if (cancelled != NULL && atomic_load(cancelled)) {
+      snprintf(err, errlen, "cancelled");
+      return WTX_ECANCELED;
     }
     if (wtx_clock_ms() >= until) {
       snprintf(err, errlen, "no progress within %u ms (a peer is gone?)", timeout_ms);

@@ -10,6 +10,7 @@
 #ifndef WTX_CUDA_CUDA_H
 #define WTX_CUDA_CUDA_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,10 +65,12 @@ int wtx__cuda_uuid(const wtx_cuda *c, int device, uint8_t uuid[16]);
 int wtx__cuda_device(void);
 
 /* Waits for stream up to timeout_ms, watching comm (may be NULL) for an
- * asynchronous NCCL error. On failure the caller must abort comm (ncclCommAbort
- * is what unblocks the stream) before using the device again. */
+ * asynchronous NCCL error and *cancelled (may be NULL; WTX_ECANCELED once
+ * set). On failure the caller must abort comm (ncclCommAbort is what
+ * unblocks the stream) before using the device again. */
 int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
-                   uint32_t timeout_ms, char *err, size_t errlen);
+                   uint32_t timeout_ms, const atomic_int *cancelled, char *err,
+                   size_t errlen);
 
 /* A trainer half's transfer buffers: num host buffers to pack into and as
  * many device buffers of size bytes on the current device. */

@@ -82,17 +82,26 @@ int wtx__session_watchdog(wtx_session *s) {
   return fired;
 }
 
+/* A receive is running: it is cancelled now (when the backend can) and the
+ * update aborted once it returns. Caller holds mu. */
+static void request_abort(wtx_session *s) {
+  s->abort_requested = 1;
+  if (s->transport->cancel != NULL) s->transport->cancel(s->engine);
+}
+
 void wtx__session_drain(wtx_session *s) {
   pthread_mutex_lock(&s->mu);
   s->draining = 1;
   /* A running receive keeps the update UPDATING until it returns; the
    * update is then aborted and the state lands on DRAINING. */
   if (s->receiving) {
-    s->abort_requested = 1;
+    request_abort(s);
   } else {
     abort_locked(s, "worker draining");
     s->state = WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING;
   }
+  if (s->connecting != NULL && s->connecting_t->cancel != NULL)
+    s->connecting_t->cancel(s->connecting);
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -199,6 +208,30 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
           (long long)wire->timeout_ms);
 }
 
+/* The fast half of init, under the lock: the session may take a new engine,
+ * and the backend checks the handshake and allocates it. */
+static grpc_status_code init_begin(wtx_session *s, wtx_rpc_ctx *ctx,
+                                   const wtx_worker_transport *t,
+                                   const Wtx__V1__InitInfo *init,
+                                   const wtx_wire_params *wire, void **engine) {
+  char err[512] = "";
+  int rc;
+  if (s->draining)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "worker is draining");
+  if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+                              "update %llu is active: finish or abort it before "
+                              "re-initializing", (unsigned long long)s->update_id);
+  if (s->connecting != NULL)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+                              "another InitWeightTransferEngine is connecting");
+  if ((rc = t->init(init, wire, engine, err, sizeof err)) != 0)
+    return from_wtx(ctx, rc, "init_info", err);
+  s->connecting = *engine;
+  s->connecting_t = t;
+  return GRPC_STATUS_OK;
+}
+
 grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
     const Wtx__V1__InitWeightTransferEngineRequest *req, Wtx__V1__InitWeightTransferEngineResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
@@ -212,26 +245,36 @@ grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
   wtx_wire_params wire;
   if (wtx_wire_params_from_init(init, t->default_checksum, &wire, err, sizeof err) != 0)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "init_info.%s", err);
-  pthread_mutex_lock(&s->mu);
   void *engine = NULL;
   char addr[256] = "";
-  int rc;
-  if (s->draining) {
+  pthread_mutex_lock(&s->mu);
+  code = init_begin(s, ctx, t, init, &wire, &engine);
+  pthread_mutex_unlock(&s->mu);
+  if (code != GRPC_STATUS_OK) return code;
+  /* The blocking part (a connect, a rendezvous) runs outside the lock:
+   * inspection answers meanwhile, and drain cancels it. */
+  int rc = t->connect != NULL ? t->connect(engine, addr, sizeof addr, err, sizeof err) : 0;
+  pthread_mutex_lock(&s->mu);
+  s->connecting = NULL;
+  s->connecting_t = NULL;
+  if (rc != 0) {
+    code = from_wtx(ctx, rc, "init_info", err);
+  } else if (s->draining) {
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "worker is draining");
   } else if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING) {
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
-                              "update %llu is active: finish or abort it before "
-                              "re-initializing", (unsigned long long)s->update_id);
-  } else if ((rc = t->init(init, &wire, &engine, addr, sizeof addr, err, sizeof err)) != 0) {
-    code = from_wtx(ctx, rc, "init_info", err);
+                              "update %llu started while this init connected",
+                              (unsigned long long)s->update_id);
   } else {
     adopt_engine(s, t, engine, &wire);
+    engine = NULL;
     resp->session_id = wtx_rpc_ctx_strdup(ctx, s->session_id);
     resp->backend = (char *)t->name;
     resp->data_address = wtx_rpc_ctx_strdup(ctx, addr);
     resp->world_size = s->cfg.world_size;
   }
   pthread_mutex_unlock(&s->mu);
+  if (engine != NULL) t->destroy(engine);
   return code;
 }
 
@@ -554,7 +597,7 @@ grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
   if (code == GRPC_STATUS_OK) {
     resp->aborted = s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING;
     if (s->receiving)
-      s->abort_requested = 1;
+      request_abort(s);
     else
       abort_locked(s, req->reason[0] ? req->reason : "AbortWeightUpdate");
   }

@@ -60,6 +60,10 @@ typedef struct wtx_session {
   wtx_target target;
   int receiving;
   int abort_requested; /* abort once the running receive returns */
+  /* An init connecting outside the lock: its transport and engine, so
+   * drain can cancel it. */
+  const wtx_worker_transport *connecting_t;
+  void *connecting;
   int draining;        /* no new calls; state ends at DRAINING */
   int64_t last_activity_ms;
   size_t staged_params;

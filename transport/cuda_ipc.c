@@ -38,8 +38,7 @@ typedef struct ipc_worker {
 } ipc_worker;
 
 static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
-                           void **self, char *data_address, size_t addrlen,
-                           char *err, size_t errlen) {
+                           void **self, char *err, size_t errlen) {
   (void)init;
   const wtx_cuda *c;
   int rc = wtx__cuda_load(0, &c, err, errlen);
@@ -56,7 +55,6 @@ static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
     free(w);
     return WTX_EUNAVAIL;
   }
-  if (addrlen > 0) data_address[0] = '\0';
   *self = w;
   return 0;
 }

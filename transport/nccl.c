@@ -37,8 +37,10 @@ typedef struct nccl_worker {
   wtx_wire_params wire;
   int device;
   void *comm, *stream, *buf;
-  int rank;
+  int rank, world_size;
+  wtx_nccl_id id;
   int broken;
+  atomic_int cancelled;
 } nccl_worker;
 
 static void nccl_worker_destroy(void *self) {
@@ -51,9 +53,10 @@ static void nccl_worker_destroy(void *self) {
   free(w);
 }
 
+/* Validates, loads CUDA and NCCL, allocates the device buffer and stream;
+ * joining the communicator is connect. */
 static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
-                            void **self, char *data_address, size_t addrlen,
-                            char *err, size_t errlen) {
+                            void **self, char *err, size_t errlen) {
   const Wtx__V1__NcclInitInfo *ni = init->nccl;
   if (ni->unique_id.len != sizeof(wtx_nccl_id)) {
     snprintf(err, errlen, "init_info.nccl.unique_id: %zu bytes, must be %zu",
@@ -84,19 +87,32 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
     nccl_worker_destroy(w);
     return WTX_EUNAVAIL;
   }
-  wtx_nccl_id id;
-  memcpy(&id, ni->unique_id.data, sizeof id);
-  e = c->CommInitRank(&w->comm, (int)ni->world_size, id, w->rank);
-  if (e != WTX_NCCL_SUCCESS) {
-    snprintf(err, errlen, "nccl: joining the communicator as rank %d of %u: %s",
-             w->rank, ni->world_size, c->NcclErrorString(e));
-    w->comm = NULL;
-    nccl_worker_destroy(w);
-    return WTX_EUNAVAIL;
-  }
-  if (addrlen > 0) data_address[0] = '\0';
+  memcpy(&w->id, ni->unique_id.data, sizeof w->id);
+  w->world_size = (int)ni->world_size;
+  atomic_init(&w->cancelled, 0);
   *self = w;
   return 0;
+}
+
+/* Joins the trainer's communicator. (A blocking ncclCommInitRank: a
+ * non-blocking init that cancel can end is issue 12's.) */
+static int nccl_worker_connect(void *self, char *data_address, size_t addrlen,
+                               char *err, size_t errlen) {
+  nccl_worker *w = self;
+  const wtx_cuda *c = w->cuda;
+  if (addrlen > 0) data_address[0] = '\0';
+  c->SetDevice(w->device);
+  int e = c->CommInitRank(&w->comm, w->world_size, w->id, w->rank);
+  if (e == WTX_NCCL_SUCCESS) return 0;
+  snprintf(err, errlen, "nccl: joining the communicator as rank %d of %d: %s", w->rank,
+           w->world_size, c->NcclErrorString(e));
+  w->comm = NULL;
+  return WTX_EUNAVAIL;
+}
+
+/* From any thread: a broadcast being waited for stops being waited for. */
+static void nccl_worker_cancel(void *self) {
+  atomic_store(&((nccl_worker *)self)->cancelled, 1);
 }
 
 static int nccl_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
@@ -117,8 +133,8 @@ static int nccl_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_
   c->SetDevice(w->device);
   char err[300];
   int e = c->Broadcast(w->buf, w->buf, (size_t)n, WTX_NCCL_UINT8, 0, w->comm, w->stream);
-  int rc = e == WTX_NCCL_SUCCESS ? wtx__cuda_wait(c, w->stream, w->comm,
-                                                  w->wire.timeout_ms, err, sizeof err)
+  int rc = e == WTX_NCCL_SUCCESS ? wtx__cuda_wait(c, w->stream, w->comm, w->wire.timeout_ms,
+                                                  &w->cancelled, err, sizeof err)
                                  : WTX_EIO;
   if (e != WTX_NCCL_SUCCESS) snprintf(err, sizeof err, "%s", c->NcclErrorString(e));
   if (rc != 0) {
@@ -156,7 +172,9 @@ const wtx_worker_transport wtx_nccl_worker_transport = {
     .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE,
     .supports_draft = 1,
     .init = nccl_worker_init,
+    .connect = nccl_worker_connect,
     .receive = nccl_worker_receive,
+    .cancel = nccl_worker_cancel,
     .reset = nccl_worker_reset,
     .destroy = nccl_worker_destroy,
 };
@@ -264,7 +282,7 @@ static int nccl_trainer_complete(void *self, uint32_t k, char *err, size_t errle
   (void)k;
   nccl_trainer *t = self;
   char why[300];
-  int rc = wtx__cuda_wait(t->gpu.cuda, t->gpu.stream, t->comm, t->timeout_ms, why,
+  int rc = wtx__cuda_wait(t->gpu.cuda, t->gpu.stream, t->comm, t->timeout_ms, NULL, why,
                           sizeof why);
   if (rc != 0) {
     t->broken = 1;

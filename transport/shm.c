@@ -12,6 +12,7 @@
  * returning is the end of the copy. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@ typedef struct shm_worker {
    * short read (an error), never SIGBUS. */
   char region[256];
   int fd;
+  atomic_int cancelled;
 } shm_worker;
 
 static void close_region(shm_worker *w) {
@@ -45,8 +47,7 @@ static void close_region(shm_worker *w) {
 }
 
 static int shm_worker_init(const Wtx__V1__InitInfo *init,
-                           const wtx_wire_params *wire, void **self,
-                           char *data_address, size_t addrlen, char *err,
+                           const wtx_wire_params *wire, void **self, char *err,
                            size_t errlen) {
   (void)init;
   (void)err;
@@ -55,9 +56,19 @@ static int shm_worker_init(const Wtx__V1__InitInfo *init,
   if (w == NULL) return WTX_ENOMEM;
   w->wire = *wire;
   w->fd = -1;
-  if (addrlen > 0) data_address[0] = '\0';
+  atomic_init(&w->cancelled, 0);
   *self = w;
   return 0;
+}
+
+/* From any thread: the read stops before its next piece. */
+static void shm_worker_cancel(void *self) {
+  atomic_store(&((shm_worker *)self)->cancelled, 1);
+}
+
+/* After an abort the backend serves the next update. */
+static void shm_worker_reset(void *self) {
+  atomic_store(&((shm_worker *)self)->cancelled, 0);
 }
 
 /* A name this worker may open: the prefix, one component, at most 255. */
@@ -95,6 +106,11 @@ static int read_region(shm_worker *w, uint64_t offset, uint64_t length, wtx_rx *
     size_t room = wtx_rx_next(rx, &dst);
     if (room == 0) return 0;
     size_t k = room < PIECE ? room : PIECE;
+    if (atomic_load(&w->cancelled)) {
+      wtx_rx_errorf(rx, "shm: cancelled after %llu of the chunk's %llu bytes",
+                    (unsigned long long)got, (unsigned long long)length);
+      return WTX_ECANCELED;
+    }
     ssize_t n = pread(w->fd, dst, k, (off_t)(offset + got));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
@@ -150,6 +166,8 @@ const wtx_worker_transport wtx_shm_worker_transport = {
     .supports_draft = 1,
     .init = shm_worker_init,
     .receive = shm_worker_receive,
+    .cancel = shm_worker_cancel,
+    .reset = shm_worker_reset,
     .destroy = shm_worker_destroy,
 };
 

@@ -12,8 +12,10 @@
  * it downstream before reading the next: cut-through, so the chain adds a
  * piece of latency per hop, not a chunk.
  *
- * Every read, write, connect and accept waits at most the session's
- * timeout_ms for progress: a dead peer ends as an error, never a hang. After
+ * A chunk (its header, the relay's accept and every byte) and a connect
+ * each have one deadline, the session's timeout_ms, however the peer
+ * trickles: a dead or slow peer ends as an error, never a hang. cancel
+ * (abort, drain) ends a wait at once through an eventfd. After
  * an error the stream is out of step and the session must be initialized
  * again. The data plane uses blocking sockets with poll() deadlines on the
  * call's own thread (a receive runs inside its UpdateWeights handler). */
@@ -28,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,23 +44,42 @@
 
 /* ---- sockets with deadlines ---- */
 
-/* Waits until fd is ready for events, at most timeout_ms. */
-static int wait_fd(int fd, short events, uint32_t timeout_ms) {
-  struct pollfd p = {.fd = fd, .events = events};
-  int64_t until = wtx_clock_ms() + timeout_ms;
+/* How long a blocking step may take: an absolute deadline (wtx_clock_ms)
+ * and an eventfd that, once written (cancel), ends every wait at once; -1:
+ * none. */
+typedef struct waitspec {
+  int64_t until;
+  int cancel_fd;
+} waitspec;
+
+static waitspec within(uint32_t ms, int cancel_fd) {
+  return (waitspec){wtx_clock_ms() + ms, cancel_fd};
+}
+
+/* Waits until fd is ready for events: 0, WTX_ETIMEDOUT past the deadline,
+ * WTX_ECANCELED once cancelled. */
+static int wait_fd(int fd, short events, const waitspec *ws) {
+  struct pollfd p[2] = {{.fd = fd, .events = events},
+                        {.fd = ws->cancel_fd, .events = POLLIN}};
+  nfds_t n = ws->cancel_fd >= 0 ? 2 : 1;
   for (;;) {
-    int64_t left = until - wtx_clock_ms();
+    int64_t left = ws->until - wtx_clock_ms();
     if (left < 0) left = 0;
-    int r = poll(&p, 1, (int)(left > 60000 ? 60000 : left));
+    int r = poll(p, n, (int)(left > 60000 ? 60000 : left));
+    if (r > 0 && n == 2 && p[1].revents != 0) return WTX_ECANCELED;
     if (r > 0) return 0;
     if (r < 0 && errno != EINTR) return WTX_EIO;
-    if (r == 0 && wtx_clock_ms() >= until) return WTX_ETIMEDOUT;
+    if (r == 0 && wtx_clock_ms() >= ws->until) return WTX_ETIMEDOUT;
   }
 }
 
-/* Reads exactly len bytes; each wait for progress is bounded. */
-static int read_full(int fd, void *buf, size_t len, uint32_t timeout_ms,
-                     const char **why) {
+static const char *wait_why(int rc, const char *timeout) {
+  return rc == WTX_ETIMEDOUT ? timeout : rc == WTX_ECANCELED ? "cancelled" : strerror(errno);
+}
+
+/* Reads exactly len bytes by the deadline: it bounds the whole read, so a
+ * peer that trickles a byte at a time still fails in time. */
+static int read_full(int fd, void *buf, size_t len, const waitspec *ws, const char **why) {
   uint8_t *p = buf;
   while (len > 0) {
     ssize_t r = recv(fd, p, len, MSG_DONTWAIT);
@@ -75,16 +97,16 @@ static int read_full(int fd, void *buf, size_t len, uint32_t timeout_ms,
       *why = strerror(errno);
       return WTX_EIO;
     }
-    int rc = wait_fd(fd, POLLIN, timeout_ms);
+    int rc = wait_fd(fd, POLLIN, ws);
     if (rc != 0) {
-      *why = rc == WTX_ETIMEDOUT ? "no data within the timeout" : strerror(errno);
+      *why = wait_why(rc, "not all data within the timeout");
       return rc;
     }
   }
   return 0;
 }
 
-static int write_full(int fd, const void *buf, size_t len, uint32_t timeout_ms,
+static int write_full(int fd, const void *buf, size_t len, const waitspec *ws,
                       const char **why) {
   const uint8_t *p = buf;
   while (len > 0) {
@@ -99,10 +121,9 @@ static int write_full(int fd, const void *buf, size_t len, uint32_t timeout_ms,
       *why = strerror(errno);
       return WTX_EIO;
     }
-    int rc = wait_fd(fd, POLLOUT, timeout_ms);
+    int rc = wait_fd(fd, POLLOUT, ws);
     if (rc != 0) {
-      *why = rc == WTX_ETIMEDOUT ? "peer took no data within the timeout"
-                                 : strerror(errno);
+      *why = wait_why(rc, "peer took not all data within the timeout");
       return rc;
     }
   }
@@ -179,7 +200,7 @@ static int listen_on(const char *addr, int *fd_out, char *bound, size_t blen,
   return 0;
 }
 
-static int connect_to(const char *addr, uint32_t timeout_ms, int *fd_out,
+static int connect_to(const char *addr, const waitspec *ws, int *fd_out,
                       char *err, size_t errlen) {
   char host[256], port[32];
   if (split_hostport(addr, host, sizeof host, port, sizeof port) != 0) {
@@ -200,7 +221,7 @@ static int connect_to(const char *addr, uint32_t timeout_ms, int *fd_out,
   if (rc == 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
     if (errno != EINPROGRESS) {
       rc = WTX_EUNAVAIL;
-    } else if ((rc = wait_fd(fd, POLLOUT, timeout_ms)) == 0) {
+    } else if ((rc = wait_fd(fd, POLLOUT, ws)) == 0) {
       int soerr = 0;
       socklen_t sl = sizeof soerr;
       getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
@@ -223,22 +244,27 @@ static int connect_to(const char *addr, uint32_t timeout_ms, int *fd_out,
   return 0;
 }
 
-static int send_hello(int fd, const uint8_t *token, size_t len, uint32_t timeout_ms,
+static int send_hello(int fd, const uint8_t *token, size_t len, const waitspec *ws,
                       const char **why) {
   uint8_t h[WTX__TCP_HELLO_BYTES];
   wtx__tcp_hello_encode(h, token, len);
-  return write_full(fd, h, sizeof h, timeout_ms, why);
+  return write_full(fd, h, sizeof h, ws, why);
 }
 
-/* Accepts one connection on lfd and checks its hello against token. */
-static int accept_peer(int lfd, const uint8_t *token, size_t len,
-                       uint32_t timeout_ms, int *fd_out, char *err,
-                       size_t errlen) {
+/* How long a connected peer has to present its hello: one that stays
+ * silent (or squats the port) is dropped after this, and accepting goes on. */
+#define HELLO_MS 2000
+
+/* Accepts connections on lfd until one presents the session's token (by
+ * the deadline); peers without it, or silent ones, are dropped. */
+static int accept_peer(int lfd, const uint8_t *token, size_t len, const waitspec *ws,
+                       int *fd_out, char *err, size_t errlen) {
   for (;;) {
-    int rc = wait_fd(lfd, POLLIN, timeout_ms);
+    int rc = wait_fd(lfd, POLLIN, ws);
     if (rc != 0) {
-      snprintf(err, errlen, "tcp: no downstream connection within %u ms",
-               timeout_ms);
+      snprintf(err, errlen, "tcp: %s", rc == WTX_ECANCELED ? "cancelled while waiting "
+               "for the downstream connection" : "no downstream connection with this "
+               "session's token within the timeout");
       return rc;
     }
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
@@ -249,21 +275,20 @@ static int accept_peer(int lfd, const uint8_t *token, size_t len,
     }
     uint8_t h[WTX__TCP_HELLO_BYTES];
     const char *why = "";
-    char peer[128];
-    sock_name(fd, 0, peer, sizeof peer);
-    rc = read_full(fd, h, sizeof h, timeout_ms, &why);
-    if (rc == 0 && (rc = wtx__tcp_hello_check(h, token, len)) != 0)
-      why = "hello without this session's data_token";
-    if (rc != 0) {
-      /* Not our peer: refuse it and keep waiting for the right one. */
-      close(fd);
-      if (rc == WTX_EAUTH) continue;
-      snprintf(err, errlen, "tcp: peer %s: %s", peer, why);
+    waitspec hello = within(HELLO_MS, ws->cancel_fd);
+    if (hello.until > ws->until) hello.until = ws->until;
+    rc = read_full(fd, h, sizeof h, &hello, &why);
+    if (rc == 0) rc = wtx__tcp_hello_check(h, token, len);
+    if (rc == 0) {
+      tune(fd);
+      *fd_out = fd;
+      return 0;
+    }
+    close(fd); /* not our peer, or silent: drop it and keep waiting */
+    if (rc == WTX_ECANCELED) {
+      snprintf(err, errlen, "tcp: cancelled while waiting for the downstream connection");
       return rc;
     }
-    tune(fd);
-    *fd_out = fd;
-    return 0;
   }
 }
 
@@ -273,9 +298,11 @@ typedef struct tcp_worker {
   wtx_wire_params wire;
   uint8_t token[TOKEN_MAX];
   size_t token_len;
+  int relay;   /* whether a downstream worker follows */
   int up;      /* connection to the upstream */
   int lfd;     /* relay listener, -1 when last in the chain */
   int down;    /* relay connection, accepted at the first chunk */
+  int cancel_fd; /* eventfd: written by cancel, ends every wait */
   uint64_t seq;
   int broken;
   char upstream[300];
@@ -288,12 +315,13 @@ static void tcp_worker_destroy(void *self) {
   if (w->up >= 0) close(w->up);
   if (w->lfd >= 0) close(w->lfd);
   if (w->down >= 0) close(w->down);
+  if (w->cancel_fd >= 0) close(w->cancel_fd);
   free(w);
 }
 
+/* Validates the handshake and allocates; no network (that is connect). */
 static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
-                           void **self, char *data_address, size_t addrlen,
-                           char *err, size_t errlen) {
+                           void **self, char *err, size_t errlen) {
   const Wtx__V1__TcpInitInfo *ti = init->tcp;
   if (ti->data_token.len < WTX__TCP_TOKEN_MIN || ti->data_token.len > TOKEN_MAX) {
     snprintf(err, errlen, "init_info.tcp.data_token: %zu bytes, must be %d..%d",
@@ -303,17 +331,31 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   tcp_worker *w = calloc(1, sizeof *w);
   if (w == NULL) return WTX_ENOMEM;
   w->up = w->lfd = w->down = -1;
+  w->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (w->cancel_fd < 0) {
+    free(w);
+    return WTX_ENOMEM;
+  }
   w->wire = *wire;
+  w->relay = ti->relay;
   w->token_len = ti->data_token.len;
   memcpy(w->token, ti->data_token.data, w->token_len);
   snprintf(w->upstream, sizeof w->upstream, "%s", ti->upstream_address);
-  int rc = connect_to(ti->upstream_address, wire->timeout_ms, &w->up, err, errlen);
+  *self = w;
+  return 0;
+}
+
+/* Joins the chain: connects upstream, says hello, listens for the relay. */
+static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, char *err,
+                              size_t errlen) {
+  tcp_worker *w = self;
+  waitspec ws = within(w->wire.timeout_ms, w->cancel_fd);
+  int rc = connect_to(w->upstream, &ws, &w->up, err, errlen);
   const char *why = "";
-  if (rc == 0 && (rc = send_hello(w->up, w->token, w->token_len, wire->timeout_ms,
-                                  &why)) != 0)
-    snprintf(err, errlen, "tcp: hello to %s: %s", ti->upstream_address, why);
+  if (rc == 0 && (rc = send_hello(w->up, w->token, w->token_len, &ws, &why)) != 0)
+    snprintf(err, errlen, "tcp: hello to %s: %s", w->upstream, why);
   if (addrlen > 0) data_address[0] = '\0';
-  if (rc == 0 && ti->relay) {
+  if (rc == 0 && w->relay) {
     /* Relay on the interface the upstream reached us through. */
     char local[300], host[256], port[32];
     sock_name(w->up, 1, local, sizeof local);
@@ -322,12 +364,15 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
     snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
     rc = listen_on(addr, &w->lfd, data_address, addrlen, err, errlen);
   }
-  if (rc != 0) {
-    tcp_worker_destroy(w);
-    return rc;
-  }
-  *self = w;
-  return 0;
+  return rc;
+}
+
+/* From any thread: the connect or receive running now returns at once. */
+static void tcp_worker_cancel(void *self) {
+  tcp_worker *w = self;
+  uint64_t one = 1;
+  ssize_t r = write(w->cancel_fd, &one, sizeof one);
+  (void)r; /* an eventfd at its maximum is already cancelled */
 }
 
 /* The stream is out of step: close both sides so the peers fail now. */
@@ -365,7 +410,9 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
                   "session again", w->broke_why);
     return WTX_ESTATE;
   }
-  uint32_t to = w->wire.timeout_ms;
+  /* One deadline for the whole chunk, header, relay accept and bytes. */
+  waitspec ws = within(w->wire.timeout_ms, w->cancel_fd);
+  const waitspec *to = &ws;
   const char *why = "";
   uint8_t f[WTX__TCP_FRAME_BYTES];
   int rc = read_full(w->up, f, sizeof f, to, &why);
@@ -414,7 +461,9 @@ const wtx_worker_transport wtx_tcp_worker_transport = {
     .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
     .supports_draft = 1,
     .init = tcp_worker_init,
+    .connect = tcp_worker_connect,
     .receive = tcp_worker_receive,
+    .cancel = tcp_worker_cancel,
     .reset = tcp_worker_reset,
     .destroy = tcp_worker_destroy,
 };
@@ -454,10 +503,11 @@ static void *writer_main(void *arg) {
     uint8_t f[WTX__TCP_FRAME_BYTES];
     wtx__tcp_frame_encode(f, &(wtx__tcp_frame){seq, c.first_offset, c.bytes});
     const char *why = "";
-    int rc = write_full(t->fd, f, sizeof f, t->wire.timeout_ms, &why);
+    waitspec ws = within(t->wire.timeout_ms, -1); /* the whole chunk */
+    int rc = write_full(t->fd, f, sizeof f, &ws, &why);
     if (rc == 0)
       rc = write_full(t->fd, t->buffers + k * t->wire.buffer_size, (size_t)c.bytes,
-                      t->wire.timeout_ms, &why);
+                      &ws, &why);
     pthread_mutex_lock(&t->mu);
     t->job_rc = rc;
     if (rc != 0)
@@ -550,7 +600,8 @@ static int tcp_trainer_connect(void *self, const char *const *addresses,
                                char *err, size_t errlen) {
   (void)addresses;
   tcp_trainer *t = self;
-  return accept_peer(t->lfd, t->token, sizeof t->token, t->wire.timeout_ms,
+  waitspec ws = within(t->wire.timeout_ms, -1);
+  return accept_peer(t->lfd, t->token, sizeof t->token, &ws,
                      &t->fd, err, errlen);
 }
 

@@ -94,14 +94,26 @@ typedef struct wtx_worker_transport {
   int default_checksum;
   /* Whether updates may target the draft model. */
   int supports_draft;
-  /* Sets up from the handshake. data_address (may stay empty) receives the
-   * endpoint the trainer needs, e.g. "127.0.0.1:40001". */
+  /* Checks the handshake and allocates self. Fast: no network, no wait
+   * (the session holds its lock). */
   int (*init)(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
-              void **self, char *data_address, size_t addrlen, char *err,
-              size_t errlen);
+              void **self, char *err, size_t errlen);
+  /* Optional: the handshake's blocking part (connect to a peer, join a
+   * collective), run outside the session lock and bounded by timeout_ms;
+   * cancel ends it. data_address (may stay empty) receives the endpoint the
+   * trainer needs, e.g. "127.0.0.1:40001". */
+  int (*connect)(void *self, char *data_address, size_t addrlen, char *err,
+                 size_t errlen);
   /* Receives the bytes of one chunk into rx. Returns once the chunk is
-   * complete, or with an error (detail via wtx_rx_errorf). */
+   * complete, or with an error (detail via wtx_rx_errorf). The whole chunk
+   * is bounded by timeout_ms, however slowly its bytes come. */
   int (*receive)(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx);
+  /* Optional, and safe from any thread: makes a connect or receive running
+   * now return at once (WTX_ECANCELED), e.g. by an eventfd its waits poll,
+   * shutdown(2), or ncclCommAbort. Abort, drain and SIGTERM call it. The
+   * reset that follows the abort makes self usable again (or marks it
+   * broken). */
+  void (*cancel)(void *self);
   /* Optional: the update was aborted (by the trainer, a failed check, the
    * watchdog). A stream-based backend drops its connections so its peers
    * see the failure at once instead of waiting out their timeout. */

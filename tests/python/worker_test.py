@@ -10,6 +10,7 @@ import json
 import mmap
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -333,6 +334,41 @@ class WorkerTest(unittest.TestCase):
         self.assertIn("workers: 257 given, must be 1..256", out.stderr)
         info = self.stub.GetWeightInfo(wt.GetWeightInfoRequest())
         self.assertEqual(0, info.generation)  # nothing was pushed
+
+
+class DrainTest(unittest.TestCase):
+    def test_sigterm_ends_a_blocked_receive_within_the_grace_period(self):
+        # An upstream that accepts the worker, then never sends the chunk.
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(1)
+        w = Worker("--grace-ms", "500")
+        stub = wt_grpc.WeightTransferStub(w.channel)
+        init = stub.InitWeightTransferEngine(wt.InitWeightTransferEngineRequest(
+            init_info=wt.InitInfo(
+                tcp=transport_pb2.TcpInitInfo(
+                    upstream_address="127.0.0.1:%d" % lsock.getsockname()[1],
+                    data_token=b"t" * 16),
+                timeout_ms=3600000)))  # an hour: only the drain can end it
+        conn, _ = lsock.accept()
+        start = stub.StartWeightUpdate(wt.StartWeightUpdateRequest(session_id=init.session_id))
+        ui = wt.UpdateInfo(params=[types_pb2.ParamMeta(name="w", dtype=types_pb2.DTYPE_UINT8,
+                                                       shape=[64])],
+                           tcp=transport_pb2.TcpUpdateInfo())
+        call = stub.UpdateWeights.future(wt.UpdateWeightsRequest(
+            session_id=init.session_id, update_id=start.update_id, update_info=ui))
+        time.sleep(0.3)
+        info = stub.GetWeightInfo(wt.GetWeightInfoRequest(), timeout=2)  # not blocked
+        self.assertEqual(wt.SESSION_STATE_UPDATING, info.state)
+        t0 = time.time()
+        w.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(0, w.proc.wait(timeout=10))
+        self.assertLess(time.time() - t0, 0.5 + 1.0)  # --grace-ms + 1 s
+        with self.assertRaises(grpc.RpcError):
+            call.result(timeout=5)
+        w.channel.close()
+        conn.close()
+        lsock.close()
 
 
 class SecuredWorkerTest(unittest.TestCase):

@@ -3,7 +3,10 @@
 // failed or aborted update leaves the published weights bit-exact.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -23,6 +26,7 @@
 #include "common/safetensors.h"
 #include "grpc/health/v1/health.grpc-c.h"
 #include "wtx/worker.h"
+#include "transport/tcp_frame.h"
 #include "transport/transport.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 
@@ -428,15 +432,15 @@ TEST_F(SessionTest, InspectionCallsAnswer) {
 // A TEST DOUBLE of a slow data plane, registered under its own name
 // ("slow") for InitInfo's nccl member; a worker that names it in its
 // backends serves nccl with it. receive blocks until released, then
-// delivers zeros (one tensor).
+// delivers zeros (one tensor); like a real backend it can be cancelled
+// from another thread, which ends the receive at once.
 std::mutex g_mu;
 std::condition_variable g_cv;
-bool g_in_receive = false, g_release = false;
+bool g_in_receive = false, g_release = false, g_cancelled = false;
 
-int SlowInit(const Wtx__V1__InitInfo *, const wtx_wire_params *, void **self,
-             char *addr, size_t addrlen, char *, size_t) {
+int SlowInit(const Wtx__V1__InitInfo *, const wtx_wire_params *, void **self, char *,
+             size_t) {
   *self = nullptr;
-  if (addrlen > 0) addr[0] = '\0';
   return 0;
 }
 
@@ -444,9 +448,19 @@ int SlowReceive(void *, const Wtx__V1__UpdateInfo *, wtx_rx *rx) {
   std::unique_lock<std::mutex> lk(g_mu);
   g_in_receive = true;
   g_cv.notify_all();
-  g_cv.wait(lk, [] { return g_release; });
+  g_cv.wait(lk, [] { return g_release || g_cancelled; });
+  if (g_cancelled) {
+    wtx_rx_errorf(rx, "slow: cancelled");
+    return WTX_ECANCELED;
+  }
   std::vector<uint8_t> zeros(wtx_rx_remaining(rx));
   return wtx_rx_bytes(rx, zeros.data(), zeros.size());
+}
+
+void SlowCancel(void *) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  g_cancelled = true;
+  g_cv.notify_all();
 }
 
 void SlowDestroy(void *) {}
@@ -458,7 +472,9 @@ const wtx_worker_transport kSlowDouble = {
     .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
     .supports_draft = 0,
     .init = SlowInit,
+    .connect = nullptr,
     .receive = SlowReceive,
+    .cancel = SlowCancel,
     .reset = nullptr,
     .destroy = SlowDestroy,
 };
@@ -522,6 +538,10 @@ TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
 // An UpdateWeights of one 16-byte tensor over the slow double, left in
 // flight once the worker is inside receive.
 wtx_rpc_pending *SessionTest::StartSlowUpdate() {
+  {
+    std::lock_guard<std::mutex> lk(g_mu);
+    g_in_receive = g_release = g_cancelled = false;
+  }
   {
     std::lock_guard<std::mutex> lk(g_mu);
     g_in_receive = g_release = false;
@@ -946,4 +966,185 @@ TEST_F(SessionTest, TheParameterListingComesInPages) {
   EXPECT_EQ(WTX_ERANGE, wtx__v1__weight_transfer__get_weight_info__call(ch_, &req, &info,
                                                                         nullptr, &st_));
   EXPECT_NE(nullptr, strstr(st_.message, "params_offset: 3, the model has 2 parameters"));
+}
+
+TEST_F(SessionTest, AnAbortCancelsABlockedReceiveAtOnce) {
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  UseSlowDouble(&o);
+  Restart(o);
+  ASSERT_EQ(0, Init("nccl")) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  wtx_rpc_pending *p = StartSlowUpdate();
+  // The operator's abort: answered at once (nothing waits on the session
+  // lock) and the receive it cancels returns without being released.
+  auto t0 = std::chrono::steady_clock::now();
+  Wtx__V1__AbortWeightUpdateRequest req = WTX__V1__ABORT_WEIGHT_UPDATE_REQUEST__INIT;
+  Wtx__V1__AbortWeightUpdateResponse *resp = nullptr;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__abort_weight_update__call(ch_, &req, &resp, nullptr,
+                                                                    &st_));
+  EXPECT_TRUE(resp->aborted);
+  protobuf_c_message_free_unpacked(&resp->base, nullptr);
+  Wtx__V1__UpdateWeightsResponse *uresp = nullptr;
+  EXPECT_EQ(WTX_ECANCELED, wtx__v1__weight_transfer__update_weights__wait(p, &uresp, &st_));
+  EXPECT_NE(nullptr, strstr(st_.message, "slow: cancelled")) << st_.message;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  Wtx__V1__GetWeightInfoResponse *info = nullptr;
+  ASSERT_EQ(0, Info(&info)) << st_.message;
+  EXPECT_EQ(WTX__V1__SESSION_STATE__SESSION_STATE_READY, info->state);  // aborted, ready
+  EXPECT_EQ(0u, info->num_params);
+  protobuf_c_message_free_unpacked(&info->base, nullptr);
+}
+
+// The tcp backend's upstream, played by the test: a listening socket the
+// worker connects to, the hello it reads, and chunks it writes by hand.
+class FakeUpstream {
+ public:
+  FakeUpstream() {
+    lfd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(0, bind(lfd_, reinterpret_cast<sockaddr *>(&a), sizeof a));
+    EXPECT_EQ(0, listen(lfd_, 4));
+    socklen_t len = sizeof a;
+    getsockname(lfd_, reinterpret_cast<sockaddr *>(&a), &len);
+    addr_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~FakeUpstream() {
+    if (fd_ >= 0) close(fd_);
+    close(lfd_);
+  }
+  // Accepts the worker and checks its hello carries the token.
+  void Accept() {
+    fd_ = accept(lfd_, nullptr, nullptr);
+    ASSERT_GE(fd_, 0);
+    uint8_t h[WTX__TCP_HELLO_BYTES];
+    ASSERT_EQ(static_cast<ssize_t>(sizeof h), recv(fd_, h, sizeof h, MSG_WAITALL));
+    ASSERT_EQ(0, wtx__tcp_hello_check(h, token_, sizeof token_));
+  }
+  void Header(uint64_t seq, uint64_t bytes) {
+    uint8_t f[WTX__TCP_FRAME_BYTES];
+    wtx__tcp_frame fr = {seq, 0, bytes};
+    wtx__tcp_frame_encode(f, &fr);
+    ASSERT_EQ(static_cast<ssize_t>(sizeof f), send(fd_, f, sizeof f, MSG_NOSIGNAL));
+  }
+  void Send(const void *p, size_t n) { send(fd_, p, n, MSG_NOSIGNAL); }
+  // The init info: this upstream, its token, a relay or not.
+  Wtx__V1__TcpInitInfo Info(bool relay) {
+    Wtx__V1__TcpInitInfo ti = WTX__V1__TCP_INIT_INFO__INIT;
+    ti.upstream_address = const_cast<char *>(addr_.c_str());
+    ti.relay = relay;
+    ti.data_token.data = const_cast<uint8_t *>(token_);
+    ti.data_token.len = sizeof token_;
+    return ti;
+  }
+  const uint8_t token_[16] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6};
+  std::string addr_;
+  int lfd_ = -1, fd_ = -1;
+};
+
+// Init over tcp with ti and the given timeout; the data address answered.
+std::string InitTcp(wtx_rpc_channel *ch, Wtx__V1__TcpInitInfo *ti, uint32_t timeout_ms,
+                    std::string *session, wtx_rpc_status *st) {
+  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+  ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
+  ii.tcp = ti;
+  ii.timeout_ms = timeout_ms;
+  ii.checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE;
+  Wtx__V1__InitWeightTransferEngineRequest req = WTX__V1__INIT_WEIGHT_TRANSFER_ENGINE_REQUEST__INIT;
+  req.init_info = &ii;
+  Wtx__V1__InitWeightTransferEngineResponse *resp = nullptr;
+  EXPECT_EQ(0, wtx__v1__weight_transfer__init_weight_transfer_engine__call(ch, &req, &resp,
+                                                                           nullptr, st))
+      << st->message;
+  if (resp == nullptr) return "";
+  *session = resp->session_id;
+  std::string addr = resp->data_address;
+  protobuf_c_message_free_unpacked(&resp->base, nullptr);
+  return addr;
+}
+
+// UpdateWeights of one UINT8 tensor of n bytes over tcp, started.
+wtx_rpc_pending *StartTcpUpdate(wtx_rpc_channel *ch, const std::string &session,
+                                uint64_t update, uint64_t n) {
+  static uint64_t shape;
+  shape = n;
+  static Wtx__V1__ParamMeta pm;
+  static Wtx__V1__ParamMeta *pmp = &pm;
+  wtx__v1__param_meta__init(&pm);
+  pm.name = const_cast<char *>("w");
+  pm.dtype = WTX__V1__DTYPE__DTYPE_UINT8;
+  pm.shape = &shape;
+  pm.n_shape = 1;
+  static Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  ui.params = &pmp;
+  ui.n_params = 1;
+  ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
+  ui.tcp = &tu;
+  Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
+  req.session_id = const_cast<char *>(session.c_str());
+  req.update_id = update;
+  req.update_info = &ui;
+  wtx_rpc_pending *p = nullptr;
+  EXPECT_EQ(0, wtx__v1__weight_transfer__update_weights__start(ch, &req, nullptr, &p));
+  return p;
+}
+
+TEST_F(SessionTest, ATricklingUpstreamFailsWithinOneChunkTimeout) {
+  FakeUpstream up;
+  Wtx__V1__TcpInitInfo ti = up.Info(false);
+  InitTcp(ch_, &ti, 1000, &session_, &st_);
+  up.Accept();
+  ASSERT_EQ(0, Start()) << st_.message;
+  auto t0 = std::chrono::steady_clock::now();
+  wtx_rpc_pending *p = StartTcpUpdate(ch_, session_, update_, 64);
+  up.Header(0, 64);
+  // One byte every 200 ms: every gap is short, the chunk is not.
+  for (int i = 0; i < 10; i++) {
+    uint8_t b = 1;
+    up.Send(&b, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  Wtx__V1__UpdateWeightsResponse *resp = nullptr;
+  EXPECT_EQ(WTX_ETIMEDOUT, wtx__v1__weight_transfer__update_weights__wait(p, &resp, &st_));
+  EXPECT_NE(nullptr, strstr(st_.message, "not all data within the timeout")) << st_.message;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST_F(SessionTest, ASilentPeerOnTheRelayPortIsDroppedAndTheChainGoesOn) {
+  FakeUpstream up;
+  Wtx__V1__TcpInitInfo ti = up.Info(true);
+  std::string relay = InitTcp(ch_, &ti, 10000, &session_, &st_);
+  ASSERT_FALSE(relay.empty());
+  up.Accept();
+  ASSERT_EQ(0, Start()) << st_.message;
+  auto connect_to = [&](bool hello) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(std::stoi(relay.substr(relay.rfind(':') + 1))));
+    EXPECT_EQ(0, connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a));
+    if (hello) {
+      uint8_t h[WTX__TCP_HELLO_BYTES];
+      wtx__tcp_hello_encode(h, up.token_, sizeof up.token_);
+      send(fd, h, sizeof h, MSG_NOSIGNAL);
+    }
+    return fd;
+  };
+  int squatter = connect_to(false);  // connects first and says nothing
+  int down = connect_to(true);
+  wtx_rpc_pending *p = StartTcpUpdate(ch_, session_, update_, 64);
+  up.Header(0, 64);
+  std::vector<uint8_t> bytes(64, 7);
+  up.Send(bytes.data(), bytes.size());
+  Wtx__V1__UpdateWeightsResponse *resp = nullptr;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__update_weights__wait(p, &resp, &st_)) << st_.message;
+  protobuf_c_message_free_unpacked(&resp->base, nullptr);
+  uint8_t got[WTX__TCP_FRAME_BYTES + 64];
+  ASSERT_EQ(static_cast<ssize_t>(sizeof got), recv(down, got, sizeof got, MSG_WAITALL));
+  EXPECT_EQ(0, memcmp(got + WTX__TCP_FRAME_BYTES, bytes.data(), 64));  // relayed
+  close(squatter);
+  close(down);
 }

@@ -44,9 +44,8 @@ class ShmTest : public ::testing::Test {
     ASSERT_EQ(0, wtx__rx_create(&rx_));
     wtx_wire_params wire{1, 16 << 20, 1, 2, 5000};
     Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
-    char addr[64], err[256];
-    ASSERT_EQ(0, wtx_shm_worker_transport.init(&ii, &wire, &w_, addr, sizeof addr, err,
-                                                sizeof err));
+    char err[256];
+    ASSERT_EQ(0, wtx_shm_worker_transport.init(&ii, &wire, &w_, err, sizeof err));
   }
   void TearDown() override {
     wtx_shm_worker_transport.destroy(w_);
@@ -91,6 +90,15 @@ TEST_F(ShmTest, ReadsTheRangeItIsGiven) {
   MakeRegion(1 << 20, region_);
   ASSERT_EQ(0, Receive(region_, 1000, 5000)) << error_;
   for (size_t i = 0; i < 5000; i++) ASSERT_EQ(static_cast<uint8_t>((1000 + i) * 13), dst_[i]);
+}
+
+TEST_F(ShmTest, CancelStopsARead) {
+  MakeRegion(12 << 20, region_);
+  wtx_shm_worker_transport.cancel(w_);
+  EXPECT_EQ(WTX_ECANCELED, Receive(region_, 0, 12 << 20));
+  EXPECT_NE(std::string::npos, error_.find("shm: cancelled")) << error_;
+  wtx_shm_worker_transport.reset(w_);  // the abort that follows
+  EXPECT_EQ(0, Receive(region_, 0, 12 << 20)) << error_;
 }
 
 TEST_F(ShmTest, OnlyRegionsWithTheProjectsPrefixAreOpened) {
