@@ -193,13 +193,14 @@ typedef struct fanout {
   ProtobufCMessage *req;
   wtx_client *c;
   void *arg;
+  int idempotent; /* retried on transient failures */
 } fanout;
 
 static int each_replica(fanout *f) {
   for (size_t i = 0; i < f->c->n; i++) {
     f->fill(f, i, f->req);
     ProtobufCMessage *m = NULL;
-    int rc = call(f->c, i, f->method, f->req, &m, 0);
+    int rc = call(f->c, i, f->method, f->req, &m, f->idempotent);
     if (rc != 0) return rc;
     if (f->take != NULL) f->take(f, i, m);
     protobuf_c_message_free_unpacked(m, NULL);
@@ -262,7 +263,7 @@ int wtx__client_start(wtx_client *c, int target) {
   Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
   req.target = (Wtx__V1__UpdateTarget)target;
   fanout f = {wtx__v1__weight_transfer__start_weight_update__method, start_fill,
-              start_take, &req.base, c, NULL};
+              start_take, &req.base, c, NULL, 0};
   return each_replica(&f);
 }
 
@@ -356,15 +357,35 @@ static void finish_fill(fanout *f, size_t i, ProtobufCMessage *m) {
   req->update_id = f->c->r[i].update_id;
 }
 
+static void prepare_fill(fanout *f, size_t i, ProtobufCMessage *m) {
+  Wtx__V1__PrepareWeightUpdateRequest *req = (Wtx__V1__PrepareWeightUpdateRequest *)m;
+  req->session_id = f->c->r[i].session_id;
+  req->update_id = f->c->r[i].update_id;
+}
+
 int wtx__client_finish(wtx_client *c, const char *version, char *published,
                        size_t publen) {
   if (published != NULL && publen > 0) published[0] = '\0';
+  /* Phase 1: every replica prepares; a failure anywhere leaves every
+   * replica unpublished (the caller aborts them all). */
+  Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
+  prep.weight_version = (char *)(version ? version : "");
+  fanout p = {wtx__v1__weight_transfer__prepare_weight_update__method, prepare_fill, NULL,
+              &prep.base, c, NULL, 0};
+  int rc = each_replica(&p);
+  if (rc != 0) return rc;
+  /* Phase 2: a prepared update cannot fail to publish; a lost answer is
+   * asked again (a repeated Finish answers the same). */
   Wtx__V1__FinishWeightUpdateRequest req = WTX__V1__FINISH_WEIGHT_UPDATE_REQUEST__INIT;
-  req.weight_version = (char *)(version ? version : "");
+  req.weight_version = "";
   label_arg a = {"weight_version", published, publen};
   fanout f = {wtx__v1__weight_transfer__finish_weight_update__method, finish_fill,
-              take_label, &req.base, c, &a};
-  return each_replica(&f);
+              take_label, &req.base, c, &a, 1};
+  int retries = c->retries;
+  if (c->retries < 3) c->retries = 3;
+  rc = each_replica(&f);
+  c->retries = retries;
+  return rc;
 }
 
 /* text cut to fit len (with its NUL) at a character boundary: the schema
@@ -522,7 +543,7 @@ int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
   req.weight_version = (char *)version;
   label_arg a = {"previous_version", previous, prevlen};
   fanout f = {wtx__v1__weight_transfer__update_weight_version__method, version_fill,
-              take_label, &req.base, c, &a};
+              take_label, &req.base, c, &a, 0};
   return each_replica(&f);
 }
 

@@ -30,8 +30,11 @@ int wtx__client_start(wtx_client *c, int target);
  * reports the most telling failure (a refusal over a broken stream). */
 int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui);
 int wtx__client_update_wait(wtx_client *c);
-/* FinishWeightUpdate on every replica; version "" or NULL lets the workers
- * number it. published (may be NULL) receives replica 0's label. */
+/* Publishes the update on every replica or on none: PrepareWeightUpdate on
+ * every replica first (a failure returns before any replica publishes; the
+ * caller then aborts them all), then FinishWeightUpdate on each, retried on
+ * transient failures. version "" or NULL lets the workers number it.
+ * published (may be NULL) receives replica 0's label. */
 int wtx__client_finish(wtx_client *c, const char *version, char *published,
                        size_t publen);
 /* AbortWeightUpdate on every replica with an open session (best effort:

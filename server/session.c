@@ -12,6 +12,12 @@
 #include "common/text.h"
 #include "server/session.h"
 
+/* Whether an update is open: receiving chunks, or prepared. */
+static int update_open(const wtx_session *s) {
+  return s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING ||
+         s->state == WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED;
+}
+
 static void new_session_id(char out[33]) {
   uint8_t r[16];
   int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
@@ -26,7 +32,7 @@ static void new_session_id(char out[33]) {
 
 /* Discards the active update. Caller holds mu. */
 static void abort_locked(wtx_session *s, const char *why) {
-  if (s->state != WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING) return;
+  if (!update_open(s)) return;
   s->cfg.model_ops->abort(s->cfg.model);
   if (s->transport != NULL && s->transport->reset != NULL)
     s->transport->reset(s->engine);
@@ -73,8 +79,7 @@ void wtx__session_destroy(wtx_session *s) {
 int wtx__session_watchdog(wtx_session *s) {
   int fired = 0;
   pthread_mutex_lock(&s->mu);
-  if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING &&
-      !s->receiving && wtx_clock_ms() - s->last_activity_ms > s->cfg.watchdog_ms) {
+  if (update_open(s) && !s->receiving && wtx_clock_ms() - s->last_activity_ms > s->cfg.watchdog_ms) {
     abort_locked(s, "watchdog: no call from the trainer within the timeout");
     fired = 1;
   }
@@ -143,16 +148,23 @@ static grpc_status_code check_session(wtx_session *s, wtx_rpc_ctx *ctx,
   return GRPC_STATUS_OK;
 }
 
+/* The checks of a call on the open update; prepared: whether the call is
+ * taken once the update is prepared (Finish, Abort) or not (UpdateWeights,
+ * Prepare). */
 static grpc_status_code check_update(wtx_session *s, wtx_rpc_ctx *ctx,
                                      const char *session_id, uint64_t update_id,
-                                     const char *call) {
+                                     const char *call, int prepared) {
   grpc_status_code c = check_session(s, ctx, session_id);
   if (c != GRPC_STATUS_OK) return c;
-  if (s->state != WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING)
+  if (!update_open(s))
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "%s without an active update: call "
                               "StartWeightUpdate first",
                               call);
+  if (!prepared && s->state == WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+                              "%s: update %llu is prepared; finish or abort it", call,
+                              (unsigned long long)s->update_id);
   if (update_id != s->update_id)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_NOT_FOUND,
                               "update_id: %llu is not the active update (%llu)",
@@ -218,7 +230,7 @@ static grpc_status_code init_begin(wtx_session *s, wtx_rpc_ctx *ctx,
   int rc;
   if (s->draining)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "worker is draining");
-  if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING)
+  if (update_open(s))
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "update %llu is active: finish or abort it before "
                               "re-initializing", (unsigned long long)s->update_id);
@@ -261,7 +273,7 @@ grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
     code = from_wtx(ctx, rc, "init_info", err);
   } else if (s->draining) {
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "worker is draining");
-  } else if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING) {
+  } else if (update_open(s)) {
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "update %llu started while this init connected",
                               (unsigned long long)s->update_id);
@@ -281,7 +293,7 @@ grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
 /* Opens update target. Caller holds mu and has checked the session. */
 static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
                                     wtx_target target) {
-  if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING)
+  if (update_open(s))
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "update %llu is already active: finish or abort "
                               "it first", (unsigned long long)s->update_id);
@@ -492,7 +504,7 @@ grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
   grpc_status_code code = wtx__check_request(ctx, &req->base);
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
-  code = check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights");
+  code = check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights", 0);
   if (code == GRPC_STATUS_OK && s->receiving)
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "another UpdateWeights of update %llu is still "
@@ -517,33 +529,85 @@ done:
   return code;
 }
 
-/* Publishes the staged update as v (or the next number). Caller holds mu
- * and has checked the update is complete. */
-static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx,
-                                      const char *v,
-                                      Wtx__V1__FinishWeightUpdateResponse *resp) {
-  char version[32];
-  if (v[0] == '\0') {
-    snprintf(version, sizeof version, "%llu", (unsigned long long)(++s->auto_version));
-    v = version;
+/* Prepares the open update under label v (empty: the next number): every
+ * tensor complete, the model's prepare done. On failure the update is
+ * aborted. Caller holds mu and has checked the update. */
+static grpc_status_code prepare_locked(wtx_session *s, wtx_rpc_ctx *ctx, const char *v,
+                                       const char *call) {
+  if (s->receiving)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+                              "%s: an UpdateWeights is still receiving", call);
+  uint64_t have, want;
+  const char *carry = wtx__rx_incomplete(s->rx, &have, &want);
+  char why[1200] = "";
+  if (carry != NULL) {
+    snprintf(why, sizeof why, "tensor '%s' is incomplete: %llu of %llu bytes", carry,
+             (unsigned long long)have, (unsigned long long)want);
+    grpc_status_code code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+                                               "%s: %s (update aborted)", call, why);
+    abort_locked(s, why);
+    return code;
   }
-  int rc = s->cfg.model_ops->commit(s->cfg.model, v);
+  if (v[0] == '\0')
+    snprintf(s->version, sizeof s->version, "%llu", (unsigned long long)(++s->auto_version));
+  else
+    snprintf(s->version, sizeof s->version, "%s", v);
+  const wtx_model_ops *ops = s->cfg.model_ops;
+  int rc = ops->prepare != NULL ? ops->prepare(s->cfg.model, s->version, why, sizeof why) : 0;
+  if (rc != 0) {
+    grpc_status_code code = from_wtx(ctx, rc, "model: cannot publish (update aborted)", why);
+    abort_locked(s, why[0] ? why : "prepare failed");
+    return code;
+  }
+  s->state = WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED;
+  return GRPC_STATUS_OK;
+}
+
+/* Publishes the prepared update. Caller holds mu. */
+static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
+  int rc = s->cfg.model_ops->commit(s->cfg.model, s->version);
   if (rc != 0) {
     abort_locked(s, "commit failed");
     return from_wtx(ctx, rc, "model", "commit failed (update aborted)");
   }
-  resp->weight_version = wtx_rpc_ctx_strdup(ctx, v);
-  resp->num_params = (uint32_t)s->staged_params;
-  resp->total_bytes = s->staged_bytes;
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
   wtx__strmap_clear(s->names);
+  s->published_update = s->update_id;
   char q[600];
   wtx_log(WTX_LOG_INFO, "event=published update=%llu target=%s version=%s "
           "params=%llu bytes=%llu", (unsigned long long)s->update_id,
           s->target == WTX_TARGET_DRAFT ? "draft" : "main",
-          wtx_log_quote(v, q, sizeof q), (unsigned long long)s->staged_params,
+          wtx_log_quote(s->version, q, sizeof q), (unsigned long long)s->staged_params,
           (unsigned long long)s->staged_bytes);
   return GRPC_STATUS_OK;
+}
+
+grpc_status_code wtx__handle_prepare(wtx_rpc_ctx *ctx,
+    const Wtx__V1__PrepareWeightUpdateRequest *req, Wtx__V1__PrepareWeightUpdateResponse *resp) {
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  grpc_status_code code = wtx__check_request(ctx, &req->base);
+  if (code == GRPC_STATUS_OK)
+    code = wtx__check_text(ctx, "weight_version", req->weight_version, WTX_MAX_VERSION_BYTES);
+  if (code != GRPC_STATUS_OK) return code;
+  pthread_mutex_lock(&s->mu);
+  code = check_update(s, ctx, req->session_id, req->update_id, "PrepareWeightUpdate", 0);
+  if (code == GRPC_STATUS_OK)
+    code = prepare_locked(s, ctx, req->weight_version, "PrepareWeightUpdate");
+  if (code == GRPC_STATUS_OK) {
+    resp->weight_version = wtx_rpc_ctx_strdup(ctx, s->version);
+    resp->num_params = (uint32_t)s->staged_params;
+    resp->total_bytes = s->staged_bytes;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return code;
+}
+
+/* A Finish repeated for the update just published (its answer was lost):
+ * the same answer again. Caller holds mu. */
+static int finish_repeated(const wtx_session *s, const Wtx__V1__FinishWeightUpdateRequest *req) {
+  return s->state == WTX__V1__SESSION_STATE__SESSION_STATE_READY &&
+         strcmp(req->session_id, s->session_id) == 0 && req->update_id != 0 &&
+         req->update_id == s->published_update;
 }
 
 grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
@@ -554,27 +618,31 @@ grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
     code = wtx__check_text(ctx, "weight_version", req->weight_version, WTX_MAX_VERSION_BYTES);
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
-  code = check_update(s, ctx, req->session_id, req->update_id,
-                                       "FinishWeightUpdate");
-  if (code == GRPC_STATUS_OK && s->receiving)
-    code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
-                              "an UpdateWeights is still receiving");
-  uint64_t have, want;
-  const char *carry = code == GRPC_STATUS_OK ? wtx__rx_incomplete(s->rx, &have, &want) : NULL;
-  if (carry != NULL) {
-    char why[1200];
-    snprintf(why, sizeof why, "tensor '%s' is incomplete: %llu of %llu bytes",
-             carry, (unsigned long long)have, (unsigned long long)want);
-    code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
-                              "FinishWeightUpdate: %s (update aborted)", why);
-    abort_locked(s, why);
-  } else if (code == GRPC_STATUS_OK) {
-    code = commit_locked(s, ctx, req->weight_version, resp);
+  int committed = 0;
+  if (finish_repeated(s, req)) {
+    code = GRPC_STATUS_OK;
+  } else if ((code = check_update(s, ctx, req->session_id, req->update_id,
+                                  "FinishWeightUpdate", 1)) != GRPC_STATUS_OK) {
+  } else if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED) {
+    if (req->weight_version[0] != '\0' && strcmp(req->weight_version, s->version) != 0)
+      code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+                                "weight_version: the update was prepared under another "
+                                "label (send it, or none)");
+    else if ((code = commit_locked(s, ctx)) == GRPC_STATUS_OK)
+      committed = 1;
+  } else if ((code = prepare_locked(s, ctx, req->weight_version, "FinishWeightUpdate")) ==
+                 GRPC_STATUS_OK &&
+             (code = commit_locked(s, ctx)) == GRPC_STATUS_OK) {
+    committed = 1;
+  }
+  if (code == GRPC_STATUS_OK) {
+    resp->weight_version = wtx_rpc_ctx_strdup(ctx, s->version);
+    resp->num_params = (uint32_t)s->staged_params;
+    resp->total_bytes = s->staged_bytes;
   }
   wtx_target target = s->target;
   pthread_mutex_unlock(&s->mu);
-  if (code == GRPC_STATUS_OK && s->cfg.on_commit != NULL)
-    s->cfg.on_commit(s->cfg.on_commit_user, target);
+  if (committed && s->cfg.on_commit != NULL) s->cfg.on_commit(s->cfg.on_commit_user, target);
   return code;
 }
 
@@ -588,14 +656,13 @@ grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
   code = check_session(
       s, ctx, req->session_id[0] ? req->session_id : s->session_id);
   if (code == GRPC_STATUS_OK && req->update_id != 0 &&
-      s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING &&
-      req->update_id != s->update_id)
+      update_open(s) && req->update_id != s->update_id)
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_NOT_FOUND,
                               "update_id: %llu is not the active update (%llu)",
                               (unsigned long long)req->update_id,
                               (unsigned long long)s->update_id);
   if (code == GRPC_STATUS_OK) {
-    resp->aborted = s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING;
+    resp->aborted = update_open(s);
     if (s->receiving)
       request_abort(s);
     else

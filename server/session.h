@@ -68,6 +68,8 @@ typedef struct wtx_session {
   int64_t last_activity_ms;
   size_t staged_params;
   uint64_t staged_bytes;
+  char version[WTX_MAX_VERSION_BYTES + 1]; /* prepared (then published) label */
+  uint64_t published_update;  /* the last update published, for a repeated Finish */
   uint64_t begun_bytes; /* of every tensor begun in this update */
   wtx__strmap *names; /* of this update, for duplicates */
   wtx_rx *rx;
@@ -103,6 +105,9 @@ grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
 grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
     const Wtx__V1__UpdateWeightsRequest *req,
     Wtx__V1__UpdateWeightsResponse *resp);
+grpc_status_code wtx__handle_prepare(wtx_rpc_ctx *ctx,
+    const Wtx__V1__PrepareWeightUpdateRequest *req,
+    Wtx__V1__PrepareWeightUpdateResponse *resp);
 grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
     const Wtx__V1__FinishWeightUpdateRequest *req,
     Wtx__V1__FinishWeightUpdateResponse *resp);

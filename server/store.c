@@ -121,6 +121,7 @@ struct wtx_store {
   /* staging */
   int staging;
   wtx_target target;
+  snapshot *prepared; /* the next published version, built by prepare */
   entry *st;
   size_t n_st, cap_st;
 };
@@ -146,6 +147,7 @@ static void staged_free(wtx_store *s) {
 
 void wtx_store_destroy(wtx_store *s) {
   if (s == NULL) return;
+  snapshot_unref(s->prepared);
   staged_free(s);
   snapshot_unref(s->pub[0]);
   snapshot_unref(s->pub[1]);
@@ -345,29 +347,69 @@ fail:
   return rc;
 }
 
-static int store_commit(void *model, const char *version) {
+/* The first version of a model whose layout was declared must hold every
+ * declared tensor: none has bytes to carry over. Caller holds mu. */
+static int check_complete(wtx_store *s, char *err, size_t errlen) {
+  if (s->target != WTX_TARGET_MAIN || s->declared == NULL || PUB(s, WTX_TARGET_MAIN) != NULL)
+    return 0;
+  wtx__strmap *staged = NULL;
+  int rc = index_build(&staged, s->st, s->n_st);
+  for (size_t i = 0; rc == 0 && i < s->n_declared; i++)
+    if (!wtx__strmap_get(staged, s->declared[i].meta.name, NULL)) {
+      snprintf(err, errlen, "the first version must hold every parameter of the model "
+               "spec; '%s' is missing (%zu of %zu sent)", s->declared[i].meta.name,
+               s->n_st, s->n_declared);
+      rc = WTX_ENOENT;
+    }
+  wtx__strmap_destroy(staged);
+  return rc;
+}
+
+/* Everything a publish needs that can fail: the completeness check and the
+ * snapshot (every allocation), so commit only swaps pointers. */
+static int store_prepare(void *model, const char *version, char *err, size_t errlen) {
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
-  snapshot *old = PUB(s, s->target), *snap = NULL;
-  int rc = snapshot_build(old, s->st, s->n_st, version,
-                          (old ? old->generation : 0) + 1, &snap);
-  if (rc == 0) {
-    PUB(s, s->target) = snap;
-    /* Keep up to one spare copy of the largest model published. */
-    pthread_mutex_lock(&s->pool.mu);
-    if (snap->total > s->pool.cap) s->pool.cap = snap->total;
-    pthread_mutex_unlock(&s->pool.mu);
-    snapshot_unref(old);
-    staged_free(s);
-    s->staging = 0;
-  }
+  snapshot *old = PUB(s, s->target);
+  snapshot_unref(s->prepared);
+  s->prepared = NULL;
+  int rc = s->staging ? check_complete(s, err, errlen) : WTX_ESTATE;
+  if (rc == 0)
+    rc = snapshot_build(old, s->st, s->n_st, version, (old ? old->generation : 0) + 1,
+                        &s->prepared);
   pthread_mutex_unlock(&s->mu);
   return rc;
+}
+
+/* Publishes the prepared snapshot (preparing it first when nobody did):
+ * after a successful prepare nothing here can fail. */
+static int store_commit(void *model, const char *version) {
+  wtx_store *s = model;
+  if (s->prepared == NULL) {
+    char err[512];
+    int rc = store_prepare(model, version, err, sizeof err);
+    if (rc != 0) return rc;
+  }
+  pthread_mutex_lock(&s->mu);
+  snapshot *old = PUB(s, s->target), *snap = s->prepared;
+  s->prepared = NULL;
+  PUB(s, s->target) = snap;
+  /* Keep up to one spare copy of the largest model published. */
+  pthread_mutex_lock(&s->pool.mu);
+  if (snap->total > s->pool.cap) s->pool.cap = snap->total;
+  pthread_mutex_unlock(&s->pool.mu);
+  snapshot_unref(old);
+  staged_free(s);
+  s->staging = 0;
+  pthread_mutex_unlock(&s->mu);
+  return 0;
 }
 
 static void store_abort(void *model) {
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
+  snapshot_unref(s->prepared);
+  s->prepared = NULL;
   staged_free(s);
   s->staging = 0;
   pthread_mutex_unlock(&s->mu);
@@ -383,6 +425,7 @@ const wtx_model_ops wtx_store_model_ops = {
     .begin = store_begin,
     .stage = store_stage,
     .loaded = store_loaded,
+    .prepare = store_prepare,
     .commit = store_commit,
     .abort = store_abort,
 };

@@ -31,6 +31,7 @@ static const Wtx__V1__WeightTransfer_Handlers handlers = {
     .init_weight_transfer_engine = wtx__handle_init,
     .start_weight_update = wtx__handle_start,
     .update_weights = wtx__handle_update,
+    .prepare_weight_update = wtx__handle_prepare,
     .finish_weight_update = wtx__handle_finish,
     .abort_weight_update = wtx__handle_abort,
     .update_weight_version = wtx__handle_version,

@@ -55,7 +55,13 @@ typedef struct wtx_model_ops {
    * XXH3-64 of its bytes when the session checks checksums, else NULL (no
    * hash was computed). */
   int (*loaded)(void *model, const wtx_tensor_meta *meta, const uint64_t *xxh3);
-  /* Makes every loaded tensor visible at once, labelled version. */
+  /* Optional: everything commit needs that can fail (checks, memory),
+   * done now, labelled version; after it succeeds commit must not fail.
+   * NULL: commit does it all (and a failing commit may then leave replicas
+   * on different versions). */
+  int (*prepare)(void *model, const char *version, char *err, size_t errlen);
+  /* Makes every loaded tensor visible at once, labelled version (the
+   * prepared one, after prepare). */
   int (*commit)(void *model, const char *version);
   /* Discards everything staged since begin. */
   void (*abort)(void *model);

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -405,3 +406,51 @@ struct UseCudaDouble : ::testing::Environment {
 const auto *const kDouble = ::testing::AddGlobalTestEnvironment(new UseCudaDouble);
 
 }  // namespace
+
+namespace wtxtest {
+
+// Every replica or none: a replica that cannot publish (its model spec
+// declares a tensor the trainer never sends, so its first version would be
+// incomplete) is found before any replica publishes, and every replica
+// keeps its previous weights.
+TEST_P(EngineTest, AReplicaThatCannotPublishLeavesEveryReplicaOnItsPreviousWeights) {
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(2 << 20, 5, &src));
+  const wtx_tensor_meta *metas;
+  size_t n;
+  ASSERT_EQ(0, wtx_source_metadata(src, &metas, &n));
+  // The spec: the synthetic model's layout plus one tensor it lacks.
+  std::vector<wtx_st_tensor> spec(n + 1);
+  uint64_t biggest = 0;
+  for (size_t i = 0; i < n; i++) {
+    spec[i].meta = metas[i];
+    biggest = std::max(biggest, metas[i].nbytes);
+  }
+  std::vector<uint8_t> zeros(biggest);
+  for (size_t i = 0; i < n; i++) spec[i].data = zeros.data();
+  uint64_t shape = 4;
+  char err[512] = "";
+  ASSERT_EQ(0, wtx_tensor_meta_set(&spec[n].meta, "extra.weight", WTX_DTYPE_FLOAT32, &shape, 1,
+                                   err, sizeof err));
+  spec[n].data = zeros.data();
+  std::string path = dir_ + "/spec.safetensors";
+  ASSERT_EQ(0, wtx_st_write(path.c_str(), spec.data(), spec.size(), nullptr, 0, err, sizeof err))
+      << err;
+  Worker w0 = Spawn(), w1 = Spawn(), w2 = Spawn({"--model-spec", path});
+  wtx_client *c = Client({w0, w1, w2});
+  std::string e;
+  EXPECT_EQ(WTX_ENOENT, Push(c, src, "v1", 1 << 20, 2, 10000, &e));
+  EXPECT_EQ(2, wtx_client_last_replica(c)) << e;
+  EXPECT_NE(std::string::npos, e.find("PrepareWeightUpdate")) << e;
+  EXPECT_NE(std::string::npos, e.find("'extra.weight' is missing")) << e;
+  for (const Worker &w : {w0, w1, w2}) EXPECT_EQ("", Version(w));  // none published
+  wtx_client_destroy(c);
+  // Without the incomplete replica, the same sync publishes everywhere.
+  c = Client({w0, w1});
+  ASSERT_EQ(0, Push(c, src, "v1", 1 << 20, 2, 10000, &e)) << e;
+  for (const Worker &w : {w0, w1}) EXPECT_EQ("v1", Version(w));
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+}  // namespace wtxtest

@@ -503,7 +503,11 @@ void CmAbort(void *m) {
   static_cast<CountingModel *>(m)->aborts++;
   wtx_store_model_ops.abort(static_cast<CountingModel *>(m)->store);
 }
-const wtx_model_ops kCounting = {CmCheck, CmBegin, CmStage, CmLoaded, CmCommit, CmAbort};
+int CmPrepare(void *m, const char *v, char *e, size_t n) {
+  return wtx_store_model_ops.prepare(static_cast<CountingModel *>(m)->store, v, e, n);
+}
+const wtx_model_ops kCounting = {CmCheck, CmBegin, CmStage, CmLoaded, CmPrepare, CmCommit,
+                                 CmAbort};
 
 TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
@@ -719,7 +723,8 @@ void HmPause(void *h, int wait) {
   static_cast<HostModel *>(h)->last_wait = wait;
 }
 void HmResume(void *h) { static_cast<HostModel *>(h)->resumes++; }
-const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, HmCommit, HmAbort};
+// No prepare: commit does it all (a host model that cannot fail there).
+const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit, HmAbort};
 
 TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   HostModel hm;
@@ -1147,4 +1152,52 @@ TEST_F(SessionTest, ASilentPeerOnTheRelayPortIsDroppedAndTheChainGoesOn) {
   EXPECT_EQ(0, memcmp(got + WTX__TCP_FRAME_BYTES, bytes.data(), 64));  // relayed
   close(squatter);
   close(down);
+}
+
+TEST_F(SessionTest, APreparedUpdateTakesOnlyFinishOrAbortAndFinishMayBeRepeated) {
+  PublishV1();
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("a", 16, 9)})) << st_.message;
+  Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
+  prep.session_id = const_cast<char *>(session_.c_str());
+  prep.update_id = update_;
+  prep.weight_version = const_cast<char *>("v2");
+  Wtx__V1__PrepareWeightUpdateResponse *presp = nullptr;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__prepare_weight_update__call(ch_, &prep, &presp, nullptr,
+                                                                     &st_))
+      << st_.message;
+  EXPECT_STREQ("v2", presp->weight_version);
+  EXPECT_EQ(1u, presp->num_params);
+  protobuf_c_message_free_unpacked(&presp->base, nullptr);
+  Wtx__V1__GetWeightInfoResponse *info = nullptr;
+  ASSERT_EQ(0, Info(&info));
+  EXPECT_EQ(WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED, info->state);
+  EXPECT_STREQ("v1", info->weight_version);  // nothing published yet
+  protobuf_c_message_free_unpacked(&info->base, nullptr);
+  // No more chunks; no other label.
+  EXPECT_EQ(WTX_ESTATE, Update({T("b", 8, 9)}));
+  EXPECT_NE(nullptr, strstr(st_.message, "is prepared; finish or abort it")) << st_.message;
+  EXPECT_EQ(WTX_EINVAL, Finish("other"));
+  ASSERT_EQ(0, Finish("")) << st_.message;  // the prepared label
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+  EXPECT_EQ("v2", Published(&now));
+  // A Finish whose answer was lost, asked again: the same answer.
+  ASSERT_EQ(0, Finish("")) << st_.message;
+  EXPECT_EQ("v2", Published(&now));
+}
+
+TEST_F(SessionTest, AbortingAPreparedUpdateKeepsThePublishedWeights) {
+  PublishV1();
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("a", 16, 9)})) << st_.message;
+  Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
+  prep.session_id = const_cast<char *>(session_.c_str());
+  prep.update_id = update_;
+  Wtx__V1__PrepareWeightUpdateResponse *presp = nullptr;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__prepare_weight_update__call(ch_, &prep, &presp, nullptr,
+                                                                     &st_));
+  protobuf_c_message_free_unpacked(&presp->base, nullptr);
+  ASSERT_EQ(0, Abort()) << st_.message;
+  ExpectV1Intact();
+  ASSERT_EQ(0, Start()) << st_.message;  // and the next update goes
 }

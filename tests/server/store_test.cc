@@ -155,3 +155,33 @@ TEST_F(StoreTest, TheLayoutCheckNamesTheTensorAndTheDifference) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(StoreTest, PrepareFindsAFirstVersionMissingADeclaredTensorAndCommitCannotFail) {
+  wtx_tensor_meta decl[2] = {Meta("a", 16), Meta("b", 8)};
+  ASSERT_EQ(0, wtx_store_declare(s_, decl, 2));
+  Stage({{"a", 16, 1}});
+  char err[256] = "";
+  EXPECT_EQ(WTX_ENOENT, wtx_store_model_ops.prepare(s_, "v1", err, sizeof err));
+  EXPECT_STREQ("the first version must hold every parameter of the model spec; 'b' is "
+               "missing (1 of 2 sent)", err);
+  wtx_store_model_ops.abort(s_);
+  Stage({{"a", 16, 1}, {"b", 8, 2}});
+  ASSERT_EQ(0, wtx_store_model_ops.prepare(s_, "v1", err, sizeof err)) << err;
+  wtx_store_view v;
+  wtx_store_acquire(s_, WTX_TARGET_MAIN, &v);
+  EXPECT_EQ(0u, v.n_params);  // prepared is not published
+  wtx_store_release(s_, &v);
+  EXPECT_EQ(0, wtx_store_model_ops.commit(s_, "v1"));
+  wtx_store_acquire(s_, WTX_TARGET_MAIN, &v);
+  EXPECT_STREQ("v1", v.version);
+  EXPECT_EQ(2u, v.n_params);
+  wtx_store_release(s_, &v);
+  // Later versions may be partial: the rest carries over.
+  Stage({{"b", 8, 3}});
+  ASSERT_EQ(0, wtx_store_model_ops.prepare(s_, "v2", err, sizeof err)) << err;
+  EXPECT_EQ(0, wtx_store_model_ops.commit(s_, "v2"));
+}
+
+}  // namespace
