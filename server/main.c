@@ -55,6 +55,9 @@ static const char usage[] =
     "  --max-model-bytes N, --max-params N   what one update may stage; more\n"
     "                         is RESOURCE_EXHAUSTED [WTX_MAX_MODEL_BYTES,\n"
     "                         WTX_MAX_PARAMS] (default: no limit)\n"
+    "  --allow-upstream LIST  networks, addresses or hosts the tcp backend may\n"
+    "                         connect to, e.g. 10.0.0.0/8,trainer.ns.svc\n"
+    "                         [WTX_ALLOW_UPSTREAM] (default: anywhere)\n"
     "  --max-calls N          calls served at once; more get RESOURCE_EXHAUSTED\n"
     "                         [WTX_MAX_CALLS] (default " STR(WTX_DEFAULT_MAX_CALLS) ")\n"
 
@@ -114,7 +117,7 @@ typedef struct flags {
   const char *listen, *world, *watchdog, *maxmsg, *grace, *port_file;
   const char *model_spec, *publish_dir, *publish_keep, *log_level;
   const char *token_file, *tls_cert, *tls_key, *tls_client_ca, *reflection;
-  const char *max_calls, *max_model_bytes, *max_params;
+  const char *max_calls, *max_model_bytes, *max_params, *allow_upstream;
 } flags;
 
 _Static_assert(WTX_DEFAULT_MAX_MESSAGE_BYTES == 67108864, "--max-message-bytes default");
@@ -138,6 +141,7 @@ static const struct option longopts[] = {
     {"max-calls", required_argument, NULL, 'c'},
     {"max-model-bytes", required_argument, NULL, 'B'},
     {"max-params", required_argument, NULL, 'N'},
+    {"allow-upstream", required_argument, NULL, 'U'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -162,6 +166,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
       .max_calls = env_or("WTX_MAX_CALLS", STR(WTX_DEFAULT_MAX_CALLS)),
       .max_model_bytes = env_or("WTX_MAX_MODEL_BYTES", "0"),
       .max_params = env_or("WTX_MAX_PARAMS", "0"),
+      .allow_upstream = env_or("WTX_ALLOW_UPSTREAM", NULL),
   };
   const char **slot[128] = {
       ['l'] = &f->listen, ['w'] = &f->world, ['d'] = &f->watchdog,
@@ -170,6 +175,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
       ['L'] = &f->log_level, ['t'] = &f->token_file, ['C'] = &f->tls_cert,
       ['K'] = &f->tls_key, ['A'] = &f->tls_client_ca, ['r'] = &f->reflection,
       ['c'] = &f->max_calls, ['B'] = &f->max_model_bytes, ['N'] = &f->max_params,
+      ['U'] = &f->allow_upstream,
   };
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -237,6 +243,7 @@ static int security_from_flags(const flags *f, wtx_worker_options *o, char *pems
   o->max_calls = (int)max_calls;
   o->max_model_bytes = (uint64_t)max_bytes;
   o->max_params = (uint64_t)max_params;
+  o->allow_upstream = f->allow_upstream;
   o->token_file = f->token_file;
   o->tls_cert_pem = pems[0];
   o->tls_key_pem = pems[1];

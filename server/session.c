@@ -237,7 +237,7 @@ static grpc_status_code init_begin(wtx_session *s, wtx_rpc_ctx *ctx,
   if (s->connecting != NULL)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "another InitWeightTransferEngine is connecting");
-  if ((rc = t->init(init, wire, engine, err, sizeof err)) != 0)
+  if ((rc = t->init(init, wire, s->cfg.env, engine, err, sizeof err)) != 0)
     return from_wtx(ctx, rc, "init_info", err);
   s->connecting = *engine;
   s->connecting_t = t;

@@ -32,6 +32,8 @@ typedef struct wtx__session_config {
    * (resolved by the worker from wtx_worker_options.backends). */
   const wtx_worker_transport *const *transports;
   size_t n_transports;
+  /* The policy the transports get (outlives the session). */
+  const wtx_worker_env *env;
   uint32_t world_size;
   int64_t watchdog_ms;
   /* Per update, 0: none (wtx_worker_options.max_model_bytes, max_params). */

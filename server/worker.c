@@ -21,6 +21,8 @@ struct wtx_worker {
   int session_ready;
   wtx_store *own_store; /* NULL with a host model */
   const wtx_worker_transport *transports[16];
+  wtx_worker_env env;
+  wtx__netallow *allow_upstream;
   int port;
   int drained;
   pthread_mutex_t mu;
@@ -204,9 +206,12 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
       .on_commit = on_commit,
       .on_commit_user = w,
       .transports = w->transports,
+      .env = &w->env,
   };
   int rc = resolve_backends(w, opts, &cfg.n_transports, err, errlen);
   if (rc == 0) rc = wtx__auth_create(opts->token_file, opts->reflection, &w->auth, err, errlen);
+  if (rc == 0) rc = wtx__netallow_parse(opts->allow_upstream, &w->allow_upstream, err, errlen);
+  w->env.allow_upstream = w->allow_upstream;
   if (rc == 0) rc = open_model(w, opts, &cfg, err, errlen);
   if (rc == 0 && (rc = wtx__session_init(&w->session, &cfg)) == 0) w->session_ready = 1;
   if (rc == 0) rc = open_server(w, opts, err, errlen);
@@ -255,6 +260,7 @@ void wtx_worker_destroy(wtx_worker *w) {
   if (w->session_ready) wtx__session_destroy(&w->session);
   wtx_store_destroy(w->own_store);
   wtx__auth_destroy(w->auth);
+  wtx__netallow_destroy(w->allow_upstream);
   pthread_mutex_destroy(&w->mu);
   free(w);
 }

@@ -38,7 +38,9 @@ typedef struct ipc_worker {
 } ipc_worker;
 
 static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
-                           void **self, char *err, size_t errlen) {
+                           const wtx_worker_env *env, void **self, char *err,
+                           size_t errlen) {
+  (void)env; /* this backend connects nowhere */
   (void)init;
   const wtx_cuda *c;
   int rc = wtx__cuda_load(0, &c, err, errlen);

@@ -56,7 +56,9 @@ static void nccl_worker_destroy(void *self) {
 /* Validates, loads CUDA and NCCL, allocates the device buffer and stream;
  * joining the communicator is connect. */
 static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
-                            void **self, char *err, size_t errlen) {
+                           const wtx_worker_env *env, void **self, char *err,
+                           size_t errlen) {
+  (void)env; /* NCCL finds its peers itself */
   const Wtx__V1__NcclInitInfo *ni = init->nccl;
   if (ni->unique_id.len != sizeof(wtx_nccl_id)) {
     snprintf(err, errlen, "init_info.nccl.unique_id: %zu bytes, must be %zu",

@@ -46,9 +46,10 @@ static void close_region(shm_worker *w) {
   w->region[0] = '\0';
 }
 
-static int shm_worker_init(const Wtx__V1__InitInfo *init,
-                           const wtx_wire_params *wire, void **self, char *err,
+static int shm_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
+                           const wtx_worker_env *env, void **self, char *err,
                            size_t errlen) {
+  (void)env; /* this backend connects nowhere */
   (void)init;
   (void)err;
   (void)errlen;

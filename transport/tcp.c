@@ -200,8 +200,8 @@ static int listen_on(const char *addr, int *fd_out, char *bound, size_t blen,
   return 0;
 }
 
-static int connect_to(const char *addr, const waitspec *ws, int *fd_out,
-                      char *err, size_t errlen) {
+static int connect_to(const char *addr, const wtx__netallow *allow, const waitspec *ws,
+                      int *fd_out, char *err, size_t errlen) {
   char host[256], port[32];
   if (split_hostport(addr, host, sizeof host, port, sizeof port) != 0) {
     snprintf(err, errlen, "init_info.tcp.upstream_address: '%s' is not host:port",
@@ -215,6 +215,12 @@ static int connect_to(const char *addr, const waitspec *ws, int *fd_out,
     snprintf(err, errlen, "init_info.tcp.upstream_address: cannot resolve '%s'",
              addr);
     return WTX_EUNAVAIL;
+  }
+  if (!wtx__netallow_admits(allow, ai->ai_addr)) {
+    snprintf(err, errlen, "init_info.tcp.upstream_address: '%s' is outside this "
+             "worker's --allow-upstream", addr);
+    freeaddrinfo(ai);
+    return WTX_EPERM;
   }
   int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   int rc = fd < 0 ? WTX_EIO : 0;
@@ -303,6 +309,7 @@ typedef struct tcp_worker {
   int lfd;     /* relay listener, -1 when last in the chain */
   int down;    /* relay connection, accepted at the first chunk */
   int cancel_fd; /* eventfd: written by cancel, ends every wait */
+  const wtx__netallow *allow; /* where connect may go; NULL: anywhere */
   uint64_t seq;
   int broken;
   char upstream[300];
@@ -321,7 +328,8 @@ static void tcp_worker_destroy(void *self) {
 
 /* Validates the handshake and allocates; no network (that is connect). */
 static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
-                           void **self, char *err, size_t errlen) {
+                           const wtx_worker_env *env, void **self, char *err,
+                           size_t errlen) {
   const Wtx__V1__TcpInitInfo *ti = init->tcp;
   if (ti->data_token.len < WTX__TCP_TOKEN_MIN || ti->data_token.len > TOKEN_MAX) {
     snprintf(err, errlen, "init_info.tcp.data_token: %zu bytes, must be %d..%d",
@@ -337,6 +345,7 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
     return WTX_ENOMEM;
   }
   w->wire = *wire;
+  w->allow = env != NULL ? env->allow_upstream : NULL;
   w->relay = ti->relay;
   w->token_len = ti->data_token.len;
   memcpy(w->token, ti->data_token.data, w->token_len);
@@ -350,7 +359,7 @@ static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, ch
                               size_t errlen) {
   tcp_worker *w = self;
   waitspec ws = within(w->wire.timeout_ms, w->cancel_fd);
-  int rc = connect_to(w->upstream, &ws, &w->up, err, errlen);
+  int rc = connect_to(w->upstream, w->allow, &ws, &w->up, err, errlen);
   const char *why = "";
   if (rc == 0 && (rc = send_hello(w->up, w->token, w->token_len, &ws, &why)) != 0)
     snprintf(err, errlen, "tcp: hello to %s: %s", w->upstream, why);

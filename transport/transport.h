@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "transport/netallow.h"
 #include "wtx/error.h"
 #include "wtx/limits.h"
 #include "wtx/v1/weight_transfer.pb-c.h"
@@ -81,6 +82,13 @@ uint64_t wtx_rx_remaining(const wtx_rx *rx);
 void wtx_rx_errorf(wtx_rx *rx, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* What the worker's policy gives its backends (wtx_worker_options); it
+ * outlives every engine. */
+typedef struct wtx_worker_env {
+  /* Where a backend may connect (--allow-upstream); NULL: anywhere. */
+  const wtx__netallow *allow_upstream;
+} wtx_worker_env;
+
 /* The worker half of a backend. `self` is the backend's state, created by
  * init and freed by destroy. */
 typedef struct wtx_worker_transport {
@@ -97,7 +105,7 @@ typedef struct wtx_worker_transport {
   /* Checks the handshake and allocates self. Fast: no network, no wait
    * (the session holds its lock). */
   int (*init)(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
-              void **self, char *err, size_t errlen);
+              const wtx_worker_env *env, void **self, char *err, size_t errlen);
   /* Optional: the handshake's blocking part (connect to a peer, join a
    * collective), run outside the session lock and bounded by timeout_ms;
    * cancel ends it. data_address (may stay empty) receives the endpoint the

@@ -173,6 +173,10 @@ typedef struct wtx_worker_options {
    * aborted with RESOURCE_EXHAUSTED naming the limit. 0: no limit. */
   uint64_t max_model_bytes;
   uint64_t max_params;
+  /* Where the worker may connect for the data plane (the tcp upstream): a
+   * comma-separated list of networks ("10.0.0.0/8"), addresses and host
+   * names (resolved at start). NULL or "": anywhere. Copied. */
+  const char *allow_upstream;
 } wtx_worker_options;
 
 /* Every field at its default; set the ones you need after it. */

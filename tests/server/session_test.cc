@@ -438,8 +438,8 @@ std::mutex g_mu;
 std::condition_variable g_cv;
 bool g_in_receive = false, g_release = false, g_cancelled = false;
 
-int SlowInit(const Wtx__V1__InitInfo *, const wtx_wire_params *, void **self, char *,
-             size_t) {
+int SlowInit(const Wtx__V1__InitInfo *, const wtx_wire_params *, const wtx_worker_env *,
+             void **self, char *, size_t) {
   *self = nullptr;
   return 0;
 }
@@ -1200,4 +1200,28 @@ TEST_F(SessionTest, AbortingAPreparedUpdateKeepsThePublishedWeights) {
   ASSERT_EQ(0, Abort()) << st_.message;
   ExpectV1Intact();
   ASSERT_EQ(0, Start()) << st_.message;  // and the next update goes
+}
+
+TEST_F(SessionTest, AWorkerConnectsOnlyWhereAllowUpstreamSays) {
+  FakeUpstream up;  // on 127.0.0.1
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.allow_upstream = "10.0.0.0/8";
+  Restart(o);
+  Wtx__V1__TcpInitInfo ti = up.Info(false);
+  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+  ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
+  ii.tcp = &ti;
+  Wtx__V1__InitWeightTransferEngineRequest req = WTX__V1__INIT_WEIGHT_TRANSFER_ENGINE_REQUEST__INIT;
+  req.init_info = &ii;
+  Wtx__V1__InitWeightTransferEngineResponse *resp = nullptr;
+  EXPECT_EQ(WTX_EPERM, wtx__v1__weight_transfer__init_weight_transfer_engine__call(
+                           ch_, &req, &resp, nullptr, &st_));
+  EXPECT_EQ(GRPC_STATUS_PERMISSION_DENIED, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "is outside this worker's --allow-upstream"))
+      << st_.message;
+  o.allow_upstream = "127.0.0.0/8";
+  Restart(o);
+  std::string session;
+  InitTcp(ch_, &ti, 5000, &session, &st_);
+  EXPECT_FALSE(session.empty()) << st_.message;
 }

@@ -45,7 +45,7 @@ class ShmTest : public ::testing::Test {
     wtx_wire_params wire{1, 16 << 20, 1, 2, 5000};
     Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
     char err[256];
-    ASSERT_EQ(0, wtx_shm_worker_transport.init(&ii, &wire, &w_, err, sizeof err));
+    ASSERT_EQ(0, wtx_shm_worker_transport.init(&ii, &wire, nullptr, &w_, err, sizeof err));
   }
   void TearDown() override {
     wtx_shm_worker_transport.destroy(w_);
