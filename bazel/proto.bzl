@@ -62,7 +62,9 @@ def wtx_c_proto(
         tools = tools,
         cmd = cmd,
         testonly = testonly,
-        visibility = ["//visibility:private"],
+        # The generated sources, for targets built outside Bazel's C
+        # toolchain (the clang fuzz targets of //fuzz).
+        visibility = visibility,
     )
     runtime = ["//rpc"] if grpc else []
     native.cc_library(

@@ -18,6 +18,7 @@
 struct wtx_st_file {
   uint8_t *map;
   size_t size;
+  int borrowed; /* map is the caller's memory (wtx_st_parse), not unmapped */
   json_t *header;
   json_t *metadata; /* borrowed from header */
   wtx_st_tensor *tensors;
@@ -176,9 +177,27 @@ int wtx_st_open(const char *path, wtx_st_file **out, char *err, size_t errlen) {
   return 0;
 }
 
+int wtx_st_parse(const uint8_t *data, size_t size, const char *name, wtx_st_file **out,
+                 char *err, size_t errlen) {
+  *out = NULL;
+  wtx_st_file *f = calloc(1, sizeof *f);
+  if (f == NULL) return WTX_ENOMEM;
+  f->map = (uint8_t *)data;
+  f->size = size;
+  f->borrowed = 1;
+  int rc = parse(f, name, err, errlen);
+  if (rc != 0) {
+    if (rc == WTX_ENOMEM && err[0] == '\0') snprintf(err, errlen, "out of memory");
+    wtx_st_close(f);
+    return rc;
+  }
+  *out = f;
+  return 0;
+}
+
 void wtx_st_close(wtx_st_file *f) {
   if (f == NULL) return;
-  if (f->map != NULL) munmap(f->map, f->size);
+  if (f->map != NULL && !f->borrowed) munmap(f->map, f->size);
   if (f->header != NULL) json_decref(f->header);
   free(f->tensors);
   free(f);

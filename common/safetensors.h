@@ -42,6 +42,12 @@ const wtx_st_tensor *wtx_st_tensor_at(const wtx_st_file *f, size_t i);
 /* The value of __metadata__ key, or NULL; valid until wtx_st_close. */
 const char *wtx_st_metadata(const wtx_st_file *f, const char *key);
 
+/* The same over size bytes at data (a file's whole content), which the
+ * caller keeps valid and unchanged until wtx_st_close; name stands for the
+ * path in messages. */
+int wtx_st_parse(const uint8_t *data, size_t size, const char *name, wtx_st_file **out,
+                 char *err, size_t errlen);
+
 /* Writes tensors (data set) to path atomically: a temporary file in the
  * same directory, fsync, rename over path, fsync of the directory, so a
  * reader sees the old file or the new one, never a part. meta holds n_meta

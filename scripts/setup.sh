@@ -16,6 +16,7 @@ PACKAGES=(
   libjansson-dev           # JSON (safetensors headers)
   uthash-dev               # hash tables (common/strmap.c)
   libunistring-dev         # UTF-8 validation of names and versions
+  clang-14 libclang-rt-14-dev   # libFuzzer targets (fuzz/)
   python3 python3-venv     # Python client tests
   openssl                  # test certificates (TLS client test)
 )
