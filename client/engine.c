@@ -418,14 +418,31 @@ static int sync_chunk(sync_state *s, size_t k) {
   return !packed_next && k + 1 < s->n_chunks ? sync_pack(s, k + 1) : 0;
 }
 
+/* Whether the last failure says a worker has no such session (it
+ * restarted, or initialized another trainer's): NOT_FOUND, or
+ * FAILED_PRECONDITION with no engine at all. */
+static int session_lost(const wtx_client *c) {
+  int st = wtx_client_last_status(c);
+  return st == 5 /* NOT_FOUND */ ||
+         (st == 9 /* FAILED_PRECONDITION */ &&
+          strstr(wtx_client_last_error(c), "InitWeightTransferEngine first") != NULL);
+}
+
 /* Steps 1-4 on rank 0: start, every chunk, finish. */
 static int sync_run(sync_state *s, char *version, size_t vlen) {
   wtx_trainer *t = s->t;
   int rc = sync_plan(s);
   /* A session that failed before is out of step: initialize it again. */
   if (rc == 0 && !t->ready) rc = rendezvous(t);
-  if (rc == 0 && (rc = wtx__client_start(t->client, s->o->target)) != 0)
-    return fail(t, rc, "%s", wtx_client_last_error(t->client));
+  if (rc == 0 && (rc = wtx__client_start(t->client, s->o->target)) != 0 &&
+      session_lost(t->client)) {
+    /* A worker restarted since the last sync no longer knows the session:
+     * one new rendezvous, then start again. */
+    wtx__client_abort(t->client, "re-initializing: a worker lost its session");
+    if ((rc = rendezvous(t)) == 0) rc = wtx__client_start(t->client, s->o->target);
+  }
+  if (rc != 0 && t->err[0] == '\0') return fail(t, rc, "%s", wtx_client_last_error(t->client));
+  if (rc != 0) return rc;
   if (rc == 0) rc = sync_prepare(s);
   if (rc == 0 && s->n_chunks > 0) rc = sync_pack(s, 0);
   uint64_t done = 0;

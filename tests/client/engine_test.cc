@@ -454,3 +454,36 @@ TEST_P(EngineTest, AReplicaThatCannotPublishLeavesEveryReplicaOnItsPreviousWeigh
 }
 
 }  // namespace wtxtest
+
+namespace wtxtest {
+
+// A worker restarted between two syncs of one trainer has lost the
+// session: the next sync initializes again by itself and goes through.
+TEST_P(EngineTest, AWorkerRestartedBetweenRoundsTakesTheNextSync) {
+  Worker w0 = Spawn(), w1 = Spawn();
+  wtx_client *c = Client({w0, w1}, 10000);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(4 << 20, 2, &src));
+  std::string backend = GetParam();
+  wtx_trainer_config cfg = Config(backend, 1 << 20, 2, 10000);
+  wtx_trainer *t = nullptr;
+  char e[1024] = "";
+  ASSERT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
+  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+  so.version = "round-1";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, nullptr)) << wtx_trainer_last_error(t);
+  // Restart worker 1 on its port: a new process, no session, no weights.
+  int port = w1.port;
+  Stop(workers_[1]);
+  Worker again = Spawn({"--listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_EQ(port, again.port);
+  so.version = "round-2";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, nullptr)) << wtx_trainer_last_error(t);
+  EXPECT_EQ("round-2", Version(w0));
+  EXPECT_EQ("round-2", Version(again));
+  wtx_trainer_shutdown(t);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+}  // namespace wtxtest

@@ -11,4 +11,4 @@ fi
 export WTX_WORKER="$PWD/server/wtx-worker"
 export WTX_CLI="$PWD/client/wtx"
 export WTX_PROTO_ROOT="$PWD/proto"
-exec "$py" tests/python/worker_test.py
+exec "$py" "tests/python/${1:-worker_test.py}"
