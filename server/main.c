@@ -2,9 +2,12 @@
  * (SIGTERM/SIGINT: stop accepting, abort the active update, exit 0) and the
  * session watchdog timer; gRPC calls run on the server's own threads. */
 #include <getopt.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "common/log.h"
@@ -28,7 +31,8 @@ static const char usage[] =
     "  --max-message-bytes N  largest gRPC request [WTX_MAX_MESSAGE_BYTES]\n"
     "                         (default 67108864)\n"
     "  --grace-ms MS          on SIGTERM, how long running calls may finish\n"
-    "                         [WTX_GRACE_MS] (default " STR(WTX_DEFAULT_GRACE_MS) ")\n"
+    "                         [WTX_GRACE_MS] (default " STR(WTX_DEFAULT_GRACE_MS) "); the\n"
+    "                         process exits at the latest 1 s after it\n"
     "  --model-spec FILE      a safetensors file whose header declares the\n"
     "                         expected names, dtypes and shapes (data unread)\n"
     "                         [WTX_MODEL_SPEC]; default: the first complete\n"
@@ -78,10 +82,28 @@ typedef struct daemon {
   int64_t grace_ms;
 } daemon_t;
 
+/* The bound on a drain: every wait the worker owns is cancelled by it, but
+ * a call blocked where nothing can cancel it (a host callback, a blocking
+ * NCCL rendezvous) would hold the shutdown forever. Past the grace period
+ * and one more second the process exits anyway: the published files are
+ * written atomically, so --publish-dir stays whole. */
+static void *drain_deadline(void *arg) {
+  int64_t ms = *(const int64_t *)arg + 1000;
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+  wtx_log(WTX_LOG_WARN, "event=forced_exit reason=\"calls still running past the grace "
+          "period\"");
+  _exit(0);
+  return NULL;
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
   daemon_t *d = h->data;
   wtx_log(WTX_LOG_INFO, "event=signal signal=%d action=drain grace_ms=%lld",
           signum, (long long)d->grace_ms);
+  pthread_t t;
+  if (pthread_create(&t, NULL, drain_deadline, &d->grace_ms) == 0) pthread_detach(t);
   wtx_worker_drain(d->w, d->grace_ms);
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);

@@ -173,6 +173,38 @@ class FrozenWorkerTest(unittest.TestCase):
         self.assertEqual(0, b.stop())
 
 
+class UncancellableWaitTest(unittest.TestCase):
+    def test_sigterm_during_a_rendezvous_nothing_can_cancel_exits_in_time(self):
+        # The CUDA/NCCL TEST DOUBLE with a rendezvous that waits a minute
+        # for the trainer's rank (as real NCCL waits for ever): SIGTERM
+        # still ends the worker, with exit 0, within --grace-ms + 1 s.
+        env = dict(os.environ, WTX_CUDART_LIB=os.environ["WTX_FAKE_CUDA"],
+                   WTX_NCCL_LIB=os.environ["WTX_FAKE_CUDA"], WTX_FAKE_NCCL_TIMEOUT_MS="60000")
+        saved = dict(os.environ)
+        os.environ.update(env)
+        try:
+            w = Worker("--grace-ms", "300", "--log-level", "warn")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        stub = wt_grpc.WeightTransferStub(w.channel)
+        uid = (b"/wtxfakenccl-sigterm-%d" % os.getpid()).ljust(128, b"\0")
+        call = stub.InitWeightTransferEngine.future(wt.InitWeightTransferEngineRequest(
+            init_info=wt.InitInfo(nccl=transport_pb2.NcclInitInfo(
+                unique_id=uid, world_size=2, rank_offset=1))))
+        time.sleep(0.5)  # the worker now waits for rank 0, which never comes
+        info = stub.GetWeightInfo(wt.GetWeightInfoRequest(), timeout=2)  # not blocked
+        self.assertEqual(wt.SESSION_STATE_UNINITIALIZED, info.state)
+        t0 = time.time()
+        w.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(0, w.proc.wait(timeout=20))
+        self.assertLess(time.time() - t0, 0.3 + 1.5)
+        self.assertIn("event=forced_exit", w.log())
+        with self.assertRaises(grpc.RpcError):
+            call.result(timeout=5)
+        w.channel.close()
+
+
 def rss_kb(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:

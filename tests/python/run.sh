@@ -11,4 +11,5 @@ fi
 export WTX_WORKER="$PWD/server/wtx-worker"
 export WTX_CLI="$PWD/client/wtx"
 export WTX_PROTO_ROOT="$PWD/proto"
+export WTX_FAKE_CUDA="$PWD/cuda/testing/libwtx_fake_cuda.so"
 exec "$py" "tests/python/${1:-worker_test.py}"
