@@ -582,12 +582,19 @@ static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
   return GRPC_STATUS_OK;
 }
 
+/* The checks of a request carrying a version label (Prepare, Finish). */
+static grpc_status_code check_labelled(wtx_rpc_ctx *ctx, const ProtobufCMessage *req,
+                                       const char *version) {
+  grpc_status_code code = wtx__check_request(ctx, req);
+  return code != GRPC_STATUS_OK
+             ? code
+             : wtx__check_text(ctx, "weight_version", version, WTX_MAX_VERSION_BYTES);
+}
+
 grpc_status_code wtx__handle_prepare(wtx_rpc_ctx *ctx,
     const Wtx__V1__PrepareWeightUpdateRequest *req, Wtx__V1__PrepareWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
-  grpc_status_code code = wtx__check_request(ctx, &req->base);
-  if (code == GRPC_STATUS_OK)
-    code = wtx__check_text(ctx, "weight_version", req->weight_version, WTX_MAX_VERSION_BYTES);
+  grpc_status_code code = check_labelled(ctx, &req->base, req->weight_version);
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
   code = check_update(s, ctx, req->session_id, req->update_id, "PrepareWeightUpdate", 0);
@@ -613,9 +620,7 @@ static int finish_repeated(const wtx_session *s, const Wtx__V1__FinishWeightUpda
 grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
     const Wtx__V1__FinishWeightUpdateRequest *req, Wtx__V1__FinishWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
-  grpc_status_code code = wtx__check_request(ctx, &req->base);
-  if (code == GRPC_STATUS_OK)
-    code = wtx__check_text(ctx, "weight_version", req->weight_version, WTX_MAX_VERSION_BYTES);
+  grpc_status_code code = check_labelled(ctx, &req->base, req->weight_version);
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
   int committed = 0;

@@ -236,6 +236,19 @@ class SessionTest : public ::testing::Test {
   wtx_rpc_pending *StartSlowUpdate();
 };
 
+// UpdateWeights of (session, update) with ui, started (waited for by the
+// caller).
+wtx_rpc_pending *StartUpdateCall(wtx_rpc_channel *ch, const std::string &session,
+                                 uint64_t update, Wtx__V1__UpdateInfo *ui) {
+  Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
+  req.session_id = const_cast<char *>(session.c_str());
+  req.update_id = update;
+  req.update_info = ui;
+  wtx_rpc_pending *p = nullptr;
+  EXPECT_EQ(0, wtx__v1__weight_transfer__update_weights__start(ch, &req, nullptr, &p));
+  return p;
+}
+
 void ReleaseSlowReceive();
 // Registers the slow double (once) and has o's worker serve nccl with it.
 void UseSlowDouble(wtx_worker_options *o);
@@ -568,12 +581,7 @@ wtx_rpc_pending *SessionTest::StartSlowUpdate() {
   ui.n_xxh3_64 = 1;
   ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_NCCL;
   ui.nccl = &tu;
-  Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
-  req.session_id = const_cast<char *>(session_.c_str());
-  req.update_id = update_;
-  req.update_info = &ui;
-  wtx_rpc_pending *p = nullptr;
-  EXPECT_EQ(0, wtx__v1__weight_transfer__update_weights__start(ch_, &req, nullptr, &p));
+  wtx_rpc_pending *p = StartUpdateCall(ch_, session_, update_, &ui);
   std::unique_lock<std::mutex> lk(g_mu);
   EXPECT_TRUE(g_cv.wait_for(lk, std::chrono::seconds(10), [] { return g_in_receive; }));
   return p;
@@ -1087,13 +1095,7 @@ wtx_rpc_pending *StartTcpUpdate(wtx_rpc_channel *ch, const std::string &session,
   ui.n_params = 1;
   ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
   ui.tcp = &tu;
-  Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
-  req.session_id = const_cast<char *>(session.c_str());
-  req.update_id = update;
-  req.update_info = &ui;
-  wtx_rpc_pending *p = nullptr;
-  EXPECT_EQ(0, wtx__v1__weight_transfer__update_weights__start(ch, &req, nullptr, &p));
-  return p;
+  return StartUpdateCall(ch, session, update, &ui);
 }
 
 TEST_F(SessionTest, ATricklingUpstreamFailsWithinOneChunkTimeout) {
