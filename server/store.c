@@ -124,6 +124,7 @@ struct wtx_store {
   snapshot *prepared; /* the next published version, built by prepare */
   entry *st;
   size_t n_st, cap_st;
+  wtx__strmap *st_ix; /* name -> index into st: loaded() is O(1) */
 };
 
 int wtx_store_create(wtx_store **out) {
@@ -143,6 +144,8 @@ static void staged_free(wtx_store *s) {
   free(s->st);
   s->st = NULL;
   s->n_st = s->cap_st = 0;
+  wtx__strmap_destroy(s->st_ix);
+  s->st_ix = NULL;
 }
 
 void wtx_store_destroy(wtx_store *s) {
@@ -267,7 +270,11 @@ static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) 
   if (b == NULL) return WTX_ENOMEM;
   pthread_mutex_lock(&s->mu);
   int rc = staged_grow(s);
+  if (rc == 0 && s->st_ix == NULL) rc = wtx__strmap_create(&s->st_ix);
   if (rc == 0) rc = meta_copy(&s->st[s->n_st].meta, meta);
+  /* Indexed by name, so loaded() finds it in O(1), not by a scan. */
+  if (rc == 0 && (rc = wtx__strmap_add(s->st_ix, meta->name, s->n_st)) != 0)
+    free((char *)s->st[s->n_st].meta.name);
   if (rc == 0) {
     s->st[s->n_st].b = b;
     s->st[s->n_st].xxh3 = 0;
@@ -285,15 +292,12 @@ static int store_loaded(void *model, const wtx_tensor_meta *meta,
                         const uint64_t *xxh3) {
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
-  int rc = WTX_ENOENT;
-  /* The tensor completing is almost always the last one staged. */
-  for (size_t i = s->n_st; i-- > 0;)
-    if (strcmp(s->st[i].meta.name, meta->name) == 0) {
-      s->st[i].xxh3 = xxh3 != NULL ? *xxh3 : 0;
-      s->st[i].has_xxh3 = xxh3 != NULL;
-      rc = 0;
-      break;
-    }
+  size_t i = 0;
+  int rc = s->st_ix != NULL && wtx__strmap_get(s->st_ix, meta->name, &i) ? 0 : WTX_ENOENT;
+  if (rc == 0) {
+    s->st[i].xxh3 = xxh3 != NULL ? *xxh3 : 0;
+    s->st[i].has_xxh3 = xxh3 != NULL;
+  }
   pthread_mutex_unlock(&s->mu);
   return rc;
 }
