@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The benchmark, one command: every figure is a ratio to a baseline measured
+# in the same run on the same machine (never an absolute target).
+#   control plane  one sync of N tiny tensors (wtx push, fresh worker) vs one
+#                  vLLM-style JSON POST of the same N names/dtypes/shapes to
+#                  FastAPI (bench/json_baseline.py)
+#   shm            steady-state sync (third) to 1 and 3 workers vs memcpy
+#                  (warm and into fresh memory, bench/memcpy_baseline)
+#   tcp            the same vs one raw loopback TCP stream (bench/socket_baseline)
+#   checksums      shm, 1 worker, XXH3 on vs off
+#   memory         peak RSS of a worker and of the trainer vs the model
+#   scaling        shm, 1 worker, time per size
+# Usage: bench/run.sh [--quick]   (--quick: 256M and small N, under a minute)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+if [ $quick = 1 ]; then size=256M; counts="1000 10000"; sizes="64M 256M"
+else size=1G; counts="1000 10000 40000 65000"; sizes="64M 256M 1G 4G"; fi
+. bench/common.sh
+bazel build -c opt //bench:socket_baseline 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
+py=.venv/bin/python
+ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
+sync_s() { sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1; }
+
+echo "# wtx benchmark  $(date -u +%F)  $(nproc) cores  $(free -g | awk '/Mem:/ {print $2}') GiB  quick=$quick"
+echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s"
+sock=$("$bin/bench/socket_baseline" "$bytes" | awk '{print $2}')
+echo "baseline loopback TCP stream: $sock GB/s"
+
+echo
+echo "## control plane: one sync of N tiny tensors vs one JSON POST of the same metadata"
+printf "%-8s %12s %12s %12s\n" N "wtx sync s" "JSON POST s" "JSON / wtx"
+json=$($py bench/json_baseline.py $counts)
+for n in $counts; do
+  $py bench/tiny_model.py "$n" "$tmp/tiny$n.safetensors"
+  start_worker 0 "cp$n"
+  best=
+  for _ in 1 2 3; do
+    s=$("$bin/client/wtx" push --workers "$addr" --buffer-size 64M "$tmp/tiny$n.safetensors" | sync_s)
+    best=$(echo "${best:-$s} $s" | awk '{print ($1 < $2) ? $1 : $2}')
+  done
+  j=$(echo "$json" | awk -v n="$n" '$2 == n {print $3}')
+  printf "%-8s %12s %12s %12s\n" "$n" "$best" "$j" "$(ratio "$j" "$best")"
+done
+
+echo
+echo "## data plane, size $size, steady state (third sync)"
+start_worker 0 a; w1=$addr; w1pid=${pids[-1]}
+start_worker 0 b; w3="$w1,$addr"
+start_worker 0 c; w3="$w3,$addr"
+printf "%-9s %-8s %10s %14s %14s\n" backend workers "GB/s" "x warm memcpy" "x baseline"
+for backend in shm tcp; do
+  for set in "1 $w1" "3 $w3"; do
+    n=${set%% *}; ws=${set#* }
+    bench_run "$backend" "$ws" "$n" >/dev/null
+    line=$("$bin/client/wtx" push --workers "$ws" --backend "$backend" "synthetic:$size")
+    g=$(echo "$line" | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/')
+    agg=$(echo "$g * $n" | bc -l)  # bytes delivered per second, all workers
+    ref=$base_warm; [ "$backend" = tcp ] && ref=$sock
+    printf "%-9s %-8s %10s %14s %14s  (delivered %.2f GB/s)\n" "$backend" "$n" "$g" \
+      "$(ratio "$g" "$base_warm")" "$(ratio "$g" "$ref")" "$agg"
+  done
+done
+
+echo
+echo "## checksums: shm, 1 worker, XXH3 on vs off"
+on=$("$bin/client/wtx" push --workers "$w1" --backend shm --checksum "synthetic:$size" | sync_s)
+off=$("$bin/client/wtx" push --workers "$w1" --backend shm --no-checksum "synthetic:$size" | sync_s)
+echo "on ${on} s, off ${off} s: on / off = $(ratio "$on" "$off")"
+
+echo
+echo "## memory: peak RSS after the syncs above vs the model ($size)"
+hwm=$(awk '/VmHWM/ {print $2}' /proc/"$w1pid"/status)
+tr=$( { /usr/bin/time -f "%M" "$bin/client/wtx" push --workers "$w1" --backend shm "synthetic:$size" >/dev/null; } 2>&1 | tail -1)
+echo "worker peak $((hwm / 1024)) MiB = $(ratio "$hwm * 1024" "$bytes") x model (bound: 2.1 + buffers)"
+echo "trainer peak $((tr / 1024)) MiB = $(ratio "$tr * 1024" "$bytes") x model (bound: 1 + buffers: 2 x 64 MiB)"
+
+echo
+echo "## scaling: shm, 1 worker, a fresh worker per size"
+printf "%-6s %10s %12s\n" size "sync s" "s per GiB"
+for s in $sizes; do
+  start_worker 0 "s$s"
+  for _ in 1 2; do "$bin/client/wtx" push --workers "$addr" --backend shm "synthetic:$s" >/dev/null; done
+  t=$("$bin/client/wtx" push --workers "$addr" --backend shm "synthetic:$s" | sync_s)
+  gib=$(numfmt --from=iec "$s" | awk '{print $1 / 1073741824}')
+  printf "%-6s %10s %12s\n" "$s" "$t" "$(ratio "$t" "$gib")"
+  kill "${pids[-1]}" 2>/dev/null || true
+done
