@@ -243,6 +243,21 @@ static int cursor_end(cursor *c) {
   return r < 0 ? fail(c->t, r, "source: iteration failed at its end") : 0;
 }
 
+/* Bytes copied and then hashed at a time: small enough that the hash reads
+ * what the copy just wrote from L2, not the model's memory a second time. */
+#define HASH_PIECE ((size_t)256 << 10)
+
+/* Copies n bytes from src to dst, hashing them into h (may be NULL) in one
+ * pass over the source. */
+static void copy_hashing(uint8_t *dst, const uint8_t *src, size_t n, XXH3_state_t *h) {
+  for (size_t o = 0; o < n;) {
+    size_t k = n - o < HASH_PIECE ? n - o : HASH_PIECE;
+    memcpy(dst + o, src + o, k);
+    if (h != NULL) XXH3_64bits_update(h, dst + o, k);
+    o += k;
+  }
+}
+
 /* Copies chunk ch's bytes into buf, hashing whole tensors; fills sums with
  * the checksums of the tensors ending in the chunk. */
 static int pack(cursor *c, const wtx_chunk *ch, uint8_t *buf, uint64_t *sums,
@@ -255,10 +270,7 @@ static int pack(cursor *c, const wtx_chunk *ch, uint8_t *buf, uint64_t *sums,
     if (off == 0 && verify) XXH3_64bits_reset(c->h);
     uint64_t k = c->metas[i].nbytes - off;
     if (k > ch->bytes - used) k = ch->bytes - used;
-    if (k > 0) {
-      memcpy(buf + used, c->data + off, (size_t)k);
-      if (verify) XXH3_64bits_update(c->h, c->data + off, (size_t)k);
-    }
+    copy_hashing(buf + used, c->data + off, (size_t)k, verify ? c->h : NULL);
     used += k;
     if (off + k == c->metas[i].nbytes) {
       uint64_t d = verify ? XXH3_64bits_digest(c->h) : 0;

@@ -27,8 +27,8 @@
  * worker's own user (docs/security.md). */
 #define REGION_PREFIX "/wtx-"
 /* Bytes read per pread: the chunk lands in model memory piece by piece,
- * hashed while the piece is cache-hot. */
-#define PIECE ((size_t)4 << 20)
+ * hashed right after while the piece is still in L2. */
+#define PIECE ((size_t)256 << 10)
 
 typedef struct shm_worker {
   wtx_wire_params wire;
