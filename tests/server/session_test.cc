@@ -234,6 +234,8 @@ class SessionTest : public ::testing::Test {
   std::string v1_version_;
 
   wtx_rpc_pending *StartSlowUpdate();
+  // A worker serving nccl with the slow double, and a session on it.
+  void InitOnSlowDouble();
 };
 
 // UpdateWeights of (session, update) with ui, started (waited for by the
@@ -602,11 +604,15 @@ void UseSlowDouble(wtx_worker_options *o) {
   o->n_backends = 2;
 }
 
-TEST_F(SessionTest, InspectionIsAnsweredWhileAnUpdateIsReceiving) {
+void SessionTest::InitOnSlowDouble() {
   wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
   UseSlowDouble(&o);
   Restart(o);
   ASSERT_EQ(0, Init("nccl")) << st_.message;
+}
+
+TEST_F(SessionTest, InspectionIsAnsweredWhileAnUpdateIsReceiving) {
+  ASSERT_NO_FATAL_FAILURE(InitOnSlowDouble());
   ASSERT_EQ(0, Start()) << st_.message;
   wtx_rpc_pending *p = StartSlowUpdate();
   Wtx__V1__GetWeightInfoResponse *info = nullptr;
@@ -644,10 +650,7 @@ TEST_F(SessionTest, DraftTargetPublishesBesideTheMainWeights) {
 }
 
 TEST_F(SessionTest, DraftTargetOnAnEngineWithoutItIsRefused) {
-  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
-  UseSlowDouble(&o);
-  Restart(o);
-  ASSERT_EQ(0, Init("nccl")) << st_.message;
+  ASSERT_NO_FATAL_FAILURE(InitOnSlowDouble());
   EXPECT_EQ(WTX_ESTATE, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT));
   EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
   EXPECT_NE(nullptr, strstr(st_.message, "draft")) << st_.message;
@@ -982,10 +985,7 @@ TEST_F(SessionTest, TheParameterListingComesInPages) {
 }
 
 TEST_F(SessionTest, AnAbortCancelsABlockedReceiveAtOnce) {
-  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
-  UseSlowDouble(&o);
-  Restart(o);
-  ASSERT_EQ(0, Init("nccl")) << st_.message;
+  ASSERT_NO_FATAL_FAILURE(InitOnSlowDouble());
   ASSERT_EQ(0, Start()) << st_.message;
   wtx_rpc_pending *p = StartSlowUpdate();
   // The operator's abort: answered at once (nothing waits on the session

@@ -138,7 +138,7 @@ TEST_F(ShmTest, ARegionShrunkWhileAChunkIsReadIsAnErrorNotSigbus) {
   MakeRegion(12 << 20, region_);
   g_shrink_region = region_;
   g_calls = 0;
-  g_shrink_on_call = 2;  // after the first 4 MiB piece
+  g_shrink_on_call = 2;  // after the first piece
   EXPECT_EQ(WTX_EABORTED, Receive(region_, 0, 12 << 20));
   EXPECT_NE(std::string::npos, error_.find("shrunk or removed while read")) << error_;
   g_shrink_on_call = 0;
