@@ -114,13 +114,13 @@ int wtx_client_create(const char *const *targets, size_t n,
   if (opts != NULL) o = *opts;
   grpc_channel_credentials *creds = NULL;
   wtx_client *c = calloc(1, sizeof *c);
-  int rc = c != NULL && (c->r = calloc(n, sizeof *c->r)) != NULL ? 0 : WTX_ENOMEM;
-  if (rc != 0) goto fail;
+  int rc = WTX_ENOMEM;
+  if (c == NULL || (c->r = calloc(n, sizeof *c->r)) == NULL) goto nomem;
   c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : WTX_DEFAULT_TIMEOUT_MS;
   c->retries = o.retries > 0 ? o.retries : 0;
   c->err_replica = -1;
   if (o.token != NULL) {
-    if ((c->auth = malloc(strlen(o.token) + 8)) == NULL) goto fail;
+    if ((c->auth = malloc(strlen(o.token) + 8)) == NULL) goto nomem;
     sprintf(c->auth, "Bearer %s", o.token);
   }
   if ((rc = make_credentials(&o, &creds, err, errlen)) != 0 ||
@@ -129,11 +129,12 @@ int wtx_client_create(const char *const *targets, size_t n,
   if (creds != NULL) grpc_channel_credentials_release(creds);
   *out = c;
   return 0;
+nomem:
+  snprintf(err, errlen, "out of memory");
 fail:
-  if (rc == WTX_ENOMEM || rc == 0) snprintf(err, errlen, "out of memory");
   if (creds != NULL) grpc_channel_credentials_release(creds);
   wtx_client_destroy(c);
-  return rc != 0 ? rc : WTX_ENOMEM;
+  return rc;
 }
 
 void wtx_client_destroy(wtx_client *c) {
@@ -162,10 +163,11 @@ const char *wtx_client_last_error(const wtx_client *c) { return c->err; }
 int wtx_client_last_replica(const wtx_client *c) { return c->err_replica; }
 int wtx_client_last_status(const wtx_client *c) { return c->err_status; }
 
-/* One unary call on replica i, retried when idempotent and the failure is
+/* One unary call on replica i, tried again up to retries times (0 for a
+ * call that is not idempotent) when the failure is
  * transient. */
 static int call(wtx_client *c, size_t i, const wtx_rpc_method *m,
-                const ProtobufCMessage *req, ProtobufCMessage **resp, int idempotent) {
+                const ProtobufCMessage *req, ProtobufCMessage **resp, int retries) {
   wtx_rpc_metadata md;
   wtx_rpc_call_options o = call_opts(c, &md);
   wtx_rpc_status st;
@@ -174,7 +176,7 @@ static int call(wtx_client *c, size_t i, const wtx_rpc_method *m,
     rc = wtx_rpc_unary(c->r[i].ch, m, req, resp, &o, &st);
     int transient = st.code == GRPC_STATUS_UNAVAILABLE ||
                     st.code == GRPC_STATUS_DEADLINE_EXCEEDED;
-    if (rc == 0 || !idempotent || !transient || attempt >= c->retries) break;
+    if (rc == 0 || !transient || attempt >= retries) break;
     struct timespec ts = {0, (100L << attempt) * 1000000L};
     if (ts.tv_nsec >= 1000000000L) ts = (struct timespec){(100L << attempt) / 1000, 0};
     nanosleep(&ts, NULL);
@@ -184,8 +186,8 @@ static int call(wtx_client *c, size_t i, const wtx_rpc_method *m,
 }
 
 /* The fan-out of a unary call that every replica must answer, one after
- * the other: fill(i) builds replica i's request, take(i) reads its answer
- * (may be NULL). Stops at the first failure. */
+ * the other: fill(i) builds replica i's request (NULL: one request for
+ * all), take(i) reads its answer (may be NULL). Stops at the first failure. */
 typedef struct fanout {
   const wtx_rpc_method *method;
   void (*fill)(struct fanout *f, size_t i, ProtobufCMessage *req);
@@ -193,14 +195,14 @@ typedef struct fanout {
   ProtobufCMessage *req;
   wtx_client *c;
   void *arg;
-  int idempotent; /* retried on transient failures */
+  int retries; /* attempts after a transient failure (idempotent calls) */
 } fanout;
 
 static int each_replica(fanout *f) {
   for (size_t i = 0; i < f->c->n; i++) {
-    f->fill(f, i, f->req);
+    if (f->fill != NULL) f->fill(f, i, f->req);
     ProtobufCMessage *m = NULL;
-    int rc = call(f->c, i, f->method, f->req, &m, f->idempotent);
+    int rc = call(f->c, i, f->method, f->req, &m, f->retries);
     if (rc != 0) return rc;
     if (f->take != NULL) f->take(f, i, m);
     protobuf_c_message_free_unpacked(m, NULL);
@@ -380,12 +382,8 @@ int wtx__client_finish(wtx_client *c, const char *version, char *published,
   req.weight_version = "";
   label_arg a = {"weight_version", published, publen};
   fanout f = {wtx__v1__weight_transfer__finish_weight_update__method, finish_fill,
-              take_label, &req.base, c, &a, 1};
-  int retries = c->retries;
-  if (c->retries < 3) c->retries = 3;
-  rc = each_replica(&f);
-  c->retries = retries;
-  return rc;
+              take_label, &req.base, c, &a, c->retries > 3 ? c->retries : 3};
+  return each_replica(&f);
 }
 
 /* text cut to fit len (with its NUL) at a character boundary: the schema
@@ -488,7 +486,8 @@ int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
    * published between pages starts the listing again (a few times). */
   for (int page = 0, restarts = 0;; page++) {
     ProtobufCMessage *m = NULL;
-    int rc = call(c, i, wtx__v1__weight_transfer__get_weight_info__method, &req.base, &m, 1);
+    int rc = call(c, i, wtx__v1__weight_transfer__get_weight_info__method, &req.base, &m,
+                  c->retries);
     if (rc != 0) return rc;
     Wtx__V1__GetWeightInfoResponse *r = (Wtx__V1__GetWeightInfoResponse *)m;
     if (page > 0 && (r->generation != out->generation ||
@@ -518,16 +517,14 @@ void wtx_weight_info_free(wtx_weight_info *info) {
 int wtx_client_world_size(wtx_client *c, size_t i, uint32_t *world_size) {
   Wtx__V1__GetWorldSizeRequest req = WTX__V1__GET_WORLD_SIZE_REQUEST__INIT;
   ProtobufCMessage *m = NULL;
-  int rc = i < c->n ? call(c, i, wtx__v1__weight_transfer__get_world_size__method, &req.base, &m, 1) : WTX_EINVAL;
+  int rc = i < c->n ? call(c, i, wtx__v1__weight_transfer__get_world_size__method, &req.base,
+                           &m, c->retries)
+                     : WTX_EINVAL;
   if (rc == 0) {
     *world_size = ((Wtx__V1__GetWorldSizeResponse *)m)->world_size;
     protobuf_c_message_free_unpacked(m, NULL);
   }
   return rc;
-}
-
-static void version_fill(fanout *f, size_t i, ProtobufCMessage *m) {
-  (void)f, (void)i, (void)m; /* the same request for every replica */
 }
 
 int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
@@ -542,8 +539,9 @@ int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
   Wtx__V1__UpdateWeightVersionRequest req = WTX__V1__UPDATE_WEIGHT_VERSION_REQUEST__INIT;
   req.weight_version = (char *)version;
   label_arg a = {"previous_version", previous, prevlen};
-  fanout f = {wtx__v1__weight_transfer__update_weight_version__method, version_fill,
-              take_label, &req.base, c, &a, 0};
+  /* No fill: every replica gets the same request. */
+  fanout f = {wtx__v1__weight_transfer__update_weight_version__method, NULL, take_label,
+              &req.base, c, &a, 0};
   return each_replica(&f);
 }
 
