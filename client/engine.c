@@ -430,14 +430,10 @@ static int sync_chunk(sync_state *s, size_t k) {
   return !packed_next && k + 1 < s->n_chunks ? sync_pack(s, k + 1) : 0;
 }
 
-/* Whether the last failure says a worker has no such session (it
- * restarted, or initialized another trainer's): NOT_FOUND, or
- * FAILED_PRECONDITION with no engine at all. */
+/* Whether the last failure says a worker does not know our session (it
+ * restarted, or another trainer initialized it): NOT_FOUND. */
 static int session_lost(const wtx_client *c) {
-  int st = wtx_client_last_status(c);
-  return st == 5 /* NOT_FOUND */ ||
-         (st == 9 /* FAILED_PRECONDITION */ &&
-          strstr(wtx_client_last_error(c), "InitWeightTransferEngine first") != NULL);
+  return wtx_client_last_status(c) == 5 /* NOT_FOUND */;
 }
 
 /* Steps 1-4 on rank 0: start, every chunk, finish. */

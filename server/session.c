@@ -137,7 +137,10 @@ static grpc_status_code check_session(wtx_session *s, wtx_rpc_ctx *ctx,
   if (s->draining)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE,
                               "worker is draining");
-  if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UNINITIALIZED)
+  /* A session id this worker never gave (it restarted, say) is NOT_FOUND
+   * whatever the state, so a trainer knows to initialize again; a call
+   * with none before init is out of order. */
+  if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UNINITIALIZED && session_id[0] == '\0')
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "no transfer engine: call "
                               "InitWeightTransferEngine first");

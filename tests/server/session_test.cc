@@ -272,6 +272,11 @@ TEST_F(SessionTest, CallsBeforeInitAreFailedPrecondition) {
   EXPECT_EQ(WTX_ESTATE, Start());
   EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
   EXPECT_NE(nullptr, strstr(st_.message, "InitWeightTransferEngine first"));
+  // A session id from before a restart: unknown, so NOT_FOUND (the
+  // trainer's cue to initialize again), not out of order.
+  session_ = std::string(32, 'a');
+  EXPECT_EQ(WTX_ENOENT, Start());
+  EXPECT_EQ(GRPC_STATUS_NOT_FOUND, st_.code);
 }
 
 TEST_F(SessionTest, NoBackendListsTheRegisteredOnes) {
