@@ -310,24 +310,25 @@ static int snapshot_add(snapshot *snap, const entry *e) {
 }
 
 /* The one place a snapshot is made: old's tensors first, in their order,
- * replaced where st (the staged update; may be empty) has them, then the
- * tensors new in st, in update order; labelled version. Sharing, never
- * copying, bytes. *out has one reference. */
+ * replaced where st (the staged update, indexed by name in stix; may be
+ * empty, stix then NULL) has them, then the tensors new in st, in update
+ * order; labelled version. Sharing, never copying, bytes. *out has one
+ * reference. */
 static int snapshot_build(const snapshot *old, const entry *st, size_t n_st,
-                          const char *version, uint64_t generation, snapshot **out) {
+                          const wtx__strmap *stix, const char *version,
+                          uint64_t generation, snapshot **out) {
   size_t n_old = old != NULL ? old->n : 0;
-  wtx__strmap *stix = NULL;
   char *used = calloc(n_st + 1, 1);
   snapshot *snap = calloc(1, sizeof *snap);
   if (snap != NULL) atomic_init(&snap->refs, 1);
-  int rc = used != NULL && snap != NULL ? index_build(&stix, st, n_st) : WTX_ENOMEM;
+  int rc = used != NULL && snap != NULL ? 0 : WTX_ENOMEM;
   if (rc != 0) goto fail;
   snap->generation = generation;
   snap->version = strdup(version);
   snap->e = calloc(n_old + n_st + 1, sizeof *snap->e);
   if (snap->version == NULL || snap->e == NULL) rc = WTX_ENOMEM;
   for (size_t i = 0, j; rc == 0 && i < n_old; i++) {
-    int fresh = wtx__strmap_get(stix, old->e[i].meta.name, &j);
+    int fresh = n_st > 0 && wtx__strmap_get(stix, old->e[i].meta.name, &j);
     if (fresh) used[j] = 1;
     rc = snapshot_add(snap, fresh ? &st[j] : &old->e[i]);
   }
@@ -340,12 +341,10 @@ static int snapshot_build(const snapshot *old, const entry *st, size_t n_st,
                                       snap->e[i].xxh3, snap->e[i].has_xxh3};
   if (rc == 0) rc = index_build(&snap->ix, snap->e, snap->n);
   if (rc != 0) goto fail;
-  wtx__strmap_destroy(stix);
   free(used);
   *out = snap;
   return 0;
 fail:
-  wtx__strmap_destroy(stix);
   free(used);
   snapshot_unref(snap);
   return rc;
@@ -356,17 +355,14 @@ fail:
 static int check_complete(wtx_store *s, char *err, size_t errlen) {
   if (s->target != WTX_TARGET_MAIN || s->declared == NULL || PUB(s, WTX_TARGET_MAIN) != NULL)
     return 0;
-  wtx__strmap *staged = NULL;
-  int rc = index_build(&staged, s->st, s->n_st);
-  for (size_t i = 0; rc == 0 && i < s->n_declared; i++)
-    if (!wtx__strmap_get(staged, s->declared[i].meta.name, NULL)) {
+  for (size_t i = 0; i < s->n_declared; i++)
+    if (s->n_st == 0 || !wtx__strmap_get(s->st_ix, s->declared[i].meta.name, NULL)) {
       snprintf(err, errlen, "the first version must hold every parameter of the model "
                "spec; '%s' is missing (%zu of %zu sent)", s->declared[i].meta.name,
                s->n_st, s->n_declared);
-      rc = WTX_ENOENT;
+      return WTX_ENOENT;
     }
-  wtx__strmap_destroy(staged);
-  return rc;
+  return 0;
 }
 
 /* Everything a publish needs that can fail: the completeness check and the
@@ -379,7 +375,7 @@ static int store_prepare(void *model, const char *version, char *err, size_t err
   s->prepared = NULL;
   int rc = s->staging ? check_complete(s, err, errlen) : WTX_ESTATE;
   if (rc == 0)
-    rc = snapshot_build(old, s->st, s->n_st, version, (old ? old->generation : 0) + 1,
+    rc = snapshot_build(old, s->st, s->n_st, s->st_ix, version, (old ? old->generation : 0) + 1,
                         &s->prepared);
   pthread_mutex_unlock(&s->mu);
   return rc;
@@ -464,7 +460,7 @@ int wtx_store_set_version(wtx_store *s, const char *version, char **previous) {
    * snapshot that shares every tensor of the current one (if any). */
   pthread_mutex_lock(&s->mu);
   snapshot *old = PUB(s, WTX_TARGET_MAIN), *snap = NULL;
-  int rc = snapshot_build(old, NULL, 0, version, old != NULL ? old->generation : 0,
+  int rc = snapshot_build(old, NULL, 0, NULL, version, old != NULL ? old->generation : 0,
                           &snap);
   if (rc == 0 && previous != NULL &&
       (*previous = strdup(old != NULL ? old->version : "")) == NULL)
