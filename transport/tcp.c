@@ -39,7 +39,6 @@
 #include "transport/tcp_frame.h"
 #include "transport/transport.h"
 
-#define TOKEN_MAX WTX__TCP_TOKEN_MAX
 #define PIECE (1u << 20)
 
 /* ---- sockets with deadlines ---- */
@@ -302,7 +301,7 @@ static int accept_peer(int lfd, const uint8_t *token, size_t len, const waitspec
 
 typedef struct tcp_worker {
   wtx_wire_params wire;
-  uint8_t token[TOKEN_MAX];
+  uint8_t token[WTX__TCP_TOKEN_MAX];
   size_t token_len;
   int relay;   /* whether a downstream worker follows */
   int up;      /* connection to the upstream */
@@ -331,9 +330,9 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
                            const wtx_worker_env *env, void **self, char *err,
                            size_t errlen) {
   const Wtx__V1__TcpInitInfo *ti = init->tcp;
-  if (ti->data_token.len < WTX__TCP_TOKEN_MIN || ti->data_token.len > TOKEN_MAX) {
+  if (ti->data_token.len < WTX__TCP_TOKEN_MIN || ti->data_token.len > WTX__TCP_TOKEN_MAX) {
     snprintf(err, errlen, "init_info.tcp.data_token: %zu bytes, must be %d..%d",
-             ti->data_token.len, WTX__TCP_TOKEN_MIN, TOKEN_MAX);
+             ti->data_token.len, WTX__TCP_TOKEN_MIN, WTX__TCP_TOKEN_MAX);
     return WTX_EINVAL;
   }
   tcp_worker *w = calloc(1, sizeof *w);

@@ -8,7 +8,6 @@ Run by tests/python/run.sh fault_test.py (//tests/python:fault_test).
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap

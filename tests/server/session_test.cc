@@ -168,6 +168,20 @@ class SessionTest : public ::testing::Test {
     return rc;
   }
 
+  // PrepareWeightUpdate of the current update; *resp (when given) is the
+  // caller's to free.
+  int Prepare(const char *version, Wtx__V1__PrepareWeightUpdateResponse **resp = nullptr) {
+    Wtx__V1__PrepareWeightUpdateRequest req = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
+    req.session_id = const_cast<char *>(session_.c_str());
+    req.update_id = update_;
+    req.weight_version = const_cast<char *>(version);
+    Wtx__V1__PrepareWeightUpdateResponse *r = nullptr;
+    int rc = wtx__v1__weight_transfer__prepare_weight_update__call(ch_, &req, &r, nullptr, &st_);
+    if (resp != nullptr) *resp = r;
+    else if (r != nullptr) protobuf_c_message_free_unpacked(&r->base, nullptr);
+    return rc;
+  }
+
   int Finish(const char *version = "") {
     Wtx__V1__FinishWeightUpdateRequest req = WTX__V1__FINISH_WEIGHT_UPDATE_REQUEST__INIT;
     req.session_id = const_cast<char *>(session_.c_str());
@@ -1165,14 +1179,8 @@ TEST_F(SessionTest, APreparedUpdateTakesOnlyFinishOrAbortAndFinishMayBeRepeated)
   PublishV1();
   ASSERT_EQ(0, Start()) << st_.message;
   ASSERT_EQ(0, Update({T("a", 16, 9)})) << st_.message;
-  Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
-  prep.session_id = const_cast<char *>(session_.c_str());
-  prep.update_id = update_;
-  prep.weight_version = const_cast<char *>("v2");
   Wtx__V1__PrepareWeightUpdateResponse *presp = nullptr;
-  ASSERT_EQ(0, wtx__v1__weight_transfer__prepare_weight_update__call(ch_, &prep, &presp, nullptr,
-                                                                     &st_))
-      << st_.message;
+  ASSERT_EQ(0, Prepare("v2", &presp)) << st_.message;
   EXPECT_STREQ("v2", presp->weight_version);
   EXPECT_EQ(1u, presp->num_params);
   protobuf_c_message_free_unpacked(&presp->base, nullptr);
@@ -1197,13 +1205,7 @@ TEST_F(SessionTest, AbortingAPreparedUpdateKeepsThePublishedWeights) {
   PublishV1();
   ASSERT_EQ(0, Start()) << st_.message;
   ASSERT_EQ(0, Update({T("a", 16, 9)})) << st_.message;
-  Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
-  prep.session_id = const_cast<char *>(session_.c_str());
-  prep.update_id = update_;
-  Wtx__V1__PrepareWeightUpdateResponse *presp = nullptr;
-  ASSERT_EQ(0, wtx__v1__weight_transfer__prepare_weight_update__call(ch_, &prep, &presp, nullptr,
-                                                                     &st_));
-  protobuf_c_message_free_unpacked(&presp->base, nullptr);
+  ASSERT_EQ(0, Prepare("")) << st_.message;
   ASSERT_EQ(0, Abort()) << st_.message;
   ExpectV1Intact();
   ASSERT_EQ(0, Start()) << st_.message;  // and the next update goes
