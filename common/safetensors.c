@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <libgen.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,17 +11,21 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yajl/yajl_gen.h>
+#include <yajl/yajl_parse.h>
 
+#include "common/strmap.h"
 #include "wtx/error.h"
 
 struct wtx_st_file {
   uint8_t *map;
   size_t size;
   int borrowed; /* map is the caller's memory (wtx_st_parse), not unmapped */
-  json_t *header;
-  json_t *metadata; /* borrowed from header */
+  char *strings; /* every decoded name, dtype and metadata string */
+  const char *(*meta)[2]; /* __metadata__ pairs, into strings */
+  size_t n_meta;
   wtx_st_tensor *tensors;
-  size_t n;
+  size_t n, cap;
 };
 
 static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
@@ -40,51 +43,279 @@ static int by_offset(const void *a, const void *b) {
   return x->data < y->data ? -1 : x->data > y->data;
 }
 
-/* Fills t from one header entry; offsets go to *begin, *end. */
-static int parse_entry(const char *path, const char *name, json_t *v,
-                       wtx_tensor_meta *t, uint64_t *begin, uint64_t *end,
-                       char *err, size_t errlen) {
-  json_t *dt = json_object_get(v, "dtype");
-  json_t *shape = json_object_get(v, "shape");
-  json_t *offs = json_object_get(v, "data_offsets");
-  if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) ||
-      !json_is_array(offs) || json_array_size(offs) != 2)
-    return fail(err, errlen, WTX_EINVAL,
-                "%s: tensor '%s': needs dtype (string), shape (array) and "
-                "data_offsets ([begin, end])", path, name);
-  t->name = name;
-  t->dtype = wtx_dtype_from_safetensors(json_string_value(dt));
-  if (t->dtype == 0)
-    return fail(err, errlen, WTX_EINVAL, "%s: tensor '%s': dtype '%s' unknown",
-                path, name, json_string_value(dt));
-  t->ndim = json_array_size(shape);
-  if (t->ndim > WTX_MAX_DIMS)
-    return fail(err, errlen, WTX_EINVAL, "%s: tensor '%s': %zu dims, at most %d",
-                path, name, t->ndim, WTX_MAX_DIMS);
-  for (size_t i = 0; i < t->ndim; i++) {
-    json_t *d = json_array_get(shape, i);
-    if (!json_is_integer(d) || json_integer_value(d) < 0)
-      return fail(err, errlen, WTX_EINVAL,
-                  "%s: tensor '%s': shape[%zu] is not a non-negative integer",
-                  path, name, i);
-    t->shape[i] = (uint64_t)json_integer_value(d);
+/* The header is read in one pass of yajl's event parser into the tensor
+ * table: no JSON tree (a tree of 40k entries costs 20x the parse). Each
+ * value's expected kind follows from where it is. */
+enum slot { S_TOP, S_ENTRY, S_META, S_DTYPE, S_SHAPE, S_OFFSETS, S_DIM, S_OFFSET,
+            S_META_VALUE, S_SKIP };
+enum kind { K_MAP, K_ARRAY, K_STRING, K_INT, K_OTHER };
+enum { HAVE_DTYPE = 1, HAVE_SHAPE = 2, HAVE_OFFSETS = 4 };
+#define MAX_DEPTH 32
+
+typedef struct parser {
+  wtx_st_file *f;
+  const char *path;
+  char *err;
+  size_t errlen;
+  int rc;
+  size_t used;          /* bytes of f->strings taken */
+  int depth;            /* containers open */
+  enum slot stack[MAX_DEPTH]; /* the slot of each open container */
+  enum slot next;       /* the slot of the next value at this depth */
+  const char *entry;    /* the top-level key being read */
+  int have;             /* HAVE_* of the tensor being read */
+  wtx_st_tensor *t;
+  uint64_t off[2];
+  size_t n_off;
+  const uint8_t *data; /* the data section */
+  uint64_t data_len;
+  wtx__strmap *names;  /* the top-level keys: a duplicate is an error */
+} parser;
+
+static int bad(parser *p, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int bad(parser *p, int rc, const char *fmt, ...) {
+  int n = snprintf(p->err, p->errlen, "%s: ", p->path);
+  va_list ap;
+  va_start(ap, fmt);
+  if (n >= 0 && (size_t)n < p->errlen) vsnprintf(p->err + n, p->errlen - (size_t)n, fmt, ap);
+  va_end(ap);
+  p->rc = rc;
+  return 0; /* yajl: stop */
+}
+
+/* A copy of s in f->strings, which holds the whole header: a decoded string
+ * is never longer than its JSON text with the quotes, so it always fits. */
+static const char *keep(parser *p, const unsigned char *s, size_t len) {
+  char *d = p->f->strings + p->used;
+  memcpy(d, s, len);
+  d[len] = '\0';
+  p->used += len + 1;
+  return d;
+}
+
+static int entry_shape(parser *p) {
+  return bad(p, WTX_EINVAL, "tensor '%s': needs dtype (string), shape (array) and "
+             "data_offsets ([begin, end])", p->entry);
+}
+
+/* Checks that a value of kind k may stand at the current slot. */
+static int expect(parser *p, enum kind k) {
+  switch (p->next) {
+  case S_TOP:
+    return k == K_MAP ? 1 : bad(p, WTX_EINVAL, "header is not a JSON object");
+  case S_META:
+    return k == K_MAP ? 1 : bad(p, WTX_EINVAL, "__metadata__ is not an object");
+  case S_META_VALUE:
+    return k == K_STRING ? 1 : bad(p, WTX_EINVAL, "__metadata__ values must be strings");
+  case S_ENTRY:
+    return k == K_MAP ? 1 : entry_shape(p);
+  case S_DTYPE:
+    return k == K_STRING ? 1 : entry_shape(p);
+  case S_SHAPE:
+  case S_OFFSETS:
+    return k == K_ARRAY ? 1 : entry_shape(p);
+  case S_DIM:
+    return k == K_INT ? 1 : bad(p, WTX_EINVAL, "tensor '%s': shape[%zu] is not a "
+                                "non-negative integer", p->entry, p->t->meta.ndim);
+  case S_OFFSET:
+    return k == K_INT ? 1 : bad(p, WTX_EINVAL, "tensor '%s': data_offsets must be "
+                                "integers 0 <= begin <= end", p->entry);
+  case S_SKIP:
+    return 1;
   }
-  json_t *b = json_array_get(offs, 0), *e = json_array_get(offs, 1);
-  if (!json_is_integer(b) || !json_is_integer(e) || json_integer_value(b) < 0 ||
-      json_integer_value(e) < json_integer_value(b))
-    return fail(err, errlen, WTX_EINVAL,
-                "%s: tensor '%s': data_offsets must be integers 0 <= begin <= end",
-                path, name);
-  *begin = (uint64_t)json_integer_value(b);
-  *end = (uint64_t)json_integer_value(e);
-  int rc = wtx_tensor_nbytes(t->dtype, t->shape, t->ndim, &t->nbytes);
-  if (rc != 0)
-    return fail(err, errlen, rc, "%s: tensor '%s': shape too large", path, name);
-  if (*end - *begin != t->nbytes)
-    return fail(err, errlen, WTX_EINVAL,
-                "%s: tensor '%s': data_offsets span %llu bytes, dtype x shape "
-                "is %llu", path, name, (unsigned long long)(*end - *begin),
-                (unsigned long long)t->nbytes);
+  return 1;
+}
+
+static int open_container(parser *p, enum kind k) {
+  if (!expect(p, k)) return 0;
+  if (p->depth == MAX_DEPTH) return bad(p, WTX_EINVAL, "header nested deeper than %d", MAX_DEPTH);
+  enum slot s = p->next;
+  p->stack[p->depth++] = s;
+  if (s == S_ENTRY) {
+    if (p->f->n == p->f->cap) {
+      size_t cap = p->f->cap ? 2 * p->f->cap : 64;
+      wtx_st_tensor *t = realloc(p->f->tensors, cap * sizeof *t);
+      if (t == NULL) return bad(p, WTX_ENOMEM, "out of memory");
+      p->f->tensors = t;
+      p->f->cap = cap;
+    }
+    p->t = &p->f->tensors[p->f->n];
+    memset(p->t, 0, sizeof *p->t);
+    p->t->meta.name = p->entry;
+    p->have = 0;
+  }
+  p->n_off = 0;
+  p->next = s == S_SHAPE ? S_DIM : s == S_OFFSETS ? S_OFFSET : S_SKIP;
+  return 1;
+}
+
+/* After a value at the current depth: what comes next there. */
+static void value_done(parser *p) {
+  enum slot in = p->depth > 0 ? p->stack[p->depth - 1] : S_TOP;
+  if (in == S_SHAPE) p->next = S_DIM;
+  else if (in == S_OFFSETS) p->next = S_OFFSET;
+  else p->next = S_SKIP; /* in a map a key comes first and sets it */
+}
+
+static int on_start_map(void *ctx) { return open_container(ctx, K_MAP); }
+static int on_start_array(void *ctx) { return open_container(ctx, K_ARRAY); }
+
+static int entry_end(parser *p);
+
+static int on_end(void *ctx) {
+  parser *p = ctx;
+  enum slot s = p->stack[--p->depth];
+  if (s == S_SHAPE && p->t->meta.ndim > WTX_MAX_DIMS)
+    return bad(p, WTX_EINVAL, "tensor '%s': %zu dims, at most %d", p->entry,
+               p->t->meta.ndim, WTX_MAX_DIMS);
+  if (s == S_OFFSETS && p->n_off != 2) return entry_shape(p);
+  if (s == S_ENTRY && !entry_end(p)) return 0;
+  value_done(p);
+  return 1;
+}
+
+static int on_key(void *ctx, const unsigned char *s, size_t len) {
+  parser *p = ctx;
+  enum slot in = p->stack[p->depth - 1];
+  if (in == S_TOP) {
+    p->entry = keep(p, s, len);
+    p->next = strcmp(p->entry, "__metadata__") == 0 ? S_META : S_ENTRY;
+    if (strlen(p->entry) != len)
+      return bad(p, WTX_EINVAL, "a tensor name holds a NUL character");
+    int rc = wtx__strmap_add(p->names, p->entry, 0);
+    if (rc == WTX_EEXIST) return bad(p, WTX_EINVAL, "'%s' appears twice in the header", p->entry);
+    if (rc != 0) return bad(p, rc, "out of memory");
+  } else if (in == S_META) {
+    const char *(*m)[2] = realloc(p->f->meta, (p->f->n_meta + 1) * sizeof *m);
+    if (m == NULL) return bad(p, WTX_ENOMEM, "out of memory");
+    p->f->meta = m;
+    m[p->f->n_meta][0] = keep(p, s, len);
+    m[p->f->n_meta][1] = NULL;
+    p->next = S_META_VALUE;
+  } else if (in == S_ENTRY) {
+    int bit = len == 5 && memcmp(s, "dtype", 5) == 0 ? HAVE_DTYPE
+            : len == 5 && memcmp(s, "shape", 5) == 0 ? HAVE_SHAPE
+            : len == 12 && memcmp(s, "data_offsets", 12) == 0 ? HAVE_OFFSETS : 0;
+    if (bit & p->have) return bad(p, WTX_EINVAL, "tensor '%s': %.*s appears twice",
+                                  p->entry, (int)len, s);
+    p->have |= bit;
+    p->next = bit == HAVE_DTYPE ? S_DTYPE : bit == HAVE_SHAPE ? S_SHAPE
+            : bit == HAVE_OFFSETS ? S_OFFSETS : S_SKIP;
+  } else {
+    p->next = S_SKIP;
+  }
+  return 1;
+}
+
+static int on_string(void *ctx, const unsigned char *s, size_t len) {
+  parser *p = ctx;
+  if (!expect(p, K_STRING)) return 0;
+  if (p->next == S_DTYPE) {
+    const char *dt = keep(p, s, len);
+    p->t->meta.dtype = wtx_dtype_from_safetensors(dt);
+    if (p->t->meta.dtype == 0)
+      return bad(p, WTX_EINVAL, "tensor '%s': dtype '%s' unknown", p->entry, dt);
+  } else if (p->next == S_META_VALUE) {
+    p->f->meta[p->f->n_meta++][1] = keep(p, s, len);
+  }
+  value_done(p);
+  return 1;
+}
+
+static int on_integer(void *ctx, long long v) {
+  parser *p = ctx;
+  if (!expect(p, K_INT)) return 0;
+  if (p->next == S_DIM) {
+    if (v < 0)
+      return bad(p, WTX_EINVAL, "tensor '%s': shape[%zu] is not a non-negative "
+                 "integer", p->entry, p->t->meta.ndim);
+    if (p->t->meta.ndim < WTX_MAX_DIMS) p->t->meta.shape[p->t->meta.ndim] = (uint64_t)v;
+    p->t->meta.ndim++;
+  } else if (p->next == S_OFFSET) {
+    if (v < 0 || p->n_off == 2) return entry_shape(p);
+    p->off[p->n_off++] = (uint64_t)v;
+  }
+  value_done(p);
+  return 1;
+}
+
+static int on_other(parser *p) {
+  if (!expect(p, K_OTHER)) return 0;
+  value_done(p);
+  return 1;
+}
+static int on_null(void *ctx) { return on_other(ctx); }
+static int on_bool(void *ctx, int b) { (void)b; return on_other(ctx); }
+static int on_double(void *ctx, double d) { (void)d; return on_other(ctx); }
+
+static const yajl_callbacks callbacks = {
+    .yajl_null = on_null,
+    .yajl_boolean = on_bool,
+    .yajl_integer = on_integer,
+    .yajl_double = on_double,
+    .yajl_string = on_string,
+    .yajl_start_map = on_start_map,
+    .yajl_map_key = on_key,
+    .yajl_end_map = on_end,
+    .yajl_start_array = on_start_array,
+    .yajl_end_array = on_end,
+};
+
+/* A tensor entry read whole: its fields present and consistent. Its data
+ * pointer holds its begin offset until parse() has the data section. */
+static int entry_end(parser *p) {
+  wtx_tensor_meta *t = &p->t->meta;
+  if (p->have != (HAVE_DTYPE | HAVE_SHAPE | HAVE_OFFSETS)) return entry_shape(p);
+  if (p->off[1] < p->off[0])
+    return bad(p, WTX_EINVAL, "tensor '%s': data_offsets must be integers 0 <= begin "
+               "<= end", p->entry);
+  if (wtx_tensor_nbytes(t->dtype, t->shape, t->ndim, &t->nbytes) != 0)
+    return bad(p, WTX_EINVAL, "tensor '%s': shape too large", p->entry);
+  if (p->off[1] - p->off[0] != t->nbytes)
+    return bad(p, WTX_EINVAL, "tensor '%s': data_offsets span %llu bytes, dtype x "
+               "shape is %llu", p->entry, (unsigned long long)(p->off[1] - p->off[0]),
+               (unsigned long long)t->nbytes);
+  if (p->off[1] > p->data_len)
+    return bad(p, WTX_EINVAL, "tensor '%s': data_offsets end %llu beyond the %llu-byte "
+               "data section", p->entry, (unsigned long long)p->off[1],
+               (unsigned long long)p->data_len);
+  p->t->data = p->data + p->off[0];
+  p->f->n++;
+  return 1;
+}
+
+/* Runs yajl over the n header bytes at json. */
+static int parse_header(parser *p, const uint8_t *json, size_t n) {
+  yajl_handle h = yajl_alloc(&callbacks, NULL, p);
+  if (h == NULL) return WTX_ENOMEM;
+  yajl_status st = yajl_parse(h, json, n);
+  if (st == yajl_status_ok) st = yajl_complete_parse(h);
+  if (st == yajl_status_error && p->rc == 0) {
+    unsigned char *e = yajl_get_error(h, 0, json, n);
+    p->rc = fail(p->err, p->errlen, WTX_EINVAL, "%s: header is not valid JSON: %s",
+                 p->path, e != NULL ? (const char *)e : "parse error");
+    if (e != NULL) yajl_free_error(h, e);
+  }
+  yajl_free(h);
+  return p->rc;
+}
+
+/* The tensors, in offset order, cover the data section exactly. */
+static int check_layout(wtx_st_file *f, const char *path, const uint8_t *data,
+                        uint64_t data_len, char *err, size_t errlen) {
+  if (f->n > 0) qsort(f->tensors, f->n, sizeof *f->tensors, by_offset);
+  const uint8_t *next = data;
+  for (size_t i = 0; i < f->n; i++) {
+    if (f->tensors[i].data != next)
+      return fail(err, errlen, WTX_EINVAL,
+                  "%s: tensor '%s' starts at %lld, expected %lld (holes and "
+                  "overlaps are not allowed)", path, f->tensors[i].meta.name,
+                  (long long)(f->tensors[i].data - data), (long long)(next - data));
+    next += f->tensors[i].meta.nbytes;
+  }
+  if ((uint64_t)(next - data) != data_len)
+    return fail(err, errlen, WTX_EINVAL, "%s: tensors cover %lld of %llu data bytes",
+                path, (long long)(next - data), (unsigned long long)data_len);
   return 0;
 }
 
@@ -98,54 +329,16 @@ static int parse(wtx_st_file *f, const char *path, char *err, size_t errlen) {
     return fail(err, errlen, WTX_EINVAL,
                 "%s: header length %llu exceeds the file or the %u-byte limit",
                 path, (unsigned long long)n, WTX_ST_MAX_HEADER);
-  json_error_t je;
-  f->header = json_loadb((const char *)f->map + 8, n, JSON_REJECT_DUPLICATES, &je);
-  if (f->header == NULL || !json_is_object(f->header))
-    return fail(err, errlen, WTX_EINVAL, "%s: header is not a JSON object: %s",
-                path, f->header == NULL ? je.text : "other JSON value");
-  const uint8_t *data = f->map + 8 + n;
-  uint64_t data_len = f->size - 8 - n;
-  f->tensors = calloc(json_object_size(f->header) + 1, sizeof *f->tensors);
-  if (f->tensors == NULL) return WTX_ENOMEM;
-  const char *key;
-  json_t *v;
-  json_object_foreach(f->header, key, v) {
-    if (strcmp(key, "__metadata__") == 0) {
-      if (!json_is_object(v))
-        return fail(err, errlen, WTX_EINVAL, "%s: __metadata__ is not an object",
-                    path);
-      f->metadata = v;
-      continue;
-    }
-    wtx_st_tensor *t = &f->tensors[f->n];
-    uint64_t b = 0, e = 0;
-    int rc = parse_entry(path, key, v, &t->meta, &b, &e, err, errlen);
-    if (rc != 0) return rc;
-    if (e > data_len)
-      return fail(err, errlen, WTX_EINVAL,
-                  "%s: tensor '%s': data_offsets end %llu beyond the %llu-byte "
-                  "data section", path, key, (unsigned long long)e,
-                  (unsigned long long)data_len);
-    t->data = data + b;
-    f->n++;
-  }
-  qsort(f->tensors, f->n, sizeof *f->tensors, by_offset);
-  const uint8_t *next = data;
-  for (size_t i = 0; i < f->n; i++) {
-    if (f->tensors[i].data != next)
-      return fail(err, errlen, WTX_EINVAL,
-                  "%s: tensor '%s' starts at %lld, expected %lld (holes and "
-                  "overlaps are not allowed)", path, f->tensors[i].meta.name,
-                  (long long)(f->tensors[i].data - data), (long long)(next - data));
-    next += f->tensors[i].meta.nbytes;
-  }
-  if ((uint64_t)(next - data) != data_len)
-    return fail(err, errlen, WTX_EINVAL,
-                "%s: tensors cover %lld of %llu data bytes", path,
-                (long long)(next - data), (unsigned long long)data_len);
-  return 0;
+  parser p = {.f = f, .path = path, .err = err, .errlen = errlen, .next = S_TOP,
+              .data = f->map + 8 + n, .data_len = f->size - 8 - n};
+  f->strings = malloc(n + 1);
+  int rc = f->strings != NULL ? wtx__strmap_create(&p.names) : WTX_ENOMEM;
+  if (rc == 0) rc = parse_header(&p, f->map + 8, n);
+  wtx__strmap_destroy(p.names);
+  if (rc == 0 && p.depth != 0) rc = fail(err, errlen, WTX_EINVAL, "%s: header is not a "
+                                         "JSON object", path);
+  return rc != 0 ? rc : check_layout(f, path, p.data, p.data_len, err, errlen);
 }
-
 int wtx_st_open(const char *path, wtx_st_file **out, char *err, size_t errlen) {
   *out = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -198,7 +391,8 @@ int wtx_st_parse(const uint8_t *data, size_t size, const char *name, wtx_st_file
 void wtx_st_close(wtx_st_file *f) {
   if (f == NULL) return;
   if (f->map != NULL && !f->borrowed) munmap(f->map, f->size);
-  if (f->header != NULL) json_decref(f->header);
+  free(f->strings);
+  free(f->meta);
   free(f->tensors);
   free(f);
 }
@@ -210,7 +404,9 @@ const wtx_st_tensor *wtx_st_tensor_at(const wtx_st_file *f, size_t i) {
 }
 
 const char *wtx_st_metadata(const wtx_st_file *f, const char *key) {
-  return f->metadata ? json_string_value(json_object_get(f->metadata, key)) : NULL;
+  for (size_t i = 0; i < f->n_meta; i++)
+    if (strcmp(f->meta[i][0], key) == 0) return f->meta[i][1];
+  return NULL;
 }
 
 static int write_all(int fd, const void *p, size_t n) {
@@ -227,44 +423,77 @@ static int write_all(int fd, const void *p, size_t n) {
 
 /* The header JSON for tensors laid out back to back, padded with spaces to
  * a multiple of 8 bytes (as the reference writer does). malloc'd. */
+static int gen_str(yajl_gen g, const char *s) {
+  return yajl_gen_string(g, (const unsigned char *)s, strlen(s)) != yajl_gen_status_ok;
+}
+
+/* The header's JSON, built with yajl's generator (strings checked as
+ * UTF-8): metadata first, then the tensors back to back. */
+static int header_gen(yajl_gen g, const wtx_st_tensor *ts, size_t n,
+                      const char *const (*meta)[2], size_t n_meta) {
+  int bad = yajl_gen_map_open(g) != yajl_gen_status_ok;
+  if (n_meta > 0) {
+    bad |= gen_str(g, "__metadata__") || yajl_gen_map_open(g);
+    for (size_t i = 0; i < n_meta && !bad; i++)
+      bad |= gen_str(g, meta[i][0]) || gen_str(g, meta[i][1]);
+    bad |= yajl_gen_map_close(g) != yajl_gen_status_ok;
+  }
+  uint64_t off = 0;
+  for (size_t i = 0; i < n && !bad; i++) {
+    const wtx_tensor_meta *m = &ts[i].meta;
+    bad |= gen_str(g, m->name) || yajl_gen_map_open(g) || gen_str(g, "dtype") ||
+           gen_str(g, wtx_dtype_safetensors(m->dtype)) || gen_str(g, "shape") ||
+           yajl_gen_array_open(g);
+    for (size_t d = 0; d < m->ndim && !bad; d++)
+      bad |= yajl_gen_integer(g, (long long)m->shape[d]) != yajl_gen_status_ok;
+    bad |= yajl_gen_array_close(g) || gen_str(g, "data_offsets") || yajl_gen_array_open(g) ||
+           yajl_gen_integer(g, (long long)off) ||
+           yajl_gen_integer(g, (long long)(off + m->nbytes)) || yajl_gen_array_close(g) ||
+           yajl_gen_map_close(g);
+    off += m->nbytes;
+  }
+  return bad || yajl_gen_map_close(g) != yajl_gen_status_ok;
+}
+
+/* The header JSON for tensors laid out back to back, padded with spaces to
+ * a multiple of 8 bytes (as the reference writer does). malloc'd; NULL when
+ * a string is not UTF-8 or out of memory. */
 static char *header_json(const wtx_st_tensor *ts, size_t n,
                          const char *const (*meta)[2], size_t n_meta,
                          size_t *len) {
-  json_t *h = json_object();
-  uint64_t off = 0;
-  if (n_meta > 0) {
-    json_t *m = json_object();
-    for (size_t i = 0; i < n_meta; i++)
-      json_object_set_new(m, meta[i][0], json_string(meta[i][1]));
-    json_object_set_new(h, "__metadata__", m);
-  }
-  for (size_t i = 0; i < n; i++) {
-    json_t *shape = json_array();
-    for (size_t d = 0; d < ts[i].meta.ndim; d++)
-      json_array_append_new(shape, json_integer((json_int_t)ts[i].meta.shape[d]));
-    json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype",
-                          wtx_dtype_safetensors(ts[i].meta.dtype), "shape", shape,
-                          "data_offsets", (json_int_t)off,
-                          (json_int_t)(off + ts[i].meta.nbytes));
-    off += ts[i].meta.nbytes;
-    if (e == NULL || json_object_set_new(h, ts[i].meta.name, e) != 0) {
-      json_decref(h);
-      return NULL;
+  yajl_gen g = yajl_gen_alloc(NULL);
+  if (g == NULL) return NULL;
+  yajl_gen_config(g, yajl_gen_validate_utf8, 1);
+  const unsigned char *buf = NULL;
+  size_t l = 0;
+  char *out = NULL;
+  if (header_gen(g, ts, n, meta, n_meta) == 0 &&
+      yajl_gen_get_buf(g, &buf, &l) == yajl_gen_status_ok) {
+    size_t padded = (l + 7) & ~(size_t)7;
+    out = malloc(padded + 1);
+    if (out != NULL) {
+      memcpy(out, buf, l);
+      memset(out + l, ' ', padded - l);
+      out[padded] = '\0';
+      *len = padded;
     }
   }
-  char *s = json_dumps(h, JSON_COMPACT);
-  json_decref(h);
-  if (s == NULL) return NULL;
-  size_t l = strlen(s), padded = (l + 7) & ~(size_t)7;
-  char *out = realloc(s, padded + 1);
-  if (out == NULL) {
-    free(s);
-    return NULL;
-  }
-  memset(out + l, ' ', padded - l);
-  out[padded] = '\0';
-  *len = padded;
+  yajl_gen_free(g);
   return out;
+}
+
+/* The first name that appears twice in ts, or NULL. */
+static const char *duplicate(const wtx_st_tensor *ts, size_t n, int *rc) {
+  wtx__strmap *m = NULL;
+  const char *dup = NULL;
+  *rc = wtx__strmap_create(&m);
+  for (size_t i = 0; i < n && *rc == 0 && dup == NULL; i++)
+    if ((*rc = wtx__strmap_add(m, ts[i].meta.name, i)) == WTX_EEXIST) {
+      dup = ts[i].meta.name;
+      *rc = 0;
+    }
+  wtx__strmap_destroy(m);
+  return dup;
 }
 
 int wtx_st_write(const char *path, const wtx_st_tensor *tensors, size_t n,
@@ -274,11 +503,15 @@ int wtx_st_write(const char *path, const wtx_st_tensor *tensors, size_t n,
     if (wtx_dtype_safetensors(tensors[i].meta.dtype) == NULL)
       return fail(err, errlen, WTX_EINVAL, "tensor '%s': dtype %d has no "
                   "safetensors name", tensors[i].meta.name, tensors[i].meta.dtype);
+  int rc = 0;
+  const char *dup = duplicate(tensors, n, &rc);
+  if (rc != 0) return rc;
+  if (dup != NULL) return fail(err, errlen, WTX_EINVAL, "tensor '%s' appears twice", dup);
   size_t hlen = 0;
   char *header = header_json(tensors, n, meta, n_meta, &hlen);
   if (header == NULL)
-    return fail(err, errlen, WTX_EINVAL, "%s: cannot build the header "
-                "(duplicate names?)", path);
+    return fail(err, errlen, WTX_EINVAL, "%s: cannot build the header (a name or "
+                "metadata string is not UTF-8, or out of memory)", path);
   char *tmp = malloc(strlen(path) + 8);
   if (tmp == NULL) {
     free(header);
@@ -286,7 +519,6 @@ int wtx_st_write(const char *path, const wtx_st_tensor *tensors, size_t n,
   }
   sprintf(tmp, "%s.XXXXXX", path);
   int fd = mkstemp(tmp);
-  int rc = 0;
   if (fd < 0) {
     rc = fail(err, errlen, WTX_EIO, "%s: %s", tmp, strerror(errno));
   } else {

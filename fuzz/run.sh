@@ -28,8 +28,8 @@ build() {  # name sources... -- libs...
 build requests fuzz/fuzz_requests.c common/text.c common/tensor.c common/error.c \
   transport/rx.c transport/wire.c "${pb[@]}" -- -lprotobuf-c -lxxhash -lunistring
 build tcp_frame fuzz/fuzz_tcp_frame.c transport/tcp_frame.c --
-build safetensors fuzz/fuzz_safetensors.c common/safetensors.c common/tensor.c \
-  common/error.c -- -ljansson
+build safetensors fuzz/fuzz_safetensors.c common/safetensors.c common/strmap.c \
+  common/tensor.c common/error.c -- -lyajl
 
 passed=0 failed=0
 for t in requests tcp_frame safetensors; do

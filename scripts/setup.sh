@@ -13,7 +13,7 @@ PACKAGES=(
   libuv1-dev               # event loop
   libgtest-dev             # GoogleTest
   libxxhash-dev            # XXH3 checksums
-  libjansson-dev           # JSON (safetensors headers)
+  libyajl-dev              # JSON (safetensors headers)
   uthash-dev               # hash tables (common/strmap.c)
   libunistring-dev         # UTF-8 validation of names and versions
   clang-14 libclang-rt-14-dev   # libFuzzer targets (fuzz/)

@@ -129,7 +129,17 @@ TEST_F(SafetensorsTest, MalformedHeadersNameTheProblem) {
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],"
        "\"data_offsets\":[0,4]}}", 4, "tensor 'a': 9 dims, at most 8"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "tensor 'a': needs dtype"},
-      {"{\"a\":1, \"a\":2}", 0, "header is not a JSON object: duplicate object key"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+       "\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0,
+       "'a' appears twice in the header"},
+      {"{\"a\":1}", 0, "tensor 'a': needs dtype"},
+      {"{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\"}}", 0, "tensor 'a': dtype appears twice"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4,
+       "tensor 'a': shape[0] is not a non-negative integer"},
+      {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 4,
+       "tensor 'a': needs dtype"},
+      {"{\"__metadata__\":{\"k\":1}}", 0, "__metadata__ values must be strings"},
+      {"{\"a\":", 0, "header is not valid JSON"},
       {"[1,2]", 0, "header is not a JSON object"},
       {"{\"__metadata__\":[]}", 0, "__metadata__ is not an object"},
   };
@@ -143,6 +153,39 @@ TEST_F(SafetensorsTest, MalformedHeadersNameTheProblem) {
   EXPECT_NE(std::string::npos, OpenError(path).find("header length 255 exceeds"));
   EXPECT_NE(std::string::npos,
             OpenError(dir_ + "/missing.safetensors", WTX_ENOENT).find("missing.safetensors"));
+}
+
+TEST_F(SafetensorsTest, UnknownFieldsAreSkippedWhateverTheirShape) {
+  std::string path = Raw("{\"x\":{\"extra\":{\"deep\":[1,{\"k\":null}]},\"dtype\":\"F32\","
+                         "\"shape\":[1],\"data_offsets\":[0,4],\"more\":[true,2.5]}}", 4);
+  wtx_st_file *f = nullptr;
+  char err[256] = "";
+  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  ASSERT_EQ(1u, wtx_st_count(f));
+  EXPECT_STREQ("x", wtx_st_tensor_at(f, 0)->meta.name);
+  EXPECT_EQ(4u, wtx_st_tensor_at(f, 0)->meta.nbytes);
+  wtx_st_close(f);
+}
+
+TEST_F(SafetensorsTest, EscapedNamesAreDecoded) {
+  std::string path = Raw("{\"a\\\"b\\u00e9\":{\"dtype\":\"U8\",\"shape\":[1],"
+                         "\"data_offsets\":[0,1]}}", 1);
+  wtx_st_file *f = nullptr;
+  char err[256] = "";
+  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  EXPECT_STREQ("a\"b\xc3\xa9", wtx_st_tensor_at(f, 0)->meta.name);
+  wtx_st_close(f);
+}
+
+TEST_F(SafetensorsTest, WriteRefusesADuplicateName) {
+  std::vector<uint8_t> a(4);
+  wtx_st_tensor ts[2] = {{{"w", WTX_DTYPE_UINT8, {4}, 1, 4}, a.data()},
+                         {{"w", WTX_DTYPE_UINT8, {4}, 1, 4}, a.data()}};
+  char err[256] = "";
+  std::string path = dir_ + "/dup.safetensors";
+  EXPECT_EQ(WTX_EINVAL, wtx_st_write(path.c_str(), ts, 2, nullptr, 0, err, sizeof err));
+  EXPECT_NE(nullptr, std::strstr(err, "tensor 'w' appears twice")) << err;
+  EXPECT_NE(0, access(path.c_str(), F_OK));
 }
 
 TEST_F(SafetensorsTest, AnEmptyModelIsAValidFile) {
