@@ -19,9 +19,11 @@ typedef struct wtx__strmap wtx__strmap;
 int wtx__strmap_create(wtx__strmap **out);
 /* Frees m and every key it copied (NULL: no-op). */
 void wtx__strmap_destroy(wtx__strmap *m);
-/* Maps a copy of key to value. WTX_EEXIST when key is present (its value
- * stays), WTX_ENOMEM; m is unchanged on error. */
-int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value);
+/* Maps a copy of key to value; *stored (stored may be NULL) is that copy,
+ * which m owns until clear or destroy, so callers can point at it instead
+ * of keeping their own. WTX_EEXIST when key is present (its value stays),
+ * WTX_ENOMEM; m is unchanged on error. */
+int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value, const char **stored);
 /* 1 with *value (may be NULL) set when key is present, else 0. */
 int wtx__strmap_get(const wtx__strmap *m, const char *key, size_t *value);
 size_t wtx__strmap_count(const wtx__strmap *m);

@@ -15,9 +15,9 @@ TEST(StrmapTest, AddsFindsAndRefusesDuplicates) {
   ASSERT_EQ(0, wtx__strmap_create(&m));
   EXPECT_EQ(0u, wtx__strmap_count(m));
   EXPECT_EQ(0, wtx__strmap_get(m, "a", nullptr));
-  ASSERT_EQ(0, wtx__strmap_add(m, "a", 7));
-  ASSERT_EQ(0, wtx__strmap_add(m, "", 8));  // the empty key is a key
-  EXPECT_EQ(WTX_EEXIST, wtx__strmap_add(m, "a", 9));
+  ASSERT_EQ(0, wtx__strmap_add(m, "a", 7, nullptr));
+  ASSERT_EQ(0, wtx__strmap_add(m, "", 8, nullptr));  // the empty key is a key
+  EXPECT_EQ(WTX_EEXIST, wtx__strmap_add(m, "a", 9, nullptr));
   size_t v = 0;
   ASSERT_EQ(1, wtx__strmap_get(m, "a", &v));
   EXPECT_EQ(7u, v);  // the duplicate left the value alone
@@ -32,8 +32,10 @@ TEST(StrmapTest, KeysAreCopied) {
   wtx__strmap *m = nullptr;
   ASSERT_EQ(0, wtx__strmap_create(&m));
   char key[] = "layer.0.weight";
-  ASSERT_EQ(0, wtx__strmap_add(m, key, 1));
+  const char *stored = nullptr;
+  ASSERT_EQ(0, wtx__strmap_add(m, key, 1, &stored));
   key[0] = 'X';
+  EXPECT_STREQ("layer.0.weight", stored);  // the map's copy, not the caller's
   EXPECT_EQ(1, wtx__strmap_get(m, "layer.0.weight", nullptr));
   EXPECT_EQ(0, wtx__strmap_get(m, key, nullptr));
   wtx__strmap_destroy(m);
@@ -44,7 +46,7 @@ TEST(StrmapTest, HoldsAHundredThousandNamesAndClears) {
   ASSERT_EQ(0, wtx__strmap_create(&m));
   const size_t n = 100000;  // an MoE checkpoint's parameter count
   for (size_t i = 0; i < n; i++)
-    ASSERT_EQ(0, wtx__strmap_add(m, ("model.layers." + std::to_string(i)).c_str(), i));
+    ASSERT_EQ(0, wtx__strmap_add(m, ("model.layers." + std::to_string(i)).c_str(), i, nullptr));
   EXPECT_EQ(n, wtx__strmap_count(m));
   for (size_t i = 0; i < n; i += 997) {
     size_t v = 0;
@@ -54,7 +56,7 @@ TEST(StrmapTest, HoldsAHundredThousandNamesAndClears) {
   wtx__strmap_clear(m);
   EXPECT_EQ(0u, wtx__strmap_count(m));
   EXPECT_EQ(0, wtx__strmap_get(m, "model.layers.5", nullptr));
-  ASSERT_EQ(0, wtx__strmap_add(m, "model.layers.5", 3));  // usable after clear
+  ASSERT_EQ(0, wtx__strmap_add(m, "model.layers.5", 3, nullptr));  // usable after clear
   wtx__strmap_destroy(m);
 }
 
