@@ -182,7 +182,7 @@ static int on_key(void *ctx, const unsigned char *s, size_t len) {
     p->next = strcmp(p->entry, "__metadata__") == 0 ? S_META : S_ENTRY;
     if (strlen(p->entry) != len)
       return bad(p, WTX_EINVAL, "a tensor name holds a NUL character");
-    int rc = wtx__strmap_add(p->names, p->entry, 0);
+    int rc = wtx__strmap_add(p->names, p->entry, 0, NULL);
     if (rc == WTX_EEXIST) return bad(p, WTX_EINVAL, "'%s' appears twice in the header", p->entry);
     if (rc != 0) return bad(p, rc, "out of memory");
   } else if (in == S_META) {
@@ -488,7 +488,7 @@ static const char *duplicate(const wtx_st_tensor *ts, size_t n, int *rc) {
   const char *dup = NULL;
   *rc = wtx__strmap_create(&m);
   for (size_t i = 0; i < n && *rc == 0 && dup == NULL; i++)
-    if ((*rc = wtx__strmap_add(m, ts[i].meta.name, i)) == WTX_EEXIST) {
+    if ((*rc = wtx__strmap_add(m, ts[i].meta.name, i, NULL)) == WTX_EEXIST) {
       dup = ts[i].meta.name;
       *rc = 0;
     }

@@ -422,7 +422,7 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
     int continues = i == 0 && c->ui->first_param_offset > 0 && carry != NULL &&
                     strcmp(carry, c->metas[0].name) == 0;
     if (continues) continue;
-    rc = wtx__strmap_add(s->names, c->metas[i].name, i);
+    rc = wtx__strmap_add(s->names, c->metas[i].name, i, NULL);
     if (rc == WTX_EEXIST) {
       snprintf(c->err, sizeof c->err, "update_info.params[%zu].name: '%s' appears "
                "twice in update %llu", i, c->metas[i].name,

@@ -13,6 +13,11 @@
 #include <string.h>
 #include <xxhash.h>
 
+/* Out of memory in uthash is the caller's error, never an exit. */
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(obj) (nomem = 1)
+#include <uthash.h>
+
 #include "common/strmap.h"
 #include "wtx/worker.h"
 
@@ -29,20 +34,28 @@ typedef struct blob {
   uint8_t data[];
 } blob;
 
+/* The free buffers of one length: a version's tensor of that length
+ * reuses one in O(1), whatever the number of lengths. */
+typedef struct size_class {
+  UT_hash_handle hh;
+  uint64_t len;
+  blob *free;
+} size_class;
+
 /* Free buffers kept for reuse, at most cap bytes. */
 struct pool {
   pthread_mutex_t mu;
-  blob *free;
+  size_class *classes; /* by len; kept (empty) until the store goes */
   uint64_t bytes, cap;
 };
 
 static blob *blob_new(pool *p, uint64_t len) {
   pthread_mutex_lock(&p->mu);
-  blob **pp = &p->free;
-  while (*pp != NULL && (*pp)->len != len) pp = &(*pp)->next;
-  blob *b = *pp;
+  size_class *c = NULL;
+  HASH_FIND(hh, p->classes, &len, sizeof len, c);
+  blob *b = c != NULL ? c->free : NULL;
   if (b != NULL) {
-    *pp = b->next;
+    c->free = b->next;
     p->bytes -= len;
   }
   pthread_mutex_unlock(&p->mu);
@@ -57,35 +70,88 @@ static blob *blob_new(pool *p, uint64_t len) {
   return b;
 }
 
+/* The class of b's length, made on first use; NULL when out of memory.
+ * Caller holds p->mu. */
+static size_class *class_of(pool *p, const blob *b) {
+  size_class *c = NULL;
+  HASH_FIND(hh, p->classes, &b->len, sizeof b->len, c);
+  if (c != NULL || (c = calloc(1, sizeof *c)) == NULL) return c;
+  c->len = b->len;
+  int nomem = 0;
+  HASH_ADD(hh, p->classes, len, sizeof c->len, c);
+  if (nomem) {
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
 static void blob_unref(blob *b) {
   if (b == NULL || atomic_fetch_sub(&b->refs, 1) != 1) return;
   pool *p = b->pool;
   pthread_mutex_lock(&p->mu);
-  int keep = p->bytes + b->len <= p->cap;
-  if (keep) {
-    b->next = p->free;
-    p->free = b;
+  size_class *c = p->bytes + b->len <= p->cap ? class_of(p, b) : NULL;
+  if (c != NULL) {
+    b->next = c->free;
+    c->free = b;
     p->bytes += b->len;
   }
   pthread_mutex_unlock(&p->mu);
-  if (!keep) free(b);
+  if (c == NULL) free(b);
 }
 
 static void pool_drain(pool *p) {
-  while (p->free != NULL) {
-    blob *b = p->free;
-    p->free = b->next;
-    free(b);
+  size_class *c, *tmp;
+  HASH_ITER(hh, p->classes, c, tmp) {
+    while (c->free != NULL) {
+      blob *b = c->free;
+      c->free = b->next;
+      free(b);
+    }
+    HASH_DEL(p->classes, c);
+    free(c);
   }
   p->bytes = 0;
 }
 
 typedef struct entry {
-  wtx_tensor_meta meta; /* meta.name owned */
+  wtx_tensor_meta meta; /* meta.name: into the owner's layout or index */
   blob *b;
   uint64_t xxh3;
   int has_xxh3;
 } entry;
+
+/* A version's names, in order, and their index (name -> position). Every
+ * snapshot with the same names in the same order shares one (every RL step
+ * after the first), so publishing copies no name and builds no index. The
+ * entries' names point at the index's keys. */
+typedef struct layout {
+  atomic_int refs;
+  wtx__strmap *ix;
+} layout;
+
+static void layout_unref(layout *l) {
+  if (l == NULL || atomic_fetch_sub(&l->refs, 1) != 1) return;
+  wtx__strmap_destroy(l->ix);
+  free(l);
+}
+
+/* A new layout of e's n names, repointing each e[i].meta.name at its key.
+ * Duplicate names are WTX_EEXIST (callers have refused them before). */
+static int layout_build(entry *e, size_t n, layout **out) {
+  layout *l = calloc(1, sizeof *l);
+  int rc = l != NULL ? wtx__strmap_create(&l->ix) : WTX_ENOMEM;
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    rc = wtx__strmap_add(l->ix, e[i].meta.name, i, &e[i].meta.name);
+  if (rc != 0) {
+    if (l != NULL) wtx__strmap_destroy(l->ix);
+    free(l);
+    return rc;
+  }
+  atomic_init(&l->refs, 1);
+  *out = l;
+  return 0;
+}
 
 typedef struct snapshot {
   atomic_int refs;
@@ -93,19 +159,16 @@ typedef struct snapshot {
   uint64_t generation;
   entry *e;
   size_t n;
-  wtx__strmap *ix; /* name -> index into e */
+  layout *lay; /* names of e, and their index */
   uint64_t total;
   wtx_store_param *view; /* built for readers */
 } snapshot;
 
 static void snapshot_unref(snapshot *s) {
   if (s == NULL || atomic_fetch_sub(&s->refs, 1) != 1) return;
-  for (size_t i = 0; i < s->n; i++) {
-    free((char *)s->e[i].meta.name);
-    blob_unref(s->e[i].b);
-  }
+  for (size_t i = 0; i < s->n; i++) blob_unref(s->e[i].b);
   free(s->e);
-  wtx__strmap_destroy(s->ix);
+  layout_unref(s->lay);
   free(s->view);
   free(s->version);
   free(s);
@@ -115,16 +178,19 @@ struct wtx_store {
   pthread_mutex_t mu;
   pool pool;
   snapshot *pub[2]; /* main, draft */
-  entry *declared;
+  entry *declared; /* names in declared_lay */
   size_t n_declared;
-  wtx__strmap *declared_ix;
+  layout *declared_lay;
   /* staging */
   int staging;
   wtx_target target;
   snapshot *prepared; /* the next published version, built by prepare */
   entry *st;
   size_t n_st, cap_st;
-  wtx__strmap *st_ix; /* name -> index into st: loaded() is O(1) */
+  wtx__strmap *st_ix; /* name -> index into st (loaded() is O(1)); holds st's names */
+  /* Where the next check and loaded() look first: an update usually names
+   * the tensors in the layout's order, so a compare replaces a hash. */
+  size_t check_next, loaded_next;
 };
 
 int wtx_store_create(wtx_store **out) {
@@ -137,10 +203,7 @@ int wtx_store_create(wtx_store **out) {
 }
 
 static void staged_free(wtx_store *s) {
-  for (size_t i = 0; i < s->n_st; i++) {
-    free((char *)s->st[i].meta.name);
-    blob_unref(s->st[i].b);
-  }
+  for (size_t i = 0; i < s->n_st; i++) blob_unref(s->st[i].b);
   free(s->st);
   s->st = NULL;
   s->n_st = s->cap_st = 0;
@@ -154,26 +217,12 @@ void wtx_store_destroy(wtx_store *s) {
   staged_free(s);
   snapshot_unref(s->pub[0]);
   snapshot_unref(s->pub[1]);
-  for (size_t i = 0; i < s->n_declared; i++) free((char *)s->declared[i].meta.name);
   free(s->declared);
-  wtx__strmap_destroy(s->declared_ix);
+  layout_unref(s->declared_lay);
   pool_drain(&s->pool);
   pthread_mutex_destroy(&s->pool.mu);
   pthread_mutex_destroy(&s->mu);
   free(s);
-}
-
-static int meta_copy(wtx_tensor_meta *dst, const wtx_tensor_meta *src) {
-  *dst = *src;
-  dst->name = strdup(src->name);
-  return dst->name != NULL ? 0 : WTX_ENOMEM;
-}
-
-/* A map from each entry's name to its index. */
-static int index_build(wtx__strmap **ix, const entry *e, size_t n) {
-  int rc = wtx__strmap_create(ix);
-  for (size_t i = 0; rc == 0 && i < n; i++) rc = wtx__strmap_add(*ix, e[i].meta.name, i);
-  return rc;
 }
 
 int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n) {
@@ -184,32 +233,34 @@ int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n) {
   } else if ((s->declared = calloc(n ? n : 1, sizeof *s->declared)) == NULL) {
     rc = WTX_ENOMEM;
   } else {
-    for (size_t i = 0; i < n && rc == 0; i++) {
-      rc = meta_copy(&s->declared[i].meta, &metas[i]);
-      if (rc == 0) s->n_declared++;
+    for (size_t i = 0; i < n; i++) s->declared[i].meta = metas[i];
+    rc = layout_build(s->declared, n, &s->declared_lay);
+    if (rc == WTX_EEXIST) rc = WTX_EINVAL;
+    if (rc == 0) s->n_declared = n;
+    else {
+      free(s->declared);
+      s->declared = NULL;
     }
-    if (rc == 0) rc = index_build(&s->declared_ix, s->declared, s->n_declared);
   }
   pthread_mutex_unlock(&s->mu);
   return rc;
 }
 
-/* dst shares src's bytes (one more reference) under a copied name. */
-static int entry_share(entry *dst, const entry *src) {
-  int rc = meta_copy(&dst->meta, &src->meta);
-  if (rc != 0) return rc;
-  dst->b = src->b;
-  atomic_fetch_add(&src->b->refs, 1);
-  dst->xxh3 = src->xxh3;
-  dst->has_xxh3 = src->has_xxh3;
-  return 0;
+/* The position of name in the n entries e indexed by ix, trying *next
+ * first; *next becomes the position after. 0 when absent. */
+static int find(const entry *e, size_t n, const wtx__strmap *ix, const char *name,
+                size_t *next, size_t *at) {
+  if (*next < n && strcmp(e[*next].meta.name, name) == 0) *at = *next;
+  else if (ix == NULL || !wtx__strmap_get(ix, name, at)) return 0;
+  *next = *at + 1;
+  return 1;
 }
 
 /* The layout a chunk tensor of target is checked against: the declared one
  * for the main model, else the published one. Caller holds mu. */
 static const snapshot *layout_of(wtx_store *s, wtx_target target, snapshot *declared) {
   if (target == WTX_TARGET_MAIN && s->declared != NULL) {
-    *declared = (snapshot){.e = s->declared, .n = s->n_declared, .ix = s->declared_ix};
+    *declared = (snapshot){.e = s->declared, .n = s->n_declared, .lay = s->declared_lay};
     return declared;
   }
   const snapshot *pub = PUB(s, target);
@@ -225,7 +276,7 @@ int wtx_store_check(wtx_store *s, wtx_target target, const wtx_tensor_meta *meta
   int rc = 0;
   if (l == NULL) {
     rc = 0; /* no layout yet: the first update defines it */
-  } else if (!wtx__strmap_get(l->ix, meta->name, &i)) {
+  } else if (!find(l->e, l->n, l->lay->ix, meta->name, &s->check_next, &i)) {
     snprintf(err, errlen, "parameter '%s' is not in the model (%zu parameters)",
              meta->name, l->n);
     rc = WTX_ENOENT;
@@ -248,6 +299,7 @@ static int store_begin(void *model, wtx_target target) {
     rc = WTX_ESTATE;
   } else {
     s->staging = 1;
+    s->check_next = s->loaded_next = 0;
     s->target = target;
   }
   pthread_mutex_unlock(&s->mu);
@@ -271,10 +323,12 @@ static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) 
   pthread_mutex_lock(&s->mu);
   int rc = staged_grow(s);
   if (rc == 0 && s->st_ix == NULL) rc = wtx__strmap_create(&s->st_ix);
-  if (rc == 0) rc = meta_copy(&s->st[s->n_st].meta, meta);
-  /* Indexed by name, so loaded() finds it in O(1), not by a scan. */
-  if (rc == 0 && (rc = wtx__strmap_add(s->st_ix, meta->name, s->n_st)) != 0)
-    free((char *)s->st[s->n_st].meta.name);
+  /* Indexed by name, so loaded() finds it in O(1), not by a scan; the
+   * entry's name is the index's copy. */
+  if (rc == 0) {
+    s->st[s->n_st].meta = *meta;
+    rc = wtx__strmap_add(s->st_ix, meta->name, s->n_st, &s->st[s->n_st].meta.name);
+  }
   if (rc == 0) {
     s->st[s->n_st].b = b;
     s->st[s->n_st].xxh3 = 0;
@@ -293,7 +347,7 @@ static int store_loaded(void *model, const wtx_tensor_meta *meta,
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
   size_t i = 0;
-  int rc = s->st_ix != NULL && wtx__strmap_get(s->st_ix, meta->name, &i) ? 0 : WTX_ENOENT;
+  int rc = find(s->st, s->n_st, s->st_ix, meta->name, &s->loaded_next, &i) ? 0 : WTX_ENOENT;
   if (rc == 0) {
     s->st[i].xxh3 = xxh3 != NULL ? *xxh3 : 0;
     s->st[i].has_xxh3 = xxh3 != NULL;
@@ -302,22 +356,24 @@ static int store_loaded(void *model, const wtx_tensor_meta *meta,
   return rc;
 }
 
-/* Appends to snap a share of e. */
-static int snapshot_add(snapshot *snap, const entry *e) {
-  int rc = entry_share(&snap->e[snap->n], e);
-  if (rc == 0) snap->total += snap->e[snap->n++].meta.nbytes;
-  return rc;
+/* Appends to snap a share of e's bytes, named name. */
+static void snapshot_add(snapshot *snap, const entry *e, const char *name) {
+  entry *d = &snap->e[snap->n++];
+  *d = *e;
+  d->meta.name = name;
+  atomic_fetch_add(&e->b->refs, 1);
+  snap->total += d->meta.nbytes;
 }
 
 /* The one place a snapshot is made: old's tensors first, in their order,
  * replaced where st (the staged update, indexed by name in stix; may be
  * empty, stix then NULL) has them, then the tensors new in st, in update
- * order; labelled version. Sharing, never copying, bytes. *out has one
- * reference. */
+ * order; labelled version. Sharing, never copying, bytes; and old's layout
+ * when st adds no name. *out has one reference. */
 static int snapshot_build(const snapshot *old, const entry *st, size_t n_st,
                           const wtx__strmap *stix, const char *version,
                           uint64_t generation, snapshot **out) {
-  size_t n_old = old != NULL ? old->n : 0;
+  size_t n_old = old != NULL ? old->n : 0, replaced = 0;
   char *used = calloc(n_st + 1, 1);
   snapshot *snap = calloc(1, sizeof *snap);
   if (snap != NULL) atomic_init(&snap->refs, 1);
@@ -326,20 +382,27 @@ static int snapshot_build(const snapshot *old, const entry *st, size_t n_st,
   snap->generation = generation;
   snap->version = strdup(version);
   snap->e = calloc(n_old + n_st + 1, sizeof *snap->e);
-  if (snap->version == NULL || snap->e == NULL) rc = WTX_ENOMEM;
-  for (size_t i = 0, j; rc == 0 && i < n_old; i++) {
-    int fresh = n_st > 0 && wtx__strmap_get(stix, old->e[i].meta.name, &j);
-    if (fresh) used[j] = 1;
-    rc = snapshot_add(snap, fresh ? &st[j] : &old->e[i]);
+  snap->view = calloc(n_old + n_st + 1, sizeof *snap->view);
+  if (snap->version == NULL || snap->e == NULL || snap->view == NULL) rc = WTX_ENOMEM;
+  for (size_t i = 0, j, next = 0; rc == 0 && i < n_old; i++) {
+    int fresh = find(st, n_st, stix, old->e[i].meta.name, &next, &j);
+    if (fresh) {
+      used[j] = 1;
+      replaced++;
+    }
+    snapshot_add(snap, fresh ? &st[j] : &old->e[i], old->e[i].meta.name);
   }
   for (size_t j = 0; rc == 0 && j < n_st; j++)
-    if (!used[j]) rc = snapshot_add(snap, &st[j]);
-  snap->view = rc == 0 ? calloc(snap->n + 1, sizeof *snap->view) : NULL;
-  if (rc == 0 && snap->view == NULL) rc = WTX_ENOMEM;
+    if (!used[j]) snapshot_add(snap, &st[j], st[j].meta.name);
+  if (rc == 0 && old != NULL && replaced == n_st) {
+    snap->lay = old->lay;
+    atomic_fetch_add(&snap->lay->refs, 1);
+  } else if (rc == 0) {
+    rc = layout_build(snap->e, snap->n, &snap->lay);
+  }
   for (size_t i = 0; rc == 0 && i < snap->n; i++)
     snap->view[i] = (wtx_store_param){snap->e[i].meta, snap->e[i].b->data,
                                       snap->e[i].xxh3, snap->e[i].has_xxh3};
-  if (rc == 0) rc = index_build(&snap->ix, snap->e, snap->n);
   if (rc != 0) goto fail;
   free(used);
   *out = snap;

@@ -76,7 +76,8 @@ void wtx_store_destroy(wtx_store *s);
 /* The store as a model: pass wtx_store_model_ops with the store pointer. */
 extern const wtx_model_ops wtx_store_model_ops;
 /* Declares the expected layout (e.g. from a safetensors header); later
- * updates must match it. Only before the first update. */
+ * updates must match it. Only before the first update (else WTX_ESTATE);
+ * a name given twice is WTX_EINVAL. metas are copied. */
 int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n);
 
 /* A published tensor, valid until the next wtx_store_release. */

@@ -103,6 +103,54 @@ TEST_F(StoreTest, TheNextUpdateStagesIntoTheBuffersOfTheVersionBeforeLast) {
   wtx_store_release(s_, &v);
 }
 
+TEST_F(StoreTest, BuffersAreReusedByLengthWhateverTheNumberOfLengths) {
+  // 1000 tensors of 1000 different lengths: each of v3's lands in the
+  // buffer v1's tensor of that length had (the pool is keyed by length).
+  std::vector<std::string> names;
+  for (int i = 0; i < 1000; i++) names.push_back("t" + std::to_string(i));
+  auto update = [&](int fill) {
+    std::vector<std::tuple<const char *, uint64_t, int>> ts;
+    for (int i = 0; i < 1000; i++) ts.emplace_back(names[i].c_str(), 8 + i, fill);
+    return ts;
+  };
+  std::vector<uint8_t *> d1 = Publish("v1", update(1));
+  Publish("v2", update(2));
+  std::vector<uint8_t *> d3 = Publish("v3", update(3));
+  EXPECT_EQ(d1, d3);
+}
+
+TEST_F(StoreTest, NamesOfAHeldVersionOutliveTheVersionsThatSharedThem) {
+  Publish("v1", {{"a", 8, 1}, {"b", 8, 1}});
+  Publish("v2", {{"a", 8, 2}});  // same names: shares v1's
+  wtx_store_view held;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &held));
+  Publish("v3", {{"c", 8, 3}});  // a new name: a new layout
+  Publish("v4", {{"b", 8, 4}});
+  Publish("v5", {{"a", 8, 5}});  // v1..v4 gone, held v2 stays
+  ASSERT_EQ(2u, held.n_params);
+  EXPECT_STREQ("a", held.params[0].meta.name);
+  EXPECT_STREQ("b", held.params[1].meta.name);
+  EXPECT_TRUE(Filled(held.params[0], 2));
+  wtx_store_release(s_, &held);
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  ASSERT_EQ(3u, v.n_params);
+  EXPECT_STREQ("c", v.params[2].meta.name);
+  EXPECT_TRUE(Filled(v.params[0], 5));
+  EXPECT_TRUE(Filled(v.params[1], 4));
+  wtx_store_release(s_, &v);
+  // The layout check finds every name of the current version.
+  char err[256] = "";
+  wtx_tensor_meta c = Meta("c", 8);
+  EXPECT_EQ(0, wtx_store_check(s_, WTX_TARGET_MAIN, &c, err, sizeof err)) << err;
+}
+
+TEST_F(StoreTest, ADeclaredLayoutRefusesANameGivenTwice) {
+  wtx_tensor_meta m[2] = {Meta("w", 4), Meta("w", 4)};
+  EXPECT_EQ(WTX_EINVAL, wtx_store_declare(s_, m, 2));
+  EXPECT_EQ(0, wtx_store_declare(s_, m, 1));  // nothing was kept
+}
+
 TEST_F(StoreTest, AnAbortKeepsThePublishedBytesAndTheNextUpdateWorks) {
   Publish("v1", {{"a", 64, 7}});
   Stage({{"a", 64, 9}, {"new", 8, 9}});
