@@ -29,6 +29,10 @@
 /* Bytes read per pread: the chunk lands in model memory piece by piece,
  * hashed right after while the piece is still in L2. */
 #define PIECE ((size_t)256 << 10)
+/* A tensor smaller than this is not read on its own: one pread fills a
+ * bounce piece with it and the tensors after it, which the assembler then
+ * copies out (a syscall per 16-byte tensor costs 100x its copy). */
+#define SMALL ((size_t)16 << 10)
 
 typedef struct shm_worker {
   wtx_wire_params wire;
@@ -38,6 +42,7 @@ typedef struct shm_worker {
   char region[256];
   int fd;
   atomic_int cancelled;
+  uint8_t *bounce; /* PIECE bytes, allocated at the first small tensor */
 } shm_worker;
 
 static void close_region(shm_worker *w) {
@@ -99,14 +104,28 @@ static int open_region(shm_worker *w, const char *region, wtx_rx *rx) {
   return 0;
 }
 
+/* Where the next pread goes: straight into the tensor, or for a small one
+ * into the bounce piece, as much of the chunk as it holds. */
+static uint8_t *read_target(shm_worker *w, uint8_t *dst, size_t room, uint64_t left,
+                            size_t *k, int *bounced) {
+  *bounced = room < SMALL && (w->bounce != NULL || (w->bounce = malloc(PIECE)) != NULL);
+  if (!*bounced) {
+    *k = room < PIECE ? room : PIECE;
+    return dst;
+  }
+  *k = left < PIECE ? (size_t)left : PIECE;
+  return w->bounce;
+}
+
 /* Reads [offset, +length) of the open region into rx, piece by piece. */
 static int read_region(shm_worker *w, uint64_t offset, uint64_t length, wtx_rx *rx) {
   uint64_t got = 0;
   for (;;) {
     uint8_t *dst;
-    size_t room = wtx_rx_next(rx, &dst);
+    size_t room = wtx_rx_next(rx, &dst), k;
     if (room == 0) return 0;
-    size_t k = room < PIECE ? room : PIECE;
+    int bounced;
+    dst = read_target(w, dst, room, length - got, &k, &bounced);
     if (atomic_load(&w->cancelled)) {
       wtx_rx_errorf(rx, "shm: cancelled after %llu of the chunk's %llu bytes",
                     (unsigned long long)got, (unsigned long long)length);
@@ -121,7 +140,7 @@ static int read_region(shm_worker *w, uint64_t offset, uint64_t length, wtx_rx *
       close_region(w);
       return WTX_EABORTED;
     }
-    int rc = wtx_rx_commit(rx, (size_t)n);
+    int rc = bounced ? wtx_rx_bytes(rx, dst, (size_t)n) : wtx_rx_commit(rx, (size_t)n);
     if (rc != 0) return rc;
     got += (uint64_t)n;
   }
@@ -156,6 +175,7 @@ static int shm_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
 
 static void shm_worker_destroy(void *self) {
   close_region(self);
+  free(((shm_worker *)self)->bounce);
   free(self);
 }
 

@@ -25,7 +25,8 @@ std::string g_shrink_region;
 extern "C" ssize_t pread(int fd, void *buf, size_t n, off_t off) {
   using fn = ssize_t (*)(int, void *, size_t, off_t);
   static fn real = reinterpret_cast<fn>(dlsym(RTLD_NEXT, "pread"));
-  if (g_shrink_on_call > 0 && ++g_calls == g_shrink_on_call) {
+  int call = ++g_calls;
+  if (g_shrink_on_call > 0 && call == g_shrink_on_call) {
     int w = shm_open(g_shrink_region.c_str(), O_RDWR, 0);
     if (w >= 0) {
       if (ftruncate(w, 4096) != 0) abort();
@@ -65,10 +66,21 @@ class ShmTest : public ::testing::Test {
   }
   // Receives [offset, +n) of name into dst_: the backend's return code.
   int Receive(const std::string &name, uint64_t offset, size_t n) {
+    return Receive(name, offset, std::vector<size_t>{n});
+  }
+  // The same for a chunk of tensors of these sizes, back to back in dst_.
+  int Receive(const std::string &name, uint64_t offset, const std::vector<size_t> &sizes) {
+    size_t n = 0;
+    for (size_t k : sizes) n += k;
     dst_.assign(n, 0);
-    wtx_rx_tensor t = {"t", n, dst_.data()};
+    std::vector<wtx_rx_tensor> ts;
+    size_t at = 0;
+    for (size_t k : sizes) {
+      ts.push_back({"t", k, dst_.data() + at});
+      at += k;
+    }
     wtx__rx_reset(rx_);
-    EXPECT_EQ(0, wtx__rx_begin(rx_, &t, 1, 0, n, 0));
+    EXPECT_EQ(0, wtx__rx_begin(rx_, ts.data(), ts.size(), 0, n, 0));
     Wtx__V1__ShmUpdateInfo su = WTX__V1__SHM_UPDATE_INFO__INIT;
     su.region = const_cast<char *>(name.c_str());
     su.offset = offset;
@@ -90,6 +102,21 @@ TEST_F(ShmTest, ReadsTheRangeItIsGiven) {
   MakeRegion(1 << 20, region_);
   ASSERT_EQ(0, Receive(region_, 1000, 5000)) << error_;
   for (size_t i = 0; i < 5000; i++) ASSERT_EQ(static_cast<uint8_t>((1000 + i) * 13), dst_[i]);
+}
+
+TEST_F(ShmTest, SmallTensorsShareReadsAndEveryByteLands) {
+  // 20,000 tensors of 16 bytes around a 1 MiB one: the small ones are read
+  // a piece at a time through the bounce buffer, not one pread each.
+  std::vector<size_t> sizes(10000, 16);
+  sizes.push_back(1 << 20);
+  sizes.insert(sizes.end(), 10000, 16);
+  sizes.push_back(3);
+  MakeRegion(2 << 20, region_);
+  g_calls = 0;
+  ASSERT_EQ(0, Receive(region_, 7, sizes)) << error_;
+  EXPECT_LT(g_calls.load(), 20);
+  for (size_t i = 0; i < dst_.size(); i++)
+    ASSERT_EQ(static_cast<uint8_t>((7 + i) * 13), dst_[i]) << "byte " << i;
 }
 
 TEST_F(ShmTest, CancelStopsARead) {
