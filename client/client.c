@@ -14,6 +14,7 @@ typedef struct replica {
   wtx_rpc_channel *ch;
   char session_id[64];
   uint64_t update_id;
+  uint64_t table_xxh3; /* from StartWeightUpdate: the table it may name by range */
   wtx_rpc_pending *pending;
 } replica;
 
@@ -258,7 +259,15 @@ static void start_fill(fanout *f, size_t i, ProtobufCMessage *m) {
 }
 
 static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
-  f->c->r[i].update_id = ((const Wtx__V1__StartWeightUpdateResponse *)m)->update_id;
+  const Wtx__V1__StartWeightUpdateResponse *r = (const Wtx__V1__StartWeightUpdateResponse *)m;
+  f->c->r[i].update_id = r->update_id;
+  f->c->r[i].table_xxh3 = r->table_xxh3;
+}
+
+uint64_t wtx__client_table(const wtx_client *c) {
+  for (size_t i = 1; i < c->n; i++)
+    if (c->r[i].table_xxh3 != c->r[0].table_xxh3) return 0;
+  return c->n > 0 ? c->r[0].table_xxh3 : 0;
 }
 
 int wtx__client_start(wtx_client *c, int target) {

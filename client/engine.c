@@ -11,6 +11,7 @@
 
 #include "client/fanout.h"
 #include "common/clock.h"
+#include "common/layout.h"
 #include "transport/transport.h"
 
 struct wtx_trainer {
@@ -313,6 +314,10 @@ typedef struct sync_state {
   size_t sums_row;
   Wtx__V1__ParamMeta *pm;
   Wtx__V1__ParamMeta **pmp;
+  /* Every worker holds our parameter table (the last sync's): chunks name
+   * their tensors by position in it instead of sending them. */
+  uint64_t table;
+  Wtx__V1__ParamRange range;
 } sync_state;
 
 static void sync_free(sync_state *s) {
@@ -354,12 +359,14 @@ static int sync_prepare(sync_state *s) {
   s->sums_row = max_params + 1;
   s->sums = calloc(s->nb * s->sums_row, sizeof *s->sums);
   s->n_sums = calloc(s->nb, sizeof *s->n_sums);
-  s->pm = calloc(s->n, sizeof *s->pm);
-  s->pmp = calloc(s->n, sizeof *s->pmp);
+  s->table = wtx__client_table(t->client);
+  if (s->table != 0 && s->table != wtx__layout_xxh3(s->metas, s->n)) s->table = 0;
+  s->pm = calloc(s->table ? 1 : s->n, sizeof *s->pm);
+  s->pmp = calloc(s->table ? 1 : s->n, sizeof *s->pmp);
   s->c = (cursor){.t = t, .metas = s->metas, .n = s->n, .h = XXH3_createState()};
   if (!s->sums || !s->n_sums || !s->pm || !s->pmp || !s->c.h)
     return fail(t, WTX_ENOMEM, "out of memory");
-  for (size_t i = 0; i < s->n; i++) {
+  for (size_t i = 0; s->table == 0 && i < s->n; i++) {
     wtx__v1__param_meta__init(&s->pm[i]);
     s->pm[i].name = (char *)s->metas[i].name;
     s->pm[i].dtype = (Wtx__V1__DType)s->metas[i].dtype;
@@ -384,8 +391,16 @@ static int sync_pack(sync_state *s, size_t k) {
 static int sync_update_info(sync_state *s, size_t k, Wtx__V1__UpdateInfo *ui) {
   uint32_t b = (uint32_t)(k % s->nb);
   const wtx_chunk *ch = &s->chunks[k];
-  ui->params = &s->pmp[ch->first];
-  ui->n_params = ch->last - ch->first + 1;
+  if (s->table != 0) {
+    wtx__v1__param_range__init(&s->range);
+    s->range.table_xxh3 = s->table;
+    s->range.first = (uint32_t)ch->first;
+    s->range.count = (uint32_t)(ch->last - ch->first + 1);
+    ui->layout = &s->range;
+  } else {
+    ui->params = &s->pmp[ch->first];
+    ui->n_params = ch->last - ch->first + 1;
+  }
   ui->first_param_offset = ch->first_offset;
   ui->chunk_bytes = ch->bytes;
   if (s->verify) {

@@ -25,6 +25,10 @@ int wtx__client_init_wait(wtx_client *c, size_t i,
                           Wtx__V1__InitWeightTransferEngineResponse **resp);
 /* StartWeightUpdate on every replica (target: wtx_target, 0: main). */
 int wtx__client_start(wtx_client *c, int target);
+/* After a start: the parameter table every replica announced
+ * (StartWeightUpdateResponse.table_xxh3), or 0 when they differ or have
+ * none. */
+uint64_t wtx__client_table(const wtx_client *c);
 /* UpdateWeights on every replica: start returns once every call is in
  * flight (the data plane then moves the bytes), wait collects them all and
  * reports the most telling failure (a refusal over a broken stream). */

@@ -42,7 +42,7 @@ static void abort_locked(wtx_session *s, const char *why) {
                          : WTX__V1__SESSION_STATE__SESSION_STATE_READY;
   s->staged_params = 0;
   s->staged_bytes = 0;
-  wtx__strmap_clear(s->names);
+  wtx__layout_clear(&s->cur);
   char q[512];
   wtx_log(WTX_LOG_WARN, "event=aborted update=%llu reason=%s",
           (unsigned long long)s->update_id, wtx_log_quote(why, q, sizeof q));
@@ -56,10 +56,14 @@ int wtx__session_init(wtx_session *s, const wtx__session_config *cfg) {
   if (s->cfg.watchdog_ms <= 0) s->cfg.watchdog_ms = WTX_DEFAULT_WATCHDOG_MS;
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UNINITIALIZED;
   atomic_init(&s->paused, 0);
-  int rc = wtx__strmap_create(&s->names);
+  int rc = wtx__layout_init(&s->cur);
+  if (rc == 0) rc = wtx__layout_init(&s->table[0]);
+  if (rc == 0) rc = wtx__layout_init(&s->table[1]);
   if (rc == 0) rc = wtx__rx_create(&s->rx);
   if (rc != 0) {
-    wtx__strmap_destroy(s->names);
+    wtx__layout_free(&s->cur);
+    wtx__layout_free(&s->table[0]);
+    wtx__layout_free(&s->table[1]);
     pthread_mutex_destroy(&s->mu);
   }
   return rc;
@@ -72,7 +76,9 @@ void wtx__session_destroy(wtx_session *s) {
   s->engine = NULL;
   pthread_mutex_unlock(&s->mu);
   wtx__rx_destroy(s->rx);
-  wtx__strmap_destroy(s->names);
+  wtx__layout_free(&s->cur);
+  wtx__layout_free(&s->table[0]);
+  wtx__layout_free(&s->table[1]);
   pthread_mutex_destroy(&s->mu);
 }
 
@@ -312,7 +318,9 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
   s->staged_params = 0;
   s->staged_bytes = 0;
   s->begun_bytes = 0;
-  wtx__strmap_clear(s->names);
+  wtx__layout_clear(&s->cur);
+  s->by_range = -1;
+  s->range_next = 0;
   wtx__rx_reset(s->rx);
   s->last_activity_ms = wtx_clock_ms();
   wtx_log(WTX_LOG_INFO, "event=start update=%llu target=%s",
@@ -333,7 +341,10 @@ grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
   pthread_mutex_lock(&s->mu);
   grpc_status_code code = check_session(s, ctx, req->session_id);
   if (code == GRPC_STATUS_OK) code = open_update(s, ctx, target);
-  if (code == GRPC_STATUS_OK) resp->update_id = s->update_id;
+  if (code == GRPC_STATUS_OK) {
+    resp->update_id = s->update_id;
+    resp->table_xxh3 = s->table_xxh3[target == WTX_TARGET_DRAFT];
+  }
   pthread_mutex_unlock(&s->mu);
   return code;
 }
@@ -361,23 +372,36 @@ static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
 typedef struct chunk {
   const Wtx__V1__UpdateInfo *ui;
   size_t n;
-  wtx_tensor_meta *metas;
+  wtx_tensor_meta *metas; /* into the session's table when named by range */
+  int by_range;
   wtx_rx_tensor *rt;
   char err[1600];
 } chunk;
 
 static void chunk_free(chunk *c) {
-  free(c->metas);
+  if (!c->by_range) free(c->metas);
   free(c->rt);
 }
 
 /* Step 1: the chunk's shape as a whole, and its tensors' memory. */
 static int chunk_check_frame(wtx_session *s, chunk *c) {
   const Wtx__V1__UpdateInfo *ui = c->ui;
-  c->n = ui != NULL ? ui->n_params : 0;
+  c->by_range = ui != NULL && ui->layout != NULL;
+  c->n = ui == NULL ? 0 : c->by_range ? ui->layout->count : ui->n_params;
+  const char *field = c->by_range ? "update_info.layout.count" : "update_info.params";
+  if (c->by_range && ui->n_params > 0) {
+    snprintf(c->err, sizeof c->err, "update_info: params and layout are exclusive");
+    return WTX_EINVAL;
+  }
+  if (s->by_range >= 0 && s->by_range != c->by_range) {
+    snprintf(c->err, sizeof c->err, "update_info.%s: update %llu named its tensors by "
+             "%s; an update names them one way throughout", c->by_range ? "layout" : "params",
+             (unsigned long long)s->update_id, s->by_range ? "layout" : "params");
+    return WTX_EINVAL;
+  }
   if (c->n == 0 || c->n > WTX_MAX_CHUNK_PARAMS) {
-    snprintf(c->err, sizeof c->err, "update_info.params: %zu parameters, must be "
-             "1..%d", c->n, WTX_MAX_CHUNK_PARAMS);
+    snprintf(c->err, sizeof c->err, "%s: %zu parameters, must be 1..%d", field, c->n,
+             WTX_MAX_CHUNK_PARAMS);
     return WTX_EINVAL;
   }
   if ((int)ui->backend_case != s->transport->update_case) {
@@ -388,14 +412,14 @@ static int chunk_check_frame(wtx_session *s, chunk *c) {
     return WTX_EINVAL;
   }
   c->rt = calloc(c->n, sizeof *c->rt);
-  c->metas = calloc(c->n, sizeof *c->metas);
-  return c->rt != NULL && c->metas != NULL ? 0 : WTX_ENOMEM;
+  if (!c->by_range) c->metas = calloc(c->n, sizeof *c->metas);
+  return c->rt != NULL && (c->by_range || c->metas != NULL) ? 0 : WTX_ENOMEM;
 }
 
 /* The update's size against the worker's limits, counting every tensor
  * begun so far. */
 static int check_limits(wtx_session *s, chunk *c) {
-  size_t params = wtx__strmap_count(s->names);
+  size_t params = c->by_range ? s->range_next : s->cur.n;
   if (s->cfg.max_params > 0 && params > s->cfg.max_params) {
     snprintf(c->err, sizeof c->err, "update_info.params: the update would hold %zu "
              "parameters, this worker takes at most %llu (--max-params)", params,
@@ -411,9 +435,42 @@ static int check_limits(wtx_session *s, chunk *c) {
   return 0;
 }
 
+/* Step 2, for a chunk named by range: the range is the next of this
+ * update in the table the worker announced; its tensors, valid when that
+ * update sent them, are checked against the model again. */
+static int chunk_check_range(wtx_session *s, chunk *c) {
+  const Wtx__V1__ParamRange *r = c->ui->layout;
+  int t = s->target == WTX_TARGET_DRAFT;
+  const wtx__layout *l = &s->table[t];
+  if (l->n == 0 || r->table_xxh3 != s->table_xxh3[t]) {
+    snprintf(c->err, sizeof c->err, "update_info.layout.table_xxh3: %016llx is not "
+             "this worker's table (%016llx, %zu parameters); send params",
+             (unsigned long long)r->table_xxh3, (unsigned long long)s->table_xxh3[t], l->n);
+    return WTX_ESTATE;
+  }
+  int continues = c->ui->first_param_offset > 0;
+  size_t want = continues && s->range_next > 0 ? s->range_next - 1 : s->range_next;
+  if (r->first != want || (uint64_t)r->first + r->count > l->n) {
+    snprintf(c->err, sizeof c->err, "update_info.layout: [%u, +%u) must start at %zu "
+             "and lie within the table's %zu parameters", r->first, r->count, want, l->n);
+    return WTX_EINVAL;
+  }
+  c->metas = &l->metas[r->first];
+  for (size_t i = 0; i < c->n; i++) {
+    int rc = s->cfg.model_ops->check == NULL ? 0 : s->cfg.model_ops->check(
+                 s->cfg.model, s->target, &c->metas[i], c->err, sizeof c->err);
+    if (rc != 0) return rc;
+    if (i > 0 || !continues) s->begun_bytes += c->metas[i].nbytes;
+  }
+  s->range_next = (size_t)r->first + r->count;
+  return check_limits(s, c);
+}
+
 /* Step 2: every tensor valid and new to this update, before any byte moves.
  * A tensor continued from the previous chunk is not new. */
 static int chunk_check_tensors(wtx_session *s, chunk *c) {
+  s->by_range = c->by_range;
+  if (c->by_range) return chunk_check_range(s, c);
   uint64_t have = 0, want = 0;
   const char *carry = wtx__rx_incomplete(s->rx, &have, &want);
   for (size_t i = 0; i < c->n; i++) {
@@ -422,7 +479,7 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
     int continues = i == 0 && c->ui->first_param_offset > 0 && carry != NULL &&
                     strcmp(carry, c->metas[0].name) == 0;
     if (continues) continue;
-    rc = wtx__strmap_add(s->names, c->metas[i].name, i, NULL);
+    rc = wtx__layout_add(&s->cur, &c->metas[i]);
     if (rc == WTX_EEXIST) {
       snprintf(c->err, sizeof c->err, "update_info.params[%zu].name: '%s' appears "
                "twice in update %llu", i, c->metas[i].name,
@@ -574,7 +631,12 @@ static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
     return from_wtx(ctx, rc, "model", "commit failed (update aborted)");
   }
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
-  wtx__strmap_clear(s->names);
+  if (s->by_range == 0) { /* params sent: later updates may name them by position */
+    int t = s->target == WTX_TARGET_DRAFT;
+    wtx__layout_swap(&s->cur, &s->table[t]);
+    s->table_xxh3[t] = wtx__layout_xxh3(s->table[t].metas, s->table[t].n);
+  }
+  wtx__layout_clear(&s->cur);
   s->published_update = s->update_id;
   char q[600];
   wtx_log(WTX_LOG_INFO, "event=published update=%llu target=%s version=%s "

@@ -13,7 +13,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "common/strmap.h"
+#include "common/layout.h"
 #include "transport/rx.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 #include "wtx/worker.h"
@@ -73,7 +73,14 @@ typedef struct wtx_session {
   char version[WTX_MAX_VERSION_BYTES + 1]; /* prepared (then published) label */
   uint64_t published_update;  /* the last update published, for a repeated Finish */
   uint64_t begun_bytes; /* of every tensor begun in this update */
-  wtx__strmap *names; /* of this update, for duplicates */
+  /* The params of this update (duplicates found here); per target, those of
+   * the last update published that sent params, and their XXH3: a later
+   * update may name tensors by position in it (UpdateInfo.layout). */
+  wtx__layout cur;
+  wtx__layout table[2];
+  uint64_t table_xxh3[2];
+  int by_range;   /* this update: -1 not yet known, 0 params, 1 layout ranges */
+  size_t range_next; /* the next position a range of this update starts at */
   wtx_rx *rx;
   uint8_t *carry_dst; /* staging of a tensor continued by the next chunk */
   atomic_int paused;  /* Pause in effect (its own flag: no lock needed) */

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/layout.h"
 #include "common/safetensors.h"
 #include "grpc/health/v1/health.grpc-c.h"
 #include "wtx/worker.h"
@@ -108,13 +109,16 @@ class SessionTest : public ::testing::Test {
                                                                   nullptr, &st_);
     if (rc == 0) {
       update_ = resp->update_id;
+      table_ = resp->table_xxh3;
       protobuf_c_message_free_unpacked(&resp->base, nullptr);
     }
     return rc;
   }
 
-  // One chunk holding whole tensors; corrupt flips a byte after hashing.
-  int Update(const std::vector<Tensor> &ts, bool corrupt = false) {
+  // One chunk holding whole tensors; corrupt flips a byte after hashing;
+  // range (when given) names them by position instead of by params.
+  int Update(const std::vector<Tensor> &ts, bool corrupt = false,
+             const Wtx__V1__ParamRange *range = nullptr) {
     size_t total = 0;
     for (auto &t : ts) total += t.data.size();
     int fd = shm_open(region_.c_str(), O_RDWR | O_CREAT, 0600);
@@ -146,8 +150,12 @@ class SessionTest : public ::testing::Test {
     ui.chunk_bytes = total;
     ui.xxh3_64 = sums.data();
     ui.n_xxh3_64 = sums.size();
-    ui.params = pmp.data();
-    ui.n_params = pmp.size();
+    if (range != nullptr) {
+      ui.layout = const_cast<Wtx__V1__ParamRange *>(range);
+    } else {
+      ui.params = pmp.data();
+      ui.n_params = pmp.size();
+    }
     ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_SHM;
     ui.shm = &su;
     int rc = SendUpdate(&ui);
@@ -244,6 +252,7 @@ class SessionTest : public ::testing::Test {
   wtx_rpc_status st_;
   std::string session_, region_;
   uint64_t update_ = 0;
+  uint64_t table_ = 0;  // StartWeightUpdateResponse.table_xxh3
   std::vector<std::pair<std::string, std::vector<uint8_t>>> v1_;
   std::string v1_version_;
 
@@ -280,6 +289,76 @@ TEST_F(SessionTest, FullUpdatePublishesBitExactWithChecksums) {
   EXPECT_EQ(XXH3_64bits(v1_[0].second.data(), 64), v.params[0].xxh3);
   EXPECT_EQ(1u, v.generation);
   wtx_store_release(wtx_worker_store(w_), &v);
+}
+
+// The table of the params an update sent, as the trainer computes it.
+uint64_t TableOf(const std::vector<std::pair<std::string, uint64_t>> &floats) {
+  std::vector<wtx_tensor_meta> m(floats.size());
+  for (size_t i = 0; i < floats.size(); i++) {
+    char err[128];
+    uint64_t shape = floats[i].second;
+    EXPECT_EQ(0, wtx_tensor_meta_set(&m[i], floats[i].first.c_str(), WTX_DTYPE_FLOAT32,
+                                     &shape, 1, err, sizeof err));
+  }
+  return wtx__layout_xxh3(m.data(), m.size());
+}
+
+Wtx__V1__ParamRange Range(uint64_t table, uint32_t first, uint32_t count) {
+  Wtx__V1__ParamRange r = WTX__V1__PARAM_RANGE__INIT;
+  r.table_xxh3 = table;
+  r.first = first;
+  r.count = count;
+  return r;
+}
+
+TEST_F(SessionTest, AnUpdateMayNameTheLastPublishedParamsByPosition) {
+  ASSERT_EQ(0, Init()) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_EQ(0u, table_);  // nothing published yet
+  ASSERT_EQ(0, Abort()) << st_.message;
+  PublishV1();
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(TableOf({{"a", 16}, {"b", 8}}), table_);
+  Wtx__V1__ParamRange r = Range(table_, 0, 2);
+  std::vector<Tensor> v2 = {T("a", 16, 50), T("b", 8, 60)};
+  ASSERT_EQ(0, Update(v2, false, &r)) << st_.message;
+  ASSERT_EQ(0, Finish("v2")) << st_.message;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+  EXPECT_EQ("v2", Published(&now));
+  ASSERT_EQ(2u, now.size());
+  EXPECT_EQ(v2[0].data, now[0].second);
+  EXPECT_EQ(v2[1].data, now[1].second);
+  // An update by position leaves the table as it was.
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_EQ(TableOf({{"a", 16}, {"b", 8}}), table_);
+}
+
+TEST_F(SessionTest, ARangeOfAnotherTableOrOutOfStepIsRefusedAndKeepsOldWeights) {
+  PublishV1();
+  ASSERT_EQ(0, Start()) << st_.message;
+  Wtx__V1__ParamRange wrong = Range(table_ ^ 1, 0, 2);
+  EXPECT_NE(0, Update({T("a", 16, 9), T("b", 8, 9)}, false, &wrong));
+  EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
+  EXPECT_NE(std::string::npos, std::string(st_.message).find("is not this worker's table"))
+      << st_.message;
+  ExpectV1Intact();
+  ASSERT_EQ(0, Start()) << st_.message;
+  Wtx__V1__ParamRange skip = Range(table_, 1, 1);
+  EXPECT_NE(0, Update({T("b", 8, 9)}, false, &skip));
+  EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code);
+  EXPECT_NE(std::string::npos, std::string(st_.message).find("must start at 0")) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  Wtx__V1__ParamRange past = Range(table_, 0, 3);
+  EXPECT_NE(0, Update({T("a", 16, 9), T("b", 8, 9), T("c", 1, 9)}, false, &past));
+  EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code);
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("a", 16, 9)})) << st_.message;
+  Wtx__V1__ParamRange then = Range(table_, 1, 1);
+  EXPECT_NE(0, Update({T("b", 8, 9)}, false, &then));
+  EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code);
+  EXPECT_NE(std::string::npos, std::string(st_.message).find("one way throughout"))
+      << st_.message;
+  ExpectV1Intact();
 }
 
 TEST_F(SessionTest, CallsBeforeInitAreFailedPrecondition) {

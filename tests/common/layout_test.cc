@@ -1,0 +1,69 @@
+// Parameter tables: names interned and refused twice, and the table's
+// identity exactly as wtx.v1's ParamRange defines it (a trainer in another
+// language computes it from that text).
+#include "common/layout.h"
+
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <string>
+#include <vector>
+
+#include "wtx/error.h"
+
+namespace {
+
+wtx_tensor_meta Meta(const char *name, int dtype, std::vector<uint64_t> shape) {
+  wtx_tensor_meta m{};
+  char err[128];
+  EXPECT_EQ(0, wtx_tensor_meta_set(&m, name, dtype, shape.data(), shape.size(), err,
+                                   sizeof err)) << err;
+  return m;
+}
+
+void Le(std::string *b, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; i++) b->push_back(static_cast<char>(v >> (8 * i)));
+}
+
+TEST(LayoutTest, TheIdentityIsXxh3OfTheDocumentedBytes) {
+  std::vector<wtx_tensor_meta> m = {Meta("w", WTX_DTYPE_BFLOAT16, {2, 3}),
+                                    Meta("b", WTX_DTYPE_FLOAT32, {})};
+  std::string bytes = std::string("w") + '\0';
+  Le(&bytes, WTX_DTYPE_BFLOAT16, 4);
+  Le(&bytes, 2, 4);
+  Le(&bytes, 2, 8);
+  Le(&bytes, 3, 8);
+  bytes += std::string("b") + '\0';
+  Le(&bytes, WTX_DTYPE_FLOAT32, 4);
+  Le(&bytes, 0, 4);
+  EXPECT_EQ(XXH3_64bits(bytes.data(), bytes.size()), wtx__layout_xxh3(m.data(), m.size()));
+  // Order, shape and dtype are all part of it.
+  std::vector<wtx_tensor_meta> swapped = {m[1], m[0]};
+  EXPECT_NE(wtx__layout_xxh3(m.data(), 2), wtx__layout_xxh3(swapped.data(), 2));
+  std::vector<wtx_tensor_meta> reshaped = {Meta("w", WTX_DTYPE_BFLOAT16, {3, 2}), m[1]};
+  EXPECT_NE(wtx__layout_xxh3(m.data(), 2), wtx__layout_xxh3(reshaped.data(), 2));
+}
+
+TEST(LayoutTest, NamesAreCopiedAndRefusedTwice) {
+  wtx__layout l;
+  ASSERT_EQ(0, wtx__layout_init(&l));
+  char name[] = "layer.0";
+  wtx_tensor_meta m = Meta(name, WTX_DTYPE_UINT8, {4});
+  ASSERT_EQ(0, wtx__layout_add(&l, &m));
+  name[0] = 'X';
+  EXPECT_STREQ("layer.0", l.metas[0].name);
+  wtx_tensor_meta again = Meta("layer.0", WTX_DTYPE_UINT8, {8});
+  EXPECT_EQ(WTX_EEXIST, wtx__layout_add(&l, &again));
+  EXPECT_EQ(1u, l.n);
+  wtx__layout other;
+  ASSERT_EQ(0, wtx__layout_init(&other));
+  wtx__layout_swap(&l, &other);
+  EXPECT_EQ(0u, l.n);
+  EXPECT_EQ(1u, other.n);
+  wtx__layout_clear(&other);
+  EXPECT_EQ(0, wtx__layout_add(&other, &again));  // usable after clear
+  wtx__layout_free(&l);
+  wtx__layout_free(&other);
+}
+
+}  // namespace
