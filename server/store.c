@@ -42,11 +42,18 @@ typedef struct size_class {
   blob *free;
 } size_class;
 
-/* Free buffers kept for reuse, at most cap bytes. */
+struct entry;
+
+/* Free buffers kept for reuse, at most cap bytes; and the arrays of one
+ * unreferenced snapshot, which the next one reuses (megabytes at 40k
+ * tensors: fresh ones would cost a page fault per page every publish). */
 struct pool {
   pthread_mutex_t mu;
   size_class *classes; /* by len; kept (empty) until the store goes */
   uint64_t bytes, cap;
+  struct entry *spare_e;
+  wtx_store_param *spare_view;
+  size_t spare_cap;
 };
 
 static blob *blob_new(pool *p, uint64_t len) {
@@ -100,6 +107,10 @@ static void blob_unref(blob *b) {
   if (c == NULL) free(b);
 }
 
+/* Releases the n blobs of e: those no longer referenced go back to the
+ * pool under one lock (a snapshot of 40k tensors is released at once). */
+static void blobs_unref(pool *p, const struct entry *e, size_t n);
+
 static void pool_drain(pool *p) {
   size_class *c, *tmp;
   HASH_ITER(hh, p->classes, c, tmp) {
@@ -112,6 +123,11 @@ static void pool_drain(pool *p) {
     free(c);
   }
   p->bytes = 0;
+  free(p->spare_e);
+  free(p->spare_view);
+  p->spare_e = NULL;
+  p->spare_view = NULL;
+  p->spare_cap = 0;
 }
 
 typedef struct entry {
@@ -120,6 +136,37 @@ typedef struct entry {
   uint64_t xxh3;
   int has_xxh3;
 } entry;
+
+static void blobs_unref(pool *p, const entry *e, size_t n) {
+  blob *dead = NULL, *drop = NULL;
+  for (size_t i = 0; i < n; i++) {
+    blob *b = e[i].b;
+    if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1) {
+      b->next = dead;
+      dead = b;
+    }
+  }
+  if (dead == NULL) return;
+  pthread_mutex_lock(&p->mu);
+  while (dead != NULL) {
+    blob *b = dead;
+    dead = b->next;
+    size_class *c = p->bytes + b->len <= p->cap ? class_of(p, b) : NULL;
+    b->next = c != NULL ? c->free : drop;
+    if (c != NULL) {
+      c->free = b;
+      p->bytes += b->len;
+    } else {
+      drop = b;
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  while (drop != NULL) {
+    blob *b = drop;
+    drop = b->next;
+    free(b);
+  }
+}
 
 /* A version's names, in order, and their index (name -> position). Every
  * snapshot with the same names in the same order shares one (every RL step
@@ -155,21 +202,57 @@ static int layout_build(entry *e, size_t n, layout **out) {
 
 typedef struct snapshot {
   atomic_int refs;
+  pool *pool; /* where its blobs and arrays go */
   char *version;
   uint64_t generation;
   entry *e;
-  size_t n;
+  size_t n, cap; /* cap: entries e and view have room for */
   layout *lay; /* names of e, and their index */
   uint64_t total;
   wtx_store_param *view; /* built for readers */
 } snapshot;
 
+/* Arrays for a snapshot of up to n entries: the spare ones when they are
+ * large enough. */
+static int arrays_take(pool *p, size_t n, snapshot *snap) {
+  pthread_mutex_lock(&p->mu);
+  if (p->spare_e != NULL && p->spare_cap >= n) {
+    snap->e = p->spare_e;
+    snap->view = p->spare_view;
+    snap->cap = p->spare_cap;
+    p->spare_e = NULL;
+    p->spare_view = NULL;
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (snap->e != NULL) return 0;
+  snap->cap = n;
+  snap->e = malloc(n * sizeof *snap->e);
+  snap->view = malloc(n * sizeof *snap->view);
+  return snap->e != NULL && snap->view != NULL ? 0 : WTX_ENOMEM;
+}
+
+/* Keeps s's arrays as the spare when they are the larger. */
+static void arrays_give(pool *p, snapshot *s) {
+  pthread_mutex_lock(&p->mu);
+  if (s->e != NULL && s->view != NULL && s->cap > p->spare_cap) {
+    entry *e = p->spare_e;
+    wtx_store_param *v = p->spare_view;
+    p->spare_e = s->e;
+    p->spare_view = s->view;
+    p->spare_cap = s->cap;
+    s->e = e;
+    s->view = v;
+  }
+  pthread_mutex_unlock(&p->mu);
+  free(s->e);
+  free(s->view);
+}
+
 static void snapshot_unref(snapshot *s) {
   if (s == NULL || atomic_fetch_sub(&s->refs, 1) != 1) return;
-  for (size_t i = 0; i < s->n; i++) blob_unref(s->e[i].b);
-  free(s->e);
+  if (s->e != NULL) blobs_unref(s->pool, s->e, s->n);
+  arrays_give(s->pool, s);
   layout_unref(s->lay);
-  free(s->view);
   free(s->version);
   free(s);
 }
@@ -187,7 +270,13 @@ struct wtx_store {
   snapshot *prepared; /* the next published version, built by prepare */
   entry *st;
   size_t n_st, cap_st;
-  wtx__strmap *st_ix; /* name -> index into st (loaded() is O(1)); holds st's names */
+  /* While the update stages the published version's tensors in its order
+   * (every RL step), each staged name is that version's (base holds a
+   * reference) and no index is built; the first tensor out of that order
+   * builds st_ix, name -> index into st, which then owns the names. */
+  snapshot *base;
+  int in_order;
+  wtx__strmap *st_ix;
   /* Where the next check and loaded() look first: an update usually names
    * the tensors in the layout's order, so a compare replaces a hash. */
   size_t check_next, loaded_next;
@@ -209,6 +298,8 @@ static void staged_free(wtx_store *s) {
   s->n_st = s->cap_st = 0;
   wtx__strmap_destroy(s->st_ix);
   s->st_ix = NULL;
+  snapshot_unref(s->base);
+  s->base = NULL;
 }
 
 void wtx_store_destroy(wtx_store *s) {
@@ -301,6 +392,9 @@ static int store_begin(void *model, wtx_target target) {
     s->staging = 1;
     s->check_next = s->loaded_next = 0;
     s->target = target;
+    s->base = PUB(s, target);
+    if (s->base != NULL) atomic_fetch_add(&s->base->refs, 1);
+    s->in_order = 1;
   }
   pthread_mutex_unlock(&s->mu);
   return rc;
@@ -316,18 +410,55 @@ static int staged_grow(wtx_store *s) {
   return 0;
 }
 
+/* The staged tensors' index, built now if the update stayed in order so
+ * far (NULL: out of memory). Caller holds mu. */
+static const wtx__strmap *staged_index(wtx_store *s) {
+  if (s->st_ix != NULL) return s->st_ix;
+  int rc = wtx__strmap_create(&s->st_ix);
+  for (size_t i = 0; rc == 0 && i < s->n_st; i++)
+    rc = wtx__strmap_add(s->st_ix, s->st[i].meta.name, i, &s->st[i].meta.name);
+  if (rc != 0) {
+    wtx__strmap_destroy(s->st_ix);
+    s->st_ix = NULL;
+  }
+  s->in_order = 0;
+  return s->st_ix;
+}
+
+/* Names staged tensor n_st: the base version's name at that position when
+ * the update is still in its order, else the index's copy. */
+static int staged_name(wtx_store *s, const char *name) {
+  entry *e = &s->st[s->n_st];
+  const snapshot *base = s->base;
+  if (s->in_order && base != NULL && s->n_st < base->n &&
+      strcmp(base->e[s->n_st].meta.name, name) == 0) {
+    e->meta.name = base->e[s->n_st].meta.name;
+    return 0;
+  }
+  const wtx__strmap *ix = staged_index(s);
+  return ix == NULL ? WTX_ENOMEM : wtx__strmap_add(s->st_ix, name, s->n_st, &e->meta.name);
+}
+
+/* Finds staged tensor name, trying *next first. Caller holds mu. */
+static int staged_find(wtx_store *s, const char *name, size_t *next, size_t *at) {
+  if (*next < s->n_st && strcmp(s->st[*next].meta.name, name) == 0) {
+    *at = (*next)++;
+    return 0;
+  }
+  const wtx__strmap *ix = staged_index(s);
+  if (ix == NULL) return WTX_ENOMEM;
+  return find(s->st, s->n_st, ix, name, next, at) ? 0 : WTX_ENOENT;
+}
+
 static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) {
   wtx_store *s = model;
   blob *b = blob_new(&s->pool, meta->nbytes);
   if (b == NULL) return WTX_ENOMEM;
   pthread_mutex_lock(&s->mu);
   int rc = staged_grow(s);
-  if (rc == 0 && s->st_ix == NULL) rc = wtx__strmap_create(&s->st_ix);
-  /* Indexed by name, so loaded() finds it in O(1), not by a scan; the
-   * entry's name is the index's copy. */
   if (rc == 0) {
     s->st[s->n_st].meta = *meta;
-    rc = wtx__strmap_add(s->st_ix, meta->name, s->n_st, &s->st[s->n_st].meta.name);
+    rc = staged_name(s, meta->name);
   }
   if (rc == 0) {
     s->st[s->n_st].b = b;
@@ -347,7 +478,7 @@ static int store_loaded(void *model, const wtx_tensor_meta *meta,
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
   size_t i = 0;
-  int rc = find(s->st, s->n_st, s->st_ix, meta->name, &s->loaded_next, &i) ? 0 : WTX_ENOENT;
+  int rc = staged_find(s, meta->name, &s->loaded_next, &i);
   if (rc == 0) {
     s->st[i].xxh3 = xxh3 != NULL ? *xxh3 : 0;
     s->st[i].has_xxh3 = xxh3 != NULL;
@@ -370,20 +501,22 @@ static void snapshot_add(snapshot *snap, const entry *e, const char *name) {
  * empty, stix then NULL) has them, then the tensors new in st, in update
  * order; labelled version. Sharing, never copying, bytes; and old's layout
  * when st adds no name. *out has one reference. */
-static int snapshot_build(const snapshot *old, const entry *st, size_t n_st,
+static int snapshot_build(pool *p, const snapshot *old, const entry *st, size_t n_st,
                           const wtx__strmap *stix, const char *version,
                           uint64_t generation, snapshot **out) {
   size_t n_old = old != NULL ? old->n : 0, replaced = 0;
   char *used = calloc(n_st + 1, 1);
   snapshot *snap = calloc(1, sizeof *snap);
-  if (snap != NULL) atomic_init(&snap->refs, 1);
+  if (snap != NULL) {
+    atomic_init(&snap->refs, 1);
+    snap->pool = p;
+  }
   int rc = used != NULL && snap != NULL ? 0 : WTX_ENOMEM;
   if (rc != 0) goto fail;
   snap->generation = generation;
   snap->version = strdup(version);
-  snap->e = calloc(n_old + n_st + 1, sizeof *snap->e);
-  snap->view = calloc(n_old + n_st + 1, sizeof *snap->view);
-  if (snap->version == NULL || snap->e == NULL || snap->view == NULL) rc = WTX_ENOMEM;
+  rc = arrays_take(p, n_old + n_st + 1, snap);
+  if (snap->version == NULL) rc = WTX_ENOMEM;
   for (size_t i = 0, j, next = 0; rc == 0 && i < n_old; i++) {
     int fresh = find(st, n_st, stix, old->e[i].meta.name, &next, &j);
     if (fresh) {
@@ -418,8 +551,10 @@ fail:
 static int check_complete(wtx_store *s, char *err, size_t errlen) {
   if (s->target != WTX_TARGET_MAIN || s->declared == NULL || PUB(s, WTX_TARGET_MAIN) != NULL)
     return 0;
+  const wtx__strmap *ix = staged_index(s);
+  if (ix == NULL) return WTX_ENOMEM;
   for (size_t i = 0; i < s->n_declared; i++)
-    if (s->n_st == 0 || !wtx__strmap_get(s->st_ix, s->declared[i].meta.name, NULL)) {
+    if (!wtx__strmap_get(ix, s->declared[i].meta.name, NULL)) {
       snprintf(err, errlen, "the first version must hold every parameter of the model "
                "spec; '%s' is missing (%zu of %zu sent)", s->declared[i].meta.name,
                s->n_st, s->n_declared);
@@ -437,8 +572,13 @@ static int store_prepare(void *model, const char *version, char *err, size_t err
   snapshot_unref(s->prepared);
   s->prepared = NULL;
   int rc = s->staging ? check_complete(s, err, errlen) : WTX_ESTATE;
+  /* Staged in the order of old's layout: position i of old is position i
+   * of the update, so the snapshot needs no index of the update. */
+  int aligned = s->in_order && s->base != NULL && old != NULL && old->lay == s->base->lay;
+  const wtx__strmap *stix = aligned || s->n_st == 0 ? NULL : staged_index(s);
+  if (rc == 0 && !aligned && s->n_st > 0 && stix == NULL) rc = WTX_ENOMEM;
   if (rc == 0)
-    rc = snapshot_build(old, s->st, s->n_st, s->st_ix, version, (old ? old->generation : 0) + 1,
+    rc = snapshot_build(&s->pool, old, s->st, s->n_st, stix, version, (old ? old->generation : 0) + 1,
                         &s->prepared);
   pthread_mutex_unlock(&s->mu);
   return rc;
@@ -523,7 +663,7 @@ int wtx_store_set_version(wtx_store *s, const char *version, char **previous) {
    * snapshot that shares every tensor of the current one (if any). */
   pthread_mutex_lock(&s->mu);
   snapshot *old = PUB(s, WTX_TARGET_MAIN), *snap = NULL;
-  int rc = snapshot_build(old, NULL, 0, NULL, version, old != NULL ? old->generation : 0,
+  int rc = snapshot_build(&s->pool, old, NULL, 0, NULL, version, old != NULL ? old->generation : 0,
                           &snap);
   if (rc == 0 && previous != NULL &&
       (*previous = strdup(old != NULL ? old->version : "")) == NULL)

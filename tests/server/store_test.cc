@@ -145,6 +145,33 @@ TEST_F(StoreTest, NamesOfAHeldVersionOutliveTheVersionsThatSharedThem) {
   EXPECT_EQ(0, wtx_store_check(s_, WTX_TARGET_MAIN, &c, err, sizeof err)) << err;
 }
 
+TEST_F(StoreTest, UpdatesInAnyOrderOrPartReplaceExactlyTheirTensors) {
+  Publish("v1", {{"a", 8, 1}, {"b", 8, 1}, {"c", 8, 1}});
+  // In the published order for one tensor, then out of it: the store
+  // switches from positions to its index midway.
+  Publish("v2", {{"a", 8, 2}, {"c", 8, 2}, {"b", 8, 3}});
+  Publish("v3", {{"a", 8, 4}});               // a prefix, in order
+  Publish("v4", {{"c", 8, 5}, {"d", 16, 5}});  // out of order, and a new name
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  ASSERT_EQ(4u, v.n_params);
+  const char *names[] = {"a", "b", "c", "d"};
+  const int fills[] = {4, 3, 5, 5};
+  for (size_t i = 0; i < 4; i++) {
+    EXPECT_STREQ(names[i], v.params[i].meta.name);
+    EXPECT_TRUE(Filled(v.params[i], fills[i])) << names[i];
+  }
+  EXPECT_EQ(40u, v.total_bytes);
+  wtx_store_release(s_, &v);
+  // Growing and shrinking versions reuse the previous arrays safely.
+  Publish("v5", {{"a", 8, 6}, {"b", 8, 6}, {"c", 8, 6}, {"d", 16, 6}, {"e", 8, 6}});
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  ASSERT_EQ(5u, v.n_params);
+  EXPECT_STREQ("e", v.params[4].meta.name);
+  EXPECT_TRUE(Filled(v.params[4], 6));
+  wtx_store_release(s_, &v);
+}
+
 TEST_F(StoreTest, ADeclaredLayoutRefusesANameGivenTwice) {
   wtx_tensor_meta m[2] = {Meta("w", 4), Meta("w", 4)};
   EXPECT_EQ(WTX_EINVAL, wtx_store_declare(s_, m, 2));
