@@ -341,7 +341,8 @@ int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n) {
  * first; *next becomes the position after. 0 when absent. */
 static int find(const entry *e, size_t n, const wtx__strmap *ix, const char *name,
                 size_t *next, size_t *at) {
-  if (*next < n && strcmp(e[*next].meta.name, name) == 0) *at = *next;
+  if (*next < n && (e[*next].meta.name == name || strcmp(e[*next].meta.name, name) == 0))
+    *at = *next;
   else if (ix == NULL || !wtx__strmap_get(ix, name, at)) return 0;
   *next = *at + 1;
   return 1;
@@ -358,16 +359,15 @@ static const snapshot *layout_of(wtx_store *s, wtx_target target, snapshot *decl
   return pub != NULL && pub->generation > 0 ? pub : NULL;
 }
 
-int wtx_store_check(wtx_store *s, wtx_target target, const wtx_tensor_meta *meta,
+/* Checks meta against layout l (NULL: none yet, anything goes), looking at
+ * position *next first. */
+static int check_in(const snapshot *l, size_t *next, const wtx_tensor_meta *meta,
                     char *err, size_t errlen) {
-  pthread_mutex_lock(&s->mu);
-  snapshot declared;
-  const snapshot *l = layout_of(s, target, &declared);
   size_t i = 0;
   int rc = 0;
   if (l == NULL) {
     rc = 0; /* no layout yet: the first update defines it */
-  } else if (!find(l->e, l->n, l->lay->ix, meta->name, &s->check_next, &i)) {
+  } else if (!find(l->e, l->n, l->lay->ix, meta->name, next, &i)) {
     snprintf(err, errlen, "parameter '%s' is not in the model (%zu parameters)",
              meta->name, l->n);
     rc = WTX_ENOENT;
@@ -378,6 +378,15 @@ int wtx_store_check(wtx_store *s, wtx_target target, const wtx_tensor_meta *meta
     snprintf(err, errlen, "parameter '%s': %s, the model holds %s", meta->name, a, b);
     rc = WTX_EINVAL;
   }
+  return rc;
+}
+
+int wtx_store_check(wtx_store *s, wtx_target target, const wtx_tensor_meta *meta,
+                    char *err, size_t errlen) {
+  pthread_mutex_lock(&s->mu);
+  snapshot declared;
+  size_t next = 0;
+  int rc = check_in(layout_of(s, target, &declared), &next, meta, err, errlen);
   pthread_mutex_unlock(&s->mu);
   return rc;
 }
@@ -454,7 +463,6 @@ static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) 
   wtx_store *s = model;
   blob *b = blob_new(&s->pool, meta->nbytes);
   if (b == NULL) return WTX_ENOMEM;
-  pthread_mutex_lock(&s->mu);
   int rc = staged_grow(s);
   if (rc == 0) {
     s->st[s->n_st].meta = *meta;
@@ -469,21 +477,18 @@ static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) 
   } else {
     blob_unref(b);
   }
-  pthread_mutex_unlock(&s->mu);
   return rc;
 }
 
 static int store_loaded(void *model, const wtx_tensor_meta *meta,
                         const uint64_t *xxh3) {
   wtx_store *s = model;
-  pthread_mutex_lock(&s->mu);
   size_t i = 0;
   int rc = staged_find(s, meta->name, &s->loaded_next, &i);
   if (rc == 0) {
     s->st[i].xxh3 = xxh3 != NULL ? *xxh3 : 0;
     s->st[i].has_xxh3 = xxh3 != NULL;
   }
-  pthread_mutex_unlock(&s->mu);
   return rc;
 }
 
@@ -618,9 +623,18 @@ static void store_abort(void *model) {
   pthread_mutex_unlock(&s->mu);
 }
 
+/* The model ops come one at a time from the session (wtx_model_ops), and
+ * readers never touch the staging fields: staging needs no store lock. */
 static int store_check(void *model, wtx_target target, const wtx_tensor_meta *meta,
                        char *err, size_t errlen) {
-  return wtx_store_check(model, target, meta, err, errlen);
+  wtx_store *s = model;
+  if (!s->staging || target != s->target) return wtx_store_check(s, target, meta, err, errlen);
+  /* During the update: the declared layout, or the base it holds (a
+   * relabel may have replaced the published snapshot, never its layout). */
+  snapshot declared;
+  const snapshot *l = s->base != NULL && s->base->generation > 0 ? s->base : NULL;
+  if (target == WTX_TARGET_MAIN && s->declared != NULL) l = layout_of(s, target, &declared);
+  return check_in(l, &s->check_next, meta, err, errlen);
 }
 
 const wtx_model_ops wtx_store_model_ops = {

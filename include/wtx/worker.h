@@ -39,7 +39,9 @@ typedef enum wtx_target {
 } wtx_target;
 
 /* A model sink, like vLLM's model.load_weights. All calls come from one
- * update at a time. Returning an error from any of them aborts the update. */
+ * update at a time, one call at a time (never concurrently), so a model
+ * needs no lock of its own between them. Returning an error from any of
+ * them aborts the update. */
 typedef struct wtx_model_ops {
   /* Optional: checks a tensor of an update against the model's layout before
    * any byte moves; WTX_ENOENT (unknown name) or WTX_EINVAL (dtype, shape)
