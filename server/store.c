@@ -291,11 +291,11 @@ int wtx_store_create(wtx_store **out) {
   return 0;
 }
 
+/* Ends staging; the array stays for the next update (megabytes at 40k
+ * tensors) until the store goes. */
 static void staged_free(wtx_store *s) {
-  for (size_t i = 0; i < s->n_st; i++) blob_unref(s->st[i].b);
-  free(s->st);
-  s->st = NULL;
-  s->n_st = s->cap_st = 0;
+  blobs_unref(&s->pool, s->st, s->n_st);
+  s->n_st = 0;
   wtx__strmap_destroy(s->st_ix);
   s->st_ix = NULL;
   snapshot_unref(s->base);
@@ -306,6 +306,7 @@ void wtx_store_destroy(wtx_store *s) {
   if (s == NULL) return;
   snapshot_unref(s->prepared);
   staged_free(s);
+  free(s->st);
   snapshot_unref(s->pub[0]);
   snapshot_unref(s->pub[1]);
   free(s->declared);
