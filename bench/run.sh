@@ -30,20 +30,34 @@ echo "baseline loopback TCP stream: $sock GB/s"
 
 echo
 echo "## control plane: one sync of N tiny tensors vs one JSON POST of the same metadata"
-printf "%-8s %12s %12s %12s\n" N "wtx sync s" "JSON POST s" "JSON / wtx"
+echo "# first: a fresh worker, the update sends every ParamMeta; steady: the"
+echo "# best of the next three, which name tensors by position in the worker's"
+echo "# table (UpdateInfo.layout), as every RL step after the first does"
+printf "%-8s %10s %10s %12s %12s %12s\n" N "first s" "steady s" "JSON POST s" "JSON/first" "JSON/steady"
 json=$($py bench/json_baseline.py $counts)
 for n in $counts; do
   $py bench/tiny_model.py "$n" "$tmp/tiny$n.safetensors"
   start_worker 0 "cp$n"
+  first=$("$bin/client/wtx" push --workers "$addr" --buffer-size 64M "$tmp/tiny$n.safetensors" | sync_s)
   best=
   for _ in 1 2 3; do
     s=$("$bin/client/wtx" push --workers "$addr" --buffer-size 64M "$tmp/tiny$n.safetensors" | sync_s)
     best=$(echo "${best:-$s} $s" | awk '{print ($1 < $2) ? $1 : $2}')
   done
   j=$(echo "$json" | awk -v n="$n" '$2 == n {print $3}')
-  printf "%-8s %12s %12s %12s\n" "$n" "$best" "$j" "$(ratio "$j" "$best")"
+  printf "%-8s %10s %10s %12s %12s %12s\n" "$n" "$first" "$best" "$j" "$(ratio "$j" "$first")" \
+    "$(ratio "$j" "$best")"
+  kill "${pids[-1]}" 2>/dev/null || true
 done
-
+n=$(echo $counts | awk '{print ($NF >= 40000) ? 40000 : $NF}')
+[ -f "$tmp/tiny$n.safetensors" ] || $py bench/tiny_model.py "$n" "$tmp/tiny$n.safetensors"
+start_worker 0 "e2e"
+for _ in 1 2; do "$bin/client/wtx" push --workers "$addr" "$tmp/tiny$n.safetensors" >/dev/null; done
+w0=$(date +%s%N)
+"$bin/client/wtx" push --workers "$addr" "$tmp/tiny$n.safetensors" >/dev/null
+echo "wtx push of $n tiny tensors, end to end (process start to exit, steady state):" \
+  "$(( ($(date +%s%N) - w0) / 1000000 )) ms"
+kill "${pids[-1]}" 2>/dev/null || true
 echo
 echo "## data plane, size $size, steady state (third sync)"
 start_worker 0 a; w1=$addr; w1pid=${pids[-1]}
