@@ -264,6 +264,15 @@ static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
   f->c->r[i].table_xxh3 = r->table_xxh3;
 }
 
+int wtx__client_update_refused(wtx_client *c) {
+  for (size_t i = 0; i < c->n; i++) {
+    int code = 0;
+    if (c->r[i].pending != NULL && wtx_rpc_unary_poll(c->r[i].pending, &code) && code != 0)
+      return 1;
+  }
+  return 0;
+}
+
 uint64_t wtx__client_table(const wtx_client *c) {
   for (size_t i = 1; i < c->n; i++)
     if (c->r[i].table_xxh3 != c->r[0].table_xxh3) return 0;

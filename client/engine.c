@@ -407,9 +407,14 @@ static int sync_update_info(sync_state *s, size_t k, Wtx__V1__UpdateInfo *ui) {
     ui->xxh3_64 = &s->sums[b * s->sums_row];
     ui->n_xxh3_64 = s->n_sums[b];
   }
-  int rc = s->t->tt->prepare(s->t->self, b, ch, ui);
-  return rc != 0 ? fail(s->t, rc, "%s: cannot prepare chunk %zu", s->t->tt->name, k) : 0;
+  char err[400] = "";
+  int rc = s->t->tt->prepare(s->t->self, b, ch, ui, err, sizeof err);
+  return rc != 0 ? fail(s->t, rc, "%s: cannot prepare chunk %zu%s%s", s->t->tt->name, k,
+                        err[0] ? ": " : "", err)
+                 : 0;
 }
+
+static int refused(void *client) { return wtx__client_update_refused(client); }
 
 /* Step 3, per chunk: every replica's UpdateWeights in flight, the bytes
  * over the data plane, the next chunk packed meanwhile (with two buffers or
@@ -431,7 +436,10 @@ static int sync_chunk(sync_state *s, size_t k) {
   if (drc != 0) snprintf(err, sizeof err, "%s: cannot send chunk %zu", tt->name, k);
   int packed_next = drc == 0 && k + 1 < s->n_chunks && s->nb > 1;
   if (packed_next) rc = sync_pack(s, k + 1);
-  if (drc == 0 && tt->complete != NULL) drc = tt->complete(t->self, b, err, sizeof err);
+  /* A worker that refused the chunk never takes its part of a collective:
+   * the wait for it ends as soon as the refusal is in. */
+  wtx_stop stop = {.poll = refused, .arg = t->client};
+  if (drc == 0 && tt->complete != NULL) drc = tt->complete(t->self, b, &stop, err, sizeof err);
   int crc = wtx__client_update_wait(t->client);
   /* A worker's refusal is the cause of a data-plane failure it provokes
    * (it drops the stream, it skips a collective), so the workers' error

@@ -29,6 +29,10 @@ int wtx__client_start(wtx_client *c, int target);
  * (StartWeightUpdateResponse.table_xxh3), or 0 when they differ or have
  * none. */
 uint64_t wtx__client_table(const wtx_client *c);
+/* 1 when a started UpdateWeights has already ended with an error (a worker
+ * refused the chunk): a data-plane wait for that chunk is pointless. Never
+ * blocks. */
+int wtx__client_update_refused(wtx_client *c);
 /* UpdateWeights on every replica: start returns once every call is in
  * flight (the data plane then moves the bytes), wait collects them all and
  * reports the most telling failure (a refusal over a broken stream). */

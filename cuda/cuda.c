@@ -2,6 +2,7 @@
 #include "cuda/cuda.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,10 +55,14 @@ int wtx__cuda_load(int with_nccl, const wtx_cuda **out, char *err, size_t errlen
                "install CUDA or set WTX_CUDART_LIB", tried);
     } else {
       SYM(h, SetDevice, "cudaSetDevice");
+      SYM(h, GetDevice, "cudaGetDevice");
       SYM(h, GetDeviceProperties, "cudaGetDeviceProperties");
       SYM(h, Malloc, "cudaMalloc");
       SYM(h, Free, "cudaFree");
+      SYM(h, MallocHost, "cudaMallocHost");
+      SYM(h, FreeHost, "cudaFreeHost");
       SYM(h, Memcpy, "cudaMemcpy");
+      SYM(h, MemcpyAsync, "cudaMemcpyAsync");
       SYM(h, StreamCreate, "cudaStreamCreate");
       SYM(h, StreamDestroy, "cudaStreamDestroy");
       SYM(h, StreamQuery, "cudaStreamQuery");
@@ -84,12 +89,13 @@ int wtx__cuda_load(int with_nccl, const wtx_cuda **out, char *err, size_t errlen
       rc = WTX_EUNAVAIL;
     } else {
       SYM(h, GetUniqueId, "ncclGetUniqueId");
-      SYM(h, CommInitRank, "ncclCommInitRank");
+      SYM(h, CommInitRankConfig, "ncclCommInitRankConfig");
       SYM(h, Broadcast, "ncclBroadcast");
       SYM(h, CommGetAsyncError, "ncclCommGetAsyncError");
       SYM(h, CommAbort, "ncclCommAbort");
       SYM(h, CommDestroy, "ncclCommDestroy");
       SYM(h, NcclErrorString, "ncclGetErrorString");
+      SYM(h, NcclLastError, "ncclGetLastError");
       if (missing != NULL) {
         snprintf(err, errlen, "NCCL lacks %s", missing);
         rc = WTX_EUNAVAIL;
@@ -118,8 +124,58 @@ int wtx__cuda_device(void) {
   return d != NULL && d[0] != '\0' ? atoi(d) : 0;
 }
 
+int wtx__cuda_enter(const wtx_cuda *c, int device, int *prev) {
+  if (c->GetDevice(prev) != WTX_CUDA_SUCCESS) *prev = -1;
+  return c->SetDevice(device);
+}
+
+void wtx__cuda_leave(const wtx_cuda *c, int prev) {
+  if (prev >= 0) c->SetDevice(prev);
+}
+
+const char *wtx__nccl_error(const wtx_cuda *c, void *comm, int result, char *buf,
+                            size_t len) {
+  const char *detail = c->NcclLastError != NULL ? c->NcclLastError(comm) : NULL;
+  snprintf(buf, len, "%s%s%s", c->NcclErrorString(result),
+           detail != NULL && detail[0] != '\0' ? ": " : "", detail != NULL ? detail : "");
+  return buf;
+}
+
+static void pause_200us(void) {
+  struct timespec ts = {0, 200000};
+  nanosleep(&ts, NULL);
+}
+
+int wtx__nccl_join(const wtx_cuda *c, void **comm, int nranks, const wtx_nccl_id *id,
+                   int rank, uint32_t timeout_ms, const wtx_stop *stop,
+                   char *err, size_t errlen) {
+  wtx_nccl_config cfg = {sizeof cfg, WTX_NCCL_CONFIG_MAGIC, WTX_NCCL_CONFIG_VERSION, 0,
+                         INT_MIN, INT_MIN, INT_MIN, NULL};
+  *comm = NULL;
+  int e = c->CommInitRankConfig(comm, nranks, *id, rank, &cfg);
+  int64_t until = wtx_clock_ms() + timeout_ms;
+  int rc = 0;
+  char why[400];
+  while (rc == 0 && e == WTX_NCCL_IN_PROGRESS) {
+    if (*comm == NULL || c->CommGetAsyncError(*comm, &e) != WTX_NCCL_SUCCESS) break;
+    if (e != WTX_NCCL_IN_PROGRESS) break;
+    if (wtx_stop_now(stop)) rc = WTX_ECANCELED;
+    else if (wtx_clock_ms() >= until) rc = WTX_ETIMEDOUT;
+    else pause_200us();
+  }
+  if (rc == 0 && e == WTX_NCCL_SUCCESS) return 0;
+  if (rc == WTX_ECANCELED) snprintf(why, sizeof why, "cancelled");
+  else if (rc == WTX_ETIMEDOUT)
+    snprintf(why, sizeof why, "not every rank joined within %u ms", timeout_ms);
+  else wtx__nccl_error(c, *comm, e, why, sizeof why);
+  snprintf(err, errlen, "%s", why);
+  if (*comm != NULL) c->CommAbort(*comm); /* ends NCCL's init threads too */
+  *comm = NULL;
+  return rc != 0 ? rc : WTX_EUNAVAIL;
+}
+
 int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
-                   uint32_t timeout_ms, const atomic_int *cancelled, char *err,
+                   uint32_t timeout_ms, const wtx_stop *stop, char *err,
                    size_t errlen) {
   int64_t until = wtx_clock_ms() + timeout_ms;
   for (;;) {
@@ -132,10 +188,11 @@ int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
     int ae = WTX_NCCL_SUCCESS;
     if (comm != NULL && c->CommGetAsyncError(comm, &ae) == WTX_NCCL_SUCCESS &&
         ae != WTX_NCCL_SUCCESS && ae != WTX_NCCL_IN_PROGRESS) {
-      snprintf(err, errlen, "NCCL: %s", c->NcclErrorString(ae));
+      char why[400];
+      snprintf(err, errlen, "NCCL: %s", wtx__nccl_error(c, comm, ae, why, sizeof why));
       return WTX_EIO;
     }
-    if (cancelled != NULL && atomic_load(cancelled)) {
+    if (wtx_stop_now(stop)) {
       snprintf(err, errlen, "cancelled");
       return WTX_ECANCELED;
     }
@@ -143,73 +200,68 @@ int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
       snprintf(err, errlen, "no progress within %u ms (a peer is gone?)", timeout_ms);
       return WTX_ETIMEDOUT;
     }
-    struct timespec ts = {0, 200000};
-    nanosleep(&ts, NULL);
+    pause_200us();
   }
 }
 
-int wtx__cuda_buffers_create(const wtx_cuda *c, uint32_t n, uint64_t size,
-                             wtx__cuda_buffers *b, char *err, size_t errlen) {
+static void buffers_destroy(wtx__cuda_buffers *b) {
+  for (uint32_t k = 0; b->dev != NULL && k < b->n; k++)
+    if (b->dev[k] != NULL) b->cuda->Free(b->dev[k]);
+  free(b->dev);
+  if (b->host != NULL) b->cuda->FreeHost(b->host);
+  memset(b, 0, sizeof *b);
+}
+
+/* num pinned host buffers and num device buffers of size bytes on the
+ * current device. */
+static int buffers_create(const wtx_cuda *c, uint32_t n, uint64_t size,
+                          wtx__cuda_buffers *b, char *why, size_t len) {
   memset(b, 0, sizeof *b);
   b->cuda = c;
   b->n = n;
   b->size = size;
-  b->host = malloc((size_t)(size * n));
   b->dev = calloc(n, sizeof *b->dev);
-  if (b->host == NULL || b->dev == NULL) {
-    snprintf(err, errlen, "cannot allocate %u host buffers of %llu bytes", n,
-             (unsigned long long)size);
-    wtx__cuda_buffers_destroy(b);
+  int e = b->dev != NULL ? c->MallocHost((void **)&b->host, (size_t)(size * n))
+                         : WTX_CUDA_SUCCESS;
+  if (b->dev == NULL || e != WTX_CUDA_SUCCESS) {
+    b->host = NULL;
+    snprintf(why, len, "cannot allocate %u pinned host buffers of %llu bytes%s%s", n,
+             (unsigned long long)size, e ? ": " : "", e ? c->GetErrorString(e) : "");
+    buffers_destroy(b);
     return WTX_ENOMEM;
   }
   for (uint32_t k = 0; k < n; k++) {
-    int e = c->Malloc(&b->dev[k], (size_t)size);
-    if (e != WTX_CUDA_SUCCESS) {
+    if ((e = c->Malloc(&b->dev[k], (size_t)size)) != WTX_CUDA_SUCCESS) {
       b->dev[k] = NULL;
-      snprintf(err, errlen, "cannot allocate %u device buffers of %llu bytes: %s",
-               n, (unsigned long long)size, c->GetErrorString(e));
-      wtx__cuda_buffers_destroy(b);
+      snprintf(why, len, "cannot allocate %u device buffers of %llu bytes: %s", n,
+               (unsigned long long)size, c->GetErrorString(e));
+      buffers_destroy(b);
       return WTX_EUNAVAIL;
     }
   }
   return 0;
 }
 
-void wtx__cuda_buffers_destroy(wtx__cuda_buffers *b) {
-  for (uint32_t k = 0; b->dev != NULL && k < b->n; k++)
-    if (b->dev[k] != NULL) b->cuda->Free(b->dev[k]);
-  free(b->dev);
-  free(b->host);
-  memset(b, 0, sizeof *b);
-}
-
-uint8_t *wtx__cuda_buffers_host(wtx__cuda_buffers *b, uint32_t k) {
-  return b->host + k * b->size;
-}
-
-int wtx__cuda_buffers_upload(wtx__cuda_buffers *b, uint32_t k, uint64_t bytes) {
-  int e = b->cuda->Memcpy(b->dev[k], wtx__cuda_buffers_host(b, k), (size_t)bytes,
-                          WTX_CUDA_H2D);
-  return e == WTX_CUDA_SUCCESS ? 0 : WTX_EIO;
-}
-
 int wtx__cuda_trainer_open(wtx__cuda_trainer *t, const char *who, int with_nccl,
-                           int with_stream, uint32_t num, uint64_t size,
+                           uint32_t num, uint64_t size, uint32_t timeout_ms,
                            char *err, size_t errlen) {
   memset(t, 0, sizeof *t);
   int rc = wtx__cuda_load(with_nccl, &t->cuda, err, errlen);
   if (rc != 0) return rc;
   const wtx_cuda *c = t->cuda;
   t->device = wtx__cuda_device();
+  t->timeout_ms = timeout_ms;
   char why[300] = "";
-  int e = c->SetDevice(t->device);
-  if (e == WTX_CUDA_SUCCESS && with_stream) e = c->StreamCreate(&t->stream);
+  int prev;
+  int e = wtx__cuda_enter(c, t->device, &prev);
+  if (e == WTX_CUDA_SUCCESS) e = c->StreamCreate(&t->stream);
   if (e != WTX_CUDA_SUCCESS) {
     t->stream = NULL;
     snprintf(why, sizeof why, "%s", c->GetErrorString(e));
   } else {
-    wtx__cuda_buffers_create(c, num, size, &t->bufs, why, sizeof why);
+    buffers_create(c, num, size, &t->bufs, why, sizeof why);
   }
+  wtx__cuda_leave(c, prev);
   if (why[0] == '\0') return 0;
   snprintf(err, errlen, "%s: device %d: %s", who, t->device, why);
   wtx__cuda_trainer_close(t);
@@ -218,7 +270,32 @@ int wtx__cuda_trainer_open(wtx__cuda_trainer *t, const char *who, int with_nccl,
 
 void wtx__cuda_trainer_close(wtx__cuda_trainer *t) {
   if (t->cuda == NULL) return;
-  if (t->bufs.cuda != NULL) wtx__cuda_buffers_destroy(&t->bufs);
+  int prev;
+  wtx__cuda_enter(t->cuda, t->device, &prev); /* frees belong to its device */
+  if (t->bufs.cuda != NULL) buffers_destroy(&t->bufs);
   if (t->stream != NULL) t->cuda->StreamDestroy(t->stream);
+  wtx__cuda_leave(t->cuda, prev);
   memset(t, 0, sizeof *t);
+}
+
+uint8_t *wtx__cuda_trainer_host(wtx__cuda_trainer *t, uint32_t k) {
+  return t->bufs.host + k * t->bufs.size;
+}
+
+int wtx__cuda_trainer_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes, char *err,
+                             size_t errlen) {
+  const wtx_cuda *c = t->cuda;
+  int prev;
+  int e = wtx__cuda_enter(c, t->device, &prev);
+  if (e == WTX_CUDA_SUCCESS)
+    e = c->MemcpyAsync(t->bufs.dev[k], wtx__cuda_trainer_host(t, k), (size_t)bytes,
+                       WTX_CUDA_H2D, t->stream);
+  char why[300];
+  int rc = e == WTX_CUDA_SUCCESS ? wtx__cuda_wait(c, t->stream, NULL, t->timeout_ms, NULL,
+                                                  why, sizeof why)
+                                 : WTX_EIO;
+  if (e != WTX_CUDA_SUCCESS) snprintf(why, sizeof why, "%s", c->GetErrorString(e));
+  wtx__cuda_leave(c, prev);
+  if (rc != 0) snprintf(err, errlen, "copy of buffer %u to device %d: %s", k, t->device, why);
+  return rc;
 }

@@ -14,8 +14,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/stop.h"
+
 typedef struct { char bytes[64]; } wtx_cuda_ipc_handle;  /* cudaIpcMemHandle_t */
 typedef struct { char internal[128]; } wtx_nccl_id;       /* ncclUniqueId */
+
+/* ncclConfig_t as NCCL 2.14 defined it. NCCL versions its config by size
+ * and version and fills what a smaller one lacks with defaults, so every
+ * NCCL since 2.14 (2.28 on this machine, older ones in torch wheels)
+ * accepts this prefix. */
+typedef struct wtx_nccl_config {
+  size_t size;
+  unsigned int magic;   /* 0xcafebeef */
+  unsigned int version; /* 21400 */
+  int blocking;
+  int cgaClusterSize;
+  int minCTAs;
+  int maxCTAs;
+  const char *netName;
+} wtx_nccl_config;
 
 enum {
   WTX_CUDA_SUCCESS = 0,
@@ -26,15 +43,21 @@ enum {
   WTX_NCCL_SUCCESS = 0,
   WTX_NCCL_IN_PROGRESS = 7,
   WTX_NCCL_UINT8 = 1,
+  WTX_NCCL_CONFIG_MAGIC = 0xcafebeef,
+  WTX_NCCL_CONFIG_VERSION = 21400, /* NCCL_VERSION(2, 14, 0) */
 };
 
 typedef struct wtx_cuda {
   /* CUDA runtime */
   int (*SetDevice)(int device);
+  int (*GetDevice)(int *device);
   int (*GetDeviceProperties)(void *prop, int device); /* cudaDeviceProp */
   int (*Malloc)(void **ptr, size_t size);
   int (*Free)(void *ptr);
+  int (*MallocHost)(void **ptr, size_t size); /* pinned */
+  int (*FreeHost)(void *ptr);
   int (*Memcpy)(void *dst, const void *src, size_t n, int kind);
+  int (*MemcpyAsync)(void *dst, const void *src, size_t n, int kind, void *stream);
   int (*StreamCreate)(void **stream);
   int (*StreamDestroy)(void *stream);
   int (*StreamQuery)(void *stream);
@@ -45,13 +68,15 @@ typedef struct wtx_cuda {
   const char *(*GetErrorString)(int err);
   /* NCCL (NULL members when only the runtime was asked for) */
   int (*GetUniqueId)(wtx_nccl_id *id);
-  int (*CommInitRank)(void **comm, int nranks, wtx_nccl_id id, int rank);
+  int (*CommInitRankConfig)(void **comm, int nranks, wtx_nccl_id id, int rank,
+                            wtx_nccl_config *config);
   int (*Broadcast)(const void *send, void *recv, size_t count, int dtype,
                    int root, void *comm, void *stream);
   int (*CommGetAsyncError)(void *comm, int *err);
   int (*CommAbort)(void *comm);
   int (*CommDestroy)(void *comm);
   const char *(*NcclErrorString)(int err);
+  const char *(*NcclLastError)(void *comm); /* ncclGetLastError */
 } wtx_cuda;
 
 /* The loaded API (process-wide, loaded once); with_nccl also loads NCCL.
@@ -64,48 +89,69 @@ int wtx__cuda_uuid(const wtx_cuda *c, int device, uint8_t uuid[16]);
 /* The device this process uses: WTX_CUDA_DEVICE, default 0. */
 int wtx__cuda_device(void);
 
+/* Makes device current on the calling thread and sets *prev to the one it
+ * had, which wtx__cuda_leave restores: a trainer inside PyTorch keeps its
+ * current device whatever wtx does. */
+int wtx__cuda_enter(const wtx_cuda *c, int device, int *prev);
+void wtx__cuda_leave(const wtx_cuda *c, int prev);
+
 /* Waits for stream up to timeout_ms, watching comm (may be NULL) for an
- * asynchronous NCCL error and *cancelled (may be NULL; WTX_ECANCELED once
- * set). On failure the caller must abort comm (ncclCommAbort is what
+ * asynchronous NCCL error and stop (may be NULL; WTX_ECANCELED once it
+ * says so). On failure the caller must abort comm (ncclCommAbort is what
  * unblocks the stream) before using the device again. */
 int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
-                   uint32_t timeout_ms, const atomic_int *cancelled, char *err,
+                   uint32_t timeout_ms, const wtx_stop *stop, char *err,
                    size_t errlen);
 
-/* A trainer half's transfer buffers: num host buffers to pack into and as
- * many device buffers of size bytes on the current device. */
+/* Joins NCCL communicator id as rank of nranks without blocking: a
+ * non-blocking init (ncclCommInitRankConfig, blocking = 0) polled up to
+ * timeout_ms while stop (may be NULL) says go on. On failure, timeout or
+ * cancel the half-made communicator is aborted, *comm is NULL and err
+ * holds NCCL's own detail (ncclGetLastError). The current device must be
+ * the rank's. */
+int wtx__nccl_join(const wtx_cuda *c, void **comm, int nranks, const wtx_nccl_id *id,
+                   int rank, uint32_t timeout_ms, const wtx_stop *stop,
+                   char *err, size_t errlen);
+/* "<result's string>: <ncclGetLastError detail>" into buf; comm may be
+ * NULL. */
+const char *wtx__nccl_error(const wtx_cuda *c, void *comm, int result, char *buf,
+                            size_t len);
+
+/* A trainer half's transfer buffers: num pinned host buffers to pack into
+ * and as many device buffers of size bytes on the trainer's device. */
 typedef struct wtx__cuda_buffers {
   const wtx_cuda *cuda;
   uint32_t n;
   uint64_t size;
-  uint8_t *host;
+  uint8_t *host; /* pinned (cudaMallocHost): uploads are asynchronous */
   void **dev;
 } wtx__cuda_buffers;
 
-int wtx__cuda_buffers_create(const wtx_cuda *c, uint32_t n, uint64_t size,
-                             wtx__cuda_buffers *b, char *err, size_t errlen);
-void wtx__cuda_buffers_destroy(wtx__cuda_buffers *b);
-/* Host buffer k. */
-uint8_t *wtx__cuda_buffers_host(wtx__cuda_buffers *b, uint32_t k);
-/* Copies bytes of host buffer k into device buffer k. */
-int wtx__cuda_buffers_upload(wtx__cuda_buffers *b, uint32_t k, uint64_t bytes);
-
-/* What every GPU trainer half holds: the API, its device, a stream (when
- * asked for) and its transfer buffers. */
+/* What every GPU trainer half holds: the API, its device, its stream and
+ * its transfer buffers. */
 typedef struct wtx__cuda_trainer {
   const wtx_cuda *cuda;
   int device;
   void *stream;
+  uint32_t timeout_ms; /* bound of every wait on the stream */
   wtx__cuda_buffers bufs;
 } wtx__cuda_trainer;
 
-/* Loads the API (and NCCL when with_nccl), selects WTX_CUDA_DEVICE, creates
- * a stream when with_stream, and num buffers of size bytes. On failure err
- * reads "<who>: device N: <why>", nothing is held, and the code is
- * WTX_EUNAVAIL (or the loader's). */
+/* Loads the API (and NCCL when with_nccl), selects WTX_CUDA_DEVICE (the
+ * caller's current device is restored before returning), creates a stream
+ * and num buffers of size bytes. On failure err reads "<who>: device N:
+ * <why>", nothing is held, and the code is WTX_EUNAVAIL (or the loader's). */
 int wtx__cuda_trainer_open(wtx__cuda_trainer *t, const char *who, int with_nccl,
-                           int with_stream, uint32_t num, uint64_t size,
+                           uint32_t num, uint64_t size, uint32_t timeout_ms,
                            char *err, size_t errlen);
 void wtx__cuda_trainer_close(wtx__cuda_trainer *t);
+/* Host buffer k. */
+uint8_t *wtx__cuda_trainer_host(wtx__cuda_trainer *t, uint32_t k);
+/* Copies bytes of host buffer k into device buffer k and waits until they
+ * are there (bounded by timeout_ms): the chunk may be announced once this
+ * returns. A plain cudaMemcpy from pageable memory may return before the
+ * bytes land, and another process would read stale ones. */
+int wtx__cuda_trainer_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes, char *err,
+                             size_t errlen);
 
 #endif /* WTX_CUDA_CUDA_H */

@@ -270,6 +270,7 @@ struct wtx_rpc_pending {
   grpc_byte_buffer *req_bb;
   grpc_byte_buffer *resp_bb;
   int start_failed;
+  int finished; /* its batch completed (plucked by poll) */
 };
 
 int wtx_rpc_unary_start(wtx_rpc_channel *ch, const wtx_rpc_method *m,
@@ -300,6 +301,16 @@ int wtx_rpc_unary_start(wtx_rpc_channel *ch, const wtx_rpc_method *m,
     p->start_failed = 1;
   *out = p;
   return 0;
+}
+
+int wtx_rpc_unary_poll(wtx_rpc_pending *p, int *code) {
+  if (!p->finished && !p->start_failed) {
+    grpc_event ev = grpc_completion_queue_pluck(p->c.cq, p, gpr_time_0(GPR_CLOCK_REALTIME),
+                                                NULL);
+    p->finished = ev.type == GRPC_OP_COMPLETE;
+  }
+  if (code != NULL) *code = p->start_failed ? GRPC_STATUS_INTERNAL : (int)p->c.status;
+  return p->finished || p->start_failed;
 }
 
 void wtx_rpc_unary_cancel(wtx_rpc_pending *p) {
@@ -336,7 +347,7 @@ int wtx_rpc_unary_wait(wtx_rpc_pending *p, ProtobufCMessage **resp,
                p->c.method->path);
     rc = WTX_EINTERNAL;
   } else {
-    pluck(p->c.cq, p);
+    if (!p->finished) pluck(p->c.cq, p);
     rc = unary_result(p, resp, st);
   }
   core_close(&p->c);

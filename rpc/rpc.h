@@ -152,6 +152,9 @@ int wtx_rpc_unary_start(wtx_rpc_channel *ch, const wtx_rpc_method *m,
 /* Waits for the call and frees p; results as for wtx_rpc_unary. */
 int wtx_rpc_unary_wait(wtx_rpc_pending *p, ProtobufCMessage **resp,
                        wtx_rpc_status *st);
+/* 1 when the call has ended (wtx_rpc_unary_wait then returns at once) with
+ * *code (may be NULL) its status, else 0; never blocks. */
+int wtx_rpc_unary_poll(wtx_rpc_pending *p, int *code);
 /* Cancels the call (it then ends with CANCELLED); p must still be waited for.
  * Safe from any thread. */
 void wtx_rpc_unary_cancel(wtx_rpc_pending *p);

@@ -3,11 +3,14 @@
  *
  * Trainer half: num_buffers device buffers of buffer_size bytes on its GPU,
  * each exported once (cudaIpcGetMemHandle): one handle per buffer, never per
- * tensor. A chunk is packed on the host and copied into buffer k before the
- * UpdateWeights calls start; the calls carry, per (GPU, buffer), the handle,
+ * tensor. A chunk is packed into pinned host memory and copied into buffer
+ * k, and the copy is waited for before the UpdateWeights calls start (a
+ * worker reads the buffer from another process, with no ordering against
+ * the trainer's stream). The calls carry, per (GPU, buffer), the handle,
  * the GPU's UUID and the bytes used. The buffer is not touched again until
- * every worker's call has returned: the trainer keeps it alive and unchanged
- * until the workers have copied.
+ * every worker's call has returned, and a worker's call returns once its
+ * copy out has completed. Every CUDA call runs on the backend's device and
+ * leaves the caller's current device as it was.
  *
  * Worker half: picks the entry whose UUID is its own GPU's (WTX_CUDA_DEVICE,
  * default 0), opens the handle (once per buffer and session; closed when the
@@ -35,7 +38,14 @@ typedef struct ipc_worker {
   uint8_t uuid[16];
   void *opened[WTX_MAX_BUFFERS];
   wtx_cuda_ipc_handle handles[WTX_MAX_BUFFERS];
+  uint8_t *bounce; /* pinned, BOUNCE bytes: small tensors, a piece at a time */
 } ipc_worker;
+
+/* Tensors under SMALL bytes are not copied one cudaMemcpy each (about 10 us
+ * apiece): a piece of the chunk goes to a pinned bounce buffer in one copy
+ * and the assembler takes them from there. */
+#define SMALL ((size_t)64 << 10)
+#define BOUNCE ((size_t)4 << 20)
 
 static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
                            const wtx_worker_env *env, void **self, char *err,
@@ -50,8 +60,11 @@ static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   w->cuda = c;
   w->wire = *wire;
   w->device = wtx__cuda_device();
-  int e = c->SetDevice(w->device);
-  if (e != WTX_CUDA_SUCCESS || wtx__cuda_uuid(c, w->device, w->uuid) != 0) {
+  int prev;
+  int e = wtx__cuda_enter(c, w->device, &prev);
+  int bad = e != WTX_CUDA_SUCCESS || wtx__cuda_uuid(c, w->device, w->uuid) != 0;
+  wtx__cuda_leave(c, prev);
+  if (bad) {
     snprintf(err, errlen, "cuda_ipc: device %d: %s", w->device,
              e ? c->GetErrorString(e) : "no properties");
     free(w);
@@ -60,6 +73,8 @@ static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   *self = w;
   return 0;
 }
+
+static int copy_out(ipc_worker *w, const Wtx__V1__CudaIpcBuffer *b, wtx_rx *rx);
 
 static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
   ipc_worker *w = self;
@@ -98,8 +113,21 @@ static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_r
                   (unsigned long long)b->size);
     return WTX_EINVAL;
   }
+  int prev;
+  if (wtx__cuda_enter(c, w->device, &prev) != WTX_CUDA_SUCCESS) {
+    wtx_rx_errorf(rx, "cuda_ipc: cannot select device %d", w->device);
+    return WTX_EUNAVAIL;
+  }
+  int rc = copy_out(w, b, rx);
+  wtx__cuda_leave(c, prev);
+  return rc;
+}
+
+/* Opens buffer b's handle (once per buffer and session) and copies the
+ * chunk out of it. The current device is the worker's. */
+static int copy_out(ipc_worker *w, const Wtx__V1__CudaIpcBuffer *b, wtx_rx *rx) {
+  const wtx_cuda *c = w->cuda;
   uint32_t k = b->buffer_index;
-  c->SetDevice(w->device);
   if (w->opened[k] != NULL && memcmp(&w->handles[k], b->handle.data, sizeof w->handles[k])) {
     c->IpcCloseMemHandle(w->opened[k]); /* the trainer re-exported */
     w->opened[k] = NULL;
@@ -117,15 +145,25 @@ static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_r
   const uint8_t *src = w->opened[k];
   for (;;) {
     uint8_t *dst;
-    size_t room = wtx_rx_next(rx, &dst);
+    size_t room = wtx_rx_next(rx, &dst), n = room;
     if (room == 0) break;
-    int e = c->Memcpy(dst, src, room, WTX_CUDA_D2H);
+    /* Without pinned memory (MallocHost failed), tensor by tensor. */
+    int bounced = room < SMALL && (w->bounce != NULL ||
+                                   c->MallocHost((void **)&w->bounce, BOUNCE) == WTX_CUDA_SUCCESS);
+    if (room < SMALL && !bounced) w->bounce = NULL;
+    if (bounced) {
+      uint64_t left = wtx_rx_remaining(rx);
+      n = left < BOUNCE ? (size_t)left : BOUNCE;
+      dst = w->bounce;
+    }
+    /* Device to host: cudaMemcpy returns once the bytes are there. */
+    int e = c->Memcpy(dst, src, n, WTX_CUDA_D2H);
     if (e != WTX_CUDA_SUCCESS) {
       wtx_rx_errorf(rx, "cuda_ipc: copy from buffer %u: %s", k, c->GetErrorString(e));
       return WTX_EIO;
     }
-    src += room;
-    int rc = wtx_rx_commit(rx, room);
+    src += n;
+    int rc = bounced ? wtx_rx_bytes(rx, dst, n) : wtx_rx_commit(rx, n);
     if (rc != 0) return rc;
   }
   return 0;
@@ -133,8 +171,12 @@ static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_r
 
 static void ipc_worker_destroy(void *self) {
   ipc_worker *w = self;
+  int prev;
+  wtx__cuda_enter(w->cuda, w->device, &prev); /* the handles were opened there */
   for (int k = 0; k < WTX_MAX_BUFFERS; k++)
     if (w->opened[k] != NULL) w->cuda->IpcCloseMemHandle(w->opened[k]);
+  if (w->bounce != NULL) w->cuda->FreeHost(w->bounce);
+  wtx__cuda_leave(w->cuda, prev);
   free(w);
 }
 
@@ -175,6 +217,7 @@ static void ipc_trainer_destroy(void *self) {
 /* Exports buffer k once (one handle per buffer, never per tensor) and fills
  * its UpdateInfo entry. */
 static int export_buffer(ipc_trainer *t, uint32_t k, char *why, size_t len) {
+  /* The caller has made the trainer's device current. */
   const wtx_cuda *c = t->gpu.cuda;
   int e = c->IpcGetMemHandle(&t->handles[k], t->gpu.bufs.dev[k]);
   if (e != WTX_CUDA_SUCCESS) {
@@ -200,9 +243,11 @@ static int ipc_trainer_create(const wtx_trainer_args *args, void **self, char *e
   uint32_t nb = args->wire.num_buffers;
   ipc_trainer *t = calloc(1, sizeof *t);
   if (t == NULL) return WTX_ENOMEM;
-  int rc = wtx__cuda_trainer_open(&t->gpu, "cuda_ipc", 0, 0, nb, args->wire.buffer_size,
-                                  err, errlen);
+  int rc = wtx__cuda_trainer_open(&t->gpu, "cuda_ipc", 0, nb, args->wire.buffer_size,
+                                  args->wire.timeout_ms, err, errlen);
   if (rc != 0) goto fail;
+  int prev;
+  wtx__cuda_enter(t->gpu.cuda, t->gpu.device, &prev);
   t->handles = calloc(nb, sizeof *t->handles);
   t->entries = calloc(nb, sizeof *t->entries);
   t->entry_ptrs = calloc(nb, sizeof *t->entry_ptrs);
@@ -211,6 +256,7 @@ static int ipc_trainer_create(const wtx_trainer_args *args, void **self, char *e
   char why[300] = "no device properties";
   if (rc == 0 && wtx__cuda_uuid(t->gpu.cuda, t->gpu.device, t->uuid) != 0) rc = WTX_EUNAVAIL;
   for (uint32_t k = 0; rc == 0 && k < nb; k++) rc = export_buffer(t, k, why, sizeof why);
+  wtx__cuda_leave(t->gpu.cuda, prev);
   if (rc == WTX_EUNAVAIL) snprintf(err, errlen, "cuda_ipc: device %d: %s", t->gpu.device, why);
   if (rc != 0) goto fail;
   wtx__v1__cuda_ipc_init_info__init(&t->ipc);
@@ -231,14 +277,13 @@ static int ipc_trainer_init_info(void *self, size_t i, const char *const *prev,
 }
 
 static uint8_t *ipc_trainer_buffer(void *self, uint32_t k) {
-  return wtx__cuda_buffers_host(&((ipc_trainer *)self)->gpu.bufs, k);
+  return wtx__cuda_trainer_host(&((ipc_trainer *)self)->gpu, k);
 }
 
 static int ipc_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
-                               Wtx__V1__UpdateInfo *ui) {
+                               Wtx__V1__UpdateInfo *ui, char *err, size_t errlen) {
   ipc_trainer *t = self;
-  t->gpu.cuda->SetDevice(t->gpu.device);
-  int rc = wtx__cuda_buffers_upload(&t->gpu.bufs, k, ch->bytes);
+  int rc = wtx__cuda_trainer_upload(&t->gpu, k, ch->bytes, err, errlen);
   if (rc != 0) return rc;
   t->entries[k].size = ch->bytes;
   ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_CUDA_IPC;

@@ -4,17 +4,23 @@
  * The trainer creates the ncclUniqueId and ships it in every worker's init
  * handshake (no extra rendezvous service). The communicator's world is the
  * trainer (rank 0) plus one rank per worker (rank_offset, 1..world-1);
- * ncclCommInitRank is collective, so the engine starts every worker's init
- * call, joins as rank 0, then collects the answers (collective_init).
+ * joining is collective, so the engine starts every worker's init call,
+ * joins as rank 0, then collects the answers (collective_init). Every rank
+ * joins with a non-blocking init polled up to timeout_ms (the worker's is
+ * also ended by cancel, i.e. abort, drain or SIGTERM); a rank that never
+ * comes is a timeout, not a hang, and the half-made communicator is
+ * aborted.
  *
- * Per chunk the trainer copies the packed host buffer into device buffer k
- * (num_buffers of them), the UpdateWeights calls start, then the broadcast
- * runs on the trainer's own stream; every worker receives into its device
- * buffer and copies the chunk out into the model's staging memory. Waits are
- * bounded by timeout_ms: the stream is polled together with NCCL's
- * asynchronous error, and the communicator is aborted on timeout, so a dead
- * peer ends as an error on both sides. A failed communicator is dropped; the
- * next sync initializes a new one. */
+ * Per chunk the trainer copies the packed (pinned) host buffer into device
+ * buffer k, waits for the copy, the UpdateWeights calls start, then the
+ * broadcast runs on the trainer's own stream; every worker receives into its
+ * device buffer and copies the chunk out into the model's staging memory.
+ * Waits are bounded by timeout_ms: the stream is polled together with NCCL's
+ * asynchronous error, and a broadcast that fails or times out is aborted at
+ * once (ncclCommAbort: its kernel would otherwise keep spinning on the GPU),
+ * on both sides. A failed communicator is dropped; the next init joins a
+ * new one. Every CUDA and NCCL call runs on the backend's device and leaves
+ * the caller's current device as it was. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +29,12 @@
 #include "transport/transport.h"
 
 /* A communicator that failed must be aborted (that is what unblocks its
- * stream); a healthy one is destroyed. */
-static void comm_release(const wtx_cuda *c, void *comm, int broken) {
-  if (comm == NULL) return;
-  if (broken) c->CommAbort(comm);
-  else c->CommDestroy(comm);
+ * stream and stops its kernels); a healthy one is destroyed. */
+static void comm_release(const wtx_cuda *c, void **comm, int broken) {
+  if (*comm == NULL) return;
+  if (broken) c->CommAbort(*comm);
+  else c->CommDestroy(*comm);
+  *comm = NULL;
 }
 
 /* ---- worker half ---- */
@@ -47,9 +54,12 @@ static void nccl_worker_destroy(void *self) {
   nccl_worker *w = self;
   if (w == NULL) return;
   const wtx_cuda *c = w->cuda;
-  comm_release(c, w->comm, w->broken);
+  int prev;
+  wtx__cuda_enter(c, w->device, &prev);
+  comm_release(c, &w->comm, w->broken);
   if (w->buf != NULL) c->Free(w->buf);
   if (w->stream != NULL) c->StreamDestroy(w->stream);
+  wtx__cuda_leave(c, prev);
   free(w);
 }
 
@@ -81,9 +91,12 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
   w->wire = *wire;
   w->device = wtx__cuda_device();
   w->rank = (int)ni->rank_offset;
-  int e = c->SetDevice(w->device);
+  atomic_init(&w->cancelled, 0);
+  int prev;
+  int e = wtx__cuda_enter(c, w->device, &prev);
   if (e == WTX_CUDA_SUCCESS) e = c->StreamCreate(&w->stream);
   if (e == WTX_CUDA_SUCCESS) e = c->Malloc(&w->buf, (size_t)wire->buffer_size);
+  wtx__cuda_leave(c, prev);
   if (e != WTX_CUDA_SUCCESS) {
     snprintf(err, errlen, "nccl: device %d: %s", w->device, c->GetErrorString(e));
     nccl_worker_destroy(w);
@@ -91,37 +104,42 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
   }
   memcpy(&w->id, ni->unique_id.data, sizeof w->id);
   w->world_size = (int)ni->world_size;
-  atomic_init(&w->cancelled, 0);
   *self = w;
   return 0;
 }
 
-/* Joins the trainer's communicator. (A blocking ncclCommInitRank: a
- * non-blocking init that cancel can end is issue 12's.) */
+/* Joins the trainer's communicator (outside the session lock): bounded by
+ * timeout_ms, ended by cancel. */
 static int nccl_worker_connect(void *self, char *data_address, size_t addrlen,
                                char *err, size_t errlen) {
   nccl_worker *w = self;
   const wtx_cuda *c = w->cuda;
   if (addrlen > 0) data_address[0] = '\0';
-  c->SetDevice(w->device);
-  int e = c->CommInitRank(&w->comm, w->world_size, w->id, w->rank);
-  if (e == WTX_NCCL_SUCCESS) return 0;
-  snprintf(err, errlen, "nccl: joining the communicator as rank %d of %d: %s", w->rank,
-           w->world_size, c->NcclErrorString(e));
-  w->comm = NULL;
-  return WTX_EUNAVAIL;
+  int prev;
+  wtx__cuda_enter(c, w->device, &prev);
+  char why[400];
+  wtx_stop stop = {.flag = &w->cancelled};
+  int rc = wtx__nccl_join(c, &w->comm, w->world_size, &w->id, w->rank, w->wire.timeout_ms,
+                          &stop, why, sizeof why);
+  wtx__cuda_leave(c, prev);
+  if (rc != 0)
+    snprintf(err, errlen, "nccl: joining the communicator as rank %d of %d on device %d: %s",
+             w->rank, w->world_size, w->device, why);
+  return rc == WTX_ETIMEDOUT || rc == WTX_ECANCELED ? rc : rc != 0 ? WTX_EUNAVAIL : 0;
 }
 
-/* From any thread: a broadcast being waited for stops being waited for. */
+/* From any thread: a join or a broadcast being waited for ends. */
 static void nccl_worker_cancel(void *self) {
   atomic_store(&((nccl_worker *)self)->cancelled, 1);
 }
+
+static int broadcast_in(nccl_worker *w, uint64_t n, wtx_rx *rx);
 
 static int nccl_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
   (void)info; /* nccl sends nothing per round */
   nccl_worker *w = self;
   const wtx_cuda *c = w->cuda;
-  if (w->broken) {
+  if (w->broken || w->comm == NULL) {
     wtx_rx_errorf(rx, "nccl: the communicator failed earlier; initialize the "
                   "session again");
     return WTX_ESTATE;
@@ -132,17 +150,30 @@ static int nccl_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_
                   (unsigned long long)n, (unsigned long long)w->wire.buffer_size);
     return WTX_EINVAL;
   }
-  c->SetDevice(w->device);
-  char err[300];
+  int prev;
+  wtx__cuda_enter(c, w->device, &prev);
+  int rc = broadcast_in(w, n, rx);
+  wtx__cuda_leave(c, prev);
+  return rc;
+}
+
+/* Receives n bytes by broadcast into the device buffer, then copies them
+ * out. A failed or timed-out broadcast is aborted at once. The current
+ * device is the worker's. */
+static int broadcast_in(nccl_worker *w, uint64_t n, wtx_rx *rx) {
+  const wtx_cuda *c = w->cuda;
+  char err[400];
   int e = c->Broadcast(w->buf, w->buf, (size_t)n, WTX_NCCL_UINT8, 0, w->comm, w->stream);
+  wtx_stop stop = {.flag = &w->cancelled};
   int rc = e == WTX_NCCL_SUCCESS ? wtx__cuda_wait(c, w->stream, w->comm, w->wire.timeout_ms,
-                                                  &w->cancelled, err, sizeof err)
+                                                  &stop, err, sizeof err)
                                  : WTX_EIO;
-  if (e != WTX_NCCL_SUCCESS) snprintf(err, sizeof err, "%s", c->NcclErrorString(e));
+  if (e != WTX_NCCL_SUCCESS) wtx__nccl_error(c, w->comm, e, err, sizeof err);
   if (rc != 0) {
     w->broken = 1;
-    wtx_rx_errorf(rx, "nccl: broadcast of %llu bytes as rank %d: %s",
-                  (unsigned long long)n, w->rank, err);
+    comm_release(c, &w->comm, 1);
+    wtx_rx_errorf(rx, "nccl: broadcast of %llu bytes as rank %d: %s (communicator "
+                  "aborted)", (unsigned long long)n, w->rank, err);
     return rc;
   }
   const uint8_t *src = w->buf;
@@ -150,7 +181,7 @@ static int nccl_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_
     uint8_t *dst;
     size_t room = wtx_rx_next(rx, &dst);
     if (room == 0) break;
-    e = c->Memcpy(dst, src, room, WTX_CUDA_D2H);
+    e = c->Memcpy(dst, src, room, WTX_CUDA_D2H); /* returns once the bytes are there */
     if (e != WTX_CUDA_SUCCESS) {
       wtx_rx_errorf(rx, "nccl: copy out: %s", c->GetErrorString(e));
       return WTX_EIO;
@@ -197,7 +228,12 @@ typedef struct nccl_trainer {
 static void nccl_trainer_destroy(void *self) {
   nccl_trainer *t = self;
   if (t == NULL) return;
-  if (t->gpu.cuda != NULL) comm_release(t->gpu.cuda, t->comm, t->broken);
+  if (t->gpu.cuda != NULL) {
+    int prev;
+    wtx__cuda_enter(t->gpu.cuda, t->gpu.device, &prev);
+    comm_release(t->gpu.cuda, &t->comm, t->broken);
+    wtx__cuda_leave(t->gpu.cuda, prev);
+  }
   wtx__cuda_trainer_close(&t->gpu);
   free(t->nccl);
   free(t);
@@ -209,8 +245,8 @@ static int nccl_trainer_create(const wtx_trainer_args *args, void **self, char *
   if (t == NULL) return WTX_ENOMEM;
   t->n_workers = args->n_workers;
   t->timeout_ms = args->wire.timeout_ms;
-  int rc = wtx__cuda_trainer_open(&t->gpu, "nccl", 1, 1, args->wire.num_buffers,
-                                  args->wire.buffer_size, err, errlen);
+  int rc = wtx__cuda_trainer_open(&t->gpu, "nccl", 1, args->wire.num_buffers,
+                                  args->wire.buffer_size, t->timeout_ms, err, errlen);
   if (rc == 0 && (t->nccl = calloc(t->n_workers, sizeof *t->nccl)) == NULL) rc = WTX_ENOMEM;
   int e = rc == 0 ? t->gpu.cuda->GetUniqueId(&t->id) : WTX_NCCL_SUCCESS;
   if (e != WTX_NCCL_SUCCESS) {
@@ -230,6 +266,8 @@ static int nccl_trainer_init_info(void *self, size_t i, const char *const *prev,
                                   Wtx__V1__InitInfo *out) {
   (void)prev;
   nccl_trainer *t = self;
+  /* A unique id serves one communicator: every rendezvous gets a new one. */
+  if (i == 0 && t->gpu.cuda->GetUniqueId(&t->id) != WTX_NCCL_SUCCESS) return WTX_EUNAVAIL;
   Wtx__V1__NcclInitInfo *ni = &t->nccl[i];
   wtx__v1__nccl_init_info__init(ni);
   ni->unique_id.data = (uint8_t *)&t->id;
@@ -245,26 +283,30 @@ static int nccl_trainer_connect(void *self, const char *const *addresses, char *
                                 size_t errlen) {
   (void)addresses;
   nccl_trainer *t = self;
-  t->gpu.cuda->SetDevice(t->gpu.device);
-  int e = t->gpu.cuda->CommInitRank(&t->comm, (int)(t->n_workers + 1), t->id, 0);
-  if (e != WTX_NCCL_SUCCESS) {
-    t->comm = NULL;
-    snprintf(err, errlen, "nccl: joining the communicator as rank 0 of %zu: %s",
-             t->n_workers + 1, t->gpu.cuda->NcclErrorString(e));
-    return WTX_EUNAVAIL;
-  }
-  return 0;
+  const wtx_cuda *c = t->gpu.cuda;
+  int prev;
+  wtx__cuda_enter(c, t->gpu.device, &prev);
+  /* A new rendezvous: the old communicator goes first. */
+  comm_release(c, &t->comm, t->broken);
+  t->broken = 0;
+  char why[400];
+  int rc = wtx__nccl_join(c, &t->comm, (int)(t->n_workers + 1), &t->id, 0, t->timeout_ms,
+                          NULL, why, sizeof why);
+  wtx__cuda_leave(c, prev);
+  if (rc != 0)
+    snprintf(err, errlen, "nccl: joining the communicator as rank 0 of %zu on device %d: %s",
+             t->n_workers + 1, t->gpu.device, why);
+  return rc == WTX_ETIMEDOUT ? rc : rc != 0 ? WTX_EUNAVAIL : 0;
 }
 
 static uint8_t *nccl_trainer_buffer(void *self, uint32_t k) {
-  return wtx__cuda_buffers_host(&((nccl_trainer *)self)->gpu.bufs, k);
+  return wtx__cuda_trainer_host(&((nccl_trainer *)self)->gpu, k);
 }
 
 static int nccl_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
-                                Wtx__V1__UpdateInfo *ui) {
+                                Wtx__V1__UpdateInfo *ui, char *err, size_t errlen) {
   nccl_trainer *t = self;
-  t->gpu.cuda->SetDevice(t->gpu.device);
-  int rc = wtx__cuda_buffers_upload(&t->gpu.bufs, k, ch->bytes);
+  int rc = wtx__cuda_trainer_upload(&t->gpu, k, ch->bytes, err, errlen);
   if (rc != 0) return rc;
   ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_NCCL;
   ui->nccl = &t->update;
@@ -273,23 +315,39 @@ static int nccl_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
 
 static int nccl_trainer_post(void *self, uint32_t k, const wtx_chunk *ch) {
   nccl_trainer *t = self;
-  if (t->broken) return WTX_ESTATE;
-  int e = t->gpu.cuda->Broadcast(t->gpu.bufs.dev[k], t->gpu.bufs.dev[k], (size_t)ch->bytes, WTX_NCCL_UINT8,
-                             0, t->comm, t->gpu.stream);
-  if (e != WTX_NCCL_SUCCESS) t->broken = 1;
+  if (t->broken || t->comm == NULL) return WTX_ESTATE;
+  const wtx_cuda *c = t->gpu.cuda;
+  int prev;
+  wtx__cuda_enter(c, t->gpu.device, &prev);
+  int e = c->Broadcast(t->gpu.bufs.dev[k], t->gpu.bufs.dev[k], (size_t)ch->bytes,
+                       WTX_NCCL_UINT8, 0, t->comm, t->gpu.stream);
+  if (e != WTX_NCCL_SUCCESS) {
+    t->broken = 1;
+    comm_release(c, &t->comm, 1);
+  }
+  wtx__cuda_leave(c, prev);
   return e == WTX_NCCL_SUCCESS ? 0 : WTX_EIO;
 }
 
-static int nccl_trainer_complete(void *self, uint32_t k, char *err, size_t errlen) {
+static int nccl_trainer_complete(void *self, uint32_t k, const wtx_stop *stop, char *err,
+                                 size_t errlen) {
   (void)k;
   nccl_trainer *t = self;
-  char why[300];
-  int rc = wtx__cuda_wait(t->gpu.cuda, t->gpu.stream, t->comm, t->timeout_ms, NULL, why,
-                          sizeof why);
+  if (t->comm == NULL) {
+    snprintf(err, errlen, "nccl: the communicator failed earlier");
+    return WTX_ESTATE;
+  }
+  const wtx_cuda *c = t->gpu.cuda;
+  int prev;
+  wtx__cuda_enter(c, t->gpu.device, &prev);
+  char why[400];
+  int rc = wtx__cuda_wait(c, t->gpu.stream, t->comm, t->timeout_ms, stop, why, sizeof why);
   if (rc != 0) {
     t->broken = 1;
-    snprintf(err, errlen, "nccl: broadcast: %s", why);
+    comm_release(c, &t->comm, 1); /* stops the broadcast's kernel */
+    snprintf(err, errlen, "nccl: broadcast: %s (communicator aborted)", why);
   }
+  wtx__cuda_leave(c, prev);
   return rc;
 }
 

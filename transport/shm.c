@@ -266,8 +266,10 @@ static uint8_t *shm_trainer_buffer(void *self, uint32_t k) {
 }
 
 static int shm_trainer_prepare(void *self, uint32_t k, const wtx_chunk *c,
-                               Wtx__V1__UpdateInfo *ui) {
+                               Wtx__V1__UpdateInfo *ui, char *err, size_t errlen) {
   (void)c;
+  (void)err;
+  (void)errlen;
   shm_trainer *t = self;
   ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_SHM;
   ui->shm = &t->su[k];

@@ -619,9 +619,11 @@ static uint8_t *tcp_trainer_buffer(void *self, uint32_t k) {
 }
 
 static int tcp_trainer_prepare(void *self, uint32_t k, const wtx_chunk *c,
-                               Wtx__V1__UpdateInfo *ui) {
+                               Wtx__V1__UpdateInfo *ui, char *err, size_t errlen) {
   (void)k;
   (void)c;
+  (void)err;
+  (void)errlen;
   tcp_trainer *t = self;
   ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
   ui->tcp = &t->update;
@@ -642,7 +644,9 @@ static int tcp_trainer_post(void *self, uint32_t k, const wtx_chunk *c) {
   return busy ? WTX_ESTATE : 0;
 }
 
-static int tcp_trainer_complete(void *self, uint32_t k, char *err, size_t errlen) {
+static int tcp_trainer_complete(void *self, uint32_t k, const wtx_stop *stop, char *err,
+                                size_t errlen) {
+  (void)stop; /* the relay's answer comes back on the stream at once */
   (void)k;
   tcp_trainer *t = self;
   pthread_mutex_lock(&t->mu);

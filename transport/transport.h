@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/stop.h"
 #include "transport/netallow.h"
 #include "wtx/error.h"
 #include "wtx/limits.h"
@@ -198,12 +199,18 @@ typedef struct wtx_trainer_transport {
   int (*connect)(void *self, const char *const *addresses, char *err,
                  size_t errlen);
   uint8_t *(*buffer)(void *self, uint32_t k);
-  /* Sets the backend member of the chunk's UpdateInfo (ui->backend_case and
-   * the member, storage owned by self). */
+  /* Makes buffer k's chunk readable by the workers (a GPU backend copies it
+   * to the device and waits until it is there) and sets the backend member
+   * of its UpdateInfo (ui->backend_case and the member, storage owned by
+   * self). On failure err says why. */
   int (*prepare)(void *self, uint32_t k, const wtx_chunk *c,
-                 Wtx__V1__UpdateInfo *ui);
+                 Wtx__V1__UpdateInfo *ui, char *err, size_t errlen);
   int (*post)(void *self, uint32_t k, const wtx_chunk *c);
-  int (*complete)(void *self, uint32_t k, char *err, size_t errlen);
+  /* Waits until chunk k has left (bounded by the timeout). stop (may be
+   * NULL) is polled meanwhile: 1 means the wait is pointless (a worker
+   * refused the chunk and will never take its part), and complete then
+   * ends at once with WTX_ECANCELED. */
+  int (*complete)(void *self, uint32_t k, const wtx_stop *stop, char *err, size_t errlen);
   void (*destroy)(void *self);
 } wtx_trainer_transport;
 

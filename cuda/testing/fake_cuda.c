@@ -1,29 +1,44 @@
 /* TEST DOUBLE of the CUDA runtime and NCCL, for CI machines without a GPU.
  *
  * It stands in for libcudart and libnccl at the dlopen seam
- * (WTX_CUDART_LIB / WTX_NCCL_LIB, see transport/cuda.h) and exports the few
- * symbols wtx uses, with the real signatures, so the nccl and cuda_ipc
- * backends' own logic (packing, chunk order, handle routing, errors,
- * timeouts) runs unchanged across real processes. It is not CUDA:
- *  - "device memory" is host memory in a POSIX shared-memory object, so
- *    cudaIpcGetMemHandle can export it (the handle names the object) and
- *    cudaIpcOpenMemHandle in another process maps it;
- *  - copies are memcpy, streams complete at once;
- *  - a device's UUID is WTX_FAKE_CUDA_UUID (32 hex digits) when set, else
- *    "wtx-fake-gpu-" plus the device number;
+ * (WTX_CUDART_LIB / WTX_NCCL_LIB, see cuda/cuda.h) and exports the symbols
+ * wtx uses, with the real signatures and error codes, so the nccl and
+ * cuda_ipc backends' own logic runs unchanged across real processes. It is
+ * not CUDA, but it keeps the parts of CUDA and NCCL that code gets wrong:
+ *  - device memory is a POSIX shared-memory object per allocation, so an
+ *    IPC handle (which names it) opens in another process; never in the
+ *    process that exported it (cudaErrorInvalidResourceHandle, as CUDA);
+ *  - copies are asynchronous. cudaMemcpyAsync lands on its stream after
+ *    WTX_FAKE_CUDA_LAG_MS (default 2) or at cudaStreamSynchronize, and
+ *    cudaStreamQuery says cudaErrorNotReady until then. A cudaMemcpy from
+ *    pageable host memory to the device returns before the bytes land (the
+ *    same lag), as CUDA documents: another process reading the buffer right
+ *    after it sees the old bytes. From pinned memory (cudaMallocHost), and
+ *    device to host, cudaMemcpy returns once the bytes are there;
+ *  - the current device is per thread (cudaSetDevice / cudaGetDevice), and
+ *    a device's UUID is WTX_FAKE_CUDA_UUID (32 hex digits) when set, else
+ *    "wtx-fake-gpu-" and the device number;
  *  - NCCL's communicator is a shared-memory control block named by the
- *    unique id; ncclBroadcast is synchronous: the root posts the bytes in a
- *    shared-memory object and waits until every other rank has copied them.
- *    Every wait gives up after WTX_FAKE_NCCL_TIMEOUT_MS (default 10000) and
- *    fails with ncclSystemError, as a dead peer would make real NCCL fail
- *    under a watchdog.
- * Built as libwtx_fake_cuda.so (//cuda/testing:fake_cuda). Never
+ *    unique id. Joining (ncclCommInitRankConfig) waits for every rank with
+ *    no timeout, as NCCL's bootstrap does: blocking, it never returns until
+ *    they come; non-blocking (config.blocking = 0) it returns ncclInProgress
+ *    and ncclCommGetAsyncError reports progress until they come or
+ *    ncclCommAbort ends it. Two ranks on one GPU (same UUID) fail with
+ *    ncclInvalidUsage and ncclGetLastError's "Duplicate GPU detected";
+ *  - ncclBroadcast enqueues a kernel on the stream: a thread that runs
+ *    until the bytes have crossed, with no timeout, and ends early only when
+ *    the communicator is aborted or a peer process is gone (then the
+ *    communicator's asynchronous error is ncclRemoteError). The stream is
+ *    not ready while it runs. wtx_fake_cuda_running_kernels() (this
+ *    double's own export) counts those still running in the process.
+ * Built as libwtx_fake_cuda.so (//cuda/testing:libwtx_fake_cuda.so). Never
  * shipped, never loaded unless a test points the variables at it. */
 #include <dirent.h>
-#include <signal.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,10 +51,46 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-enum { OK = 0, ERR_INVALID = 1, ERR_MEMORY = 2, NCCL_SYSTEM = 2, NCCL_INVALID = 4 };
+/* cudaError_t and ncclResult_t values, as the real headers define them. */
+enum {
+  OK = 0,
+  ERR_INVALID = 1,      /* cudaErrorInvalidValue */
+  ERR_MEMORY = 2,       /* cudaErrorMemoryAllocation */
+  ERR_DEVICE = 101,     /* cudaErrorInvalidDevice */
+  ERR_HANDLE = 400,     /* cudaErrorInvalidResourceHandle */
+  ERR_NOT_READY = 600,  /* cudaErrorNotReady */
+  NCCL_SYSTEM = 2,
+  NCCL_INVALID = 4,     /* ncclInvalidArgument */
+  NCCL_USAGE = 5,       /* ncclInvalidUsage */
+  NCCL_REMOTE = 6,      /* ncclRemoteError */
+  NCCL_IN_PROGRESS = 7,
+  KIND_H2D = 1,
+  MAX_RANKS = 64,
+};
 
 typedef struct { char bytes[64]; } ipc_handle;
 typedef struct { char internal[128]; } nccl_id;
+typedef struct {
+  size_t size;
+  unsigned magic, version;
+  int blocking;
+} nccl_config_head; /* the fields every ncclConfig_t version begins with */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+}
+
+static int lag_ms(void) {
+  const char *e = getenv("WTX_FAKE_CUDA_LAG_MS");
+  return e != NULL && e[0] != '\0' ? atoi(e) : 2;
+}
 
 /* ---- memory ---- */
 
@@ -48,6 +99,7 @@ typedef struct alloc {
   size_t size;
   char name[48];
   int opened; /* mapped from another process's handle */
+  int pinned; /* cudaMallocHost: plain memory, remembered as pinned */
   struct alloc *next;
 } alloc;
 
@@ -76,29 +128,51 @@ static int map_shm(const char *name, int create, size_t *size, void **out) {
   return OK;
 }
 
+EXPORT int cudaGetDeviceCount(int *n) {
+  *n = 8;
+  return OK;
+}
+
 EXPORT int cudaSetDevice(int device) {
-  if (device < 0 || device > 7) return ERR_INVALID;
+  if (device < 0 || device > 7) return ERR_DEVICE;
   current_device = device;
   return OK;
 }
 
-EXPORT int cudaGetDeviceProperties(void *prop, int device) {
-  unsigned char *p = prop;
-  memset(p, 0, 272);
-  snprintf((char *)p, 256, "wtx fake CUDA device %d (test double)", device);
+EXPORT int cudaGetDevice(int *device) {
+  *device = current_device;
+  return OK;
+}
+
+static void device_uuid(int device, unsigned char out[16]) {
   const char *env = getenv("WTX_FAKE_CUDA_UUID");
   if (env != NULL && strlen(env) == 32) {
     for (int i = 0; i < 16; i++) {
       unsigned v;
       sscanf(env + 2 * i, "%2x", &v);
-      p[256 + i] = (unsigned char)v;
+      out[i] = (unsigned char)v;
     }
-  } else {
-    char u[17];
-    snprintf(u, sizeof u, "wtx-fake-gpu-%03d", device);
-    memcpy(p + 256, u, 16);
+    return;
   }
+  char u[17];
+  snprintf(u, sizeof u, "wtx-fake-gpu-%03d", device);
+  memcpy(out, u, 16);
+}
+
+EXPORT int cudaGetDeviceProperties(void *prop, int device) {
+  if (device < 0 || device > 7) return ERR_DEVICE;
+  unsigned char *p = prop;
+  memset(p, 0, 272);
+  snprintf((char *)p, 256, "wtx fake CUDA device %d (test double)", device);
+  device_uuid(device, p + 256);
   return OK;
+}
+
+static void remember(alloc *a) {
+  pthread_mutex_lock(&mu);
+  a->next = allocs;
+  allocs = a;
+  pthread_mutex_unlock(&mu);
 }
 
 /* Maps a's object (creating it when create) and records the mapping. */
@@ -108,10 +182,7 @@ static int track(alloc *a, int create, void **ptr) {
     free(a);
     return rc;
   }
-  pthread_mutex_lock(&mu);
-  a->next = allocs;
-  allocs = a;
-  pthread_mutex_unlock(&mu);
+  remember(a);
   *ptr = a->ptr;
   return OK;
 }
@@ -149,12 +220,25 @@ EXPORT int cudaMalloc(void **ptr, size_t size) {
   return track(a, 1, ptr);
 }
 
-/* Removes and returns the allocation at ptr. */
-static alloc *take(void *ptr, int opened) {
+EXPORT int cudaMallocHost(void **ptr, size_t size) {
+  alloc *a = calloc(1, sizeof *a);
+  if (a == NULL || (a->ptr = malloc(size ? size : 1)) == NULL) {
+    free(a);
+    return ERR_MEMORY;
+  }
+  a->size = size;
+  a->pinned = 1;
+  remember(a);
+  *ptr = a->ptr;
+  return OK;
+}
+
+/* Removes and returns the allocation at ptr of that kind. */
+static alloc *take(void *ptr, int opened, int pinned) {
   pthread_mutex_lock(&mu);
   alloc **pp = &allocs, *a = NULL;
   for (; *pp != NULL; pp = &(*pp)->next)
-    if ((*pp)->ptr == ptr && (*pp)->opened == opened) {
+    if ((*pp)->ptr == ptr && (*pp)->opened == opened && (*pp)->pinned == pinned) {
       a = *pp;
       *pp = a->next;
       break;
@@ -163,9 +247,199 @@ static alloc *take(void *ptr, int opened) {
   return a;
 }
 
+EXPORT int cudaFreeHost(void *ptr) {
+  alloc *a = take(ptr, 0, 1);
+  if (a == NULL) return ERR_INVALID;
+  free(a->ptr);
+  free(a);
+  return OK;
+}
+
+/* Whether [p, +n) lies in pinned host memory. */
+static int is_pinned(const void *p, size_t n) {
+  const char *c = p;
+  pthread_mutex_lock(&mu);
+  alloc *a = allocs;
+  while (a != NULL && !(a->pinned && c >= (char *)a->ptr && c + n <= (char *)a->ptr + a->size))
+    a = a->next;
+  pthread_mutex_unlock(&mu);
+  return a != NULL;
+}
+
+/* ---- streams: work lands later, as on a GPU ---- */
+
+typedef struct kernel kernel;
+
+typedef struct op {
+  void *dst;
+  const void *src;
+  void *owned; /* a snapshot of pageable source bytes, freed on landing */
+  size_t n;
+  int64_t due_ms;
+  kernel *k; /* a broadcast instead of a copy */
+  struct op *next;
+} op;
+
+typedef struct stream {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  op *head, *tail;
+  struct stream *next; /* in the lander's list */
+} stream;
+
+struct kernel {
+  atomic_int done;
+  int result;
+};
+
+static stream legacy = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, NULL};
+static stream *streams = &legacy; /* every stream, for the lander */
+static atomic_int running_kernels;
+
+/* Lands the ops at the head of s that are due (all of them when force);
+ * a kernel still running holds back what follows it. Caller holds s->mu. */
+static void land(stream *s, int force) {
+  int64_t now = now_ms();
+  while (s->head != NULL) {
+    op *o = s->head;
+    if (o->k != NULL ? !atomic_load(&o->k->done) : !force && o->due_ms > now) break;
+    if (o->k == NULL && o->n > 0) memcpy(o->dst, o->owned ? o->owned : o->src, o->n);
+    s->head = o->next;
+    if (s->head == NULL) s->tail = NULL;
+    if (o->k != NULL) free(o->k);
+    free(o->owned);
+    free(o);
+  }
+  pthread_cond_broadcast(&s->cv);
+}
+
+/* The lander: every millisecond, what is due lands on every stream. */
+static void *lander(void *arg) {
+  (void)arg;
+  for (;;) {
+    pthread_mutex_lock(&mu);
+    for (stream *s = streams; s != NULL; s = s->next) {
+      pthread_mutex_lock(&s->mu);
+      land(s, 0);
+      pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_unlock(&mu);
+    sleep_ms(1);
+  }
+  return NULL;
+}
+
+static void start_lander(void) {
+  pthread_t t;
+  if (pthread_create(&t, NULL, lander, NULL) == 0) pthread_detach(t);
+}
+
+static void enqueue(stream *s, op *o) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, start_lander);
+  pthread_mutex_lock(&s->mu);
+  if (s->tail != NULL) s->tail->next = o;
+  else s->head = o;
+  s->tail = o;
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* A copy of n bytes to dst on s, landing after the lag; pageable source
+ * bytes are taken now (CUDA stages them), pinned and device ones when it
+ * lands. */
+static int enqueue_copy(stream *s, void *dst, const void *src, size_t n, int snapshot) {
+  op *o = calloc(1, sizeof *o);
+  if (o == NULL) return ERR_MEMORY;
+  *o = (op){.dst = dst, .src = src, .n = n, .due_ms = now_ms() + lag_ms()};
+  if (snapshot && n > 0) {
+    if ((o->owned = malloc(n)) == NULL) {
+      free(o);
+      return ERR_MEMORY;
+    }
+    memcpy(o->owned, src, n);
+  }
+  enqueue(s, o);
+  return OK;
+}
+
+static void drain(stream *s) {
+  pthread_mutex_lock(&s->mu);
+  land(s, 1);
+  while (s->head != NULL) { /* a kernel: wait for it, however long */
+    pthread_cond_wait(&s->cv, &s->mu);
+    land(s, 1);
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+EXPORT int cudaStreamCreate(void **out) {
+  stream *s = calloc(1, sizeof *s);
+  if (s == NULL) return ERR_MEMORY;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  pthread_mutex_lock(&mu);
+  s->next = streams;
+  streams = s;
+  pthread_mutex_unlock(&mu);
+  *out = s;
+  return OK;
+}
+
+EXPORT int cudaStreamSynchronize(void *sp) {
+  drain(sp != NULL ? sp : &legacy);
+  return OK;
+}
+
+EXPORT int cudaDeviceSynchronize(void) {
+  pthread_mutex_lock(&mu);
+  stream *all = streams;
+  pthread_mutex_unlock(&mu);
+  for (stream *s = all; s != NULL; s = s->next) drain(s);
+  return OK;
+}
+
+/* Like CUDA, it waits for the stream's work, then frees it. */
+EXPORT int cudaStreamDestroy(void *sp) {
+  stream *s = sp;
+  drain(s);
+  pthread_mutex_lock(&mu);
+  for (stream **pp = &streams; *pp != NULL; pp = &(*pp)->next)
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+  return OK;
+}
+
+EXPORT int cudaStreamQuery(void *sp) {
+  stream *s = sp != NULL ? sp : &legacy;
+  pthread_mutex_lock(&s->mu);
+  land(s, 0);
+  int rc = s->head != NULL ? ERR_NOT_READY : OK;
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
+EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *sp) {
+  int pageable = kind == KIND_H2D && !is_pinned(src, n);
+  return enqueue_copy(sp != NULL ? sp : &legacy, dst, src, n, pageable);
+}
+
+EXPORT int cudaMemcpy(void *dst, const void *src, size_t n, int kind) {
+  if (kind == KIND_H2D && !is_pinned(src, n))
+    return enqueue_copy(&legacy, dst, src, n, 1); /* returns before it lands */
+  drain(&legacy); /* ordered after earlier work of the default stream */
+  if (n > 0) memcpy(dst, src, n);
+  return OK;
+}
+
 EXPORT int cudaFree(void *ptr) {
   if (ptr == NULL) return OK;
-  alloc *a = take(ptr, 0);
+  alloc *a = take(ptr, 0, 0);
   if (a == NULL) return ERR_INVALID;
   munmap(a->ptr, a->size ? a->size : 1);
   shm_unlink(a->name);
@@ -173,34 +447,11 @@ EXPORT int cudaFree(void *ptr) {
   return OK;
 }
 
-EXPORT int cudaMemcpy(void *dst, const void *src, size_t n, int kind) {
-  (void)kind;
-  if (n > 0) memcpy(dst, src, n);
-  return OK;
-}
-
-EXPORT int cudaStreamCreate(void **stream) {
-  *stream = malloc(1);
-  return *stream ? OK : ERR_MEMORY;
-}
-EXPORT int cudaStreamDestroy(void *stream) {
-  free(stream);
-  return OK;
-}
-EXPORT int cudaStreamQuery(void *stream) {
-  (void)stream;
-  return OK;
-}
-EXPORT int cudaStreamSynchronize(void *stream) {
-  (void)stream;
-  return OK;
-}
-
 EXPORT int cudaIpcGetMemHandle(ipc_handle *h, void *ptr) {
   memset(h, 0, sizeof *h);
   pthread_mutex_lock(&mu);
   alloc *a = allocs;
-  while (a != NULL && (a->ptr != ptr || a->opened)) a = a->next;
+  while (a != NULL && (a->ptr != ptr || a->opened || a->pinned)) a = a->next;
   if (a != NULL) {
     memcpy(h->bytes, "FAKEIPC", 8);
     memcpy(h->bytes + 8, a->name, strlen(a->name));
@@ -211,7 +462,10 @@ EXPORT int cudaIpcGetMemHandle(ipc_handle *h, void *ptr) {
 
 EXPORT int cudaIpcOpenMemHandle(void **ptr, ipc_handle h, unsigned flags) {
   (void)flags;
-  if (memcmp(h.bytes, "FAKEIPC", 8) != 0) return ERR_INVALID;
+  int pid = 0;
+  if (memcmp(h.bytes, "FAKEIPC", 8) != 0 || sscanf(h.bytes + 8, "/wtxfake-%d-", &pid) != 1)
+    return ERR_INVALID;
+  if (pid == (int)getpid()) return ERR_HANDLE; /* CUDA: not in the exporting process */
   alloc *a = calloc(1, sizeof *a);
   if (a == NULL) return ERR_MEMORY;
   memcpy(a->name, h.bytes + 8, sizeof a->name - 1);
@@ -220,7 +474,7 @@ EXPORT int cudaIpcOpenMemHandle(void **ptr, ipc_handle h, unsigned flags) {
 }
 
 EXPORT int cudaIpcCloseMemHandle(void *ptr) {
-  alloc *a = take(ptr, 1);
+  alloc *a = take(ptr, 1, 0);
   if (a == NULL) return ERR_INVALID;
   munmap(a->ptr, a->size ? a->size : 1);
   free(a);
@@ -232,18 +486,27 @@ EXPORT const char *cudaGetErrorString(int err) {
     case OK: return "no error (fake CUDA)";
     case ERR_INVALID: return "invalid argument (fake CUDA)";
     case ERR_MEMORY: return "out of memory (fake CUDA)";
+    case ERR_DEVICE: return "invalid device ordinal (fake CUDA)";
+    case ERR_HANDLE: return "invalid resource handle (fake CUDA)";
+    case ERR_NOT_READY: return "device not ready (fake CUDA)";
     default: return "unknown error (fake CUDA)";
   }
 }
 
+/* This double's own: kernels (broadcasts) of this process still running. */
+EXPORT int wtx_fake_cuda_running_kernels(void) { return atomic_load(&running_kernels); }
+
 /* ---- NCCL ---- */
 
+/* One communicator's state shared by its ranks' processes. */
 typedef struct control {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   atomic_int ready;
-  int joined;
-  int nranks;
+  int nranks, joined;
+  int pid[MAX_RANKS];
+  unsigned char uuid[MAX_RANKS][16];
+  int device[MAX_RANKS];
   uint64_t posted; /* broadcasts posted by the root */
   int done;        /* ranks that copied the last one */
   size_t bytes;
@@ -252,41 +515,129 @@ typedef struct control {
 typedef struct comm {
   control *ctl;
   char name[64];
-  int rank, nranks;
+  int rank, nranks, device;
   uint64_t seq;
-  int failed;
+  atomic_int state;   /* NCCL_IN_PROGRESS while joining, then a result */
+  atomic_int aborted; /* ncclCommAbort: every wait ends */
+  atomic_int kernels; /* its broadcasts still running */
+  pthread_t joiner;
+  int has_joiner;
+  char last[300]; /* ncclGetLastError */
 } comm;
 
-static int timeout_ms(void) {
-  const char *e = getenv("WTX_FAKE_NCCL_TIMEOUT_MS");
-  return e != NULL && atoi(e) > 0 ? atoi(e) : 10000;
-}
-
-static struct timespec deadline(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  int ms = timeout_ms();
-  ts.tv_sec += ms / 1000;
-  ts.tv_nsec += (long)(ms % 1000) * 1000000;
-  if (ts.tv_nsec >= 1000000000) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000;
-  }
-  return ts;
-}
+static _Thread_local char last_error[300];
 
 static void lock(control *c) {
   if (pthread_mutex_lock(&c->mu) == EOWNERDEAD) pthread_mutex_consistent(&c->mu);
 }
 
-/* Waits on the condition; 0 on a wake-up, ETIMEDOUT past the deadline. */
-static int wait_until(control *c, const struct timespec *until) {
-  int r = pthread_cond_timedwait(&c->cv, &c->mu, until);
-  if (r == EOWNERDEAD) {
-    pthread_mutex_consistent(&c->mu);
-    r = 0;
+/* Waits on the control block for up to 5 ms (then the caller looks at
+ * aborts and dead peers again). */
+static void wait_a_little(control *c) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += 5000000;
+  if (ts.tv_nsec >= 1000000000) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000;
   }
-  return r == ETIMEDOUT ? ETIMEDOUT : 0;
+  if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) == EOWNERDEAD)
+    pthread_mutex_consistent(&c->mu);
+}
+
+/* A rank whose process is gone, or -1. Caller holds the control lock. */
+static int dead_peer(const comm *cm) {
+  for (int r = 0; r < cm->nranks; r++)
+    if (r != cm->rank && cm->ctl->pid[r] > 0 && kill(cm->ctl->pid[r], 0) != 0 && errno == ESRCH)
+      return r;
+  return -1;
+}
+
+/* Records msg as the communicator's last error (ncclGetLastError). */
+static int fail_with(comm *cm, int result, const char *msg) {
+  snprintf(cm->last, sizeof cm->last, "%s", msg);
+  snprintf(last_error, sizeof last_error, "%s", msg);
+  return result;
+}
+
+/* Waits until every rank has joined; no timeout (NCCL's bootstrap has
+ * none either): ends early only on abort or a dead peer. */
+static int join(comm *cm) {
+  control *c = cm->ctl;
+  lock(c);
+  int rc = OK, dead = -1;
+  while (c->joined < cm->nranks && rc == OK) {
+    if (atomic_load(&cm->aborted)) rc = NCCL_SYSTEM;
+    else if ((dead = dead_peer(cm)) >= 0) rc = NCCL_REMOTE;
+    else wait_a_little(c);
+  }
+  int dup = -1;
+  for (int r = 0; rc == OK && r < cm->nranks; r++)
+    if (r != cm->rank && memcmp(c->uuid[r], c->uuid[cm->rank], 16) == 0) dup = r;
+  int dev = c->device[cm->rank];
+  pthread_mutex_unlock(&c->mu);
+  char msg[200];
+  if (rc == NCCL_SYSTEM) return fail_with(cm, rc, "communicator aborted during init");
+  if (rc == NCCL_REMOTE) {
+    snprintf(msg, sizeof msg, "rank %d is gone (its process exited)", dead);
+    return fail_with(cm, rc, msg);
+  }
+  if (dup >= 0) {
+    snprintf(msg, sizeof msg, "Duplicate GPU detected : rank %d and rank %d both on CUDA "
+             "device %x", cm->rank < dup ? cm->rank : dup, cm->rank < dup ? dup : cm->rank, dev);
+    return fail_with(cm, NCCL_USAGE, msg);
+  }
+  return OK;
+}
+
+static void *joiner(void *arg) {
+  comm *cm = arg;
+  atomic_store(&cm->state, join(cm));
+  return NULL;
+}
+
+/* Maps (creating it when first) the control block of id. */
+static int attach(comm *cm) {
+  size_t size = sizeof(control);
+  void *p = NULL;
+  int created = map_shm(cm->name, 1, &size, &p) == OK;
+  while (!created) { /* the creator may not have sized it yet */
+    size = 0;
+    if (map_shm(cm->name, 0, &size, &p) == OK && size >= sizeof(control)) break;
+    if (p != NULL) munmap(p, size ? size : 1);
+    p = NULL;
+    if (atomic_load(&cm->aborted)) return NCCL_SYSTEM;
+    sleep_ms(1);
+  }
+  control *c = cm->ctl = p;
+  if (created) {
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&c->mu, &ma);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+    pthread_cond_init(&c->cv, &ca);
+    c->nranks = cm->nranks;
+    atomic_store(&c->ready, 1);
+  }
+  while (!atomic_load(&c->ready)) sleep_ms(1);
+  lock(c);
+  c->pid[cm->rank] = (int)getpid();
+  device_uuid(cm->device, c->uuid[cm->rank]);
+  c->device[cm->rank] = cm->device;
+  c->joined++;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return OK;
+}
+
+static void comm_free(comm *cm) {
+  if (cm->ctl != NULL) munmap(cm->ctl, sizeof(control));
+  shm_unlink(cm->name);
+  free(cm);
 }
 
 EXPORT int ncclGetUniqueId(nccl_id *id) {
@@ -304,143 +655,209 @@ EXPORT int ncclGetUniqueId(nccl_id *id) {
   return OK;
 }
 
-EXPORT int ncclCommInitRank(void **out, int nranks, nccl_id id, int rank) {
-  if (strncmp(id.internal, "/wtxfakenccl-", 13) != 0 || rank < 0 || rank >= nranks)
+EXPORT int ncclCommInitRankConfig(void **out, int nranks, nccl_id id, int rank,
+                                  nccl_config_head *config) {
+  *out = NULL;
+  if (strncmp(id.internal, "/wtxfakenccl-", 13) != 0 || rank < 0 || rank >= nranks ||
+      nranks > MAX_RANKS)
+    return NCCL_INVALID;
+  if (config != NULL && (config->magic != 0xcafebeef || config->size < sizeof *config))
     return NCCL_INVALID;
   comm *cm = calloc(1, sizeof *cm);
   if (cm == NULL) return NCCL_SYSTEM;
   snprintf(cm->name, sizeof cm->name, "%.60s", id.internal);
   cm->rank = rank;
   cm->nranks = nranks;
-  size_t size = sizeof(control);
-  void *p = NULL;
-  int created = map_shm(cm->name, 1, &size, &p) == OK;
-  if (!created) {
-    struct timespec until = deadline(), now;
-    for (;;) { /* the creator may not have sized it yet */
-      size = 0;
-      if (map_shm(cm->name, 0, &size, &p) == OK && size >= sizeof(control)) break;
-      if (p != NULL) munmap(p, size ? size : 1), p = NULL;
-      clock_gettime(CLOCK_REALTIME, &now);
-      if (now.tv_sec > until.tv_sec) {
-        free(cm);
-        return NCCL_SYSTEM;
-      }
-      usleep(1000);
-    }
-  }
-  control *c = cm->ctl = p;
-  if (created) {
-    pthread_mutexattr_t ma;
-    pthread_mutexattr_init(&ma);
-    pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init(&c->mu, &ma);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
-    pthread_cond_init(&c->cv, &ca);
-    c->nranks = nranks;
-    atomic_store(&c->ready, 1);
-  }
-  while (!atomic_load(&c->ready)) usleep(100);
-  struct timespec until = deadline();
-  lock(c);
-  c->joined++;
-  pthread_cond_broadcast(&c->cv);
-  int rc = OK;
-  while (c->joined < nranks && rc == OK)
-    if (wait_until(c, &until) == ETIMEDOUT) rc = NCCL_SYSTEM;
-  pthread_mutex_unlock(&c->mu);
+  cm->device = current_device;
+  atomic_init(&cm->state, NCCL_IN_PROGRESS);
+  int rc = attach(cm);
   if (rc != OK) {
-    munmap(c, sizeof *c);
-    shm_unlink(cm->name);
-    free(cm);
+    comm_free(cm);
     return rc;
   }
+  int blocking = config == NULL || config->blocking != 0;
+  if (blocking) { /* the defect non-blocking init fixes: no way out */
+    rc = join(cm);
+    if (rc != OK) {
+      comm_free(cm);
+      return rc;
+    }
+    atomic_store(&cm->state, OK);
+    *out = cm;
+    return OK;
+  }
+  if (pthread_create(&cm->joiner, NULL, joiner, cm) != 0) {
+    comm_free(cm);
+    return NCCL_SYSTEM;
+  }
+  cm->has_joiner = 1;
   *out = cm;
-  return OK;
+  return NCCL_IN_PROGRESS;
 }
 
-EXPORT int ncclBroadcast(const void *send, void *recv, size_t count, int dtype,
-                         int root, void *commp, void *stream) {
-  (void)dtype;
-  (void)stream;
-  comm *cm = commp;
-  control *c = cm->ctl;
-  if (cm->failed) return NCCL_SYSTEM;
-  char data_name[100];
-  snprintf(data_name, sizeof data_name, "%s-%llu", cm->name,
-           (unsigned long long)cm->seq);
-  struct timespec until = deadline();
-  int rc = OK;
-  if (cm->rank == root) {
-    void *p = NULL;
-    size_t size = count;
-    if (map_shm(data_name, 1, &size, &p) != OK) return NCCL_SYSTEM;
-    if (count > 0) memcpy(p, send, count);
-    munmap(p, count ? count : 1);
-    lock(c);
-    c->bytes = count;
-    c->done = 0;
-    c->posted = cm->seq + 1;
-    pthread_cond_broadcast(&c->cv);
-    while (c->done < cm->nranks - 1 && rc == OK)
-      if (wait_until(c, &until) == ETIMEDOUT) rc = NCCL_SYSTEM;
-    pthread_mutex_unlock(&c->mu);
-    shm_unlink(data_name);
-  } else {
-    lock(c);
-    while (c->posted < cm->seq + 1 && rc == OK)
-      if (wait_until(c, &until) == ETIMEDOUT) rc = NCCL_SYSTEM;
-    size_t bytes = c->bytes;
-    pthread_mutex_unlock(&c->mu);
-    if (rc == OK && bytes != count) rc = NCCL_INVALID;
-    if (rc == OK) {
-      void *p = NULL;
-      size_t size = 0;
-      if (map_shm(data_name, 0, &size, &p) != OK) {
-        rc = NCCL_SYSTEM;
-      } else {
-        if (count > 0) memcpy(recv, p, count);
-        munmap(p, size ? size : 1);
-      }
-    }
-    if (rc == OK) {
-      lock(c);
-      c->done++;
-      pthread_cond_broadcast(&c->cv);
-      pthread_mutex_unlock(&c->mu);
-    }
-  }
-  cm->seq++;
-  if (rc != OK) cm->failed = 1;
-  return rc;
+EXPORT int ncclCommInitRank(void **out, int nranks, nccl_id id, int rank) {
+  return ncclCommInitRankConfig(out, nranks, id, rank, NULL);
 }
 
 EXPORT int ncclCommGetAsyncError(void *commp, int *err) {
-  *err = ((comm *)commp)->failed ? NCCL_SYSTEM : OK;
+  if (commp == NULL) return NCCL_INVALID;
+  *err = atomic_load(&((comm *)commp)->state);
   return OK;
 }
 
-static int comm_free(void *commp) {
+EXPORT const char *ncclGetLastError(void *commp) {
+  return commp != NULL ? ((comm *)commp)->last : last_error;
+}
+
+typedef struct bcast {
+  comm *cm;
+  kernel *k;
+  stream *s;
+  const void *send;
+  void *recv;
+  size_t count;
+  int root;
+  uint64_t seq;
+} bcast;
+
+/* The broadcast's "kernel" on the root: post the bytes, wait until every
+ * rank took them. */
+static int bcast_root(bcast *b, const char *data_name) {
+  comm *cm = b->cm;
+  control *c = cm->ctl;
+  void *p = NULL;
+  size_t size = b->count;
+  if (map_shm(data_name, 1, &size, &p) != OK) return NCCL_SYSTEM;
+  if (b->count > 0) memcpy(p, b->send, b->count);
+  munmap(p, b->count ? b->count : 1);
+  lock(c);
+  c->bytes = b->count;
+  c->done = 0;
+  c->posted = b->seq + 1;
+  pthread_cond_broadcast(&c->cv);
+  int rc = OK;
+  while (c->done < cm->nranks - 1 && rc == OK) {
+    if (atomic_load(&cm->aborted)) rc = NCCL_SYSTEM;
+    else if (dead_peer(cm) >= 0) rc = NCCL_REMOTE;
+    else wait_a_little(c);
+  }
+  pthread_mutex_unlock(&c->mu);
+  shm_unlink(data_name);
+  return rc;
+}
+
+/* On the other ranks: wait for the root's bytes, take them. */
+static int bcast_leaf(bcast *b, const char *data_name) {
+  comm *cm = b->cm;
+  control *c = cm->ctl;
+  lock(c);
+  int rc = OK;
+  while (c->posted < b->seq + 1 && rc == OK) {
+    if (atomic_load(&cm->aborted)) rc = NCCL_SYSTEM;
+    else if (dead_peer(cm) >= 0) rc = NCCL_REMOTE;
+    else wait_a_little(c);
+  }
+  size_t bytes = c->bytes;
+  pthread_mutex_unlock(&c->mu);
+  if (rc == OK && bytes != b->count) rc = NCCL_INVALID;
+  void *p = NULL;
+  size_t size = 0;
+  if (rc == OK && map_shm(data_name, 0, &size, &p) != OK) rc = NCCL_SYSTEM;
+  if (rc == OK) {
+    if (b->count > 0) memcpy(b->recv, p, b->count);
+    munmap(p, size ? size : 1);
+    lock(c);
+    c->done++;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+  }
+  return rc;
+}
+
+static void *bcast_kernel(void *arg) {
+  bcast *b = arg;
+  char data_name[100];
+  snprintf(data_name, sizeof data_name, "%s-%llu", b->cm->name, (unsigned long long)b->seq);
+  int rc = b->cm->rank == b->root ? bcast_root(b, data_name) : bcast_leaf(b, data_name);
+  comm *cm = b->cm;
+  if (rc != OK && !atomic_load(&cm->aborted)) {
+    fail_with(cm, rc, "broadcast: a peer process is gone");
+    atomic_store(&cm->state, rc);
+  }
+  pthread_mutex_lock(&b->s->mu);
+  b->k->result = rc;
+  atomic_store(&b->k->done, 1);
+  pthread_cond_broadcast(&b->s->cv);
+  pthread_mutex_unlock(&b->s->mu);
+  atomic_fetch_sub(&running_kernels, 1);
+  free(b);
+  atomic_fetch_sub(&cm->kernels, 1); /* last: an abort may free cm now */
+  return NULL;
+}
+
+EXPORT int ncclBroadcast(const void *send, void *recv, size_t count, int dtype, int root,
+                         void *commp, void *sp) {
+  (void)dtype;
+  comm *cm = commp;
+  if (cm == NULL || atomic_load(&cm->state) != OK) return NCCL_INVALID;
+  bcast *b = calloc(1, sizeof *b);
+  op *o = calloc(1, sizeof *o);
+  kernel *k = calloc(1, sizeof *k);
+  if (b == NULL || o == NULL || k == NULL) {
+    free(b);
+    free(o);
+    free(k);
+    return NCCL_SYSTEM;
+  }
+  stream *s = sp != NULL ? sp : &legacy;
+  *b = (bcast){cm, k, s, send, recv, count, root, cm->seq++};
+  o->k = k;
+  enqueue(s, o);
+  atomic_fetch_add(&running_kernels, 1);
+  atomic_fetch_add(&cm->kernels, 1);
+  pthread_t t;
+  if (pthread_create(&t, NULL, bcast_kernel, b) != 0) {
+    atomic_fetch_sub(&running_kernels, 1);
+    atomic_fetch_sub(&cm->kernels, 1);
+    atomic_store(&k->done, 1);
+    free(b);
+    return NCCL_SYSTEM;
+  }
+  pthread_detach(t);
+  return OK;
+}
+
+/* Ends every wait of the communicator (init, kernels), then frees it. */
+EXPORT int ncclCommAbort(void *commp) {
   comm *cm = commp;
   if (cm == NULL) return NCCL_INVALID;
-  munmap(cm->ctl, sizeof(control));
-  shm_unlink(cm->name);
-  free(cm);
+  atomic_store(&cm->aborted, 1);
+  if (cm->has_joiner) pthread_join(cm->joiner, NULL);
+  while (atomic_load(&cm->kernels) > 0) sleep_ms(1); /* they see the abort within 5 ms */
+  comm_free(cm);
   return OK;
 }
 
-EXPORT int ncclCommAbort(void *commp) { return comm_free(commp); }
-EXPORT int ncclCommDestroy(void *commp) { return comm_free(commp); }
+EXPORT int ncclCommDestroy(void *commp) {
+  comm *cm = commp;
+  if (cm == NULL) return NCCL_INVALID;
+  if (cm->has_joiner) { /* a destroy during init: NCCL requires an abort */
+    atomic_store(&cm->aborted, 1);
+    pthread_join(cm->joiner, NULL);
+  }
+  while (atomic_load(&cm->kernels) > 0) sleep_ms(1); /* destroy waits for its work */
+  comm_free(cm);
+  return OK;
+}
 
 EXPORT const char *ncclGetErrorString(int err) {
   switch (err) {
     case OK: return "no error (fake NCCL)";
-    case NCCL_SYSTEM: return "unhandled system error: a peer did not answer "
-                             "within WTX_FAKE_NCCL_TIMEOUT_MS (fake NCCL)";
+    case NCCL_SYSTEM: return "unhandled system error (fake NCCL)";
     case NCCL_INVALID: return "invalid argument (fake NCCL)";
+    case NCCL_USAGE: return "invalid usage (fake NCCL)";
+    case NCCL_REMOTE: return "remote process exited or there was a network error (fake NCCL)";
+    case NCCL_IN_PROGRESS: return "NCCL operation in progress (fake NCCL)";
     default: return "unknown error (fake NCCL)";
   }
 }

@@ -232,10 +232,11 @@ std::atomic<int> g_corrupt_chunk{-1}, g_chunks{0};
 wtx_trainer_transport g_corrupting[4];
 
 template <int I>
-int CorruptingPrepare(void *self, uint32_t k, const wtx_chunk *c, Wtx__V1__UpdateInfo *ui) {
+int CorruptingPrepare(void *self, uint32_t k, const wtx_chunk *c, Wtx__V1__UpdateInfo *ui,
+                      char *err, size_t errlen) {
   const wtx_trainer_transport *real = &g_corrupting[I];
   if (g_chunks++ == g_corrupt_chunk && c->bytes > 0) real->buffer(self, k)[c->bytes / 2] ^= 0x10;
-  return real->prepare(self, k, c, ui);
+  return real->prepare(self, k, c, ui, err, errlen);
 }
 
 void RegisterCorrupting() {
@@ -245,7 +246,8 @@ void RegisterCorrupting() {
     static const char *const names[4] = {"corrupt_shm", "corrupt_tcp", "corrupt_nccl",
                                          "corrupt_cuda_ipc"};
     const char *reals[4] = {"shm", "tcp", "nccl", "cuda_ipc"};
-    int (*prepares[4])(void *, uint32_t, const wtx_chunk *, Wtx__V1__UpdateInfo *) = {
+    int (*prepares[4])(void *, uint32_t, const wtx_chunk *, Wtx__V1__UpdateInfo *, char *,
+                       size_t) = {
         CorruptingPrepare<0>, CorruptingPrepare<1>, CorruptingPrepare<2>,
         CorruptingPrepare<3>};
     static wtx_trainer_transport wrappers[4];
@@ -400,7 +402,6 @@ struct UseCudaDouble : ::testing::Environment {
     std::string lib = std::string(cwd) + "/cuda/testing/libwtx_fake_cuda.so";
     setenv("WTX_CUDART_LIB", lib.c_str(), 1);
     setenv("WTX_NCCL_LIB", lib.c_str(), 1);
-    setenv("WTX_FAKE_NCCL_TIMEOUT_MS", "3000", 1);
   }
 };
 const auto *const kDouble = ::testing::AddGlobalTestEnvironment(new UseCudaDouble);

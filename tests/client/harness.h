@@ -49,7 +49,17 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
     std::vector<char *> argv;
     for (auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
     argv.push_back(nullptr);
-    EXPECT_EQ(0, posix_spawn(&w.pid, argv[0], nullptr, nullptr, argv.data(), environ));
+    // NCCL refuses two ranks on one GPU: unless the test chose a device,
+    // worker k takes GPU k + 1 (the trainer, rank 0, has GPU 0).
+    std::vector<std::string> env_s;
+    for (char **e = environ; *e != nullptr; e++) env_s.emplace_back(*e);
+    std::string backend = backend_.empty() ? GetParam() : backend_;
+    if (backend.find("nccl") != std::string::npos && getenv("WTX_CUDA_DEVICE") == nullptr)
+      env_s.push_back("WTX_CUDA_DEVICE=" + std::to_string(1 + workers_.size() % 7));
+    std::vector<char *> envp;
+    for (auto &e : env_s) envp.push_back(const_cast<char *>(e.c_str()));
+    envp.push_back(nullptr);
+    EXPECT_EQ(0, posix_spawn(&w.pid, argv[0], nullptr, nullptr, argv.data(), envp.data()));
     for (int i = 0; i < 1000 && w.port == 0; i++) {
       std::ifstream f(pf);
       if (!(f >> w.port)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
