@@ -10,11 +10,14 @@
 #ifndef WTX_CUDA_CUDA_H
 #define WTX_CUDA_CUDA_H
 
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/stop.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct { char bytes[64]; } wtx_cuda_ipc_handle;  /* cudaIpcMemHandle_t */
 typedef struct { char internal[128]; } wtx_nccl_id;       /* ncclUniqueId */
@@ -154,4 +157,7 @@ uint8_t *wtx__cuda_trainer_host(wtx__cuda_trainer *t, uint32_t k);
 int wtx__cuda_trainer_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes, char *err,
                              size_t errlen);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* WTX_CUDA_CUDA_H */

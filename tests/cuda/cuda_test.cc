@@ -1,0 +1,235 @@
+// The CUDA/NCCL seam (cuda/cuda.c) and the GPU backends' halves in one
+// process, on the TEST DOUBLE of CUDA and NCCL (cuda/testing/fake_cuda.c):
+// each test is a defect read against real CUDA semantics that the double
+// now models, and fails without its fix.
+#include "cuda/cuda.h"
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/rx.h"
+#include "transport/transport.h"
+#include "wtx/error.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string DoublePath() {
+  char cwd[4096];
+  EXPECT_NE(nullptr, getcwd(cwd, sizeof cwd));
+  return std::string(cwd) + "/cuda/testing/libwtx_fake_cuda.so";
+}
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("WTX_CUDART_LIB", DoublePath().c_str(), 1);
+    setenv("WTX_NCCL_LIB", DoublePath().c_str(), 1);
+    char err[600] = "";
+    ASSERT_EQ(0, wtx__cuda_load(1, &c_, err, sizeof err)) << err;
+    // The double's own export: broadcasts of this process still running.
+    void *h = dlopen(DoublePath().c_str(), RTLD_NOW | RTLD_NOLOAD);
+    ASSERT_NE(nullptr, h);
+    running_ = reinterpret_cast<int (*)()>(dlsym(h, "wtx_fake_cuda_running_kernels"));
+    ASSERT_NE(nullptr, running_);
+  }
+  void TearDown() override {
+    unsetenv("WTX_CUDA_DEVICE");
+    unsetenv("WTX_FAKE_CUDA_LAG_MS");
+  }
+  int Device() {
+    int d = -1;
+    EXPECT_EQ(0, c_->GetDevice(&d));
+    return d;
+  }
+  static wtx_nccl_id NewId(const wtx_cuda *c) {
+    wtx_nccl_id id;
+    EXPECT_EQ(0, c->GetUniqueId(&id));
+    return id;
+  }
+  const wtx_cuda *c_ = nullptr;
+  int (*running_)() = nullptr;
+};
+
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// NCCL's rendezvous waits for ever for a rank that never comes; the join
+// is non-blocking, so it ends at the timeout, or at once when cancelled.
+TEST_F(CudaTest, AJoinWithoutItsPeersEndsAtTheTimeoutOrOnCancel) {
+  wtx_nccl_id id = NewId(c_);
+  void *comm = reinterpret_cast<void *>(1);
+  char err[400] = "";
+  auto t0 = Clock::now();
+  EXPECT_EQ(WTX_ETIMEDOUT, wtx__nccl_join(c_, &comm, 2, &id, 1, 300, nullptr, err, sizeof err));
+  EXPECT_LT(Seconds(t0), 5.0);
+  EXPECT_EQ(nullptr, comm);
+  EXPECT_NE(nullptr, strstr(err, "not every rank joined within 300 ms")) << err;
+
+  std::atomic<int> flag{0};  // C's atomic_int, as a worker's cancel sets it
+  wtx_stop stop = {};
+  stop.flag = &flag;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    flag = 1;
+  });
+  id = NewId(c_);
+  t0 = Clock::now();
+  EXPECT_EQ(WTX_ECANCELED, wtx__nccl_join(c_, &comm, 2, &id, 1, 60000, &stop, err, sizeof err));
+  canceller.join();
+  EXPECT_LT(Seconds(t0), 5.0);
+  EXPECT_EQ(nullptr, comm);
+}
+
+// Two ranks on one GPU: NCCL refuses, and ncclGetLastError says why.
+TEST_F(CudaTest, TwoRanksOnOneGpuFailWithNcclsOwnDetail) {
+  wtx_nccl_id id = NewId(c_);
+  int rc0 = 0, rc1 = 0;
+  char e0[400] = "", e1[400] = "";
+  void *comm0 = nullptr, *comm1 = nullptr;
+  std::thread r0([&] {
+    c_->SetDevice(0);
+    rc0 = wtx__nccl_join(c_, &comm0, 2, &id, 0, 10000, nullptr, e0, sizeof e0);
+  });
+  c_->SetDevice(0);
+  rc1 = wtx__nccl_join(c_, &comm1, 2, &id, 1, 10000, nullptr, e1, sizeof e1);
+  r0.join();
+  EXPECT_EQ(WTX_EUNAVAIL, rc0);
+  EXPECT_EQ(WTX_EUNAVAIL, rc1);
+  EXPECT_NE(nullptr, strstr(e1, "Duplicate GPU detected : rank 0 and rank 1")) << e1;
+}
+
+// The caller's current device (PyTorch's, in a trainer) is what it was
+// after every call of a GPU backend, on both halves.
+TEST_F(CudaTest, TheCallersCurrentDeviceIsRestored) {
+  ASSERT_EQ(0, c_->SetDevice(5));
+  setenv("WTX_CUDA_DEVICE", "2", 1);
+  wtx__cuda_trainer t;
+  char err[600] = "";
+  ASSERT_EQ(0, wtx__cuda_trainer_open(&t, "test", 1, 2, 1 << 16, 5000, err, sizeof err)) << err;
+  EXPECT_EQ(5, Device());
+  memset(wtx__cuda_trainer_host(&t, 1), 7, 1 << 16);
+  ASSERT_EQ(0, wtx__cuda_trainer_upload(&t, 1, 1 << 16, err, sizeof err)) << err;
+  EXPECT_EQ(5, Device());
+  wtx__cuda_trainer_close(&t);
+  EXPECT_EQ(5, Device());
+  // The worker halves too.
+  wtx_wire_params wire{1, 1 << 20, 2, 2, 5000};
+  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+  void *w = nullptr;
+  ASSERT_EQ(0, wtx_cuda_ipc_worker_transport.init(&ii, &wire, nullptr, &w, err, sizeof err))
+      << err;
+  EXPECT_EQ(5, Device());
+  wtx_cuda_ipc_worker_transport.destroy(w);
+  EXPECT_EQ(5, Device());
+}
+
+// A chunk announced to the workers is on the device already: the trainer
+// waits for its upload, which from pageable memory would land later (the
+// double lands copies 300 ms late here), and another process reading the
+// buffer right away sees the new bytes.
+TEST_F(CudaTest, AnAnnouncedChunkIsAlreadyInDeviceMemory) {
+  setenv("WTX_FAKE_CUDA_LAG_MS", "300", 1);
+  wtx_trainer_args args{};
+  args.wire = wtx_wire_params{1, 1 << 20, 1, 2, 5000};
+  args.n_workers = 1;
+  void *t = nullptr;
+  char err[600] = "";
+  ASSERT_EQ(0, wtx_cuda_ipc_trainer_transport.create(&args, &t, err, sizeof err)) << err;
+  uint8_t *host = wtx_cuda_ipc_trainer_transport.buffer(t, 0);
+  for (size_t i = 0; i < (1 << 20); i++) host[i] = static_cast<uint8_t>(i * 7 + 3);
+  wtx_chunk ch{};
+  ch.bytes = 1 << 20;
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  ASSERT_EQ(0, wtx_cuda_ipc_trainer_transport.prepare(t, 0, &ch, &ui, err, sizeof err)) << err;
+  // Another process opens the exported handle and reads at once.
+  const Wtx__V1__CudaIpcBuffer *b = ui.cuda_ipc->buffers[0];
+  wtx_cuda_ipc_handle h;
+  memcpy(&h, b->handle.data, sizeof h);
+  // The child maps the object the double's handle names with plain
+  // syscalls (after fork only async-signal-safe calls: no CUDA, no locks).
+  std::string name(h.bytes + 8);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    void *p = fd >= 0 ? mmap(nullptr, 1 << 20, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (p == MAP_FAILED) _exit(2);
+    const uint8_t *d = static_cast<const uint8_t *>(p);
+    for (size_t i = 0; i < (1 << 20); i++)
+      if (d[i] != static_cast<uint8_t>(i * 7 + 3)) _exit(1);
+    _exit(0);
+  }
+  int st = 0;
+  ASSERT_EQ(pid, waitpid(pid, &st, 0));
+  EXPECT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(0, WEXITSTATUS(st)) << "1: the other process read stale bytes; 2: no handle";
+  // CUDA opens an IPC handle in another process only.
+  void *p = nullptr;
+  EXPECT_NE(0, c_->IpcOpenMemHandle(&p, h, WTX_CUDA_IPC_LAZY_PEER));
+  wtx_cuda_ipc_trainer_transport.destroy(t);
+}
+
+// A worker's broadcast that times out is aborted at once: its kernel does
+// not keep running on the GPU, and the next update says the communicator
+// is gone.
+TEST_F(CudaTest, ATimedOutBroadcastIsAbortedNotLeftRunning) {
+  wtx_nccl_id id = NewId(c_);
+  std::atomic<bool> stop_root{false};
+  void *root = nullptr;
+  std::thread r0([&] {
+    c_->SetDevice(0);
+    char e[400];
+    ASSERT_EQ(0, wtx__nccl_join(c_, &root, 2, &id, 0, 10000, nullptr, e, sizeof e)) << e;
+    while (!stop_root) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  setenv("WTX_CUDA_DEVICE", "1", 1);
+  wtx_wire_params wire{1, 1 << 20, 2, 2, 300};
+  Wtx__V1__NcclInitInfo ni = WTX__V1__NCCL_INIT_INFO__INIT;
+  ni.unique_id.data = reinterpret_cast<uint8_t *>(&id);
+  ni.unique_id.len = sizeof id;
+  ni.world_size = 2;
+  ni.rank_offset = 1;
+  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+  ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
+  ii.nccl = &ni;
+  void *w = nullptr;
+  char err[600] = "", addr[64];
+  ASSERT_EQ(0, wtx_nccl_worker_transport.init(&ii, &wire, nullptr, &w, err, sizeof err)) << err;
+  ASSERT_EQ(0, wtx_nccl_worker_transport.connect(w, addr, sizeof addr, err, sizeof err)) << err;
+  wtx_rx *rx = nullptr;
+  ASSERT_EQ(0, wtx__rx_create(&rx));
+  std::vector<uint8_t> dst(4096);
+  wtx_rx_tensor rt = {"t", dst.size(), dst.data()};
+  ASSERT_EQ(0, wtx__rx_begin(rx, &rt, 1, 0, dst.size(), 0));
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  auto t0 = Clock::now();
+  // Rank 0 never broadcasts.
+  EXPECT_EQ(WTX_ETIMEDOUT, wtx_nccl_worker_transport.receive(w, &ui, rx));
+  EXPECT_LT(Seconds(t0), 5.0);
+  EXPECT_NE(std::string::npos, std::string(wtx__rx_error(rx)).find("communicator aborted"))
+      << wtx__rx_error(rx);
+  EXPECT_EQ(0, running_());  // the worker's broadcast kernel is gone
+  wtx__rx_reset(rx);
+  ASSERT_EQ(0, wtx__rx_begin(rx, &rt, 1, 0, dst.size(), 0));
+  EXPECT_EQ(WTX_ESTATE, wtx_nccl_worker_transport.receive(w, &ui, rx));
+  wtx_nccl_worker_transport.destroy(w);
+  wtx__rx_destroy(rx);
+  stop_root = true;
+  r0.join();
+  c_->CommAbort(root);
+}
+
+}  // namespace
