@@ -14,7 +14,8 @@
  *    pageable host memory to the device returns before the bytes land (the
  *    same lag), as CUDA documents: another process reading the buffer right
  *    after it sees the old bytes. From pinned memory (cudaMallocHost), and
- *    device to host, cudaMemcpy returns once the bytes are there;
+ *    device to host, cudaMemcpy returns once the bytes are there. cudaFree
+ *    and cudaFreeHost wait for the device's work first, as CUDA's do;
  *  - the current device is per thread (cudaSetDevice / cudaGetDevice), and
  *    a device's UUID is WTX_FAKE_CUDA_UUID (32 hex digits) when set, else
  *    "wtx-fake-gpu-" and the device number;
@@ -247,7 +248,11 @@ static alloc *take(void *ptr, int opened, int pinned) {
   return a;
 }
 
+static void synchronize_all(void);
+
+/* Like CUDA's, it waits for the device's work first. */
 EXPORT int cudaFreeHost(void *ptr) {
+  synchronize_all();
   alloc *a = take(ptr, 0, 1);
   if (a == NULL) return ERR_INVALID;
   free(a->ptr);
@@ -390,11 +395,15 @@ EXPORT int cudaStreamSynchronize(void *sp) {
   return OK;
 }
 
-EXPORT int cudaDeviceSynchronize(void) {
+static void synchronize_all(void) {
   pthread_mutex_lock(&mu);
   stream *all = streams;
   pthread_mutex_unlock(&mu);
   for (stream *s = all; s != NULL; s = s->next) drain(s);
+}
+
+EXPORT int cudaDeviceSynchronize(void) {
+  synchronize_all();
   return OK;
 }
 
@@ -437,8 +446,10 @@ EXPORT int cudaMemcpy(void *dst, const void *src, size_t n, int kind) {
   return OK;
 }
 
+/* Like CUDA's, it waits for the device's work first. */
 EXPORT int cudaFree(void *ptr) {
   if (ptr == NULL) return OK;
+  synchronize_all();
   alloc *a = take(ptr, 0, 0);
   if (a == NULL) return ERR_INVALID;
   munmap(a->ptr, a->size ? a->size : 1);
