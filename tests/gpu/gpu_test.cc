@@ -2,6 +2,7 @@
 // tests/gpu/run.sh on a machine with an NVIDIA GPU. Without one every test
 // reports SKIPPED with the reason, never passed.
 #include <dlfcn.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -13,11 +14,21 @@ namespace {
 using wtxtest::EngineTest;
 using wtxtest::Worker;
 
-// GPUs visible through the real CUDA runtime; 0 with the reason when none.
+// Whether this machine has an NVIDIA GPU, asked of the driver, not of the
+// CUDA runtime: a GPU machine whose runtime cannot be found must fail.
+bool HasGpu() {
+  return access("/dev/nvidiactl", F_OK) == 0 || access("/proc/driver/nvidia/gpus", F_OK) == 0;
+}
+
+// GPUs visible through the real CUDA runtime (WTX_GPU_CUDART names it when
+// it is not on the loader's path, e.g. in a torch wheel); 0 with the
+// reason when none.
 int DeviceCount(std::string *why) {
   void *h = nullptr;
+  const char *named = getenv("WTX_GPU_CUDART");
+  if (named != nullptr && named[0] != '\0') h = dlopen(named, RTLD_NOW | RTLD_LOCAL);
   for (const char *lib : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"})
-    if ((h = dlopen(lib, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    if (h == nullptr) h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
     *why = "no CUDA runtime (libcudart) on this machine";
     return 0;
@@ -35,9 +46,15 @@ class GpuTest : public EngineTest {
  protected:
   void SetUp() override {
     EngineTest::SetUp();
-    unsetenv("WTX_CUDART_LIB");  // the real libraries, never the double
-    unsetenv("WTX_NCCL_LIB");
+    // The real libraries, never the double: WTX_GPU_CUDART / WTX_GPU_NCCL
+    // (tests/gpu/device_check.sh finds them) or the loader's path.
+    const char *rt = getenv("WTX_GPU_CUDART"), *nccl = getenv("WTX_GPU_NCCL");
+    if (rt != nullptr) setenv("WTX_CUDART_LIB", rt, 1);
+    else unsetenv("WTX_CUDART_LIB");
+    if (nccl != nullptr) setenv("WTX_NCCL_LIB", nccl, 1);
+    else unsetenv("WTX_NCCL_LIB");
     gpus_ = DeviceCount(&why_);
+    if (gpus_ == 0 && HasGpu()) FAIL() << "this machine has an NVIDIA GPU but " << why_;
     if (gpus_ == 0) GTEST_SKIP() << why_;
   }
   int gpus_ = 0;

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Assembles the GPU bundle from built binaries: each with its whole shared-
+# library closure (gRPC, abseil, protobuf-c, libuv, yajl, xxhash, OpenSSL,
+# libstdc++, and glibc with its loader), run through wrappers that use the
+# bundled loader, so it runs on a GPU machine whatever its distribution.
+# Called by tests/gpu/bundle.sh (after the Bazel build) and by the suite's
+# bundle_test (from its runfiles).
+# Usage: assemble.sh OUT WORKER CLI GPU_TEST PROBE MEMCPY DOUBLE
+set -euo pipefail
+[ $# -eq 7 ] || { echo "usage: $0 OUT WORKER CLI GPU_TEST PROBE MEMCPY DOUBLE" >&2; exit 2; }
+out=$1
+here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib" "$out/server" "$out/client" "$out/cuda/testing"
+names=(wtx-worker wtx gpu_test probe memcpy_baseline)
+srcs=("$2" "$3" "$4" "$5" "$6")
+for i in "${!names[@]}"; do
+  install -m 0755 "${srcs[$i]}" "$out/bin/${names[$i]}"
+  strip --strip-unneeded "$out/bin/${names[$i]}" 2>/dev/null || true
+done
+install -m 0755 "$7" "$out/cuda/testing/libwtx_fake_cuda.so"
+# The closure: every library ldd resolves, and the loader itself.
+for b in "$out"/bin/* "$out/cuda/testing/libwtx_fake_cuda.so"; do
+  ldd "$b" | awk '/=> \// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}'
+done | sort -u | while read -r lib; do
+  cp -L "$lib" "$out/lib/$(basename "$lib")"
+done
+[ -f "$out/lib/ld-linux-x86-64.so.2" ] || { echo "assemble: no loader found" >&2; exit 1; }
+# wrapper DEST NAME: runs bin/NAME through the bundled loader.
+wrapper() {
+  local up=${3:-.}
+  cat > "$1" <<WRAP
+#!/bin/sh
+# Runs bin/$2 with the bundle's own loader and libraries.
+root=\$(cd "\$(dirname "\$0")/$up" && pwd)
+WTX_PROBE_SELF="\$root/probe"; export WTX_PROBE_SELF
+exec "\$root/lib/ld-linux-x86-64.so.2" --library-path "\$root/lib" "\$root/bin/$2" "\$@"
+WRAP
+  chmod 0755 "$1"
+}
+wrapper "$out/server/wtx-worker" wtx-worker ..
+wrapper "$out/client/wtx" wtx ..
+for n in gpu_test probe memcpy_baseline; do wrapper "$out/$n" "$n"; done
+install -m 0755 "$here/device_check.sh" "$out/device_check.sh"
+{
+  echo "wtx GPU bundle, assembled $(date -u +%FT%TZ) on $(uname -srm)"
+  (cd "$here" && git rev-parse HEAD 2>/dev/null) || true
+} > "$out/MANIFEST"
+echo "bundle: $out ($(du -sh "$out" | cut -f1))"

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The GPU checks, run on a GPU machine from the bundle (tests/gpu/bundle.sh
+# builds it elsewhere; this machine needs no Bazel, apt or network). Every
+# step runs under its own timeout, all of them in under 5 minutes, and ends
+# PASS, FAIL or SKIP with the reason; the log goes to $OUT/device_check
+# when OUT is set (the device tool's), else to ./device_check-out.
+#   libs        libcudart and libnccl: the system's, CUDA's, or a torch
+#               wheel's (site-packages/nvidia/...); a GPU without them FAILs
+#   gpu_test    the cuda_ipc test across processes (worker processes on
+#               this GPU)
+#   probe       every CUDA/NCCL call wtx makes; 200 rounds of cross-process
+#               IPC with no stale read
+#   throughput  2 GB over shm and cuda_ipc to 1 and 2 workers, against a
+#               cudaMemcpy device-to-device copy of the same bytes, same run
+#   nccl        on one GPU: a clear error, not a hang (with 2+ GPUs: a push)
+# Usage: device_check.sh [--double]   (--double: the CUDA/NCCL TEST DOUBLE
+# instead of a GPU, to prove the bundle on a machine without one)
+set -uo pipefail
+root=$(cd "$(dirname "$0")" && pwd)
+double=0
+[ "${1:-}" = "--double" ] && double=1
+out=${OUT:-$PWD/device_check-out}/device_check
+mkdir -p "$out"
+exec > >(tee "$out/summary.log") 2>&1
+pass=0 fail=0 skip=0
+say() { # RESULT STEP WHY
+  printf '%-5s %-11s %s\n' "$1" "$2" "$3"
+  case $1 in PASS) pass=$((pass + 1)) ;; FAIL) fail=$((fail + 1)) ;; *) skip=$((skip + 1)) ;; esac
+}
+# run STEP SECONDS CMD...: the command's output in $out/STEP.log; 124 on timeout.
+run() {
+  local name=$1 secs=$2
+  shift 2
+  timeout -k 5 "$secs" "$@" >"$out/$name.log" 2>&1
+}
+tail_of() { tail -n "${2:-3}" "$out/$1.log" | tr '\n' ' '; }
+echo "# wtx device check  $(date -u +%FT%TZ)  $(cat "$root/MANIFEST" 2>/dev/null | head -1)"
+has_gpu=0
+{ [ -e /dev/nvidiactl ] || [ -d /proc/driver/nvidia/gpus ]; } && has_gpu=1
+command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | tee "$out/gpus.log"
+
+# ---- libs ----
+candidates() { # NAME: every file of that library on this machine, best first
+  local roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib
+               /usr/lib/x86_64-linux-gnu /usr/lib64)
+  local py
+  for py in python3 python; do
+    command -v "$py" >/dev/null || continue
+    roots+=($("$py" -c 'import site, sys; print(" ".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null))
+    break
+  done
+  for r in "${roots[@]}"; do
+    [ -d "$r" ] && timeout 20 find "$r" -maxdepth 6 -name "$1.so*" -type f 2>/dev/null
+  done | sort -r -V | awk '!seen[$0]++'
+}
+cudart="" nccl=""
+if [ $double = 1 ]; then
+  cudart=$root/cuda/testing/libwtx_fake_cuda.so nccl=$cudart
+  say PASS libs "the CUDA/NCCL TEST DOUBLE (--double): nothing here ran on a GPU"
+else
+  # The first runtime that answers (a CUDA 13 runtime needs a recent driver).
+  for c in ${WTX_GPU_CUDART:-} $(candidates libcudart); do
+    if WTX_CUDART_LIB=$c run libs-try 30 "$root/probe" d2d 1048576; then cudart=$c; break; fi
+  done
+  for n in ${WTX_GPU_NCCL:-} $(candidates libnccl); do nccl=$n; break; done
+  if [ -z "$cudart" ] && [ $has_gpu = 1 ]; then
+    say FAIL libs "this machine has an NVIDIA GPU but no usable libcudart ($(candidates libcudart | tr '\n' ' '))"
+  elif [ -z "$cudart" ]; then
+    say SKIP libs "no NVIDIA GPU and no CUDA runtime here; every step skipped"
+  else
+    say PASS libs "cudart $cudart; nccl ${nccl:-none found}"
+  fi
+fi
+export WTX_CUDART_LIB=$cudart WTX_NCCL_LIB=$nccl WTX_GPU_CUDART=$cudart WTX_GPU_NCCL=$nccl
+if [ -z "$cudart" ]; then
+  for s in gpu_test probe throughput nccl; do say SKIP "$s" "no CUDA runtime"; done
+  echo "device check: $pass passed, $fail failed, $skip skipped"
+  [ $fail = 0 ]; exit
+fi
+
+# ---- gpu_test ----
+if (cd "$root" && run gpu_test 100 ./gpu_test --gtest_filter='*cuda_ipc*'); then
+  if grep -q '^\[  SKIPPED \]' "$out/gpu_test.log"; then say SKIP gpu_test "$(tail_of gpu_test 4)"
+  else say PASS gpu_test "$(grep -c '^\[       OK \]' "$out/gpu_test.log") test(s): $(grep '^\[       OK \]' "$out/gpu_test.log" | sed 's/.*\] //' | tr '\n' ' ')"; fi
+else
+  say FAIL gpu_test "rc $? (124: timeout): $(grep -E 'Failure|FAILED|rror' "$out/gpu_test.log" | head -3 | tr '\n' ' ')"
+fi
+
+# ---- probe ----
+if run probe-calls 40 "$root/probe" calls; then say PASS probe "$(tail_of probe-calls 1)"
+else say FAIL probe "rc $?: $(tail_of probe-calls 3)"; fi
+if run probe-ipc 50 "$root/probe" ipc 200; then say PASS probe "$(tail_of probe-ipc 1)"
+else say FAIL probe "rc $?: $(tail_of probe-ipc 3)"; fi
+
+# ---- throughput ----
+size=2G
+[ $double = 1 ] && size=256M  # the double copies through host memory
+# Functions the timed steps run in a child bash (exported with their
+# variables); workers die with the step.
+start_worker() { # PORTFILE [DEVICE]: sets addr
+  rm -f "$1"
+  WTX_CUDA_DEVICE=${2:-0} "$root/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$1" \
+    --log-level warn >/dev/null 2>>"$out/workers.log" &
+  pids+=($!)
+  for _ in $(seq 300); do [ -s "$1" ] && break; sleep 0.1; done
+  addr="127.0.0.1:$(cat "$1" 2>/dev/null)"
+}
+stop_workers() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+throughput() {
+  local a b base line r backend n ws
+  pids=()
+  trap stop_workers EXIT
+  start_worker "$out/p0"; a=$addr
+  start_worker "$out/p1"; b=$addr
+  base=$("$root/probe" d2d "$(numfmt --from=iec "$size")" | awk '/d2d/ {print $2}')
+  [ -n "$base" ] || return 1
+  echo "baseline: cudaMemcpy device to device of $size: $base GB/s"
+  for set in "shm 1 $a" "shm 2 $a,$b" "cuda_ipc 1 $a" "cuda_ipc 2 $a,$b"; do
+    read -r backend n ws <<<"$set"
+    for _ in 1 2; do "$root/client/wtx" push --workers "$ws" --backend "$backend" \
+      --timeout-ms 60000 "synthetic:$size" >/dev/null || return 1; done
+    line=$("$root/client/wtx" push --workers "$ws" --backend "$backend" --timeout-ms 60000 \
+           "synthetic:$size") || return 1
+    r=$(echo "$line" | sed -nE 's/.*\(([0-9.]+) GB\/s\).*/\1/p' | tail -1)
+    printf '%-9s %s worker(s): %6s GB/s = %s x d2d  (%s)\n' "$backend" "$n" "$r" \
+      "$(echo "$r $base" | awk '{printf "%.2f", $1 / $2}')" "$line"
+  done
+}
+nccl_check() {
+  local dev=0
+  pids=()
+  trap stop_workers EXIT
+  [ "$gpus" -ge 2 ] && dev=1
+  start_worker "$out/p2" "$dev"
+  WTX_CUDA_DEVICE=0 "$root/client/wtx" push --workers "$addr" --backend nccl \
+    --timeout-ms 30000 synthetic:64M
+}
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+[ $double = 1 ] && gpus=1  # the double: every rank on device 0
+export root out size gpus
+export -f start_worker stop_workers throughput nccl_check
+if run throughput 100 bash -c throughput; then
+  say PASS throughput "$(grep -E 'x d2d|baseline' "$out/throughput.log" | sed 's/  (.*//' | tr '\n' ';')"
+else
+  say FAIL throughput "rc $?: $(tail_of throughput 3)"
+fi
+
+# ---- nccl ----
+run nccl 60 bash -c nccl_check
+rc=$?
+if [ "$gpus" -ge 2 ]; then
+  if [ $rc = 0 ]; then say PASS nccl "trainer on GPU 0, worker on GPU 1: $(tail_of nccl 1)"
+  else say FAIL nccl "rc $rc: $(tail_of nccl 2)"; fi
+elif [ $rc = 124 ] || [ $rc = 137 ]; then
+  say FAIL nccl "one GPU: the push hung until the step's timeout"
+elif [ $rc = 0 ]; then
+  say FAIL nccl "one GPU: two ranks on one GPU succeeded, which NCCL refuses"
+else
+  say PASS nccl "one GPU: a clear error in time: $(grep -oE 'nccl: [^;]*' "$out/nccl.log" | head -1)"
+fi
+
+echo "device check: $pass passed, $fail failed, $skip skipped"
+[ $fail = 0 ]
