@@ -1,0 +1,216 @@
+"""``wtx.serve``: the gRPC worker inside a Python inference process.
+
+The C worker (wtx_worker_start) receives every update over the data plane
+into staging tensors this module allocates; nothing of the module moves
+until the update is complete and verified (checksums, every tensor
+loaded). Then, at commit, the staged tensors are loaded into the module:
+through ``module.load_weights(iterable)`` when it has one (as vLLM models
+do), else copied into its parameters and buffers by name. A failed or
+aborted update leaves the module's weights unchanged.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import _capi, _dtypes
+from .client import WtxError
+
+log = logging.getLogger("wtx.serve")
+
+_REFLECTION = {"open": 0, "token": 1, "off": 2}
+
+
+def _write_err(buf: int, size: int, text: str) -> None:
+    if buf and size:
+        data = text.encode()[: size - 1] + b"\0"
+        C.memmove(buf, data, len(data))
+
+
+class _Host:
+    """The model ops behind the C worker, for one torch module."""
+
+    def __init__(self, module: Any, on_pause: Callable[[bool], None] | None,
+                 on_resume: Callable[[], None] | None) -> None:
+        import torch
+        self.torch = torch
+        self.module = module
+        self.loader = getattr(module, "load_weights", None)
+        self.on_pause = on_pause
+        self.on_resume = on_resume
+        self.lock = threading.Lock()  # C calls one at a time; commit vs readers of .version
+        self.version = ""
+        self.staged: dict[str, Any] = {}
+        self.loaded: set[str] = set()
+        self.ops = _capi.ModelOps(
+            _capi.M_CHECK(self._check), _capi.M_BEGIN(self._begin), _capi.M_STAGE(self._stage),
+            _capi.M_LOADED(self._loaded), _capi.M_PREPARE(self._prepare),
+            _capi.M_COMMIT(self._commit), _capi.M_ABORT(self._abort))
+        self.pause_cb = _capi.ON_PAUSE(self._pause)
+        self.resume_cb = _capi.ON_RESUME(self._resume)
+
+    def _targets(self) -> dict[str, Any]:
+        d = dict(self.module.named_parameters())
+        d.update(dict(self.module.named_buffers()))
+        return d
+
+    def _check(self, _m, target, meta, err, errlen) -> int:
+        try:
+            m = meta[0]
+            name = m.name.decode()
+            if target != 1:
+                _write_err(err, errlen, "this host has no draft model")
+                return _capi.ESTATE
+            if self.loader is not None:
+                return 0  # load_weights maps checkpoint names itself
+            t = self._targets().get(name)
+            if t is None:
+                _write_err(err, errlen, f"parameter '{name}' is not in the module")
+                return _capi.ENOENT
+            shape = tuple(m.shape[d] for d in range(m.ndim))
+            if tuple(t.shape) != shape or _dtypes.to_wire(t.dtype) != m.dtype:
+                _write_err(err, errlen, f"parameter '{name}': {_dtypes.WIRE[m.dtype][0]} "
+                           f"{list(shape)}, the module holds {t.dtype} {list(t.shape)}")
+                return _capi.EINVAL
+            return 0
+        except BaseException as e:  # noqa: BLE001 (a callback must not raise into C)
+            _write_err(err, errlen, f"check failed: {e}")
+            return _capi.EIO
+
+    def _begin(self, _m, target) -> int:
+        self.staged.clear()
+        self.loaded.clear()
+        return 0
+
+    def _stage(self, _m, meta, dst) -> int:
+        try:
+            m = meta[0]
+            shape = tuple(m.shape[d] for d in range(m.ndim))
+            t = self.torch.empty(shape, dtype=_dtypes.to_torch(m.dtype))
+            self.staged[m.name.decode()] = t
+            dst[0] = t.data_ptr() if t.numel() else 0
+            return 0
+        except BaseException:  # noqa: BLE001
+            log.exception("stage")
+            return _capi.ENOMEM
+
+    def _loaded(self, _m, meta, _xxh3) -> int:
+        self.loaded.add(meta[0].name.decode())
+        return 0
+
+    def _prepare(self, _m, version, err, errlen) -> int:
+        missing = [n for n in self.staged if n not in self.loaded]
+        if missing:
+            _write_err(err, errlen, f"tensor '{missing[0]}' was staged but never completed")
+            return _capi.ESTATE
+        return 0
+
+    def _commit(self, _m, version) -> int:
+        try:
+            with self.lock, self.torch.no_grad():
+                if self.loader is not None:
+                    self.loader(iter(self.staged.items()))
+                else:
+                    targets = self._targets()
+                    for name, t in self.staged.items():
+                        targets[name].copy_(t)
+                self.version = version.decode()
+            self.staged.clear()
+            return 0
+        except BaseException:  # noqa: BLE001
+            log.exception("commit")
+            return _capi.EIO
+
+    def _abort(self, _m) -> None:
+        self.staged.clear()
+        self.loaded.clear()
+
+    def _pause(self, _h, wait) -> None:
+        if self.on_pause is not None:
+            try:
+                self.on_pause(bool(wait))
+            except BaseException:  # noqa: BLE001
+                log.exception("on_pause")
+
+    def _resume(self, _h) -> None:
+        if self.on_resume is not None:
+            try:
+                self.on_resume()
+            except BaseException:  # noqa: BLE001
+                log.exception("on_resume")
+
+
+class Server:
+    """A running worker (see ``serve``): ``port``, ``address``,
+    ``version`` (of the weights last loaded), ``close()``; a context
+    manager."""
+
+    def __init__(self, host: _Host, worker: C.c_void_p, listen: str) -> None:
+        self._host = host
+        self._worker = worker
+        self.port = _capi.worker_port(worker)
+        self.address = f"{listen.rsplit(':', 1)[0]}:{self.port}"
+
+    @property
+    def version(self) -> str:
+        with self._host.lock:
+            return self._host.version
+
+    def set_serving(self, serving: bool) -> None:
+        """gRPC health: SERVING or NOT_SERVING (an engine not ready yet)."""
+        _capi.worker_set_serving(self._worker, 1 if serving else 0)
+
+    def close(self, grace_ms: int = 2000) -> None:
+        """Stops serving: the active update (if any) is aborted and the
+        module keeps its weights. Idempotent."""
+        if self._worker:
+            _capi.worker_drain(self._worker, grace_ms)
+            _capi.worker_destroy(self._worker)
+            self._worker = C.c_void_p()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = None,
+          tls_cert: bytes | None = None, tls_key: bytes | None = None,
+          tls_client_ca: bytes | None = None, backends: list[str] | None = None,
+          on_pause: Callable[[bool], None] | None = None,
+          on_resume: Callable[[], None] | None = None, watchdog_ms: int = 0,
+          max_model_bytes: int = 0, max_params: int = 0, allow_upstream: str | None = None,
+          reflection: str = "open", world_size: int = 1) -> Server:
+    """Hosts a wtx worker for ``model`` (a ``torch.nn.Module``) on ``listen``
+    ("host:port"; port 0 picks one, see ``Server.port``). Trainers push
+    with ``TrainerEngine`` or ``wtx push``; inspect with grpcurl. Options
+    as ``wtx-worker``'s flags (--token-file, --tls-*, --backends,
+    --watchdog-ms, --max-model-bytes, --max-params, --allow-upstream,
+    --reflection); ``on_pause(wait_for_inflight)`` / ``on_resume()`` are
+    called on Pause / Resume."""
+    if reflection not in _REFLECTION:
+        raise ValueError(f"reflection: one of {', '.join(_REFLECTION)}, got {reflection!r}")
+    host = _Host(model, on_pause, on_resume)
+    names = [b.encode() for b in backends] if backends else []
+    arr = (C.c_char_p * max(len(names), 1))(*names) if names else None
+    opts = _capi.WorkerOptions(
+        listen=listen.encode(), backends=arr, n_backends=len(names),
+        model_ops=C.pointer(host.ops), model=None, world_size=world_size,
+        watchdog_ms=watchdog_ms, on_pause=host.pause_cb, on_resume=host.resume_cb, host=None,
+        token_file=token_file.encode() if token_file else None, tls_cert_pem=tls_cert,
+        tls_key_pem=tls_key, tls_client_ca_pem=tls_client_ca,
+        reflection=_REFLECTION[reflection], max_model_bytes=max_model_bytes,
+        max_params=max_params, allow_upstream=allow_upstream.encode() if allow_upstream else None)
+    worker = C.c_void_p()
+    err = C.create_string_buffer(_capi.ERRBUF)
+    rc = _capi.worker_start(C.byref(opts), C.byref(worker), err, _capi.ERRBUF)
+    if rc != 0:
+        raise WtxError(f"wtx.serve: {_capi.message(rc, err.value)}")
+    return Server(host, worker, listen)

@@ -1,0 +1,259 @@
+"""Weight sources with vLLM 0.33's ``WeightSource`` contract, and the
+adapter that hands any of them to the C trainer engine.
+
+A source has ``metadata`` (a ``functools.cached_property``: a list of
+``ParamMeta``) and ``iter_full()`` (a fresh pass yielding ``(name, tensor)``
+for exactly ``owned_names(rank)``, in metadata order). Any object of that
+shape works, vLLM's own ``ModuleSource`` included. Tensors may be torch
+(CPU or CUDA) or numpy; a CPU tensor that is contiguous is read in place,
+the others are made contiguous (and host) once.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from . import _capi, _dtypes
+
+
+@dataclass(frozen=True)
+class ParamMeta:
+    """One parameter: name, dtype, full shape, and which trainer ranks own
+    it (vLLM 0.33's ``ParamMeta``; ``owners=None``: every rank)."""
+
+    name: str
+    dtype: Any
+    shape: tuple[int, ...]
+    owners: tuple[int, ...] | None = field(default=None, kw_only=True)
+    mesh_shape: tuple[int, ...] | None = field(default=None, kw_only=True)
+    placements: tuple[Any, ...] | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.owners is not None:
+            object.__setattr__(self, "owners", tuple(self.owners))
+
+
+def owned_names(source: Any, rank: int) -> list[str]:
+    """The names ``rank`` iterates: every parameter it owns, in metadata order."""
+    if hasattr(source, "owned_names"):
+        return list(source.owned_names(rank))
+    return [m.name for m in source.metadata if m.owners is None or rank in m.owners]
+
+
+class TorchModuleSource:
+    """Like vLLM's ``ModuleSource``: the module's named parameters. A DTensor
+    is gathered with ``full_tensor()`` in ``iter_full``, never for
+    ``metadata``; its owners are its mesh's ranks."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    @cached_property
+    def metadata(self) -> list[ParamMeta]:
+        metas = []
+        for name, p in self._module.named_parameters():
+            mesh = getattr(p, "device_mesh", None)
+            owners = tuple(mesh.mesh.flatten().tolist()) if mesh is not None else None
+            metas.append(ParamMeta(name, p.dtype, tuple(p.shape), owners=owners))
+        return metas
+
+    def owned_names(self, rank: int) -> list[str]:
+        return owned_names(_Plain(self.metadata), rank)
+
+    def iter_full(self) -> Iterator[tuple[str, Any]]:
+        for name, p in self._module.named_parameters():
+            full = getattr(p, "full_tensor", None)
+            yield name, full() if callable(full) else p
+
+
+class DictSource:
+    """``{name: tensor}`` (torch or numpy), in the dict's order."""
+
+    def __init__(self, tensors: dict[str, Any]) -> None:
+        self._tensors = dict(tensors)
+
+    @cached_property
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self._tensors.items()]
+
+    def owned_names(self, rank: int) -> list[str]:
+        return list(self._tensors)
+
+    def iter_full(self) -> Iterator[tuple[str, Any]]:
+        yield from self._tensors.items()
+
+
+class SafetensorsSource:
+    """One or more safetensors files, read by the C library (mapped, no copy
+    through Python): ``metadata`` from their headers, ``iter_full`` yields
+    numpy views (or, for bf16/fp8, torch tensors)."""
+
+    def __init__(self, paths: str | Path | list[str | Path]) -> None:
+        self.paths = [str(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+        arr = (C.c_char_p * len(self.paths))(*[p.encode() for p in self.paths])
+        src = C.c_void_p()
+        err = C.create_string_buffer(_capi.ERRBUF)
+        rc = _capi.source_safetensors(arr, len(self.paths), C.byref(src), err, _capi.ERRBUF)
+        if rc != 0:
+            raise ValueError(_capi.message(rc, err.value))
+        self._c = src
+
+    def __del__(self) -> None:
+        if getattr(self, "_c", None):
+            _capi.source_destroy(self._c)
+            self._c = None
+
+    @cached_property
+    def metadata(self) -> list[ParamMeta]:
+        metas = C.POINTER(_capi.TensorMeta)()
+        n = C.c_size_t()
+        _capi.source_metadata(self._c, C.byref(metas), C.byref(n))
+        out = []
+        for i in range(n.value):
+            m = metas[i]
+            out.append(ParamMeta(m.name.decode(), _dtypes.WIRE[m.dtype][0],
+                                 tuple(m.shape[d] for d in range(m.ndim))))
+        return out
+
+    def owned_names(self, rank: int) -> list[str]:
+        return [m.name for m in self.metadata]
+
+    def iter_full(self) -> Iterator[tuple[str, Any]]:
+        from safetensors import safe_open  # reading tensors into Python needs it
+        for path in self.paths:
+            with safe_open(path, framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+
+
+class _Plain:
+    def __init__(self, metadata: list[ParamMeta]) -> None:
+        self.metadata = metadata
+
+
+# ---- the adapter: a Python source as a wtx_source ----
+
+def host_view(name: str, tensor: Any) -> tuple[int, int, Any]:
+    """(address, bytes, keep-alive) of the tensor's bytes in host memory:
+    in place for a contiguous CPU tensor or array, else one contiguous host
+    copy."""
+    if hasattr(tensor, "data_ptr"):  # torch
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        if not t.is_contiguous():
+            t = t.contiguous()
+        return t.data_ptr(), t.numel() * t.element_size(), t
+    import numpy as np
+    a = np.ascontiguousarray(tensor)
+    return a.ctypes.data, a.nbytes, a
+
+
+def meta_of(m: ParamMeta) -> tuple[int, tuple[int, ...]]:
+    return _dtypes.to_wire(m.dtype), m.shape
+
+
+class CSource:
+    """A Python source behind wtx_source_ops: the C engine calls back once
+    per tensor (the bytes never pass through Python). Keeps every callback
+    and buffer alive as long as the C source lives."""
+
+    def __init__(self, source: Any, rank: int = 0) -> None:
+        self.source = source
+        metadata = list(source.metadata)
+        names = set(owned_names(source, rank))
+        self.metas = [m for m in metadata if m.name in names]
+        self.n = len(self.metas)
+        self._arr = (_capi.TensorMeta * max(self.n, 1))()
+        self._names = []
+        err = C.create_string_buffer(_capi.ERRBUF)
+        for i, m in enumerate(self.metas):
+            wire, shape = meta_of(m)
+            if len(shape) > _capi.MAX_DIMS:
+                raise ValueError(f"parameter {m.name!r}: {len(shape)} dims, at most {_capi.MAX_DIMS}")
+            nm = m.name.encode()
+            self._names.append(nm)
+            sh = (C.c_uint64 * max(len(shape), 1))(*shape)
+            rc = _capi.tensor_meta_set(C.byref(self._arr[i]), nm, wire, sh, len(shape), err,
+                                       _capi.ERRBUF)
+            if rc != 0:
+                raise ValueError(f"parameter {m.name!r}: {_capi.message(rc, err.value)}")
+        self._iters: dict[int, Iterator] = {}
+        self._held: dict[int, Any] = {}
+        self._next_iter = 1
+        self.error: BaseException | None = None
+        self._ops = _capi.SourceOps(b"python", _capi.SRC_METADATA(self._metadata),
+                                    _capi.SRC_OPEN(self._open), _capi.SRC_NEXT(self._next),
+                                    _capi.SRC_CLOSE(self._close), _capi.SRC_DESTROY(self._destroy))
+        self.c = C.c_void_p()
+        rc = _capi.source_create(C.byref(self._ops), None, C.byref(self.c))
+        if rc != 0:
+            raise MemoryError(_capi.message(rc))
+
+    def close(self) -> None:
+        if self.c:
+            _capi.source_destroy(self.c)
+            self.c = C.c_void_p()
+
+    def _metadata(self, _self, metas, n) -> int:
+        metas[0] = C.cast(self._arr, C.POINTER(_capi.TensorMeta))
+        n[0] = self.n
+        return 0
+
+    def _open(self, _self, it) -> int:
+        try:
+            key = self._next_iter
+            self._next_iter += 1
+            self._iters[key] = iter(self.source.iter_full())
+            it[0] = key
+            return 0
+        except BaseException as e:  # noqa: BLE001 (reported by the engine)
+            self.error = e
+            return _capi.EIO
+
+    def _next(self, _self, it, meta, data) -> int:
+        key = it or 0
+        try:
+            self._held.pop(key, None)
+            item = next(self._iters[key], None)
+            if item is None:
+                return 0
+            name, tensor = item
+            addr, nbytes, keep = host_view(name, tensor)
+            self._held[key] = keep
+            nm = name.encode()
+            self._held[-key] = nm
+            wire = _dtypes.to_wire(tensor.dtype)
+            shape = tuple(int(d) for d in tensor.shape)
+            sh = (C.c_uint64 * max(len(shape), 1))(*shape)
+            err = C.create_string_buffer(_capi.ERRBUF)
+            rc = _capi.tensor_meta_set(meta, nm, wire, sh, len(shape), err, _capi.ERRBUF)
+            if rc != 0:
+                raise ValueError(f"tensor {name!r}: {_capi.message(rc, err.value)}")
+            if meta[0].nbytes != nbytes:
+                raise ValueError(f"tensor {name!r}: {nbytes} bytes for {meta[0].nbytes}")
+            data[0] = addr
+            return 1
+        except BaseException as e:  # noqa: BLE001
+            self.error = e
+            return _capi.EIO
+
+    def _close(self, _self, it) -> None:
+        key = it or 0
+        self._iters.pop(key, None)
+        self._held.pop(key, None)
+        self._held.pop(-key, None)
+
+    def _destroy(self, _self) -> None:
+        self._iters.clear()
+        self._held.clear()
+
+
+def total_bytes(metas: list[ParamMeta]) -> int:
+    return sum(math.prod(m.shape) * _dtypes.element_size(_dtypes.to_wire(m.dtype)) for m in metas)

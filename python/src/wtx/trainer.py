@@ -1,0 +1,202 @@
+"""``TrainerEngine``: vLLM 0.33's trainer-side contract over wtx's C engine.
+
+``TrainerEngine.trainer_init(init_info, client=..., source=...)`` on every
+trainer rank, then ``send_weights()`` every RL step, then ``shutdown()``.
+Rank 0 sends; the other ranks only iterate their source (keeping any
+collectives of an FSDP gather aligned). The whole push runs in C: the
+source hands each tensor's host memory to the engine once (a contiguous
+CPU tensor in place), and chunking, checksums, the data plane and the
+control plane never touch Python.
+"""
+from __future__ import annotations
+
+import ctypes as C
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from . import _capi
+from .client import Tls, WorkerClient, WtxError
+from .sources import CSource, SafetensorsSource
+
+_CHECKSUMS = {None: 0, "default": 0, "none": 1, "xxh3_64": 2}
+TRANSPORTS = ("shm", "tcp", "cuda_ipc", "nccl")
+
+
+@dataclass
+class WtxTrainerInitInfo:
+    """The trainer's side of the rendezvous (shaped like vLLM's
+    ``TrainerInitInfo``: ``rank`` keyword-only, ``backend`` a ClassVar).
+
+    transport: "shm" (same host), "tcp", "cuda_ipc" (same node, GPU) or
+    "nccl". packed: tensors share chunks (False: one tensor per chunk).
+    checksum: None (the transport's default: XXH3-64 on shm and tcp, none on
+    GPU), "none" or "xxh3_64". buffer_size / num_buffers: 0 for the
+    defaults. timeout_ms: bound on every step (0: the default).
+    data_address: tcp, where the trainer's data port listens."""
+
+    backend: ClassVar[str] = "wtx"
+
+    transport: str = "shm"
+    packed: bool = True
+    checksum: str | None = None
+    buffer_size: int = 0
+    num_buffers: int = 0
+    timeout_ms: int = 0
+    data_address: str | None = None
+    rank: int = field(default=0, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport: one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
+        if self.checksum not in _CHECKSUMS:
+            raise ValueError(f"checksum: None, 'none' or 'xxh3_64', got {self.checksum!r}")
+        if self.rank < 0:
+            raise ValueError(f"rank: must be >= 0, got {self.rank}")
+
+    @classmethod
+    def from_any(cls, info: "WtxTrainerInitInfo | dict[str, Any]") -> "WtxTrainerInitInfo":
+        if isinstance(info, cls):
+            return info
+        if isinstance(info, dict):
+            known = set(cls.__dataclass_fields__)
+            unknown = sorted(set(info) - known)
+            if unknown:
+                raise ValueError(f"init_info: unknown field {unknown[0]!r} (known: "
+                                 f"{', '.join(sorted(known))})")
+            return cls(**info)
+        raise TypeError(f"init_info: a WtxTrainerInitInfo or a dict, got {type(info).__name__}")
+
+
+def _check_ownership(source: Any, rank: int) -> None:
+    """For now every parameter is sent by rank 0: refuse one it does not own."""
+    for m in source.metadata:
+        owners = getattr(m, "owners", None)
+        if owners is not None and 0 not in owners:
+            raise ValueError(f"parameter {m.name!r} is not owned by the sending rank 0 (owners "
+                             f"{tuple(owners)}); sharded ownership is not supported yet")
+
+
+class TrainerEngine:
+    """A trainer rank's wtx engine. Build it with ``trainer_init``."""
+
+    init_info_cls = WtxTrainerInitInfo
+
+    def __init__(self) -> None:
+        self._trainer = C.c_void_p()
+        self._client = C.c_void_p()
+        self._source: Any = None
+        self._csource: CSource | None = None
+        self._progress_cb: Any = None
+        self.rank = 0
+        self.is_sender = True
+        self.last_result: dict[str, Any] | None = None
+
+    @classmethod
+    def trainer_init(cls, init_info: WtxTrainerInitInfo | dict[str, Any], *,
+                     client: WorkerClient | None, source: Any = None) -> "TrainerEngine":
+        """Rendezvous with every replica of ``client`` (rank 0) and return
+        the engine. ``source``: a WeightSource (``metadata`` +
+        ``iter_full``). Raises ValueError for bad arguments, WtxError when a
+        replica refuses."""
+        info = WtxTrainerInitInfo.from_any(init_info)
+        if source is None:
+            raise ValueError("source: a WeightSource is needed (TorchModuleSource, "
+                             "SafetensorsSource, DictSource, vLLM's ModuleSource, ...)")
+        _check_ownership(source, info.rank)
+        self = cls()
+        self.rank = info.rank
+        self.is_sender = info.rank == 0
+        self._source = source
+        if self.is_sender:
+            if not isinstance(client, WorkerClient):
+                raise TypeError("client: a wtx.WorkerClient (gRPC to wtx workers), got "
+                                f"{type(client).__name__}")
+            self._client = _c_client(client)
+        c_src = source._c if isinstance(source, SafetensorsSource) else None
+        if c_src is None:
+            self._csource = CSource(source, info.rank)
+            c_src = self._csource.c
+        cfg = _capi.TrainerConfig(rank=info.rank, backend=info.transport.encode(),
+                                  unpacked=0 if info.packed else 1,
+                                  buffer_size=info.buffer_size, num_buffers=info.num_buffers,
+                                  checksum=_CHECKSUMS[info.checksum], timeout_ms=info.timeout_ms,
+                                  data_address=info.data_address.encode() if info.data_address else None)
+        err = C.create_string_buffer(_capi.ERRBUF)
+        rc = _capi.trainer_init(C.byref(cfg), self._client, c_src, C.byref(self._trainer), err,
+                                _capi.ERRBUF)
+        if rc != 0:
+            self.shutdown()
+            raise _error(rc, err.value)
+        return self
+
+    def send_weights(self, *, version: str | None = None, target: str = "main",
+                     progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """One weight sync: every replica publishes the source's current
+        weights, or none does (their previous weights stay). Returns
+        {bytes, params, chunks, seconds, version, xxh3}. ``progress`` is
+        called (done_bytes, total_bytes) after every chunk."""
+        if not self._trainer:
+            raise RuntimeError("send_weights after shutdown")
+        t = {"main": 1, "draft": 2}.get(target)
+        if t is None:
+            raise ValueError(f"target: 'main' or 'draft', got {target!r}")
+        cb = _capi.PROGRESS(lambda _a, done, total: progress(done, total)) if progress else \
+            _capi.PROGRESS()
+        opts = _capi.SendOptions(version=version.encode() if version else None, target=t,
+                                 progress=cb, progress_arg=None)
+        res = _capi.SendResult()
+        rc = _capi.trainer_send(self._trainer, C.byref(opts), C.byref(res))
+        if rc != 0:
+            cause = self._csource.error if self._csource is not None else None
+            msg = _capi.trainer_last_error(self._trainer) or b""
+            if cause is not None:
+                self._csource.error = None
+                raise _error(rc, msg) from cause
+            raise _error(rc, msg)
+        self.last_result = {
+            "bytes": res.bytes, "params": res.params, "chunks": res.chunks,
+            "seconds": res.seconds, "version": res.version.decode(),
+            "xxh3": [res.xxh3[i] for i in range(res.params)] if res.xxh3 else None}
+        return self.last_result
+
+    def shutdown(self) -> None:
+        """Releases the data plane and the C objects (the workers keep their
+        weights). Idempotent."""
+        if self._trainer:
+            _capi.trainer_shutdown(self._trainer)
+            self._trainer = C.c_void_p()
+        if self._client:
+            _capi.client_destroy(self._client)
+            self._client = C.c_void_p()
+        if self._csource is not None:
+            self._csource.close()
+            self._csource = None
+
+    def __del__(self) -> None:
+        self.shutdown()
+
+
+def _error(rc: int, msg: bytes | None) -> Exception:
+    text = _capi.message(rc, msg)
+    if rc == _capi.EINVAL:
+        return ValueError(text)
+    return WtxError(text)
+
+
+def _c_client(client: WorkerClient) -> C.c_void_p:
+    """A C wtx_client to the same replicas, with the same credentials."""
+    addrs = (C.c_char_p * len(client.addresses))(*[a.encode() for a in client.addresses])
+    tls: Tls | None = client.tls
+    opts = _capi.ClientOptions(timeout_ms=int(client.timeout * 1000), retries=2,
+                               token=client.token.encode() if client.token else None,
+                               tls_ca_pem=tls.ca if tls else None,
+                               tls_cert_pem=tls.cert if tls else None,
+                               tls_key_pem=tls.key if tls else None)
+    out = C.c_void_p()
+    err = C.create_string_buffer(_capi.ERRBUF)
+    rc = _capi.client_create(addrs, len(client.addresses), C.byref(opts), C.byref(out), err,
+                             _capi.ERRBUF)
+    if rc != 0:
+        raise _error(rc, err.value)
+    return out

@@ -1,0 +1,319 @@
+"""The Python package (python/) with real PyTorch (CPU) and transformers: a
+trainer pushes a small Llama (random init from a config, no download) over
+shm and tcp to two Python processes hosting models with different initial
+weights (wtx.serve), and every parameter and the logits on a fixed prompt
+end equal; a corrupted byte or an aborted update leaves the hosts' weights
+unchanged; WorkerClient drives a standalone wtx-worker; the ctypes mirrors
+match the C structs. Run by package.sh (WTX_LIBWTX, the generated stubs)."""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import torch
+import xxhash
+
+PROMPT = torch.tensor([[1, 5, 9, 42, 7, 3, 200, 17]])
+
+
+def tiny_llama(seed: int):
+    """A 2-layer Llama of about 100k parameters, random weights from seed."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=64)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg).eval()
+
+
+class Host:
+    """A wtx_host.py process: a tiny Llama of its own seed, served."""
+
+    def __init__(self, seed: int, loader: bool = False) -> None:
+        self.dir = tempfile.mkdtemp(prefix="wtx-host-")
+        port_file = os.path.join(self.dir, "port")
+        args = [sys.executable, os.path.join(os.path.dirname(__file__), "wtx_host.py"),
+                "--seed", str(seed), "--port-file", port_file] + (["--loader"] if loader else [])
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        for _ in range(600):
+            if os.path.exists(port_file):
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError("wtx_host.py exited")
+            time.sleep(0.05)
+        self.addr = "127.0.0.1:" + open(port_file).read()
+
+    def state(self) -> dict:
+        path = os.path.join(self.dir, "state.pt")
+        self.proc.stdin.write(f"state {path}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok"
+        return torch.load(path)
+
+    def stop(self) -> int:
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.flush()
+        return self.proc.wait(timeout=30)
+
+
+def same_weights(test, state: dict, model) -> None:
+    params = dict(model.named_parameters())
+    for name, p in params.items():
+        test.assertTrue(torch.equal(state["params"][name], p.detach()), name)
+    with torch.no_grad():
+        test.assertTrue(torch.equal(state["logits"], model(PROMPT).logits))
+
+
+class PushTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.hosts = [Host(1), Host(2, loader=True)]
+        cls.initial = [h.state() for h in cls.hosts]
+
+    @classmethod
+    def tearDownClass(cls):
+        for h in cls.hosts:
+            assert h.stop() == 0
+
+    def test_a_trainer_pushes_a_llama_over_shm_and_tcp_to_two_hosts(self):
+        import wtx
+        model = tiny_llama(0)
+        # The hosts started with weights of their own.
+        self.assertFalse(torch.equal(self.initial[0]["logits"], self.initial[1]["logits"]))
+        client = wtx.WorkerClient([h.addr for h in self.hosts])
+        for step, transport in enumerate(["shm", "tcp"]):
+            with torch.no_grad():  # a training step changed the weights
+                for p in model.parameters():
+                    p.add_(0.01 * (step + 1))
+            engine = wtx.TrainerEngine.trainer_init(
+                wtx.WtxTrainerInitInfo(transport=transport, rank=0), client=client,
+                source=wtx.TorchModuleSource(model))
+            seen = []
+            r = engine.send_weights(version=f"step-{step}", progress=lambda d, t: seen.append((d, t)))
+            engine.shutdown()
+            self.assertEqual(f"step-{step}", r["version"])
+            self.assertEqual(sum(p.numel() * p.element_size() for p in model.parameters()),
+                             r["bytes"])
+            self.assertEqual(r["bytes"], seen[-1][0])
+            for h in self.hosts:
+                st = h.state()
+                self.assertEqual(f"step-{step}", st["version"])
+                same_weights(self, st, model)
+        client.close()
+
+    def test_a_corrupted_byte_or_an_aborted_update_leaves_the_hosts_unchanged(self):
+        import wtx
+        model = tiny_llama(3)
+        client = wtx.WorkerClient([h.addr for h in self.hosts])
+        engine = wtx.TrainerEngine.trainer_init({"rank": 0, "transport": "shm"}, client=client,
+                                                source=wtx.TorchModuleSource(model))
+        engine.send_weights(version="v1")
+        engine.shutdown()
+        name, p = next(iter(model.named_parameters()))
+        data = (p.detach() + 1).contiguous().numpy().tobytes()
+        region = f"/wtx-pkgtest-{os.getpid()}"
+        with open("/dev/shm" + region, "wb") as f:
+            f.write(data)
+        try:
+            update = {"params": [{"name": name, "dtype": "DTYPE_FLOAT32", "shape": list(p.shape)}],
+                      "chunkBytes": str(len(data)), "shm": {"region": region}}
+            client.init_weight_transfer_engine({"shm": {}, "checksum": "CHECKSUM_ALGORITHM_XXH3_64"})
+            client.start_weight_update()
+            bad = dict(update, xxh3_64=[str(xxhash.xxh3_64_intdigest(data) ^ 1)])
+            with self.assertRaises(wtx.WtxError) as e:
+                client.update_weights(bad)
+            self.assertEqual("DATA_LOSS", e.exception.code.name)
+            for h in self.hosts:
+                same_weights(self, h.state(), model)
+            client.start_weight_update()
+            good = dict(update, xxh3_64=[str(xxhash.xxh3_64_intdigest(data))])
+            client.update_weights(good)  # staged, not loaded
+            client.abort("test: abort after a good chunk")
+            for h in self.hosts:
+                st = h.state()
+                self.assertEqual("v1", st["version"])
+                same_weights(self, st, model)
+        finally:
+            os.unlink("/dev/shm" + region)
+        client.close()
+
+    def test_pause_and_resume_reach_the_hosts_callbacks(self):
+        import wtx
+        with wtx.WorkerClient(self.hosts[0].addr) as c:
+            c.pause(wait_for_inflight=False)
+            c.resume()
+        self.assertEqual([False, "resume"], self.hosts[0].state()["pauses"][-2:])
+
+
+class Worker:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="wtx-w-")
+        pf = os.path.join(self.dir, "port")
+        self.proc = subprocess.Popen([os.environ["WTX_WORKER"], "--listen", "127.0.0.1:0",
+                                      "--port-file", pf, "--log-level", "warn"])
+        for _ in range(500):
+            if os.path.exists(pf) and os.path.getsize(pf):
+                break
+            time.sleep(0.02)
+        self.addr = "127.0.0.1:" + open(pf).read().strip()
+
+    def stop(self):
+        self.proc.terminate()
+        return self.proc.wait(timeout=20)
+
+
+class StandaloneWorkerTest(unittest.TestCase):
+    def setUp(self):
+        self.w = Worker()
+
+    def tearDown(self):
+        self.assertEqual(0, self.w.stop())
+
+    def test_worker_client_drives_the_four_calls_and_the_control_calls(self):
+        import wtx
+        data = torch.arange(16, dtype=torch.float32).numpy().tobytes()
+        region = f"/wtx-pkgw-{os.getpid()}"
+        with open("/dev/shm" + region, "wb") as f:
+            f.write(data)
+        try:
+            c = wtx.WorkerClient([self.w.addr], timeout=20)
+            c.init_weight_transfer_engine({"shm": {}})
+            c.start_weight_update()
+            c.update_weights([{"params": [{"name": "w", "dtype": "DTYPE_FLOAT32", "shape": [4, 4]}],
+                               "shm": {"region": region},
+                               "xxh3_64": [str(xxhash.xxh3_64_intdigest(data))]}])
+            c.finish_weight_update("first")
+        finally:
+            os.unlink("/dev/shm" + region)
+        info = c.get_weight_info(include_params=True)[0]
+        self.assertEqual("first", info["weight_version"])
+        self.assertEqual("w", info["params"][0]["meta"]["name"])
+        self.assertEqual(1, c.get_world_size())
+        self.assertEqual(["first"], c.update_weight_version("renamed"))
+        c.pause()
+        self.assertTrue(c.get_weight_info()[0].get("paused"))
+        c.resume()
+        c.close()
+
+    def test_dtypes_layouts_and_numpy_arrive_bit_exact(self):
+        import numpy as np
+        import wtx
+        tensors = {
+            "np.f32": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),
+            "bf16": torch.linspace(-2, 2, 10).to(torch.bfloat16),
+            "fp8": torch.linspace(-2, 2, 8).to(torch.float8_e4m3fn),
+            "transposed": torch.arange(12.).reshape(3, 4).t(),  # not contiguous: copied once
+            "i64": torch.tensor([1, -2, 3], dtype=torch.int64),
+            "bool": torch.tensor([True, False]),
+            "empty": torch.zeros(0, 5),
+        }
+        c = wtx.WorkerClient([self.w.addr])
+        e = wtx.TrainerEngine.trainer_init({"rank": 0, "transport": "tcp", "checksum": "xxh3_64"},
+                                           client=c, source=wtx.DictSource(tensors))
+        r = e.send_weights(version="dt")
+        e.shutdown()
+        info = c.get_weight_info(include_params=True)[0]
+        got = {p["meta"]["name"]: p for p in info["params"]}
+        for i, (name, t) in enumerate(tensors.items()):
+            raw = (t.contiguous().view(torch.uint8).numpy().tobytes()
+                   if isinstance(t, torch.Tensor) else np.ascontiguousarray(t).tobytes())
+            self.assertEqual(xxhash.xxh3_64_intdigest(raw), r["xxh3"][i], name)
+            self.assertEqual(str(r["xxh3"][i]), got[name]["xxh3_64"], name)
+        self.assertEqual("DTYPE_FLOAT8_E4M3FN", got["fp8"]["meta"]["dtype"])
+        self.assertEqual(["4", "3"], got["transposed"]["meta"]["shape"])
+        c.close()
+
+    def test_a_source_disagreeing_with_its_metadata_names_the_tensor_and_keeps_the_weights(self):
+        import wtx
+
+        class Lying:
+            @property
+            def metadata(self):
+                return [wtx.ParamMeta("a", torch.float32, (4,)), wtx.ParamMeta("b", torch.float32, (2,))]
+
+            def iter_full(self):
+                yield "a", torch.ones(4)
+                yield "b", torch.ones(3)  # not what metadata says
+
+        c = wtx.WorkerClient([self.w.addr])
+        e = wtx.TrainerEngine.trainer_init({"rank": 0}, client=c, source=Lying())
+        with self.assertRaises(ValueError) as ex:  # the source's fault, found before the wire
+            e.send_weights()
+        self.assertIn("'b'", str(ex.exception))
+        e.shutdown()
+        self.assertEqual("", c.get_weight_info()[0].get("weight_version", ""))
+        c.close()
+
+
+class ContractTest(unittest.TestCase):
+    def test_dicts_are_parsed_strictly_before_any_call(self):
+        import wtx
+        c = wtx.WorkerClient(["127.0.0.1:1"])  # never reached: parsing fails first
+        with self.assertRaisesRegex(ValueError, "no field named \"bogus\""):
+            c.init_weight_transfer_engine({"shm": {}, "bogus": 1})
+        with self.assertRaisesRegex(ValueError, "timeoutMs"):
+            c.init_weight_transfer_engine({"timeoutMs": "soon"})
+        with self.assertRaisesRegex(ValueError, "update_info"):
+            c.update_weights({"params": "not a list"})
+        with self.assertRaisesRegex(ValueError, "unknown field 'bogus'"):
+            wtx.WtxTrainerInitInfo.from_any({"rank": 0, "bogus": 1})
+        with self.assertRaisesRegex(ValueError, "transport"):
+            wtx.WtxTrainerInitInfo(transport="carrier-pigeon", rank=0)
+        self.assertEqual("wtx", wtx.WtxTrainerInitInfo.backend)
+
+    def test_a_parameter_rank_zero_does_not_own_is_refused_by_name(self):
+        import wtx
+
+        class Sharded:
+            metadata = [wtx.ParamMeta("mine", torch.float32, (2,)),
+                        wtx.ParamMeta("theirs", torch.float32, (2,), owners=(1, 2))]
+
+            def iter_full(self):
+                yield "mine", torch.ones(2)
+
+        with self.assertRaisesRegex(ValueError, "'theirs' is not owned by the sending rank 0"):
+            wtx.TrainerEngine.trainer_init({"rank": 0}, client=None, source=Sharded())
+
+    def test_ranks_other_than_zero_iterate_and_send_nothing(self):
+        import wtx
+        passes = []
+
+        class Counting(wtx.DictSource):
+            def iter_full(self):
+                passes.append(1)
+                yield from super().iter_full()
+
+        e = wtx.TrainerEngine.trainer_init({"rank": 1}, client=None,
+                                           source=Counting({"a": torch.ones(3)}))
+        e.send_weights()
+        e.send_weights()
+        e.shutdown()
+        self.assertEqual(2, len(passes))
+
+    def test_the_ctypes_mirrors_match_the_c_structs(self):
+        from wtx import _capi
+        probe = json.loads(subprocess.check_output([os.environ["WTX_ABI_PROBE"]]))
+        self.assertEqual(set(probe), set(_capi.STRUCTS))
+        for name, cls in _capi.STRUCTS.items():
+            self.assertEqual(probe[name]["size"], ctypes.sizeof(cls), name)
+            for field, off in probe[name]["fields"].items():
+                self.assertEqual(off, getattr(cls, field).offset, f"{name}.{field}")
+
+    def test_dtypes_map_both_ways(self):
+        from wtx import _dtypes
+        for wire, (name, size, st) in _dtypes.WIRE.items():
+            dt = _dtypes.to_torch(wire)
+            self.assertEqual(wire, _dtypes.to_wire(dt))
+            self.assertEqual(wire, _dtypes.to_wire(st))
+            self.assertEqual(size, torch.empty(0, dtype=dt).element_size())
+        with self.assertRaisesRegex(ValueError, "complex64"):
+            _dtypes.to_wire(torch.complex64)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
