@@ -174,24 +174,32 @@ int wtx__nccl_join(const wtx_cuda *c, void **comm, int nranks, const wtx_nccl_id
   return rc != 0 ? rc : WTX_EUNAVAIL;
 }
 
+/* 1 (err says why) when comm (may be NULL) reports an asynchronous error. */
+static int comm_failed(const wtx_cuda *c, void *comm, char *err, size_t errlen) {
+  int ae = WTX_NCCL_SUCCESS;
+  if (comm == NULL || c->CommGetAsyncError(comm, &ae) != WTX_NCCL_SUCCESS ||
+      ae == WTX_NCCL_SUCCESS || ae == WTX_NCCL_IN_PROGRESS)
+    return 0;
+  char why[400];
+  snprintf(err, errlen, "NCCL: %s", wtx__nccl_error(c, comm, ae, why, sizeof why));
+  return 1;
+}
+
 int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
                    uint32_t timeout_ms, const wtx_stop *stop, char *err,
                    size_t errlen) {
   int64_t until = wtx_clock_ms() + timeout_ms;
   for (;;) {
     int q = c->StreamQuery(stream);
+    /* A collective whose peer failed can end early on the stream with
+     * garbage in its buffer: done means done without an async error. */
+    if (q == WTX_CUDA_SUCCESS && comm_failed(c, comm, err, errlen)) return WTX_EIO;
     if (q == WTX_CUDA_SUCCESS) return 0;
     if (q != WTX_CUDA_NOT_READY) {
       snprintf(err, errlen, "CUDA stream: %s", c->GetErrorString(q));
       return WTX_EIO;
     }
-    int ae = WTX_NCCL_SUCCESS;
-    if (comm != NULL && c->CommGetAsyncError(comm, &ae) == WTX_NCCL_SUCCESS &&
-        ae != WTX_NCCL_SUCCESS && ae != WTX_NCCL_IN_PROGRESS) {
-      char why[400];
-      snprintf(err, errlen, "NCCL: %s", wtx__nccl_error(c, comm, ae, why, sizeof why));
-      return WTX_EIO;
-    }
+    if (comm_failed(c, comm, err, errlen)) return WTX_EIO;
     if (wtx_stop_now(stop)) {
       snprintf(err, errlen, "cancelled");
       return WTX_ECANCELED;

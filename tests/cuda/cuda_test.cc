@@ -232,4 +232,53 @@ TEST_F(CudaTest, ATimedOutBroadcastIsAbortedNotLeftRunning) {
   c_->CommAbort(root);
 }
 
+// A collective that failed on a peer may still end on the stream, with
+// whatever its buffer held: the worker reads NCCL's asynchronous error too,
+// and fails instead of delivering those bytes.
+TEST_F(CudaTest, ABroadcastEndedByAPeersFailureIsAnErrorNotData) {
+  wtx_nccl_id id = NewId(c_);
+  void *root = nullptr;
+  std::thread r0([&] {
+    c_->SetDevice(0);
+    char e[400];
+    ASSERT_EQ(0, wtx__nccl_join(c_, &root, 2, &id, 0, 10000, nullptr, e, sizeof e)) << e;
+  });
+  setenv("WTX_CUDA_DEVICE", "1", 1);
+  wtx_wire_params wire{1, 1 << 20, 2, 2, 5000};
+  Wtx__V1__NcclInitInfo ni = WTX__V1__NCCL_INIT_INFO__INIT;
+  ni.unique_id.data = reinterpret_cast<uint8_t *>(&id);
+  ni.unique_id.len = sizeof id;
+  ni.world_size = 2;
+  ni.rank_offset = 1;
+  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+  ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
+  ii.nccl = &ni;
+  void *w = nullptr;
+  char err[600] = "", addr[64];
+  ASSERT_EQ(0, wtx_nccl_worker_transport.init(&ii, &wire, nullptr, &w, err, sizeof err)) << err;
+  ASSERT_EQ(0, wtx_nccl_worker_transport.connect(w, addr, sizeof addr, err, sizeof err)) << err;
+  r0.join();
+  // The root posts its bytes, then fails (aborts) before the worker takes
+  // them: the worker's broadcast ends without them.
+  void *buf = nullptr, *s = nullptr;
+  ASSERT_EQ(0, c_->SetDevice(0));
+  ASSERT_EQ(0, c_->Malloc(&buf, 4096));
+  ASSERT_EQ(0, c_->StreamCreate(&s));
+  ASSERT_EQ(0, c_->Broadcast(buf, buf, 4096, WTX_NCCL_UINT8, 0, root, s));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  c_->CommAbort(root);
+  wtx_rx *rx = nullptr;
+  ASSERT_EQ(0, wtx__rx_create(&rx));
+  std::vector<uint8_t> dst(4096);
+  wtx_rx_tensor rt = {"t", dst.size(), dst.data()};
+  ASSERT_EQ(0, wtx__rx_begin(rx, &rt, 1, 0, dst.size(), 0));
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  EXPECT_EQ(WTX_EIO, wtx_nccl_worker_transport.receive(w, &ui, rx));
+  EXPECT_NE(std::string::npos, std::string(wtx__rx_error(rx)).find("NCCL:")) << wtx__rx_error(rx);
+  wtx_nccl_worker_transport.destroy(w);
+  wtx__rx_destroy(rx);
+  c_->StreamDestroy(s);
+  c_->Free(buf);
+}
+
 }  // namespace
