@@ -46,3 +46,14 @@ if [ ! -x .venv/bin/python ] || ! cmp -s "$req" .venv/requirements.txt; then
   .venv/bin/pip install -q --disable-pip-version-check -r "$req"
   cp "$req" .venv/requirements.txt
 fi
+
+# The vLLM integration tests' venv (vllm 0.33 from PyPI, about 9 GB with
+# torch): installed once per machine, reinstalled only when
+# vllm-requirements.txt changes.
+req=tests/python/vllm-requirements.txt
+if [ ! -x .venv-vllm/bin/python ] || ! cmp -s "$req" .venv-vllm/requirements.txt; then
+  echo "setup: preparing .venv-vllm ($req)" >&2
+  python3 -m venv .venv-vllm
+  .venv-vllm/bin/pip install -q --disable-pip-version-check -r "$req"
+  cp "$req" .venv-vllm/requirements.txt
+fi

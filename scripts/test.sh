@@ -13,7 +13,8 @@ for config in "" "--config=asan --test_tag_filters=-fuzz,-noasan"; do
   # checks packaging: the plain pass runs them.
   echo "== bazel test //... ${config:-(plain)}"
   bazel test ${config} --test_summary=short \
-    --test_env=WTX_PYTHON="$PWD/.venv/bin/python" //... "$@" 2>&1 | tee -a "$log" |
+    --test_env=WTX_PYTHON="$PWD/.venv/bin/python" \
+    --test_env=WTX_VLLM_PYTHON="$PWD/.venv-vllm/bin/python" //... "$@" 2>&1 | tee -a "$log" |
     grep -vE '^(Loading|Analyzing|\[[0-9,]+ / [0-9,]+\]|INFO: (Analyzed|Found))'
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || status=$rc

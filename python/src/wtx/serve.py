@@ -38,7 +38,6 @@ class _Host:
         import torch
         self.torch = torch
         self.module = module
-        self.loader = getattr(module, "load_weights", None)
         self.on_pause = on_pause
         self.on_resume = on_resume
         self.lock = threading.Lock()  # C calls one at a time; commit vs readers of .version
@@ -52,6 +51,11 @@ class _Host:
         self.pause_cb = _capi.ON_PAUSE(self._pause)
         self.resume_cb = _capi.ON_RESUME(self._resume)
 
+    def _loader(self) -> Callable[[Any], Any] | None:
+        """The module's load_weights, looked up at each use (a host may
+        switch the module it stands for, as vLLM does for a draft model)."""
+        return getattr(self.module, "load_weights", None)
+
     def _targets(self) -> dict[str, Any]:
         d = dict(self.module.named_parameters())
         d.update(dict(self.module.named_buffers()))
@@ -64,7 +68,7 @@ class _Host:
             if target != 1:
                 _write_err(err, errlen, "this host has no draft model")
                 return _capi.ESTATE
-            if self.loader is not None:
+            if self._loader() is not None:
                 return 0  # load_weights maps checkpoint names itself
             t = self._targets().get(name)
             if t is None:
@@ -111,8 +115,9 @@ class _Host:
     def _commit(self, _m, version) -> int:
         try:
             with self.lock, self.torch.no_grad():
-                if self.loader is not None:
-                    self.loader(iter(self.staged.items()))
+                loader = self._loader()
+                if loader is not None:
+                    loader(iter(self.staged.items()))
                 else:
                     targets = self._targets()
                     for name, t in self.staged.items():

@@ -1,0 +1,132 @@
+"""wtx as a vLLM 0.33 weight-transfer backend ("wtx"), both halves.
+
+Worker side, ``WtxWeightTransferEngine`` (``vllm serve ...
+--weight-transfer-config '{"backend": "wtx"}'``): the engine hosts wtx's
+embedded worker on loopback, loading into ``self.model`` (the draft model
+while vLLM targets it) through ``model.load_weights``; vLLM's four calls go
+to it, so the session, its checks and the data plane are wtx's own.
+``init_info`` / ``update_info`` are the JSON form of ``wtx.v1.InitInfo`` /
+``UpdateInfo``, parsed strictly. An update that fails before loading
+starts (a refused chunk, a checksum, an abort) leaves the weights as they
+were: tensors are staged and verified, then loaded at
+``finish_weight_update``. If ``load_weights`` itself fails part way, the
+tensors loaded before the failure stay loaded, as with vLLM's own engines
+(which load as they receive); the finish reports the failure.
+
+Trainer side, ``WtxTrainerWeightTransferEngine``: ``trainer_init`` with a
+``wtx.WtxTrainerInitInfo`` and a ``wtx.WorkerClient`` drives wtx's C trainer
+engine; it is a real subclass of vLLM's ``TrainerWeightTransferEngine``.
+
+Imported by vLLM through the registry (``wtx.vllm_plugin``); needs vLLM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.weight_transfer.base import (
+    TrainerWeightTransferEngine,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+
+from .client import WorkerClient, parse
+from .serve import serve
+from .trainer import TrainerEngine, WtxTrainerInitInfo
+from .v1 import weight_transfer_pb2 as wt
+
+
+@dataclass
+class WtxInitInfo(WeightTransferInitInfo):
+    """A parsed ``wtx.v1.InitInfo``."""
+
+    message: Any = None
+
+
+@dataclass
+class WtxUpdateInfo(WeightTransferUpdateInfo):
+    """One or more parsed ``wtx.v1.UpdateInfo`` chunks."""
+
+    messages: list[Any] = field(default_factory=list)
+
+
+class _CurrentModel:
+    """The engine's current target model (vLLM switches it to the draft
+    model and back), as the embedded worker's module."""
+
+    def __init__(self, engine: "WtxWeightTransferEngine") -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine.model, name)
+
+
+class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
+    init_info_cls = WtxInitInfo
+    update_info_cls = WtxUpdateInfo
+    supports_draft_weight_update = True
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self._server = None
+        self._client: WorkerClient | None = None
+
+    def parse_init_info(self, init_dict: dict[str, Any]) -> WtxInitInfo:
+        return WtxInitInfo(parse(wt.InitInfo, init_dict, "init_info"))
+
+    def parse_update_info(self, update_dict: dict[str, Any] | list[dict[str, Any]]) -> WtxUpdateInfo:
+        chunks = update_dict if isinstance(update_dict, list) else [update_dict]
+        return WtxUpdateInfo([parse(wt.UpdateInfo, u, "update_info") for u in chunks])
+
+    def init_transfer_engine(self, init_info: WtxInitInfo) -> None:
+        if self._server is None:
+            self._server = serve(_CurrentModel(self), "127.0.0.1:0")
+            self._client = WorkerClient([self._server.address])
+        self._client.init_weight_transfer_engine(init_info.message)
+
+    def start_weight_update(self) -> None:
+        self._need().start_weight_update()
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        # Synchronous: the chunk is received and verified when this returns
+        # (no device work is left behind to synchronize).
+        self.receive_weights(self.parse_update_info(update_info))
+
+    def receive_weights(self, update_info: WtxUpdateInfo) -> None:
+        self._need().update_weights(update_info.messages)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._need().finish_weight_update(weight_version)
+
+    def shutdown(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def _need(self) -> WorkerClient:
+        if self._client is None:
+            raise RuntimeError("wtx: init_transfer_engine has not run")
+        return self._client
+
+
+class WtxTrainerWeightTransferEngine(TrainerWeightTransferEngine[WtxTrainerInitInfo]):
+    init_info_cls = WtxTrainerInitInfo
+
+    @classmethod
+    def trainer_init(cls, init_info: WtxTrainerInitInfo, *, client: Any,
+                     source: Any = None) -> "WtxTrainerWeightTransferEngine":
+        info = WtxTrainerInitInfo.from_any(init_info)
+        self = cls(client=client, source=source, is_sender=info.rank == 0, rank=info.rank)
+        self._inner = TrainerEngine.trainer_init(info, client=client if self.is_sender else None,
+                                                 source=source)
+        return self
+
+    def send_weights(self, *, version: str | None = None) -> None:
+        self._inner.send_weights(version=version)
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
