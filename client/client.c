@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/control.h"
 #include "client/fanout.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 
@@ -27,7 +28,10 @@ struct wtx_client {
   char err[1400];
   int err_replica;
   int err_status;
+  wtx__control *ctl; /* a control plane of the caller's: one replica, no channel */
 };
+
+#define CONTROL_TARGET "the caller's control plane"
 
 static void seterr(wtx_client *c, int replica_ix, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -47,6 +51,18 @@ static int call_failed(wtx_client *c, size_t i, const char *method, int rc,
          wtx_rpc_channel_target(c->r[i].ch), method, wtx_rpc_code_name(st->code),
          st->message[0] ? st->message : wtx_strerror(rc));
   return rc;
+}
+
+/* Records a failure of the caller's control plane. */
+static int control_failed(wtx_client *c, const char *method, int rc, const char *why) {
+  seterr(c, 0, wtx_err_to_grpc(rc), "worker 0 (%s): %s: %s", CONTROL_TARGET, method, why);
+  return rc;
+}
+
+/* What a call that only wtx's gRPC has answers on a control plane. */
+static int control_unsupported(wtx_client *c, const char *what) {
+  return control_failed(c, what, WTX_ENOTSUP, "not available through a control plane "
+                        "of the caller's");
 }
 
 static wtx_rpc_call_options call_opts(const wtx_client *c, wtx_rpc_metadata *md) {
@@ -138,9 +154,30 @@ fail:
   return rc;
 }
 
+int wtx_client_create_control(const wtx_control_ops *ops, void *self, wtx_client **out) {
+  *out = NULL;
+  wtx_client *c = calloc(1, sizeof *c);
+  if (c == NULL || (c->r = calloc(1, sizeof *c->r)) == NULL) {
+    free(c);
+    return WTX_ENOMEM;
+  }
+  int rc = wtx__control_create(ops, self, &c->ctl);
+  if (rc != 0) {
+    free(c->r);
+    free(c);
+    return rc;
+  }
+  c->n = 1;
+  c->timeout_ms = WTX_DEFAULT_TIMEOUT_MS;
+  c->err_replica = -1;
+  *out = c;
+  return 0;
+}
+
 void wtx_client_destroy(wtx_client *c) {
   if (c == NULL) return;
-  for (size_t i = 0; c->r != NULL && i < c->n; i++) {
+  wtx__control_destroy(c->ctl);
+  for (size_t i = 0; c->ctl == NULL && c->r != NULL && i < c->n; i++) {
     if (c->r[i].pending != NULL) {
       wtx_rpc_unary_cancel(c->r[i].pending);
       ProtobufCMessage *m = NULL;
@@ -157,6 +194,7 @@ void wtx_client_destroy(wtx_client *c) {
 size_t wtx_client_size(const wtx_client *c) { return c->n; }
 
 const char *wtx_client_target(const wtx_client *c, size_t i) {
+  if (c->ctl != NULL) return i == 0 ? CONTROL_TARGET : NULL;
   return i < c->n ? wtx_rpc_channel_target(c->r[i].ch) : NULL;
 }
 
@@ -212,6 +250,10 @@ static int each_replica(fanout *f) {
 }
 
 int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info) {
+  if (c->ctl != NULL) {
+    int rc = i == 0 ? wtx__control_begin(c->ctl, 0, &info->base) : WTX_EINVAL;
+    return rc != 0 ? control_failed(c, "init_weight_transfer_engine", rc, wtx_strerror(rc)) : 0;
+  }
   if (i >= c->n || c->r[i].pending != NULL) return WTX_EINVAL;
   Wtx__V1__InitWeightTransferEngineRequest req =
       WTX__V1__INIT_WEIGHT_TRANSFER_ENGINE_REQUEST__INIT;
@@ -227,9 +269,23 @@ int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *inf
   return rc;
 }
 
+/* A control plane answers init with nothing: an empty response (no data
+ * address: one endpoint, nothing chains after it). */
+static int control_init_wait(wtx_client *c, Wtx__V1__InitWeightTransferEngineResponse **out) {
+  char why[1024];
+  int rc = wtx__control_end(c->ctl, why, sizeof why);
+  if (rc != 0) return control_failed(c, "init_weight_transfer_engine", rc, why);
+  if (out == NULL) return 0;
+  static const uint8_t empty[1];
+  *out = (Wtx__V1__InitWeightTransferEngineResponse *)protobuf_c_message_unpack(
+      &wtx__v1__init_weight_transfer_engine_response__descriptor, NULL, 0, empty);
+  return *out != NULL ? 0 : WTX_ENOMEM;
+}
+
 int wtx__client_init_wait(wtx_client *c, size_t i,
                           Wtx__V1__InitWeightTransferEngineResponse **resp_out) {
   if (resp_out != NULL) *resp_out = NULL;
+  if (c->ctl != NULL) return i == 0 ? control_init_wait(c, resp_out) : WTX_EINVAL;
   if (i >= c->n || c->r[i].pending == NULL) return WTX_EINVAL;
   ProtobufCMessage *m = NULL;
   wtx_rpc_status st;
@@ -265,6 +321,7 @@ static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
 }
 
 int wtx__client_update_refused(wtx_client *c) {
+  if (c->ctl != NULL) return wtx__control_failed(c->ctl);
   for (size_t i = 0; i < c->n; i++) {
     int code = 0;
     if (c->r[i].pending != NULL && wtx_rpc_unary_poll(c->r[i].pending, &code) && code != 0)
@@ -274,12 +331,18 @@ int wtx__client_update_refused(wtx_client *c) {
 }
 
 uint64_t wtx__client_table(const wtx_client *c) {
+  if (c->ctl != NULL) return 0; /* vLLM's calls carry no table: params every time */
   for (size_t i = 1; i < c->n; i++)
     if (c->r[i].table_xxh3 != c->r[0].table_xxh3) return 0;
   return c->n > 0 ? c->r[0].table_xxh3 : 0;
 }
 
 int wtx__client_start(wtx_client *c, int target) {
+  if (c->ctl != NULL) {
+    char why[1024];
+    int rc = wtx__control_start(c->ctl, target, why, sizeof why);
+    return rc != 0 ? control_failed(c, "start_weight_update", rc, why) : 0;
+  }
   Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
   req.target = (Wtx__V1__UpdateTarget)target;
   fanout f = {wtx__v1__weight_transfer__start_weight_update__method, start_fill,
@@ -288,6 +351,10 @@ int wtx__client_start(wtx_client *c, int target) {
 }
 
 int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
+  if (c->ctl != NULL) {
+    int rc = wtx__control_begin(c->ctl, 1, &ui->base);
+    return rc != 0 ? control_failed(c, "update_weights", rc, wtx_strerror(rc)) : 0;
+  }
   wtx_rpc_metadata md;
   wtx_rpc_call_options o = call_opts(c, &md);
   int first = 0;
@@ -321,6 +388,11 @@ static void list_add(char *buf, size_t len, size_t i) {
 }
 
 int wtx__client_update_wait(wtx_client *c) {
+  if (c->ctl != NULL) {
+    char why[1024];
+    int rc = wtx__control_end(c->ctl, why, sizeof why);
+    return rc != 0 ? control_failed(c, "update_weights", rc, why) : 0;
+  }
   int first = 0, cause_code = 0;
   size_t cause = 0, failed = 0;
   char cause_msg[sizeof c->err] = "", others[300] = "";
@@ -386,6 +458,12 @@ static void prepare_fill(fanout *f, size_t i, ProtobufCMessage *m) {
 int wtx__client_finish(wtx_client *c, const char *version, char *published,
                        size_t publen) {
   if (published != NULL && publen > 0) published[0] = '\0';
+  if (c->ctl != NULL) { /* vLLM's finish prepares and publishes in one call */
+    char why[1024];
+    int rc = wtx__control_finish(c->ctl, version, why, sizeof why);
+    if (rc == 0 && published != NULL) snprintf(published, publen, "%s", version ? version : "");
+    return rc != 0 ? control_failed(c, "finish_weight_update", rc, why) : 0;
+  }
   /* Phase 1: every replica prepares; a failure anywhere leaves every
    * replica unpublished (the caller aborts them all). */
   Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
@@ -441,10 +519,15 @@ static int abort_all(wtx_client *c, const char *reason, int any, int *aborted) {
 }
 
 int wtx__client_abort(wtx_client *c, const char *reason) {
+  if (c->ctl != NULL) {
+    wtx__control_abort(c->ctl, reason);
+    return 0;
+  }
   return abort_all(c, reason, 0, NULL);
 }
 
 int wtx_client_abort_any(wtx_client *c, const char *reason, int *aborted) {
+  if (c->ctl != NULL) return control_unsupported(c, "AbortWeightUpdate");
   return abort_all(c, reason, 1, aborted);
 }
 
@@ -496,6 +579,10 @@ static void copy_summary(const Wtx__V1__GetWeightInfoResponse *r, wtx_weight_inf
 
 int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
                            wtx_weight_info *out) {
+  if (c->ctl != NULL) {
+    memset(out, 0, sizeof *out);
+    return control_unsupported(c, "GetWeightInfo");
+  }
   memset(out, 0, sizeof *out);
   if (i >= c->n) return WTX_EINVAL;
   Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
@@ -533,6 +620,7 @@ void wtx_weight_info_free(wtx_weight_info *info) {
 }
 
 int wtx_client_world_size(wtx_client *c, size_t i, uint32_t *world_size) {
+  if (c->ctl != NULL) return control_unsupported(c, "GetWorldSize");
   Wtx__V1__GetWorldSizeRequest req = WTX__V1__GET_WORLD_SIZE_REQUEST__INIT;
   ProtobufCMessage *m = NULL;
   int rc = i < c->n ? call(c, i, wtx__v1__weight_transfer__get_world_size__method, &req.base,
@@ -547,6 +635,7 @@ int wtx_client_world_size(wtx_client *c, size_t i, uint32_t *world_size) {
 
 int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
                            size_t prevlen) {
+  if (c->ctl != NULL) return control_unsupported(c, "UpdateWeightVersion");
   if (previous != NULL && prevlen > 0) previous[0] = '\0';
   size_t n = version != NULL ? strlen(version) : 0;
   if (n == 0 || n > WTX_MAX_VERSION_BYTES) {
@@ -579,6 +668,7 @@ static uint64_t published_sum(const wtx_weight_info *info, const char *name,
 }
 
 int wtx_client_verify(wtx_client *c, wtx_source *source, const uint64_t *xxh3) {
+  if (c->ctl != NULL) return control_unsupported(c, "GetWeightInfo");
   const wtx_tensor_meta *metas;
   size_t n;
   int rc = wtx_source_metadata(source, &metas, &n);

@@ -62,6 +62,35 @@ int wtx_client_create(const char *const *targets, size_t n,
                       const wtx_client_options *opts, wtx_client **out,
                       char *err, size_t errlen);
 void wtx_client_destroy(wtx_client *c);
+
+/* ---- a control plane of the caller's ---- */
+
+/* The four calls of vLLM's weight-sync control plane (its
+ * VLLMWeightSyncClient), made by the caller instead of wtx's gRPC: a vLLM
+ * server's HTTP routes, Ray actors, any way to reach workers that run the
+ * wtx engine. Messages are serialized wtx.v1 protobuf (InitInfo,
+ * UpdateInfo); a binding converts them, e.g. to their JSON form. Each call
+ * returns 0, or a WTX_E* code with a message in err. init and update may
+ * block until the worker has acted: the engine runs them on a thread of
+ * its own while the data plane moves the bytes. */
+typedef struct wtx_control_ops {
+  int (*init)(void *self, const uint8_t *init_info, size_t len, char *err, size_t errlen);
+  int (*start)(void *self, int target, char *err, size_t errlen);
+  int (*update)(void *self, const uint8_t *update_info, size_t len, char *err,
+                size_t errlen);
+  /* version: NULL or "" lets the workers number it. */
+  int (*finish)(void *self, const char *version, char *err, size_t errlen);
+  /* Optional (NULL: nothing is called): ends the active update, the
+   * previous weights staying. */
+  void (*abort)(void *self, const char *reason);
+} wtx_control_ops;
+
+/* A client of one endpoint (however many workers stand behind it) reached
+ * through ops, for wtx_trainer_init. ops and self must outlive the client.
+ * The inspection calls (weight info, world size, set_version, abort_any,
+ * verify) answer WTX_ENOTSUP. *out is the caller's until
+ * wtx_client_destroy. */
+int wtx_client_create_control(const wtx_control_ops *ops, void *self, wtx_client **out);
 size_t wtx_client_size(const wtx_client *c);
 /* Replica i's address, owned by c. */
 const char *wtx_client_target(const wtx_client *c, size_t i);

@@ -35,6 +35,8 @@ int main(void) {
   BEGIN(wtx_model_ops); F(wtx_model_ops, check); F(wtx_model_ops, begin); F(wtx_model_ops, stage);
   F(wtx_model_ops, loaded); F(wtx_model_ops, prepare); F(wtx_model_ops, commit);
   F(wtx_model_ops, abort); END();
+  BEGIN(wtx_control_ops); F(wtx_control_ops, init); F(wtx_control_ops, start);
+  F(wtx_control_ops, update); F(wtx_control_ops, finish); F(wtx_control_ops, abort); END();
   BEGIN(wtx_worker_options); F(wtx_worker_options, listen); F(wtx_worker_options, backends);
   F(wtx_worker_options, n_backends); F(wtx_worker_options, model_ops);
   F(wtx_worker_options, model); F(wtx_worker_options, world_size);

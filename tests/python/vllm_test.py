@@ -164,5 +164,114 @@ class WorkerSideTest(unittest.TestCase):
             self.assertTrue(torch.equal(main_before[n], p.detach()), n)
 
 
+class EngineClientStandIn:
+    """STAND-IN for vLLM's EngineClient (AsyncLLM needs a GPU): what the RL
+    router calls, forwarded to a WtxWeightTransferEngine from vLLM's factory,
+    as vLLM's worker does, off the event loop."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.version = None
+
+    async def init_weight_transfer_engine(self, request):
+        import asyncio
+        await asyncio.to_thread(lambda: self.engine.init_transfer_engine(
+            self.engine.parse_init_info(request.init_info)))
+
+    async def start_weight_update(self):
+        import asyncio
+        await asyncio.to_thread(self.engine.start_weight_update)
+
+    async def update_weights(self, request):
+        import asyncio
+        await asyncio.to_thread(self.engine.update_weights, request.update_info)
+
+    async def finish_weight_update(self, weight_version=None):
+        import asyncio
+        await asyncio.to_thread(self.engine.finish_weight_update, weight_version)
+        if weight_version is not None:
+            self.version = weight_version
+
+    async def get_weight_version(self):
+        return self.version
+
+
+class HttpTest(unittest.TestCase):
+    """vLLM's real RL router on FastAPI, in front of the wtx engine; the
+    trainer uses vLLM's real HTTPVLLMWeightSyncClient, ModuleSource and
+    trainer factory."""
+
+    @classmethod
+    def setUpClass(cls):
+        import threading
+        import uvicorn
+        from fastapi import FastAPI
+        from vllm.entrypoints.rl.online.api_router import router
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        cls.model = with_load_weights(tiny_llama(1))
+        cls.engine = engine_for(cls.model)
+        app = FastAPI()
+        app.include_router(router)
+        app.state.engine_client = EngineClientStandIn(cls.engine)
+        cls.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
+                                                   log_level="warning"))
+        cls.thread = threading.Thread(target=cls.server.run, daemon=True)
+        cls.thread.start()
+        while not cls.server.started:
+            time.sleep(0.02)
+        port = cls.server.servers[0].sockets[0].getsockname()[1]
+        cls.url = f"http://127.0.0.1:{port}"
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.should_exit = True
+        cls.thread.join(timeout=10)
+        cls.engine.shutdown()
+
+    def test_vllms_http_client_pushes_over_shm_and_tcp(self):
+        import requests
+        import wtx
+        from vllm.distributed.weight_transfer.base import ModuleSource
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        trainer = tiny_llama(0)
+        client = HTTPVLLMWeightSyncClient(self.url, timeout=60)
+        for step, transport in enumerate(["shm", "tcp"]):
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.add_(0.5 * (step + 1))
+            engine = WeightTransferTrainerFactory.trainer_init(
+                wtx.WtxTrainerInitInfo(transport=transport, rank=0), client=client,
+                source=ModuleSource(trainer))
+            engine.send_weights(version=f"http-{step}")
+            engine.shutdown()
+            for n, p in self.model.named_parameters():
+                self.assertTrue(torch.equal(dict(trainer.named_parameters())[n].detach(),
+                                            p.detach()), n)
+            with torch.no_grad():
+                self.assertTrue(torch.equal(trainer(PROMPT).logits, self.model(PROMPT).logits))
+            self.assertEqual(f"http-{step}",
+                             requests.get(f"{self.url}/weight_info").json()["weight_version"])
+
+    def test_a_failed_load_reaches_the_trainer_and_the_weights_stay(self):
+        import wtx
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        before = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        wrong = wtx.DictSource({"not.a.parameter": torch.ones(3)})
+        engine = WeightTransferTrainerFactory.trainer_init(
+            wtx.WtxTrainerInitInfo(transport="shm", rank=0),
+            client=HTTPVLLMWeightSyncClient(self.url, timeout=60), source=wrong)
+        # A model with load_weights maps checkpoint names itself, so an
+        # unknown name is found when loading: the finish fails (vLLM's route
+        # answers 500) and the trainer's error says which call.
+        with self.assertRaisesRegex(wtx.WtxError, "finish_weight_update: HTTPError: 500"):
+            engine.send_weights()
+        engine.shutdown()
+        for n, p in self.model.named_parameters():
+            self.assertTrue(torch.equal(before[n], p.detach()), n)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -108,7 +108,20 @@ class WorkerOptions(C.Structure):
                 ("allow_upstream", C.c_char_p)]
 
 
-STRUCTS = {"wtx_tensor_meta": TensorMeta, "wtx_client_options": ClientOptions,
+# wtx_control_ops
+C_INIT = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p, C.c_size_t, C.c_void_p, C.c_size_t)
+C_START = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.c_void_p, C.c_size_t)
+C_UPDATE = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p, C.c_size_t, C.c_void_p, C.c_size_t)
+C_FINISH = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_char_p, C.c_void_p, C.c_size_t)
+C_ABORT = C.CFUNCTYPE(None, C.c_void_p, C.c_char_p)
+
+
+class ControlOps(C.Structure):
+    _fields_ = [("init", C_INIT), ("start", C_START), ("update", C_UPDATE),
+                ("finish", C_FINISH), ("abort", C_ABORT)]
+
+
+STRUCTS = {"wtx_control_ops": ControlOps, "wtx_tensor_meta": TensorMeta, "wtx_client_options": ClientOptions,
            "wtx_trainer_config": TrainerConfig, "wtx_send_options": SendOptions,
            "wtx_send_result": SendResult, "wtx_source_ops": SourceOps,
            "wtx_model_ops": ModelOps, "wtx_worker_options": WorkerOptions}
@@ -129,6 +142,8 @@ err_to_grpc = _fn("wtx_err_to_grpc", C.c_int, C.c_int)
 client_create = _fn("wtx_client_create", C.c_int, C.POINTER(C.c_char_p), C.c_size_t,
                     C.POINTER(ClientOptions), C.POINTER(P), C.c_char_p, C.c_size_t)
 client_destroy = _fn("wtx_client_destroy", None, P)
+client_create_control = _fn("wtx_client_create_control", C.c_int, C.POINTER(ControlOps), P,
+                            C.POINTER(P))
 client_last_error = _fn("wtx_client_last_error", C.c_char_p, P)
 source_create = _fn("wtx_source_create", C.c_int, C.POINTER(SourceOps), P, C.POINTER(P))
 source_destroy = _fn("wtx_source_destroy", None, P)

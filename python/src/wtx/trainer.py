@@ -15,9 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from google.protobuf import json_format
+
 from . import _capi
 from .client import Tls, WorkerClient, WtxError
 from .sources import CSource, SafetensorsSource
+from .v1 import weight_transfer_pb2 as wt
 
 _CHECKSUMS = {None: 0, "default": 0, "none": 1, "xxh3_64": 2}
 TRANSPORTS = ("shm", "tcp", "cuda_ipc", "nccl")
@@ -90,6 +93,7 @@ class TrainerEngine:
         self._progress_cb: Any = None
         self.rank = 0
         self.is_sender = True
+        self._control: _ControlPlane | None = None
         self.last_result: dict[str, Any] | None = None
 
     @classmethod
@@ -109,10 +113,15 @@ class TrainerEngine:
         self.is_sender = info.rank == 0
         self._source = source
         if self.is_sender:
-            if not isinstance(client, WorkerClient):
-                raise TypeError("client: a wtx.WorkerClient (gRPC to wtx workers), got "
+            if isinstance(client, WorkerClient):
+                self._client = _c_client(client)
+            elif all(callable(getattr(client, m, None)) for m in _CONTROL_CALLS):
+                self._control = _ControlPlane(client)
+                self._client = self._control.c
+            else:
+                raise TypeError("client: a wtx.WorkerClient, or an object with vLLM's four "
+                                f"weight-sync calls ({', '.join(_CONTROL_CALLS)}); got "
                                 f"{type(client).__name__}")
-            self._client = _c_client(client)
         c_src = source._c if isinstance(source, SafetensorsSource) else None
         if c_src is None:
             self._csource = CSource(source, info.rank)
@@ -169,12 +178,81 @@ class TrainerEngine:
         if self._client:
             _capi.client_destroy(self._client)
             self._client = C.c_void_p()
+        self._control = None
         if self._csource is not None:
             self._csource.close()
             self._csource = None
 
     def __del__(self) -> None:
         self.shutdown()
+
+
+_CONTROL_CALLS = ("init_weight_transfer_engine", "start_weight_update", "update_weights",
+                  "finish_weight_update")
+
+
+def _write_err(buf: int, size: int, text: str) -> None:
+    if buf and size:
+        data = text.encode()[: size - 1] + b"\0"
+        C.memmove(buf, data, len(data))
+
+
+class _ControlPlane:
+    """Any VLLMWeightSyncClient (vLLM's HTTP or Ray client, or one of the
+    caller's) as the C engine's control plane: the engine hands over
+    serialized wtx.v1 messages, which go to the client as their JSON form."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.ops = _capi.ControlOps(_capi.C_INIT(self._init), _capi.C_START(self._start),
+                                    _capi.C_UPDATE(self._update), _capi.C_FINISH(self._finish),
+                                    _capi.C_ABORT(self._abort))
+        self.c = C.c_void_p()
+        rc = _capi.client_create_control(C.byref(self.ops), None, C.byref(self.c))
+        if rc != 0:
+            raise _error(rc, None)
+
+    @staticmethod
+    def _run(err: int, errlen: int, call: Callable[[], Any]) -> int:
+        try:
+            call()
+            return 0
+        except BaseException as e:  # noqa: BLE001 (reported through the engine)
+            _write_err(err, errlen, f"{type(e).__name__}: {e}")
+            return _capi.EIO
+
+    @staticmethod
+    def _json(cls: type, data: int, n: int) -> dict[str, Any]:
+        return json_format.MessageToDict(cls.FromString(C.string_at(data, n)))
+
+    def _init(self, _s, data, n, err, errlen) -> int:
+        return self._run(err, errlen, lambda: self.client.init_weight_transfer_engine(
+            self._json(wt.InitInfo, data, n)))
+
+    def _start(self, _s, target, err, errlen) -> int:
+        if target == 2:
+            draft = getattr(self.client, "start_draft_weight_update", None)
+            if draft is None:
+                _write_err(err, errlen, "this client cannot start a draft update")
+                return _capi.EINVAL
+            return self._run(err, errlen, draft)
+        return self._run(err, errlen, self.client.start_weight_update)
+
+    def _update(self, _s, data, n, err, errlen) -> int:
+        return self._run(err, errlen, lambda: self.client.update_weights(
+            self._json(wt.UpdateInfo, data, n)))
+
+    def _finish(self, _s, version, err, errlen) -> int:
+        v = version.decode() if version else None
+        return self._run(err, errlen, lambda: self.client.finish_weight_update(v or None))
+
+    def _abort(self, _s, reason) -> None:
+        abort = getattr(self.client, "abort", None)  # vLLM's clients have none
+        if callable(abort):
+            try:
+                abort(reason.decode() if reason else "")
+            except BaseException:  # noqa: BLE001
+                pass
 
 
 def _error(rc: int, msg: bytes | None) -> Exception:

@@ -14,8 +14,11 @@ tensors loaded before the failure stay loaded, as with vLLM's own engines
 (which load as they receive); the finish reports the failure.
 
 Trainer side, ``WtxTrainerWeightTransferEngine``: ``trainer_init`` with a
-``wtx.WtxTrainerInitInfo`` and a ``wtx.WorkerClient`` drives wtx's C trainer
-engine; it is a real subclass of vLLM's ``TrainerWeightTransferEngine``.
+``wtx.WtxTrainerInitInfo`` drives wtx's C trainer engine, with either a
+``wtx.WorkerClient`` (gRPC to wtx workers) or any of vLLM's
+``VLLMWeightSyncClient``s (``HTTPVLLMWeightSyncClient`` to a vLLM server
+running this engine): the C engine hands each call's wtx.v1 message over as
+JSON. It is a real subclass of vLLM's ``TrainerWeightTransferEngine``.
 
 Imported by vLLM through the registry (``wtx.vllm_plugin``); needs vLLM.
 """
@@ -31,7 +34,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from .client import WorkerClient, parse
+from .client import WorkerClient, WtxError, parse
 from .serve import serve
 from .trainer import TrainerEngine, WtxTrainerInitInfo
 from .v1 import weight_transfer_pb2 as wt
@@ -83,6 +86,13 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
         if self._server is None:
             self._server = serve(_CurrentModel(self), "127.0.0.1:0")
             self._client = WorkerClient([self._server.address])
+        else:
+            # A new init means a new (or restarted) trainer; vLLM's calls have
+            # no abort, so an update it left open ends here (weights kept).
+            try:
+                self._client.abort("a new init_weight_transfer_engine")
+            except WtxError:
+                pass
         self._client.init_weight_transfer_engine(init_info.message)
 
     def start_weight_update(self) -> None:
