@@ -106,6 +106,10 @@ grpc_status_code wtx__handle_info(wtx_rpc_ctx *ctx,
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   describe_session(ctx, s, resp);
   resp->weight_version = (char *)"";
+  char serving[WTX_MAX_VERSION_BYTES + 1];
+  if (s->cfg.serving_version != NULL &&
+      s->cfg.serving_version(s->cfg.on_commit_user, serving, sizeof serving) == 0)
+    resp->serving_version = wtx_rpc_ctx_strdup(ctx, serving);
   if (s->cfg.store == NULL) return GRPC_STATUS_OK;
   wtx_store_view v, d;
   wtx_store_acquire(s->cfg.store, WTX_TARGET_MAIN, &v);

@@ -1,12 +1,14 @@
 /* wtx-worker: the worker daemon. libuv drives the process: signals
  * (SIGTERM/SIGINT: stop accepting, abort the active update, exit 0) and the
  * session watchdog timer; gRPC calls run on the server's own threads. */
+#include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -64,7 +66,22 @@ static const char usage[] =
     "                         [WTX_ALLOW_UPSTREAM] (default: anywhere)\n"
     "  --max-calls N          calls served at once; more get RESOURCE_EXHAUSTED\n"
     "                         [WTX_MAX_CALLS] (default " STR(WTX_DEFAULT_MAX_CALLS) ")\n"
-
+    "\n"
+    "Sidecar bridge into a stock vLLM (docs/vllm.md):\n"
+    "  --vllm-url URL         vLLM's HTTP server (started with\n"
+    "                         VLLM_SERVER_DEV_MODE=1): every published version is\n"
+    "                         written to --vllm-dir and vLLM reloads it\n"
+    "                         [WTX_VLLM_URL] (default: no bridge)\n"
+    "  --vllm-dir DIR         where versions are written, <version>/model.\n"
+    "                         safetensors; share it with vLLM on a memory volume\n"
+    "                         [WTX_VLLM_DIR] (default /dev/shm/wtx-vllm)\n"
+    "  --vllm-pause-mode M    abort, wait or keep: vLLM's /pause mode while it\n"
+    "                         reloads [WTX_VLLM_PAUSE_MODE] (default wait)\n"
+    "  --vllm-timeout-ms MS   bound on every request to vLLM\n"
+    "                         [WTX_VLLM_TIMEOUT_MS] (default 300000)\n"
+    "  --vllm-disk            load through newer vLLM's \"disk\" weight-transfer\n"
+    "                         backend and its RL routes instead of /collective_rpc\n"
+    "\n"
     "  -h, --help             this text\n"
     "\n"
     "GPU backends (nccl, cuda_ipc) load CUDA and NCCL at run time:\n"
@@ -140,6 +157,8 @@ typedef struct flags {
   const char *model_spec, *publish_dir, *publish_keep, *log_level;
   const char *token_file, *tls_cert, *tls_key, *tls_client_ca, *reflection;
   const char *max_calls, *max_model_bytes, *max_params, *allow_upstream;
+  const char *vllm_url, *vllm_dir, *vllm_pause_mode, *vllm_timeout;
+  int vllm_disk;
 } flags;
 
 _Static_assert(WTX_DEFAULT_MAX_MESSAGE_BYTES == 67108864, "--max-message-bytes default");
@@ -164,6 +183,11 @@ static const struct option longopts[] = {
     {"max-model-bytes", required_argument, NULL, 'B'},
     {"max-params", required_argument, NULL, 'N'},
     {"allow-upstream", required_argument, NULL, 'U'},
+    {"vllm-url", required_argument, NULL, 'V'},
+    {"vllm-dir", required_argument, NULL, 'D'},
+    {"vllm-pause-mode", required_argument, NULL, 'M'},
+    {"vllm-timeout-ms", required_argument, NULL, 'T'},
+    {"vllm-disk", no_argument, NULL, 'X'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -189,6 +213,10 @@ static int parse_flags(int argc, char **argv, flags *f) {
       .max_model_bytes = env_or("WTX_MAX_MODEL_BYTES", "0"),
       .max_params = env_or("WTX_MAX_PARAMS", "0"),
       .allow_upstream = env_or("WTX_ALLOW_UPSTREAM", NULL),
+      .vllm_url = env_or("WTX_VLLM_URL", NULL),
+      .vllm_dir = env_or("WTX_VLLM_DIR", "/dev/shm/wtx-vllm"),
+      .vllm_pause_mode = env_or("WTX_VLLM_PAUSE_MODE", "wait"),
+      .vllm_timeout = env_or("WTX_VLLM_TIMEOUT_MS", "300000"),
   };
   const char **slot[128] = {
       ['l'] = &f->listen, ['w'] = &f->world, ['d'] = &f->watchdog,
@@ -197,13 +225,18 @@ static int parse_flags(int argc, char **argv, flags *f) {
       ['L'] = &f->log_level, ['t'] = &f->token_file, ['C'] = &f->tls_cert,
       ['K'] = &f->tls_key, ['A'] = &f->tls_client_ca, ['r'] = &f->reflection,
       ['c'] = &f->max_calls, ['B'] = &f->max_model_bytes, ['N'] = &f->max_params,
-      ['U'] = &f->allow_upstream,
+      ['U'] = &f->allow_upstream, ['V'] = &f->vllm_url, ['D'] = &f->vllm_dir,
+      ['M'] = &f->vllm_pause_mode, ['T'] = &f->vllm_timeout,
   };
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     if (c == 'h') {
       fputs(usage, stdout);
       return 1;
+    }
+    if (c == 'X') {
+      f->vllm_disk = 1;
+      continue;
     }
     if (c < 0 || c >= 128 || slot[c] == NULL) {
       fputs(usage, stderr);
@@ -273,6 +306,25 @@ static int security_from_flags(const flags *f, wtx_worker_options *o, char *pems
   return 0;
 }
 
+/* The sidecar bridge's options (--vllm-*); its directory is made here. */
+static int vllm_from_flags(const flags *f, wtx_worker_options *o) {
+  if (f->vllm_url == NULL) return 0;
+  int64_t timeout;
+  if (parse_i64("--vllm-timeout-ms", f->vllm_timeout, 1, INT64_C(1) << 40, &timeout) != 0)
+    return -1;
+  if (mkdir(f->vllm_dir, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "wtx-worker: --vllm-dir: cannot create %s: %s\n", f->vllm_dir,
+            strerror(errno));
+    return -1;
+  }
+  o->vllm_url = f->vllm_url;
+  o->vllm_dir = f->vllm_dir;
+  o->vllm_pause_mode = f->vllm_pause_mode;
+  o->vllm_disk = f->vllm_disk;
+  o->vllm_timeout_ms = timeout;
+  return 0;
+}
+
 /* The worker options and grace period the flags say, checked. */
 static int options_from_flags(const flags *f, wtx_worker_options *o,
                               int64_t *grace_ms) {
@@ -297,7 +349,7 @@ static int options_from_flags(const flags *f, wtx_worker_options *o,
   o->model_spec = f->model_spec;
   o->publish_dir = f->publish_dir;
   o->publish_keep = (int)keep;
-  return 0;
+  return vllm_from_flags(f, o);
 }
 
 /* Writes the bound port to path atomically (temp file, rename). */

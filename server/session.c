@@ -690,7 +690,9 @@ grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
   pthread_mutex_lock(&s->mu);
   int committed = 0;
   if (finish_repeated(s, req)) {
-    code = GRPC_STATUS_OK;
+    code = s->commit_rc == 0 ? GRPC_STATUS_OK
+                             : from_wtx(ctx, s->commit_rc, "published here, but the engine it "
+                                        "feeds did not load it", s->commit_err);
   } else if ((code = check_update(s, ctx, req->session_id, req->update_id,
                                   "FinishWeightUpdate", 1)) != GRPC_STATUS_OK) {
   } else if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED) {
@@ -712,7 +714,17 @@ grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
   }
   wtx_target target = s->target;
   pthread_mutex_unlock(&s->mu);
-  if (committed && s->cfg.on_commit != NULL) s->cfg.on_commit(s->cfg.on_commit_user, target);
+  char why[1024] = "";
+  int rc = committed && s->cfg.on_commit != NULL
+               ? s->cfg.on_commit(s->cfg.on_commit_user, target, why, sizeof why) : 0;
+  if (committed) {
+    pthread_mutex_lock(&s->mu);
+    s->commit_rc = rc;
+    snprintf(s->commit_err, sizeof s->commit_err, "%s", why);
+    pthread_mutex_unlock(&s->mu);
+  }
+  if (rc != 0)
+    code = from_wtx(ctx, rc, "published here, but the engine it feeds did not load it", why);
   return code;
 }
 

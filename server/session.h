@@ -43,9 +43,14 @@ typedef struct wtx__session_config {
   void (*on_pause)(void *host, int wait_for_inflight);
   void (*on_resume)(void *host);
   void *host;
-  /* Called after each successful commit, outside the lock (may be NULL). */
-  void (*on_commit)(void *user, wtx_target target);
+  /* Called after each successful commit, outside the lock, before Finish
+   * answers (may be NULL): nonzero (err says why) is Finish's status; the
+   * weights stay published. */
+  int (*on_commit)(void *user, wtx_target target, char *err, size_t errlen);
   void *on_commit_user;
+  /* The version an engine this worker feeds says it serves (may be NULL):
+   * GetWeightInfoResponse.serving_version. */
+  int (*serving_version)(void *user, char *out, size_t len);
 } wtx__session_config;
 
 typedef struct wtx_session {
@@ -72,6 +77,9 @@ typedef struct wtx_session {
   uint64_t staged_bytes;
   char version[WTX_MAX_VERSION_BYTES + 1]; /* prepared (then published) label */
   uint64_t published_update;  /* the last update published, for a repeated Finish */
+  /* What on_commit answered for it (a repeated Finish answers the same). */
+  int commit_rc;
+  char commit_err[1024];
   uint64_t begun_bytes; /* of every tensor begun in this update */
   /* The params of this update (duplicates found here); per target, those of
    * the last update published that sent params, and their XXH3: a later

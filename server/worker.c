@@ -11,11 +11,17 @@
 #include "server/auth.h"
 #include "server/publish.h"
 #include "server/session.h"
+#include "server/vllm.h"
 
 struct wtx_worker {
   wtx_rpc_server *srv;
   wtx_rpc_health *health;
   wtx__publisher *publisher;
+  wtx__vllm *vllm; /* the sidecar bridge, --vllm-url */
+  /* The host's Pause / Resume, called after the bridge's forwarding. */
+  void (*host_pause)(void *host, int wait);
+  void (*host_resume)(void *host);
+  void *host;
   wtx__auth *auth;
   wtx_session session;
   int session_ready;
@@ -43,10 +49,42 @@ static const Wtx__V1__WeightTransfer_Handlers handlers = {
     .resume = wtx__handle_resume,
 };
 
-static void on_commit(void *user, wtx_target target) {
+static int on_commit(void *user, wtx_target target, char *err, size_t errlen) {
   wtx_worker *w = user;
   if (target == WTX_TARGET_MAIN && w->publisher != NULL)
     wtx__publisher_notify(w->publisher);
+  return target == WTX_TARGET_MAIN && w->vllm != NULL ? wtx__vllm_publish(w->vllm, err, errlen)
+                                                      : 0;
+}
+
+static int serving_version(void *user, char *out, size_t len) {
+  wtx_worker *w = user;
+  return w->vllm != NULL ? wtx__vllm_serving(w->vllm, out, len) : WTX_ENOTSUP;
+}
+
+/* Pause / Resume: forwarded to vLLM (the bridge), then the host's. */
+static void on_pause(void *user, int wait) {
+  wtx_worker *w = user;
+  if (w->vllm != NULL) wtx__vllm_pause(w->vllm, wait);
+  if (w->host_pause != NULL) w->host_pause(w->host, wait);
+}
+
+static void on_resume(void *user) {
+  wtx_worker *w = user;
+  if (w->vllm != NULL) wtx__vllm_resume(w->vllm);
+  if (w->host_resume != NULL) w->host_resume(w->host);
+}
+
+/* The sidecar bridge, when the options ask for one. */
+static int open_vllm(wtx_worker *w, const wtx_worker_options *opts, char *err, size_t errlen) {
+  if (opts->vllm_url == NULL || opts->vllm_url[0] == '\0') return 0;
+  if (w->own_store == NULL) {
+    snprintf(err, errlen, "vllm_url: only with the internal store, not a host's model");
+    return WTX_EINVAL;
+  }
+  wtx__vllm_config vc = {opts->vllm_url, opts->vllm_dir, opts->vllm_pause_mode,
+                         opts->vllm_disk, opts->vllm_timeout_ms, 2};
+  return wtx__vllm_create(w->own_store, &vc, &w->vllm, err, errlen);
 }
 
 /* Declares the layout in the safetensors header at path. */
@@ -200,11 +238,12 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
       .watchdog_ms = opts->watchdog_ms,
       .max_model_bytes = opts->max_model_bytes,
       .max_params = opts->max_params,
-      .on_pause = opts->on_pause,
-      .on_resume = opts->on_resume,
-      .host = opts->host,
+      .on_pause = on_pause,
+      .on_resume = on_resume,
+      .host = w,
       .on_commit = on_commit,
       .on_commit_user = w,
+      .serving_version = serving_version,
       .transports = w->transports,
       .env = &w->env,
   };
@@ -212,7 +251,11 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
   if (rc == 0) rc = wtx__auth_create(opts->token_file, opts->reflection, &w->auth, err, errlen);
   if (rc == 0) rc = wtx__netallow_parse(opts->allow_upstream, &w->allow_upstream, err, errlen);
   w->env.allow_upstream = w->allow_upstream;
+  w->host_pause = opts->on_pause;
+  w->host_resume = opts->on_resume;
+  w->host = opts->host;
   if (rc == 0) rc = open_model(w, opts, &cfg, err, errlen);
+  if (rc == 0) rc = open_vllm(w, opts, err, errlen);
   if (rc == 0 && (rc = wtx__session_init(&w->session, &cfg)) == 0) w->session_ready = 1;
   if (rc == 0) rc = open_server(w, opts, err, errlen);
   if (rc != 0) goto fail;
@@ -257,6 +300,7 @@ void wtx_worker_destroy(wtx_worker *w) {
   wtx_rpc_server_destroy(w->srv);
   wtx_rpc_health_destroy(w->health);
   wtx__publisher_destroy(w->publisher);
+  wtx__vllm_destroy(w->vllm);
   if (w->session_ready) wtx__session_destroy(&w->session);
   wtx_store_destroy(w->own_store);
   wtx__auth_destroy(w->auth);

@@ -180,6 +180,22 @@ typedef struct wtx_worker_options {
    * comma-separated list of networks ("10.0.0.0/8"), addresses and host
    * names (resolved at start). NULL or "": anywhere. Copied. */
   const char *allow_upstream;
+  /* The sidecar bridge into a stock vLLM server (internal store only; NULL:
+   * none): every published main version is written to vllm_dir as
+   * <version>/model.safetensors and vLLM (served with
+   * VLLM_SERVER_DEV_MODE=1) is told to load it: /pause?mode=
+   * vllm_pause_mode ("abort", "wait" (NULL) or "keep"), /collective_rpc
+   * reload_weights, /update_weight_version, /resume; with vllm_disk, newer
+   * vLLM's "disk" backend through the RL routes instead. A failure is the
+   * FinishWeightUpdate's status (the worker has published, vLLM did not
+   * load). Pause / Resume are forwarded; GetWeightInfo reports vLLM's
+   * version. Every request is bounded by vllm_timeout_ms (0: 300000).
+   * Copied. */
+  const char *vllm_url;
+  const char *vllm_dir;
+  const char *vllm_pause_mode;
+  int vllm_disk;
+  int64_t vllm_timeout_ms;
 } wtx_worker_options;
 
 /* Every field at its default; set the ones you need after it. */

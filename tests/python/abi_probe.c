@@ -47,7 +47,10 @@ int main(void) {
   F(wtx_worker_options, tls_cert_pem); F(wtx_worker_options, tls_key_pem);
   F(wtx_worker_options, tls_client_ca_pem); F(wtx_worker_options, reflection);
   F(wtx_worker_options, max_calls); F(wtx_worker_options, max_model_bytes);
-  F(wtx_worker_options, max_params); F(wtx_worker_options, allow_upstream); END();
+  F(wtx_worker_options, max_params); F(wtx_worker_options, allow_upstream);
+  F(wtx_worker_options, vllm_url); F(wtx_worker_options, vllm_dir);
+  F(wtx_worker_options, vllm_pause_mode); F(wtx_worker_options, vllm_disk);
+  F(wtx_worker_options, vllm_timeout_ms); END();
   printf("}\n");
   return 0;
 }

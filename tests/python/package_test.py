@@ -46,7 +46,8 @@ class Host:
             if self.proc.poll() is not None:
                 raise RuntimeError("wtx_host.py exited")
             time.sleep(0.05)
-        self.addr = "127.0.0.1:" + open(port_file).read()
+        with open(port_file) as f:
+            self.addr = "127.0.0.1:" + f.read()
 
     def state(self) -> dict:
         path = os.path.join(self.dir, "state.pt")
@@ -160,7 +161,8 @@ class Worker:
             if os.path.exists(pf) and os.path.getsize(pf):
                 break
             time.sleep(0.02)
-        self.addr = "127.0.0.1:" + open(pf).read().strip()
+        with open(pf) as f:
+            self.addr = "127.0.0.1:" + f.read().strip()
 
     def stop(self):
         self.proc.terminate()

@@ -31,4 +31,6 @@ export WTX_LIBWTX="$PWD/lib/libwtx.so"
 export WTX_WORKER="$PWD/server/wtx-worker"
 export PYTHONPATH="$pkg:$PWD/tests/python"
 export VLLM_TARGET_DEVICE=cpu
-exec "$py" tests/python/vllm_test.py "$@"
+script=${1:-vllm_test.py}
+[ $# -gt 0 ] && shift
+exec "$py" "tests/python/$script" "$@"

@@ -105,7 +105,9 @@ class WorkerOptions(C.Structure):
                 ("tls_key_pem", C.c_char_p), ("tls_client_ca_pem", C.c_char_p),
                 ("reflection", C.c_int), ("max_calls", C.c_int),
                 ("max_model_bytes", C.c_uint64), ("max_params", C.c_uint64),
-                ("allow_upstream", C.c_char_p)]
+                ("allow_upstream", C.c_char_p), ("vllm_url", C.c_char_p),
+                ("vllm_dir", C.c_char_p), ("vllm_pause_mode", C.c_char_p),
+                ("vllm_disk", C.c_int), ("vllm_timeout_ms", C.c_int64)]
 
 
 # wtx_control_ops

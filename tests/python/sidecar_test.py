@@ -1,0 +1,222 @@
+"""The sidecar bridge (wtx-worker --vllm-url) into a stock vLLM, against
+vLLM's real RL and dev-rpc routers on FastAPI. Their engine client is a
+clearly named stand-in (AsyncLLM needs a GPU) whose collective_rpc
+("reload_weights", weights_path=DIR/<version>) loads the directory's
+safetensors into a transformers model, as vLLM's default loader would.
+Checked: the weights and logits after a push, the version vLLM reports,
+pause and resume around the reload and forwarded from the trainer, and
+each failure path (vLLM refusing, too slow, down) as the trainer's error
+with the model unchanged. Run by vllm.sh (WTX_VLLM_PYTHON)."""
+import asyncio
+import glob
+import os
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import torch
+
+from package_test import PROMPT, tiny_llama
+
+
+class EngineClientStandIn:
+    """STAND-IN for vLLM's EngineClient: what the RL and dev-rpc routers
+    call. reload_weights reads DIR/model.safetensors with the safetensors
+    package into the model. fail / delay_s make it refuse or dawdle."""
+
+    def __init__(self, model):
+        self.model = model
+        self.version = None
+        self.calls = []
+        self.fail = False
+        self.delay_s = 0.0
+
+    async def pause_generation(self, mode="abort", clear_cache=True):
+        self.calls.append(("pause", mode))
+
+    async def resume_generation(self):
+        self.calls.append(("resume",))
+
+    async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append((method, dict(kwargs or {})))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail:
+            raise RuntimeError("reload_weights refused by the stand-in")
+        from safetensors.torch import load_file
+        tensors = load_file(os.path.join(kwargs["weights_path"], "model.safetensors"))
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, t in tensors.items():
+                params[name].copy_(t)
+        return [None]
+
+    async def update_weight_version(self, version):
+        self.version = version
+
+    async def get_weight_version(self):
+        return self.version
+
+
+class FakeVllm:
+    """uvicorn serving vLLM's real routers in a thread."""
+
+    def __init__(self, client):
+        import uvicorn
+        from fastapi import FastAPI
+        from vllm.entrypoints.rl.online.api_router import router as rl
+        from vllm.entrypoints.serve.dev.rpc.api_router import router as rpc
+        app = FastAPI()
+        app.include_router(rl)
+        app.include_router(rpc)
+        app.state.engine_client = client
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
+                                                    log_level="critical"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+class Sidecar:
+    """wtx-worker --vllm-url URL --vllm-dir DIR."""
+
+    def __init__(self, url, timeout_ms=20000):
+        self.dir = tempfile.mkdtemp(prefix="wtx-sidecar-")
+        self.vdir = os.path.join(self.dir, "versions")
+        pf = os.path.join(self.dir, "port")
+        self.proc = subprocess.Popen(
+            [os.environ["WTX_WORKER"], "--listen", "127.0.0.1:0", "--port-file", pf,
+             "--log-level", "warn", "--vllm-url", url, "--vllm-dir", self.vdir,
+             "--vllm-timeout-ms", str(timeout_ms)])
+        for _ in range(500):
+            if os.path.exists(pf) and os.path.getsize(pf):
+                break
+            time.sleep(0.02)
+        with open(pf) as f:
+            self.addr = "127.0.0.1:" + f.read().strip()
+
+    def stop(self):
+        self.proc.terminate()
+        return self.proc.wait(timeout=20)
+
+
+def push(addr, model, version):
+    import wtx
+    client = wtx.WorkerClient([addr])
+    engine = wtx.TrainerEngine.trainer_init(
+        {"rank": 0, "transport": "shm"}, client=client,
+        source=wtx.DictSource({n: p.detach() for n, p in model.named_parameters()}))
+    try:
+        return engine.send_weights(version=version)
+    finally:
+        engine.shutdown()
+        client.close()
+
+
+class SidecarTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.model = tiny_llama(1)
+        cls.client = EngineClientStandIn(cls.model)
+        cls.vllm = FakeVllm(cls.client)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.vllm.stop()
+
+    def setUp(self):
+        self.client.fail = False
+        self.client.delay_s = 0.0
+        self.client.calls.clear()
+
+    def weights(self):
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    def test_a_push_reaches_vllm_through_a_reload_between_pause_and_resume(self):
+        import requests
+        import wtx
+        side = Sidecar(self.vllm.url)
+        try:
+            trainer = tiny_llama(0)
+            push(side.addr, trainer, "step-1")
+            for n, p in self.model.named_parameters():
+                self.assertTrue(torch.equal(dict(trainer.named_parameters())[n].detach(), p), n)
+            with torch.no_grad():
+                self.assertTrue(torch.equal(trainer(PROMPT).logits, self.model(PROMPT).logits))
+            self.assertEqual(["pause", "reload_weights", "resume"],
+                             [c[0] for c in self.client.calls])
+            self.assertEqual(("pause", "wait"), self.client.calls[0])
+            self.assertEqual({"weights_path": os.path.join(side.vdir, "step-1")},
+                             self.client.calls[1][1])
+            self.assertTrue(os.path.exists(os.path.join(side.vdir, "step-1", "model.safetensors")))
+            self.assertEqual("step-1", requests.get(self.vllm.url + "/weight_info").json()
+                             ["weight_version"])
+            with wtx.WorkerClient(side.addr) as c:
+                info = c.get_weight_info()[0]
+                self.assertEqual("step-1", info["serving_version"])
+                self.client.calls.clear()
+                c.pause(wait_for_inflight=False)  # forwarded to vLLM
+                c.resume()
+            self.assertEqual([("pause", "abort"), ("resume",)], self.client.calls)
+            # Two more versions: the oldest directory goes (two are kept).
+            for v in ("step-2", "step-3"):
+                push(side.addr, trainer, v)
+            self.assertEqual(["step-2", "step-3"], sorted(os.listdir(side.vdir)))
+        finally:
+            self.assertEqual(0, side.stop())
+
+    def test_vllm_refusing_is_the_trainers_error_and_the_model_is_unchanged(self):
+        import wtx
+        side = Sidecar(self.vllm.url)
+        try:
+            before = self.weights()
+            self.client.fail = True
+            with self.assertRaisesRegex(wtx.WtxError, "collective_rpc answered 500"):
+                push(side.addr, tiny_llama(3), "refused")
+            for n, p in self.model.named_parameters():
+                self.assertTrue(torch.equal(before[n], p), n)
+            self.assertEqual("resume", self.client.calls[-1][0])  # resumed even so
+        finally:
+            self.assertEqual(0, side.stop())
+
+    def test_a_slow_vllm_is_a_timeout(self):
+        import wtx
+        side = Sidecar(self.vllm.url, timeout_ms=700)
+        try:
+            self.client.delay_s = 3.0
+            t0 = time.time()
+            with self.assertRaises(wtx.WtxError) as e:
+                push(side.addr, tiny_llama(4), "slow")
+            self.assertLess(time.time() - t0, 2.5)
+            self.assertIn("no answer within 700 ms", str(e.exception))
+            self.assertIn("DEADLINE_EXCEEDED", str(e.exception))
+        finally:
+            self.assertEqual(0, side.stop())
+
+    def test_vllm_down_is_unavailable(self):
+        import socket
+        import wtx
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()  # nothing listens there now
+        side = Sidecar(f"http://127.0.0.1:{port}")
+        try:
+            with self.assertRaises(wtx.WtxError) as e:
+                push(side.addr, tiny_llama(5), "nobody")
+            self.assertIn("UNAVAILABLE", str(e.exception))
+            self.assertIn("vLLM /pause", str(e.exception))
+        finally:
+            self.assertEqual(0, side.stop())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
