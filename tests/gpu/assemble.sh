@@ -5,9 +5,14 @@
 # bundled loader, so it runs on a GPU machine whatever its distribution.
 # Called by tests/gpu/bundle.sh (after the Bazel build) and by the suite's
 # bundle_test (from its runfiles).
-# Usage: assemble.sh OUT WORKER CLI GPU_TEST PROBE MEMCPY DOUBLE
+# With LIBWTX (and PY, a Python with grpcio-tools), also the Python
+# package for the `vllm serve` check: python/wtx with its stubs and
+# libwtx.so, whose closure (glibc aside: the interpreter brings its own)
+# goes to pylib/ for LD_LIBRARY_PATH.
+# Usage: assemble.sh OUT WORKER CLI GPU_TEST PROBE MEMCPY DOUBLE [LIBWTX PY]
 set -euo pipefail
-[ $# -eq 7 ] || { echo "usage: $0 OUT WORKER CLI GPU_TEST PROBE MEMCPY DOUBLE" >&2; exit 2; }
+[ $# -eq 7 ] || [ $# -eq 9 ] ||
+  { echo "usage: $0 OUT WORKER CLI GPU_TEST PROBE MEMCPY DOUBLE [LIBWTX PY]" >&2; exit 2; }
 out=$1
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$out"
@@ -42,6 +47,18 @@ wrapper "$out/server/wtx-worker" wtx-worker ..
 wrapper "$out/client/wtx" wtx ..
 for n in gpu_test probe memcpy_baseline; do wrapper "$out/$n" "$n"; done
 install -m 0755 "$here/device_check.sh" "$out/device_check.sh"
+if [ $# -eq 9 ]; then
+  root=$(cd "$here/../.." && pwd)
+  mkdir -p "$out/python" "$out/pylib"
+  cp -rL "$root/python/src/wtx" "$out/python/"
+  rm -rf "$out/python/wtx/v1" "$out/python/wtx/_lib"
+  mkdir -p "$out/python/wtx/_lib"
+  install -m 0755 "$8" "$out/python/wtx/_lib/libwtx.so"
+  "$9" -c "import sys, pathlib; sys.path.insert(0, '$root/python/build_backend'); \
+import wtx_build; wtx_build.generate_stubs(pathlib.Path('$root/proto'), pathlib.Path('$out/python'))"
+  ldd "$8" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt)\.so' |
+    while read -r lib; do cp -L "$lib" "$out/pylib/"; done
+fi
 {
   echo "wtx GPU bundle, assembled $(date -u +%FT%TZ) on $(uname -srm)"
   (cd "$here" && git rev-parse HEAD 2>/dev/null) || true

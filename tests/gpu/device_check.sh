@@ -13,12 +13,18 @@
 #   throughput  2 GB over shm and cuda_ipc to 1 and 2 workers, against a
 #               cudaMemcpy device-to-device copy of the same bytes, same run
 #   nccl        on one GPU: a clear error, not a hang (with 2+ GPUs: a push)
-# Usage: device_check.sh [--double]   (--double: the CUDA/NCCL TEST DOUBLE
-# instead of a GPU, to prove the bundle on a machine without one)
+# With --vllm, one step instead (under 3 minutes, its own run):
+#   vllm        `vllm serve` of a tiny Llama with --weight-transfer-config
+#               '{"backend": "wtx"}', a push through vLLM's HTTP client, the
+#               version it reports (SKIP, saying why, where vllm, transformers
+#               or grpcio are not installed: this machine has no network)
+# Usage: device_check.sh [--double | --vllm]   (--double: the CUDA/NCCL
+# TEST DOUBLE instead of a GPU, to prove the bundle on a machine without one)
 set -uo pipefail
 root=$(cd "$(dirname "$0")" && pwd)
-double=0
+double=0 only_vllm=0
 [ "${1:-}" = "--double" ] && double=1
+[ "${1:-}" = "--vllm" ] && only_vllm=1
 out=${OUT:-$PWD/device_check-out}/device_check
 mkdir -p "$out"
 exec > >(tee "$out/summary.log") 2>&1
@@ -38,6 +44,66 @@ echo "# wtx device check  $(date -u +%FT%TZ)  $(cat "$root/MANIFEST" 2>/dev/null
 has_gpu=0
 { [ -e /dev/nvidiactl ] || [ -d /proc/driver/nvidia/gpus ]; } && has_gpu=1
 command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | tee "$out/gpus.log"
+
+# ---- vllm ----
+vllm_check() {
+  local py=${WTX_DEVICE_PYTHON:-python3} port=18123 model=$out/tiny-llama pid
+  "$py" - "$model" <<'PY' || return 1
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+torch.manual_seed(0)
+LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])
+PY
+  export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" LD_LIBRARY_PATH="$root/pylib"
+  VLLM_SERVER_DEV_MODE=1 "$py" -m vllm.entrypoints.openai.api_server --model "$model" \
+    --port $port --gpu-memory-utilization 0.2 --max-model-len 256 --enforce-eager \
+    --weight-transfer-config '{"backend": "wtx"}' >"$out/vllm-serve.log" 2>&1 &
+  pid=$!
+  trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+  for _ in $(seq 150); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    kill -0 $pid 2>/dev/null || { tail -20 "$out/vllm-serve.log"; return 1; }
+    sleep 1
+  done
+  "$py" - "$model" "http://127.0.0.1:$port" <<'PY'
+import sys, requests, torch, wtx
+from transformers import AutoModelForCausalLM
+from vllm.distributed.weight_transfer.base import ModuleSource
+from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.bfloat16)
+with torch.no_grad():
+    for p in model.parameters():
+        p.mul_(0.5)
+engine = WeightTransferTrainerFactory.trainer_init(
+    wtx.WtxTrainerInitInfo(transport="shm", rank=0),
+    client=HTTPVLLMWeightSyncClient(sys.argv[2]), source=ModuleSource(model))
+engine.send_weights(version="device-check")
+engine.shutdown()
+v = requests.get(sys.argv[2] + "/weight_info").json()["weight_version"]
+assert v == "device-check", v
+print("vllm serve took a wtx push over shm; /weight_info says", v)
+PY
+}
+export -f vllm_check
+vllm_step() {
+if [ $double = 1 ]; then
+  say SKIP vllm "needs a real GPU (vllm serve cannot run on the double)"
+elif [ ! -d "$root/python" ]; then
+  say SKIP vllm "the bundle has no Python package (tests/gpu/bundle.sh adds it)"
+elif ! why=$(${WTX_DEVICE_PYTHON:-python3} -c "import vllm, transformers, grpc, google.protobuf, requests" 2>&1); then
+  say SKIP vllm "this machine's Python lacks what vllm serve needs: $(echo "$why" | tail -1)"
+elif run vllm 170 bash -c vllm_check; then
+  say PASS vllm "$(tail_of vllm 1)"
+else
+  say FAIL vllm "rc $?: $(tail_of vllm 3)"
+fi
+}
+
 
 # ---- libs ----
 candidates() { # NAME: every file of that library on this machine, best first
@@ -72,8 +138,10 @@ else
   fi
 fi
 export WTX_CUDART_LIB=$cudart WTX_NCCL_LIB=$nccl WTX_GPU_CUDART=$cudart WTX_GPU_NCCL=$nccl
+export root out
+[ $only_vllm = 1 ] && [ -n "$cudart" ] && { vllm_step; echo "device check: $pass passed, $fail failed, $skip skipped"; [ $fail = 0 ]; exit; }
 if [ -z "$cudart" ]; then
-  for s in gpu_test probe throughput nccl; do say SKIP "$s" "no CUDA runtime"; done
+  for s in gpu_test probe throughput nccl vllm; do say SKIP "$s" "no CUDA runtime"; done
   echo "device check: $pass passed, $fail failed, $skip skipped"
   [ $fail = 0 ]; exit
 fi
