@@ -37,24 +37,29 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Python environment of the cross-language tests (tests/python), from PyPI.
-# Reinstalled only when requirements.txt changes.
-req=tests/python/requirements.txt
+# The Python environments of the tests, from PyPI, installed once per
+# machine: each lives in $WTX_CACHE (default ~/.cache/wtx) under a name
+# that includes the hash of its requirements file, and the checkout links
+# to it (.venv, .venv-vllm). A clean clone on the same machine reuses them;
+# a changed requirements file makes a new one.
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/python ] || ! cmp -s "$req" .venv/requirements.txt; then
-  echo "setup: preparing .venv ($req)" >&2
-  python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check -r "$req"
-  cp "$req" .venv/requirements.txt
-fi
-
-# The vLLM integration tests' venv (vllm 0.33 from PyPI, about 9 GB with
-# torch): installed once per machine, reinstalled only when
-# vllm-requirements.txt changes.
-req=tests/python/vllm-requirements.txt
-if [ ! -x .venv-vllm/bin/python ] || ! cmp -s "$req" .venv-vllm/requirements.txt; then
-  echo "setup: preparing .venv-vllm ($req)" >&2
-  python3 -m venv .venv-vllm
-  .venv-vllm/bin/pip install -q --disable-pip-version-check -r "$req"
-  cp "$req" .venv-vllm/requirements.txt
-fi
+cache=${WTX_CACHE:-$HOME/.cache/wtx}
+venv() { # REQUIREMENTS LINK
+  local req=$1 link=$2 hash dir
+  hash=$(sha256sum "$req" | cut -c1-16)
+  dir="$cache/$(basename "$link")-$hash"
+  if [ ! -f "$dir/.complete" ]; then
+    echo "setup: preparing $dir ($req)" >&2
+    rm -rf "$dir"
+    mkdir -p "$cache"
+    python3 -m venv "$dir"
+    "$dir/bin/pip" install -q --disable-pip-version-check -r "$req"
+    touch "$dir/.complete"
+  fi
+  [ -L "$link" ] || rm -rf "$link"
+  ln -sfn "$dir" "$link"
+}
+# The cross-language and Python-package tests (torch, transformers: ~6 GB).
+venv tests/python/requirements.txt .venv
+# The vLLM integration tests (vllm 0.33 with its torch: ~9 GB).
+venv tests/python/vllm-requirements.txt .venv-vllm
