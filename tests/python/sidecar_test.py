@@ -56,6 +56,19 @@ class EngineClientStandIn:
     async def update_weight_version(self, version):
         self.version = version
 
+    # Newer vLLM's "disk" weight-transfer backend, as the RL routes reach it.
+    async def start_weight_update(self):
+        self.calls.append(("start_weight_update",))
+
+    async def update_weights(self, request):
+        info = request.update_info
+        self.calls.append(("update_weights", dict(info)))
+        await self.collective_rpc("reload_weights", kwargs={"weights_path": info["weights_path"]})
+
+    async def finish_weight_update(self, weight_version=None):
+        self.calls.append(("finish_weight_update", weight_version))
+        self.version = weight_version
+
     async def get_weight_version(self):
         return self.version
 
@@ -88,14 +101,14 @@ class FakeVllm:
 class Sidecar:
     """wtx-worker --vllm-url URL --vllm-dir DIR."""
 
-    def __init__(self, url, timeout_ms=20000):
+    def __init__(self, url, timeout_ms=20000, disk=False):
         self.dir = tempfile.mkdtemp(prefix="wtx-sidecar-")
         self.vdir = os.path.join(self.dir, "versions")
         pf = os.path.join(self.dir, "port")
         self.proc = subprocess.Popen(
             [os.environ["WTX_WORKER"], "--listen", "127.0.0.1:0", "--port-file", pf,
              "--log-level", "warn", "--vllm-url", url, "--vllm-dir", self.vdir,
-             "--vllm-timeout-ms", str(timeout_ms)])
+             "--vllm-timeout-ms", str(timeout_ms)] + (["--vllm-disk"] if disk else []))
         for _ in range(500):
             if os.path.exists(pf) and os.path.getsize(pf):
                 break
@@ -170,6 +183,21 @@ class SidecarTest(unittest.TestCase):
             for v in ("step-2", "step-3"):
                 push(side.addr, trainer, v)
             self.assertEqual(["step-2", "step-3"], sorted(os.listdir(side.vdir)))
+        finally:
+            self.assertEqual(0, side.stop())
+
+    def test_the_disk_backend_path_loads_through_the_rl_routes(self):
+        side = Sidecar(self.vllm.url, disk=True)
+        try:
+            trainer = tiny_llama(6)
+            push(side.addr, trainer, "disk-1")
+            for n, p in self.model.named_parameters():
+                self.assertTrue(torch.equal(dict(trainer.named_parameters())[n].detach(), p), n)
+            self.assertEqual(["start_weight_update", "update_weights", "reload_weights",
+                              "finish_weight_update"], [c[0] for c in self.client.calls])
+            self.assertEqual({"weights_path": os.path.join(side.vdir, "disk-1")},
+                             self.client.calls[1][1])
+            self.assertEqual("disk-1", self.client.version)
         finally:
             self.assertEqual(0, side.stop())
 
