@@ -54,6 +54,24 @@ class CudaTest : public ::testing::Test {
     EXPECT_EQ(0, c_->GetDevice(&d));
     return d;
   }
+  // The nccl worker half as rank 1 of 2 on GPU 1, joined to id (rank 0
+  // joins elsewhere), its waits bounded by timeout_ms.
+  void JoinWorker(wtx_nccl_id &id, uint32_t timeout_ms, void **w) {
+    setenv("WTX_CUDA_DEVICE", "1", 1);
+    wtx_wire_params wire{1, 1 << 20, 2, 2, timeout_ms};
+    Wtx__V1__NcclInitInfo ni = WTX__V1__NCCL_INIT_INFO__INIT;
+    ni.unique_id.data = reinterpret_cast<uint8_t *>(&id);
+    ni.unique_id.len = sizeof id;
+    ni.world_size = 2;
+    ni.rank_offset = 1;
+    Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+    ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
+    ii.nccl = &ni;
+    char err[600] = "", addr[64];
+    ASSERT_EQ(0, wtx_nccl_worker_transport.init(&ii, &wire, nullptr, w, err, sizeof err)) << err;
+    ASSERT_EQ(0, wtx_nccl_worker_transport.connect(*w, addr, sizeof addr, err, sizeof err))
+        << err;
+  }
   static wtx_nccl_id NewId(const wtx_cuda *c) {
     wtx_nccl_id id;
     EXPECT_EQ(0, c->GetUniqueId(&id));
@@ -195,20 +213,8 @@ TEST_F(CudaTest, ATimedOutBroadcastIsAbortedNotLeftRunning) {
     ASSERT_EQ(0, wtx__nccl_join(c_, &root, 2, &id, 0, 10000, nullptr, e, sizeof e)) << e;
     while (!stop_root) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   });
-  setenv("WTX_CUDA_DEVICE", "1", 1);
-  wtx_wire_params wire{1, 1 << 20, 2, 2, 300};
-  Wtx__V1__NcclInitInfo ni = WTX__V1__NCCL_INIT_INFO__INIT;
-  ni.unique_id.data = reinterpret_cast<uint8_t *>(&id);
-  ni.unique_id.len = sizeof id;
-  ni.world_size = 2;
-  ni.rank_offset = 1;
-  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
-  ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
-  ii.nccl = &ni;
   void *w = nullptr;
-  char err[600] = "", addr[64];
-  ASSERT_EQ(0, wtx_nccl_worker_transport.init(&ii, &wire, nullptr, &w, err, sizeof err)) << err;
-  ASSERT_EQ(0, wtx_nccl_worker_transport.connect(w, addr, sizeof addr, err, sizeof err)) << err;
+  ASSERT_NO_FATAL_FAILURE(JoinWorker(id, 300, &w));
   wtx_rx *rx = nullptr;
   ASSERT_EQ(0, wtx__rx_create(&rx));
   std::vector<uint8_t> dst(4096);
@@ -243,20 +249,8 @@ TEST_F(CudaTest, ABroadcastEndedByAPeersFailureIsAnErrorNotData) {
     char e[400];
     ASSERT_EQ(0, wtx__nccl_join(c_, &root, 2, &id, 0, 10000, nullptr, e, sizeof e)) << e;
   });
-  setenv("WTX_CUDA_DEVICE", "1", 1);
-  wtx_wire_params wire{1, 1 << 20, 2, 2, 5000};
-  Wtx__V1__NcclInitInfo ni = WTX__V1__NCCL_INIT_INFO__INIT;
-  ni.unique_id.data = reinterpret_cast<uint8_t *>(&id);
-  ni.unique_id.len = sizeof id;
-  ni.world_size = 2;
-  ni.rank_offset = 1;
-  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
-  ii.backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
-  ii.nccl = &ni;
   void *w = nullptr;
-  char err[600] = "", addr[64];
-  ASSERT_EQ(0, wtx_nccl_worker_transport.init(&ii, &wire, nullptr, &w, err, sizeof err)) << err;
-  ASSERT_EQ(0, wtx_nccl_worker_transport.connect(w, addr, sizeof addr, err, sizeof err)) << err;
+  ASSERT_NO_FATAL_FAILURE(JoinWorker(id, 5000, &w));
   r0.join();
   // The root posts its bytes, then fails (aborts) before the worker takes
   // them: the worker's broadcast ends without them.

@@ -152,11 +152,13 @@ class PushTest(unittest.TestCase):
 
 
 class Worker:
-    def __init__(self):
+    """A wtx-worker process on loopback (extra: more flags)."""
+
+    def __init__(self, *extra):
         self.dir = tempfile.mkdtemp(prefix="wtx-w-")
         pf = os.path.join(self.dir, "port")
         self.proc = subprocess.Popen([os.environ["WTX_WORKER"], "--listen", "127.0.0.1:0",
-                                      "--port-file", pf, "--log-level", "warn"])
+                                      "--port-file", pf, "--log-level", "warn", *extra])
         for _ in range(500):
             if os.path.exists(pf) and os.path.getsize(pf):
                 break

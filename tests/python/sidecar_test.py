@@ -8,17 +8,15 @@ pause and resume around the reload and forwarded from the trainer, and
 each failure path (vLLM refusing, too slow, down) as the trainer's error
 with the model unchanged. Run by vllm.sh (WTX_VLLM_PYTHON)."""
 import asyncio
-import glob
 import os
-import subprocess
 import tempfile
-import threading
 import time
 import unittest
 
 import torch
 
-from package_test import PROMPT, tiny_llama
+from package_test import PROMPT, Worker, tiny_llama
+from vllm_test import AppServer
 
 
 class EngineClientStandIn:
@@ -73,52 +71,20 @@ class EngineClientStandIn:
         return self.version
 
 
-class FakeVllm:
-    """uvicorn serving vLLM's real routers in a thread."""
-
-    def __init__(self, client):
-        import uvicorn
-        from fastapi import FastAPI
-        from vllm.entrypoints.rl.online.api_router import router as rl
-        from vllm.entrypoints.serve.dev.rpc.api_router import router as rpc
-        app = FastAPI()
-        app.include_router(rl)
-        app.include_router(rpc)
-        app.state.engine_client = client
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
-                                                    log_level="critical"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+def FakeVllm(client):
+    """vLLM's real RL and dev-rpc routers in front of client, served."""
+    from vllm.entrypoints.rl.online.api_router import router as rl
+    from vllm.entrypoints.serve.dev.rpc.api_router import router as rpc
+    return AppServer([rl, rpc], client)
 
 
-class Sidecar:
-    """wtx-worker --vllm-url URL --vllm-dir DIR."""
-
-    def __init__(self, url, timeout_ms=20000, disk=False):
-        self.dir = tempfile.mkdtemp(prefix="wtx-sidecar-")
-        self.vdir = os.path.join(self.dir, "versions")
-        pf = os.path.join(self.dir, "port")
-        self.proc = subprocess.Popen(
-            [os.environ["WTX_WORKER"], "--listen", "127.0.0.1:0", "--port-file", pf,
-             "--log-level", "warn", "--vllm-url", url, "--vllm-dir", self.vdir,
-             "--vllm-timeout-ms", str(timeout_ms)] + (["--vllm-disk"] if disk else []))
-        for _ in range(500):
-            if os.path.exists(pf) and os.path.getsize(pf):
-                break
-            time.sleep(0.02)
-        with open(pf) as f:
-            self.addr = "127.0.0.1:" + f.read().strip()
-
-    def stop(self):
-        self.proc.terminate()
-        return self.proc.wait(timeout=20)
+def Sidecar(url, timeout_ms=20000, disk=False):
+    """wtx-worker --vllm-url URL --vllm-dir DIR; DIR is .vdir."""
+    vdir = tempfile.mkdtemp(prefix="wtx-sidecar-") + "/versions"
+    w = Worker("--vllm-url", url, "--vllm-dir", vdir, "--vllm-timeout-ms", str(timeout_ms),
+               *(["--vllm-disk"] if disk else []))
+    w.vdir = vdir
+    return w
 
 
 def push(addr, model, version):

@@ -7,9 +7,6 @@ engine factory creates a real WeightTransferEngine that receives the JSON
 form of wtx.v1 messages over the data plane and loads through the model's
 load_weights, keeping the weights when an update fails. Run by vllm.sh."""
 import os
-import subprocess
-import sys
-import tempfile
 import time
 import unittest
 
@@ -196,6 +193,31 @@ class EngineClientStandIn:
         return self.version
 
 
+class AppServer:
+    """A FastAPI app of routers with client as its engine client, served by
+    uvicorn on a loopback port in a thread: .url, .stop()."""
+
+    def __init__(self, routers, client):
+        import threading
+        import uvicorn
+        from fastapi import FastAPI
+        app = FastAPI()
+        for r in routers:
+            app.include_router(r)
+        app.state.engine_client = client
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
+                                                    log_level="critical"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
 class HttpTest(unittest.TestCase):
     """vLLM's real RL router on FastAPI, in front of the wtx engine; the
     trainer uses vLLM's real HTTPVLLMWeightSyncClient, ModuleSource and
@@ -203,30 +225,17 @@ class HttpTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        import threading
-        import uvicorn
-        from fastapi import FastAPI
         from vllm.entrypoints.rl.online.api_router import router
         from vllm.plugins import load_general_plugins
         load_general_plugins()
         cls.model = with_load_weights(tiny_llama(1))
         cls.engine = engine_for(cls.model)
-        app = FastAPI()
-        app.include_router(router)
-        app.state.engine_client = EngineClientStandIn(cls.engine)
-        cls.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
-                                                   log_level="warning"))
-        cls.thread = threading.Thread(target=cls.server.run, daemon=True)
-        cls.thread.start()
-        while not cls.server.started:
-            time.sleep(0.02)
-        port = cls.server.servers[0].sockets[0].getsockname()[1]
-        cls.url = f"http://127.0.0.1:{port}"
+        cls.app = AppServer([router], EngineClientStandIn(cls.engine))
+        cls.url = cls.app.url
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.should_exit = True
-        cls.thread.join(timeout=10)
+        cls.app.stop()
         cls.engine.shutdown()
 
     def test_vllms_http_client_pushes_over_shm_and_tcp(self):
