@@ -15,6 +15,7 @@ PACKAGES=(
   libxxhash-dev            # XXH3 checksums
   libyajl-dev              # JSON (safetensors headers)
   libcurl4-openssl-dev     # HTTP to vLLM (server/vllm.c, the sidecar bridge)
+  libmicrohttpd-dev        # GET /metrics (Prometheus, server/worker.c)
   uthash-dev               # hash tables (common/strmap.c)
   libunistring-dev         # UTF-8 validation of names and versions
   clang-14 libclang-rt-14-dev   # libFuzzer targets (fuzz/)

@@ -66,6 +66,8 @@ static const char usage[] =
     "                         [WTX_ALLOW_UPSTREAM] (default: anywhere)\n"
     "  --max-calls N          calls served at once; more get RESOURCE_EXHAUSTED\n"
     "                         [WTX_MAX_CALLS] (default " STR(WTX_DEFAULT_MAX_CALLS) ")\n"
+    "  --metrics-listen H:P   serve GET /metrics (Prometheus text format) there\n"
+    "                         [WTX_METRICS_LISTEN] (default: no metrics)\n"
     "\n"
     "Sidecar bridge into a stock vLLM (docs/vllm.md):\n"
     "  --vllm-url URL         vLLM's HTTP server (started with\n"
@@ -157,7 +159,7 @@ typedef struct flags {
   const char *model_spec, *publish_dir, *publish_keep, *log_level;
   const char *token_file, *tls_cert, *tls_key, *tls_client_ca, *reflection;
   const char *max_calls, *max_model_bytes, *max_params, *allow_upstream;
-  const char *vllm_url, *vllm_dir, *vllm_pause_mode, *vllm_timeout;
+  const char *vllm_url, *vllm_dir, *vllm_pause_mode, *vllm_timeout, *metrics_listen;
   int vllm_disk;
 } flags;
 
@@ -188,6 +190,7 @@ static const struct option longopts[] = {
     {"vllm-pause-mode", required_argument, NULL, 'M'},
     {"vllm-timeout-ms", required_argument, NULL, 'T'},
     {"vllm-disk", no_argument, NULL, 'X'},
+    {"metrics-listen", required_argument, NULL, 'O'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -217,6 +220,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
       .vllm_dir = env_or("WTX_VLLM_DIR", "/dev/shm/wtx-vllm"),
       .vllm_pause_mode = env_or("WTX_VLLM_PAUSE_MODE", "wait"),
       .vllm_timeout = env_or("WTX_VLLM_TIMEOUT_MS", "300000"),
+      .metrics_listen = env_or("WTX_METRICS_LISTEN", NULL),
   };
   const char **slot[128] = {
       ['l'] = &f->listen, ['w'] = &f->world, ['d'] = &f->watchdog,
@@ -226,7 +230,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
       ['K'] = &f->tls_key, ['A'] = &f->tls_client_ca, ['r'] = &f->reflection,
       ['c'] = &f->max_calls, ['B'] = &f->max_model_bytes, ['N'] = &f->max_params,
       ['U'] = &f->allow_upstream, ['V'] = &f->vllm_url, ['D'] = &f->vllm_dir,
-      ['M'] = &f->vllm_pause_mode, ['T'] = &f->vllm_timeout,
+      ['M'] = &f->vllm_pause_mode, ['T'] = &f->vllm_timeout, ['O'] = &f->metrics_listen,
   };
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -349,6 +353,7 @@ static int options_from_flags(const flags *f, wtx_worker_options *o,
   o->model_spec = f->model_spec;
   o->publish_dir = f->publish_dir;
   o->publish_keep = (int)keep;
+  o->metrics_listen = f->metrics_listen;
   return vllm_from_flags(f, o);
 }
 

@@ -30,9 +30,21 @@ static void new_session_id(char out[33]) {
   for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", r[i]);
 }
 
-/* Discards the active update. Caller holds mu. */
-static void abort_locked(wtx_session *s, const char *why) {
+/* The metrics' name for why a chunk failed. */
+static wtx__end failure_kind(int rc) {
+  switch (rc) {
+    case WTX_ECHECKSUM: return WTX__END_CHECKSUM;
+    case WTX_ETOOBIG: return WTX__END_LIMIT;
+    case WTX_EIO: case WTX_ETIMEDOUT: case WTX_ECANCELED: case WTX_EABORTED:
+    case WTX_EUNAVAIL: case WTX_EPROTO: return WTX__END_DATA_PLANE;
+    default: return WTX__END_REFUSED;
+  }
+}
+
+/* Discards the active update, counted under kind. Caller holds mu. */
+static void abort_locked(wtx_session *s, wtx__end kind, const char *why) {
   if (!update_open(s)) return;
+  wtx__metrics_ended(s->cfg.metrics, kind);
   s->cfg.model_ops->abort(s->cfg.model);
   if (s->transport != NULL && s->transport->reset != NULL)
     s->transport->reset(s->engine);
@@ -71,7 +83,7 @@ int wtx__session_init(wtx_session *s, const wtx__session_config *cfg) {
 
 void wtx__session_destroy(wtx_session *s) {
   pthread_mutex_lock(&s->mu);
-  abort_locked(s, "worker shutting down");
+  abort_locked(s, WTX__END_DRAIN, "worker shutting down");
   if (s->engine != NULL) s->transport->destroy(s->engine);
   s->engine = NULL;
   pthread_mutex_unlock(&s->mu);
@@ -82,11 +94,18 @@ void wtx__session_destroy(wtx_session *s) {
   pthread_mutex_destroy(&s->mu);
 }
 
+int wtx__session_state(wtx_session *s) {
+  pthread_mutex_lock(&s->mu);
+  int state = s->state;
+  pthread_mutex_unlock(&s->mu);
+  return state;
+}
+
 int wtx__session_watchdog(wtx_session *s) {
   int fired = 0;
   pthread_mutex_lock(&s->mu);
   if (update_open(s) && !s->receiving && wtx_clock_ms() - s->last_activity_ms > s->cfg.watchdog_ms) {
-    abort_locked(s, "watchdog: no call from the trainer within the timeout");
+    abort_locked(s, WTX__END_WATCHDOG, "watchdog: no call from the trainer within the timeout");
     fired = 1;
   }
   pthread_mutex_unlock(&s->mu);
@@ -108,7 +127,7 @@ void wtx__session_drain(wtx_session *s) {
   if (s->receiving) {
     request_abort(s);
   } else {
-    abort_locked(s, "worker draining");
+    abort_locked(s, WTX__END_DRAIN, "worker draining");
     s->state = WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING;
   }
   if (s->connecting != NULL && s->connecting_t->cancel != NULL)
@@ -253,7 +272,7 @@ static grpc_status_code init_begin(wtx_session *s, wtx_rpc_ctx *ctx,
   return GRPC_STATUS_OK;
 }
 
-grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
+static grpc_status_code handle_init(wtx_rpc_ctx *ctx,
     const Wtx__V1__InitWeightTransferEngineRequest *req, Wtx__V1__InitWeightTransferEngineResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   const Wtx__V1__InitInfo *init = req->init_info;
@@ -329,7 +348,7 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
   return GRPC_STATUS_OK;
 }
 
-grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
+static grpc_status_code handle_start(wtx_rpc_ctx *ctx,
     const Wtx__V1__StartWeightUpdateRequest *req, Wtx__V1__StartWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   /* wtx_target holds the wire values; UNSPECIFIED means the main model. */
@@ -371,6 +390,7 @@ static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
  * bytes go. */
 typedef struct chunk {
   const Wtx__V1__UpdateInfo *ui;
+  uint64_t bytes; /* the chunk's, once its tensors are staged */
   size_t n;
   wtx_tensor_meta *metas; /* into the session's table when named by range */
   int by_range;
@@ -514,6 +534,7 @@ static int chunk_stage(wtx_session *s, chunk *c) {
                          verify);
   if (rc != 0) snprintf(c->err, sizeof c->err, "%s", wtx__rx_error(s->rx));
   else if (verify) wtx__rx_expect_checksums(s->rx, ui->xxh3_64, ui->n_xxh3_64);
+  if (rc == 0) c->bytes = wtx_rx_remaining(s->rx);
   return rc;
 }
 
@@ -556,7 +577,7 @@ static int chunk_receive(wtx_session *s, chunk *c) {
   return rc;
 }
 
-grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
+static grpc_status_code handle_update(wtx_rpc_ctx *ctx,
     const Wtx__V1__UpdateWeightsRequest *req, Wtx__V1__UpdateWeightsResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   chunk c = {.ui = req->update_info};
@@ -578,10 +599,11 @@ grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
     goto fail;
   resp->staged_params = (uint32_t)s->staged_params;
   resp->staged_bytes = s->staged_bytes;
+  wtx__metrics_received(s->cfg.metrics, s->transport->name, c.bytes);
   goto done;
 fail:
   /* Any failed chunk ends the update; the published weights stay. */
-  abort_locked(s, c.err[0] ? c.err : wtx_strerror(rc));
+  abort_locked(s, failure_kind(rc), c.err[0] ? c.err : wtx_strerror(rc));
   code = from_wtx(ctx, rc, "UpdateWeights (update aborted)", c.err);
 done:
   pthread_mutex_unlock(&s->mu);
@@ -605,7 +627,7 @@ static grpc_status_code prepare_locked(wtx_session *s, wtx_rpc_ctx *ctx, const c
              (unsigned long long)have, (unsigned long long)want);
     grpc_status_code code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                                                "%s: %s (update aborted)", call, why);
-    abort_locked(s, why);
+    abort_locked(s, WTX__END_REFUSED, why);
     return code;
   }
   if (v[0] == '\0')
@@ -616,7 +638,7 @@ static grpc_status_code prepare_locked(wtx_session *s, wtx_rpc_ctx *ctx, const c
   int rc = ops->prepare != NULL ? ops->prepare(s->cfg.model, s->version, why, sizeof why) : 0;
   if (rc != 0) {
     grpc_status_code code = from_wtx(ctx, rc, "model: cannot publish (update aborted)", why);
-    abort_locked(s, why[0] ? why : "prepare failed");
+    abort_locked(s, WTX__END_MODEL, why[0] ? why : "prepare failed");
     return code;
   }
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED;
@@ -627,10 +649,11 @@ static grpc_status_code prepare_locked(wtx_session *s, wtx_rpc_ctx *ctx, const c
 static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
   int rc = s->cfg.model_ops->commit(s->cfg.model, s->version);
   if (rc != 0) {
-    abort_locked(s, "commit failed");
+    abort_locked(s, WTX__END_MODEL, "commit failed");
     return from_wtx(ctx, rc, "model", "commit failed (update aborted)");
   }
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
+  wtx__metrics_published(s->cfg.metrics, wtx_clock_unix_s());
   if (s->by_range == 0) { /* params sent: later updates may name them by position */
     int t = s->target == WTX_TARGET_DRAFT;
     wtx__layout_swap(&s->cur, &s->table[t]);
@@ -656,7 +679,7 @@ static grpc_status_code check_labelled(wtx_rpc_ctx *ctx, const ProtobufCMessage 
              : wtx__check_text(ctx, "weight_version", version, WTX_MAX_VERSION_BYTES);
 }
 
-grpc_status_code wtx__handle_prepare(wtx_rpc_ctx *ctx,
+static grpc_status_code handle_prepare(wtx_rpc_ctx *ctx,
     const Wtx__V1__PrepareWeightUpdateRequest *req, Wtx__V1__PrepareWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   grpc_status_code code = check_labelled(ctx, &req->base, req->weight_version);
@@ -682,7 +705,7 @@ static int finish_repeated(const wtx_session *s, const Wtx__V1__FinishWeightUpda
          req->update_id == s->published_update;
 }
 
-grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
+static grpc_status_code handle_finish(wtx_rpc_ctx *ctx,
     const Wtx__V1__FinishWeightUpdateRequest *req, Wtx__V1__FinishWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   grpc_status_code code = check_labelled(ctx, &req->base, req->weight_version);
@@ -748,8 +771,63 @@ grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
     if (s->receiving)
       request_abort(s);
     else
-      abort_locked(s, req->reason[0] ? req->reason : "AbortWeightUpdate");
+      abort_locked(s, WTX__END_TRAINER, req->reason[0] ? req->reason : "AbortWeightUpdate");
   }
   pthread_mutex_unlock(&s->mu);
+  return code;
+}
+
+grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx, const Wtx__V1__InitWeightTransferEngineRequest *req,
+                                    Wtx__V1__InitWeightTransferEngineResponse *resp) {
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx__op op = WTX__OP_INIT;
+  double t0 = wtx_clock_s();
+  wtx__metrics_begin(s->cfg.metrics, op);
+  grpc_status_code code = handle_init(ctx, req, resp);
+  wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);
+  return code;
+}
+
+grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx, const Wtx__V1__StartWeightUpdateRequest *req,
+                                    Wtx__V1__StartWeightUpdateResponse *resp) {
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx__op op = req->target == WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT ? WTX__OP_START_DRAFT : WTX__OP_START;
+  double t0 = wtx_clock_s();
+  wtx__metrics_begin(s->cfg.metrics, op);
+  grpc_status_code code = handle_start(ctx, req, resp);
+  wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);
+  return code;
+}
+
+grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx, const Wtx__V1__UpdateWeightsRequest *req,
+                                    Wtx__V1__UpdateWeightsResponse *resp) {
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx__op op = WTX__OP_UPDATE;
+  double t0 = wtx_clock_s();
+  wtx__metrics_begin(s->cfg.metrics, op);
+  grpc_status_code code = handle_update(ctx, req, resp);
+  wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);
+  return code;
+}
+
+grpc_status_code wtx__handle_prepare(wtx_rpc_ctx *ctx, const Wtx__V1__PrepareWeightUpdateRequest *req,
+                                    Wtx__V1__PrepareWeightUpdateResponse *resp) {
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx__op op = WTX__OP_PREPARE;
+  double t0 = wtx_clock_s();
+  wtx__metrics_begin(s->cfg.metrics, op);
+  grpc_status_code code = handle_prepare(ctx, req, resp);
+  wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);
+  return code;
+}
+
+grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx, const Wtx__V1__FinishWeightUpdateRequest *req,
+                                    Wtx__V1__FinishWeightUpdateResponse *resp) {
+  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx__op op = WTX__OP_FINISH;
+  double t0 = wtx_clock_s();
+  wtx__metrics_begin(s->cfg.metrics, op);
+  grpc_status_code code = handle_finish(ctx, req, resp);
+  wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);
   return code;
 }

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 
 #include "common/layout.h"
+#include "server/metrics.h"
 #include "transport/rx.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 #include "wtx/worker.h"
@@ -48,6 +49,8 @@ typedef struct wtx__session_config {
    * weights stay published. */
   int (*on_commit)(void *user, wtx_target target, char *err, size_t errlen);
   void *on_commit_user;
+  /* Where the session counts and times (NULL: no metrics). */
+  wtx__metrics *metrics;
   /* The version an engine this worker feeds says it serves (may be NULL):
    * GetWeightInfoResponse.serving_version. */
   int (*serving_version)(void *user, char *out, size_t len);
@@ -96,6 +99,8 @@ typedef struct wtx_session {
 
 int wtx__session_init(wtx_session *s, const wtx__session_config *cfg);
 void wtx__session_destroy(wtx_session *s);
+/* The session's state (wtx.v1.SessionState), read under its lock. */
+int wtx__session_state(wtx_session *s);
 /* Aborts an update idle longer than the watchdog; 1 when it did. */
 int wtx__session_watchdog(wtx_session *s);
 /* No new calls; the active update is aborted (once its receive returns). */

@@ -1,10 +1,13 @@
 /* wtx_worker: one session behind a gRPC server, with health, reflection,
  * the internal store and the publisher (see wtx/worker.h). */
 #include <grpc/grpc_security.h>
+#include <microhttpd.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "rpc/services.h"
@@ -18,6 +21,9 @@ struct wtx_worker {
   wtx_rpc_health *health;
   wtx__publisher *publisher;
   wtx__vllm *vllm; /* the sidecar bridge, --vllm-url */
+  wtx__metrics *metrics;
+  struct MHD_Daemon *http; /* GET /metrics */
+  int metrics_port;
   /* The host's Pause / Resume, called after the bridge's forwarding. */
   void (*host_pause)(void *host, int wait);
   void (*host_resume)(void *host);
@@ -53,8 +59,77 @@ static int on_commit(void *user, wtx_target target, char *err, size_t errlen) {
   wtx_worker *w = user;
   if (target == WTX_TARGET_MAIN && w->publisher != NULL)
     wtx__publisher_notify(w->publisher);
-  return target == WTX_TARGET_MAIN && w->vllm != NULL ? wtx__vllm_publish(w->vllm, err, errlen)
-                                                      : 0;
+  if (target != WTX_TARGET_MAIN || w->vllm == NULL) return 0;
+  int rc = wtx__vllm_publish(w->vllm, err, errlen);
+  wtx__metrics_bridge(w->metrics, rc == 0, wtx_clock_unix_s());
+  return rc;
+}
+
+/* GET /metrics: the Prometheus text; anything else 404 / 405. */
+static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_size, void **state) {
+  (void)version, (void)upload, (void)upload_size, (void)state;
+  wtx_worker *w = cls;
+  unsigned status = MHD_HTTP_OK;
+  char *body = NULL;
+  if (strcmp(method, "GET") != 0) {
+    status = MHD_HTTP_METHOD_NOT_ALLOWED;
+  } else if (strcmp(url, "/metrics") != 0) {
+    status = MHD_HTTP_NOT_FOUND;
+  } else {
+    wtx__metrics_now now = {.state = wtx__session_state(&w->session)};
+    wtx_store_view v;
+    if (w->own_store != NULL && wtx_store_acquire(w->own_store, WTX_TARGET_MAIN, &v) == 0) {
+      now.generation = v.generation;
+      now.bytes = v.total_bytes;
+      wtx_store_release(w->own_store, &v);
+    }
+    if ((body = wtx__metrics_render(w->metrics, &now)) == NULL)
+      status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+  }
+  struct MHD_Response *r =
+      body != NULL ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE)
+                   : MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+  if (r == NULL) {
+    free(body);
+    return MHD_NO;
+  }
+  if (body != NULL)
+    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+  enum MHD_Result ok = MHD_queue_response(conn, status, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+/* The metrics and their HTTP server, when the options ask for them. */
+static int open_metrics(wtx_worker *w, const char *listen, char *err, size_t errlen) {
+  if (listen == NULL || listen[0] == '\0') return 0;
+  char host[256];
+  const char *colon = strrchr(listen, ':');
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV}, *ai = NULL;
+  int ok = colon != NULL && (size_t)(colon - listen) < sizeof host;
+  if (ok) snprintf(host, sizeof host, "%.*s", (int)(colon - listen), listen);
+  if (!ok || getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &ai) != 0) {
+    snprintf(err, errlen, "metrics_listen: '%s' is not host:port", listen);
+    return WTX_EINVAL;
+  }
+  int rc = wtx__metrics_create(&w->metrics);
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD |
+                   (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+  if (rc == 0)
+    w->http = MHD_start_daemon(flags, 0, NULL, NULL, on_http, w, MHD_OPTION_SOCK_ADDR,
+                               ai->ai_addr, MHD_OPTION_END);
+  freeaddrinfo(ai);
+  if (rc == 0 && w->http == NULL) {
+    snprintf(err, errlen, "metrics_listen: cannot serve on %s", listen);
+    return WTX_EIO;
+  }
+  const union MHD_DaemonInfo *info =
+      rc == 0 ? MHD_get_daemon_info(w->http, MHD_DAEMON_INFO_BIND_PORT) : NULL;
+  w->metrics_port = info != NULL ? info->port : 0;
+  return rc;
 }
 
 static int serving_version(void *user, char *out, size_t len) {
@@ -256,6 +331,8 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
   w->host = opts->host;
   if (rc == 0) rc = open_model(w, opts, &cfg, err, errlen);
   if (rc == 0) rc = open_vllm(w, opts, err, errlen);
+  if (rc == 0) rc = open_metrics(w, opts->metrics_listen, err, errlen);
+  cfg.metrics = w->metrics;
   if (rc == 0 && (rc = wtx__session_init(&w->session, &cfg)) == 0) w->session_ready = 1;
   if (rc == 0) rc = open_server(w, opts, err, errlen);
   if (rc != 0) goto fail;
@@ -268,6 +345,8 @@ fail:
 }
 
 int wtx_worker_port(const wtx_worker *w) { return w->port; }
+
+int wtx_worker_metrics_port(const wtx_worker *w) { return w->metrics_port; }
 
 wtx_store *wtx_worker_store(wtx_worker *w) { return w->own_store; }
 
@@ -301,6 +380,8 @@ void wtx_worker_destroy(wtx_worker *w) {
   wtx_rpc_health_destroy(w->health);
   wtx__publisher_destroy(w->publisher);
   wtx__vllm_destroy(w->vllm);
+  if (w->http != NULL) MHD_stop_daemon(w->http);
+  wtx__metrics_destroy(w->metrics);
   if (w->session_ready) wtx__session_destroy(&w->session);
   wtx_store_destroy(w->own_store);
   wtx__auth_destroy(w->auth);

@@ -196,6 +196,10 @@ typedef struct wtx_worker_options {
   const char *vllm_pause_mode;
   int vllm_disk;
   int64_t vllm_timeout_ms;
+  /* "host:port" where GET /metrics answers in the Prometheus text format
+   * (port 0 picks one: wtx_worker_metrics_port); NULL: no metrics. Keep it
+   * off the trainers' network (docs/operations.md). Copied. */
+  const char *metrics_listen;
 } wtx_worker_options;
 
 /* Every field at its default; set the ones you need after it. */
@@ -207,6 +211,8 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out,
                      char *err, size_t errlen);
 /* The bound port. */
 int wtx_worker_port(const wtx_worker *w);
+/* The metrics port (wtx_worker_options.metrics_listen), or 0 without. */
+int wtx_worker_metrics_port(const wtx_worker *w);
 /* The internal store (NULL when the host supplied its own model). */
 wtx_store *wtx_worker_store(wtx_worker *w);
 /* Aborts an update idle longer than the watchdog; returns 1 when it did.

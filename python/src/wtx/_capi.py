@@ -107,7 +107,8 @@ class WorkerOptions(C.Structure):
                 ("max_model_bytes", C.c_uint64), ("max_params", C.c_uint64),
                 ("allow_upstream", C.c_char_p), ("vllm_url", C.c_char_p),
                 ("vllm_dir", C.c_char_p), ("vllm_pause_mode", C.c_char_p),
-                ("vllm_disk", C.c_int), ("vllm_timeout_ms", C.c_int64)]
+                ("vllm_disk", C.c_int), ("vllm_timeout_ms", C.c_int64),
+                ("metrics_listen", C.c_char_p)]
 
 
 # wtx_control_ops
