@@ -66,6 +66,9 @@ static const char usage[] =
     "                         [WTX_ALLOW_UPSTREAM] (default: anywhere)\n"
     "  --max-calls N          calls served at once; more get RESOURCE_EXHAUSTED\n"
     "                         [WTX_MAX_CALLS] (default " STR(WTX_DEFAULT_MAX_CALLS) ")\n"
+    "  --relay-port N         tcp backend: the port this worker's relay listens\n"
+    "                         on for the next worker [WTX_RELAY_PORT] (default:\n"
+    "                         one the system picks)\n"
     "  --metrics-listen H:P   serve GET /metrics (Prometheus text format) there\n"
     "                         [WTX_METRICS_LISTEN] (default: no metrics)\n"
     "\n"
@@ -160,6 +163,7 @@ typedef struct flags {
   const char *token_file, *tls_cert, *tls_key, *tls_client_ca, *reflection;
   const char *max_calls, *max_model_bytes, *max_params, *allow_upstream;
   const char *vllm_url, *vllm_dir, *vllm_pause_mode, *vllm_timeout, *metrics_listen;
+  const char *relay_port;
   int vllm_disk;
 } flags;
 
@@ -191,6 +195,7 @@ static const struct option longopts[] = {
     {"vllm-timeout-ms", required_argument, NULL, 'T'},
     {"vllm-disk", no_argument, NULL, 'X'},
     {"metrics-listen", required_argument, NULL, 'O'},
+    {"relay-port", required_argument, NULL, 'R'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -221,6 +226,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
       .vllm_pause_mode = env_or("WTX_VLLM_PAUSE_MODE", "wait"),
       .vllm_timeout = env_or("WTX_VLLM_TIMEOUT_MS", "300000"),
       .metrics_listen = env_or("WTX_METRICS_LISTEN", NULL),
+      .relay_port = env_or("WTX_RELAY_PORT", "0"),
   };
   const char **slot[128] = {
       ['l'] = &f->listen, ['w'] = &f->world, ['d'] = &f->watchdog,
@@ -231,6 +237,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
       ['c'] = &f->max_calls, ['B'] = &f->max_model_bytes, ['N'] = &f->max_params,
       ['U'] = &f->allow_upstream, ['V'] = &f->vllm_url, ['D'] = &f->vllm_dir,
       ['M'] = &f->vllm_pause_mode, ['T'] = &f->vllm_timeout, ['O'] = &f->metrics_listen,
+      ['R'] = &f->relay_port,
   };
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -354,6 +361,9 @@ static int options_from_flags(const flags *f, wtx_worker_options *o,
   o->publish_dir = f->publish_dir;
   o->publish_keep = (int)keep;
   o->metrics_listen = f->metrics_listen;
+  int64_t relay_port;
+  if (parse_i64("--relay-port", f->relay_port, 0, 65535, &relay_port) != 0) return -1;
+  o->relay_port = (int)relay_port;
   return vllm_from_flags(f, o);
 }
 

@@ -326,6 +326,7 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
   if (rc == 0) rc = wtx__auth_create(opts->token_file, opts->reflection, &w->auth, err, errlen);
   if (rc == 0) rc = wtx__netallow_parse(opts->allow_upstream, &w->allow_upstream, err, errlen);
   w->env.allow_upstream = w->allow_upstream;
+  w->env.relay_port = opts->relay_port;
   w->host_pause = opts->on_pause;
   w->host_resume = opts->on_resume;
   w->host = opts->host;

@@ -309,6 +309,7 @@ typedef struct tcp_worker {
   int down;    /* relay connection, accepted at the first chunk */
   int cancel_fd; /* eventfd: written by cancel, ends every wait */
   const wtx__netallow *allow; /* where connect may go; NULL: anywhere */
+  int relay_port;              /* the relay listener's port; 0: any */
   uint64_t seq;
   int broken;
   char upstream[300];
@@ -345,6 +346,7 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   }
   w->wire = *wire;
   w->allow = env != NULL ? env->allow_upstream : NULL;
+  w->relay_port = env != NULL ? env->relay_port : 0;
   w->relay = ti->relay;
   w->token_len = ti->data_token.len;
   memcpy(w->token, ti->data_token.data, w->token_len);
@@ -369,7 +371,7 @@ static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, ch
     sock_name(w->up, 1, local, sizeof local);
     split_hostport(local, host, sizeof host, port, sizeof port);
     char addr[300];
-    snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:0" : "%s:0", host);
+    snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, w->relay_port);
     rc = listen_on(addr, &w->lfd, data_address, addrlen, err, errlen);
   }
   return rc;

@@ -88,6 +88,9 @@ void wtx_rx_errorf(wtx_rx *rx, const char *fmt, ...)
 typedef struct wtx_worker_env {
   /* Where a backend may connect (--allow-upstream); NULL: anywhere. */
   const wtx__netallow *allow_upstream;
+  /* The port a tcp relay listens on for the next worker (--relay-port);
+   * 0: one the system picks. */
+  int relay_port;
 } wtx_worker_env;
 
 /* The worker half of a backend. `self` is the backend's state, created by

@@ -200,6 +200,10 @@ typedef struct wtx_worker_options {
    * (port 0 picks one: wtx_worker_metrics_port); NULL: no metrics. Keep it
    * off the trainers' network (docs/operations.md). Copied. */
   const char *metrics_listen;
+  /* The port the tcp backend's relay listens on for the next worker of a
+   * chain (a fixed port for firewalls and NetworkPolicies); 0: one the
+   * system picks. */
+  int relay_port;
 } wtx_worker_options;
 
 /* Every field at its default; set the ones you need after it. */

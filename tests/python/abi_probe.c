@@ -50,7 +50,8 @@ int main(void) {
   F(wtx_worker_options, max_params); F(wtx_worker_options, allow_upstream);
   F(wtx_worker_options, vllm_url); F(wtx_worker_options, vllm_dir);
   F(wtx_worker_options, vllm_pause_mode); F(wtx_worker_options, vllm_disk);
-  F(wtx_worker_options, vllm_timeout_ms); F(wtx_worker_options, metrics_listen); END();
+  F(wtx_worker_options, vllm_timeout_ms); F(wtx_worker_options, metrics_listen);
+  F(wtx_worker_options, relay_port); END();
   printf("}\n");
   return 0;
 }

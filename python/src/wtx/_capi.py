@@ -108,7 +108,7 @@ class WorkerOptions(C.Structure):
                 ("allow_upstream", C.c_char_p), ("vllm_url", C.c_char_p),
                 ("vllm_dir", C.c_char_p), ("vllm_pause_mode", C.c_char_p),
                 ("vllm_disk", C.c_int), ("vllm_timeout_ms", C.c_int64),
-                ("metrics_listen", C.c_char_p)]
+                ("metrics_listen", C.c_char_p), ("relay_port", C.c_int)]
 
 
 # wtx_control_ops
