@@ -23,6 +23,10 @@ PACKAGES=(
   openssl                  # test certificates (TLS client test)
 )
 
+# kubectl (deploy/ is rendered with `kubectl kustomize`): Debian's, unless
+# the machine has one already (a cloud SDK's owns /usr/bin/kubectl).
+command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
