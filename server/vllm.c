@@ -186,7 +186,7 @@ static void dir_name(const char *version, uint64_t generation, char *out, size_t
 }
 
 static void remove_dir(const char *path) {
-  char file[4200];
+  char file[4400];
   snprintf(file, sizeof file, "%s/model.safetensors", path);
   unlink(file);
   rmdir(path);
@@ -196,7 +196,7 @@ static void remove_dir(const char *path) {
  * directory renamed into place). */
 static int write_version(wtx__vllm *b, const wtx_store_view *v, const char *name, char *err,
                          size_t errlen) {
-  char tmp[4200], final[4200], file[4300];
+  char tmp[4200], final[4200], file[4400];
   snprintf(tmp, sizeof tmp, "%s/.tmp-%s-%d", b->dir, name, (int)getpid());
   snprintf(final, sizeof final, "%s/%s", b->dir, name);
   snprintf(file, sizeof file, "%s/model.safetensors", tmp);
