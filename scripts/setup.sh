@@ -16,6 +16,7 @@ PACKAGES=(
   libyajl-dev              # JSON (safetensors headers)
   libcurl4-openssl-dev     # HTTP to vLLM (server/vllm.c, the sidecar bridge)
   libmicrohttpd-dev        # GET /metrics (Prometheus, server/worker.c)
+  buildah                  # the container image (deploy/image, tests/deploy)
   uthash-dev               # hash tables (common/strmap.c)
   libunistring-dev         # UTF-8 validation of names and versions
   clang-14 libclang-rt-14-dev   # libFuzzer targets (fuzz/)

@@ -24,6 +24,7 @@ Imported by vLLM through the registry (``wtx.vllm_plugin``); needs vLLM.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,8 +85,12 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
 
     def init_transfer_engine(self, init_info: WtxInitInfo) -> None:
         if self._server is None:
-            self._server = serve(_CurrentModel(self), "127.0.0.1:0")
-            self._client = WorkerClient([self._server.address])
+            # WTX_TOKEN_FILE (the deploy/ Secret): the embedded worker asks
+            # for it even on loopback, and the engine sends it.
+            token_file = os.environ.get("WTX_TOKEN_FILE") or None
+            token = open(token_file).readline().strip() if token_file else None
+            self._server = serve(_CurrentModel(self), "127.0.0.1:0", token_file=token_file)
+            self._client = WorkerClient([self._server.address], token=token)
         else:
             # A new init means a new (or restarted) trainer; vLLM's calls have
             # no abort, so an update it left open ends here (weights kept).
