@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <xxhash.h>
 
 #include "client/fanout.h"
 #include "common/clock.h"
+#include "common/hash.h"
 #include "common/layout.h"
 #include "transport/transport.h"
 

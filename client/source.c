@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
+#include "common/hash.h"
 #include "common/safetensors.h"
 #include "cuda/cuda.h"
 

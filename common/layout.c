@@ -3,8 +3,8 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
+#include "common/hash.h"
 #include "wtx/error.h"
 
 int wtx__layout_init(wtx__layout *l) {

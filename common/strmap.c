@@ -14,7 +14,8 @@
 #define HASH_FUNCTION(keyptr, keylen, hashv) \
   ((hashv) = (unsigned)XXH3_64bits((keyptr), (size_t)(keylen)))
 #include <uthash.h>
-#include <xxhash.h>
+
+#include "common/hash.h"
 #include "wtx/error.h"
 
 /* The handle, the value, then the key's bytes; carved from the map's

@@ -11,13 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 /* Out of memory in uthash is the caller's error, never an exit. */
 #define HASH_NONFATAL_OOM 1
 #define uthash_nonfatal_oom(obj) (nomem = 1)
 #include <uthash.h>
 
+#include "common/hash.h"
 #include "common/strmap.h"
 #include "wtx/worker.h"
 

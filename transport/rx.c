@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
+#include "common/hash.h"
 #include "transport/rx.h"
 
 struct wtx_rx {
