@@ -2,9 +2,9 @@
  *
  * The trainer writes each chunk into a shared-memory object it owns and names
  * it in the chunk's ShmUpdateInfo; the worker opens the object (once, while
- * the trainer keeps using it; only "/wtx-..." objects of its own user) and
- * reads the chunk once with pread, straight into the model's staging
- * memory, hashing it on the way.
+ * the trainer keeps using it; only "/wtx-..." objects of its own user), maps
+ * it read-only and copies the chunk once, straight into the model's staging
+ * memory, hashing each piece while it is in cache.
  *
  * Trainer half: one object of num_buffers x buffer_size bytes; buffer k is
  * the range [k * buffer_size, +buffer_size). The bytes are in place once
@@ -21,32 +21,34 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transport/sigbus.h"
 #include "transport/transport.h"
 
 /* Regions a worker reads: named by the project's prefix and owned by the
  * worker's own user (docs/security.md). */
 #define REGION_PREFIX "/wtx-"
-/* Bytes read per pread: the chunk lands in model memory piece by piece,
- * hashed right after while the piece is still in L2. */
+/* Bytes copied at a time: the assembler hashes each piece right after
+ * copying it, while it is still in L2, and cancel is checked between. */
 #define PIECE ((size_t)256 << 10)
-/* A tensor smaller than this is not read on its own: one pread fills a
- * bounce piece with it and the tensors after it, which the assembler then
- * copies out (a syscall per 16-byte tensor costs 100x its copy). */
-#define SMALL ((size_t)16 << 10)
 
 typedef struct shm_worker {
   wtx_wire_params wire;
-  /* The trainer's region stays open across chunks; it is read with pread,
-   * never mapped, so a region that shrinks or disappears mid-chunk is a
-   * short read (an error), never SIGBUS. */
+  /* The trainer's region stays open and mapped across chunks. Its size is
+   * checked before every chunk; a region that shrinks while a chunk is
+   * copied raises SIGBUS in the copy, which the guard (sigbus.h) turns into
+   * an error: never a crash. */
   char region[256];
   int fd;
+  const uint8_t *map;
+  size_t map_len;
   atomic_int cancelled;
-  uint8_t *bounce; /* PIECE bytes, allocated at the first small tensor */
 } shm_worker;
 
 static void close_region(shm_worker *w) {
+  if (w->map != NULL) munmap((void *)w->map, w->map_len);
   if (w->fd >= 0) close(w->fd);
+  w->map = NULL;
+  w->map_len = 0;
   w->fd = -1;
   w->region[0] = '\0';
 }
@@ -104,46 +106,65 @@ static int open_region(shm_worker *w, const char *region, wtx_rx *rx) {
   return 0;
 }
 
-/* Where the next pread goes: straight into the tensor, or for a small one
- * into the bounce piece, as much of the chunk as it holds. */
-static uint8_t *read_target(shm_worker *w, uint8_t *dst, size_t room, uint64_t left,
-                            size_t *k, int *bounced) {
-  *bounced = room < SMALL && (w->bounce != NULL || (w->bounce = malloc(PIECE)) != NULL);
-  if (!*bounced) {
-    *k = room < PIECE ? room : PIECE;
-    return dst;
+/* Maps the open region's first len bytes (its size now), replacing a
+ * shorter mapping; populated at once, so chunks take no page faults. */
+static int map_region(shm_worker *w, size_t len, wtx_rx *rx) {
+  if (w->map != NULL && w->map_len >= len) return 0;
+  if (w->map != NULL) munmap((void *)w->map, w->map_len);
+  w->map = NULL;
+  void *m = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, w->fd, 0);
+  if (m == MAP_FAILED) {
+    wtx_rx_errorf(rx, "update_info.shm.region: cannot map '%s' (%zu bytes): %s",
+                  w->region, len, strerror(errno));
+    close_region(w);
+    return WTX_EIO;
   }
-  *k = left < PIECE ? (size_t)left : PIECE;
-  return w->bounce;
+  w->map = m;
+  w->map_len = len;
+  return 0;
 }
 
-/* Reads [offset, +length) of the open region into rx, piece by piece. */
-static int read_region(shm_worker *w, uint64_t offset, uint64_t length, wtx_rx *rx) {
-  uint64_t got = 0;
-  for (;;) {
-    uint8_t *dst;
-    size_t room = wtx_rx_next(rx, &dst), k;
-    if (room == 0) return 0;
-    int bounced;
-    dst = read_target(w, dst, room, length - got, &k, &bounced);
-    if (atomic_load(&w->cancelled)) {
-      wtx_rx_errorf(rx, "shm: cancelled after %llu of the chunk's %llu bytes",
-                    (unsigned long long)got, (unsigned long long)length);
+/* One chunk's copy out of the mapping, run under the SIGBUS guard: it only
+ * copies and hashes (the assembler), and counts what it got. */
+typedef struct copy_job {
+  shm_worker *w;
+  const uint8_t *src;
+  uint64_t length, got;
+  wtx_rx *rx;
+  int cancelled;
+} copy_job;
+
+static int copy_pieces(void *arg) {
+  copy_job *j = arg;
+  while (j->got < j->length) {
+    if (atomic_load(&j->w->cancelled)) {
+      j->cancelled = 1;
       return WTX_ECANCELED;
     }
-    ssize_t n = pread(w->fd, dst, k, (off_t)(offset + got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      wtx_rx_errorf(rx, "update_info.shm.region: '%s' ended after %llu of the "
-                    "chunk's %llu bytes (shrunk or removed while read)",
-                    w->region, (unsigned long long)got, (unsigned long long)length);
-      close_region(w);
-      return WTX_EABORTED;
-    }
-    int rc = bounced ? wtx_rx_bytes(rx, dst, (size_t)n) : wtx_rx_commit(rx, (size_t)n);
+    uint64_t left = j->length - j->got;
+    size_t k = left < PIECE ? (size_t)left : PIECE;
+    int rc = wtx_rx_bytes(j->rx, j->src + j->got, k);
     if (rc != 0) return rc;
-    got += (uint64_t)n;
+    j->got += k;
   }
+  return 0;
+}
+
+/* Copies [offset, +length) of the mapped region into rx. */
+static int read_region(shm_worker *w, uint64_t offset, uint64_t length, wtx_rx *rx) {
+  copy_job j = {.w = w, .src = w->map + offset, .length = length, .rx = rx};
+  int rc = wtx__sigbus_guard(j.src, (size_t)length, copy_pieces, &j);
+  if (j.cancelled) {
+    wtx_rx_errorf(rx, "shm: cancelled after %llu of the chunk's %llu bytes",
+                  (unsigned long long)j.got, (unsigned long long)length);
+  } else if (rc == WTX_EIO) {
+    wtx_rx_errorf(rx, "update_info.shm.region: '%s' ended after %llu of the "
+                  "chunk's %llu bytes (shrunk or removed while read)",
+                  w->region, (unsigned long long)j.got, (unsigned long long)length);
+    close_region(w);
+    return WTX_EABORTED;
+  }
+  return rc;
 }
 
 static int shm_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
@@ -170,12 +191,19 @@ static int shm_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
     close_region(w);
     return WTX_EINVAL;
   }
-  return read_region(w, u->offset, length, rx);
+  if ((uint64_t)st.st_size > SIZE_MAX) {
+    wtx_rx_errorf(rx, "update_info.shm.region: '%s' is larger than this worker can map",
+                  u->region);
+    close_region(w);
+    return WTX_EINVAL;
+  }
+  if (length == 0) return 0;
+  rc = map_region(w, (size_t)st.st_size, rx);
+  return rc != 0 ? rc : read_region(w, u->offset, length, rx);
 }
 
 static void shm_worker_destroy(void *self) {
   close_region(self);
-  free(((shm_worker *)self)->bounce);
   free(self);
 }
 
