@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "client/fanout.h"
+#include "client/source.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/layout.h"
@@ -259,19 +260,40 @@ static void copy_hashing(uint8_t *dst, const uint8_t *src, size_t n, XXH3_state_
   }
 }
 
-/* Copies chunk ch's bytes into buf, hashing whole tensors; fills sums with
+/* Where a chunk's bytes go: copied into buf, or, when buf is NULL, named
+ * in place (iov, n_iov) for a backend that sends from the source's memory. */
+typedef struct pack_out {
+  uint8_t *buf;
+  struct iovec *iov;
+  size_t n_iov;
+} pack_out;
+
+/* Takes k bytes at src into out (at byte used of the chunk), hashing them
+ * into h (may be NULL). */
+static void take(pack_out *out, uint64_t used, const uint8_t *src, size_t k,
+                 XXH3_state_t *h) {
+  if (out->buf != NULL) {
+    copy_hashing(out->buf + used, src, k, h);
+    return;
+  }
+  if (h != NULL) XXH3_64bits_update(h, src, k);
+  if (k > 0) out->iov[out->n_iov++] = (struct iovec){.iov_base = (void *)src, .iov_len = k};
+}
+
+/* Takes chunk ch's bytes into out, hashing whole tensors; fills sums with
  * the checksums of the tensors ending in the chunk. */
-static int pack(cursor *c, const wtx_chunk *ch, uint8_t *buf, uint64_t *sums,
+static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
                 size_t *n_sums, int verify) {
   uint64_t off = ch->first_offset, used = 0;
   *n_sums = 0;
+  out->n_iov = 0;
   for (size_t i = ch->first; i <= ch->last; i++) {
     int rc = cursor_get(c, i);
     if (rc != 0) return rc;
     if (off == 0 && verify) XXH3_64bits_reset(c->h);
     uint64_t k = c->metas[i].nbytes - off;
     if (k > ch->bytes - used) k = ch->bytes - used;
-    copy_hashing(buf + used, c->data + off, (size_t)k, verify ? c->h : NULL);
+    take(out, used, c->data + off, (size_t)k, verify ? c->h : NULL);
     used += k;
     if (off + k == c->metas[i].nbytes) {
       uint64_t d = verify ? XXH3_64bits_digest(c->h) : 0;
@@ -312,6 +334,12 @@ typedef struct sync_state {
   uint64_t *sums;   /* nb rows of (max params per chunk + 1) */
   size_t *n_sums;   /* per buffer */
   size_t sums_row;
+  /* Sending in place (the backend has post_iov and the source's tensors
+   * stay put for the whole pass): no copy into buffers; per buffer, the
+   * chunk's pieces of the source's memory (rows of sums_row). */
+  int in_place;
+  pack_out *outs;   /* per buffer */
+  struct iovec *iov;
   Wtx__V1__ParamMeta *pm;
   Wtx__V1__ParamMeta **pmp;
   /* Every worker holds our parameter table (the last sync's): chunks name
@@ -326,6 +354,8 @@ static void sync_free(sync_state *s) {
   free(s->chunks);
   free(s->sums);
   free(s->n_sums);
+  free(s->outs);
+  free(s->iov);
   free(s->pm);
   free(s->pmp);
 }
@@ -359,6 +389,14 @@ static int sync_prepare(sync_state *s) {
   s->sums_row = max_params + 1;
   s->sums = calloc(s->nb * s->sums_row, sizeof *s->sums);
   s->n_sums = calloc(s->nb, sizeof *s->n_sums);
+  s->in_place = t->tt->post_iov != NULL && wtx__source_stays_put(t->source);
+  s->outs = calloc(s->nb, sizeof *s->outs);
+  s->iov = s->in_place ? calloc(s->nb * s->sums_row, sizeof *s->iov) : NULL;
+  if (s->outs == NULL || (s->in_place && s->iov == NULL))
+    return fail(t, WTX_ENOMEM, "out of memory");
+  for (uint32_t b = 0; b < s->nb; b++)
+    s->outs[b] = s->in_place ? (pack_out){.iov = &s->iov[b * s->sums_row]}
+                             : (pack_out){.buf = t->tt->buffer(t->self, b)};
   s->table = wtx__client_table(t->client);
   if (s->table != 0 && s->table != wtx__layout_xxh3(s->metas, s->n)) s->table = 0;
   s->pm = calloc(s->table ? 1 : s->n, sizeof *s->pm);
@@ -383,8 +421,8 @@ static int sync_prepare(sync_state *s) {
 /* Packs chunk k into its buffer (k mod the number of buffers). */
 static int sync_pack(sync_state *s, size_t k) {
   uint32_t b = (uint32_t)(k % s->nb);
-  return pack(&s->c, &s->chunks[k], s->t->tt->buffer(s->t->self, b),
-              &s->sums[b * s->sums_row], &s->n_sums[b], s->verify);
+  return pack(&s->c, &s->chunks[k], &s->outs[b], &s->sums[b * s->sums_row],
+              &s->n_sums[b], s->verify);
 }
 
 /* The UpdateInfo of chunk k, packed in buffer b; the backend adds its part. */
@@ -432,7 +470,9 @@ static int sync_chunk(sync_state *s, size_t k) {
     return rc;
   }
   char err[600] = "";
-  int drc = tt->post != NULL ? tt->post(t->self, b, &s->chunks[k]) : 0;
+  const pack_out *out = &s->outs[b];
+  int drc = s->in_place ? tt->post_iov(t->self, b, &s->chunks[k], out->iov, out->n_iov)
+            : tt->post != NULL ? tt->post(t->self, b, &s->chunks[k]) : 0;
   if (drc != 0) snprintf(err, sizeof err, "%s: cannot send chunk %zu", tt->name, k);
   int packed_next = drc == 0 && k + 1 < s->n_chunks && s->nb > 1;
   if (packed_next) rc = sync_pack(s, k + 1);

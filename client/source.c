@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/source.h"
 #include "common/hash.h"
 #include "common/safetensors.h"
 #include "cuda/cuda.h"
@@ -13,7 +14,10 @@
 struct wtx_source {
   const wtx_source_ops *ops;
   void *self;
+  int stays_put; /* set by the built-ins whose tensors do (client/source.h) */
 };
+
+int wtx__source_stays_put(const wtx_source *s) { return s->stays_put; }
 
 int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out) {
   *out = NULL;
@@ -191,6 +195,8 @@ static int table_finish(table *t, const wtx_source_ops *ops, wtx_source **out,
   }
   if (rc == 0) rc = wtx_source_create(ops, t, out);
   if (rc != 0) table_destroy(t);
+  /* A device tensor is copied to one host buffer per pass, reused. */
+  if (rc == 0) (*out)->stays_put = t->device == NULL;
   return rc;
 }
 
@@ -431,6 +437,7 @@ int wtx_source_synthetic(uint64_t total_bytes, uint64_t seed, wtx_source **out) 
   synth_add(s, "model.norm.weight", h, 0);
   int rc = wtx_source_create(&synth_ops, s, out);
   if (rc != 0) synth_destroy(s);
+  if (rc == 0) (*out)->stays_put = 1;
   return rc;
 }
 

@@ -105,17 +105,34 @@ static int read_full(int fd, void *buf, size_t len, const waitspec *ws, const ch
   return 0;
 }
 
-static int write_full(int fd, const void *buf, size_t len, const waitspec *ws,
-                      const char **why) {
-  const uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t r = send(fd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (r > 0) {
-      p += r;
-      len -= (size_t)r;
-      continue;
+/* Writes the n pieces of iov in order, all by the deadline: sendmsg with up
+ * to 64 pieces a call, resumed where a short write stopped. */
+static int write_iov_full(int fd, const struct iovec *iov, size_t n, const waitspec *ws,
+                          const char **why) {
+  size_t i = 0, off = 0; /* the next byte: piece i, offset off */
+  for (;;) {
+    while (i < n && off == iov[i].iov_len) {
+      i++;
+      off = 0;
     }
-    if (r < 0 && errno == EINTR) continue;
+    if (i == n) return 0;
+    struct iovec v[64];
+    size_t m = 0;
+    for (size_t j = i; j < n && m < 64; j++, m++) v[m] = iov[j];
+    v[0].iov_base = (uint8_t *)v[0].iov_base + off;
+    v[0].iov_len -= off;
+    struct msghdr msg = {.msg_iov = v, .msg_iovlen = m};
+    ssize_t r = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    for (size_t left = r > 0 ? (size_t)r : 0; left > 0;) {
+      size_t rest = iov[i].iov_len - off, k = left < rest ? left : rest;
+      off += k;
+      left -= k;
+      if (off == iov[i].iov_len) {
+        i++;
+        off = 0;
+      }
+    }
+    if (r > 0 || (r < 0 && errno == EINTR)) continue;
     if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
       *why = strerror(errno);
       return WTX_EIO;
@@ -126,7 +143,12 @@ static int write_full(int fd, const void *buf, size_t len, const waitspec *ws,
       return rc;
     }
   }
-  return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t len, const waitspec *ws,
+                      const char **why) {
+  struct iovec v = {.iov_base = (void *)buf, .iov_len = len};
+  return write_iov_full(fd, &v, 1, ws, why);
 }
 
 static void tune(int fd) {
@@ -496,6 +518,8 @@ typedef struct tcp_trainer {
   int has_job, stop, job_rc;
   uint32_t job_k;
   wtx_chunk job;
+  const struct iovec *job_iov; /* NULL: the job is buffer job_k */
+  size_t job_n_iov;
   uint64_t seq;
   char job_why[300];
 } tcp_trainer;
@@ -507,17 +531,18 @@ static void *writer_main(void *arg) {
     while (!t->has_job && !t->stop) pthread_cond_wait(&t->cv, &t->mu);
     if (t->stop) break;
     wtx_chunk c = t->job;
-    uint32_t k = t->job_k;
     uint64_t seq = t->seq++;
+    struct iovec one = {.iov_base = t->buffers + t->job_k * t->wire.buffer_size,
+                        .iov_len = (size_t)c.bytes};
+    const struct iovec *iov = t->job_iov != NULL ? t->job_iov : &one;
+    size_t n = t->job_iov != NULL ? t->job_n_iov : 1;
     pthread_mutex_unlock(&t->mu);
     uint8_t f[WTX__TCP_FRAME_BYTES];
     wtx__tcp_frame_encode(f, &(wtx__tcp_frame){seq, c.first_offset, c.bytes});
     const char *why = "";
     waitspec ws = within(t->wire.timeout_ms, -1); /* the whole chunk */
     int rc = write_full(t->fd, f, sizeof f, &ws, &why);
-    if (rc == 0)
-      rc = write_full(t->fd, t->buffers + k * t->wire.buffer_size, (size_t)c.bytes,
-                      &ws, &why);
+    if (rc == 0) rc = write_iov_full(t->fd, iov, n, &ws, &why);
     pthread_mutex_lock(&t->mu);
     t->job_rc = rc;
     if (rc != 0)
@@ -632,18 +657,31 @@ static int tcp_trainer_prepare(void *self, uint32_t k, const wtx_chunk *c,
   return 0;
 }
 
-static int tcp_trainer_post(void *self, uint32_t k, const wtx_chunk *c) {
-  tcp_trainer *t = self;
+/* Hands chunk k (buffer k, or the pieces iov) to the writer thread. */
+static int post_job(tcp_trainer *t, uint32_t k, const wtx_chunk *c, const struct iovec *iov,
+                    size_t n) {
   pthread_mutex_lock(&t->mu);
   int busy = t->has_job;
   if (!busy) {
     t->job = *c;
     t->job_k = k;
+    t->job_iov = iov;
+    t->job_n_iov = n;
     t->has_job = 1;
     pthread_cond_broadcast(&t->cv);
   }
   pthread_mutex_unlock(&t->mu);
   return busy ? WTX_ESTATE : 0;
+}
+
+static int tcp_trainer_post(void *self, uint32_t k, const wtx_chunk *c) {
+  return post_job(self, k, c, NULL, 0);
+}
+
+/* Sends straight from the source: the socket copies each byte once. */
+static int tcp_trainer_post_iov(void *self, uint32_t k, const wtx_chunk *c,
+                                const struct iovec *iov, size_t n) {
+  return post_job(self, k, c, iov, n);
 }
 
 static int tcp_trainer_complete(void *self, uint32_t k, const wtx_stop *stop, char *err,
@@ -671,6 +709,7 @@ const wtx_trainer_transport wtx_tcp_trainer_transport = {
     .buffer = tcp_trainer_buffer,
     .prepare = tcp_trainer_prepare,
     .post = tcp_trainer_post,
+    .post_iov = tcp_trainer_post_iov,
     .complete = tcp_trainer_complete,
     .destroy = tcp_trainer_destroy,
 };

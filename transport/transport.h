@@ -24,6 +24,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "common/stop.h"
 #include "transport/netallow.h"
@@ -165,7 +166,8 @@ int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
  * The engine (client/engine.c) drives it:
  *   create -> init_info(i) for every worker, in order (data addresses of the
  *   workers answered so far are given: a chain links them) -> connect ->
- *   per chunk: buffer(k) is packed, prepare(k) fills the backend part of the
+ *   per chunk: buffer(k) is packed (or, with post_iov, the chunk's pieces are
+ *   named in place), prepare(k) fills the backend part of the
  *   chunk's UpdateInfo before the UpdateWeights calls start, post(k) starts
  *   moving the bytes after they started, complete(k) waits for them -> destroy.
  * Buffers k are 0..num_buffers-1, reused round robin; the engine never
@@ -209,6 +211,14 @@ typedef struct wtx_trainer_transport {
   int (*prepare)(void *self, uint32_t k, const wtx_chunk *c,
                  Wtx__V1__UpdateInfo *ui, char *err, size_t errlen);
   int (*post)(void *self, uint32_t k, const wtx_chunk *c);
+  /* Optional, in place of packing buffer k and post: starts sending chunk
+   * k straight from the source's memory, the n pieces of iov in order (the
+   * chunk's bytes; none empty). iov and the bytes it names stay valid and
+   * unchanged until complete(k) returns. The engine calls it instead of
+   * packing when the source's tensors stay put for the whole pass (the
+   * built-in host sources): one copy per byte fewer on the trainer. */
+  int (*post_iov)(void *self, uint32_t k, const wtx_chunk *c, const struct iovec *iov,
+                  size_t n);
   /* Waits until chunk k has left (bounded by the timeout). stop (may be
    * NULL) is polled meanwhile: 1 means the wait is pointless (a worker
    * refused the chunk and will never take its part), and complete then

@@ -126,6 +126,36 @@ TEST_P(EngineTest, MixedDtypesAndATensorLargerThanTheBufferReachThreeWorkers) {
   wtx_client_destroy(c);
 }
 
+// Thousands of tensors of 1..97 bytes around two larger than the buffer:
+// a tcp chunk sent in place is hundreds of pieces (more than one sendmsg
+// takes), resumed after short writes; every worker's checksums match.
+TEST_P(EngineTest, ThousandsOfSmallTensorsAroundLargeOnesArriveExact) {
+  const size_t n = 3000;
+  std::vector<std::vector<uint8_t>> data(n);
+  std::vector<std::string> names(n);
+  std::vector<uint64_t> shapes(n);
+  std::vector<wtx_memory_tensor> ts(n);
+  for (size_t i = 0; i < n; i++) {
+    shapes[i] = i % 1000 == 500 ? (3u << 20) + 5 : 1 + (i * 7) % 97;
+    data[i].resize(shapes[i]);
+    for (size_t k = 0; k < shapes[i]; k++) data[i][k] = static_cast<uint8_t>(i * 131 + k * 7);
+    names[i] = "model.layers." + std::to_string(i / 100) + ".p" + std::to_string(i);
+    ts[i] = {names[i].c_str(), WTX_DTYPE_UINT8, &shapes[i], 1, data[i].data(), 0};
+  }
+  wtx_source *src = nullptr;
+  char e[512] = "";
+  ASSERT_EQ(0, wtx_source_memory(ts.data(), n, &src, e, sizeof e)) << e;
+  Worker w0 = Spawn(), w1 = Spawn();
+  wtx_client *c = Client({w0, w1});
+  std::string err;
+  std::vector<uint64_t> sums;
+  ASSERT_EQ(0, Push(c, src, "small", 1 << 20, 2, 60000, &err, &sums)) << err;
+  EXPECT_EQ(0, wtx_client_verify(c, src, sums.data())) << wtx_client_last_error(c);
+  for (const Worker &w : {w0, w1}) EXPECT_EQ("small", Version(w));
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
 TEST_P(EngineTest, AFailingReplicaFailsTheSyncByNameAndTheOthersKeepTheirWeights) {
   // Replica 1 declares another layout, so it refuses the update that
   // replica 0 accepts and stages.
@@ -231,12 +261,36 @@ TEST_P(EngineTest, IterationDisagreeingWithMetadataIsCaughtBeforeTheWire) {
 std::atomic<int> g_corrupt_chunk{-1}, g_chunks{0};
 wtx_trainer_transport g_corrupting[4];
 
+// A backend that sends in place (post_iov) never packs a buffer: the chunk
+// to corrupt is sent from a corrupted copy of its pieces instead.
+std::atomic<bool> g_corrupt_next_post{false};
+std::vector<uint8_t> g_corrupt_copy;
+
 template <int I>
 int CorruptingPrepare(void *self, uint32_t k, const wtx_chunk *c, Wtx__V1__UpdateInfo *ui,
                       char *err, size_t errlen) {
   const wtx_trainer_transport *real = &g_corrupting[I];
-  if (g_chunks++ == g_corrupt_chunk && c->bytes > 0) real->buffer(self, k)[c->bytes / 2] ^= 0x10;
+  if (g_chunks++ == g_corrupt_chunk && c->bytes > 0) {
+    if (real->post_iov != nullptr) g_corrupt_next_post = true;
+    else real->buffer(self, k)[c->bytes / 2] ^= 0x10;
+  }
   return real->prepare(self, k, c, ui, err, errlen);
+}
+
+template <int I>
+int CorruptingPostIov(void *self, uint32_t k, const wtx_chunk *c, const struct iovec *iov,
+                      size_t n) {
+  const wtx_trainer_transport *real = &g_corrupting[I];
+  if (!g_corrupt_next_post.exchange(false)) return real->post_iov(self, k, c, iov, n);
+  g_corrupt_copy.clear();
+  for (size_t i = 0; i < n; i++) {
+    const uint8_t *p = static_cast<const uint8_t *>(iov[i].iov_base);
+    g_corrupt_copy.insert(g_corrupt_copy.end(), p, p + iov[i].iov_len);
+  }
+  g_corrupt_copy[g_corrupt_copy.size() / 2] ^= 0x10;
+  static struct iovec one;
+  one = {g_corrupt_copy.data(), g_corrupt_copy.size()};
+  return real->post_iov(self, k, c, &one, 1);
 }
 
 void RegisterCorrupting() {
@@ -250,12 +304,16 @@ void RegisterCorrupting() {
                        size_t) = {
         CorruptingPrepare<0>, CorruptingPrepare<1>, CorruptingPrepare<2>,
         CorruptingPrepare<3>};
+    int (*post_iovs[4])(void *, uint32_t, const wtx_chunk *, const struct iovec *, size_t) = {
+        CorruptingPostIov<0>, CorruptingPostIov<1>, CorruptingPostIov<2>,
+        CorruptingPostIov<3>};
     static wtx_trainer_transport wrappers[4];
     for (int i = 0; i < 4; i++) {
       g_corrupting[i] = *wtx_trainer_transport_find(reals[i]);
       wrappers[i] = g_corrupting[i];
       wrappers[i].name = names[i];
       wrappers[i].prepare = prepares[i];
+      if (wrappers[i].post_iov != nullptr) wrappers[i].post_iov = post_iovs[i];
       ASSERT_EQ(0, wtx_trainer_transport_register(&wrappers[i]));
     }
   });
