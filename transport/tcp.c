@@ -8,7 +8,7 @@
  * the session's data_token; a peer without it is refused. Per chunk, the
  * upstream writes a 32-byte frame header (magic, version, chunk sequence,
  * first_param_offset, chunk_bytes) and the chunk's bytes. A relaying worker
- * receives each piece (1 MiB at most) straight into model memory and forwards
+ * receives each piece (128 KiB at most) straight into model memory and forwards
  * it downstream before reading the next: cut-through, so the chain adds a
  * piece of latency per hop, not a chunk.
  *
@@ -39,7 +39,10 @@
 #include "transport/tcp_frame.h"
 #include "transport/transport.h"
 
-#define PIECE (1u << 20)
+/* Bytes received at a time: the assembler hashes each piece right after
+ * it lands, while it is still in L2 (1 MiB pieces hashed from further out:
+ * a 1 GB sync 0.52 s -> 0.41 s with 128 KiB, bench machine). */
+#define PIECE (128u << 10)
 
 /* ---- sockets with deadlines ---- */
 
