@@ -95,7 +95,7 @@ echo "## memory: peak RSS after the syncs above vs the model ($size)"
 hwm=$(awk '/VmHWM/ {print $2}' /proc/"$w1pid"/status)
 tr=$( { /usr/bin/time -f "%M" "$bin/client/wtx" push --workers "$w1" --backend shm "synthetic:$size" >/dev/null; } 2>&1 | tail -1)
 echo "worker peak $((hwm / 1024)) MiB = $(ratio "$hwm * 1024" "$bytes") x model (bound: 2.1 + buffers)"
-echo "trainer peak $((tr / 1024)) MiB = $(ratio "$tr * 1024" "$bytes") x model (bound: 1 + buffers: 2 x 64 MiB)"
+echo "trainer peak $((tr / 1024)) MiB = $(ratio "$tr * 1024" "$bytes") x model (bound: 1 + buffers: shm 4 x 16 MiB)"
 
 echo
 echo "## scaling: shm, 1 worker, a fresh worker per size"

@@ -144,8 +144,8 @@ static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *e
   }
   Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
   pk.packed = !cfg->unpacked;
-  pk.buffer_size_bytes = cfg->buffer_size;
-  pk.num_buffers = cfg->num_buffers;
+  pk.buffer_size_bytes = cfg->buffer_size ? cfg->buffer_size : t->tt->default_buffer_size;
+  pk.num_buffers = cfg->num_buffers ? cfg->num_buffers : t->tt->default_num_buffers;
   Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
   ii.packing = &pk;
   ii.checksum = (Wtx__V1__ChecksumAlgorithm)cfg->checksum;

@@ -189,6 +189,11 @@ typedef struct wtx_trainer_transport {
   int init_case;
   int update_case;
   int default_checksum;
+  /* What the trainer asks for when its config leaves buffer_size or
+   * num_buffers at 0; 0 here: the protocol's defaults (WTX_DEFAULT_*). The
+   * trainer sends the values, so workers need not know them. */
+  uint64_t default_buffer_size;
+  uint32_t default_num_buffers;
   /* 1: the workers' init and the trainer's connect form one collective
    * (NCCL): every init call is started, then connect runs, then the calls
    * are awaited. 0: workers are initialized one after the other. */

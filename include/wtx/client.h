@@ -174,8 +174,10 @@ typedef struct wtx_trainer_config {
    * (same node, GPU), "nccl" (GPU); NULL: "shm". */
   const char *backend;
   int unpacked;             /* 1: one tensor per chunk; 0: packed (default) */
-  uint64_t buffer_size;     /* bytes per buffer; 0: WTX_DEFAULT_BUFFER_SIZE */
-  uint32_t num_buffers;     /* buffers in flight; 0: WTX_DEFAULT_NUM_BUFFERS */
+  /* 0: the backend's choice: shm 16 MiB x 4, the others
+   * WTX_DEFAULT_BUFFER_SIZE x WTX_DEFAULT_NUM_BUFFERS (64 MiB x 2). */
+  uint64_t buffer_size;     /* bytes per buffer */
+  uint32_t num_buffers;     /* buffers in flight */
   wtx_checksum checksum;
   uint32_t timeout_ms;      /* bound on one data-plane step; 0: the default */
   /* tcp: where the trainer's data port listens ("host:port"; NULL:
