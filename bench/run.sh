@@ -59,7 +59,7 @@ echo "wtx push of $n tiny tensors, end to end (process start to exit, steady sta
   "$(( ($(date +%s%N) - w0) / 1000000 )) ms"
 kill "${pids[-1]}" 2>/dev/null || true
 echo
-echo "## data plane, size $size, steady state (third sync)"
+echo "## data plane, size $size, steady state (best of syncs 3-5)"
 start_worker 0 a; w1=$addr; w1pid=${pids[-1]}
 start_worker 0 b; w3="$w1,$addr"
 start_worker 0 c; w3="$w3,$addr"
@@ -68,8 +68,11 @@ for backend in shm tcp; do
   for set in "1 $w1" "3 $w3"; do
     n=${set%% *}; ws=${set#* }
     bench_run "$backend" "$ws" "$n" >/dev/null
-    line=$("$bin/client/wtx" push --workers "$ws" --backend "$backend" "synthetic:$size")
-    g=$(echo "$line" | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/')
+    g=0  # the best of three steady-state syncs
+    for _ in 1 2 3; do
+      line=$("$bin/client/wtx" push --workers "$ws" --backend "$backend" "synthetic:$size")
+      g=$(echo "$line" | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/' | awk -v b="$g" '{print ($1 > b) ? $1 : b}')
+    done
     agg=$(echo "$g * $n" | bc -l)  # bytes delivered per second, all workers
     ref=$base_warm; [ "$backend" = tcp ] && ref=$sock
     printf "%-9s %-8s %10s %14s %14s  (delivered %.2f GB/s)\n" "$backend" "$n" "$g" \

@@ -41,6 +41,7 @@ typedef struct shm_worker {
   int fd;
   const uint8_t *map;
   size_t map_len;
+  uint64_t populated; /* [0, populated) of the mapping was populated */
   atomic_int cancelled;
 } shm_worker;
 
@@ -107,12 +108,15 @@ static int open_region(shm_worker *w, const char *region, wtx_rx *rx) {
 }
 
 /* Maps the open region's first len bytes (its size now), replacing a
- * shorter mapping; populated at once, so chunks take no page faults. */
+ * shorter mapping. Not populated here: a region may be far larger than
+ * what is sent through it (populating it all cost 0.1 s per new trainer for
+ * a 256 MiB region carrying 640 KB); each chunk's range is, before its
+ * copy. */
 static int map_region(shm_worker *w, size_t len, wtx_rx *rx) {
   if (w->map != NULL && w->map_len >= len) return 0;
   if (w->map != NULL) munmap((void *)w->map, w->map_len);
   w->map = NULL;
-  void *m = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE, w->fd, 0);
+  void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, w->fd, 0);
   if (m == MAP_FAILED) {
     wtx_rx_errorf(rx, "update_info.shm.region: cannot map '%s' (%zu bytes): %s",
                   w->region, len, strerror(errno));
@@ -121,6 +125,7 @@ static int map_region(shm_worker *w, size_t len, wtx_rx *rx) {
   }
   w->map = m;
   w->map_len = len;
+  w->populated = 0;
   return 0;
 }
 
@@ -153,6 +158,15 @@ static int copy_pieces(void *arg) {
 /* Copies [offset, +length) of the mapped region into rx. */
 static int read_region(shm_worker *w, uint64_t offset, uint64_t length, wtx_rx *rx) {
   copy_job j = {.w = w, .src = w->map + offset, .length = length, .rx = rx};
+  /* The page tables of a range not read before in one call instead of a
+   * fault per page (a hint: where the kernel lacks it, or the region
+   * shrank, the copy below faults or fails as it would anyway). Buffers are
+   * used from the region's start, so one mark says what is done. */
+  if (offset + length > w->populated) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), at = (uintptr_t)j.src & ~(page - 1);
+    madvise((void *)at, (uintptr_t)j.src + length - at, MADV_POPULATE_READ);
+    w->populated = offset + length;
+  }
   int rc = wtx__sigbus_guard(j.src, (size_t)length, copy_pieces, &j);
   if (j.cancelled) {
     wtx_rx_errorf(rx, "shm: cancelled after %llu of the chunk's %llu bytes",
