@@ -32,6 +32,20 @@ std::string DoublePath() {
   return std::string(cwd) + "/cuda/testing/libwtx_fake_cuda.so";
 }
 
+// What a receive fills: an assembler expecting one 4 KiB tensor.
+struct OneTensorRx {
+  std::vector<uint8_t> dst = std::vector<uint8_t>(4096);
+  wtx_rx_tensor rt{"t", 4096, nullptr};
+  wtx_rx *rx = nullptr;
+  OneTensorRx() {
+    rt.dst = dst.data();
+    if (wtx__rx_create(&rx) != 0 || Begin() != 0) abort();
+  }
+  ~OneTensorRx() { wtx__rx_destroy(rx); }
+  int Begin() { return wtx__rx_begin(rx, &rt, 1, 0, dst.size(), 0); }
+  std::string Error() const { return wtx__rx_error(rx); }
+};
+
 class CudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -215,24 +229,18 @@ TEST_F(CudaTest, ATimedOutBroadcastIsAbortedNotLeftRunning) {
   });
   void *w = nullptr;
   ASSERT_NO_FATAL_FAILURE(JoinWorker(id, 300, &w));
-  wtx_rx *rx = nullptr;
-  ASSERT_EQ(0, wtx__rx_create(&rx));
-  std::vector<uint8_t> dst(4096);
-  wtx_rx_tensor rt = {"t", dst.size(), dst.data()};
-  ASSERT_EQ(0, wtx__rx_begin(rx, &rt, 1, 0, dst.size(), 0));
+  OneTensorRx r;
   Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
   auto t0 = Clock::now();
   // Rank 0 never broadcasts.
-  EXPECT_EQ(WTX_ETIMEDOUT, wtx_nccl_worker_transport.receive(w, &ui, rx));
+  EXPECT_EQ(WTX_ETIMEDOUT, wtx_nccl_worker_transport.receive(w, &ui, r.rx));
   EXPECT_LT(Seconds(t0), 5.0);
-  EXPECT_NE(std::string::npos, std::string(wtx__rx_error(rx)).find("communicator aborted"))
-      << wtx__rx_error(rx);
+  EXPECT_NE(std::string::npos, r.Error().find("communicator aborted")) << r.Error();
   EXPECT_EQ(0, running_());  // the worker's broadcast kernel is gone
-  wtx__rx_reset(rx);
-  ASSERT_EQ(0, wtx__rx_begin(rx, &rt, 1, 0, dst.size(), 0));
-  EXPECT_EQ(WTX_ESTATE, wtx_nccl_worker_transport.receive(w, &ui, rx));
+  wtx__rx_reset(r.rx);
+  ASSERT_EQ(0, r.Begin());
+  EXPECT_EQ(WTX_ESTATE, wtx_nccl_worker_transport.receive(w, &ui, r.rx));
   wtx_nccl_worker_transport.destroy(w);
-  wtx__rx_destroy(rx);
   stop_root = true;
   r0.join();
   c_->CommAbort(root);
@@ -261,16 +269,11 @@ TEST_F(CudaTest, ABroadcastEndedByAPeersFailureIsAnErrorNotData) {
   ASSERT_EQ(0, c_->Broadcast(buf, buf, 4096, WTX_NCCL_UINT8, 0, root, s));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   c_->CommAbort(root);
-  wtx_rx *rx = nullptr;
-  ASSERT_EQ(0, wtx__rx_create(&rx));
-  std::vector<uint8_t> dst(4096);
-  wtx_rx_tensor rt = {"t", dst.size(), dst.data()};
-  ASSERT_EQ(0, wtx__rx_begin(rx, &rt, 1, 0, dst.size(), 0));
+  OneTensorRx r;
   Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
-  EXPECT_EQ(WTX_EIO, wtx_nccl_worker_transport.receive(w, &ui, rx));
-  EXPECT_NE(std::string::npos, std::string(wtx__rx_error(rx)).find("NCCL:")) << wtx__rx_error(rx);
+  EXPECT_EQ(WTX_EIO, wtx_nccl_worker_transport.receive(w, &ui, r.rx));
+  EXPECT_NE(std::string::npos, r.Error().find("NCCL:")) << r.Error();
   wtx_nccl_worker_transport.destroy(w);
-  wtx__rx_destroy(rx);
   c_->StreamDestroy(s);
   c_->Free(buf);
 }

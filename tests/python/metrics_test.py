@@ -1,10 +1,8 @@
 """wtx-worker --metrics-listen: GET /metrics in the Prometheus text format,
 parsed with prometheus_client's own parser during and after syncs. The
 operation histogram has vLLM's name pattern, labels and bucket edges."""
-import os
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import unittest
@@ -12,7 +10,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from worker_test import CLI, WORKER
+from worker_test import CLI, Worker
 
 VLLM_BUCKETS = ["0.01", "0.1", "1", "10", "30", "60", "120", "300", "600", "+Inf"]
 
@@ -39,22 +37,13 @@ def scrape(port):
 
 class MetricsTest(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="wtx-metrics-")
         self.mport = free_port()
-        pf = os.path.join(self.dir, "port")
-        self.proc = subprocess.Popen([WORKER, "--listen", "127.0.0.1:0", "--port-file", pf,
-                                      "--metrics-listen", f"127.0.0.1:{self.mport}",
-                                      "--log-level", "warn"])
-        for _ in range(500):
-            if os.path.exists(pf) and os.path.getsize(pf):
-                break
-            time.sleep(0.02)
-        with open(pf) as f:
-            self.addr = "127.0.0.1:" + f.read().strip()
+        self.worker = Worker("--metrics-listen", f"127.0.0.1:{self.mport}",
+                             "--log-level", "warn")
+        self.addr = f"127.0.0.1:{self.worker.port}"
 
     def tearDown(self):
-        self.proc.terminate()
-        self.assertEqual(0, self.proc.wait(timeout=20))
+        self.assertEqual(0, self.worker.stop())
 
     def push(self, *args):
         return subprocess.run([CLI, "push", "--workers", self.addr, *args],

@@ -3,7 +3,13 @@
 # backend (python/build_backend/wtx_build.py) and libwtx.so from this build,
 # plus a dist-info whose entry points are read from python/pyproject.toml
 # (what pip would install, for vLLM's plugin loader). Needs $py (a Python
-# with grpcio-tools); sets PYTHONPATH, WTX_LIBWTX, WTX_WORKER.
+# with grpcio-tools), which must import $py_imports, else the test fails
+# naming $py_var and $py_reqs; sets PYTHONPATH, WTX_LIBWTX, WTX_WORKER.
+if [ -z "$py" ] || ! "$py" -c "import $py_imports" 2>/dev/null; then
+  echo "FAIL: $py_var must name a Python with $py_reqs installed" \
+    "(scripts/setup.sh makes it; scripts/test.sh passes it)" >&2
+  exit 1
+fi
 pkg=${TEST_TMPDIR:-$(mktemp -d)}/pkg
 mkdir -p "$pkg"
 cp -rL python/src/wtx "$pkg/"

@@ -3,11 +3,8 @@
 # named first): the package as pkg_env.sh prepares it, run with the vLLM
 # venv scripts/setup.sh prepares (WTX_VLLM_PYTHON: vllm 0.33 from PyPI).
 set -euo pipefail
-py="${WTX_VLLM_PYTHON:-}"
-if [ -z "$py" ] || ! "$py" -c "import vllm, grpc_tools, xxhash" 2>/dev/null; then
-  echo "FAIL: WTX_VLLM_PYTHON must name a Python with tests/python/vllm-requirements.txt" >&2
-  exit 1
-fi
+py="${WTX_VLLM_PYTHON:-}" py_var=WTX_VLLM_PYTHON py_reqs=tests/python/vllm-requirements.txt
+py_imports="vllm, grpc_tools, xxhash"
 . tests/python/pkg_env.sh
 export VLLM_TARGET_DEVICE=cpu
 script=${1:-vllm_test.py}
