@@ -777,57 +777,29 @@ grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
   return code;
 }
 
-grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx, const Wtx__V1__InitWeightTransferEngineRequest *req,
-                                    Wtx__V1__InitWeightTransferEngineResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
-  wtx__op op = WTX__OP_INIT;
-  double t0 = wtx_clock_s();
-  wtx__metrics_begin(s->cfg.metrics, op);
-  grpc_status_code code = handle_init(ctx, req, resp);
-  wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);
-  return code;
-}
+/* The session-changing calls as the worker registers them: each one timed
+ * for the metrics as operation OP (server/metrics.h). */
+#define TIMED(name, handler, Req, Resp, OP)                                     \
+  grpc_status_code wtx__handle_##name(wtx_rpc_ctx *ctx, const Req *req,         \
+                                      Resp *resp) {                             \
+    wtx_session *s = wtx_rpc_ctx_user(ctx);                                     \
+    wtx__op op = (OP);                                                          \
+    double t0 = wtx_clock_s();                                                  \
+    wtx__metrics_begin(s->cfg.metrics, op);                                     \
+    grpc_status_code code = handler(ctx, req, resp);                            \
+    wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);                   \
+    return code;                                                                \
+  }
 
-grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx, const Wtx__V1__StartWeightUpdateRequest *req,
-                                    Wtx__V1__StartWeightUpdateResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
-  wtx__op op = req->target == WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT ? WTX__OP_START_DRAFT : WTX__OP_START;
-  double t0 = wtx_clock_s();
-  wtx__metrics_begin(s->cfg.metrics, op);
-  grpc_status_code code = handle_start(ctx, req, resp);
-  wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);
-  return code;
-}
-
-grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx, const Wtx__V1__UpdateWeightsRequest *req,
-                                    Wtx__V1__UpdateWeightsResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
-  wtx__op op = WTX__OP_UPDATE;
-  double t0 = wtx_clock_s();
-  wtx__metrics_begin(s->cfg.metrics, op);
-  grpc_status_code code = handle_update(ctx, req, resp);
-  wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);
-  return code;
-}
-
-grpc_status_code wtx__handle_prepare(wtx_rpc_ctx *ctx, const Wtx__V1__PrepareWeightUpdateRequest *req,
-                                    Wtx__V1__PrepareWeightUpdateResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
-  wtx__op op = WTX__OP_PREPARE;
-  double t0 = wtx_clock_s();
-  wtx__metrics_begin(s->cfg.metrics, op);
-  grpc_status_code code = handle_prepare(ctx, req, resp);
-  wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);
-  return code;
-}
-
-grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx, const Wtx__V1__FinishWeightUpdateRequest *req,
-                                    Wtx__V1__FinishWeightUpdateResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
-  wtx__op op = WTX__OP_FINISH;
-  double t0 = wtx_clock_s();
-  wtx__metrics_begin(s->cfg.metrics, op);
-  grpc_status_code code = handle_finish(ctx, req, resp);
-  wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);
-  return code;
-}
+TIMED(init, handle_init, Wtx__V1__InitWeightTransferEngineRequest,
+      Wtx__V1__InitWeightTransferEngineResponse, WTX__OP_INIT)
+TIMED(start, handle_start, Wtx__V1__StartWeightUpdateRequest,
+      Wtx__V1__StartWeightUpdateResponse,
+      req->target == WTX__V1__UPDATE_TARGET__UPDATE_TARGET_DRAFT ? WTX__OP_START_DRAFT
+                                                                 : WTX__OP_START)
+TIMED(update, handle_update, Wtx__V1__UpdateWeightsRequest, Wtx__V1__UpdateWeightsResponse,
+      WTX__OP_UPDATE)
+TIMED(prepare, handle_prepare, Wtx__V1__PrepareWeightUpdateRequest,
+      Wtx__V1__PrepareWeightUpdateResponse, WTX__OP_PREPARE)
+TIMED(finish, handle_finish, Wtx__V1__FinishWeightUpdateRequest,
+      Wtx__V1__FinishWeightUpdateResponse, WTX__OP_FINISH)
