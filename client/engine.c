@@ -203,6 +203,7 @@ typedef struct cursor {
   size_t i;             /* tensor held (data valid) */
   const uint8_t *data;
   int have;             /* data holds tensor i */
+  int stays;            /* data stays put until the pass ends (source said 2) */
   XXH3_state_t *h;
 } cursor;
 
@@ -212,7 +213,8 @@ static int cursor_get(cursor *c, size_t i) {
   if (c->have && c->i == i) return 0;
   wtx_tensor_meta m;
   const uint8_t *data = NULL;
-  int r = wtx_source_next(c->t->source, c->iter, &m, &data);
+  int stays = 0;
+  int r = wtx__source_next(c->t->source, c->iter, &m, &data, &stays);
   if (r < 0) return fail(c->t, r, "source: iteration failed at parameter %zu: %s",
                          i, wtx_strerror(r));
   if (r == 0)
@@ -231,6 +233,7 @@ static int cursor_get(cursor *c, size_t i) {
   c->i = i;
   c->data = data;
   c->have = 1;
+  c->stays = stays;
   return 0;
 }
 
@@ -260,24 +263,31 @@ static void copy_hashing(uint8_t *dst, const uint8_t *src, size_t n, XXH3_state_
   }
 }
 
-/* Where a chunk's bytes go: copied into buf, or, when buf is NULL, named
- * in place (iov, n_iov) for a backend that sends from the source's memory. */
+/* Where a chunk's bytes go: into buf; or, for a backend that sends from
+ * the caller's memory (iov not NULL), named in iov in order, each piece in
+ * place when the source says it stays put and else copied into buf. */
 typedef struct pack_out {
   uint8_t *buf;
   struct iovec *iov;
   size_t n_iov;
 } pack_out;
 
-/* Takes k bytes at src into out (at byte used of the chunk), hashing them
- * into h (may be NULL). */
-static void take(pack_out *out, uint64_t used, const uint8_t *src, size_t k,
+/* Takes k bytes at src (stays: in place until the pass ends) into out, at
+ * byte used of the chunk, hashing them into h (may be NULL). */
+static void take(pack_out *out, uint64_t used, const uint8_t *src, size_t k, int stays,
                  XXH3_state_t *h) {
-  if (out->buf != NULL) {
+  if (out->iov == NULL || !stays) {
     copy_hashing(out->buf + used, src, k, h);
-    return;
+    src = out->buf + used;
+  } else if (h != NULL) {
+    XXH3_64bits_update(h, src, k);
   }
-  if (h != NULL) XXH3_64bits_update(h, src, k);
-  if (k > 0) out->iov[out->n_iov++] = (struct iovec){.iov_base = (void *)src, .iov_len = k};
+  if (out->iov == NULL || k == 0) return;
+  struct iovec *last = out->n_iov > 0 ? &out->iov[out->n_iov - 1] : NULL;
+  if (last != NULL && (const uint8_t *)last->iov_base + last->iov_len == src)
+    last->iov_len += k; /* adjacent: one piece */
+  else
+    out->iov[out->n_iov++] = (struct iovec){.iov_base = (void *)src, .iov_len = k};
 }
 
 /* Takes chunk ch's bytes into out, hashing whole tensors; fills sums with
@@ -293,7 +303,7 @@ static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
     if (off == 0 && verify) XXH3_64bits_reset(c->h);
     uint64_t k = c->metas[i].nbytes - off;
     if (k > ch->bytes - used) k = ch->bytes - used;
-    take(out, used, c->data + off, (size_t)k, verify ? c->h : NULL);
+    take(out, used, c->data + off, (size_t)k, c->stays, verify ? c->h : NULL);
     used += k;
     if (off + k == c->metas[i].nbytes) {
       uint64_t d = verify ? XXH3_64bits_digest(c->h) : 0;
@@ -334,9 +344,9 @@ typedef struct sync_state {
   uint64_t *sums;   /* nb rows of (max params per chunk + 1) */
   size_t *n_sums;   /* per buffer */
   size_t sums_row;
-  /* Sending in place (the backend has post_iov and the source's tensors
-   * stay put for the whole pass): no copy into buffers; per buffer, the
-   * chunk's pieces of the source's memory (rows of sums_row). */
+  /* Sending in place (the backend has post_iov): per buffer, the chunk's
+   * pieces (rows of sums_row), in the source's memory where it stays put,
+   * else in the buffer. */
   int in_place;
   pack_out *outs;   /* per buffer */
   struct iovec *iov;
@@ -389,14 +399,14 @@ static int sync_prepare(sync_state *s) {
   s->sums_row = max_params + 1;
   s->sums = calloc(s->nb * s->sums_row, sizeof *s->sums);
   s->n_sums = calloc(s->nb, sizeof *s->n_sums);
-  s->in_place = t->tt->post_iov != NULL && wtx__source_stays_put(t->source);
+  s->in_place = t->tt->post_iov != NULL;
   s->outs = calloc(s->nb, sizeof *s->outs);
   s->iov = s->in_place ? calloc(s->nb * s->sums_row, sizeof *s->iov) : NULL;
   if (s->outs == NULL || (s->in_place && s->iov == NULL))
     return fail(t, WTX_ENOMEM, "out of memory");
   for (uint32_t b = 0; b < s->nb; b++)
-    s->outs[b] = s->in_place ? (pack_out){.iov = &s->iov[b * s->sums_row]}
-                             : (pack_out){.buf = t->tt->buffer(t->self, b)};
+    s->outs[b] = (pack_out){.buf = t->tt->buffer(t->self, b),
+                            .iov = s->in_place ? &s->iov[b * s->sums_row] : NULL};
   s->table = wtx__client_table(t->client);
   if (s->table != 0 && s->table != wtx__layout_xxh3(s->metas, s->n)) s->table = 0;
   s->pm = calloc(s->table ? 1 : s->n, sizeof *s->pm);

@@ -14,10 +14,7 @@
 struct wtx_source {
   const wtx_source_ops *ops;
   void *self;
-  int stays_put; /* set by the built-ins whose tensors do (client/source.h) */
 };
-
-int wtx__source_stays_put(const wtx_source *s) { return s->stays_put; }
 
 int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out) {
   *out = NULL;
@@ -46,9 +43,17 @@ int wtx_source_metadata(wtx_source *s, const wtx_tensor_meta **metas, size_t *n)
 
 int wtx_source_open(wtx_source *s, void **iter) { return s->ops->open(s->self, iter); }
 
+int wtx__source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
+                     const uint8_t **data, int *stays) {
+  int r = s->ops->next(s->self, iter, meta, data);
+  *stays = r == 2;
+  return r == 2 ? 1 : r;
+}
+
 int wtx_source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
                     const uint8_t **data) {
-  return s->ops->next(s->self, iter, meta, data);
+  int stays;
+  return wtx__source_next(s, iter, meta, data, &stays);
 }
 
 void wtx_source_close(wtx_source *s, void *iter) { s->ops->close(s->self, iter); }
@@ -114,8 +119,9 @@ static int table_next(void *self, void *iter, wtx_tensor_meta *meta,
                             WTX_CUDA_D2H);
     if (e != WTX_CUDA_SUCCESS) return WTX_EIO;
     *data = it->host;
+    return 1; /* a copy, in one host buffer the next device tensor reuses */
   }
-  return 1;
+  return 2; /* host memory or a mapped file: stays put until close */
 }
 
 static void table_close(void *self, void *iter) {
@@ -195,8 +201,6 @@ static int table_finish(table *t, const wtx_source_ops *ops, wtx_source **out,
   }
   if (rc == 0) rc = wtx_source_create(ops, t, out);
   if (rc != 0) table_destroy(t);
-  /* A device tensor is copied to one host buffer per pass, reused. */
-  if (rc == 0) (*out)->stays_put = t->device == NULL;
   return rc;
 }
 
@@ -368,7 +372,7 @@ static int synth_next(void *self, void *iter, wtx_tensor_meta *meta,
   *meta = s->metas[*pos];
   *data = s->data + s->offsets[*pos];
   (*pos)++;
-  return 1;
+  return 2; /* held in memory until the source goes */
 }
 
 static void synth_close(void *self, void *iter) {
@@ -437,7 +441,6 @@ int wtx_source_synthetic(uint64_t total_bytes, uint64_t seed, wtx_source **out) 
   synth_add(s, "model.norm.weight", h, 0);
   int rc = wtx_source_create(&synth_ops, s, out);
   if (rc != 0) synth_destroy(s);
-  if (rc == 0) (*out)->stays_put = 1;
   return rc;
 }
 

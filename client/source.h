@@ -9,12 +9,12 @@
 extern "C" {
 #endif
 
-/* 1 when every tensor a pass yields stays at the address it was yielded at,
- * unchanged, until the pass is closed (not only until the next call of
- * next): the built-in host sources (memory without device tensors,
- * safetensors, synthetic). The engine may then send a chunk straight from
- * them (wtx_trainer_transport.post_iov). 0 for any other source. */
-int wtx__source_stays_put(const wtx_source *s);
+/* wtx_source_next, and whether the tensor's bytes stay where *data says,
+ * unchanged, until the pass is closed (the source's next said 2): the
+ * engine may then send them in place (wtx_trainer_transport.post_iov).
+ * *stays is 0 otherwise. */
+int wtx__source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
+                     const uint8_t **data, int *stays);
 
 #ifdef __cplusplus
 }

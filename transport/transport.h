@@ -216,12 +216,12 @@ typedef struct wtx_trainer_transport {
   int (*prepare)(void *self, uint32_t k, const wtx_chunk *c,
                  Wtx__V1__UpdateInfo *ui, char *err, size_t errlen);
   int (*post)(void *self, uint32_t k, const wtx_chunk *c);
-  /* Optional, in place of packing buffer k and post: starts sending chunk
-   * k straight from the source's memory, the n pieces of iov in order (the
-   * chunk's bytes; none empty). iov and the bytes it names stay valid and
-   * unchanged until complete(k) returns. The engine calls it instead of
-   * packing when the source's tensors stay put for the whole pass (the
-   * built-in host sources): one copy per byte fewer on the trainer. */
+  /* Optional, in place of post: starts sending chunk k as the n pieces of
+   * iov in order (the chunk's bytes; none empty), each in the source's
+   * memory where the source says its tensor stays put (wtx_source_ops.next
+   * returned 2), else in buffer k. iov and the bytes it names stay valid and
+   * unchanged until complete(k) returns. One copy per byte fewer on the
+   * trainer for tensors that stay put. */
   int (*post_iov)(void *self, uint32_t k, const wtx_chunk *c, const struct iovec *iov,
                   size_t n);
   /* Waits until chunk k has left (bounded by the timeout). stop (may be

@@ -36,7 +36,10 @@ typedef struct wtx_source_ops {
   int (*open)(void *self, void **iter);
   /* The next tensor: 1 with *meta and *data (host memory of meta->nbytes,
    * valid until the next call of next or close), 0 at the end, or a
-   * negative WTX_E* code. */
+   * negative WTX_E* code. 2: as 1, and *data stays valid and unchanged
+   * until close (the tensor's own memory, not a copy the next call
+   * reuses): a backend may then send it from there without copying it
+   * first (tcp). */
   int (*next)(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data);
   void (*close)(void *self, void *iter);
   void (*destroy)(void *self);
@@ -51,6 +54,7 @@ void wtx_source_destroy(wtx_source *s);
 const char *wtx_source_name(const wtx_source *s);
 int wtx_source_metadata(wtx_source *s, const wtx_tensor_meta **metas, size_t *n);
 int wtx_source_open(wtx_source *s, void **iter);
+/* ops->next, with 2 reported as 1. */
 int wtx_source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
                     const uint8_t **data);
 void wtx_source_close(wtx_source *s, void *iter);

@@ -253,6 +253,78 @@ TEST_P(EngineTest, IterationDisagreeingWithMetadataIsCaughtBeforeTheWire) {
   wtx_source_destroy(src);
 }
 
+// A source as a trainer copying device tensors to the host one at a time
+// would be: odd tensors come from one scratch buffer that the next call
+// overwrites (next returns 1), even ones from memory that stays put (2).
+struct ScratchSource {
+  static constexpr size_t kN = 400;
+  std::vector<std::string> names;
+  std::vector<wtx_tensor_meta> metas;
+  std::vector<std::vector<uint8_t>> kept;
+  std::vector<uint8_t> scratch;
+  ScratchSource() : names(kN), metas(kN), kept(kN) {
+    for (size_t i = 0; i < kN; i++) {
+      names[i] = "model.layers." + std::to_string(i / 10) + ".p" + std::to_string(i);
+      uint64_t shape = i % 50 == 7 ? (600u << 10) : 1 + (i * 37) % 5000;
+      char e[200];
+      if (wtx_tensor_meta_set(&metas[i], names[i].c_str(), WTX_DTYPE_UINT8, &shape, 1, e,
+                              sizeof e) != 0)
+        abort();
+      kept[i].resize(shape);
+      Fill(i, kept[i].data());
+    }
+  }
+  void Fill(size_t i, uint8_t *d) const {
+    for (uint64_t k = 0; k < metas[i].nbytes; k++) d[k] = static_cast<uint8_t>(i * 7 + k * 13);
+  }
+  static int Metadata(void *self, const wtx_tensor_meta **m, size_t *n) {
+    *m = static_cast<ScratchSource *>(self)->metas.data();
+    *n = kN;
+    return 0;
+  }
+  static int Open(void *, void **iter) {
+    *iter = new size_t(0);
+    return 0;
+  }
+  static int Next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
+    auto *s = static_cast<ScratchSource *>(self);
+    size_t &i = *static_cast<size_t *>(iter);
+    if (i == kN) return 0;
+    *meta = s->metas[i];
+    int stays = i % 2 == 0;
+    if (stays) {
+      *data = s->kept[i].data();
+    } else {
+      s->scratch.assign(meta->nbytes, 0);  // the previous copy is gone
+      s->Fill(i, s->scratch.data());
+      *data = s->scratch.data();
+    }
+    i++;
+    return stays ? 2 : 1;
+  }
+  static void Close(void *, void *iter) { delete static_cast<size_t *>(iter); }
+};
+const wtx_source_ops kScratch = {"scratch", ScratchSource::Metadata, ScratchSource::Open,
+                                 ScratchSource::Next, ScratchSource::Close, nullptr};
+
+// Tensors a source copies into a buffer it reuses are copied before the
+// next one is asked for; the ones that stay put may be sent in place. Every
+// byte arrives either way, with checksums on and off.
+TEST_P(EngineTest, TensorsFromAReusedBufferAndTensorsInPlaceBothArriveExact) {
+  ScratchSource ss;
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_create(&kScratch, &ss, &src));
+  Worker w0 = Spawn(), w1 = Spawn();
+  wtx_client *c = Client({w0, w1});
+  std::string err;
+  std::vector<uint64_t> sums;
+  ASSERT_EQ(0, Push(c, src, "mixed", 1 << 20, 2, 60000, &err, &sums)) << err;
+  EXPECT_EQ(0, wtx_client_verify(c, src, sums.data())) << wtx_client_last_error(c);
+  for (const Worker &w : {w0, w1}) EXPECT_EQ("mixed", Version(w));
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
 // Trainer halves that corrupt one byte of one chunk after it was packed and
 // checksummed: what a flipped bit on the way would look like to a worker.
 // TEST DOUBLES wrapping each real trainer half, registered under names of

@@ -318,6 +318,20 @@ class ContractTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "complex64"):
             _dtypes.to_wire(torch.complex64)
 
+    def test_only_tensors_in_their_own_host_memory_are_sent_in_place(self):
+        # In place (the engine's source says 2: sent from there, no copy)
+        # only where the bytes are the tensor's own; a copy is made, and
+        # held for one call, for anything else.
+        import numpy as np
+        from wtx.sources import host_view
+        t = torch.arange(12.)
+        addr, n, keep, in_place = host_view("t", t)
+        self.assertEqual((t.data_ptr(), 48, True), (addr, n, in_place))
+        self.assertFalse(host_view("tt", t.reshape(3, 4).t())[3])
+        a = np.arange(6, dtype=np.float32)
+        self.assertTrue(host_view("a", a)[3])
+        self.assertFalse(host_view("at", a.reshape(2, 3).T)[3])
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

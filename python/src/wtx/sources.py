@@ -139,20 +139,21 @@ class _Plain:
 
 # ---- the adapter: a Python source as a wtx_source ----
 
-def host_view(name: str, tensor: Any) -> tuple[int, int, Any]:
-    """(address, bytes, keep-alive) of the tensor's bytes in host memory:
-    in place for a contiguous CPU tensor or array, else one contiguous host
-    copy."""
+def host_view(name: str, tensor: Any) -> tuple[int, int, Any, bool]:
+    """(address, bytes, keep-alive, in place) of the tensor's bytes in host
+    memory: in place (the tensor's own memory) for a contiguous CPU tensor or
+    array, else one contiguous host copy."""
     if hasattr(tensor, "data_ptr"):  # torch
         t = tensor.detach()
         if t.device.type != "cpu":
             t = t.to("cpu")
         if not t.is_contiguous():
             t = t.contiguous()
-        return t.data_ptr(), t.numel() * t.element_size(), t
+        in_place = tensor.device.type == "cpu" and t.data_ptr() == tensor.data_ptr()
+        return t.data_ptr(), t.numel() * t.element_size(), t, in_place
     import numpy as np
     a = np.ascontiguousarray(tensor)
-    return a.ctypes.data, a.nbytes, a
+    return a.ctypes.data, a.nbytes, a, a is tensor
 
 
 def meta_of(m: ParamMeta) -> tuple[int, tuple[int, ...]]:
@@ -185,7 +186,10 @@ class CSource:
             if rc != 0:
                 raise ValueError(f"parameter {m.name!r}: {_capi.message(rc, err.value)}")
         self._iters: dict[int, Iterator] = {}
+        # Per pass: the tensor (and name) of the last next, and the tensors
+        # yielded in place, kept until close (next said 2: they stay put).
         self._held: dict[int, Any] = {}
+        self._in_place: dict[int, list] = {}
         self._next_iter = 1
         self.error: BaseException | None = None
         self._ops = _capi.SourceOps(b"python", _capi.SRC_METADATA(self._metadata),
@@ -225,8 +229,10 @@ class CSource:
             if item is None:
                 return 0
             name, tensor = item
-            addr, nbytes, keep = host_view(name, tensor)
+            addr, nbytes, keep, in_place = host_view(name, tensor)
             self._held[key] = keep
+            if in_place:
+                self._in_place.setdefault(key, []).append(keep)
             nm = name.encode()
             self._held[-key] = nm
             wire = _dtypes.to_wire(tensor.dtype)
@@ -239,7 +245,7 @@ class CSource:
             if meta[0].nbytes != nbytes:
                 raise ValueError(f"tensor {name!r}: {nbytes} bytes for {meta[0].nbytes}")
             data[0] = addr
-            return 1
+            return 2 if in_place else 1
         except BaseException as e:  # noqa: BLE001
             self.error = e
             return _capi.EIO
@@ -249,10 +255,12 @@ class CSource:
         self._iters.pop(key, None)
         self._held.pop(key, None)
         self._held.pop(-key, None)
+        self._in_place.pop(key, None)
 
     def _destroy(self, _self) -> None:
         self._iters.clear()
         self._held.clear()
+        self._in_place.clear()
 
 
 def total_bytes(metas: list[ParamMeta]) -> int:
