@@ -200,10 +200,10 @@ typedef struct cursor {
   const wtx_tensor_meta *metas;
   size_t n;
   void *iter;
-  size_t i;             /* tensor held (data valid) */
-  const uint8_t *data;
-  int have;             /* data holds tensor i */
-  int stays;            /* data stays put until the pass ends (source said 2) */
+  size_t i;             /* tensor held (d valid) */
+  wtx__tensor_data d;   /* where tensor i is */
+  int have;             /* d holds tensor i */
+  int want;             /* WTX__WANT_*: how device tensors are taken */
   XXH3_state_t *h;
 } cursor;
 
@@ -212,9 +212,8 @@ typedef struct cursor {
 static int cursor_get(cursor *c, size_t i) {
   if (c->have && c->i == i) return 0;
   wtx_tensor_meta m;
-  const uint8_t *data = NULL;
-  int stays = 0;
-  int r = wtx__source_next(c->t->source, c->iter, &m, &data, &stays);
+  wtx__tensor_data d;
+  int r = wtx__source_next(c->t->source, c->iter, c->want, &m, &d);
   if (r < 0) return fail(c->t, r, "source: iteration failed at parameter %zu: %s",
                          i, wtx_strerror(r));
   if (r == 0)
@@ -231,9 +230,8 @@ static int cursor_get(cursor *c, size_t i) {
                 a, want->name, b);
   }
   c->i = i;
-  c->data = data;
+  c->d = d;
   c->have = 1;
-  c->stays = stays;
   return 0;
 }
 
@@ -265,29 +263,44 @@ static void copy_hashing(uint8_t *dst, const uint8_t *src, size_t n, XXH3_state_
 
 /* Where a chunk's bytes go: into buf; or, for a backend that sends from
  * the caller's memory (iov not NULL), named in iov in order, each piece in
- * place when the source says it stays put and else copied into buf. */
+ * place when the source says it stays put and else copied into buf. A
+ * device tensor's bytes go to the backend's put_device when it has one
+ * (tt, self, k: the backend and buffer k). */
 typedef struct pack_out {
   uint8_t *buf;
   struct iovec *iov;
   size_t n_iov;
+  const wtx_trainer_transport *tt;
+  void *self;
+  uint32_t k;
 } pack_out;
 
-/* Takes k bytes at src (stays: in place until the pass ends) into out, at
- * byte used of the chunk, hashing them into h (may be NULL). */
-static void take(pack_out *out, uint64_t used, const uint8_t *src, size_t k, int stays,
-                 XXH3_state_t *h) {
-  if (out->iov == NULL || !stays) {
+/* Names k bytes at src in out->iov (one piece with the last when adjacent). */
+static void name_piece(pack_out *out, const uint8_t *src, size_t k) {
+  struct iovec *last = out->n_iov > 0 ? &out->iov[out->n_iov - 1] : NULL;
+  if (last != NULL && (const uint8_t *)last->iov_base + last->iov_len == src)
+    last->iov_len += k;
+  else
+    out->iov[out->n_iov++] = (struct iovec){.iov_base = (void *)src, .iov_len = k};
+}
+
+/* Takes bytes [off, +k) of the tensor d into out, at byte used of the
+ * chunk, hashing them into h (may be NULL: then d.host may be NULL too). */
+static int take(pack_out *out, uint64_t used, const wtx__tensor_data *d, uint64_t off,
+                size_t k, XXH3_state_t *h) {
+  if (d->device != NULL && out->tt->put_device != NULL) {
+    if (h != NULL) XXH3_64bits_update(h, d->host + off, k); /* its host copy */
+    return out->tt->put_device(out->self, out->k, used, (const uint8_t *)d->device + off, k);
+  }
+  const uint8_t *src = d->host + off;
+  if (out->iov == NULL || !d->stays) {
     copy_hashing(out->buf + used, src, k, h);
     src = out->buf + used;
   } else if (h != NULL) {
     XXH3_64bits_update(h, src, k);
   }
-  if (out->iov == NULL || k == 0) return;
-  struct iovec *last = out->n_iov > 0 ? &out->iov[out->n_iov - 1] : NULL;
-  if (last != NULL && (const uint8_t *)last->iov_base + last->iov_len == src)
-    last->iov_len += k; /* adjacent: one piece */
-  else
-    out->iov[out->n_iov++] = (struct iovec){.iov_base = (void *)src, .iov_len = k};
+  if (out->iov != NULL && k > 0) name_piece(out, src, k);
+  return 0;
 }
 
 /* Takes chunk ch's bytes into out, hashing whole tensors; fills sums with
@@ -303,7 +316,9 @@ static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
     if (off == 0 && verify) XXH3_64bits_reset(c->h);
     uint64_t k = c->metas[i].nbytes - off;
     if (k > ch->bytes - used) k = ch->bytes - used;
-    take(out, used, c->data + off, (size_t)k, c->stays, verify ? c->h : NULL);
+    rc = take(out, used, &c->d, off, (size_t)k, verify ? c->h : NULL);
+    if (rc != 0) return fail(c->t, rc, "%s: cannot take '%s' from device memory",
+                             c->t->tt->name, c->metas[i].name);
     used += k;
     if (off + k == c->metas[i].nbytes) {
       uint64_t d = verify ? XXH3_64bits_digest(c->h) : 0;
@@ -318,7 +333,8 @@ static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
 /* A rank that does not send still runs the source's pass (each yield may be
  * a collective every rank must join), checked like the sender's. */
 static int iterate_only(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n) {
-  cursor c = {.t = t, .metas = metas, .n = n};
+  /* Nothing is read: device tensors are not copied to the host. */
+  cursor c = {.t = t, .metas = metas, .n = n, .want = WTX__WANT_DEVICE};
   int rc = wtx_source_open(t->source, &c.iter);
   if (rc != 0) return fail(t, rc, "source: cannot start a pass");
   for (size_t i = 0; i < n && rc == 0; i++) rc = cursor_get(&c, i);
@@ -406,12 +422,19 @@ static int sync_prepare(sync_state *s) {
     return fail(t, WTX_ENOMEM, "out of memory");
   for (uint32_t b = 0; b < s->nb; b++)
     s->outs[b] = (pack_out){.buf = t->tt->buffer(t->self, b),
-                            .iov = s->in_place ? &s->iov[b * s->sums_row] : NULL};
+                            .iov = s->in_place ? &s->iov[b * s->sums_row] : NULL,
+                            .tt = t->tt, .self = t->self, .k = b};
   s->table = wtx__client_table(t->client);
   if (s->table != 0 && s->table != wtx__layout_xxh3(s->metas, s->n)) s->table = 0;
   s->pm = calloc(s->table ? 1 : s->n, sizeof *s->pm);
   s->pmp = calloc(s->table ? 1 : s->n, sizeof *s->pmp);
-  s->c = (cursor){.t = t, .metas = s->metas, .n = s->n, .h = XXH3_createState()};
+  /* Device tensors go device to device where the backend can take them;
+   * hashing them (checksums on) needs their bytes on the host as well. */
+  int want = t->tt->put_device == NULL ? WTX__WANT_HOST
+             : s->verify               ? WTX__WANT_BOTH
+                                       : WTX__WANT_DEVICE;
+  s->c = (cursor){.t = t, .metas = s->metas, .n = s->n, .want = want,
+                  .h = XXH3_createState()};
   if (!s->sums || !s->n_sums || !s->pm || !s->pmp || !s->c.h)
     return fail(t, WTX_ENOMEM, "out of memory");
   for (size_t i = 0; s->table == 0 && i < s->n; i++) {

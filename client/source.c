@@ -14,6 +14,10 @@
 struct wtx_source {
   const wtx_source_ops *ops;
   void *self;
+  /* Built-in sources that hold device tensors: next that says where a
+   * tensor is (client/source.h); NULL: ops->next. */
+  int (*next_where)(void *self, void *iter, int want, wtx_tensor_meta *meta,
+                    wtx__tensor_data *out);
 };
 
 int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out) {
@@ -43,17 +47,21 @@ int wtx_source_metadata(wtx_source *s, const wtx_tensor_meta **metas, size_t *n)
 
 int wtx_source_open(wtx_source *s, void **iter) { return s->ops->open(s->self, iter); }
 
-int wtx__source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
-                     const uint8_t **data, int *stays) {
-  int r = s->ops->next(s->self, iter, meta, data);
-  *stays = r == 2;
+int wtx__source_next(wtx_source *s, void *iter, int want, wtx_tensor_meta *meta,
+                     wtx__tensor_data *out) {
+  *out = (wtx__tensor_data){0};
+  if (s->next_where != NULL) return s->next_where(s->self, iter, want, meta, out);
+  int r = s->ops->next(s->self, iter, meta, &out->host);
+  out->stays = r == 2;
   return r == 2 ? 1 : r;
 }
 
 int wtx_source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
                     const uint8_t **data) {
-  int stays;
-  return wtx__source_next(s, iter, meta, data, &stays);
+  wtx__tensor_data d;
+  int r = wtx__source_next(s, iter, WTX__WANT_HOST, meta, &d);
+  *data = d.host;
+  return r;
 }
 
 void wtx_source_close(wtx_source *s, void *iter) { s->ops->close(s->self, iter); }
@@ -106,22 +114,35 @@ static int table_open(void *self, void **iter) {
   return 0;
 }
 
-static int table_next(void *self, void *iter, wtx_tensor_meta *meta,
-                      const uint8_t **data) {
+/* The next tensor, saying where it is; a device tensor is copied to the
+ * host (one buffer, reused) unless want is WTX__WANT_DEVICE. */
+static int table_next_where(void *self, void *iter, int want, wtx_tensor_meta *meta,
+                            wtx__tensor_data *out) {
   table *t = self;
   table_iter *it = iter;
   if (it->pos >= t->n) return 0;
   size_t i = it->pos++;
   *meta = t->metas[i];
-  *data = t->data[i];
-  if (t->device != NULL && t->device[i] && t->metas[i].nbytes > 0) {
-    int e = t->cuda->Memcpy(it->host, t->data[i], (size_t)t->metas[i].nbytes,
-                            WTX_CUDA_D2H);
-    if (e != WTX_CUDA_SUCCESS) return WTX_EIO;
-    *data = it->host;
-    return 1; /* a copy, in one host buffer the next device tensor reuses */
+  int on_device = t->device != NULL && t->device[i] && t->metas[i].nbytes > 0;
+  if (!on_device) {
+    /* host memory or a mapped file: stays put until close */
+    *out = (wtx__tensor_data){.host = t->data[i], .stays = 1};
+    return 1;
   }
-  return 2; /* host memory or a mapped file: stays put until close */
+  *out = (wtx__tensor_data){.device = want != WTX__WANT_HOST ? t->data[i] : NULL};
+  if (want == WTX__WANT_DEVICE) return 1;
+  int e = t->cuda->Memcpy(it->host, t->data[i], (size_t)t->metas[i].nbytes, WTX_CUDA_D2H);
+  if (e != WTX_CUDA_SUCCESS) return WTX_EIO;
+  out->host = it->host;
+  return 1;
+}
+
+static int table_next(void *self, void *iter, wtx_tensor_meta *meta,
+                      const uint8_t **data) {
+  wtx__tensor_data d;
+  int r = table_next_where(self, iter, WTX__WANT_HOST, meta, &d);
+  *data = d.host;
+  return r == 1 && d.stays ? 2 : r;
 }
 
 static void table_close(void *self, void *iter) {
@@ -201,6 +222,7 @@ static int table_finish(table *t, const wtx_source_ops *ops, wtx_source **out,
   }
   if (rc == 0) rc = wtx_source_create(ops, t, out);
   if (rc != 0) table_destroy(t);
+  if (rc == 0) (*out)->next_where = table_next_where;
   return rc;
 }
 

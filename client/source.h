@@ -9,12 +9,25 @@
 extern "C" {
 #endif
 
-/* wtx_source_next, and whether the tensor's bytes stay where *data says,
- * unchanged, until the pass is closed (the source's next said 2): the
- * engine may then send them in place (wtx_trainer_transport.post_iov).
- * *stays is 0 otherwise. */
-int wtx__source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
-                     const uint8_t **data, int *stays);
+/* Where next's tensor is. */
+typedef struct wtx__tensor_data {
+  const uint8_t *host; /* its bytes in host memory; NULL when not copied */
+  const void *device;  /* device memory holding them; NULL: a host tensor */
+  int stays;           /* host stays where it is, unchanged, until the pass
+                          is closed (the source's next said 2) */
+} wtx__tensor_data;
+
+/* What the caller takes of a device tensor: its bytes on the host (copied
+ * by the source, as wtx_source_next gives them), its device address only,
+ * or both. */
+enum { WTX__WANT_HOST = 0, WTX__WANT_DEVICE = 1, WTX__WANT_BOTH = 2 };
+
+/* wtx_source_next for the engine: where the tensor is. With WANT_DEVICE a
+ * built-in source's device tensor is not copied (host NULL, device set);
+ * with WANT_BOTH it is copied and its address given too. Other sources
+ * and host tensors: host set, device NULL. */
+int wtx__source_next(wtx_source *s, void *iter, int want, wtx_tensor_meta *meta,
+                     wtx__tensor_data *out);
 
 #ifdef __cplusplus
 }

@@ -42,6 +42,7 @@ enum {
   WTX_CUDA_NOT_READY = 600,       /* cudaErrorNotReady */
   WTX_CUDA_H2D = 1,               /* cudaMemcpyHostToDevice */
   WTX_CUDA_D2H = 2,               /* cudaMemcpyDeviceToHost */
+  WTX_CUDA_D2D = 3,               /* cudaMemcpyDeviceToDevice */
   WTX_CUDA_IPC_LAZY_PEER = 1,     /* cudaIpcMemLazyEnablePeerAccess */
   WTX_NCCL_SUCCESS = 0,
   WTX_NCCL_IN_PROGRESS = 7,
@@ -132,12 +133,22 @@ typedef struct wtx__cuda_buffers {
 
 /* What every GPU trainer half holds: the API, its device, its stream and
  * its transfer buffers. */
+/* A range of a chunk whose bytes are in device memory (put_device). */
+typedef struct wtx__cuda_piece {
+  uint64_t offset, len;
+  const void *src;
+} wtx__cuda_piece;
+
 typedef struct wtx__cuda_trainer {
   const wtx_cuda *cuda;
   int device;
   void *stream;
   uint32_t timeout_ms; /* bound of every wait on the stream */
   wtx__cuda_buffers bufs;
+  /* Per buffer: the ranges of its chunk that come from device memory, in
+   * offset order, until the next upload. */
+  wtx__cuda_piece **pieces;
+  size_t *n_pieces, *cap_pieces;
 } wtx__cuda_trainer;
 
 /* Loads the API (and NCCL when with_nccl), selects WTX_CUDA_DEVICE (the
@@ -150,10 +161,17 @@ int wtx__cuda_trainer_open(wtx__cuda_trainer *t, const char *who, int with_nccl,
 void wtx__cuda_trainer_close(wtx__cuda_trainer *t);
 /* Host buffer k. */
 uint8_t *wtx__cuda_trainer_host(wtx__cuda_trainer *t, uint32_t k);
-/* Copies bytes of host buffer k into device buffer k and waits until they
- * are there (bounded by timeout_ms): the chunk may be announced once this
- * returns. A plain cudaMemcpy from pageable memory may return before the
- * bytes land, and another process would read stale ones. */
+/* Says that bytes [offset, +len) of buffer k's next chunk are at src in
+ * device memory (any device: copies go by unified addressing), not in host
+ * buffer k; ranges come in offset order. src stays valid until the upload
+ * returns. WTX_ENOMEM. */
+int wtx__cuda_trainer_put_device(wtx__cuda_trainer *t, uint32_t k, uint64_t offset,
+                                 const void *src, uint64_t len);
+/* Copies the chunk of bytes into device buffer k: the ranges put_device
+ * named device to device, the rest from host buffer k; then waits until
+ * every byte is there (bounded by timeout_ms): the chunk may be announced
+ * once this returns. A plain cudaMemcpy from pageable memory may return
+ * before the bytes land, and another process would read stale ones. */
 int wtx__cuda_trainer_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes, char *err,
                              size_t errlen);
 

@@ -4,7 +4,8 @@
  * Trainer half: num_buffers device buffers of buffer_size bytes on its GPU,
  * each exported once (cudaIpcGetMemHandle): one handle per buffer, never per
  * tensor. A chunk is packed into pinned host memory and copied into buffer
- * k, and the copy is waited for before the UpdateWeights calls start (a
+ * k (its device tensors device to device, put_device), and the copy is
+ * waited for before the UpdateWeights calls start (a
  * worker reads the buffer from another process, with no ordering against
  * the trainer's stream). The calls carry, per (GPU, buffer), the handle,
  * the GPU's UUID and the bytes used. The buffer is not touched again until
@@ -280,6 +281,11 @@ static uint8_t *ipc_trainer_buffer(void *self, uint32_t k) {
   return wtx__cuda_trainer_host(&((ipc_trainer *)self)->gpu, k);
 }
 
+static int ipc_trainer_put_device(void *self, uint32_t k, uint64_t offset, const void *src,
+                                  uint64_t len) {
+  return wtx__cuda_trainer_put_device(&((ipc_trainer *)self)->gpu, k, offset, src, len);
+}
+
 static int ipc_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
                                Wtx__V1__UpdateInfo *ui, char *err, size_t errlen) {
   ipc_trainer *t = self;
@@ -299,6 +305,7 @@ const wtx_trainer_transport wtx_cuda_ipc_trainer_transport = {
     .create = ipc_trainer_create,
     .init_info = ipc_trainer_init_info,
     .buffer = ipc_trainer_buffer,
+    .put_device = ipc_trainer_put_device,
     .prepare = ipc_trainer_prepare,
     .destroy = ipc_trainer_destroy,
 };

@@ -303,6 +303,11 @@ static uint8_t *nccl_trainer_buffer(void *self, uint32_t k) {
   return wtx__cuda_trainer_host(&((nccl_trainer *)self)->gpu, k);
 }
 
+static int nccl_trainer_put_device(void *self, uint32_t k, uint64_t offset, const void *src,
+                                   uint64_t len) {
+  return wtx__cuda_trainer_put_device(&((nccl_trainer *)self)->gpu, k, offset, src, len);
+}
+
 static int nccl_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
                                 Wtx__V1__UpdateInfo *ui, char *err, size_t errlen) {
   nccl_trainer *t = self;
@@ -361,6 +366,7 @@ const wtx_trainer_transport wtx_nccl_trainer_transport = {
     .init_info = nccl_trainer_init_info,
     .connect = nccl_trainer_connect,
     .buffer = nccl_trainer_buffer,
+    .put_device = nccl_trainer_put_device,
     .prepare = nccl_trainer_prepare,
     .post = nccl_trainer_post,
     .complete = nccl_trainer_complete,

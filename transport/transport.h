@@ -224,6 +224,12 @@ typedef struct wtx_trainer_transport {
    * trainer for tensors that stay put. */
   int (*post_iov)(void *self, uint32_t k, const wtx_chunk *c, const struct iovec *iov,
                   size_t n);
+  /* Optional (GPU backends): bytes [offset, +len) of buffer k's next chunk
+   * are at src in device memory, not in buffer k: prepare(k) copies them
+   * device to device. Ranges come in offset order; src stays valid until
+   * prepare(k) returns. The engine hands device tensors over this way
+   * instead of copying them to the host and back. */
+  int (*put_device)(void *self, uint32_t k, uint64_t offset, const void *src, uint64_t len);
   /* Waits until chunk k has left (bounded by the timeout). stop (may be
    * NULL) is polled meanwhile: 1 means the wait is pointless (a worker
    * refused the chunk and will never take its part), and complete then

@@ -3,7 +3,9 @@
 // backends: full pushes with checksums compared on every worker, the
 // fan-out rules with a failing replica, a source whose iteration disagrees
 // with its metadata, and a worker killed mid-transfer.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <mutex>
 #include <signal.h>
@@ -249,6 +251,69 @@ TEST_P(EngineTest, IterationDisagreeingWithMetadataIsCaughtBeforeTheWire) {
   ASSERT_EQ(0, wtx_client_weight_info(c, 0, 0, &info));
   EXPECT_EQ(0u, info.num_params);
   wtx_weight_info_free(&info);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+// The CUDA runtime the engine loads (the TEST DOUBLE here, the same
+// library instance): device memory for a test's tensors.
+struct DeviceMemory {
+  int (*malloc_)(void **, size_t) = nullptr;
+  int (*free_)(void *) = nullptr;
+  int (*memcpy_)(void *, const void *, size_t, int) = nullptr;
+  std::vector<void *> held;
+  DeviceMemory() {
+    void *h = dlopen(getenv("WTX_CUDART_LIB"), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) abort();
+    malloc_ = reinterpret_cast<decltype(malloc_)>(dlsym(h, "cudaMalloc"));
+    free_ = reinterpret_cast<decltype(free_)>(dlsym(h, "cudaFree"));
+    memcpy_ = reinterpret_cast<decltype(memcpy_)>(dlsym(h, "cudaMemcpy"));
+  }
+  ~DeviceMemory() {
+    for (void *p : held) free_(p);
+  }
+  // A device copy of bytes.
+  void *Upload(const std::vector<uint8_t> &bytes) {
+    void *d = nullptr;
+    if (malloc_(&d, bytes.size()) != 0 || memcpy_(d, bytes.data(), bytes.size(), 1) != 0)
+      abort();
+    held.push_back(d);
+    return d;
+  }
+};
+
+// Device tensors among host ones, one larger than a buffer: on the GPU
+// backends they go device to device into the trainer's buffers (put_device;
+// their host copies only feed the checksums), on the host backends through
+// the host; every worker's checksums match either way.
+TEST_P(EngineTest, DeviceTensorsAmongHostOnesArriveExact) {
+  DeviceMemory dm;
+  const size_t n = 12;
+  std::vector<std::vector<uint8_t>> bytes(n);
+  std::vector<std::string> names(n);
+  std::vector<uint64_t> shapes(n);
+  std::vector<wtx_memory_tensor> ts(n);
+  for (size_t i = 0; i < n; i++) {
+    shapes[i] = i == 4 ? (3u << 20) + 3 : 1000 + i * 4099;
+    bytes[i].resize(shapes[i]);
+    for (size_t k = 0; k < shapes[i]; k++) bytes[i][k] = static_cast<uint8_t>(i * 31 + k * 17);
+    names[i] = "model.layers." + std::to_string(i) + ".w";
+    int device = i % 3 != 1;  // two of every three on the device
+    const void *data = device ? dm.Upload(bytes[i]) : bytes[i].data();
+    ts[i] = {names[i].c_str(), WTX_DTYPE_UINT8, &shapes[i], 1, data, device};
+  }
+  wtx_source *src = nullptr;
+  char e[512] = "";
+  ASSERT_EQ(0, wtx_source_memory(ts.data(), n, &src, e, sizeof e)) << e;
+  Worker w0 = Spawn(), w1 = Spawn();
+  wtx_client *c = Client({w0, w1});
+  std::string err;
+  std::vector<uint64_t> sums;
+  ASSERT_EQ(0, Push(c, src, "dev", 1 << 20, 2, 60000, &err, &sums)) << err;
+  for (size_t i = 0; i < n; i++)
+    ASSERT_EQ(XXH3_64bits(bytes[i].data(), bytes[i].size()), sums[i]) << names[i];
+  EXPECT_EQ(0, wtx_client_verify(c, src, sums.data())) << wtx_client_last_error(c);
+  for (const Worker &w : {w0, w1}) EXPECT_EQ("dev", Version(w));
   wtx_client_destroy(c);
   wtx_source_destroy(src);
 }
