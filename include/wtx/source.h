@@ -70,9 +70,12 @@ typedef struct wtx_memory_tensor {
   const uint64_t *shape;
   size_t ndim;
   const void *data; /* dtype size x product(shape) bytes */
-  /* 0: data is host memory. 1: data is CUDA device memory (of the device
-   * current when the pass runs); each tensor is copied to the host when the
-   * pass reaches it, one at a time. */
+  /* 0: data is host memory. 1: data is CUDA device memory (any device of
+   * the process: copies go by unified addressing), whose producing work
+   * has finished (copies run on wtx's own stream: after
+   * torch.cuda.synchronize(), say). The GPU backends copy it device to
+   * device into their buffers; the others take a host copy when the pass
+   * reaches it, one tensor at a time. */
   int device;
 } wtx_memory_tensor;
 
