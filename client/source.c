@@ -18,6 +18,11 @@ struct wtx_source {
    * tensor is (client/source.h); NULL: ops->next. */
   int (*next_where)(void *self, void *iter, int want, wtx_tensor_meta *meta,
                     wtx__tensor_data *out);
+  /* Host copies of the device tensors ops->next yields (it said 3): the
+   * CUDA runtime, loaded at the first, and one buffer, reused. */
+  const wtx_cuda *cuda;
+  uint8_t *scratch;
+  size_t scratch_len;
 };
 
 int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out) {
@@ -36,6 +41,7 @@ int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out) {
 void wtx_source_destroy(wtx_source *s) {
   if (s == NULL) return;
   if (s->ops->destroy != NULL) s->ops->destroy(s->self);
+  free(s->scratch);
   free(s);
 }
 
@@ -47,13 +53,36 @@ int wtx_source_metadata(wtx_source *s, const wtx_tensor_meta **metas, size_t *n)
 
 int wtx_source_open(wtx_source *s, void **iter) { return s->ops->open(s->self, iter); }
 
+/* A host copy of the device tensor out names, in the source's scratch. */
+static int host_copy(wtx_source *s, const wtx_tensor_meta *meta, wtx__tensor_data *out) {
+  char why[300];
+  if (s->cuda == NULL && wtx__cuda_load(0, &s->cuda, why, sizeof why) != 0)
+    return WTX_EUNAVAIL;
+  size_t n = (size_t)meta->nbytes;
+  if (n > s->scratch_len) {
+    uint8_t *b = realloc(s->scratch, n);
+    if (b == NULL) return WTX_ENOMEM;
+    s->scratch = b;
+    s->scratch_len = n;
+  }
+  if (n > 0 && s->cuda->Memcpy(s->scratch, out->device, n, WTX_CUDA_D2H) != WTX_CUDA_SUCCESS)
+    return WTX_EIO;
+  out->host = s->scratch;
+  return 1;
+}
+
 int wtx__source_next(wtx_source *s, void *iter, int want, wtx_tensor_meta *meta,
                      wtx__tensor_data *out) {
   *out = (wtx__tensor_data){0};
   if (s->next_where != NULL) return s->next_where(s->self, iter, want, meta, out);
   int r = s->ops->next(s->self, iter, meta, &out->host);
-  out->stays = r == 2;
-  return r == 2 ? 1 : r;
+  if (r != 3) {
+    out->stays = r == 2;
+    return r == 2 ? 1 : r;
+  }
+  out->device = out->host; /* device memory that stays put */
+  out->host = NULL;
+  return want == WTX__WANT_DEVICE ? 1 : host_copy(s, meta, out);
 }
 
 int wtx_source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,

@@ -22,10 +22,10 @@ typedef struct wtx__tensor_data {
  * or both. */
 enum { WTX__WANT_HOST = 0, WTX__WANT_DEVICE = 1, WTX__WANT_BOTH = 2 };
 
-/* wtx_source_next for the engine: where the tensor is. With WANT_DEVICE a
- * built-in source's device tensor is not copied (host NULL, device set);
- * with WANT_BOTH it is copied and its address given too. Other sources
- * and host tensors: host set, device NULL. */
+/* wtx_source_next for the engine: where the tensor is. A device tensor
+ * (the memory source's, or one an implementation's next gave with 3) has
+ * device set, and host a copy unless want is WANT_DEVICE (then NULL). A
+ * host tensor: host set, device NULL. */
 int wtx__source_next(wtx_source *s, void *iter, int want, wtx_tensor_meta *meta,
                      wtx__tensor_data *out);
 

@@ -39,7 +39,9 @@ typedef struct wtx_source_ops {
    * negative WTX_E* code. 2: as 1, and *data stays valid and unchanged
    * until close (the tensor's own memory, not a copy the next call
    * reuses): a backend may then send it from there without copying it
-   * first (tcp). */
+   * first (tcp). 3: as 2, but *data is CUDA device memory (any device of
+   * the process; its producing work finished): the GPU backends copy it
+   * device to device, the others through a host copy the engine makes. */
   int (*next)(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data);
   void (*close)(void *self, void *iter);
   void (*destroy)(void *self);
@@ -54,7 +56,8 @@ void wtx_source_destroy(wtx_source *s);
 const char *wtx_source_name(const wtx_source *s);
 int wtx_source_metadata(wtx_source *s, const wtx_tensor_meta **metas, size_t *n);
 int wtx_source_open(wtx_source *s, void **iter);
-/* ops->next, with 2 reported as 1. */
+/* ops->next, with 2 reported as 1; and 3 as 1 with *data a host copy
+ * (valid until the next call; WTX_EUNAVAIL without a CUDA runtime). */
 int wtx_source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
                     const uint8_t **data);
 void wtx_source_close(wtx_source *s, void *iter);

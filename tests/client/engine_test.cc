@@ -282,40 +282,78 @@ struct DeviceMemory {
   }
 };
 
-// Device tensors among host ones, one larger than a buffer: on the GPU
-// backends they go device to device into the trainer's buffers (put_device;
-// their host copies only feed the checksums), on the host backends through
-// the host; every worker's checksums match either way.
-TEST_P(EngineTest, DeviceTensorsAmongHostOnesArriveExact) {
+// A model with two of every three tensors in device memory, one larger
+// than a buffer, as the memory source's tensors and as a source of its own
+// whose next says 3 (device memory that stays put).
+struct DeviceModel {
+  static constexpr size_t kN = 12;
   DeviceMemory dm;
-  const size_t n = 12;
-  std::vector<std::vector<uint8_t>> bytes(n);
-  std::vector<std::string> names(n);
-  std::vector<uint64_t> shapes(n);
-  std::vector<wtx_memory_tensor> ts(n);
-  for (size_t i = 0; i < n; i++) {
-    shapes[i] = i == 4 ? (3u << 20) + 3 : 1000 + i * 4099;
-    bytes[i].resize(shapes[i]);
-    for (size_t k = 0; k < shapes[i]; k++) bytes[i][k] = static_cast<uint8_t>(i * 31 + k * 17);
-    names[i] = "model.layers." + std::to_string(i) + ".w";
-    int device = i % 3 != 1;  // two of every three on the device
-    const void *data = device ? dm.Upload(bytes[i]) : bytes[i].data();
-    ts[i] = {names[i].c_str(), WTX_DTYPE_UINT8, &shapes[i], 1, data, device};
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<std::string> names;
+  std::vector<uint64_t> shapes;
+  std::vector<wtx_memory_tensor> ts;
+  std::vector<wtx_tensor_meta> metas;
+  DeviceModel() : bytes(kN), names(kN), shapes(kN), ts(kN), metas(kN) {
+    for (size_t i = 0; i < kN; i++) {
+      shapes[i] = i == 4 ? (3u << 20) + 3 : 1000 + i * 4099;
+      bytes[i].resize(shapes[i]);
+      for (size_t k = 0; k < shapes[i]; k++) bytes[i][k] = static_cast<uint8_t>(i * 31 + k * 17);
+      names[i] = "model.layers." + std::to_string(i) + ".w";
+      int device = i % 3 != 1;
+      const void *data = device ? dm.Upload(bytes[i]) : bytes[i].data();
+      ts[i] = {names[i].c_str(), WTX_DTYPE_UINT8, &shapes[i], 1, data, device};
+      char e[200];
+      if (wtx_tensor_meta_set(&metas[i], names[i].c_str(), WTX_DTYPE_UINT8, &shapes[i], 1, e,
+                              sizeof e) != 0)
+        abort();
+    }
   }
-  wtx_source *src = nullptr;
-  char e[512] = "";
-  ASSERT_EQ(0, wtx_source_memory(ts.data(), n, &src, e, sizeof e)) << e;
+  static int Metadata(void *self, const wtx_tensor_meta **m, size_t *n) {
+    *m = static_cast<DeviceModel *>(self)->metas.data();
+    *n = kN;
+    return 0;
+  }
+  static int Open(void *, void **iter) {
+    *iter = new size_t(0);
+    return 0;
+  }
+  static int Next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
+    auto *m = static_cast<DeviceModel *>(self);
+    size_t &i = *static_cast<size_t *>(iter);
+    if (i == kN) return 0;
+    *meta = m->metas[i];
+    *data = static_cast<const uint8_t *>(m->ts[i].data);
+    return m->ts[i++].device ? 3 : 2;
+  }
+  static void Close(void *, void *iter) { delete static_cast<size_t *>(iter); }
+};
+const wtx_source_ops kDeviceModel = {"device", DeviceModel::Metadata, DeviceModel::Open,
+                                     DeviceModel::Next, DeviceModel::Close, nullptr};
+
+// On the GPU backends device tensors go device to device into the
+// trainer's buffers (put_device; their host copies only feed the
+// checksums), on the host backends through a host copy; every worker's
+// checksums match either way, from either kind of source.
+TEST_P(EngineTest, DeviceTensorsAmongHostOnesArriveExact) {
+  DeviceModel model;
   Worker w0 = Spawn(), w1 = Spawn();
   wtx_client *c = Client({w0, w1});
-  std::string err;
-  std::vector<uint64_t> sums;
-  ASSERT_EQ(0, Push(c, src, "dev", 1 << 20, 2, 60000, &err, &sums)) << err;
-  for (size_t i = 0; i < n; i++)
-    ASSERT_EQ(XXH3_64bits(bytes[i].data(), bytes[i].size()), sums[i]) << names[i];
-  EXPECT_EQ(0, wtx_client_verify(c, src, sums.data())) << wtx_client_last_error(c);
-  for (const Worker &w : {w0, w1}) EXPECT_EQ("dev", Version(w));
+  for (int own : {0, 1}) {
+    wtx_source *src = nullptr;
+    char e[512] = "";
+    if (own) ASSERT_EQ(0, wtx_source_create(&kDeviceModel, &model, &src));
+    else ASSERT_EQ(0, wtx_source_memory(model.ts.data(), model.kN, &src, e, sizeof e)) << e;
+    std::string err, v = own ? "own" : "memory";
+    std::vector<uint64_t> sums;
+    ASSERT_EQ(0, Push(c, src, v.c_str(), 1 << 20, 2, 60000, &err, &sums)) << v << ": " << err;
+    for (size_t i = 0; i < model.kN; i++)
+      ASSERT_EQ(XXH3_64bits(model.bytes[i].data(), model.bytes[i].size()), sums[i])
+          << v << ": " << model.names[i];
+    EXPECT_EQ(0, wtx_client_verify(c, src, sums.data())) << wtx_client_last_error(c);
+    for (const Worker &w : {w0, w1}) EXPECT_EQ(v, Version(w));
+    wtx_source_destroy(src);
+  }
   wtx_client_destroy(c);
-  wtx_source_destroy(src);
 }
 
 // A source as a trainer copying device tensors to the host one at a time

@@ -318,20 +318,26 @@ class ContractTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "complex64"):
             _dtypes.to_wire(torch.complex64)
 
-    def test_only_tensors_in_their_own_host_memory_are_sent_in_place(self):
-        # In place (the engine's source says 2: sent from there, no copy)
-        # only where the bytes are the tensor's own; a copy is made, and
-        # held for one call, for anything else.
+    def test_only_tensors_held_elsewhere_are_sent_from_their_own_memory(self):
+        # The C source API's 2 (sent from there, no copy, referenced until
+        # the pass ends) only where the bytes are the tensor's own and the
+        # tensor lives on anyway (a parameter, a DictSource's); a copy,
+        # held for one tensor, for anything else (a gathered DTensor, a
+        # transposed view), so a pass never holds a second model.
         import numpy as np
-        from wtx.sources import host_view
+        import wtx
+        from wtx.sources import COPY, OWN_HOST, held_elsewhere, host_view
         t = torch.arange(12.)
-        addr, n, keep, in_place = host_view("t", t)
-        self.assertEqual((t.data_ptr(), 48, True), (addr, n, in_place))
-        self.assertFalse(host_view("tt", t.reshape(3, 4).t())[3])
+        addr, n, keep, kind = host_view("t", t)
+        self.assertEqual((t.data_ptr(), 48, OWN_HOST), (addr, n, kind))
+        self.assertEqual(COPY, host_view("tt", t.reshape(3, 4).t())[3])
         a = np.arange(6, dtype=np.float32)
-        self.assertTrue(host_view("a", a)[3])
-        self.assertFalse(host_view("at", a.reshape(2, 3).T)[3])
-
+        self.assertEqual(OWN_HOST, host_view("a", a)[3])
+        self.assertEqual(COPY, host_view("at", a.reshape(2, 3).T)[3])
+        module = torch.nn.Linear(4, 2)
+        self.assertTrue(held_elsewhere(wtx.TorchModuleSource(module), module.weight))
+        self.assertFalse(held_elsewhere(wtx.TorchModuleSource(module), module.weight * 2))
+        self.assertTrue(held_elsewhere(wtx.DictSource({"t": t}), t))
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

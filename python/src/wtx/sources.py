@@ -75,6 +75,8 @@ class TorchModuleSource:
 class DictSource:
     """``{name: tensor}`` (torch or numpy), in the dict's order."""
 
+    holds_tensors = True  # the dict keeps them: sent from their own memory
+
     def __init__(self, tensors: dict[str, Any]) -> None:
         self._tensors = dict(tensors)
 
@@ -139,21 +141,42 @@ class _Plain:
 
 # ---- the adapter: a Python source as a wtx_source ----
 
-def host_view(name: str, tensor: Any) -> tuple[int, int, Any, bool]:
-    """(address, bytes, keep-alive, in place) of the tensor's bytes in host
-    memory: in place (the tensor's own memory) for a contiguous CPU tensor or
-    array, else one contiguous host copy."""
+# What host_view found: a copy (valid until the next tensor), the tensor's
+# own host memory, or its own CUDA memory (the C source API's 1, 2 and 3).
+COPY, OWN_HOST, OWN_DEVICE = 1, 2, 3
+
+
+def host_view(name: str, tensor: Any) -> tuple[int, int, Any, int]:
+    """(address, bytes, keep-alive, kind) of the tensor's bytes: its own
+    memory (OWN_HOST for a contiguous CPU tensor or array, OWN_DEVICE for a
+    contiguous CUDA tensor), else one contiguous host copy (COPY)."""
     if hasattr(tensor, "data_ptr"):  # torch
         t = tensor.detach()
+        if t.device.type == "cuda" and t.is_contiguous():
+            return t.data_ptr(), t.numel() * t.element_size(), t, OWN_DEVICE
         if t.device.type != "cpu":
             t = t.to("cpu")
         if not t.is_contiguous():
             t = t.contiguous()
-        in_place = tensor.device.type == "cpu" and t.data_ptr() == tensor.data_ptr()
-        return t.data_ptr(), t.numel() * t.element_size(), t, in_place
+        own = tensor.device.type == "cpu" and t.data_ptr() == tensor.data_ptr()
+        return t.data_ptr(), t.numel() * t.element_size(), t, OWN_HOST if own else COPY
     import numpy as np
     a = np.ascontiguousarray(tensor)
-    return a.ctypes.data, a.nbytes, a, a is tensor
+    return a.ctypes.data, a.nbytes, a, OWN_HOST if a is tensor else COPY
+
+
+def held_elsewhere(source: Any, tensor: Any) -> bool:
+    """Whether the tensor lives on after the pass without us (a module's
+    parameter, or a source that holds its tensors): only then is it sent
+    from its own memory and referenced until the pass ends. A tensor made
+    for the pass (a gathered DTensor) is copied and let go at once."""
+    if getattr(source, "holds_tensors", False):
+        return True
+    try:
+        import torch
+        return isinstance(tensor, torch.nn.Parameter)
+    except ImportError:
+        return False
 
 
 def meta_of(m: ParamMeta) -> tuple[int, tuple[int, ...]]:
@@ -229,9 +252,13 @@ class CSource:
             if item is None:
                 return 0
             name, tensor = item
-            addr, nbytes, keep, in_place = host_view(name, tensor)
+            addr, nbytes, keep, kind = host_view(name, tensor)
+            if kind != COPY and not held_elsewhere(self.source, tensor):
+                if kind == OWN_DEVICE:  # a host copy, let go at the next tensor
+                    addr, nbytes, keep, kind = host_view(name, keep.to("cpu"))
+                kind = COPY
             self._held[key] = keep
-            if in_place:
+            if kind != COPY:
                 self._in_place.setdefault(key, []).append(keep)
             nm = name.encode()
             self._held[-key] = nm
@@ -245,7 +272,7 @@ class CSource:
             if meta[0].nbytes != nbytes:
                 raise ValueError(f"tensor {name!r}: {nbytes} bytes for {meta[0].nbytes}")
             data[0] = addr
-            return 2 if in_place else 1
+            return kind
         except BaseException as e:  # noqa: BLE001
             self.error = e
             return _capi.EIO
