@@ -195,10 +195,31 @@ TEST_P(EngineTest, AFailingReplicaFailsTheSyncByNameAndTheOthersKeepTheirWeights
   wtx_source_destroy(src);
 }
 
+// What the sources of these tests share: metadata from metas, a pass that
+// is a position, and S::Next for the tensors.
+template <class S>
+struct TestSource {
+  std::vector<wtx_tensor_meta> metas;
+  static int Metadata(void *self, const wtx_tensor_meta **m, size_t *n) {
+    auto *s = static_cast<S *>(self);
+    *m = s->metas.data();
+    *n = s->metas.size();
+    return 0;
+  }
+  static int Open(void *, void **iter) {
+    *iter = new size_t(0);
+    return 0;
+  }
+  static void Close(void *, void *iter) { delete static_cast<size_t *>(iter); }
+  static wtx_source_ops Ops(const char *name) {
+    return {name, Metadata, Open, S::Next, Close, nullptr};
+  }
+};
+
 // A source whose iteration yields a different shape than its metadata.
-struct LyingSource {
-  wtx_tensor_meta metas[3];
+struct LyingSource : TestSource<LyingSource> {
   LyingSource() {
+    metas.resize(3);
     const char *names[] = {"a", "b", "c"};
     for (int i = 0; i < 3; i++) {
       metas[i] = wtx_tensor_meta{};
@@ -210,15 +231,6 @@ struct LyingSource {
     }
   }
   std::vector<uint8_t> data = std::vector<uint8_t>(64, 9);
-  static int Metadata(void *self, const wtx_tensor_meta **m, size_t *n) {
-    *m = static_cast<LyingSource *>(self)->metas;
-    *n = 3;
-    return 0;
-  }
-  static int Open(void *, void **iter) {
-    *iter = new size_t(0);
-    return 0;
-  }
   static int Next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
     auto *s = static_cast<LyingSource *>(self);
     size_t &i = *static_cast<size_t *>(iter);
@@ -229,10 +241,8 @@ struct LyingSource {
     i++;
     return 1;
   }
-  static void Close(void *, void *iter) { delete static_cast<size_t *>(iter); }
 };
-const wtx_source_ops kLying = {"lying", LyingSource::Metadata, LyingSource::Open,
-                               LyingSource::Next, LyingSource::Close, nullptr};
+const wtx_source_ops kLying = LyingSource::Ops("lying");
 
 TEST_P(EngineTest, IterationDisagreeingWithMetadataIsCaughtBeforeTheWire) {
   Worker a = Spawn();
@@ -285,15 +295,15 @@ struct DeviceMemory {
 // A model with two of every three tensors in device memory, one larger
 // than a buffer, as the memory source's tensors and as a source of its own
 // whose next says 3 (device memory that stays put).
-struct DeviceModel {
+struct DeviceModel : TestSource<DeviceModel> {
   static constexpr size_t kN = 12;
   DeviceMemory dm;
   std::vector<std::vector<uint8_t>> bytes;
   std::vector<std::string> names;
   std::vector<uint64_t> shapes;
   std::vector<wtx_memory_tensor> ts;
-  std::vector<wtx_tensor_meta> metas;
-  DeviceModel() : bytes(kN), names(kN), shapes(kN), ts(kN), metas(kN) {
+  DeviceModel() : bytes(kN), names(kN), shapes(kN), ts(kN) {
+    metas.resize(kN);
     for (size_t i = 0; i < kN; i++) {
       shapes[i] = i == 4 ? (3u << 20) + 3 : 1000 + i * 4099;
       bytes[i].resize(shapes[i]);
@@ -308,15 +318,6 @@ struct DeviceModel {
         abort();
     }
   }
-  static int Metadata(void *self, const wtx_tensor_meta **m, size_t *n) {
-    *m = static_cast<DeviceModel *>(self)->metas.data();
-    *n = kN;
-    return 0;
-  }
-  static int Open(void *, void **iter) {
-    *iter = new size_t(0);
-    return 0;
-  }
   static int Next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
     auto *m = static_cast<DeviceModel *>(self);
     size_t &i = *static_cast<size_t *>(iter);
@@ -325,10 +326,8 @@ struct DeviceModel {
     *data = static_cast<const uint8_t *>(m->ts[i].data);
     return m->ts[i++].device ? 3 : 2;
   }
-  static void Close(void *, void *iter) { delete static_cast<size_t *>(iter); }
 };
-const wtx_source_ops kDeviceModel = {"device", DeviceModel::Metadata, DeviceModel::Open,
-                                     DeviceModel::Next, DeviceModel::Close, nullptr};
+const wtx_source_ops kDeviceModel = DeviceModel::Ops("device");
 
 // On the GPU backends device tensors go device to device into the
 // trainer's buffers (put_device; their host copies only feed the
@@ -359,13 +358,13 @@ TEST_P(EngineTest, DeviceTensorsAmongHostOnesArriveExact) {
 // A source as a trainer copying device tensors to the host one at a time
 // would be: odd tensors come from one scratch buffer that the next call
 // overwrites (next returns 1), even ones from memory that stays put (2).
-struct ScratchSource {
+struct ScratchSource : TestSource<ScratchSource> {
   static constexpr size_t kN = 400;
   std::vector<std::string> names;
-  std::vector<wtx_tensor_meta> metas;
   std::vector<std::vector<uint8_t>> kept;
   std::vector<uint8_t> scratch;
-  ScratchSource() : names(kN), metas(kN), kept(kN) {
+  ScratchSource() : names(kN), kept(kN) {
+    metas.resize(kN);
     for (size_t i = 0; i < kN; i++) {
       names[i] = "model.layers." + std::to_string(i / 10) + ".p" + std::to_string(i);
       uint64_t shape = i % 50 == 7 ? (600u << 10) : 1 + (i * 37) % 5000;
@@ -379,15 +378,6 @@ struct ScratchSource {
   }
   void Fill(size_t i, uint8_t *d) const {
     for (uint64_t k = 0; k < metas[i].nbytes; k++) d[k] = static_cast<uint8_t>(i * 7 + k * 13);
-  }
-  static int Metadata(void *self, const wtx_tensor_meta **m, size_t *n) {
-    *m = static_cast<ScratchSource *>(self)->metas.data();
-    *n = kN;
-    return 0;
-  }
-  static int Open(void *, void **iter) {
-    *iter = new size_t(0);
-    return 0;
   }
   static int Next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
     auto *s = static_cast<ScratchSource *>(self);
@@ -405,10 +395,8 @@ struct ScratchSource {
     i++;
     return stays ? 2 : 1;
   }
-  static void Close(void *, void *iter) { delete static_cast<size_t *>(iter); }
 };
-const wtx_source_ops kScratch = {"scratch", ScratchSource::Metadata, ScratchSource::Open,
-                                 ScratchSource::Next, ScratchSource::Close, nullptr};
+const wtx_source_ops kScratch = ScratchSource::Ops("scratch");
 
 // Tensors a source copies into a buffer it reuses are copied before the
 // next one is asked for; the ones that stay put may be sent in place. Every
