@@ -133,6 +133,17 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
     return rc;
   }
 
+  // Pushes src to c's workers ws as version v (1 MiB buffers) and checks
+  // that every worker's published checksums equal the trainer's and that
+  // each serves v; *sums gets the trainer's checksums.
+  void PushAndVerify(wtx_client *c, const std::vector<Worker> &ws, wtx_source *src,
+                     const std::string &v, std::vector<uint64_t> *sums) {
+    std::string err;
+    ASSERT_EQ(0, Push(c, src, v.c_str(), 1 << 20, 2, 60000, &err, sums)) << v << ": " << err;
+    EXPECT_EQ(0, wtx_client_verify(c, src, sums->data())) << wtx_client_last_error(c);
+    for (const Worker &w : ws) EXPECT_EQ(v, Version(w));
+  }
+
   std::string Version(const Worker &w) {
     wtx_client *c = Client({w});
     wtx_weight_info info;
