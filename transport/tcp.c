@@ -519,9 +519,8 @@ typedef struct tcp_trainer {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int has_job, stop, job_rc;
-  uint32_t job_k;
   wtx_chunk job;
-  const struct iovec *job_iov; /* NULL: the job is buffer job_k */
+  const struct iovec *job_iov; /* the chunk's pieces (post_iov) */
   size_t job_n_iov;
   uint64_t seq;
   char job_why[300];
@@ -535,10 +534,8 @@ static void *writer_main(void *arg) {
     if (t->stop) break;
     wtx_chunk c = t->job;
     uint64_t seq = t->seq++;
-    struct iovec one = {.iov_base = t->buffers + t->job_k * t->wire.buffer_size,
-                        .iov_len = (size_t)c.bytes};
-    const struct iovec *iov = t->job_iov != NULL ? t->job_iov : &one;
-    size_t n = t->job_iov != NULL ? t->job_n_iov : 1;
+    const struct iovec *iov = t->job_iov;
+    size_t n = t->job_n_iov;
     pthread_mutex_unlock(&t->mu);
     uint8_t f[WTX__TCP_FRAME_BYTES];
     wtx__tcp_frame_encode(f, &(wtx__tcp_frame){seq, c.first_offset, c.bytes});
@@ -660,14 +657,17 @@ static int tcp_trainer_prepare(void *self, uint32_t k, const wtx_chunk *c,
   return 0;
 }
 
-/* Hands chunk k (buffer k, or the pieces iov) to the writer thread. */
-static int post_job(tcp_trainer *t, uint32_t k, const wtx_chunk *c, const struct iovec *iov,
-                    size_t n) {
+/* Hands chunk k's pieces to the writer thread; the socket copies each byte
+ * once, straight from the source's memory or buffer k (the engine's
+ * choice per tensor). */
+static int tcp_trainer_post_iov(void *self, uint32_t k, const wtx_chunk *c,
+                                const struct iovec *iov, size_t n) {
+  (void)k;
+  tcp_trainer *t = self;
   pthread_mutex_lock(&t->mu);
   int busy = t->has_job;
   if (!busy) {
     t->job = *c;
-    t->job_k = k;
     t->job_iov = iov;
     t->job_n_iov = n;
     t->has_job = 1;
@@ -675,16 +675,6 @@ static int post_job(tcp_trainer *t, uint32_t k, const wtx_chunk *c, const struct
   }
   pthread_mutex_unlock(&t->mu);
   return busy ? WTX_ESTATE : 0;
-}
-
-static int tcp_trainer_post(void *self, uint32_t k, const wtx_chunk *c) {
-  return post_job(self, k, c, NULL, 0);
-}
-
-/* Sends straight from the source: the socket copies each byte once. */
-static int tcp_trainer_post_iov(void *self, uint32_t k, const wtx_chunk *c,
-                                const struct iovec *iov, size_t n) {
-  return post_job(self, k, c, iov, n);
 }
 
 static int tcp_trainer_complete(void *self, uint32_t k, const wtx_stop *stop, char *err,
@@ -711,7 +701,6 @@ const wtx_trainer_transport wtx_tcp_trainer_transport = {
     .connect = tcp_trainer_connect,
     .buffer = tcp_trainer_buffer,
     .prepare = tcp_trainer_prepare,
-    .post = tcp_trainer_post,
     .post_iov = tcp_trainer_post_iov,
     .complete = tcp_trainer_complete,
     .destroy = tcp_trainer_destroy,
