@@ -14,12 +14,9 @@
 struct wtx_source {
   const wtx_source_ops *ops;
   void *self;
-  /* Built-in sources that hold device tensors: next that says where a
-   * tensor is (client/source.h); NULL: ops->next. */
-  int (*next_where)(void *self, void *iter, int want, wtx_tensor_meta *meta,
-                    wtx__tensor_data *out);
-  /* Host copies of the device tensors ops->next yields (it said 3): the
-   * CUDA runtime, loaded at the first, and one buffer, reused. */
+  /* Host copies of the device tensors ops->next yields (it said 3; the
+   * memory source's too): the CUDA runtime, loaded at the first, and one
+   * buffer, reused. */
   const wtx_cuda *cuda;
   uint8_t *scratch;
   size_t scratch_len;
@@ -74,7 +71,6 @@ static int host_copy(wtx_source *s, const wtx_tensor_meta *meta, wtx__tensor_dat
 int wtx__source_next(wtx_source *s, void *iter, int want, wtx_tensor_meta *meta,
                      wtx__tensor_data *out) {
   *out = (wtx__tensor_data){0};
-  if (s->next_where != NULL) return s->next_where(s->self, iter, want, meta, out);
   int r = s->ops->next(s->self, iter, meta, &out->host);
   if (r != 3) {
     out->stays = r == 2;
@@ -111,8 +107,6 @@ typedef struct table {
   wtx_tensor_meta *metas;
   const uint8_t **data;
   uint8_t *device; /* per tensor: data is device memory (memory source) */
-  const wtx_cuda *cuda;
-  uint64_t max_device_bytes;
   size_t n;
   char *names; /* storage of the metas' names */
   wtx_st_file **files;
@@ -126,59 +120,31 @@ static int table_metadata(void *self, const wtx_tensor_meta **metas, size_t *n) 
   return 0;
 }
 
-typedef struct table_iter {
-  size_t pos;
-  uint8_t *host; /* a device tensor's copy, max_device_bytes */
-} table_iter;
-
-static int table_open(void *self, void **iter) {
-  table *t = self;
-  table_iter *it = calloc(1, sizeof *it);
-  if (it == NULL) return WTX_ENOMEM;
-  if (t->max_device_bytes > 0 && (it->host = malloc(t->max_device_bytes)) == NULL) {
-    free(it);
-    return WTX_ENOMEM;
-  }
-  *iter = it;
+/* The built-in sources' pass: the position of the next tensor. */
+static int open_pos(void *self, void **iter) {
+  (void)self;
+  size_t *pos = calloc(1, sizeof *pos);
+  if (pos == NULL) return WTX_ENOMEM;
+  *iter = pos;
   return 0;
 }
 
-/* The next tensor, saying where it is; a device tensor is copied to the
- * host (one buffer, reused) unless want is WTX__WANT_DEVICE. */
-static int table_next_where(void *self, void *iter, int want, wtx_tensor_meta *meta,
-                            wtx__tensor_data *out) {
-  table *t = self;
-  table_iter *it = iter;
-  if (it->pos >= t->n) return 0;
-  size_t i = it->pos++;
-  *meta = t->metas[i];
-  int on_device = t->device != NULL && t->device[i] && t->metas[i].nbytes > 0;
-  if (!on_device) {
-    /* host memory or a mapped file: stays put until close */
-    *out = (wtx__tensor_data){.host = t->data[i], .stays = 1};
-    return 1;
-  }
-  *out = (wtx__tensor_data){.device = want != WTX__WANT_HOST ? t->data[i] : NULL};
-  if (want == WTX__WANT_DEVICE) return 1;
-  int e = t->cuda->Memcpy(it->host, t->data[i], (size_t)t->metas[i].nbytes, WTX_CUDA_D2H);
-  if (e != WTX_CUDA_SUCCESS) return WTX_EIO;
-  out->host = it->host;
-  return 1;
+static void close_pos(void *self, void *iter) {
+  (void)self;
+  free(iter);
 }
 
+/* 2: host memory or a mapped file; 3: device memory (the library makes a
+ * host copy where one is needed). Both stay put until close. */
 static int table_next(void *self, void *iter, wtx_tensor_meta *meta,
                       const uint8_t **data) {
-  wtx__tensor_data d;
-  int r = table_next_where(self, iter, WTX__WANT_HOST, meta, &d);
-  *data = d.host;
-  return r == 1 && d.stays ? 2 : r;
-}
-
-static void table_close(void *self, void *iter) {
-  (void)self;
-  table_iter *it = iter;
-  free(it->host);
-  free(it);
+  table *t = self;
+  size_t *pos = iter;
+  if (*pos >= t->n) return 0;
+  size_t i = (*pos)++;
+  *meta = t->metas[i];
+  *data = t->data[i];
+  return t->device != NULL && t->device[i] && t->metas[i].nbytes > 0 ? 3 : 2;
 }
 
 static void table_destroy(void *self) {
@@ -226,18 +192,18 @@ static const char *duplicate_name(const wtx_tensor_meta *m, size_t n) {
 static const wtx_source_ops table_ops_memory = {
     .name = "memory",
     .metadata = table_metadata,
-    .open = table_open,
+    .open = open_pos,
     .next = table_next,
-    .close = table_close,
+    .close = close_pos,
     .destroy = table_destroy,
 };
 
 static const wtx_source_ops table_ops_safetensors = {
     .name = "safetensors",
     .metadata = table_metadata,
-    .open = table_open,
+    .open = open_pos,
     .next = table_next,
-    .close = table_close,
+    .close = close_pos,
     .destroy = table_destroy,
 };
 
@@ -251,7 +217,6 @@ static int table_finish(table *t, const wtx_source_ops *ops, wtx_source **out,
   }
   if (rc == 0) rc = wtx_source_create(ops, t, out);
   if (rc != 0) table_destroy(t);
-  if (rc == 0) (*out)->next_where = table_next_where;
   return rc;
 }
 
@@ -288,17 +253,16 @@ int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
         table_destroy(t);
         return WTX_ENOMEM;
       }
-      if (t->cuda == NULL) {
-        char why[400] = "";
-        int lrc = wtx__cuda_load(0, &t->cuda, why, sizeof why);
-        if (lrc != 0) {
-          snprintf(err, errlen, "tensor '%s' is in device memory: %s", m->name, why);
-          table_destroy(t);
-          return lrc;
-        }
+      /* Said now, not at the first pass: no CUDA runtime to copy it with. */
+      const wtx_cuda *cuda;
+      char why[400] = "";
+      int lrc = wtx__cuda_load(0, &cuda, why, sizeof why);
+      if (lrc != 0) {
+        snprintf(err, errlen, "tensor '%s' is in device memory: %s", m->name, why);
+        table_destroy(t);
+        return lrc;
       }
       t->device[i] = 1;
-      if (pm->nbytes > t->max_device_bytes) t->max_device_bytes = pm->nbytes;
     }
     t->n++;
   }
@@ -409,10 +373,7 @@ static int synth_open(void *self, void **iter) {
       }
     }
   }
-  size_t *pos = calloc(1, sizeof *pos);
-  if (pos == NULL) return WTX_ENOMEM;
-  *iter = pos;
-  return 0;
+  return open_pos(self, iter);
 }
 
 static int synth_next(void *self, void *iter, wtx_tensor_meta *meta,
@@ -424,11 +385,6 @@ static int synth_next(void *self, void *iter, wtx_tensor_meta *meta,
   *data = s->data + s->offsets[*pos];
   (*pos)++;
   return 2; /* held in memory until the source goes */
-}
-
-static void synth_close(void *self, void *iter) {
-  (void)self;
-  free(iter);
 }
 
 static void synth_destroy(void *self) {
@@ -445,7 +401,7 @@ static const wtx_source_ops synth_ops = {
     .metadata = synth_metadata,
     .open = synth_open,
     .next = synth_next,
-    .close = synth_close,
+    .close = close_pos,
     .destroy = synth_destroy,
 };
 

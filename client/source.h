@@ -23,9 +23,9 @@ typedef struct wtx__tensor_data {
 enum { WTX__WANT_HOST = 0, WTX__WANT_DEVICE = 1, WTX__WANT_BOTH = 2 };
 
 /* wtx_source_next for the engine: where the tensor is. A device tensor
- * (the memory source's, or one an implementation's next gave with 3) has
- * device set, and host a copy unless want is WANT_DEVICE (then NULL). A
- * host tensor: host set, device NULL. */
+ * (next said 3: the memory source's, or an implementation's) has device
+ * set, and host a copy (one buffer per source, reused) unless want is
+ * WANT_DEVICE (then NULL). A host tensor: host set, device NULL. */
 int wtx__source_next(wtx_source *s, void *iter, int want, wtx_tensor_meta *meta,
                      wtx__tensor_data *out);
 
