@@ -83,7 +83,7 @@ static const char usage[] =
     "  --vllm-pause-mode M    abort, wait or keep: vLLM's /pause mode while it\n"
     "                         reloads [WTX_VLLM_PAUSE_MODE] (default wait)\n"
     "  --vllm-timeout-ms MS   bound on every request to vLLM\n"
-    "                         [WTX_VLLM_TIMEOUT_MS] (default 300000)\n"
+    "                         [WTX_VLLM_TIMEOUT_MS] (default " STR(WTX_DEFAULT_TIMEOUT_MS) ")\n"
     "  --vllm-disk            load through newer vLLM's \"disk\" weight-transfer\n"
     "                         backend and its RL routes instead of /collective_rpc\n"
     "\n"
@@ -224,7 +224,7 @@ static int parse_flags(int argc, char **argv, flags *f) {
       .vllm_url = env_or("WTX_VLLM_URL", NULL),
       .vllm_dir = env_or("WTX_VLLM_DIR", "/dev/shm/wtx-vllm"),
       .vllm_pause_mode = env_or("WTX_VLLM_PAUSE_MODE", "wait"),
-      .vllm_timeout = env_or("WTX_VLLM_TIMEOUT_MS", "300000"),
+      .vllm_timeout = env_or("WTX_VLLM_TIMEOUT_MS", STR(WTX_DEFAULT_TIMEOUT_MS)),
       .metrics_listen = env_or("WTX_METRICS_LISTEN", NULL),
       .relay_port = env_or("WTX_RELAY_PORT", "0"),
   };

@@ -58,14 +58,14 @@ int wtx__vllm_create(wtx_store *store, const wtx__vllm_config *cfg, wtx__vllm **
   b->mode = strdup(mode);
   b->disk = cfg->disk;
   b->keep = cfg->keep > 0 && cfg->keep <= MAX_KEEP ? cfg->keep : 2;
-  b->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
+  b->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : WTX_DEFAULT_TIMEOUT_MS;
   pthread_mutex_init(&b->mu, NULL);
-  size_t n = strlen(b->url);
-  while (n > 0 && b->url[n - 1] == '/') b->url[--n] = '\0';
   if (b->url == NULL || b->dir == NULL || b->mode == NULL) {
     wtx__vllm_destroy(b);
     return WTX_ENOMEM;
   }
+  size_t n = strlen(b->url);
+  while (n > 0 && b->url[n - 1] == '/') b->url[--n] = '\0';
   *out = b;
   return 0;
 }
