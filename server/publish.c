@@ -27,17 +27,33 @@ struct wtx__publisher {
   size_t n_files;
 };
 
-/* version made safe as a file name: [A-Za-z0-9._-] kept, others '_'. */
-static void file_name(const char *version, char *out, size_t len) {
+int wtx__file_name(const char *version, char *out, size_t len) {
   size_t o = 0;
+  int same = 1;
   for (const char *p = version; *p && o + 1 < len && o < 200; p++) {
     char c = *p;
     int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
              (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (o == 0 && c == '.') ok = 0; /* no hidden files */
+    same &= ok;
     out[o++] = ok ? c : '_';
   }
   out[o] = '\0';
+  return same && o > 0 && version[o] == '\0';
+}
+
+int wtx__write_view(const wtx_store_view *v, const char *path, char *err, size_t errlen) {
+  wtx_st_tensor *ts = calloc(v->n_params ? v->n_params : 1, sizeof *ts);
+  if (ts == NULL) return WTX_ENOMEM;
+  for (size_t i = 0; i < v->n_params; i++)
+    ts[i] = (wtx_st_tensor){v->params[i].meta, v->params[i].data};
+  char gen[32];
+  snprintf(gen, sizeof gen, "%llu", (unsigned long long)v->generation);
+  const char *const meta[][2] = {
+      {"format", "pt"}, {"wtx_version", v->version}, {"wtx_generation", gen}};
+  int rc = wtx_st_write(path, ts, v->n_params, meta, 3, err, errlen);
+  free(ts);
+  return rc;
 }
 
 static int write_latest(const char *dir, const char *name) {
@@ -59,23 +75,11 @@ static void publish_one(wtx__publisher *p) {
     wtx_store_release(p->store, &v);
     return;
   }
-  wtx_st_tensor *ts = calloc(v.n_params, sizeof *ts);
-  char name[256], path[4400], gen[32], err[512] = "";
-  file_name(v.version, name, sizeof name - 16);
+  char name[256], path[4400], err[512] = "";
+  wtx__file_name(v.version, name, sizeof name - 16);
   strcat(name, ".safetensors");
   snprintf(path, sizeof path, "%s/%s", p->dir, name);
-  snprintf(gen, sizeof gen, "%llu", (unsigned long long)v.generation);
-  const char *const meta[][2] = {
-      {"format", "pt"}, {"wtx_version", v.version}, {"wtx_generation", gen}};
-  int rc = WTX_ENOMEM;
-  if (ts != NULL) {
-    for (size_t i = 0; i < v.n_params; i++) {
-      const wtx_store_param *sp = &v.params[i];
-      ts[i].meta = sp->meta;
-      ts[i].data = sp->data;
-    }
-    rc = wtx_st_write(path, ts, v.n_params, meta, 3, err, sizeof err);
-  }
+  int rc = wtx__write_view(&v, path, err, sizeof err);
   char q[600];
   if (rc == 0 && write_latest(p->dir, name) != 0) {
     rc = WTX_EIO;
@@ -110,7 +114,6 @@ static void publish_one(wtx__publisher *p) {
     wtx_log(WTX_LOG_ERROR, "event=publish_failed version=%s error=%s",
             v.version, wtx_log_quote(err[0] ? err : wtx_strerror(rc), q, sizeof q));
   }
-  free(ts);
   wtx_store_release(p->store, &v);
 }
 

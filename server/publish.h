@@ -23,6 +23,15 @@ void wtx__publisher_notify(wtx__publisher *p);
 /* Writes a version still queued, then stops and frees p. */
 void wtx__publisher_destroy(wtx__publisher *p);
 
+/* Shared with the vLLM bridge (vllm.c), which writes versions too. */
+
+/* version as a file name: [A-Za-z0-9._-] kept, others '_', no leading
+ * '.', at most 200 bytes (len permitting). 1 when nothing had to change. */
+int wtx__file_name(const char *version, char *out, size_t len);
+/* Writes view v as the safetensors file path, with its version and
+ * generation in the header's metadata. err says why on failure. */
+int wtx__write_view(const wtx_store_view *v, const char *path, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,7 +13,7 @@
 #include <yajl/yajl_tree.h>
 
 #include "common/log.h"
-#include "common/safetensors.h"
+#include "server/publish.h"
 
 #define MAX_KEEP 16
 
@@ -173,16 +173,8 @@ static char *json_doc(const char *k1, const char *v1, const char *nest, const ch
 /* The directory name of a version: the label when it is a plain file name,
  * else "gen-<generation>". */
 static void dir_name(const char *version, uint64_t generation, char *out, size_t len) {
-  size_t n = strlen(version);
-  int ok = n > 0 && n < 200 && strcmp(version, ".") && strcmp(version, "..") &&
-           version[0] != '.';
-  for (size_t i = 0; ok && i < n; i++) {
-    char c = version[i];
-    ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '.' || c == '_' || c == '-';
-  }
-  if (ok) snprintf(out, len, "%s", version);
-  else snprintf(out, len, "gen-%llu", (unsigned long long)generation);
+  if (!wtx__file_name(version, out, len))
+    snprintf(out, len, "gen-%llu", (unsigned long long)generation);
 }
 
 static void remove_dir(const char *path) {
@@ -205,13 +197,7 @@ static int write_version(wtx__vllm *b, const wtx_store_view *v, const char *name
     snprintf(err, errlen, "vllm_dir: cannot create %s: %s", tmp, strerror(errno));
     return WTX_EIO;
   }
-  wtx_st_tensor *ts = calloc(v->n_params ? v->n_params : 1, sizeof *ts);
-  if (ts == NULL) return WTX_ENOMEM;
-  for (size_t i = 0; i < v->n_params; i++)
-    ts[i] = (wtx_st_tensor){v->params[i].meta, v->params[i].data};
-  const char *const meta[][2] = {{"format", "pt"}, {"wtx_version", v->version}};
-  int rc = wtx_st_write(file, ts, v->n_params, meta, 2, err, errlen);
-  free(ts);
+  int rc = wtx__write_view(v, file, err, errlen);
   if (rc == 0) {
     remove_dir(final); /* the same label published again */
     if (rename(tmp, final) != 0) {
