@@ -102,6 +102,20 @@ TEST_F(PublishTest, LabelsBecomeSafeFileNames) {
   ASSERT_TRUE(WaitFor("_._step_7_x.safetensors")) << Latest();
 }
 
+// The vLLM bridge names a version's directory by its label only when the
+// label needed no change (else gen-<generation>): the rule says which.
+TEST(FileName, SaysWhetherTheLabelWasAlreadyAFileName) {
+  char out[256];
+  EXPECT_EQ(1, wtx__file_name("step-7.v_2", out, sizeof out));
+  EXPECT_STREQ("step-7.v_2", out);
+  EXPECT_EQ(0, wtx__file_name("a/b", out, sizeof out));
+  EXPECT_STREQ("a_b", out);
+  EXPECT_EQ(0, wtx__file_name(".hidden", out, sizeof out));
+  EXPECT_EQ(0, wtx__file_name("", out, sizeof out));
+  EXPECT_EQ(0, wtx__file_name(std::string(300, 'x').c_str(), out, sizeof out));
+  EXPECT_EQ(200u, strlen(out));
+}
+
 TEST_F(PublishTest, ADirectoryThatCannotBeWrittenIsRefused) {
   EXPECT_EQ(WTX_ENOENT, wtx__publisher_create(s_, (dir_ + "/missing").c_str(), 2, &p_));
   EXPECT_EQ(nullptr, p_);
