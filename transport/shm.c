@@ -136,16 +136,12 @@ typedef struct copy_job {
   const uint8_t *src;
   uint64_t length, got;
   wtx_rx *rx;
-  int cancelled;
 } copy_job;
 
 static int copy_pieces(void *arg) {
   copy_job *j = arg;
   while (j->got < j->length) {
-    if (atomic_load(&j->w->cancelled)) {
-      j->cancelled = 1;
-      return WTX_ECANCELED;
-    }
+    if (atomic_load(&j->w->cancelled)) return WTX_ECANCELED;
     uint64_t left = j->length - j->got;
     size_t k = left < PIECE ? (size_t)left : PIECE;
     int rc = wtx_rx_bytes(j->rx, j->src + j->got, k);
@@ -168,7 +164,7 @@ static int read_region(shm_worker *w, uint64_t offset, uint64_t length, wtx_rx *
     w->populated = offset + length;
   }
   int rc = wtx__sigbus_guard(j.src, (size_t)length, copy_pieces, &j);
-  if (j.cancelled) {
+  if (rc == WTX_ECANCELED) {
     wtx_rx_errorf(rx, "shm: cancelled after %llu of the chunk's %llu bytes",
                   (unsigned long long)j.got, (unsigned long long)length);
   } else if (rc == WTX_EIO) {
