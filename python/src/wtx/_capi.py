@@ -177,3 +177,11 @@ EIO, ECHECKSUM, EABORTED = -8, -9, -11
 def message(rc: int, err: bytes | None = None) -> str:
     text = (err or b"").decode("utf-8", "replace").strip("\0")
     return text or strerror(rc).decode()
+
+
+def write_err(buf: int, size: int, text: str) -> None:
+    """Writes text, NUL-terminated and cut to size, into a C callback's
+    err buffer of size bytes (nothing when there is none)."""
+    if buf and size:
+        data = text.encode()[: size - 1] + b"\0"
+        C.memmove(buf, data, len(data))

@@ -24,12 +24,6 @@ log = logging.getLogger("wtx.serve")
 _REFLECTION = {"open": 0, "token": 1, "off": 2}
 
 
-def _write_err(buf: int, size: int, text: str) -> None:
-    if buf and size:
-        data = text.encode()[: size - 1] + b"\0"
-        C.memmove(buf, data, len(data))
-
-
 class _Host:
     """The model ops behind the C worker, for one torch module."""
 
@@ -66,22 +60,22 @@ class _Host:
             m = meta[0]
             name = m.name.decode()
             if target != 1:
-                _write_err(err, errlen, "this host has no draft model")
+                _capi.write_err(err, errlen, "this host has no draft model")
                 return _capi.ESTATE
             if self._loader() is not None:
                 return 0  # load_weights maps checkpoint names itself
             t = self._targets().get(name)
             if t is None:
-                _write_err(err, errlen, f"parameter '{name}' is not in the module")
+                _capi.write_err(err, errlen, f"parameter '{name}' is not in the module")
                 return _capi.ENOENT
             shape = tuple(m.shape[d] for d in range(m.ndim))
             if tuple(t.shape) != shape or _dtypes.to_wire(t.dtype) != m.dtype:
-                _write_err(err, errlen, f"parameter '{name}': {_dtypes.WIRE[m.dtype][0]} "
+                _capi.write_err(err, errlen, f"parameter '{name}': {_dtypes.WIRE[m.dtype][0]} "
                            f"{list(shape)}, the module holds {t.dtype} {list(t.shape)}")
                 return _capi.EINVAL
             return 0
         except BaseException as e:  # noqa: BLE001 (a callback must not raise into C)
-            _write_err(err, errlen, f"check failed: {e}")
+            _capi.write_err(err, errlen, f"check failed: {e}")
             return _capi.EIO
 
     def _begin(self, _m, target) -> int:
@@ -108,7 +102,7 @@ class _Host:
     def _prepare(self, _m, version, err, errlen) -> int:
         missing = [n for n in self.staged if n not in self.loaded]
         if missing:
-            _write_err(err, errlen, f"tensor '{missing[0]}' was staged but never completed")
+            _capi.write_err(err, errlen, f"tensor '{missing[0]}' was staged but never completed")
             return _capi.ESTATE
         return 0
 

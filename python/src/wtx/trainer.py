@@ -191,12 +191,6 @@ _CONTROL_CALLS = ("init_weight_transfer_engine", "start_weight_update", "update_
                   "finish_weight_update")
 
 
-def _write_err(buf: int, size: int, text: str) -> None:
-    if buf and size:
-        data = text.encode()[: size - 1] + b"\0"
-        C.memmove(buf, data, len(data))
-
-
 class _ControlPlane:
     """Any VLLMWeightSyncClient (vLLM's HTTP or Ray client, or one of the
     caller's) as the C engine's control plane: the engine hands over
@@ -218,7 +212,7 @@ class _ControlPlane:
             call()
             return 0
         except BaseException as e:  # noqa: BLE001 (reported through the engine)
-            _write_err(err, errlen, f"{type(e).__name__}: {e}")
+            _capi.write_err(err, errlen, f"{type(e).__name__}: {e}")
             return _capi.EIO
 
     @staticmethod
@@ -233,7 +227,7 @@ class _ControlPlane:
         if target == 2:
             draft = getattr(self.client, "start_draft_weight_update", None)
             if draft is None:
-                _write_err(err, errlen, "this client cannot start a draft update")
+                _capi.write_err(err, errlen, "this client cannot start a draft update")
                 return _capi.EINVAL
             return self._run(err, errlen, draft)
         return self._run(err, errlen, self.client.start_weight_update)
