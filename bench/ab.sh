@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# A/B of two commits in one run: builds wtx-worker and wtx (-c opt) at OLD
+# and at NEW (default: the working tree), starts one worker of each, warms
+# both up (two syncs: the steady state), then pushes to them alternately,
+# ROUNDS times each, and prints every sync time per side. The figures of
+# bench/results/*.md's "what changed" tables come from this.
+# Usage: bench/ab.sh OLD [NEW] [--backend shm|tcp] [--size 1G] [--workers N]
+#                    [--rounds 4] [-- extra wtx push flags]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+old=$1; shift
+new=
+[ $# -gt 0 ] && [ "${1#-}" = "$1" ] && { new=$1; shift; }
+backend=shm size=1G workers=1 rounds=4 extra=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --backend) backend=$2; shift 2 ;;
+    --size) size=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "bench/ab.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+tmp=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true
+      git worktree remove --force "$tmp/src-old" 2>/dev/null || true
+      git worktree remove --force "$tmp/src-new" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+
+# build SIDE REV: the two binaries of REV (the working tree when empty).
+build() {
+  local dir=.
+  if [ -n "$2" ]; then
+    dir="$tmp/src-$1"
+    git worktree add -q --detach "$dir" "$2"
+  fi
+  (cd "$dir" && bazel build -c opt //server:wtx-worker //client:wtx 2>&1 |
+     grep -E '^(ERROR|FAILED)' && exit 1
+   bin=$(bazel info -c opt bazel-bin 2>/dev/null)
+   cp "$bin/server/wtx-worker" "$bin/client/wtx" "$tmp/" &&
+   mv "$tmp/wtx-worker" "$tmp/worker-$1" && mv "$tmp/wtx" "$tmp/wtx-$1") || exit 1
+}
+build old "$old"
+build new "$new"
+
+# Workers for each side; ws-SIDE gets their addresses.
+for side in old new; do
+  list=
+  for i in $(seq "$workers"); do
+    "$tmp/worker-$side" --listen 127.0.0.1:0 --port-file "$tmp/p-$side-$i" \
+      --log-level warn &
+    pids+=($!)
+    for _ in $(seq 500); do [ -s "$tmp/p-$side-$i" ] && break; sleep 0.01; done
+    list="${list:+$list,}127.0.0.1:$(cat "$tmp/p-$side-$i")"
+  done
+  echo "$list" >"$tmp/ws-$side"
+done
+push() { # SIDE: one sync, its seconds
+  "$tmp/wtx-$1" push --workers "$(cat "$tmp/ws-$1")" --backend "$backend" \
+    "${extra[@]}" "synthetic:$size" | sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1
+}
+for side in old new; do push "$side" >/dev/null; push "$side" >/dev/null; done
+declare -A t
+for _ in $(seq "$rounds"); do
+  for side in old new; do t[$side]="${t[$side]:-} $(push "$side")"; done
+done
+echo "# $backend, $workers worker(s), synthetic:$size ${extra[*]}, syncs 3-$((rounds + 2)), alternating"
+echo "old ($old):${t[old]} s"
+echo "new (${new:-working tree}):${t[new]} s"

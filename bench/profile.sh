@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Where a steady-state sync spends its time: builds -c opt with frame
+# pointers, warms one worker up (four syncs), then records one sync with
+# perf on the worker and the trainer and prints each one's top symbols and
+# CPU seconds. The "where the time goes" sections of bench/results/*.md
+# come from this.
+# Usage: bench/profile.sh [--backend shm|tcp] [--tiny N | --size 1G]
+#                         [-- extra wtx push flags]
+#   --tiny N: N tiny tensors (bench/tiny_model.py), the control plane
+set -euo pipefail
+cd "$(dirname "$0")/.."
+backend=shm size=1G tiny= extra=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --backend) backend=$2; shift 2 ;;
+    --size) size=$2; shift 2 ;;
+    --tiny) tiny=$2; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "bench/profile.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+command -v perf >/dev/null || { echo "bench/profile.sh: needs perf (linux-perf)" >&2; exit 1; }
+scripts/setup.sh >/dev/null
+opt=(-c opt --copt=-fno-omit-frame-pointer)
+bazel build "${opt[@]}" //server:wtx-worker //client:wtx 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
+bin=$(bazel info "${opt[@]}" bazel-bin 2>/dev/null)
+tmp=$(mktemp -d)
+trap 'kill "$wp" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
+model="synthetic:$size"
+if [ -n "$tiny" ]; then
+  .venv/bin/python bench/tiny_model.py "$tiny" "$tmp/tiny.safetensors"
+  model="$tmp/tiny.safetensors"
+fi
+"$bin/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$tmp/port" --log-level warn &
+wp=$!
+for _ in $(seq 500); do [ -s "$tmp/port" ] && break; sleep 0.01; done
+push=("$bin/client/wtx" push --workers "127.0.0.1:$(cat "$tmp/port")" --backend "$backend"
+      "${extra[@]}" "$model")
+for _ in 1 2 3 4; do "${push[@]}" >/dev/null; done
+perf record -F 5000 -g -p "$wp" -o "$tmp/worker.data" 2>/dev/null &
+pp=$!
+sleep 0.5
+perf record -F 5000 -g -o "$tmp/trainer.data" "${push[@]}" 2>/dev/null | head -1
+sleep 0.2
+kill -INT "$pp"
+wait "$pp" 2>/dev/null || true
+for side in worker trainer; do
+  n=$(perf script -i "$tmp/$side.data" 2>/dev/null | grep -c cpu-clock || true)
+  echo "== $side: $n samples at 5 kHz = $(echo "$n / 5000" | bc -l | xargs printf '%.3f') s of CPU"
+  perf report -i "$tmp/$side.data" --no-children --stdio --sort sym 2>/dev/null |
+    grep -E '^ +[0-9]' | head -15
+done
