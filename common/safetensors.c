@@ -339,6 +339,17 @@ static int parse(wtx_st_file *f, const char *path, char *err, size_t errlen) {
                                          "JSON object", path);
   return rc != 0 ? rc : check_layout(f, path, p.data, p.data_len, err, errlen);
 }
+/* Hands f out when rc (its parse) is 0, else closes it. */
+static int parsed(wtx_st_file *f, int rc, wtx_st_file **out, char *err, size_t errlen) {
+  if (rc != 0) {
+    if (rc == WTX_ENOMEM && err[0] == '\0') snprintf(err, errlen, "out of memory");
+    wtx_st_close(f);
+    return rc;
+  }
+  *out = f;
+  return 0;
+}
+
 int wtx_st_open(const char *path, wtx_st_file **out, char *err, size_t errlen) {
   *out = NULL;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -360,14 +371,7 @@ int wtx_st_open(const char *path, wtx_st_file **out, char *err, size_t errlen) {
     }
   }
   close(fd);
-  if (rc == 0) rc = parse(f, path, err, errlen);
-  if (rc != 0) {
-    if (rc == WTX_ENOMEM && err[0] == '\0') snprintf(err, errlen, "out of memory");
-    wtx_st_close(f);
-    return rc;
-  }
-  *out = f;
-  return 0;
+  return parsed(f, rc == 0 ? parse(f, path, err, errlen) : rc, out, err, errlen);
 }
 
 int wtx_st_parse(const uint8_t *data, size_t size, const char *name, wtx_st_file **out,
@@ -378,14 +382,7 @@ int wtx_st_parse(const uint8_t *data, size_t size, const char *name, wtx_st_file
   f->map = (uint8_t *)data;
   f->size = size;
   f->borrowed = 1;
-  int rc = parse(f, name, err, errlen);
-  if (rc != 0) {
-    if (rc == WTX_ENOMEM && err[0] == '\0') snprintf(err, errlen, "out of memory");
-    wtx_st_close(f);
-    return rc;
-  }
-  *out = f;
-  return 0;
+  return parsed(f, parse(f, name, err, errlen), out, err, errlen);
 }
 
 void wtx_st_close(wtx_st_file *f) {
