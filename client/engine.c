@@ -203,7 +203,7 @@ typedef struct cursor {
   size_t i;             /* tensor held (d valid) */
   wtx__tensor_data d;   /* where tensor i is */
   int have;             /* d holds tensor i */
-  int want;             /* WTX__WANT_*: how device tensors are taken */
+  int host_copy;        /* device tensors are needed on the host too */
   XXH3_state_t *h;
 } cursor;
 
@@ -213,7 +213,7 @@ static int cursor_get(cursor *c, size_t i) {
   if (c->have && c->i == i) return 0;
   wtx_tensor_meta m;
   wtx__tensor_data d;
-  int r = wtx__source_next(c->t->source, c->iter, c->want, &m, &d);
+  int r = wtx__source_next(c->t->source, c->iter, c->host_copy, &m, &d);
   if (r < 0) return fail(c->t, r, "source: iteration failed at parameter %zu: %s",
                          i, wtx_strerror(r));
   if (r == 0)
@@ -334,7 +334,7 @@ static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
  * a collective every rank must join), checked like the sender's. */
 static int iterate_only(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n) {
   /* Nothing is read: device tensors are not copied to the host. */
-  cursor c = {.t = t, .metas = metas, .n = n, .want = WTX__WANT_DEVICE};
+  cursor c = {.t = t, .metas = metas, .n = n, .host_copy = 0};
   int rc = wtx_source_open(t->source, &c.iter);
   if (rc != 0) return fail(t, rc, "source: cannot start a pass");
   for (size_t i = 0; i < n && rc == 0; i++) rc = cursor_get(&c, i);
@@ -430,10 +430,8 @@ static int sync_prepare(sync_state *s) {
   s->pmp = calloc(s->table ? 1 : s->n, sizeof *s->pmp);
   /* Device tensors go device to device where the backend can take them;
    * hashing them (checksums on) needs their bytes on the host as well. */
-  int want = t->tt->put_device == NULL ? WTX__WANT_HOST
-             : s->verify               ? WTX__WANT_BOTH
-                                       : WTX__WANT_DEVICE;
-  s->c = (cursor){.t = t, .metas = s->metas, .n = s->n, .want = want,
+  int host_copy = t->tt->put_device == NULL || s->verify;
+  s->c = (cursor){.t = t, .metas = s->metas, .n = s->n, .host_copy = host_copy,
                   .h = XXH3_createState()};
   if (!s->sums || !s->n_sums || !s->pm || !s->pmp || !s->c.h)
     return fail(t, WTX_ENOMEM, "out of memory");

@@ -51,7 +51,7 @@ int wtx_source_metadata(wtx_source *s, const wtx_tensor_meta **metas, size_t *n)
 int wtx_source_open(wtx_source *s, void **iter) { return s->ops->open(s->self, iter); }
 
 /* A host copy of the device tensor out names, in the source's scratch. */
-static int host_copy(wtx_source *s, const wtx_tensor_meta *meta, wtx__tensor_data *out) {
+static int copy_to_host(wtx_source *s, const wtx_tensor_meta *meta, wtx__tensor_data *out) {
   char why[300];
   if (s->cuda == NULL && wtx__cuda_load(0, &s->cuda, why, sizeof why) != 0)
     return WTX_EUNAVAIL;
@@ -68,7 +68,7 @@ static int host_copy(wtx_source *s, const wtx_tensor_meta *meta, wtx__tensor_dat
   return 1;
 }
 
-int wtx__source_next(wtx_source *s, void *iter, int want, wtx_tensor_meta *meta,
+int wtx__source_next(wtx_source *s, void *iter, int host_copy, wtx_tensor_meta *meta,
                      wtx__tensor_data *out) {
   *out = (wtx__tensor_data){0};
   int r = s->ops->next(s->self, iter, meta, &out->host);
@@ -78,13 +78,13 @@ int wtx__source_next(wtx_source *s, void *iter, int want, wtx_tensor_meta *meta,
   }
   out->device = out->host; /* device memory that stays put */
   out->host = NULL;
-  return want == WTX__WANT_DEVICE ? 1 : host_copy(s, meta, out);
+  return host_copy ? copy_to_host(s, meta, out) : 1;
 }
 
 int wtx_source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
                     const uint8_t **data) {
   wtx__tensor_data d;
-  int r = wtx__source_next(s, iter, WTX__WANT_HOST, meta, &d);
+  int r = wtx__source_next(s, iter, 1, meta, &d);
   *data = d.host;
   return r;
 }

@@ -17,16 +17,11 @@ typedef struct wtx__tensor_data {
                           is closed (the source's next said 2) */
 } wtx__tensor_data;
 
-/* What the caller takes of a device tensor: its bytes on the host (copied
- * by the source, as wtx_source_next gives them), its device address only,
- * or both. */
-enum { WTX__WANT_HOST = 0, WTX__WANT_DEVICE = 1, WTX__WANT_BOTH = 2 };
-
 /* wtx_source_next for the engine: where the tensor is. A device tensor
  * (next said 3: the memory source's, or an implementation's) has device
- * set, and host a copy (one buffer per source, reused) unless want is
- * WANT_DEVICE (then NULL). A host tensor: host set, device NULL. */
-int wtx__source_next(wtx_source *s, void *iter, int want, wtx_tensor_meta *meta,
+ * set, and host a copy (one buffer per source, reused) when host_copy is
+ * 1, else NULL. A host tensor: host set, device NULL. */
+int wtx__source_next(wtx_source *s, void *iter, int host_copy, wtx_tensor_meta *meta,
                      wtx__tensor_data *out);
 
 #ifdef __cplusplus
