@@ -425,10 +425,9 @@ static int chunk_check_frame(wtx_session *s, chunk *c) {
     return WTX_EINVAL;
   }
   if ((int)ui->backend_case != s->transport->update_case) {
-    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(
-        &wtx__v1__update_info__descriptor, (unsigned)s->transport->update_case);
+    const char *member = wtx_update_case_name(s->transport->update_case);
     snprintf(c->err, sizeof c->err, "update_info.%s: missing (the session's "
-             "backend is %s)", f != NULL ? f->name : "backend", s->transport->name);
+             "backend is %s)", member != NULL ? member : "backend", s->transport->name);
     return WTX_EINVAL;
   }
   c->rt = calloc(c->n, sizeof *c->rt);

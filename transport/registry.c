@@ -53,9 +53,7 @@ static void reg_names(registry *r, char *buf, size_t len) {
 
 /* The oneof cases must name members of the schema's oneofs. */
 static int cases_valid(int init_case, int update_case) {
-  return wtx_init_case_name(init_case) != NULL &&
-         protobuf_c_message_descriptor_get_field(&wtx__v1__update_info__descriptor,
-                                                 (unsigned)update_case) != NULL;
+  return wtx_init_case_name(init_case) != NULL && wtx_update_case_name(update_case) != NULL;
 }
 
 int wtx_worker_transport_register(const wtx_worker_transport *t) {

@@ -62,6 +62,8 @@ void wtx_wire_params_to_init(const wtx_wire_params *wire,
 /* The name of the InitInfo.backend member numbered init_case ("tcp", ...,
  * from the schema's descriptor), or NULL when there is none. Static. */
 const char *wtx_init_case_name(int init_case);
+/* The same for UpdateInfo.backend. */
+const char *wtx_update_case_name(int update_case);
 
 /* ---- worker side: receiving ---- */
 

@@ -6,11 +6,20 @@
 
 #include "transport/transport.h"
 
-const char *wtx_init_case_name(int init_case) {
-  const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(
-      &wtx__v1__init_info__descriptor, (unsigned)init_case);
-  /* Only oneof members name a backend (the shared fields are no members). */
+/* The name of desc's oneof member numbered number, or NULL: only oneof
+ * members name a backend (the shared fields are no members). */
+static const char *member_name(const ProtobufCMessageDescriptor *desc, int number) {
+  const ProtobufCFieldDescriptor *f =
+      protobuf_c_message_descriptor_get_field(desc, (unsigned)number);
   return f != NULL && (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) ? f->name : NULL;
+}
+
+const char *wtx_init_case_name(int init_case) {
+  return member_name(&wtx__v1__init_info__descriptor, init_case);
+}
+
+const char *wtx_update_case_name(int update_case) {
+  return member_name(&wtx__v1__update_info__descriptor, update_case);
 }
 
 static int resolve_checksum(int checksum, int default_checksum, int *out) {

@@ -54,12 +54,19 @@ TEST(Registry, EveryBuiltinDeclaresItsOneofMembersAndChecksumDefault) {
     EXPECT_EQ(w.checksum, wt->default_checksum) << w.name;
     EXPECT_EQ(w.checksum, tt->default_checksum) << w.name;
     EXPECT_STREQ(w.name, wtx_init_case_name(w.init_case));  // the schema's member name
+    EXPECT_STREQ(w.name, wtx_update_case_name(w.update_case));
   }
   // Shared fields are no backend member; a case outside the oneof is refused.
   EXPECT_EQ(nullptr, wtx_init_case_name(5));
   wtx_worker_transport bad = wtx_shm_worker_transport;
   bad.name = "bad_case";
   bad.init_case = 7;
+  EXPECT_EQ(WTX_EINVAL, wtx_worker_transport_register(&bad));
+  // The same for UpdateInfo: layout (5) is a shared field, not a backend.
+  EXPECT_EQ(nullptr, wtx_update_case_name(5));
+  bad = wtx_shm_worker_transport;
+  bad.name = "bad_update_case";
+  bad.update_case = 5;
   EXPECT_EQ(WTX_EINVAL, wtx_worker_transport_register(&bad));
 }
 
