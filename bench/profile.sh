@@ -48,5 +48,5 @@ for side in worker trainer; do
   n=$(perf script -i "$tmp/$side.data" 2>/dev/null | grep -c cpu-clock || true)
   echo "== $side: $n samples at 5 kHz = $(echo "$n / 5000" | bc -l | xargs printf '%.3f') s of CPU"
   perf report -i "$tmp/$side.data" --no-children --stdio --sort sym 2>/dev/null |
-    grep -E '^ +[0-9]' | head -15
+    grep -E '^ +[0-9]' | awk 'NR <= 15' # reads to the end: no SIGPIPE under pipefail
 done
