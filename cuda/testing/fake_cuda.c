@@ -8,6 +8,13 @@
  *  - device memory is a POSIX shared-memory object per allocation, so an
  *    IPC handle (which names it) opens in another process; never in the
  *    process that exported it (cudaErrorInvalidResourceHandle, as CUDA);
+ *  - device memory cannot be touched from the host: the address handed out
+ *    is mapped PROT_NONE, so code that reads or writes a device address on
+ *    the CPU dies with SIGSEGV, as it would on a GPU, instead of passing.
+ *    Only the double's own copies and broadcasts reach the bytes, through a
+ *    second, private mapping. A copy whose kind does not match where its
+ *    pointers are (host-to-device into host memory, ...) or that runs past
+ *    the end of an allocation fails with cudaErrorInvalidValue;
  *  - copies are asynchronous. cudaMemcpyAsync lands on its stream after
  *    WTX_FAKE_CUDA_LAG_MS (default 2) or at cudaStreamSynchronize, and
  *    cudaStreamQuery says cudaErrorNotReady until then. A cudaMemcpy from
@@ -96,7 +103,8 @@ static int lag_ms(void) {
 /* ---- memory ---- */
 
 typedef struct alloc {
-  void *ptr;
+  void *ptr;  /* device allocations: the device address, PROT_NONE */
+  void *view; /* device allocations: the same bytes, for the double only */
   size_t size;
   char name[48];
   int opened; /* mapped from another process's handle */
@@ -109,7 +117,10 @@ static alloc *allocs;
 static _Thread_local int current_device;
 static atomic_uint counter;
 
-static int map_shm(const char *name, int create, size_t *size, void **out) {
+/* Maps name (creating it of *size bytes when create, else *size gets its
+ * size) readable and writable at *out; with device, also at *device with
+ * no access at all (a device address). */
+static int map_shm2(const char *name, int create, size_t *size, void **out, void **device) {
   int fd = shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
   if (fd < 0) return ERR_INVALID;
   struct stat st;
@@ -122,11 +133,21 @@ static int map_shm(const char *name, int create, size_t *size, void **out) {
     fstat(fd, &st);
     *size = (size_t)st.st_size;
   }
-  void *p = mmap(NULL, *size ? *size : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  size_t len = *size ? *size : 1;
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *d = device == NULL || p == MAP_FAILED ? NULL : mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
   close(fd);
-  if (p == MAP_FAILED) return ERR_MEMORY;
+  if (p == MAP_FAILED || d == MAP_FAILED) {
+    if (p != MAP_FAILED) munmap(p, len);
+    return ERR_MEMORY;
+  }
   *out = p;
+  if (device != NULL) *device = d;
   return OK;
+}
+
+static int map_shm(const char *name, int create, size_t *size, void **out) {
+  return map_shm2(name, create, size, out, NULL);
 }
 
 EXPORT int cudaGetDeviceCount(int *n) {
@@ -178,7 +199,7 @@ static void remember(alloc *a) {
 
 /* Maps a's object (creating it when create) and records the mapping. */
 static int track(alloc *a, int create, void **ptr) {
-  int rc = map_shm(a->name, create, &a->size, &a->ptr);
+  int rc = map_shm2(a->name, create, &a->size, &a->view, &a->ptr);
   if (rc != OK) {
     free(a);
     return rc;
@@ -231,6 +252,46 @@ EXPORT int cudaMallocHost(void **ptr, size_t size) {
   a->pinned = 1;
   remember(a);
   *ptr = a->ptr;
+  return OK;
+}
+
+static void unmap(alloc *a) {
+  munmap(a->ptr, a->size ? a->size : 1);
+  munmap(a->view, a->size ? a->size : 1);
+}
+
+/* Where the double itself reaches [p, +n): through the private mapping
+ * when p is a device address (*on_device = 1), else p itself. NULL when
+ * the range starts in a device allocation and runs past its end. */
+static void *reach(const void *p, size_t n, int *on_device) {
+  const char *c = p;
+  void *out = (void *)p;
+  *on_device = 0;
+  pthread_mutex_lock(&mu);
+  for (alloc *a = allocs; a != NULL; a = a->next) {
+    const char *base = a->pinned ? NULL : a->ptr;
+    if (base == NULL || c < base || c >= base + (a->size ? a->size : 1)) continue;
+    *on_device = 1;
+    out = (size_t)(c - base) + n <= a->size ? (char *)a->view + (c - base) : NULL;
+    break;
+  }
+  pthread_mutex_unlock(&mu);
+  return out;
+}
+
+enum { KIND_H2H = 0, KIND_D2H = 2, KIND_D2D = 3, KIND_DEFAULT = 4 };
+
+/* Resolves a copy's pointers for the double (*dst_out, *src_out) and
+ * checks them against kind as CUDA does: ERR_INVALID when a side is not
+ * where kind says or runs past its allocation. */
+static int resolve_copy(void *dst, const void *src, size_t n, int kind, void **dst_out,
+                        const void **src_out) {
+  int dd, sd;
+  *dst_out = reach(dst, n, &dd);
+  *src_out = reach(src, n, &sd);
+  if (*dst_out == NULL || *src_out == NULL) return ERR_INVALID;
+  int want_dd = kind == KIND_H2D || kind == KIND_D2D, want_sd = kind == KIND_D2H || kind == KIND_D2D;
+  if (kind != KIND_DEFAULT && (dd != want_dd || sd != want_sd)) return ERR_INVALID;
   return OK;
 }
 
@@ -434,11 +495,15 @@ EXPORT int cudaStreamQuery(void *sp) {
 }
 
 EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *sp) {
+  int rc = resolve_copy(dst, src, n, kind, &dst, &src);
+  if (rc != OK) return rc;
   int pageable = kind == KIND_H2D && !is_pinned(src, n);
   return enqueue_copy(sp != NULL ? sp : &legacy, dst, src, n, pageable);
 }
 
 EXPORT int cudaMemcpy(void *dst, const void *src, size_t n, int kind) {
+  int rc = resolve_copy(dst, src, n, kind, &dst, &src);
+  if (rc != OK) return rc;
   if (kind == KIND_H2D && !is_pinned(src, n))
     return enqueue_copy(&legacy, dst, src, n, 1); /* returns before it lands */
   drain(&legacy); /* ordered after earlier work of the default stream */
@@ -452,7 +517,7 @@ EXPORT int cudaFree(void *ptr) {
   synchronize_all();
   alloc *a = take(ptr, 0, 0);
   if (a == NULL) return ERR_INVALID;
-  munmap(a->ptr, a->size ? a->size : 1);
+  unmap(a);
   shm_unlink(a->name);
   free(a);
   return OK;
@@ -487,7 +552,7 @@ EXPORT int cudaIpcOpenMemHandle(void **ptr, ipc_handle h, unsigned flags) {
 EXPORT int cudaIpcCloseMemHandle(void *ptr) {
   alloc *a = take(ptr, 1, 0);
   if (a == NULL) return ERR_INVALID;
-  munmap(a->ptr, a->size ? a->size : 1);
+  unmap(a);
   free(a);
   return OK;
 }
@@ -811,6 +876,13 @@ EXPORT int ncclBroadcast(const void *send, void *recv, size_t count, int dtype, 
   (void)dtype;
   comm *cm = commp;
   if (cm == NULL || atomic_load(&cm->state) != OK) return NCCL_INVALID;
+  /* Both buffers in device memory (send only matters on the root); dtype:
+   * bytes (ncclUint8) is all wtx uses. */
+  int on_device = 1;
+  if (cm->rank == root) send = reach(send, count, &on_device);
+  if (cm->rank == root && (send == NULL || !on_device)) return NCCL_INVALID;
+  recv = reach(recv, count, &on_device);
+  if (recv == NULL || !on_device) return NCCL_INVALID;
   bcast *b = calloc(1, sizeof *b);
   op *o = calloc(1, sizeof *o);
   kernel *k = calloc(1, sizeof *k);

@@ -214,6 +214,34 @@ TEST_F(CudaTest, AnAnnouncedChunkIsAlreadyInDeviceMemory) {
   wtx_cuda_ipc_trainer_transport.destroy(t);
 }
 
+// The double's device memory is not host memory: touching a device address
+// on the CPU crashes, as on a GPU, so no test passes on a host read of
+// device bytes; copies must say where their pointers are.
+TEST_F(CudaTest, DeviceAddressesAreReachableOnlyThroughCopies) {
+  void *dev = nullptr;
+  ASSERT_EQ(0, c_->Malloc(&dev, 4096));
+  std::vector<uint8_t> in(4096), out(4096, 0);
+  for (size_t i = 0; i < in.size(); i++) in[i] = static_cast<uint8_t>(i * 5 + 1);
+  ASSERT_EQ(0, c_->Memcpy(dev, in.data(), in.size(), WTX_CUDA_H2D));
+  ASSERT_EQ(0, c_->Memcpy(out.data(), dev, out.size(), WTX_CUDA_D2H));
+  EXPECT_EQ(in, out);
+  void *dev2 = nullptr;
+  ASSERT_EQ(0, c_->Malloc(&dev2, 4096));
+  ASSERT_EQ(0, c_->Memcpy(dev2, static_cast<uint8_t *>(dev) + 96, 64, WTX_CUDA_D2D));
+  std::vector<uint8_t> back(64);
+  ASSERT_EQ(0, c_->Memcpy(back.data(), dev2, 64, WTX_CUDA_D2H));
+  EXPECT_EQ(0, memcmp(back.data(), in.data() + 96, 64));
+  // The wrong kind, or past the end of the allocation: invalid value.
+  EXPECT_NE(0, c_->Memcpy(out.data(), in.data(), 16, WTX_CUDA_H2D));
+  EXPECT_NE(0, c_->Memcpy(out.data(), dev, 16, WTX_CUDA_D2D));
+  EXPECT_NE(0, c_->Memcpy(out.data(), static_cast<uint8_t *>(dev) + 4000, 200, WTX_CUDA_D2H));
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH({ volatile uint8_t b = *static_cast<volatile uint8_t *>(dev); (void)b; }, "");
+  EXPECT_DEATH(memset(dev, 0, 16), "");
+  c_->Free(dev2);
+  c_->Free(dev);
+}
+
 // A worker's broadcast that times out is aborted at once: its kernel does
 // not keep running on the GPU, and the next update says the communicator
 // is gone.
