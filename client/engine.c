@@ -303,10 +303,11 @@ static int take(pack_out *out, uint64_t used, const wtx__tensor_data *d, uint64_
   return 0;
 }
 
-/* Takes chunk ch's bytes into out, hashing whole tensors; fills sums with
- * the checksums of the tensors ending in the chunk. */
+/* Takes chunk ch's bytes into out, hashing whole tensors (verify); fills
+ * sums with the checksums of the tensors ending in the chunk and, when not
+ * NULL, ends with where in the chunk each of them ends. */
 static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
-                size_t *n_sums, int verify) {
+                uint64_t *ends, size_t *n_sums, int verify) {
   uint64_t off = ch->first_offset, used = 0;
   *n_sums = 0;
   out->n_iov = 0;
@@ -323,6 +324,7 @@ static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
     if (off + k == c->metas[i].nbytes) {
       uint64_t d = verify ? XXH3_64bits_digest(c->h) : 0;
       c->t->xxh3[i] = d;
+      if (ends != NULL) ends[*n_sums] = used;
       sums[(*n_sums)++] = d;
     }
     off = 0;
@@ -360,6 +362,10 @@ typedef struct sync_state {
   uint64_t *sums;   /* nb rows of (max params per chunk + 1) */
   size_t *n_sums;   /* per buffer */
   size_t sums_row;
+  /* The backend hashes while it sends (hashes_in_stream, checksums on):
+   * where each buffer's tensors end (rows like sums), and what it is told. */
+  uint64_t *ends;
+  wtx_chunk_sums *cs; /* per buffer */
   /* Sending in place (the backend has post_iov): per buffer, the chunk's
    * pieces (rows of sums_row), in the source's memory where it stays put,
    * else in the buffer. */
@@ -380,6 +386,8 @@ static void sync_free(sync_state *s) {
   free(s->chunks);
   free(s->sums);
   free(s->n_sums);
+  free(s->ends);
+  free(s->cs);
   free(s->outs);
   free(s->iov);
   free(s->pm);
@@ -420,6 +428,11 @@ static int sync_prepare(sync_state *s) {
   s->iov = s->in_place ? calloc(s->nb * s->sums_row, sizeof *s->iov) : NULL;
   if (s->outs == NULL || (s->in_place && s->iov == NULL))
     return fail(t, WTX_ENOMEM, "out of memory");
+  if (s->verify && s->in_place && t->tt->hashes_in_stream) {
+    s->ends = calloc(s->nb * s->sums_row, sizeof *s->ends);
+    s->cs = calloc(s->nb, sizeof *s->cs);
+    if (s->ends == NULL || s->cs == NULL) return fail(t, WTX_ENOMEM, "out of memory");
+  }
   for (uint32_t b = 0; b < s->nb; b++)
     s->outs[b] = (pack_out){.buf = t->tt->buffer(t->self, b),
                             .iov = s->in_place ? &s->iov[b * s->sums_row] : NULL,
@@ -429,7 +442,8 @@ static int sync_prepare(sync_state *s) {
   s->pm = calloc(s->table ? 1 : s->n, sizeof *s->pm);
   s->pmp = calloc(s->table ? 1 : s->n, sizeof *s->pmp);
   /* Device tensors go device to device where the backend can take them;
-   * hashing them (checksums on) needs their bytes on the host as well. */
+   * hashing them (checksums on) needs their bytes on the host as well. A
+   * backend that hashes while it sends gets the pieces unhashed. */
   int host_copy = t->tt->put_device == NULL || s->verify;
   s->c = (cursor){.t = t, .metas = s->metas, .n = s->n, .host_copy = host_copy,
                   .h = XXH3_createState()};
@@ -452,8 +466,17 @@ static int sync_prepare(sync_state *s) {
 /* Packs chunk k into its buffer (k mod the number of buffers). */
 static int sync_pack(sync_state *s, size_t k) {
   uint32_t b = (uint32_t)(k % s->nb);
-  return pack(&s->c, &s->chunks[k], &s->outs[b], &s->sums[b * s->sums_row],
-              &s->n_sums[b], s->verify);
+  uint64_t *ends = s->cs != NULL ? &s->ends[b * s->sums_row] : NULL;
+  return pack(&s->c, &s->chunks[k], &s->outs[b], &s->sums[b * s->sums_row], ends,
+              &s->n_sums[b], s->verify && s->cs == NULL);
+}
+
+/* The checksums the backend computed while it sent chunk k (complete
+ * returned 0): the sync's record of them. */
+static void sync_took_sums(sync_state *s, size_t k) {
+  const wtx_chunk_sums *cs = &s->cs[k % s->nb];
+  /* The tensors ending in a chunk are its first ones, in order. */
+  memcpy(&s->t->xxh3[s->chunks[k].first], cs->out, cs->n * sizeof *cs->out);
 }
 
 /* The UpdateInfo of chunk k, packed in buffer b; the backend adds its part. */
@@ -472,7 +495,7 @@ static int sync_update_info(sync_state *s, size_t k, Wtx__V1__UpdateInfo *ui) {
   }
   ui->first_param_offset = ch->first_offset;
   ui->chunk_bytes = ch->bytes;
-  if (s->verify) {
+  if (s->verify && s->cs == NULL) {
     ui->xxh3_64 = &s->sums[b * s->sums_row];
     ui->n_xxh3_64 = s->n_sums[b];
   }
@@ -502,7 +525,13 @@ static int sync_chunk(sync_state *s, size_t k) {
   }
   char err[600] = "";
   const pack_out *out = &s->outs[b];
-  int drc = s->in_place ? tt->post_iov(t->self, b, &s->chunks[k], out->iov, out->n_iov)
+  wtx_chunk_sums *cs = NULL;
+  if (s->cs != NULL) {
+    cs = &s->cs[b];
+    *cs = (wtx_chunk_sums){.ends = &s->ends[b * s->sums_row], .n = s->n_sums[b],
+                           .out = &s->sums[b * s->sums_row]};
+  }
+  int drc = s->in_place ? tt->post_iov(t->self, b, &s->chunks[k], out->iov, out->n_iov, cs)
             : tt->post != NULL ? tt->post(t->self, b, &s->chunks[k]) : 0;
   if (drc != 0) snprintf(err, sizeof err, "%s: cannot send chunk %zu", tt->name, k);
   int packed_next = drc == 0 && k + 1 < s->n_chunks && s->nb > 1;
@@ -520,6 +549,7 @@ static int sync_chunk(sync_state *s, size_t k) {
                 drc ? "; data plane: " : "", drc ? err : "");
   if (drc != 0) return fail(t, drc, "%s", err);
   if (rc != 0) return rc;
+  if (cs != NULL) sync_took_sums(s, k);
   /* One buffer: the next chunk is packed once this one has arrived. */
   return !packed_next && k + 1 < s->n_chunks ? sync_pack(s, k + 1) : 0;
 }

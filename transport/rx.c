@@ -20,6 +20,8 @@ struct wtx_rx {
   size_t completed;
   const uint64_t *expected;
   size_t n_expected;
+  uint64_t *carried; /* wtx_rx_checksums' copy */
+  size_t carried_cap;
   /* carried across chunks: a tensor left incomplete */
   char *carry_name;
   uint64_t carry_pos, carry_nbytes;
@@ -52,6 +54,7 @@ void wtx__rx_destroy(wtx_rx *rx) {
   wtx__rx_reset(rx);
   XXH3_freeState(rx->h);
   free(rx->digests);
+  free(rx->carried);
   free(rx);
 }
 
@@ -151,6 +154,17 @@ int wtx__rx_expect_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n) {
   rx->expected = xxh3;
   rx->n_expected = n;
   return 0;
+}
+
+int wtx_rx_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n) {
+  if (n > rx->carried_cap) {
+    uint64_t *c = realloc(rx->carried, n * sizeof *c);
+    if (c == NULL) return WTX_ENOMEM;
+    rx->carried = c;
+    rx->carried_cap = n;
+  }
+  if (n > 0) memcpy(rx->carried, xxh3, n * sizeof *xxh3);
+  return wtx__rx_expect_checksums(rx, rx->carried, n);
 }
 
 uint64_t wtx_rx_remaining(const wtx_rx *rx) { return rx->left; }

@@ -7,10 +7,14 @@
  * reported as its data_address. Every connection opens with a hello carrying
  * the session's data_token; a peer without it is refused. Per chunk, the
  * upstream writes a 32-byte frame header (magic, version, chunk sequence,
- * first_param_offset, chunk_bytes) and the chunk's bytes. A relaying worker
- * receives each piece (128 KiB at most) straight into model memory and forwards
- * it downstream before reading the next: cut-through, so the chain adds a
- * piece of latency per hop, not a chunk.
+ * first_param_offset, chunk_bytes), the chunk's bytes and, with
+ * checksum_trailer, the checksums of the tensors ending in the chunk: the
+ * trainer hashes each piece just before it sends it, so it reads its
+ * tensors once (they were a second pass before the UpdateWeights calls). A
+ * relaying worker receives each piece (128 KiB at most) straight into model
+ * memory and forwards it downstream before reading the next: cut-through,
+ * so the chain adds a piece of latency per hop, not a chunk; the trailer
+ * is checked by each worker and forwarded as it came.
  *
  * A chunk (its header, the relay's accept and every byte) and a connect
  * each have one deadline, the session's timeout_ms, however the peer
@@ -36,6 +40,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/hash.h"
 #include "transport/tcp_frame.h"
 #include "transport/transport.h"
 
@@ -329,6 +334,10 @@ typedef struct tcp_worker {
   uint8_t token[WTX__TCP_TOKEN_MAX];
   size_t token_len;
   int relay;   /* whether a downstream worker follows */
+  int trailer; /* checksums follow each chunk's bytes (checksum_trailer) */
+  uint8_t *tbuf; /* the last trailer's values, as received */
+  uint64_t *sums; /* and decoded */
+  size_t tcap;    /* values both hold */
   int up;      /* connection to the upstream */
   int lfd;     /* relay listener, -1 when last in the chain */
   int down;    /* relay connection, accepted at the first chunk */
@@ -348,6 +357,8 @@ static void tcp_worker_destroy(void *self) {
   if (w->lfd >= 0) close(w->lfd);
   if (w->down >= 0) close(w->down);
   if (w->cancel_fd >= 0) close(w->cancel_fd);
+  free(w->tbuf);
+  free(w->sums);
   free(w);
 }
 
@@ -373,6 +384,8 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   w->allow = env != NULL ? env->allow_upstream : NULL;
   w->relay_port = env != NULL ? env->relay_port : 0;
   w->relay = ti->relay;
+  w->trailer = ti->checksum_trailer &&
+               wire->checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   w->token_len = ti->data_token.len;
   memcpy(w->token, ti->data_token.data, w->token_len);
   snprintf(w->upstream, sizeof w->upstream, "%s", ti->upstream_address);
@@ -437,6 +450,39 @@ static int worker_fail(tcp_worker *w, wtx_rx *rx, int rc, const char *fmt, ...) 
   return rc;
 }
 
+/* The checksum trailer after chunk w->seq's bytes: read, relayed, and
+ * handed to rx. */
+static int receive_trailer(tcp_worker *w, wtx_rx *rx, const waitspec *to) {
+  uint8_t h[WTX__TCP_TRAILER_HEAD_BYTES];
+  const char *why = "";
+  char bad[200];
+  uint32_t n = 0;
+  int rc = read_full(w->up, h, sizeof h, to, &why);
+  if (rc != 0)
+    return worker_fail(w, rx, rc, "chunk %llu checksums from %s: %s",
+                       (unsigned long long)w->seq, w->upstream, why);
+  if ((rc = wtx__tcp_trailer_check(h, w->seq, WTX_MAX_CHUNK_PARAMS, &n, bad, sizeof bad)) != 0)
+    return worker_fail(w, rx, rc, "chunk %llu from %s: %s", (unsigned long long)w->seq,
+                       w->upstream, bad);
+  if (n > w->tcap) {
+    uint8_t *b = realloc(w->tbuf, (size_t)n * 8);
+    if (b != NULL) w->tbuf = b;
+    uint64_t *v = b != NULL ? realloc(w->sums, (size_t)n * 8) : NULL;
+    if (v == NULL) return worker_fail(w, rx, WTX_ENOMEM, "out of memory for %u checksums", n);
+    w->sums = v;
+    w->tcap = n;
+  }
+  if ((rc = read_full(w->up, w->tbuf, (size_t)n * 8, to, &why)) != 0)
+    return worker_fail(w, rx, rc, "chunk %llu checksums from %s: %s",
+                       (unsigned long long)w->seq, w->upstream, why);
+  struct iovec v[2] = {{h, sizeof h}, {w->tbuf, (size_t)n * 8}};
+  if (w->down >= 0 && (rc = write_iov_full(w->down, v, 2, to, &why)) != 0)
+    return worker_fail(w, rx, rc, "relay chunk %llu checksums downstream: %s",
+                       (unsigned long long)w->seq, why);
+  wtx__tcp_trailer_get_sums(w->tbuf, w->sums, n);
+  return wtx_rx_checksums(rx, w->sums, n);
+}
+
 static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
                               wtx_rx *rx) {
   tcp_worker *w = self;
@@ -445,6 +491,10 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
                   "session again", w->broke_why);
     return WTX_ESTATE;
   }
+  if (w->trailer && info->n_xxh3_64 > 0)
+    return worker_fail(w, rx, WTX_EINVAL, "update_info.xxh3_64: must be empty, this "
+                       "session's checksums follow each chunk's bytes "
+                       "(init_info.tcp.checksum_trailer)");
   /* One deadline for the whole chunk, header, relay accept and bytes. */
   waitspec ws = within(w->wire.timeout_ms, w->cancel_fd);
   const waitspec *to = &ws;
@@ -485,6 +535,7 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
     if ((rc = wtx_rx_commit(rx, k)) != 0) return rc;
     got += k;
   }
+  if (w->trailer && (rc = receive_trailer(w, rx, to)) != 0) return rc;
   w->seq++;
   return 0;
 }
@@ -522,9 +573,105 @@ typedef struct tcp_trainer {
   wtx_chunk job;
   const struct iovec *job_iov; /* the chunk's pieces (post_iov) */
   size_t job_n_iov;
+  const wtx_chunk_sums *job_sums; /* NULL: checksums in UpdateInfo or off */
   uint64_t seq;
   char job_why[300];
+  /* the writer's: the hash of the tensor being sent, carried from chunk to
+   * chunk, and the trailer record */
+  XXH3_state_t *h;
+  uint8_t *trailer;
+  size_t trailer_cap;
 } tcp_trainer;
+
+/* Hashing a chunk as it is sent (wtx_chunk_sums): pos is the chunk's
+ * bytes hashed so far, j the next tensor end. */
+typedef struct hasher {
+  XXH3_state_t *h;
+  const wtx_chunk_sums *cs;
+  size_t j;
+  uint64_t pos;
+} hasher;
+
+/* Hashes the chunk's next len bytes at p, taking a digest at every tensor
+ * end on the way (len 0: the ends at the current position). */
+static void hash_span(hasher *hs, const uint8_t *p, size_t len) {
+  for (;;) {
+    while (hs->j < hs->cs->n && hs->cs->ends[hs->j] == hs->pos) {
+      hs->cs->out[hs->j++] = XXH3_64bits_digest(hs->h);
+      XXH3_64bits_reset(hs->h);
+    }
+    if (len == 0) return;
+    uint64_t stop = hs->j < hs->cs->n ? hs->cs->ends[hs->j] - hs->pos : UINT64_MAX;
+    size_t k = stop < len ? (size_t)stop : len;
+    XXH3_64bits_update(hs->h, p, k);
+    p += k;
+    len -= k;
+    hs->pos += k;
+  }
+}
+
+/* Sends the n pieces of iov, PIECE bytes at a time, each hashed just
+ * before it goes, while it is in cache for the socket's copy. */
+static int write_hashing(int fd, const struct iovec *iov, size_t n, hasher *hs,
+                         const waitspec *ws, const char **why) {
+  struct iovec win[64];
+  size_t m = 0, bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    const uint8_t *p = iov[i].iov_base;
+    for (size_t left = iov[i].iov_len; left > 0;) {
+      size_t k = left < PIECE - bytes ? left : PIECE - bytes;
+      hash_span(hs, p, k);
+      win[m++] = (struct iovec){.iov_base = (void *)p, .iov_len = k};
+      bytes += k;
+      p += k;
+      left -= k;
+      if (bytes == PIECE || m == 64) {
+        int rc = write_iov_full(fd, win, m, ws, why);
+        if (rc != 0) return rc;
+        m = bytes = 0;
+      }
+    }
+  }
+  hash_span(hs, NULL, 0);
+  return m > 0 ? write_iov_full(fd, win, m, ws, why) : 0;
+}
+
+/* Chunk seq's checksum trailer, after its bytes. */
+static int write_trailer(tcp_trainer *t, uint64_t seq, const wtx_chunk_sums *cs,
+                         const waitspec *ws, const char **why) {
+  size_t len = WTX__TCP_TRAILER_HEAD_BYTES + cs->n * 8;
+  if (len > t->trailer_cap) {
+    uint8_t *b = realloc(t->trailer, len);
+    if (b == NULL) {
+      *why = "out of memory";
+      return WTX_ENOMEM;
+    }
+    t->trailer = b;
+    t->trailer_cap = len;
+  }
+  wtx__tcp_trailer_encode(t->trailer, seq, (uint32_t)cs->n);
+  wtx__tcp_trailer_put_sums(t->trailer + WTX__TCP_TRAILER_HEAD_BYTES, cs->out, cs->n);
+  return write_full(t->fd, t->trailer, len, ws, why);
+}
+
+/* Sends one chunk: header, bytes (hashed on the way when cs), trailer. */
+static int write_chunk(tcp_trainer *t, uint64_t seq, const wtx_chunk *c,
+                       const struct iovec *iov, size_t n, const wtx_chunk_sums *cs,
+                       const char **why) {
+  uint8_t f[WTX__TCP_FRAME_BYTES];
+  wtx__tcp_frame_encode(f, &(wtx__tcp_frame){seq, c->first_offset, c->bytes});
+  waitspec ws = within(t->wire.timeout_ms, -1); /* the whole chunk */
+  int rc = write_full(t->fd, f, sizeof f, &ws, why);
+  if (rc != 0 || cs == NULL) return rc != 0 ? rc : write_iov_full(t->fd, iov, n, &ws, why);
+  if (c->first_offset == 0) XXH3_64bits_reset(t->h); /* else: continues a tensor */
+  hasher hs = {.h = t->h, .cs = cs};
+  rc = write_hashing(t->fd, iov, n, &hs, &ws, why);
+  if (rc == 0 && hs.j != cs->n) {
+    *why = "the chunk's tensor ends lie beyond its bytes";
+    rc = WTX_EINVAL;
+  }
+  return rc != 0 ? rc : write_trailer(t, seq, cs, &ws, why);
+}
 
 static void *writer_main(void *arg) {
   tcp_trainer *t = arg;
@@ -536,13 +683,10 @@ static void *writer_main(void *arg) {
     uint64_t seq = t->seq++;
     const struct iovec *iov = t->job_iov;
     size_t n = t->job_n_iov;
+    const wtx_chunk_sums *cs = t->job_sums;
     pthread_mutex_unlock(&t->mu);
-    uint8_t f[WTX__TCP_FRAME_BYTES];
-    wtx__tcp_frame_encode(f, &(wtx__tcp_frame){seq, c.first_offset, c.bytes});
     const char *why = "";
-    waitspec ws = within(t->wire.timeout_ms, -1); /* the whole chunk */
-    int rc = write_full(t->fd, f, sizeof f, &ws, &why);
-    if (rc == 0) rc = write_iov_full(t->fd, iov, n, &ws, &why);
+    int rc = write_chunk(t, seq, &c, iov, n, cs, &why);
     pthread_mutex_lock(&t->mu);
     t->job_rc = rc;
     if (rc != 0)
@@ -569,6 +713,8 @@ static void tcp_trainer_destroy(void *self) {
   pthread_cond_destroy(&t->cv);
   free(t->buffers);
   free(t->tcp);
+  free(t->trailer);
+  if (t->h != NULL) XXH3_freeState(t->h);
   free(t);
 }
 
@@ -585,7 +731,8 @@ static int tcp_trainer_create(const wtx_trainer_args *args, void **self,
   pthread_cond_init(&t->cv, NULL);
   t->buffers = malloc((size_t)(wire->buffer_size * wire->num_buffers));
   t->tcp = calloc(n_workers, sizeof *t->tcp);
-  if (t->buffers == NULL || t->tcp == NULL) {
+  t->h = XXH3_createState();
+  if (t->buffers == NULL || t->tcp == NULL || t->h == NULL) {
     snprintf(err, errlen, "tcp: cannot allocate %u buffers of %llu bytes",
              wire->num_buffers, (unsigned long long)wire->buffer_size);
     tcp_trainer_destroy(t);
@@ -626,6 +773,7 @@ static int tcp_trainer_init_info(void *self, size_t i, const char *const *prev,
   ti->relay = i + 1 < t->n_workers;
   ti->data_token.data = t->token;
   ti->data_token.len = sizeof t->token;
+  ti->checksum_trailer = 1; /* with checksums on, they follow the bytes */
   out->backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
   out->tcp = ti;
   return 0;
@@ -661,7 +809,8 @@ static int tcp_trainer_prepare(void *self, uint32_t k, const wtx_chunk *c,
  * once, straight from the source's memory or buffer k (the engine's
  * choice per tensor). */
 static int tcp_trainer_post_iov(void *self, uint32_t k, const wtx_chunk *c,
-                                const struct iovec *iov, size_t n) {
+                                const struct iovec *iov, size_t n,
+                                const wtx_chunk_sums *sums) {
   (void)k;
   tcp_trainer *t = self;
   pthread_mutex_lock(&t->mu);
@@ -670,6 +819,7 @@ static int tcp_trainer_post_iov(void *self, uint32_t k, const wtx_chunk *c,
     t->job = *c;
     t->job_iov = iov;
     t->job_n_iov = n;
+    t->job_sums = sums;
     t->has_job = 1;
     pthread_cond_broadcast(&t->cv);
   }
@@ -696,6 +846,7 @@ const wtx_trainer_transport wtx_tcp_trainer_transport = {
     .init_case = WTX__V1__INIT_INFO__BACKEND_TCP,
     .update_case = WTX__V1__UPDATE_INFO__BACKEND_TCP,
     .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
+    .hashes_in_stream = 1,
     .create = tcp_trainer_create,
     .init_info = tcp_trainer_init_info,
     .connect = tcp_trainer_connect,

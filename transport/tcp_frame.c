@@ -8,6 +8,7 @@
 
 static const char hello_magic[4] = {'W', 'T', 'X', 'H'};
 static const char frame_magic[4] = {'W', 'T', 'X', 'C'};
+static const char trailer_magic[4] = {'W', 'T', 'X', 'S'};
 enum { VERSION = 1 };
 
 static void put64(uint8_t *p, uint64_t v) {
@@ -75,4 +76,37 @@ int wtx__tcp_frame_check(const uint8_t *f, const wtx__tcp_frame *want,
       return WTX_EPROTO;
     }
   return 0;
+}
+
+void wtx__tcp_trailer_encode(uint8_t *h, uint64_t seq, uint32_t count) {
+  memcpy(h, trailer_magic, 4);
+  put32(h + 4, count);
+  put64(h + 8, seq);
+}
+
+void wtx__tcp_trailer_put_sums(uint8_t *p, const uint64_t *sums, size_t count) {
+  for (size_t i = 0; i < count; i++) put64(p + 8 * i, sums[i]);
+}
+
+int wtx__tcp_trailer_check(const uint8_t *h, uint64_t seq, uint32_t max, uint32_t *count,
+                           char *err, size_t errlen) {
+  if (memcmp(h, trailer_magic, 4) != 0) {
+    snprintf(err, errlen, "checksum trailer: no 'WTXS' magic (the stream is out of step)");
+    return WTX_EPROTO;
+  }
+  if (get64(h + 8) != seq) {
+    snprintf(err, errlen, "checksum trailer: chunk %llu, expected %llu",
+             (unsigned long long)get64(h + 8), (unsigned long long)seq);
+    return WTX_EPROTO;
+  }
+  *count = get32(h + 4);
+  if (*count > max) {
+    snprintf(err, errlen, "checksum trailer: %u checksums, at most %u", *count, max);
+    return WTX_EPROTO;
+  }
+  return 0;
+}
+
+void wtx__tcp_trailer_get_sums(const uint8_t *p, uint64_t *sums, size_t count) {
+  for (size_t i = 0; i < count; i++) sums[i] = get64(p + 8 * i);
 }

@@ -3,7 +3,10 @@
  *  - the hello every data connection opens with: "WTXH", version, token
  *    length, the session's data_token (zero-padded to WTX__TCP_TOKEN_MAX);
  *  - the 32-byte frame header before each chunk: "WTXC", version, chunk
- *    sequence, first_param_offset, chunk_bytes.
+ *    sequence, first_param_offset, chunk_bytes;
+ *  - with TcpInitInfo.checksum_trailer, the trailer after each chunk's
+ *    bytes: "WTXS", count, chunk sequence (16 bytes), then count XXH3-64
+ *    values of 8 bytes, one per tensor ending in the chunk.
  * Integers are little-endian. Internal to transport/. */
 #ifndef WTX_TRANSPORT_TCP_FRAME_H
 #define WTX_TRANSPORT_TCP_FRAME_H
@@ -19,6 +22,7 @@ extern "C" {
 #define WTX__TCP_TOKEN_MAX 64
 #define WTX__TCP_HELLO_BYTES (12 + WTX__TCP_TOKEN_MAX)
 #define WTX__TCP_FRAME_BYTES 32
+#define WTX__TCP_TRAILER_HEAD_BYTES 16
 
 /* What a frame header says of the chunk that follows it. */
 typedef struct wtx__tcp_frame {
@@ -40,6 +44,17 @@ void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr);
  * chunk sequence, offset, bytes) in err, with both values. */
 int wtx__tcp_frame_check(const uint8_t *f, const wtx__tcp_frame *want,
                          char *err, size_t errlen);
+
+/* h: WTX__TCP_TRAILER_HEAD_BYTES, followed by count values that
+ * wtx__tcp_trailer_put_sums writes. */
+void wtx__tcp_trailer_encode(uint8_t *h, uint64_t seq, uint32_t count);
+void wtx__tcp_trailer_put_sums(uint8_t *p, const uint64_t *sums, size_t count);
+/* Checks a received trailer head against chunk seq: WTX_EPROTO naming
+ * the field in err (magic, chunk sequence, a count above max), else 0 and
+ * *count. */
+int wtx__tcp_trailer_check(const uint8_t *h, uint64_t seq, uint32_t max, uint32_t *count,
+                           char *err, size_t errlen);
+void wtx__tcp_trailer_get_sums(const uint8_t *p, uint64_t *sums, size_t count);
 
 #ifdef __cplusplus
 }

@@ -82,6 +82,11 @@ size_t wtx_rx_next(wtx_rx *rx, uint8_t **dst);
 int wtx_rx_commit(wtx_rx *rx, size_t len);
 /* Bytes this chunk still expects (UpdateInfo.chunk_bytes at the start). */
 uint64_t wtx_rx_remaining(const wtx_rx *rx);
+/* For a backend that carries the chunk's checksums itself, after its
+ * bytes (tcp's trailer): the sender's XXH3-64 of each tensor ending in the
+ * chunk, in order, copied; they take the place of UpdateInfo.xxh3_64 and
+ * are checked when the chunk ends. */
+int wtx_rx_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n);
 /* Records a detail message for the error the backend is about to return. */
 void wtx_rx_errorf(wtx_rx *rx, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -184,6 +189,20 @@ typedef struct wtx_trainer_args {
   const char *data_address;
 } wtx_trainer_args;
 
+/* For a backend that hashes while it sends (hashes_in_stream): where the
+ * chunk's tensors end and where their checksums go. ends: the chunk-relative
+ * byte offset at which each tensor whose last byte is in the chunk ends,
+ * ascending (equal for zero-byte tensors), n of them. out: n values, the
+ * XXH3-64 (seed 0) of each of those tensors, written by the time complete
+ * returns 0. A tensor that began in an earlier chunk is hashed from its first
+ * byte: the backend carries the state from chunk to chunk (and starts afresh
+ * at a chunk whose first_offset is 0). */
+typedef struct wtx_chunk_sums {
+  const uint64_t *ends;
+  size_t n;
+  uint64_t *out;
+} wtx_chunk_sums;
+
 typedef struct wtx_trainer_transport {
   const char *name;
   /* As in wtx_worker_transport: the members of InitInfo.backend and
@@ -200,6 +219,11 @@ typedef struct wtx_trainer_transport {
    * (NCCL): every init call is started, then connect runs, then the calls
    * are awaited. 0: workers are initialized one after the other. */
   int collective_init;
+  /* 1: with checksums on, the backend hashes each piece just before it
+   * sends it and carries the checksums itself, after the bytes (tcp's
+   * trailer), so the source is read once: the engine leaves
+   * UpdateInfo.xxh3_64 empty and hands post_iov a wtx_chunk_sums. */
+  int hashes_in_stream;
   int (*create)(const wtx_trainer_args *args, void **self, char *err,
                 size_t errlen);
   /* Sets the backend member of worker i's InitInfo (out->backend_case and
@@ -223,9 +247,11 @@ typedef struct wtx_trainer_transport {
    * memory where the source says its tensor stays put (wtx_source_ops.next
    * returned 2), else in buffer k. iov and the bytes it names stay valid and
    * unchanged until complete(k) returns. One copy per byte fewer on the
-   * trainer for tensors that stay put. */
+   * trainer for tensors that stay put. sums: NULL unless hashes_in_stream
+   * and checksums are on; it and what it points to stay valid until
+   * complete(k) returns. */
   int (*post_iov)(void *self, uint32_t k, const wtx_chunk *c, const struct iovec *iov,
-                  size_t n);
+                  size_t n, const wtx_chunk_sums *sums);
   /* Optional (GPU backends): bytes [offset, +len) of buffer k's next chunk
    * are at src in device memory, not in buffer k: prepare(k) copies them
    * device to device. Ranges come in offset order; src stays valid until

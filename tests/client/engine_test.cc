@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
-#include <mutex>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,7 +18,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "wtx/client.h"
@@ -417,36 +421,90 @@ TEST_P(EngineTest, TensorsFromAReusedBufferAndTensorsInPlaceBothArriveExact) {
 std::atomic<int> g_corrupt_chunk{-1}, g_chunks{0};
 wtx_trainer_transport g_corrupting[4];
 
-// A backend that sends in place (post_iov) never packs a buffer: the chunk
-// to corrupt is sent from a corrupted copy of its pieces instead.
-std::atomic<bool> g_corrupt_next_post{false};
-std::vector<uint8_t> g_corrupt_copy;
+// tcp hashes each piece as it sends it, so a byte changed before the send
+// would be hashed as sent: there the bit flips on the wire instead, in a
+// TEST DOUBLE of a faulty link between the trainer and worker 0 that
+// forwards the stream record by record (hello, then per chunk its header,
+// bytes and checksum trailer) and, once armed, flips a byte in the middle
+// of the next chunk's bytes.
+std::atomic<bool> g_flip_next_chunk{false};
+
+bool ReadAll(int fd, void *p, size_t n) {
+  return recv(fd, p, n, MSG_WAITALL) == static_cast<ssize_t>(n);
+}
+bool WriteAll(int fd, const void *p, size_t n) {
+  return send(fd, p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n);
+}
+uint64_t Le64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+// Forwards n bytes from in to out; flips the middle one when flip.
+bool Forward(int in, int out, uint64_t n, bool flip) {
+  std::vector<uint8_t> buf(1 << 16);
+  for (uint64_t done = 0; done < n;) {
+    size_t k = static_cast<size_t>(std::min<uint64_t>(buf.size(), n - done));
+    if (!ReadAll(in, buf.data(), k)) return false;
+    if (flip && done <= n / 2 && n / 2 < done + k) buf[n / 2 - done] ^= 0x10;
+    if (!WriteAll(out, buf.data(), k)) return false;
+    done += k;
+  }
+  return true;
+}
+
+void FaultyLink(int lfd, std::string target) {
+  int w = accept(lfd, nullptr, nullptr);
+  close(lfd);
+  if (w < 0) return;
+  int t = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(target.substr(target.rfind(':') + 1))));
+  bool ok = connect(t, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+            Forward(w, t, 76, false);  // the hello, upstream
+  while (ok) {
+    uint8_t head[32];  // frame header: chunk_bytes at 24
+    ok = ReadAll(t, head, 32) && WriteAll(w, head, 32) &&
+         Forward(t, w, Le64(head + 24), g_flip_next_chunk.exchange(false));
+    uint8_t trailer[16];  // "WTXS", count at 4
+    ok = ok && ReadAll(t, trailer, 16) && WriteAll(w, trailer, 16) &&
+         Forward(t, w, 8 * (Le64(trailer + 4) & 0xffffffffu), false);
+  }
+  close(t);
+  close(w);
+}
+
+// Worker 0's upstream becomes a faulty link to the trainer's data port.
+int ThroughAFaultyLink(void *self, size_t i, const char *const *prev, Wtx__V1__InitInfo *out) {
+  int rc = g_corrupting[1].init_info(self, i, prev, out);
+  if (rc != 0 || i != 0) return rc;
+  static std::string link;
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 || listen(lfd, 1) != 0 ||
+      getsockname(lfd, reinterpret_cast<sockaddr *>(&a), &len) != 0)
+    return WTX_EIO;
+  std::thread(FaultyLink, lfd, std::string(out->tcp->upstream_address)).detach();
+  link = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  out->tcp->upstream_address = const_cast<char *>(link.c_str());
+  return 0;
+}
 
 template <int I>
 int CorruptingPrepare(void *self, uint32_t k, const wtx_chunk *c, Wtx__V1__UpdateInfo *ui,
                       char *err, size_t errlen) {
   const wtx_trainer_transport *real = &g_corrupting[I];
   if (g_chunks++ == g_corrupt_chunk && c->bytes > 0) {
-    if (real->post_iov != nullptr) g_corrupt_next_post = true;
+    if (real->hashes_in_stream) g_flip_next_chunk = true;
     else real->buffer(self, k)[c->bytes / 2] ^= 0x10;
   }
   return real->prepare(self, k, c, ui, err, errlen);
-}
-
-template <int I>
-int CorruptingPostIov(void *self, uint32_t k, const wtx_chunk *c, const struct iovec *iov,
-                      size_t n) {
-  const wtx_trainer_transport *real = &g_corrupting[I];
-  if (!g_corrupt_next_post.exchange(false)) return real->post_iov(self, k, c, iov, n);
-  g_corrupt_copy.clear();
-  for (size_t i = 0; i < n; i++) {
-    const uint8_t *p = static_cast<const uint8_t *>(iov[i].iov_base);
-    g_corrupt_copy.insert(g_corrupt_copy.end(), p, p + iov[i].iov_len);
-  }
-  g_corrupt_copy[g_corrupt_copy.size() / 2] ^= 0x10;
-  static struct iovec one;
-  one = {g_corrupt_copy.data(), g_corrupt_copy.size()};
-  return real->post_iov(self, k, c, &one, 1);
 }
 
 void RegisterCorrupting() {
@@ -460,16 +518,14 @@ void RegisterCorrupting() {
                        size_t) = {
         CorruptingPrepare<0>, CorruptingPrepare<1>, CorruptingPrepare<2>,
         CorruptingPrepare<3>};
-    int (*post_iovs[4])(void *, uint32_t, const wtx_chunk *, const struct iovec *, size_t) = {
-        CorruptingPostIov<0>, CorruptingPostIov<1>, CorruptingPostIov<2>,
-        CorruptingPostIov<3>};
     static wtx_trainer_transport wrappers[4];
     for (int i = 0; i < 4; i++) {
       g_corrupting[i] = *wtx_trainer_transport_find(reals[i]);
       wrappers[i] = g_corrupting[i];
       wrappers[i].name = names[i];
       wrappers[i].prepare = prepares[i];
-      if (wrappers[i].post_iov != nullptr) wrappers[i].post_iov = post_iovs[i];
+      ASSERT_EQ(g_corrupting[i].hashes_in_stream, i == 1);  // tcp only
+      if (i == 1) wrappers[i].init_info = ThroughAFaultyLink;
       ASSERT_EQ(0, wtx_trainer_transport_register(&wrappers[i]));
     }
   });

@@ -1140,6 +1140,14 @@ class FakeUpstream {
     ASSERT_EQ(static_cast<ssize_t>(sizeof f), send(fd_, f, sizeof f, MSG_NOSIGNAL));
   }
   void Send(const void *p, size_t n) { send(fd_, p, n, MSG_NOSIGNAL); }
+  // The checksum trailer of chunk seq.
+  std::vector<uint8_t> Trailer(uint64_t seq, const std::vector<uint64_t> &sums) {
+    std::vector<uint8_t> t(WTX__TCP_TRAILER_HEAD_BYTES + 8 * sums.size());
+    wtx__tcp_trailer_encode(t.data(), seq, static_cast<uint32_t>(sums.size()));
+    wtx__tcp_trailer_put_sums(t.data() + WTX__TCP_TRAILER_HEAD_BYTES, sums.data(), sums.size());
+    Send(t.data(), t.size());
+    return t;
+  }
   // The init info: this upstream, its token, a relay or not.
   Wtx__V1__TcpInitInfo Info(bool relay) {
     Wtx__V1__TcpInitInfo ti = WTX__V1__TCP_INIT_INFO__INIT;
@@ -1156,12 +1164,14 @@ class FakeUpstream {
 
 // Init over tcp with ti and the given timeout; the data address answered.
 std::string InitTcp(wtx_rpc_channel *ch, Wtx__V1__TcpInitInfo *ti, uint32_t timeout_ms,
-                    std::string *session, wtx_rpc_status *st) {
+                    std::string *session, wtx_rpc_status *st,
+                    Wtx__V1__ChecksumAlgorithm checksum =
+                        WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE) {
   Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
   ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
   ii.tcp = ti;
   ii.timeout_ms = timeout_ms;
-  ii.checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE;
+  ii.checksum = checksum;
   Wtx__V1__InitWeightTransferEngineRequest req = WTX__V1__INIT_WEIGHT_TRANSFER_ENGINE_REQUEST__INIT;
   req.init_info = &ii;
   Wtx__V1__InitWeightTransferEngineResponse *resp = nullptr;
@@ -1175,9 +1185,10 @@ std::string InitTcp(wtx_rpc_channel *ch, Wtx__V1__TcpInitInfo *ti, uint32_t time
   return addr;
 }
 
-// UpdateWeights of one UINT8 tensor of n bytes over tcp, started.
+// UpdateWeights of one UINT8 tensor of n bytes over tcp, started; with
+// its checksum in UpdateInfo when xxh3 is given.
 wtx_rpc_pending *StartTcpUpdate(wtx_rpc_channel *ch, const std::string &session,
-                                uint64_t update, uint64_t n) {
+                                uint64_t update, uint64_t n, uint64_t *xxh3 = nullptr) {
   static uint64_t shape;
   shape = n;
   static Wtx__V1__ParamMeta pm;
@@ -1193,6 +1204,8 @@ wtx_rpc_pending *StartTcpUpdate(wtx_rpc_channel *ch, const std::string &session,
   ui.n_params = 1;
   ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
   ui.tcp = &tu;
+  ui.xxh3_64 = xxh3;
+  ui.n_xxh3_64 = xxh3 != nullptr;
   return StartUpdateCall(ch, session, update, &ui);
 }
 
@@ -1252,6 +1265,66 @@ TEST_F(SessionTest, ASilentPeerOnTheRelayPortIsDroppedAndTheChainGoesOn) {
   EXPECT_EQ(0, memcmp(got + WTX__TCP_FRAME_BYTES, bytes.data(), 64));  // relayed
   close(squatter);
   close(down);
+}
+
+// With checksum_trailer the checksums come after the bytes on the stream:
+// a right one publishes (and a relay forwards it as it came), a wrong one
+// is DATA_LOSS naming the tensor, and checksums in UpdateInfo as well are
+// refused by field.
+TEST_F(SessionTest, ChecksumsAfterTheBytesAreCheckedAndRelayed) {
+  std::vector<uint8_t> bytes(64);
+  for (size_t i = 0; i < bytes.size(); i++) bytes[i] = static_cast<uint8_t>(i * 3);
+  const uint64_t sum = XXH3_64bits(bytes.data(), bytes.size());
+  const auto xxh3 = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+  for (int c = 0; c < 3; c++) {
+    SCOPED_TRACE(c);
+    FakeUpstream up;
+    Wtx__V1__TcpInitInfo ti = up.Info(c == 0);
+    ti.checksum_trailer = true;
+    std::string relay = InitTcp(ch_, &ti, 5000, &session_, &st_, xxh3);
+    up.Accept();
+    ASSERT_EQ(0, Start()) << st_.message;
+    int down = -1;
+    if (c == 0) {  // a downstream worker on the relay
+      down = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<uint16_t>(std::stoi(relay.substr(relay.rfind(':') + 1))));
+      ASSERT_EQ(0, connect(down, reinterpret_cast<sockaddr *>(&a), sizeof a));
+      uint8_t h[WTX__TCP_HELLO_BYTES];
+      wtx__tcp_hello_encode(h, up.token_, sizeof up.token_);
+      send(down, h, sizeof h, MSG_NOSIGNAL);
+    }
+    uint64_t in_info = sum;
+    wtx_rpc_pending *p = StartTcpUpdate(ch_, session_, update_, 64, c == 2 ? &in_info : nullptr);
+    up.Header(0, 64);
+    up.Send(bytes.data(), bytes.size());
+    std::vector<uint8_t> trailer = up.Trailer(0, {c == 1 ? sum ^ 1 : sum});
+    Wtx__V1__UpdateWeightsResponse *resp = nullptr;
+    int rc = wtx__v1__weight_transfer__update_weights__wait(p, &resp, &st_);
+    if (resp != nullptr) protobuf_c_message_free_unpacked(&resp->base, nullptr);
+    if (c == 0) {
+      ASSERT_EQ(0, rc) << st_.message;
+      ASSERT_EQ(0, Finish("trailer")) << st_.message;
+      std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+      EXPECT_EQ("trailer", Published(&now));
+      ASSERT_EQ(1u, now.size());
+      EXPECT_EQ(bytes, now[0].second);
+      std::vector<uint8_t> got(WTX__TCP_FRAME_BYTES + 64 + trailer.size());
+      ASSERT_EQ(static_cast<ssize_t>(got.size()), recv(down, got.data(), got.size(), MSG_WAITALL));
+      EXPECT_EQ(0, memcmp(got.data() + WTX__TCP_FRAME_BYTES + 64, trailer.data(), trailer.size()));
+      close(down);
+    } else if (c == 1) {
+      EXPECT_EQ(WTX_ECHECKSUM, rc);
+      EXPECT_EQ(GRPC_STATUS_DATA_LOSS, st_.code);
+      EXPECT_NE(nullptr, strstr(st_.message, "checksum mismatch for 'w'")) << st_.message;
+    } else {
+      EXPECT_EQ(WTX_EINVAL, rc);
+      EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code);
+      EXPECT_NE(nullptr, strstr(st_.message, "update_info.xxh3_64: must be empty")) << st_.message;
+    }
+  }
 }
 
 TEST_F(SessionTest, APreparedUpdateTakesOnlyFinishOrAbortAndFinishMayBeRepeated) {

@@ -88,6 +88,33 @@ TEST_F(RxTest, AFlippedByteIsAChecksumMismatchNamingTheTensor) {
       << wtx__rx_error(rx_);
 }
 
+// A backend that carries the checksums after the bytes (tcp's trailer)
+// hands them over once the bytes are in; they are copied and checked at the
+// end in place of the UpdateInfo's, and none at all is a refusal.
+TEST_F(RxTest, ChecksumsGivenAfterTheBytesAreCopiedAndChecked) {
+  std::vector<uint8_t> a(32), b(32), s = Stream(64);
+  wtx_rx_tensor t[2] = {{"a", 32, a.data()}, {"b", 32, b.data()}};
+  for (int flip : {0, 1}) {
+    ASSERT_EQ(0, wtx__rx_begin(rx_, t, 2, 0, 0, 1));
+    wtx__rx_expect_checksums(rx_, nullptr, 0);  // UpdateInfo.xxh3_64 is empty
+    ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), s.size()));
+    std::vector<uint64_t> sums = {XXH3_64bits(s.data(), 32), XXH3_64bits(s.data() + 32, 32)};
+    sums[1] ^= static_cast<uint64_t>(flip);
+    ASSERT_EQ(0, wtx_rx_checksums(rx_, sums.data(), sums.size()));
+    sums.assign(2, 0);  // the backend's buffer is reused at once
+    if (flip == 0) {
+      EXPECT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+    } else {
+      EXPECT_EQ(WTX_ECHECKSUM, wtx__rx_end(rx_));
+      EXPECT_NE(nullptr, strstr(wtx__rx_error(rx_), "checksum mismatch for 'b'"));
+    }
+  }
+  ASSERT_EQ(0, wtx__rx_begin(rx_, t, 2, 0, 0, 1));
+  ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), s.size()));
+  EXPECT_EQ(WTX_EPROTO, wtx__rx_end(rx_));  // no checksums came
+  EXPECT_STREQ("chunk completes 2 tensors but carries 0 checksums", wtx__rx_error(rx_));
+}
+
 TEST_F(RxTest, WithoutVerificationNoChecksumIsExpected) {
   std::vector<uint8_t> a(8), s = Stream(8);
   wtx_rx_tensor t = {"a", 8, a.data()};

@@ -1,11 +1,13 @@
-// The tcp backend's wire records: the hello that admits a peer to the chain
-// and the frame header before each chunk, each bad field refused by name.
+// The tcp backend's wire records: the hello that admits a peer to the chain,
+// the frame header before each chunk and the checksum trailer after it,
+// each bad field refused by name.
 #include "transport/tcp_frame.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "wtx/error.h"
 
@@ -64,6 +66,29 @@ TEST(TcpFrame, EachBadFieldIsNamedWithBothValues) {
     EXPECT_EQ(WTX_EPROTO, wtx__tcp_frame_check(f, &want, err, sizeof err)) << c.byte;
     EXPECT_STREQ(c.msg, err) << c.byte;
   }
+}
+
+TEST(TcpFrame, ATrailerRoundTripsAndItsBadFieldsAreNamed) {
+  const uint64_t sums[3] = {0x0123456789abcdefull, 0, ~0ull};
+  std::vector<uint8_t> t(WTX__TCP_TRAILER_HEAD_BYTES + sizeof sums);
+  wtx__tcp_trailer_encode(t.data(), 5, 3);
+  wtx__tcp_trailer_put_sums(t.data() + WTX__TCP_TRAILER_HEAD_BYTES, sums, 3);
+  EXPECT_EQ(0, memcmp(t.data(), "WTXS", 4));
+  EXPECT_EQ(0xef, t[WTX__TCP_TRAILER_HEAD_BYTES]);  // little-endian values
+  uint32_t count = 0;
+  char err[256] = "";
+  ASSERT_EQ(0, wtx__tcp_trailer_check(t.data(), 5, 65537, &count, err, sizeof err)) << err;
+  ASSERT_EQ(3u, count);
+  uint64_t back[3];
+  wtx__tcp_trailer_get_sums(t.data() + WTX__TCP_TRAILER_HEAD_BYTES, back, 3);
+  EXPECT_EQ(0, memcmp(back, sums, sizeof sums));
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_trailer_check(t.data(), 6, 65537, &count, err, sizeof err));
+  EXPECT_STREQ("checksum trailer: chunk 5, expected 6", err);
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_trailer_check(t.data(), 5, 2, &count, err, sizeof err));
+  EXPECT_STREQ("checksum trailer: 3 checksums, at most 2", err);
+  t[0] = 'X';  // a frame header or bytes where the trailer belongs
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_trailer_check(t.data(), 5, 65537, &count, err, sizeof err));
+  EXPECT_STREQ("checksum trailer: no 'WTXS' magic (the stream is out of step)", err);
 }
 
 }  // namespace
