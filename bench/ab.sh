@@ -4,18 +4,20 @@
 # both up (two syncs: the steady state), then pushes to them alternately,
 # ROUNDS times each, and prints every sync time per side. The figures of
 # bench/results/*.md's "what changed" tables come from this.
-# Usage: bench/ab.sh OLD [NEW] [--backend shm|tcp] [--size 1G] [--workers N]
-#                    [--rounds 4] [-- extra wtx push flags]
+# Usage: bench/ab.sh OLD [NEW] [--backend shm|tcp] [--size 1G | --tiny N]
+#                    [--workers N] [--rounds 4] [-- extra wtx push flags]
+#   --tiny N: N tiny tensors (bench/tiny_model.py), the control plane
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old=$1; shift
 new=
 [ $# -gt 0 ] && [ "${1#-}" = "$1" ] && { new=$1; shift; }
-backend=shm size=1G workers=1 rounds=4 extra=()
+backend=shm size=1G tiny= workers=1 rounds=4 extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --backend) backend=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
+    --tiny) tiny=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
@@ -43,6 +45,12 @@ build() {
 }
 build old "$old"
 build new "$new"
+model="synthetic:$size"
+if [ -n "$tiny" ]; then
+  scripts/setup.sh >/dev/null
+  .venv/bin/python bench/tiny_model.py "$tiny" "$tmp/tiny.safetensors"
+  model="$tmp/tiny.safetensors"
+fi
 
 # Workers for each side; ws-SIDE gets their addresses.
 for side in old new; do
@@ -58,13 +66,15 @@ for side in old new; do
 done
 push() { # SIDE: one sync, its seconds
   "$tmp/wtx-$1" push --workers "$(cat "$tmp/ws-$1")" --backend "$backend" \
-    "${extra[@]}" "synthetic:$size" | sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1
+    "${extra[@]}" "$model" | sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1
 }
 for side in old new; do push "$side" >/dev/null; push "$side" >/dev/null; done
 declare -A t
 for _ in $(seq "$rounds"); do
   for side in old new; do t[$side]="${t[$side]:-} $(push "$side")"; done
 done
-echo "# $backend, $workers worker(s), synthetic:$size ${extra[*]}, syncs 3-$((rounds + 2)), alternating"
+what="synthetic:$size"
+[ -n "$tiny" ] && what="$tiny tiny tensors"
+echo "# $backend, $workers worker(s), $what ${extra[*]}, syncs 3-$((rounds + 2)), alternating"
 echo "old ($old):${t[old]} s"
 echo "new (${new:-working tree}):${t[new]} s"
