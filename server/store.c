@@ -222,6 +222,7 @@ static int arrays_take(pool *p, size_t n, snapshot *snap) {
     snap->cap = p->spare_cap;
     p->spare_e = NULL;
     p->spare_view = NULL;
+    p->spare_cap = 0; /* else arrays_give finds no room and frees them */
   }
   pthread_mutex_unlock(&p->mu);
   if (snap->e != NULL) return 0;
