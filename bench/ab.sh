@@ -5,19 +5,22 @@
 # ROUNDS times each, and prints every sync time per side. The figures of
 # bench/results/*.md's "what changed" tables come from this.
 # Usage: bench/ab.sh OLD [NEW] [--backend shm|tcp] [--size 1G | --tiny N]
-#                    [--workers N] [--rounds 4] [-- extra wtx push flags]
+#                    [--workers N] [--rounds 4] [--first] [-- extra wtx push flags]
 #   --tiny N: N tiny tensors (bench/tiny_model.py), the control plane
+#   --first: the first sync to fresh workers (started anew for each one)
+#            instead of the steady state
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old=$1; shift
 new=
 [ $# -gt 0 ] && [ "${1#-}" = "$1" ] && { new=$1; shift; }
-backend=shm size=1G tiny= workers=1 rounds=4 extra=()
+backend=shm size=1G tiny= workers=1 rounds=4 first= extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --backend) backend=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --tiny) tiny=$2; shift 2 ;;
+    --first) first=1; shift ;;
     --workers) workers=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
@@ -52,29 +55,45 @@ if [ -n "$tiny" ]; then
   model="$tmp/tiny.safetensors"
 fi
 
-# Workers for each side; ws-SIDE gets their addresses.
-for side in old new; do
-  list=
+# start SIDE: fresh workers for SIDE; ws-SIDE gets their addresses,
+# side_pids their pids.
+declare -A side_pids
+start() {
+  local list= i
+  side_pids[$1]=
   for i in $(seq "$workers"); do
-    "$tmp/worker-$side" --listen 127.0.0.1:0 --port-file "$tmp/p-$side-$i" \
-      --log-level warn &
+    rm -f "$tmp/p-$1-$i"
+    "$tmp/worker-$1" --listen 127.0.0.1:0 --port-file "$tmp/p-$1-$i" --log-level warn &
     pids+=($!)
-    for _ in $(seq 500); do [ -s "$tmp/p-$side-$i" ] && break; sleep 0.01; done
-    list="${list:+$list,}127.0.0.1:$(cat "$tmp/p-$side-$i")"
+    side_pids[$1]="${side_pids[$1]} $!"
+    for _ in $(seq 500); do [ -s "$tmp/p-$1-$i" ] && break; sleep 0.01; done
+    list="${list:+$list,}127.0.0.1:$(cat "$tmp/p-$1-$i")"
   done
-  echo "$list" >"$tmp/ws-$side"
-done
+  echo "$list" >"$tmp/ws-$1"
+}
+stop() { # SIDE
+  local p
+  for p in ${side_pids[$1]}; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+}
 push() { # SIDE: one sync, its seconds
   "$tmp/wtx-$1" push --workers "$(cat "$tmp/ws-$1")" --backend "$backend" \
     "${extra[@]}" "$model" | sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1
 }
-for side in old new; do push "$side" >/dev/null; push "$side" >/dev/null; done
 declare -A t
-for _ in $(seq "$rounds"); do
-  for side in old new; do t[$side]="${t[$side]:-} $(push "$side")"; done
-done
+if [ -n "$first" ]; then
+  for _ in $(seq "$rounds"); do
+    for side in old new; do start "$side"; t[$side]="${t[$side]:-} $(push "$side")"; stop "$side"; done
+  done
+  syncs="the first sync to fresh workers, $rounds each"
+else
+  for side in old new; do start "$side"; push "$side" >/dev/null; push "$side" >/dev/null; done
+  for _ in $(seq "$rounds"); do
+    for side in old new; do t[$side]="${t[$side]:-} $(push "$side")"; done
+  done
+  syncs="syncs 3-$((rounds + 2))"
+fi
 what="synthetic:$size"
 [ -n "$tiny" ] && what="$tiny tiny tensors"
-echo "# $backend, $workers worker(s), $what ${extra[*]}, syncs 3-$((rounds + 2)), alternating"
+echo "# $backend, $workers worker(s), $what ${extra[*]}, $syncs, alternating"
 echo "old ($old):${t[old]} s"
 echo "new (${new:-working tree}):${t[new]} s"
