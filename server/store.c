@@ -183,12 +183,21 @@ static void layout_unref(layout *l) {
   free(l);
 }
 
-/* A new layout of e's n names, repointing each e[i].meta.name at its key.
+/* A new layout of e's n names, repointing each e[i].meta.name at its key;
+ * or, with adopt (may be NULL; *adopt not NULL), one that takes over the
+ * index *adopt, whose keys e's names are and whose values their positions
+ * (the first version: what staging indexed), and *adopt becomes NULL.
  * Duplicate names are WTX_EEXIST (callers have refused them before). */
-static int layout_build(entry *e, size_t n, layout **out) {
+static int layout_build(entry *e, size_t n, wtx__strmap **adopt, layout **out) {
   layout *l = calloc(1, sizeof *l);
-  int rc = l != NULL ? wtx__strmap_create(&l->ix) : WTX_ENOMEM;
-  for (size_t i = 0; rc == 0 && i < n; i++)
+  int rc = l != NULL ? 0 : WTX_ENOMEM;
+  if (rc == 0 && adopt != NULL) {
+    l->ix = *adopt;
+    *adopt = NULL;
+  } else if (rc == 0) {
+    rc = wtx__strmap_create(&l->ix);
+  }
+  for (size_t i = 0; rc == 0 && adopt == NULL && i < n; i++)
     rc = wtx__strmap_add(l->ix, e[i].meta.name, i, &e[i].meta.name);
   if (rc != 0) {
     if (l != NULL) wtx__strmap_destroy(l->ix);
@@ -327,7 +336,7 @@ int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n) {
     rc = WTX_ENOMEM;
   } else {
     for (size_t i = 0; i < n; i++) s->declared[i].meta = metas[i];
-    rc = layout_build(s->declared, n, &s->declared_lay);
+    rc = layout_build(s->declared, n, NULL, &s->declared_lay);
     if (rc == WTX_EEXIST) rc = WTX_EINVAL;
     if (rc == 0) s->n_declared = n;
     else {
@@ -504,13 +513,16 @@ static void snapshot_add(snapshot *snap, const entry *e, const char *name) {
 }
 
 /* The one place a snapshot is made: old's tensors first, in their order,
- * replaced where st (the staged update, indexed by name in stix; may be
- * empty, stix then NULL) has them, then the tensors new in st, in update
- * order; labelled version. Sharing, never copying, bytes; and old's layout
- * when st adds no name. *out has one reference. */
+ * replaced where st (the staged update, indexed by name in *stix; may be
+ * empty, stix then NULL or *stix NULL) has them, then the tensors new in
+ * st, in update order; labelled version. Sharing, never copying, bytes;
+ * and old's layout when st adds no name. When old has no tensor, the new
+ * layout takes over *stix (set to NULL) instead of indexing the names
+ * again. *out has one reference. */
 static int snapshot_build(pool *p, const snapshot *old, const entry *st, size_t n_st,
-                          const wtx__strmap *stix, const char *version,
-                          uint64_t generation, snapshot **out) {
+                          wtx__strmap **stix, const char *version, uint64_t generation,
+                          snapshot **out) {
+  const wtx__strmap *ix = stix != NULL ? *stix : NULL;
   size_t n_old = old != NULL ? old->n : 0, replaced = 0;
   char *used = calloc(n_st + 1, 1);
   snapshot *snap = calloc(1, sizeof *snap);
@@ -525,7 +537,7 @@ static int snapshot_build(pool *p, const snapshot *old, const entry *st, size_t 
   rc = arrays_take(p, n_old + n_st + 1, snap);
   if (snap->version == NULL) rc = WTX_ENOMEM;
   for (size_t i = 0, j, next = 0; rc == 0 && i < n_old; i++) {
-    int fresh = find(st, n_st, stix, old->e[i].meta.name, &next, &j);
+    int fresh = find(st, n_st, ix, old->e[i].meta.name, &next, &j);
     if (fresh) {
       used[j] = 1;
       replaced++;
@@ -538,7 +550,8 @@ static int snapshot_build(pool *p, const snapshot *old, const entry *st, size_t 
     snap->lay = old->lay;
     atomic_fetch_add(&snap->lay->refs, 1);
   } else if (rc == 0) {
-    rc = layout_build(snap->e, snap->n, &snap->lay);
+    int adopt = n_old == 0 && ix != NULL; /* snap->e is st, in st's order */
+    rc = layout_build(snap->e, snap->n, adopt ? stix : NULL, &snap->lay);
   }
   for (size_t i = 0; rc == 0 && i < snap->n; i++)
     snap->view[i] = (wtx_store_param){snap->e[i].meta, snap->e[i].b->data,
@@ -576,17 +589,19 @@ static int store_prepare(void *model, const char *version, char *err, size_t err
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
   snapshot *old = PUB(s, s->target);
-  snapshot_unref(s->prepared);
+  /* A snapshot prepared before may own the index the staged names point
+   * into (the first version's): it goes once the new one is built. */
+  snapshot *stale = s->prepared;
   s->prepared = NULL;
   int rc = s->staging ? check_complete(s, err, errlen) : WTX_ESTATE;
   /* Staged in the order of old's layout: position i of old is position i
    * of the update, so the snapshot needs no index of the update. */
   int aligned = s->in_order && s->base != NULL && old != NULL && old->lay == s->base->lay;
-  const wtx__strmap *stix = aligned || s->n_st == 0 ? NULL : staged_index(s);
-  if (rc == 0 && !aligned && s->n_st > 0 && stix == NULL) rc = WTX_ENOMEM;
+  if (rc == 0 && !aligned && s->n_st > 0 && staged_index(s) == NULL) rc = WTX_ENOMEM;
   if (rc == 0)
-    rc = snapshot_build(&s->pool, old, s->st, s->n_st, stix, version, (old ? old->generation : 0) + 1,
-                        &s->prepared);
+    rc = snapshot_build(&s->pool, old, s->st, s->n_st, aligned ? NULL : &s->st_ix, version,
+                        (old ? old->generation : 0) + 1, &s->prepared);
+  snapshot_unref(stale);
   pthread_mutex_unlock(&s->mu);
   return rc;
 }

@@ -255,6 +255,34 @@ TEST_F(StoreTest, TheLayoutCheckNamesTheTensorAndTheDifference) {
 
 namespace {
 
+// The first version's layout takes over the index staging built of its
+// names: prepared twice, or prepared then aborted, no name is lost or freed
+// under the store (ASan runs this too), and lookups by name work after.
+TEST_F(StoreTest, AFirstVersionPreparedTwiceOrAbortedKeepsItsNames) {
+  char err[256] = "";
+  Stage({{"x.weight", 8, 1}, {"y.weight", 4, 2}});
+  ASSERT_EQ(0, wtx_store_model_ops.prepare(s_, "first", err, sizeof err)) << err;
+  wtx_store_model_ops.abort(s_);
+  Stage({{"x.weight", 8, 3}, {"y.weight", 4, 4}, {"z.weight", 2, 5}});
+  ASSERT_EQ(0, wtx_store_model_ops.prepare(s_, "v1", err, sizeof err)) << err;
+  ASSERT_EQ(0, wtx_store_model_ops.prepare(s_, "v1", err, sizeof err)) << err;
+  ASSERT_EQ(0, wtx_store_model_ops.commit(s_, "v1"));
+  // A check by name (the index) and an update out of order (the names).
+  wtx_tensor_meta z = Meta("z.weight", 2);
+  EXPECT_EQ(0, wtx_store_model_ops.check(s_, WTX_TARGET_MAIN, &z, err, sizeof err)) << err;
+  Publish("v2", {{"z.weight", 2, 6}, {"x.weight", 8, 7}});
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  ASSERT_EQ(3u, v.n_params);
+  const char *want[3] = {"x.weight", "y.weight", "z.weight"};
+  const int fill[3] = {7, 4, 6};
+  for (int i = 0; i < 3; i++) {
+    EXPECT_STREQ(want[i], v.params[i].meta.name);
+    EXPECT_TRUE(Filled(v.params[i], fill[i])) << want[i];
+  }
+  wtx_store_release(s_, &v);
+}
+
 TEST_F(StoreTest, PrepareFindsAFirstVersionMissingADeclaredTensorAndCommitCannotFail) {
   wtx_tensor_meta decl[2] = {Meta("a", 16), Meta("b", 8)};
   ASSERT_EQ(0, wtx_store_declare(s_, decl, 2));
