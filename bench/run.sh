@@ -5,7 +5,10 @@
 #                  vLLM-style JSON POST of the same N names/dtypes/shapes to
 #                  FastAPI (bench/json_baseline.py)
 #   shm            steady-state sync (third) to 1 and 3 workers vs memcpy
-#                  (warm and into fresh memory, bench/memcpy_baseline)
+#                  (warm and into fresh memory, bench/memcpy_baseline); and,
+#                  checksums off, vs two copies pipelined through a ring in
+#                  one process (bench/pipeline_baseline), the ceiling of a
+#                  design that copies twice
 #   tcp            the same vs one raw loopback TCP stream (bench/socket_baseline)
 #   checksums      shm, 1 worker, XXH3 on vs off
 #   memory         peak RSS of a worker and of the trainer vs the model
@@ -18,7 +21,7 @@ quick=0
 if [ $quick = 1 ]; then size=256M; counts="1000 10000"; sizes="64M 256M"
 else size=1G; counts="1000 10000 40000 65000"; sizes="64M 256M 1G 4G"; fi
 . bench/common.sh
-bazel build -c opt //bench:socket_baseline 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
+bazel build -c opt //bench:socket_baseline //bench:pipeline_baseline 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
 py=.venv/bin/python
 ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
 sync_s() { sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1; }
@@ -27,6 +30,8 @@ echo "# wtx benchmark  $(date -u +%F)  $(nproc) cores  $(free -g | awk '/Mem:/ {
 echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s"
 sock=$("$bin/bench/socket_baseline" "$bytes" | awk '{print $2}')
 echo "baseline loopback TCP stream: $sock GB/s"
+pipe=$("$bin/bench/pipeline_baseline" "$bytes" | awk '{print $2}')
+echo "baseline two copies pipelined through a 4 x 4 MiB ring, one process: $pipe GB/s"
 
 echo
 echo "## control plane: one sync of N tiny tensors vs one JSON POST of the same metadata"
@@ -91,14 +96,17 @@ for backend in shm tcp; do
     off=$(echo "${off:-$b} $b" | awk '{print ($1 < $2) ? $1 : $2}')
   done
   echo "$backend: on ${on} s, off ${off} s: on / off = $(ratio "$on" "$off")"
+  [ $backend = shm ] && shm_off=$off
 done
+g=$(echo "$bytes / $shm_off / 1000000000" | bc -l | xargs printf "%.2f")
+echo "shm, checksums off: $g GB/s = $(ratio "$g" "$pipe") x the two-copy pipeline baseline"
 
 echo
 echo "## memory: peak RSS after the syncs above vs the model ($size)"
 hwm=$(awk '/VmHWM/ {print $2}' /proc/"$w1pid"/status)
 tr=$( { /usr/bin/time -f "%M" "$bin/client/wtx" push --workers "$w1" --backend shm "synthetic:$size" >/dev/null; } 2>&1 | tail -1)
 echo "worker peak $((hwm / 1024)) MiB = $(ratio "$hwm * 1024" "$bytes") x model (bound: 2.1 + buffers)"
-echo "trainer peak $((tr / 1024)) MiB = $(ratio "$tr * 1024" "$bytes") x model (bound: 1 + buffers: shm 4 x 16 MiB)"
+echo "trainer peak $((tr / 1024)) MiB = $(ratio "$tr * 1024" "$bytes") x model (bound: 1 + buffers: shm 4 x 4 MiB)"
 
 echo
 echo "## scaling: shm, 1 worker, a fresh worker per size"

@@ -132,6 +132,14 @@ static int rendezvous(wtx_trainer *t) {
 }
 
 /* The wire parameters cfg asks for, checked as a worker checks them. */
+/* The buffer asked for when the config leaves it at 0 (0: the protocol's
+ * default): the backend's size per worker times the workers, at most the
+ * protocol's default. */
+static uint64_t default_buffer(const wtx_trainer *t) {
+  uint64_t per = t->tt->default_buffer_per_worker, all = per * wtx_client_size(t->client);
+  return all < WTX_DEFAULT_BUFFER_SIZE ? all : WTX_DEFAULT_BUFFER_SIZE;
+}
+
 static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *err,
                           size_t errlen) {
   const char *name = cfg->backend != NULL ? cfg->backend : "shm";
@@ -144,7 +152,7 @@ static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *e
   }
   Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
   pk.packed = !cfg->unpacked;
-  pk.buffer_size_bytes = cfg->buffer_size ? cfg->buffer_size : t->tt->default_buffer_size;
+  pk.buffer_size_bytes = cfg->buffer_size ? cfg->buffer_size : default_buffer(t);
   pk.num_buffers = cfg->num_buffers ? cfg->num_buffers : t->tt->default_num_buffers;
   Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
   ii.packing = &pk;

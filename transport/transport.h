@@ -212,8 +212,10 @@ typedef struct wtx_trainer_transport {
   int default_checksum;
   /* What the trainer asks for when its config leaves buffer_size or
    * num_buffers at 0; 0 here: the protocol's defaults (WTX_DEFAULT_*). The
+   * buffer is this much per worker, up to WTX_DEFAULT_BUFFER_SIZE: every
+   * chunk costs a call to each worker, so chunks grow with the workers. The
    * trainer sends the values, so workers need not know them. */
-  uint64_t default_buffer_size;
+  uint64_t default_buffer_per_worker;
   uint32_t default_num_buffers;
   /* 1: the workers' init and the trainer's connect form one collective
    * (NCCL): every init call is started, then connect runs, then the calls

@@ -531,6 +531,31 @@ void RegisterCorrupting() {
   });
 }
 
+// A config that leaves the buffer at 0 gets the backend's default: on shm
+// 4 MiB per worker (every chunk costs a call to each worker, so chunks grow
+// with them), elsewhere the protocol's 64 MiB; seen in the chunk count.
+TEST_P(EngineTest, TheDefaultBufferIsTheBackendsAndOnShmGrowsWithTheWorkers) {
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(16 << 20, 4, &src));
+  for (size_t n : {1, 2}) {
+    std::vector<Worker> ws;
+    for (size_t i = 0; i < n; i++) ws.push_back(Spawn());
+    wtx_client *c = Client(ws);
+    std::string backend = GetParam();
+    wtx_trainer_config cfg = Config(backend, 0, 0, 60000);
+    wtx_trainer *t = nullptr;
+    char e[2048] = "";
+    ASSERT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
+    wtx_send_result res;
+    ASSERT_EQ(0, wtx_trainer_send_weights(t, nullptr, &res)) << wtx_trainer_last_error(t);
+    uint64_t buffer = backend == "shm" ? (4u << 20) * n : 64u << 20;
+    EXPECT_EQ((res.bytes + buffer - 1) / buffer, res.chunks) << n << " workers";
+    wtx_trainer_shutdown(t);
+    wtx_client_destroy(c);
+  }
+  wtx_source_destroy(src);
+}
+
 TEST_P(EngineTest, ACorruptedByteIsDataLossAndEveryWorkerKeepsItsWeights) {
   Worker w0 = Spawn(), w1 = Spawn(), w2 = Spawn();
   wtx_client *c = Client({w0, w1, w2});
