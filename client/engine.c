@@ -134,9 +134,11 @@ static int rendezvous(wtx_trainer *t) {
 /* The wire parameters cfg asks for, checked as a worker checks them. */
 /* The buffer asked for when the config leaves it at 0 (0: the protocol's
  * default): the backend's size per worker times the workers, at most the
- * protocol's default. */
+ * protocol's default. A rank other than 0 may have no client: it sends
+ * nothing, and one worker's worth stands in. */
 static uint64_t default_buffer(const wtx_trainer *t) {
-  uint64_t per = t->tt->default_buffer_per_worker, all = per * wtx_client_size(t->client);
+  size_t workers = t->client != NULL ? wtx_client_size(t->client) : 1;
+  uint64_t all = t->tt->default_buffer_per_worker * workers;
   return all < WTX_DEFAULT_BUFFER_SIZE ? all : WTX_DEFAULT_BUFFER_SIZE;
 }
 
