@@ -131,7 +131,6 @@ static int rendezvous(wtx_trainer *t) {
   return rc;
 }
 
-/* The wire parameters cfg asks for, checked as a worker checks them. */
 /* The buffer asked for when the config leaves it at 0 (0: the protocol's
  * default): the backend's size per worker times the workers, at most the
  * protocol's default. A rank other than 0 may have no client: it sends
@@ -142,6 +141,7 @@ static uint64_t default_buffer(const wtx_trainer *t) {
   return all < WTX_DEFAULT_BUFFER_SIZE ? all : WTX_DEFAULT_BUFFER_SIZE;
 }
 
+/* The wire parameters cfg asks for, checked as a worker checks them. */
 static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *err,
                           size_t errlen) {
   const char *name = cfg->backend != NULL ? cfg->backend : "shm";
