@@ -11,6 +11,7 @@ bytes=$(numfmt --from=iec "$size")
 baseline=$("$bin/bench/memcpy_baseline" "$bytes")
 base=$(echo "$baseline" | awk '/fresh/ {print $2}')
 base_warm=$(echo "$baseline" | awk '/warm/ {print $2}')
+base_pieces=$(echo "$baseline" | awk '/pieces/ {print $2}')
 tmp=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT

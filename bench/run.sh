@@ -27,7 +27,7 @@ ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
 sync_s() { sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1; }
 
 echo "# wtx benchmark  $(date -u +%F)  $(nproc) cores  $(free -g | awk '/Mem:/ {print $2}') GiB  quick=$quick"
-echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s"
+echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s, warm in 256 KiB pieces $base_pieces GB/s"
 sock=$("$bin/bench/socket_baseline" "$bytes" | awk '{print $2}')
 echo "baseline loopback TCP stream: $sock GB/s"
 pipe=$("$bin/bench/pipeline_baseline" "$bytes" | awk '{print $2}')
