@@ -372,10 +372,11 @@ typedef struct sync_state {
   uint64_t *sums;   /* nb rows of (max params per chunk + 1) */
   size_t *n_sums;   /* per buffer */
   size_t sums_row;
-  /* The backend hashes while it sends (hashes_in_stream, checksums on):
-   * where each buffer's tensors end (rows like sums), and what it is told. */
+  /* When the backend hashes while it sends (hashes_in_stream, checksums
+   * on; else NULL): where each buffer's tensors end (rows like sums). The
+   * chunk posted (one at a time) is told through posted. */
   uint64_t *ends;
-  wtx_chunk_sums *cs; /* per buffer */
+  wtx_chunk_sums posted;
   /* Sending in place (the backend has post_iov): per buffer, the chunk's
    * pieces (rows of sums_row), in the source's memory where it stays put,
    * else in the buffer. */
@@ -397,7 +398,6 @@ static void sync_free(sync_state *s) {
   free(s->sums);
   free(s->n_sums);
   free(s->ends);
-  free(s->cs);
   free(s->outs);
   free(s->iov);
   free(s->pm);
@@ -438,11 +438,9 @@ static int sync_prepare(sync_state *s) {
   s->iov = s->in_place ? calloc(s->nb * s->sums_row, sizeof *s->iov) : NULL;
   if (s->outs == NULL || (s->in_place && s->iov == NULL))
     return fail(t, WTX_ENOMEM, "out of memory");
-  if (s->verify && s->in_place && t->tt->hashes_in_stream) {
-    s->ends = calloc(s->nb * s->sums_row, sizeof *s->ends);
-    s->cs = calloc(s->nb, sizeof *s->cs);
-    if (s->ends == NULL || s->cs == NULL) return fail(t, WTX_ENOMEM, "out of memory");
-  }
+  if (s->verify && s->in_place && t->tt->hashes_in_stream &&
+      (s->ends = calloc(s->nb * s->sums_row, sizeof *s->ends)) == NULL)
+    return fail(t, WTX_ENOMEM, "out of memory");
   for (uint32_t b = 0; b < s->nb; b++)
     s->outs[b] = (pack_out){.buf = t->tt->buffer(t->self, b),
                             .iov = s->in_place ? &s->iov[b * s->sums_row] : NULL,
@@ -452,8 +450,7 @@ static int sync_prepare(sync_state *s) {
   s->pm = calloc(s->table ? 1 : s->n, sizeof *s->pm);
   s->pmp = calloc(s->table ? 1 : s->n, sizeof *s->pmp);
   /* Device tensors go device to device where the backend can take them;
-   * hashing them (checksums on) needs their bytes on the host as well. A
-   * backend that hashes while it sends gets the pieces unhashed. */
+   * hashing them (checksums on) needs their bytes on the host as well. */
   int host_copy = t->tt->put_device == NULL || s->verify;
   s->c = (cursor){.t = t, .metas = s->metas, .n = s->n, .host_copy = host_copy,
                   .h = XXH3_createState()};
@@ -473,20 +470,20 @@ static int sync_prepare(sync_state *s) {
   return 0;
 }
 
-/* Packs chunk k into its buffer (k mod the number of buffers). */
+/* Packs chunk k into its buffer (k mod the number of buffers); a backend
+ * that hashes while it sends gets the tensors' ends instead of hashes. */
 static int sync_pack(sync_state *s, size_t k) {
   uint32_t b = (uint32_t)(k % s->nb);
-  uint64_t *ends = s->cs != NULL ? &s->ends[b * s->sums_row] : NULL;
+  uint64_t *ends = s->ends != NULL ? &s->ends[b * s->sums_row] : NULL;
   return pack(&s->c, &s->chunks[k], &s->outs[b], &s->sums[b * s->sums_row], ends,
-              &s->n_sums[b], s->verify && s->cs == NULL);
+              &s->n_sums[b], s->verify && ends == NULL);
 }
 
 /* The checksums the backend computed while it sent chunk k (complete
  * returned 0): the sync's record of them. */
 static void sync_took_sums(sync_state *s, size_t k) {
-  const wtx_chunk_sums *cs = &s->cs[k % s->nb];
   /* The tensors ending in a chunk are its first ones, in order. */
-  memcpy(&s->t->xxh3[s->chunks[k].first], cs->out, cs->n * sizeof *cs->out);
+  memcpy(&s->t->xxh3[s->chunks[k].first], s->posted.out, s->posted.n * sizeof *s->posted.out);
 }
 
 /* The UpdateInfo of chunk k, packed in buffer b; the backend adds its part. */
@@ -505,7 +502,7 @@ static int sync_update_info(sync_state *s, size_t k, Wtx__V1__UpdateInfo *ui) {
   }
   ui->first_param_offset = ch->first_offset;
   ui->chunk_bytes = ch->bytes;
-  if (s->verify && s->cs == NULL) {
+  if (s->verify && s->ends == NULL) {
     ui->xxh3_64 = &s->sums[b * s->sums_row];
     ui->n_xxh3_64 = s->n_sums[b];
   }
@@ -536,10 +533,10 @@ static int sync_chunk(sync_state *s, size_t k) {
   char err[600] = "";
   const pack_out *out = &s->outs[b];
   wtx_chunk_sums *cs = NULL;
-  if (s->cs != NULL) {
-    cs = &s->cs[b];
-    *cs = (wtx_chunk_sums){.ends = &s->ends[b * s->sums_row], .n = s->n_sums[b],
-                           .out = &s->sums[b * s->sums_row]};
+  if (s->ends != NULL) {
+    s->posted = (wtx_chunk_sums){.ends = &s->ends[b * s->sums_row], .n = s->n_sums[b],
+                                 .out = &s->sums[b * s->sums_row]};
+    cs = &s->posted;
   }
   int drc = s->in_place ? tt->post_iov(t->self, b, &s->chunks[k], out->iov, out->n_iov, cs)
             : tt->post != NULL ? tt->post(t->self, b, &s->chunks[k]) : 0;
