@@ -270,10 +270,7 @@ int wtx__cuda_trainer_open(wtx__cuda_trainer *t, const char *who, int with_nccl,
     buffers_create(c, num, size, &t->bufs, why, sizeof why);
   }
   t->pieces = calloc(num, sizeof *t->pieces);
-  t->n_pieces = calloc(num, sizeof *t->n_pieces);
-  t->cap_pieces = calloc(num, sizeof *t->cap_pieces);
-  if (why[0] == '\0' && (!t->pieces || !t->n_pieces || !t->cap_pieces))
-    snprintf(why, sizeof why, "out of memory");
+  if (why[0] == '\0' && t->pieces == NULL) snprintf(why, sizeof why, "out of memory");
   wtx__cuda_leave(c, prev);
   if (why[0] == '\0') return 0;
   snprintf(err, errlen, "%s: device %d: %s", who, t->device, why);
@@ -283,15 +280,13 @@ int wtx__cuda_trainer_open(wtx__cuda_trainer *t, const char *who, int with_nccl,
 
 void wtx__cuda_trainer_close(wtx__cuda_trainer *t) {
   if (t->cuda == NULL) return;
-  for (uint32_t k = 0; t->pieces != NULL && k < t->bufs.n; k++) free(t->pieces[k]);
+  for (uint32_t k = 0; t->pieces != NULL && k < t->bufs.n; k++) free(t->pieces[k].p);
   int prev;
   wtx__cuda_enter(t->cuda, t->device, &prev); /* frees belong to its device */
   if (t->bufs.cuda != NULL) buffers_destroy(&t->bufs);
   if (t->stream != NULL) t->cuda->StreamDestroy(t->stream);
   wtx__cuda_leave(t->cuda, prev);
   free(t->pieces);
-  free(t->n_pieces);
-  free(t->cap_pieces);
   memset(t, 0, sizeof *t);
 }
 
@@ -301,14 +296,15 @@ uint8_t *wtx__cuda_trainer_host(wtx__cuda_trainer *t, uint32_t k) {
 
 int wtx__cuda_trainer_put_device(wtx__cuda_trainer *t, uint32_t k, uint64_t offset,
                                  const void *src, uint64_t len) {
-  if (t->n_pieces[k] == t->cap_pieces[k]) {
-    size_t cap = t->cap_pieces[k] ? 2 * t->cap_pieces[k] : 16;
-    wtx__cuda_piece *p = realloc(t->pieces[k], cap * sizeof *p);
+  wtx__cuda_pieces *ps = &t->pieces[k];
+  if (ps->n == ps->cap) {
+    size_t cap = ps->cap ? 2 * ps->cap : 16;
+    wtx__cuda_piece *p = realloc(ps->p, cap * sizeof *p);
     if (p == NULL) return WTX_ENOMEM;
-    t->pieces[k] = p;
-    t->cap_pieces[k] = cap;
+    ps->p = p;
+    ps->cap = cap;
   }
-  t->pieces[k][t->n_pieces[k]++] = (wtx__cuda_piece){offset, len, src};
+  ps->p[ps->n++] = (wtx__cuda_piece){offset, len, src};
   return 0;
 }
 
@@ -320,8 +316,9 @@ static int enqueue_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes) {
   const uint8_t *host = wtx__cuda_trainer_host(t, k);
   uint64_t at = 0;
   int e = WTX_CUDA_SUCCESS;
-  for (size_t i = 0; e == WTX_CUDA_SUCCESS && i <= t->n_pieces[k]; i++) {
-    const wtx__cuda_piece *p = i < t->n_pieces[k] ? &t->pieces[k][i] : NULL;
+  wtx__cuda_pieces *ps = &t->pieces[k];
+  for (size_t i = 0; e == WTX_CUDA_SUCCESS && i <= ps->n; i++) {
+    const wtx__cuda_piece *p = i < ps->n ? &ps->p[i] : NULL;
     uint64_t end = p != NULL ? p->offset : bytes;
     if (end > at)
       e = c->MemcpyAsync(dev + at, host + at, (size_t)(end - at), WTX_CUDA_H2D, t->stream);
@@ -329,7 +326,7 @@ static int enqueue_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes) {
       e = c->MemcpyAsync(dev + p->offset, p->src, (size_t)p->len, WTX_CUDA_D2D, t->stream);
     if (p != NULL) at = p->offset + p->len;
   }
-  t->n_pieces[k] = 0;
+  ps->n = 0;
   return e;
 }
 
@@ -339,7 +336,7 @@ int wtx__cuda_trainer_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes, c
   int prev;
   int e = wtx__cuda_enter(c, t->device, &prev);
   if (e == WTX_CUDA_SUCCESS) e = enqueue_upload(t, k, bytes);
-  else t->n_pieces[k] = 0;
+  else t->pieces[k].n = 0;
   char why[300];
   int rc = e == WTX_CUDA_SUCCESS ? wtx__cuda_wait(c, t->stream, NULL, t->timeout_ms, NULL,
                                                   why, sizeof why)

@@ -131,24 +131,28 @@ typedef struct wtx__cuda_buffers {
   void **dev;
 } wtx__cuda_buffers;
 
-/* What every GPU trainer half holds: the API, its device, its stream and
- * its transfer buffers. */
 /* A range of a chunk whose bytes are in device memory (put_device). */
 typedef struct wtx__cuda_piece {
   uint64_t offset, len;
   const void *src;
 } wtx__cuda_piece;
 
+/* The ranges of one buffer's chunk that come from device memory, in
+ * offset order, until the next upload. */
+typedef struct wtx__cuda_pieces {
+  wtx__cuda_piece *p;
+  size_t n, cap;
+} wtx__cuda_pieces;
+
+/* What every GPU trainer half holds: the API, its device, its stream and
+ * its transfer buffers. */
 typedef struct wtx__cuda_trainer {
   const wtx_cuda *cuda;
   int device;
   void *stream;
   uint32_t timeout_ms; /* bound of every wait on the stream */
   wtx__cuda_buffers bufs;
-  /* Per buffer: the ranges of its chunk that come from device memory, in
-   * offset order, until the next upload. */
-  wtx__cuda_piece **pieces;
-  size_t *n_pieces, *cap_pieces;
+  wtx__cuda_pieces *pieces; /* per buffer */
 } wtx__cuda_trainer;
 
 /* Loads the API (and NCCL when with_nccl), selects WTX_CUDA_DEVICE (the
