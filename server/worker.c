@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/safetensors.h"
+#include "common/text.h"
 #include "rpc/services.h"
 #include "server/auth.h"
 #include "server/publish.h"
@@ -105,13 +106,11 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
 /* The metrics and their HTTP server, when the options ask for them. */
 static int open_metrics(wtx_worker *w, const char *listen, char *err, size_t errlen) {
   if (listen == NULL || listen[0] == '\0') return 0;
-  char host[256];
-  const char *colon = strrchr(listen, ':');
+  char host[256], port[32];
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                            .ai_flags = AI_NUMERICSERV}, *ai = NULL;
-  int ok = colon != NULL && (size_t)(colon - listen) < sizeof host;
-  if (ok) snprintf(host, sizeof host, "%.*s", (int)(colon - listen), listen);
-  if (!ok || getaddrinfo(host[0] ? host : NULL, colon + 1, &hints, &ai) != 0) {
+  if (wtx__split_hostport(listen, host, sizeof host, port, sizeof port) != 0 ||
+      getaddrinfo(host, port, &hints, &ai) != 0) {
     snprintf(err, errlen, "metrics_listen: '%s' is not host:port", listen);
     return WTX_EINVAL;
   }

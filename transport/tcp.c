@@ -41,6 +41,7 @@
 
 #include "common/clock.h"
 #include "common/hash.h"
+#include "common/text.h"
 #include "transport/tcp_frame.h"
 #include "transport/transport.h"
 
@@ -166,24 +167,6 @@ static void tune(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
 
-/* Splits "host:port" or "[v6]:port". */
-static int split_hostport(const char *addr, char *host, size_t hlen,
-                          char *port, size_t plen) {
-  const char *colon = strrchr(addr, ':');
-  if (colon == NULL || colon == addr || colon[1] == '\0') return WTX_EINVAL;
-  const char *h = addr;
-  size_t n = (size_t)(colon - addr);
-  if (h[0] == '[' && n >= 2 && h[n - 1] == ']') {
-    h++;
-    n -= 2;
-  }
-  if (n >= hlen || strlen(colon + 1) >= plen) return WTX_EINVAL;
-  memcpy(host, h, n);
-  host[n] = '\0';
-  strcpy(port, colon + 1);
-  return 0;
-}
-
 /* "ip:port" of a bound or connected socket (local side). */
 static void sock_name(int fd, int local, char *out, size_t len) {
   struct sockaddr_storage ss;
@@ -203,7 +186,7 @@ static void sock_name(int fd, int local, char *out, size_t len) {
 static int listen_on(const char *addr, int *fd_out, char *bound, size_t blen,
                      char *err, size_t errlen) {
   char host[256], port[32];
-  if (split_hostport(addr, host, sizeof host, port, sizeof port) != 0) {
+  if (wtx__split_hostport(addr, host, sizeof host, port, sizeof port) != 0) {
     snprintf(err, errlen, "tcp: '%s' is not host:port", addr);
     return WTX_EINVAL;
   }
@@ -232,7 +215,7 @@ static int listen_on(const char *addr, int *fd_out, char *bound, size_t blen,
 static int connect_to(const char *addr, const wtx__netallow *allow, const waitspec *ws,
                       int *fd_out, char *err, size_t errlen) {
   char host[256], port[32];
-  if (split_hostport(addr, host, sizeof host, port, sizeof port) != 0) {
+  if (wtx__split_hostport(addr, host, sizeof host, port, sizeof port) != 0) {
     snprintf(err, errlen, "init_info.tcp.upstream_address: '%s' is not host:port",
              addr);
     return WTX_EINVAL;
@@ -407,7 +390,7 @@ static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, ch
     /* Relay on the interface the upstream reached us through. */
     char local[300], host[256], port[32];
     sock_name(w->up, 1, local, sizeof local);
-    split_hostport(local, host, sizeof host, port, sizeof port);
+    wtx__split_hostport(local, host, sizeof host, port, sizeof port);
     char addr[300];
     snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, w->relay_port);
     rc = listen_on(addr, &w->lfd, data_address, addrlen, err, errlen);
