@@ -579,11 +579,8 @@ static void copy_summary(const Wtx__V1__GetWeightInfoResponse *r, wtx_weight_inf
 
 int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
                            wtx_weight_info *out) {
-  if (c->ctl != NULL) {
-    memset(out, 0, sizeof *out);
-    return control_unsupported(c, "GetWeightInfo");
-  }
   memset(out, 0, sizeof *out);
+  if (c->ctl != NULL) return control_unsupported(c, "GetWeightInfo");
   if (i >= c->n) return WTX_EINVAL;
   Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
   req.include_params = include_params;

@@ -68,13 +68,17 @@ int wtx__control_begin(wtx__control *ctl, int is_update, const ProtobufCMessage 
   return 0;
 }
 
+/* rc, with err saying why: the caller's message, else the code's. */
+static int said(int rc, const char *why, char *err, size_t errlen) {
+  if (rc != 0) snprintf(err, errlen, "%s", why[0] ? why : wtx_strerror(rc));
+  return rc;
+}
+
 int wtx__control_end(wtx__control *ctl, char *err, size_t errlen) {
   if (!ctl->running) return WTX_ESTATE;
   pthread_join(ctl->th, NULL);
   ctl->running = 0;
-  if (ctl->rc != 0)
-    snprintf(err, errlen, "%s", ctl->err[0] ? ctl->err : wtx_strerror(ctl->rc));
-  return ctl->rc;
+  return said(ctl->rc, ctl->err, err, errlen);
 }
 
 int wtx__control_failed(wtx__control *ctl) {
@@ -82,17 +86,13 @@ int wtx__control_failed(wtx__control *ctl) {
 }
 
 int wtx__control_start(wtx__control *ctl, int target, char *err, size_t errlen) {
-  err[0] = '\0';
-  int rc = ctl->ops->start(ctl->self, target, err, errlen);
-  if (rc != 0 && err[0] == '\0') snprintf(err, errlen, "%s", wtx_strerror(rc));
-  return rc;
+  char why[1024] = "";
+  return said(ctl->ops->start(ctl->self, target, why, sizeof why), why, err, errlen);
 }
 
 int wtx__control_finish(wtx__control *ctl, const char *version, char *err, size_t errlen) {
-  err[0] = '\0';
-  int rc = ctl->ops->finish(ctl->self, version, err, errlen);
-  if (rc != 0 && err[0] == '\0') snprintf(err, errlen, "%s", wtx_strerror(rc));
-  return rc;
+  char why[1024] = "";
+  return said(ctl->ops->finish(ctl->self, version, why, sizeof why), why, err, errlen);
 }
 
 void wtx__control_abort(wtx__control *ctl, const char *reason) {

@@ -704,6 +704,9 @@ static int finish_repeated(const wtx_session *s, const Wtx__V1__FinishWeightUpda
          req->update_id == s->published_update;
 }
 
+/* Finish's failure when on_commit refused: this worker published. */
+#define NOT_LOADED "published here, but the engine it feeds did not load it"
+
 static grpc_status_code handle_finish(wtx_rpc_ctx *ctx,
     const Wtx__V1__FinishWeightUpdateRequest *req, Wtx__V1__FinishWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
@@ -713,8 +716,7 @@ static grpc_status_code handle_finish(wtx_rpc_ctx *ctx,
   int committed = 0;
   if (finish_repeated(s, req)) {
     code = s->commit_rc == 0 ? GRPC_STATUS_OK
-                             : from_wtx(ctx, s->commit_rc, "published here, but the engine it "
-                                        "feeds did not load it", s->commit_err);
+                             : from_wtx(ctx, s->commit_rc, NOT_LOADED, s->commit_err);
   } else if ((code = check_update(s, ctx, req->session_id, req->update_id,
                                   "FinishWeightUpdate", 1)) != GRPC_STATUS_OK) {
   } else if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED) {
@@ -745,8 +747,7 @@ static grpc_status_code handle_finish(wtx_rpc_ctx *ctx,
     snprintf(s->commit_err, sizeof s->commit_err, "%s", why);
     pthread_mutex_unlock(&s->mu);
   }
-  if (rc != 0)
-    code = from_wtx(ctx, rc, "published here, but the engine it feeds did not load it", why);
+  if (rc != 0) code = from_wtx(ctx, rc, NOT_LOADED, why);
   return code;
 }
 
