@@ -4,14 +4,19 @@
  * memory into a ring of NBUF buffers of BUF bytes, a consumer copies each
  * filled buffer into warm memory, and neither waits for more than the ring
  * forces (the producer runs up to NBUF buffers ahead). No control plane,
- * no checksums. Prints GB/s, the best of three runs.
- * usage: pipeline_baseline BYTES [BUF_MIB NBUF]   (default 4 MiB x 4) */
+ * no checksums. Prints GB/s, the best of three runs. With "shm" the ring
+ * is a POSIX shared-memory object, as shm's region is, instead of
+ * malloc'd memory.
+ * usage: pipeline_baseline BYTES [BUF_MIB NBUF [shm]]   (default 4 MiB x 4) */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct ring {
   const char *src;
@@ -66,11 +71,27 @@ static double run(ring *r) {
   return now() - t0;
 }
 
+/* The ring: len bytes of a shared-memory object (unlinked at once), or
+ * malloc'd. NULL when out of memory. */
+static char *ring_alloc(size_t len, int shm) {
+  if (!shm) return malloc(len);
+  char name[64];
+  snprintf(name, sizeof name, "/wtx-pipeline-baseline-%d", (int)getpid());
+  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return NULL;
+  shm_unlink(name);
+  void *p = ftruncate(fd, (off_t)len) == 0
+                ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  close(fd);
+  return p == MAP_FAILED ? NULL : p;
+}
+
 int main(int argc, char **argv) {
   ring r = {.n = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)1 << 30,
             .buf = (argc > 2 ? strtoull(argv[2], NULL, 10) : 4) << 20,
             .nbuf = argc > 3 ? strtoull(argv[3], NULL, 10) : 4};
-  char *src = malloc(r.n), *dst = malloc(r.n), *bufs = malloc(r.buf * r.nbuf);
+  int shm = argc > 4 && strcmp(argv[4], "shm") == 0;
+  char *src = malloc(r.n), *dst = malloc(r.n), *bufs = ring_alloc(r.buf * r.nbuf, shm);
   if (src == NULL || dst == NULL || bufs == NULL || r.buf == 0 || r.nbuf == 0) return 1;
   memset(src, 7, r.n);
   memset(dst, 1, r.n); /* warm, as a worker's reused staging memory */
@@ -87,6 +108,7 @@ int main(int argc, char **argv) {
   printf("pipelined_gbps %.3f\n", r.n / best / 1e9);
   free(src);
   free(dst);
-  free(bufs);
+  if (shm) munmap(bufs, r.buf * r.nbuf);
+  else free(bufs);
   return 0;
 }

@@ -320,11 +320,10 @@ const wtx_trainer_transport wtx_shm_trainer_transport = {
     .update_case = WTX__V1__UPDATE_INFO__BACKEND_SHM,
     .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
     /* Smaller pieces in flight than the protocol's 64 MiB x 2: what the
-     * trainer packs is still in cache when the worker copies it out. 1 GB to
-     * one worker on the bench machine: 64 MiB x 2 0.31-0.37 s, 16 MiB x 4
-     * 0.26-0.39 s, 4 MiB x 4 0.23-0.30 s; to three workers 4 MiB chunks
-     * cost more in calls than they save (0.52-0.64 s at 16 MiB, 0.62-0.75
-     * s at 4 MiB), hence per worker. */
+     * trainer packs is still in cache when the worker copies it out. But
+     * each chunk costs a call to every worker, so chunks grow with them:
+     * 4 MiB chunks were faster to one worker and slower to three than 16
+     * MiB (bench/results/2026-11-30-c-kernels.md, "what changed"). */
     .default_buffer_per_worker = UINT64_C(4) << 20,
     .default_num_buffers = 4,
     .create = shm_trainer_create,
