@@ -15,6 +15,7 @@ struct wtx_rx {
   uint64_t left;   /* bytes of the chunk still to come */
   uint64_t chunk;  /* bytes of the chunk */
   int verify;
+  int device;      /* dst is device memory */
   XXH3_state_t *h; /* hash of t[cur] so far */
   uint64_t *digests; /* per tensor of the chunk, set when complete */
   size_t completed;
@@ -87,7 +88,7 @@ static void complete_filled(wtx_rx *rx) {
 }
 
 int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
-                  uint64_t first_offset, uint64_t chunk_bytes, int verify) {
+                  uint64_t first_offset, uint64_t chunk_bytes, int flags) {
   rx->err[0] = '\0';
   if (n == 0) {
     wtx_rx_errorf(rx, "chunk has no tensors");
@@ -142,7 +143,8 @@ int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
   rx->cur = 0;
   rx->pos = first_offset;
   rx->left = rx->chunk = chunk_bytes;
-  rx->verify = verify;
+  rx->verify = (flags & WTX__RX_VERIFY) != 0;
+  rx->device = (flags & WTX__RX_DEVICE) != 0;
   rx->completed = 0;
   rx->expected = NULL;
   rx->n_expected = 0;
@@ -180,7 +182,13 @@ size_t wtx_rx_next(wtx_rx *rx, uint8_t **dst) {
   return left > SIZE_MAX ? SIZE_MAX : (size_t)left;
 }
 
-int wtx_rx_commit(wtx_rx *rx, size_t len) {
+int wtx_rx_on_device(const wtx_rx *rx) { return rx->device; }
+
+int wtx_rx_verifying(const wtx_rx *rx) { return rx->verify; }
+
+/* Advances past len bytes, hashing them when verifying: from host (a copy
+ * of them, contiguous) or, when NULL, where they were written in place. */
+static int advance(wtx_rx *rx, size_t len, const uint8_t *host) {
   if (len > rx->left) {
     wtx_rx_errorf(rx, "chunk carries more than its %llu bytes",
                   (unsigned long long)rx->chunk);
@@ -192,10 +200,10 @@ int wtx_rx_commit(wtx_rx *rx, size_t len) {
       wtx_rx_errorf(rx, "chunk carries more bytes than its tensors hold");
       return WTX_EPROTO;
     }
-    const wtx_rx_tensor *t = &rx->t[rx->cur];
-    uint64_t left = t->nbytes - rx->pos;
+    uint64_t left = rx->t[rx->cur].nbytes - rx->pos;
     size_t k = len < left ? len : (size_t)left;
-    if (rx->verify) XXH3_64bits_update(rx->h, t->dst + rx->pos, k);
+    if (rx->verify) XXH3_64bits_update(rx->h, host ? host : rx->t[rx->cur].dst + rx->pos, k);
+    if (host != NULL) host += k;
     rx->pos += k;
     len -= k;
     complete_filled(rx);
@@ -203,7 +211,29 @@ int wtx_rx_commit(wtx_rx *rx, size_t len) {
   return 0;
 }
 
+/* A backend that does not know the chunk lives on a GPU. */
+static int host_refused(wtx_rx *rx) {
+  wtx_rx_errorf(rx, "device staging: the backend must copy with the CUDA runtime "
+                "(wtx_rx_commit_device), not from the CPU");
+  return WTX_EPROTO;
+}
+
+int wtx_rx_commit(wtx_rx *rx, size_t len) {
+  if (rx->device) return host_refused(rx);
+  return advance(rx, len, NULL);
+}
+
+int wtx_rx_commit_device(wtx_rx *rx, size_t len, const uint8_t *host) {
+  if (!rx->device || (rx->verify && host == NULL && len > 0)) {
+    wtx_rx_errorf(rx, rx->device ? "verifying device staging needs a host copy of the bytes"
+                                 : "device commit into host staging");
+    return WTX_EPROTO;
+  }
+  return advance(rx, len, host);
+}
+
 int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len) {
+  if (rx->device) return host_refused(rx);
   while (len > 0) {
     uint8_t *dst;
     size_t room = wtx_rx_next(rx, &dst);

@@ -14,7 +14,9 @@ extern "C" {
 #endif
 
 /* Where one tensor of the update goes. The session fills it from the
- * validated ParamMeta; dst is the model's staging memory (host). */
+ * validated ParamMeta; dst is the model's staging memory: host memory, or
+ * device memory on the backend's GPU when the chunk begins with
+ * WTX__RX_DEVICE. */
 typedef struct wtx_rx_tensor {
   const char *name;
   uint64_t nbytes;
@@ -24,16 +26,21 @@ typedef struct wtx_rx_tensor {
 /* One assembler per session; *out is the caller's until destroy. */
 int wtx__rx_create(wtx_rx **out);
 void wtx__rx_destroy(wtx_rx *rx);
+/* How a chunk is received (wtx__rx_begin's flags). */
+enum {
+  WTX__RX_VERIFY = 1, /* checksums are expected and checked */
+  WTX__RX_DEVICE = 2, /* every dst is device memory (wtx_rx_on_device) */
+};
+
 /* Starts a chunk over tensors (the chunk's, in stream order; their dst must
  * stay valid until the chunk ends), first_offset bytes into tensors[0], of
  * chunk_bytes (0: to the end of the last tensor), which
- * must end inside or at the end of tensors[n-1]. verify: whether checksums
- * are expected and checked. A
+ * must end inside or at the end of tensors[n-1]. flags: WTX__RX_*. A
  * non-zero first_offset must continue the tensor the previous chunk left
  * incomplete, at the byte it stopped (else WTX_EPROTO); a zero one requires
  * that no tensor was left incomplete. */
 int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
-                  uint64_t first_offset, uint64_t chunk_bytes, int verify);
+                  uint64_t first_offset, uint64_t chunk_bytes, int flags);
 /* The sender's checksums of the tensors that end in this chunk, in order
  * (after begin; borrowed until end). */
 int wtx__rx_expect_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n);

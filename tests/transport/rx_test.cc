@@ -4,6 +4,7 @@
 #include "transport/rx.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <xxhash.h>
 
 #include <cstring>
@@ -162,6 +163,59 @@ TEST_F(RxTest, ZeroByteTensorsCompleteWhereTheyFall) {
   ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), 4));
   ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
   EXPECT_EQ(3u, wtx__rx_completed(rx_));
+}
+
+// Device staging: the assembler hands out the model's device addresses and
+// hashes the host copy the backend gives it, never the staging itself (here
+// memory no one may touch, as device memory is to the CPU); a backend that
+// would write it from the CPU is refused.
+TEST_F(RxTest, DeviceStagingIsHashedFromTheBackendsHostCopyAndNeverTouched) {
+  void *dev = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(MAP_FAILED, dev);
+  uint8_t *d = static_cast<uint8_t *>(dev);
+  std::vector<uint8_t> s = Stream(40);
+  wtx_rx_tensor t[2] = {{"a", 10, d}, {"b", 30, d + 1024}};
+  uint64_t sums[2] = {XXH3_64bits(s.data(), 10), XXH3_64bits(s.data() + 10, 30)};
+  int flags = WTX__RX_VERIFY | WTX__RX_DEVICE;
+  ASSERT_EQ(0, wtx__rx_begin(rx_, t, 2, 0, 0, flags));
+  wtx__rx_expect_checksums(rx_, sums, 2);
+  EXPECT_EQ(1, wtx_rx_on_device(rx_));
+  EXPECT_EQ(1, wtx_rx_verifying(rx_));
+  uint8_t *dst = nullptr;
+  ASSERT_EQ(10u, wtx_rx_next(rx_, &dst));
+  EXPECT_EQ(d, dst);
+  // The CPU paths are refused before they touch anything.
+  EXPECT_EQ(WTX_EPROTO, wtx_rx_bytes(rx_, s.data(), 4));
+  EXPECT_EQ(WTX_EPROTO, wtx_rx_commit(rx_, 4));
+  EXPECT_NE(nullptr, strstr(wtx__rx_error(rx_), "device staging")) << wtx__rx_error(rx_);
+  // Verifying needs the host copy.
+  EXPECT_EQ(WTX_EPROTO, wtx_rx_commit_device(rx_, 4, nullptr));
+  // One commit may span tensors: a, then 6 bytes of b.
+  ASSERT_EQ(0, wtx_rx_commit_device(rx_, 16, s.data()));
+  ASSERT_EQ(24u, wtx_rx_next(rx_, &dst));
+  EXPECT_EQ(d + 1024 + 6, dst);
+  ASSERT_EQ(0, wtx_rx_commit_device(rx_, 24, s.data() + 16));
+  ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+  EXPECT_EQ(sums[1], wtx__rx_checksum(rx_, 1));
+  // A host copy that differs from what was sent is a checksum mismatch.
+  std::vector<uint8_t> bad = s;
+  bad[20] ^= 1;
+  ASSERT_EQ(0, wtx__rx_begin(rx_, t, 2, 0, 0, flags));
+  wtx__rx_expect_checksums(rx_, sums, 2);
+  ASSERT_EQ(0, wtx_rx_commit_device(rx_, 40, bad.data()));
+  EXPECT_EQ(WTX_ECHECKSUM, wtx__rx_end(rx_));
+  // Without checksums no host copy is needed; into host staging, the
+  // device commit is refused.
+  ASSERT_EQ(0, wtx__rx_begin(rx_, t, 2, 0, 0, WTX__RX_DEVICE));
+  EXPECT_EQ(0, wtx_rx_verifying(rx_));
+  ASSERT_EQ(0, wtx_rx_commit_device(rx_, 40, nullptr));
+  EXPECT_EQ(0, wtx__rx_end(rx_));
+  std::vector<uint8_t> a(10), b(30);
+  wtx_rx_tensor h[2] = {{"a", 10, a.data()}, {"b", 30, b.data()}};
+  ASSERT_EQ(0, wtx__rx_begin(rx_, h, 2, 0, 0, 0));
+  EXPECT_EQ(0, wtx_rx_on_device(rx_));
+  EXPECT_EQ(WTX_EPROTO, wtx_rx_commit_device(rx_, 4, s.data()));
+  munmap(dev, 4096);
 }
 
 }  // namespace
