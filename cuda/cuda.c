@@ -119,9 +119,20 @@ int wtx__cuda_uuid(const wtx_cuda *c, int device, uint8_t uuid[16]) {
   return 0;
 }
 
-int wtx__cuda_device(void) {
-  const char *d = getenv("WTX_CUDA_DEVICE");
-  return d != NULL && d[0] != '\0' ? atoi(d) : 0;
+int wtx__cuda_device(const char *ordinal, int *out, char *err, size_t errlen) {
+  const char *from = "cuda_device";
+  if (ordinal == NULL) {
+    from = "WTX_CUDA_DEVICE";
+    ordinal = getenv(from);
+    if (ordinal == NULL || ordinal[0] == '\0') ordinal = "0";
+  }
+  size_t n = strspn(ordinal, "0123456789");
+  if (n == 0 || n > 4 || ordinal[n] != '\0') {
+    snprintf(err, errlen, "%s: not a device ordinal (0, 1, ...)", from);
+    return WTX_EINVAL;
+  }
+  *out = atoi(ordinal);
+  return 0;
 }
 
 int wtx__cuda_enter(const wtx_cuda *c, int device, int *prev) {
@@ -257,7 +268,7 @@ int wtx__cuda_trainer_open(wtx__cuda_trainer *t, const char *who, int with_nccl,
   int rc = wtx__cuda_load(with_nccl, &t->cuda, err, errlen);
   if (rc != 0) return rc;
   const wtx_cuda *c = t->cuda;
-  t->device = wtx__cuda_device();
+  if ((rc = wtx__cuda_device(NULL, &t->device, err, errlen)) != 0) return rc;
   t->timeout_ms = timeout_ms;
   char why[300] = "";
   int prev;

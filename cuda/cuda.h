@@ -90,8 +90,10 @@ int wtx__cuda_load(int with_nccl, const wtx_cuda **out, char *err, size_t errlen
 /* The UUID (16 bytes) of a device. */
 int wtx__cuda_uuid(const wtx_cuda *c, int device, uint8_t uuid[16]);
 
-/* The device this process uses: WTX_CUDA_DEVICE, default 0. */
-int wtx__cuda_device(void);
+/* The device named by ordinal ("0", "3"), or when NULL by WTX_CUDA_DEVICE,
+ * else 0, into *out. WTX_EINVAL, naming where it came from, when it is not
+ * a number. */
+int wtx__cuda_device(const char *ordinal, int *out, char *err, size_t errlen);
 
 /* Makes device current on the calling thread and sets *prev to the one it
  * had, which wtx__cuda_leave restores: a trainer inside PyTorch keeps its

@@ -240,12 +240,16 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
   s->engine = engine;
   s->transport = t;
   s->wire = *wire;
+  s->stage_device = t->device != NULL && s->cfg.model_ops->stage_device != NULL
+                        ? t->device(engine) : -1;
   new_session_id(s->session_id);
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
+  char staging[24] = "host";
+  if (s->stage_device >= 0) snprintf(staging, sizeof staging, "cuda:%d", s->stage_device);
   wtx_log(WTX_LOG_INFO, "event=init backend=%s session=%s buffer_size=%llu "
-          "num_buffers=%u timeout_ms=%lld", t->name, s->session_id,
+          "num_buffers=%u timeout_ms=%lld staging=%s", t->name, s->session_id,
           (unsigned long long)wire->buffer_size, (unsigned)wire->num_buffers,
-          (long long)wire->timeout_ms);
+          (long long)wire->timeout_ms, staging);
 }
 
 /* The fast half of init, under the lock: the session may take a new engine,
@@ -522,15 +526,18 @@ static int chunk_stage(wtx_session *s, chunk *c) {
       c->rt[0].dst = s->carry_dst;
       continue;
     }
-    int rc = s->cfg.model_ops->stage(s->cfg.model, &c->metas[i], &c->rt[i].dst);
+    int rc = s->stage_device >= 0
+                 ? s->cfg.model_ops->stage_device(s->cfg.model, &c->metas[i], s->stage_device,
+                                                  (void **)&c->rt[i].dst)
+                 : s->cfg.model_ops->stage(s->cfg.model, &c->metas[i], &c->rt[i].dst);
     if (rc != 0) {
       snprintf(c->err, sizeof c->err, "model: cannot stage '%s'", c->metas[i].name);
       return rc;
     }
   }
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
-  int rc = wtx__rx_begin(s->rx, c->rt, c->n, ui->first_param_offset, ui->chunk_bytes,
-                         verify);
+  int flags = (verify ? WTX__RX_VERIFY : 0) | (s->stage_device >= 0 ? WTX__RX_DEVICE : 0);
+  int rc = wtx__rx_begin(s->rx, c->rt, c->n, ui->first_param_offset, ui->chunk_bytes, flags);
   if (rc != 0) snprintf(c->err, sizeof c->err, "%s", wtx__rx_error(s->rx));
   else if (verify) wtx__rx_expect_checksums(s->rx, ui->xxh3_64, ui->n_xxh3_64);
   if (rc == 0) c->bytes = wtx_rx_remaining(s->rx);

@@ -64,6 +64,9 @@ typedef struct wtx_session {
   const wtx_worker_transport *transport;
   void *engine;
   wtx_wire_params wire;
+  /* The CUDA device the session's updates are staged on (the backend
+   * receives on a GPU and the model has stage_device), or -1: host. */
+  int stage_device;
   /* the active update */
   uint64_t update_id;
   uint64_t auto_version;

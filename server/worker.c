@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/safetensors.h"
 #include "common/text.h"
+#include "cuda/cuda.h"
 #include "rpc/services.h"
 #include "server/auth.h"
 #include "server/publish.h"
@@ -36,6 +37,7 @@ struct wtx_worker {
   const wtx_worker_transport *transports[16];
   wtx_worker_env env;
   wtx__netallow *allow_upstream;
+  char *cuda_device; /* the option's copy, or NULL */
   int port;
   int drained;
   pthread_mutex_t mu;
@@ -295,6 +297,17 @@ static int open_server(wtx_worker *w, const wtx_worker_options *opts, char *err,
   return rc;
 }
 
+/* Checks and keeps the GPU backends' device (a typo fails at start, not at
+ * the first GPU init). */
+static int cuda_device(wtx_worker *w, const char *ordinal, char *err, size_t errlen) {
+  int device;
+  int rc = wtx__cuda_device(ordinal, &device, err, errlen);
+  if (rc != 0 || ordinal == NULL) return rc;
+  w->cuda_device = strdup(ordinal);
+  w->env.cuda_device = w->cuda_device;
+  return w->cuda_device != NULL ? 0 : WTX_ENOMEM;
+}
+
 int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err,
                      size_t errlen) {
   *out = NULL;
@@ -326,6 +339,7 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
   if (rc == 0) rc = wtx__netallow_parse(opts->allow_upstream, &w->allow_upstream, err, errlen);
   w->env.allow_upstream = w->allow_upstream;
   w->env.relay_port = opts->relay_port;
+  if (rc == 0) rc = cuda_device(w, opts->cuda_device, err, errlen);
   w->host_pause = opts->on_pause;
   w->host_resume = opts->on_resume;
   w->host = opts->host;
@@ -386,6 +400,7 @@ void wtx_worker_destroy(wtx_worker *w) {
   wtx_store_destroy(w->own_store);
   wtx__auth_destroy(w->auth);
   wtx__netallow_destroy(w->allow_upstream);
+  free(w->cuda_device);
   pthread_mutex_destroy(&w->mu);
   free(w);
 }

@@ -13,14 +13,17 @@
  * copy out has completed. Every CUDA call runs on the backend's device and
  * leaves the caller's current device as it was.
  *
- * Worker half: picks the entry whose UUID is its own GPU's (WTX_CUDA_DEVICE,
- * default 0), opens the handle (once per buffer and session; closed when the
- * session ends) and copies the chunk out into the model's staging memory. */
+ * Worker half: picks the entry whose UUID is its own GPU's (cuda_device, or
+ * WTX_CUDA_DEVICE, default 0), opens the handle (once per buffer and
+ * session; closed when the session ends) and copies the chunk out into the
+ * model's staging memory: device to device when the model stages on the
+ * GPU (wtx_model_ops.stage_device), else device to host. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/cuda.h"
+#include "transport/gpu_out.h"
 #include "transport/transport.h"
 
 static void uuid_str(const uint8_t *u, size_t len, char *out, size_t outlen) {
@@ -39,31 +42,27 @@ typedef struct ipc_worker {
   uint8_t uuid[16];
   void *opened[WTX_MAX_BUFFERS];
   wtx_cuda_ipc_handle handles[WTX_MAX_BUFFERS];
-  uint8_t *bounce; /* pinned, BOUNCE bytes: small tensors, a piece at a time */
+  wtx__gpu_out out;
 } ipc_worker;
-
-/* Tensors under SMALL bytes are not copied one cudaMemcpy each (about 10 us
- * apiece): a piece of the chunk goes to a pinned bounce buffer in one copy
- * and the assembler takes them from there. */
-#define SMALL ((size_t)64 << 10)
-#define BOUNCE ((size_t)4 << 20)
 
 static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
                            const wtx_worker_env *env, void **self, char *err,
                            size_t errlen) {
-  (void)env; /* this backend connects nowhere */
   (void)init;
+  int device;
+  int rc = wtx__cuda_device(env != NULL ? env->cuda_device : NULL, &device, err, errlen);
   const wtx_cuda *c;
-  int rc = wtx__cuda_load(0, &c, err, errlen);
+  if (rc == 0) rc = wtx__cuda_load(0, &c, err, errlen);
   if (rc != 0) return rc;
   ipc_worker *w = calloc(1, sizeof *w);
   if (w == NULL) return WTX_ENOMEM;
   w->cuda = c;
   w->wire = *wire;
-  w->device = wtx__cuda_device();
+  w->device = device;
   int prev;
   int e = wtx__cuda_enter(c, w->device, &prev);
-  int bad = e != WTX_CUDA_SUCCESS || wtx__cuda_uuid(c, w->device, w->uuid) != 0;
+  int bad = e != WTX_CUDA_SUCCESS || wtx__cuda_uuid(c, w->device, w->uuid) != 0 ||
+            (e = wtx__gpu_out_open(&w->out, c, wire->timeout_ms)) != WTX_CUDA_SUCCESS;
   wtx__cuda_leave(c, prev);
   if (bad) {
     snprintf(err, errlen, "cuda_ipc: device %d: %s", w->device,
@@ -74,6 +73,8 @@ static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   *self = w;
   return 0;
 }
+
+static int ipc_worker_device(void *self) { return ((ipc_worker *)self)->device; }
 
 static int copy_out(ipc_worker *w, const Wtx__V1__CudaIpcBuffer *b, wtx_rx *rx);
 
@@ -143,31 +144,7 @@ static int copy_out(ipc_worker *w, const Wtx__V1__CudaIpcBuffer *b, wtx_rx *rx) 
       return WTX_EIO;
     }
   }
-  const uint8_t *src = w->opened[k];
-  for (;;) {
-    uint8_t *dst;
-    size_t room = wtx_rx_next(rx, &dst), n = room;
-    if (room == 0) break;
-    /* Without pinned memory (MallocHost failed), tensor by tensor. */
-    int bounced = room < SMALL && (w->bounce != NULL ||
-                                   c->MallocHost((void **)&w->bounce, BOUNCE) == WTX_CUDA_SUCCESS);
-    if (room < SMALL && !bounced) w->bounce = NULL;
-    if (bounced) {
-      uint64_t left = wtx_rx_remaining(rx);
-      n = left < BOUNCE ? (size_t)left : BOUNCE;
-      dst = w->bounce;
-    }
-    /* Device to host: cudaMemcpy returns once the bytes are there. */
-    int e = c->Memcpy(dst, src, n, WTX_CUDA_D2H);
-    if (e != WTX_CUDA_SUCCESS) {
-      wtx_rx_errorf(rx, "cuda_ipc: copy from buffer %u: %s", k, c->GetErrorString(e));
-      return WTX_EIO;
-    }
-    src += n;
-    int rc = bounced ? wtx_rx_bytes(rx, dst, n) : wtx_rx_commit(rx, n);
-    if (rc != 0) return rc;
-  }
-  return 0;
+  return wtx__gpu_out_copy(&w->out, w->opened[k], "cuda_ipc", rx);
 }
 
 static void ipc_worker_destroy(void *self) {
@@ -176,7 +153,7 @@ static void ipc_worker_destroy(void *self) {
   wtx__cuda_enter(w->cuda, w->device, &prev); /* the handles were opened there */
   for (int k = 0; k < WTX_MAX_BUFFERS; k++)
     if (w->opened[k] != NULL) w->cuda->IpcCloseMemHandle(w->opened[k]);
-  if (w->bounce != NULL) w->cuda->FreeHost(w->bounce);
+  wtx__gpu_out_close(&w->out);
   wtx__cuda_leave(w->cuda, prev);
   free(w);
 }
@@ -190,6 +167,7 @@ const wtx_worker_transport wtx_cuda_ipc_worker_transport = {
     .init = ipc_worker_init,
     .receive = ipc_worker_receive,
     .destroy = ipc_worker_destroy,
+    .device = ipc_worker_device,
 };
 
 /* ---- trainer half ---- */

@@ -14,7 +14,8 @@
  * Per chunk the trainer copies the packed (pinned) host buffer into device
  * buffer k, waits for the copy, the UpdateWeights calls start, then the
  * broadcast runs on the trainer's own stream; every worker receives into its
- * device buffer and copies the chunk out into the model's staging memory.
+ * device buffer and copies the chunk out into the model's staging memory
+ * (device to device when the model stages on the GPU, transport/gpu_out.h).
  * Waits are bounded by timeout_ms: the stream is polled together with NCCL's
  * asynchronous error, and a broadcast that fails or times out is aborted at
  * once (ncclCommAbort: its kernel would otherwise keep spinning on the GPU),
@@ -26,6 +27,7 @@
 #include <string.h>
 
 #include "cuda/cuda.h"
+#include "transport/gpu_out.h"
 #include "transport/transport.h"
 
 /* A communicator that failed must be aborted (that is what unblocks its
@@ -48,6 +50,7 @@ typedef struct nccl_worker {
   wtx_nccl_id id;
   int broken;
   atomic_int cancelled;
+  wtx__gpu_out out;
 } nccl_worker;
 
 static void nccl_worker_destroy(void *self) {
@@ -58,6 +61,7 @@ static void nccl_worker_destroy(void *self) {
   wtx__cuda_enter(c, w->device, &prev);
   comm_release(c, &w->comm, w->broken);
   if (w->buf != NULL) c->Free(w->buf);
+  wtx__gpu_out_close(&w->out);
   if (w->stream != NULL) c->StreamDestroy(w->stream);
   wtx__cuda_leave(c, prev);
   free(w);
@@ -68,7 +72,6 @@ static void nccl_worker_destroy(void *self) {
 static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
                            const wtx_worker_env *env, void **self, char *err,
                            size_t errlen) {
-  (void)env; /* NCCL finds its peers itself */
   const Wtx__V1__NcclInitInfo *ni = init->nccl;
   if (ni->unique_id.len != sizeof(wtx_nccl_id)) {
     snprintf(err, errlen, "init_info.nccl.unique_id: %zu bytes, must be %zu",
@@ -82,20 +85,23 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
              WTX_MAX_NCCL_WORLD_SIZE, ni->rank_offset);
     return WTX_EINVAL;
   }
+  int device;
+  int rc = wtx__cuda_device(env != NULL ? env->cuda_device : NULL, &device, err, errlen);
   const wtx_cuda *c;
-  int rc = wtx__cuda_load(1, &c, err, errlen);
+  if (rc == 0) rc = wtx__cuda_load(1, &c, err, errlen);
   if (rc != 0) return rc;
   nccl_worker *w = calloc(1, sizeof *w);
   if (w == NULL) return WTX_ENOMEM;
   w->cuda = c;
   w->wire = *wire;
-  w->device = wtx__cuda_device();
+  w->device = device;
   w->rank = (int)ni->rank_offset;
   atomic_init(&w->cancelled, 0);
   int prev;
   int e = wtx__cuda_enter(c, w->device, &prev);
   if (e == WTX_CUDA_SUCCESS) e = c->StreamCreate(&w->stream);
   if (e == WTX_CUDA_SUCCESS) e = c->Malloc(&w->buf, (size_t)wire->buffer_size);
+  if (e == WTX_CUDA_SUCCESS) e = wtx__gpu_out_open(&w->out, c, wire->timeout_ms);
   wtx__cuda_leave(c, prev);
   if (e != WTX_CUDA_SUCCESS) {
     snprintf(err, errlen, "nccl: device %d: %s", w->device, c->GetErrorString(e));
@@ -107,6 +113,8 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
   *self = w;
   return 0;
 }
+
+static int nccl_worker_device(void *self) { return ((nccl_worker *)self)->device; }
 
 /* Joins the trainer's communicator (outside the session lock): bounded by
  * timeout_ms, ended by cancel. */
@@ -176,20 +184,7 @@ static int broadcast_in(nccl_worker *w, uint64_t n, wtx_rx *rx) {
                   "aborted)", (unsigned long long)n, w->rank, err);
     return rc;
   }
-  const uint8_t *src = w->buf;
-  for (;;) {
-    uint8_t *dst;
-    size_t room = wtx_rx_next(rx, &dst);
-    if (room == 0) break;
-    e = c->Memcpy(dst, src, room, WTX_CUDA_D2H); /* returns once the bytes are there */
-    if (e != WTX_CUDA_SUCCESS) {
-      wtx_rx_errorf(rx, "nccl: copy out: %s", c->GetErrorString(e));
-      return WTX_EIO;
-    }
-    src += room;
-    if ((rc = wtx_rx_commit(rx, room)) != 0) return rc;
-  }
-  return 0;
+  return wtx__gpu_out_copy(&w->out, w->buf, "nccl", rx);
 }
 
 static void nccl_worker_reset(void *self) {
@@ -207,6 +202,7 @@ const wtx_worker_transport wtx_nccl_worker_transport = {
     .init = nccl_worker_init,
     .connect = nccl_worker_connect,
     .receive = nccl_worker_receive,
+    .device = nccl_worker_device,
     .cancel = nccl_worker_cancel,
     .reset = nccl_worker_reset,
     .destroy = nccl_worker_destroy,

@@ -80,6 +80,19 @@ int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len);
 size_t wtx_rx_next(wtx_rx *rx, uint8_t **dst);
 /* Marks len bytes written in place at the pointer wtx_rx_next gave. */
 int wtx_rx_commit(wtx_rx *rx, size_t len);
+/* Whether wtx_rx_next gives device memory: the model stages this update on
+ * the backend's GPU (wtx_worker_transport.device, wtx_model_ops.
+ * stage_device). The backend then copies with the CUDA runtime and commits
+ * with wtx_rx_commit_device; wtx_rx_bytes and wtx_rx_commit, which would
+ * touch the memory from the CPU, are refused (WTX_EPROTO). */
+int wtx_rx_on_device(const wtx_rx *rx);
+/* Whether this chunk's checksums are checked. */
+int wtx_rx_verifying(const wtx_rx *rx);
+/* wtx_rx_commit for device memory: len bytes are written, or copies that
+ * write them are queued and complete before receive returns, at the
+ * pointer wtx_rx_next gave. host: a host copy of the same len bytes, which
+ * is hashed when verifying (NULL when not). */
+int wtx_rx_commit_device(wtx_rx *rx, size_t len, const uint8_t *host);
 /* Bytes this chunk still expects (UpdateInfo.chunk_bytes at the start). */
 uint64_t wtx_rx_remaining(const wtx_rx *rx);
 /* For a backend that carries the chunk's checksums itself, after its
@@ -99,6 +112,9 @@ typedef struct wtx_worker_env {
   /* The port a tcp relay listens on for the next worker (--relay-port);
    * 0: one the system picks. */
   int relay_port;
+  /* The CUDA device the GPU backends receive on (an ordinal, checked by
+   * wtx__cuda_device); NULL: WTX_CUDA_DEVICE, else 0. */
+  const char *cuda_device;
 } wtx_worker_env;
 
 /* The worker half of a backend. `self` is the backend's state, created by
@@ -140,6 +156,11 @@ typedef struct wtx_worker_transport {
   void (*reset)(void *self);
   /* Frees self. */
   void (*destroy)(void *self);
+  /* Optional (GPU backends): the CUDA device chunks arrive on. When the
+   * model can stage there (wtx_model_ops.stage_device), every tensor of
+   * the session's updates is staged in device memory and receive fills it
+   * device to device (wtx_rx_on_device). */
+  int (*device)(void *self);
 } wtx_worker_transport;
 
 int wtx_worker_transport_register(const wtx_worker_transport *t);

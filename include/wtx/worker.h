@@ -67,6 +67,15 @@ typedef struct wtx_model_ops {
   int (*commit)(void *model, const char *version);
   /* Discards everything staged since begin. */
   void (*abort)(void *model);
+  /* Optional, in place of stage for a model that lives on a GPU: returns
+   * device memory of meta->nbytes on CUDA device `device` (the ordinal the
+   * session's GPU backend uses: wtx_worker_options.cuda_device) where the
+   * tensor's bytes are received, owned by the model until commit or abort.
+   * Called only while the session's backend is cuda_ipc or nccl; the bytes
+   * then go device to device and never cross to the host, except a copy
+   * hashed on the CPU when checksums are on (docs/data-plane.md). NULL:
+   * stage (host memory) for every backend. */
+  int (*stage_device)(void *model, const wtx_tensor_meta *meta, int device, void **dst);
 } wtx_model_ops;
 
 /* ---- the embedded parameter store ---- */
@@ -204,6 +213,10 @@ typedef struct wtx_worker_options {
    * chain (a fixed port for firewalls and NetworkPolicies); 0: one the
    * system picks. */
   int relay_port;
+  /* The CUDA device the GPU backends receive on, as its ordinal ("0",
+   * "3"), for a process that knows its own (a vLLM rank); NULL:
+   * WTX_CUDA_DEVICE from the environment, else "0". Copied. */
+  const char *cuda_device;
 } wtx_worker_options;
 
 /* Every field at its default; set the ones you need after it. */

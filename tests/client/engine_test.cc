@@ -689,6 +689,45 @@ INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, CudaIpcRoutingTest,
                          ::testing::Values("cuda_ipc"),
                          [](const auto &info) { return std::string(info.param); });
 
+// A worker whose model lives on the GPU (tests/client/gpu_model_worker,
+// vLLM's stand-in: it stages on the device and refuses host staging) gets
+// every tensor device to device, from device and host tensors of the
+// trainer alike, and each one's device bytes hash to what the trainer sent;
+// with a lag on every copy (the double lands them 50 ms late), nothing is
+// read before it landed. A tensor larger than the buffer and many small
+// ones in one chunk take the same path.
+class GpuModelTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    worker_binary_ = "tests/client/gpu_model_worker";
+  }
+};
+
+TEST_P(GpuModelTest, AModelOnTheGpuIsStagedThereAndReceivesEveryByte) {
+  DeviceModel model;
+  std::vector<Worker> ws = {Spawn(), Spawn()};
+  wtx_client *c = Client(ws);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_create(&kDeviceModel, &model, &src));
+  std::string err;
+  std::vector<uint64_t> sums;
+  setenv("WTX_FAKE_CUDA_LAG_MS", "50", 1);
+  ASSERT_EQ(0, Push(c, src, "v1", 1 << 20, 2, 20000, &err, &sums)) << err;
+  unsetenv("WTX_FAKE_CUDA_LAG_MS");
+  for (size_t i = 0; i < model.kN; i++)
+    EXPECT_EQ(XXH3_64bits(model.bytes[i].data(), model.bytes[i].size()), sums[i]) << i;
+  wtx_source_destroy(src);
+  ASSERT_EQ(0, wtx_source_synthetic(4 << 20, 3000, &src));
+  ASSERT_EQ(0, Push(c, src, "v2", 1 << 20, 2, 20000, &err)) << err;
+  wtx_source_destroy(src);
+  wtx_client_destroy(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, GpuModelTest,
+                         ::testing::Values("nccl", "cuda_ipc"),
+                         [](const auto &info) { return std::string(info.param); });
+
 // Every process of this test (workers inherit the environment) loads the
 // double instead of the real libraries.
 struct UseCudaDouble : ::testing::Environment {

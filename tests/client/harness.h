@@ -43,7 +43,7 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
   Worker Spawn(std::vector<std::string> extra = {}) {
     Worker w;
     std::string pf = dir_ + "/port" + std::to_string(workers_.size());
-    std::vector<std::string> args = {"server/wtx-worker", "--listen", "127.0.0.1:0",
+    std::vector<std::string> args = {worker_binary_, "--listen", "127.0.0.1:0",
                                      "--port-file", pf, "--log-level", "warn"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char *> argv;
@@ -64,7 +64,7 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
       std::ifstream f(pf);
       if (!(f >> w.port)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    EXPECT_NE(0, w.port) << "wtx-worker did not start";
+    EXPECT_NE(0, w.port) << worker_binary_ << " did not start";
     workers_.push_back(w);
     return w;
   }
@@ -154,6 +154,9 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
     return v;
   }
 
+  // What Spawn runs: wtx-worker, or a program taking the same --listen and
+  // --port-file (tests/client/gpu_model_worker).
+  std::string worker_binary_ = "server/wtx-worker";
   std::string dir_;
   std::string backend_;  // a wrapper's name instead of GetParam(), when set
   std::vector<Worker> workers_;

@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include <xxhash.h>
+
 #include "transport/rx.h"
 #include "transport/transport.h"
 #include "wtx/error.h"
@@ -304,6 +306,87 @@ TEST_F(CudaTest, ABroadcastEndedByAPeersFailureIsAnErrorNotData) {
   wtx_nccl_worker_transport.destroy(w);
   c_->StreamDestroy(s);
   c_->Free(buf);
+}
+
+// A model that stages on the GPU gets the chunk device to device: every
+// byte is in its device memory when receive returns (the double lands the
+// copies 300 ms late here), and with checksums on they are checked against
+// a host copy of the same bytes; the staging itself is never touched from
+// the CPU (the double's device memory would crash it).
+TEST_F(CudaTest, DeviceStagingIsFilledOnTheGpuBeforeReceiveReturns) {
+  wtx_nccl_id id = NewId(c_);
+  void *root = nullptr;
+  std::thread r0([&] {
+    c_->SetDevice(0);
+    char e[400];
+    ASSERT_EQ(0, wtx__nccl_join(c_, &root, 2, &id, 0, 10000, nullptr, e, sizeof e)) << e;
+  });
+  void *w = nullptr;
+  ASSERT_NO_FATAL_FAILURE(JoinWorker(id, 5000, &w));
+  r0.join();
+  EXPECT_EQ(1, wtx_nccl_worker_transport.device(w));
+  // Tensors a (200000 bytes) and b (1000: under the bounce threshold) in
+  // one chunk, broadcast by the root.
+  const size_t na = 200000, nb = 1000, n = na + nb;
+  std::vector<uint8_t> in(n);
+  for (size_t i = 0; i < n; i++) in[i] = static_cast<uint8_t>(i * 13 + 5);
+  uint64_t sums[2] = {XXH3_64bits(in.data(), na), XXH3_64bits(in.data() + na, nb)};
+  void *buf = nullptr, *s = nullptr, *sa = nullptr, *sb = nullptr;
+  ASSERT_EQ(0, c_->SetDevice(0));
+  ASSERT_EQ(0, c_->Malloc(&buf, n));
+  ASSERT_EQ(0, c_->StreamCreate(&s));
+  ASSERT_EQ(0, c_->Memcpy(buf, in.data(), n, WTX_CUDA_H2D));
+  ASSERT_EQ(0, c_->StreamSynchronize(nullptr));
+  ASSERT_EQ(0, c_->SetDevice(1));
+  ASSERT_EQ(0, c_->Malloc(&sa, na));
+  ASSERT_EQ(0, c_->Malloc(&sb, nb));
+  setenv("WTX_FAKE_CUDA_LAG_MS", "300", 1);
+  ASSERT_EQ(0, c_->Broadcast(buf, buf, n, WTX_NCCL_UINT8, 0, root, s));
+  wtx_rx_tensor rt[2] = {{"a", na, static_cast<uint8_t *>(sa)},
+                         {"b", nb, static_cast<uint8_t *>(sb)}};
+  wtx_rx *rx = nullptr;
+  ASSERT_EQ(0, wtx__rx_create(&rx));
+  ASSERT_EQ(0, wtx__rx_begin(rx, rt, 2, 0, 0, WTX__RX_VERIFY | WTX__RX_DEVICE));
+  wtx__rx_expect_checksums(rx, sums, 2);
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  ASSERT_EQ(0, wtx_nccl_worker_transport.receive(w, &ui, rx)) << wtx__rx_error(rx);
+  EXPECT_EQ(0, wtx__rx_end(rx)) << wtx__rx_error(rx);
+  unsetenv("WTX_FAKE_CUDA_LAG_MS");
+  std::vector<uint8_t> out(n, 0);
+  ASSERT_EQ(0, c_->Memcpy(out.data(), sa, na, WTX_CUDA_D2H));
+  ASSERT_EQ(0, c_->Memcpy(out.data() + na, sb, nb, WTX_CUDA_D2H));
+  EXPECT_TRUE(out == in) << "device staging read before its copies landed";
+  wtx__rx_destroy(rx);
+  wtx_nccl_worker_transport.destroy(w);
+  c_->CommDestroy(root);
+  c_->StreamDestroy(s);
+  for (void *p : {buf, sa, sb}) c_->Free(p);
+}
+
+// The worker's GPU comes from its options (a vLLM rank names its own), else
+// from WTX_CUDA_DEVICE; anything but an ordinal is refused, naming where it
+// came from.
+TEST_F(CudaTest, TheWorkersDeviceComesFromItsOptionsOrTheEnvironment) {
+  wtx_wire_params wire{1, 1 << 20, 2, 2, 5000};
+  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+  wtx_worker_env env{};
+  char err[600] = "";
+  void *w = nullptr;
+  setenv("WTX_CUDA_DEVICE", "2", 1);
+  ASSERT_EQ(0, wtx_cuda_ipc_worker_transport.init(&ii, &wire, &env, &w, err, sizeof err)) << err;
+  EXPECT_EQ(2, wtx_cuda_ipc_worker_transport.device(w));
+  wtx_cuda_ipc_worker_transport.destroy(w);
+  env.cuda_device = "3";
+  ASSERT_EQ(0, wtx_cuda_ipc_worker_transport.init(&ii, &wire, &env, &w, err, sizeof err)) << err;
+  EXPECT_EQ(3, wtx_cuda_ipc_worker_transport.device(w));
+  wtx_cuda_ipc_worker_transport.destroy(w);
+  env.cuda_device = "cuda:1";
+  EXPECT_EQ(WTX_EINVAL, wtx_cuda_ipc_worker_transport.init(&ii, &wire, &env, &w, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "cuda_device: not a device ordinal")) << err;
+  env.cuda_device = nullptr;
+  setenv("WTX_CUDA_DEVICE", "-1", 1);
+  EXPECT_EQ(WTX_EINVAL, wtx_cuda_ipc_worker_transport.init(&ii, &wire, &env, &w, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "WTX_CUDA_DEVICE: not a device ordinal")) << err;
 }
 
 }  // namespace

@@ -9,21 +9,22 @@
 # package for the `vllm serve` check: python/wtx with its stubs and
 # libwtx.so, whose closure (glibc aside: the interpreter brings its own)
 # goes to pylib/ for LD_LIBRARY_PATH.
-# Usage: assemble.sh OUT WORKER CLI GPU_TEST PROBE MEMCPY DOUBLE [LIBWTX PY]
+# Usage: assemble.sh OUT WORKER CLI GPU_TEST PROBE MEMCPY GPU_MODEL DOUBLE [LIBWTX PY]
 set -euo pipefail
-[ $# -eq 7 ] || [ $# -eq 9 ] ||
-  { echo "usage: $0 OUT WORKER CLI GPU_TEST PROBE MEMCPY DOUBLE [LIBWTX PY]" >&2; exit 2; }
+[ $# -eq 8 ] || [ $# -eq 10 ] ||
+  { echo "usage: $0 OUT WORKER CLI GPU_TEST PROBE MEMCPY GPU_MODEL DOUBLE [LIBWTX PY]" >&2; exit 2; }
 out=$1
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib" "$out/server" "$out/client" "$out/cuda/testing"
-names=(wtx-worker wtx gpu_test probe memcpy_baseline)
-srcs=("$2" "$3" "$4" "$5" "$6")
+mkdir -p "$out/bin" "$out/lib" "$out/server" "$out/client" "$out/cuda/testing" \
+  "$out/tests/client"
+names=(wtx-worker wtx gpu_test probe memcpy_baseline gpu_model_worker)
+srcs=("$2" "$3" "$4" "$5" "$6" "$7")
 for i in "${!names[@]}"; do
   install -m 0755 "${srcs[$i]}" "$out/bin/${names[$i]}"
   strip --strip-unneeded "$out/bin/${names[$i]}" 2>/dev/null || true
 done
-install -m 0755 "$7" "$out/cuda/testing/libwtx_fake_cuda.so"
+install -m 0755 "$8" "$out/cuda/testing/libwtx_fake_cuda.so"
 # The closure: every library ldd resolves, and the loader itself.
 for b in "$out"/bin/* "$out/cuda/testing/libwtx_fake_cuda.so"; do
   ldd "$b" | awk '/=> \// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}'
@@ -45,18 +46,19 @@ WRAP
 }
 wrapper "$out/server/wtx-worker" wtx-worker ..
 wrapper "$out/client/wtx" wtx ..
+wrapper "$out/tests/client/gpu_model_worker" gpu_model_worker ../..
 for n in gpu_test probe memcpy_baseline; do wrapper "$out/$n" "$n"; done
 install -m 0755 "$here/device_check.sh" "$out/device_check.sh"
-if [ $# -eq 9 ]; then
+if [ $# -eq 10 ]; then
   root=$(cd "$here/../.." && pwd)
   mkdir -p "$out/python" "$out/pylib"
   cp -rL "$root/python/src/wtx" "$out/python/"
   rm -rf "$out/python/wtx/v1" "$out/python/wtx/_lib"
   mkdir -p "$out/python/wtx/_lib"
-  install -m 0755 "$8" "$out/python/wtx/_lib/libwtx.so"
-  "$9" -c "import sys, pathlib; sys.path.insert(0, '$root/python/build_backend'); \
+  install -m 0755 "$9" "$out/python/wtx/_lib/libwtx.so"
+  "${10}" -c "import sys, pathlib; sys.path.insert(0, '$root/python/build_backend'); \
 import wtx_build; wtx_build.generate_stubs(pathlib.Path('$root/proto'), pathlib.Path('$out/python'))"
-  ldd "$8" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt)\.so' |
+  ldd "$9" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt)\.so' |
     while read -r lib; do cp -L "$lib" "$out/pylib/"; done
 fi
 {

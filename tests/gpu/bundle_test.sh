@@ -8,7 +8,7 @@ set -euo pipefail
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 out=$tmp/bundle
 tests/gpu/assemble.sh "$out" server/wtx-worker client/wtx tests/gpu/gpu_test tests/gpu/probe \
-  bench/memcpy_baseline cuda/testing/libwtx_fake_cuda.so
+  bench/memcpy_baseline tests/client/gpu_model_worker cuda/testing/libwtx_fake_cuda.so
 size=$(du -sm "$out" | cut -f1)
 echo "bundle: ${size} MiB"
 [ "$size" -le 60 ] || { echo "FAIL: the bundle is ${size} MiB, over 60"; exit 1; }

@@ -91,6 +91,29 @@ TEST_P(GpuTest, PushesToWorkerProcessesAndEveryChecksumMatches) {
   wtx_client_destroy(c);
 }
 
+// A model that lives on the GPU (tests/client/gpu_model_worker: it stages
+// on the device and refuses host staging) gets every byte device to
+// device, and each tensor's device bytes hash to what the trainer sent
+// (checked by the worker at prepare, so the push fails otherwise).
+TEST_P(GpuTest, AModelOnTheGpuIsStagedThereAndReceivesEveryByte) {
+  if (std::string(GetParam()) == "nccl" && gpus_ < 2)
+    GTEST_SKIP() << "nccl needs 2 GPUs (trainer + worker), this machine has " << gpus_;
+  worker_binary_ = "tests/client/gpu_model_worker";
+  std::string dev = std::string(GetParam()) == "nccl" ? "1" : "0";
+  setenv("WTX_CUDA_DEVICE", dev.c_str(), 1);
+  std::vector<Worker> ws = {Spawn()};
+  setenv("WTX_CUDA_DEVICE", "0", 1);
+  wtx_client *c = Client(ws);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(UINT64_C(256) << 20, 12, &src));
+  for (const char *v : {"gpu-model-1", "gpu-model-2"}) {
+    std::string err;
+    ASSERT_EQ(0, Push(c, src, v, 64 << 20, 2, 60000, &err)) << err;
+  }
+  wtx_source_destroy(src);
+  wtx_client_destroy(c);
+}
+
 INSTANTIATE_TEST_SUITE_P(RealCuda, GpuTest, ::testing::Values("cuda_ipc", "nccl"),
                          [](const auto &info) { return std::string(info.param); });
 

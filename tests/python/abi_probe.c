@@ -34,7 +34,7 @@ int main(void) {
   F(wtx_source_ops, destroy); END();
   BEGIN(wtx_model_ops); F(wtx_model_ops, check); F(wtx_model_ops, begin); F(wtx_model_ops, stage);
   F(wtx_model_ops, loaded); F(wtx_model_ops, prepare); F(wtx_model_ops, commit);
-  F(wtx_model_ops, abort); END();
+  F(wtx_model_ops, abort); F(wtx_model_ops, stage_device); END();
   BEGIN(wtx_control_ops); F(wtx_control_ops, init); F(wtx_control_ops, start);
   F(wtx_control_ops, update); F(wtx_control_ops, finish); F(wtx_control_ops, abort); END();
   BEGIN(wtx_worker_options); F(wtx_worker_options, listen); F(wtx_worker_options, backends);
@@ -51,7 +51,8 @@ int main(void) {
   F(wtx_worker_options, vllm_url); F(wtx_worker_options, vllm_dir);
   F(wtx_worker_options, vllm_pause_mode); F(wtx_worker_options, vllm_disk);
   F(wtx_worker_options, vllm_timeout_ms); F(wtx_worker_options, metrics_listen);
-  F(wtx_worker_options, relay_port); END();
+  F(wtx_worker_options, relay_port);
+  F(wtx_worker_options, cuda_device); END();
   printf("}\n");
   return 0;
 }

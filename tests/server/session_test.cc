@@ -590,6 +590,7 @@ const wtx_worker_transport kSlowDouble = {
     .cancel = SlowCancel,
     .reset = nullptr,
     .destroy = SlowDestroy,
+    .device = nullptr,
 };
 
 // The store, counting aborts.
@@ -619,8 +620,8 @@ void CmAbort(void *m) {
 int CmPrepare(void *m, const char *v, char *e, size_t n) {
   return wtx_store_model_ops.prepare(static_cast<CountingModel *>(m)->store, v, e, n);
 }
-const wtx_model_ops kCounting = {CmCheck, CmBegin, CmStage, CmLoaded, CmPrepare, CmCommit,
-                                 CmAbort};
+const wtx_model_ops kCounting = {CmCheck, CmBegin,  CmStage, CmLoaded, CmPrepare,
+                                 CmCommit, CmAbort, nullptr};
 
 TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
@@ -833,7 +834,8 @@ void HmPause(void *h, int wait) {
 }
 void HmResume(void *h) { static_cast<HostModel *>(h)->resumes++; }
 // No prepare: commit does it all (a host model that cannot fail there).
-const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit, HmAbort};
+const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit, HmAbort,
+                             nullptr};
 
 TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   HostModel hm;

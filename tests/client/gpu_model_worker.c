@@ -1,0 +1,188 @@
+/* A wtx worker whose model lives on the GPU, as an inference engine's does:
+ * the stand-in for vLLM in the GPU backends' tests (engine_test on the CUDA
+ * TEST DOUBLE; on a real GPU, the same). Not a double of anything of wtx's:
+ * it drives the real worker, session and backends through the public model
+ * interface.
+ *
+ * Its model stages every tensor in device memory (wtx_model_ops.
+ * stage_device) on the device the backend names, and refuses host staging,
+ * so a push to it succeeds only when the bytes went device to device. At
+ * prepare it copies each staged tensor back to the host and hashes it: a
+ * tensor whose device bytes do not hash to the checksum the session
+ * verified fails the update. Run it with checksums on.
+ *
+ * Usage: gpu_model_worker --listen HOST:PORT --port-file FILE
+ * (the CUDA runtime as the worker finds it: WTX_CUDART_LIB, ...; the
+ * device from WTX_CUDA_DEVICE). SIGTERM or SIGINT ends it. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "cuda/cuda.h"
+#include "wtx/worker.h"
+
+typedef struct staged {
+  wtx_tensor_meta meta; /* name: owned copy */
+  void *dev;
+  uint64_t xxh3;
+  int has_xxh3;
+} staged;
+
+typedef struct gpu_model {
+  const wtx_cuda *cuda;
+  staged *t;
+  size_t n, cap;
+  int device;
+} gpu_model;
+
+static void drop_staged(gpu_model *m) {
+  int prev;
+  wtx__cuda_enter(m->cuda, m->device, &prev);
+  for (size_t i = 0; i < m->n; i++) {
+    if (m->t[i].dev != NULL) m->cuda->Free(m->t[i].dev);
+    free((char *)m->t[i].meta.name);
+  }
+  wtx__cuda_leave(m->cuda, prev);
+  m->n = 0;
+}
+
+static int m_begin(void *model, wtx_target target) {
+  (void)target;
+  drop_staged(model);
+  return 0;
+}
+
+static int m_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) {
+  (void)model;
+  (void)dst;
+  fprintf(stderr, "gpu_model_worker: '%s' staged in host memory, not on the GPU\n", meta->name);
+  return WTX_EINVAL;
+}
+
+static int m_stage_device(void *model, const wtx_tensor_meta *meta, int device, void **dst) {
+  gpu_model *m = model;
+  if (m->n == m->cap) {
+    size_t cap = m->cap ? 2 * m->cap : 64;
+    staged *t = realloc(m->t, cap * sizeof *t);
+    if (t == NULL) return WTX_ENOMEM;
+    m->t = t;
+    m->cap = cap;
+  }
+  staged *s = &m->t[m->n];
+  memset(s, 0, sizeof *s);
+  s->meta = *meta;
+  s->meta.name = strdup(meta->name);
+  if (s->meta.name == NULL) return WTX_ENOMEM;
+  m->device = device;
+  int prev;
+  int e = wtx__cuda_enter(m->cuda, device, &prev);
+  if (e == WTX_CUDA_SUCCESS) e = m->cuda->Malloc(&s->dev, meta->nbytes ? meta->nbytes : 1);
+  wtx__cuda_leave(m->cuda, prev);
+  m->n++;
+  if (e != WTX_CUDA_SUCCESS) {
+    s->dev = NULL;
+    return WTX_ENOMEM;
+  }
+  *dst = s->dev;
+  return 0;
+}
+
+static int m_loaded(void *model, const wtx_tensor_meta *meta, const uint64_t *xxh3) {
+  gpu_model *m = model;
+  for (size_t i = m->n; i-- > 0;)
+    if (strcmp(m->t[i].meta.name, meta->name) == 0) {
+      m->t[i].has_xxh3 = xxh3 != NULL;
+      m->t[i].xxh3 = xxh3 != NULL ? *xxh3 : 0;
+      return 0;
+    }
+  return WTX_ENOENT;
+}
+
+/* Whether staged tensor s holds, on the device, the bytes the session
+ * verified. */
+static int holds_verified(gpu_model *m, const staged *s, char *err, size_t errlen) {
+  uint8_t *host = malloc(s->meta.nbytes ? s->meta.nbytes : 1);
+  int ok = host != NULL && s->has_xxh3 &&
+           (s->meta.nbytes == 0 ||
+            m->cuda->Memcpy(host, s->dev, s->meta.nbytes, WTX_CUDA_D2H) == WTX_CUDA_SUCCESS) &&
+           XXH3_64bits(host, s->meta.nbytes) == s->xxh3;
+  free(host);
+  if (!ok)
+    snprintf(err, errlen, "'%s': its device staging does not hold the bytes the session "
+             "verified%s", s->meta.name, s->has_xxh3 ? "" : " (no checksum: turn them on)");
+  return ok ? 0 : WTX_ECHECKSUM;
+}
+
+static int m_prepare(void *model, const char *version, char *err, size_t errlen) {
+  (void)version;
+  gpu_model *m = model;
+  int rc = 0, prev;
+  wtx__cuda_enter(m->cuda, m->device, &prev);
+  for (size_t i = 0; rc == 0 && i < m->n; i++) rc = holds_verified(m, &m->t[i], err, errlen);
+  wtx__cuda_leave(m->cuda, prev);
+  return rc;
+}
+
+static int m_commit(void *model, const char *version) {
+  fprintf(stderr, "gpu_model_worker: version %s loaded from device staging\n", version);
+  drop_staged(model);
+  return 0;
+}
+
+static void m_abort(void *model) { drop_staged(model); }
+
+static const wtx_model_ops gpu_model_ops = {
+    .begin = m_begin,
+    .stage = m_stage,
+    .loaded = m_loaded,
+    .prepare = m_prepare,
+    .commit = m_commit,
+    .abort = m_abort,
+    .stage_device = m_stage_device,
+};
+
+static int write_port(const char *path, int port) {
+  FILE *f = fopen(path, "w");
+  if (f == NULL) return -1;
+  fprintf(f, "%d\n", port);
+  return fclose(f);
+}
+
+int main(int argc, char **argv) {
+  const char *listen = NULL, *port_file = NULL;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--listen") == 0) listen = argv[i + 1];
+    else if (strcmp(argv[i], "--port-file") == 0) port_file = argv[i + 1];
+  }
+  if (listen == NULL || port_file == NULL) {
+    fprintf(stderr, "usage: gpu_model_worker --listen HOST:PORT --port-file FILE\n");
+    return 2;
+  }
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, NULL); /* before any thread starts */
+  char err[1024] = "";
+  gpu_model m = {0};
+  wtx_worker *w = NULL;
+  int rc = wtx__cuda_load(0, &m.cuda, err, sizeof err);
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.listen = listen;
+  o.model_ops = &gpu_model_ops;
+  o.model = &m;
+  if (rc == 0) rc = wtx_worker_start(&o, &w, err, sizeof err);
+  if (rc == 0 && write_port(port_file, wtx_worker_port(w)) != 0) rc = WTX_EIO;
+  if (rc != 0) {
+    fprintf(stderr, "gpu_model_worker: %s\n", err[0] ? err : wtx_strerror(rc));
+    return 1;
+  }
+  int sig;
+  sigwait(&set, &sig);
+  wtx_worker_destroy(w);
+  drop_staged(&m);
+  free(m.t);
+  return 0;
+}
