@@ -308,6 +308,18 @@ class ContractTest(unittest.TestCase):
             for field, off in probe[name]["fields"].items():
                 self.assertEqual(off, getattr(cls, field).offset, f"{name}.{field}")
 
+    def test_serve_stages_a_cpu_model_on_the_host_and_checks_its_gpu(self):
+        # A model on the CPU gets host staging whatever the backend (no
+        # stage_device for the C worker); the GPU the GPU backends would
+        # receive on must be an ordinal, refused at start otherwise.
+        import wtx
+        model = torch.nn.Linear(2, 2)
+        with self.assertRaisesRegex(wtx.WtxError, "cuda_device: not a device ordinal"):
+            wtx.serve(model, "127.0.0.1:0", cuda_device=-1)
+        with wtx.serve(model, "127.0.0.1:0", cuda_device=3) as server:
+            self.assertFalse(server._host.ops.stage_device)
+            self.assertTrue(server._host.ops.stage)
+
     def test_dtypes_map_both_ways(self):
         from wtx import _dtypes
         for wire, (name, size, st) in _dtypes.WIRE.items():

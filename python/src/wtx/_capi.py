@@ -82,12 +82,14 @@ M_LOADED = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(TensorMeta), C.POINTER(C.c
 M_PREPARE = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_char_p, C.c_void_p, C.c_size_t)
 M_COMMIT = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_char_p)
 M_ABORT = C.CFUNCTYPE(None, C.c_void_p)
+M_STAGE_DEVICE = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(TensorMeta), C.c_int,
+                             C.POINTER(C.c_void_p))
 
 
 class ModelOps(C.Structure):
     _fields_ = [("check", M_CHECK), ("begin", M_BEGIN), ("stage", M_STAGE),
                 ("loaded", M_LOADED), ("prepare", M_PREPARE), ("commit", M_COMMIT),
-                ("abort", M_ABORT)]
+                ("abort", M_ABORT), ("stage_device", M_STAGE_DEVICE)]
 
 
 ON_PAUSE = C.CFUNCTYPE(None, C.c_void_p, C.c_int)
@@ -108,7 +110,8 @@ class WorkerOptions(C.Structure):
                 ("allow_upstream", C.c_char_p), ("vllm_url", C.c_char_p),
                 ("vllm_dir", C.c_char_p), ("vllm_pause_mode", C.c_char_p),
                 ("vllm_disk", C.c_int), ("vllm_timeout_ms", C.c_int64),
-                ("metrics_listen", C.c_char_p), ("relay_port", C.c_int)]
+                ("metrics_listen", C.c_char_p), ("relay_port", C.c_int),
+                ("cuda_device", C.c_char_p)]
 
 
 # wtx_control_ops

@@ -3,7 +3,9 @@
 The C worker (wtx_worker_start) receives every update over the data plane
 into staging tensors this module allocates; nothing of the module moves
 until the update is complete and verified (checksums, every tensor
-loaded). Then, at commit, the staged tensors are loaded into the module:
+loaded). A module on a GPU gets its staging tensors on that GPU when the
+trainer uses a GPU backend (cuda_ipc, nccl): the bytes go device to device
+and never through host memory. Then, at commit, the staged tensors are loaded into the module:
 through ``module.load_weights(iterable)`` when it has one (as vLLM models
 do), else copied into its parameters and buffers by name. A failed or
 aborted update leaves the module's weights unchanged.
@@ -28,7 +30,7 @@ class _Host:
     """The model ops behind the C worker, for one torch module."""
 
     def __init__(self, module: Any, on_pause: Callable[[bool], None] | None,
-                 on_resume: Callable[[], None] | None) -> None:
+                 on_resume: Callable[[], None] | None, device_staging: bool) -> None:
         import torch
         self.torch = torch
         self.module = module
@@ -41,7 +43,9 @@ class _Host:
         self.ops = _capi.ModelOps(
             _capi.M_CHECK(self._check), _capi.M_BEGIN(self._begin), _capi.M_STAGE(self._stage),
             _capi.M_LOADED(self._loaded), _capi.M_PREPARE(self._prepare),
-            _capi.M_COMMIT(self._commit), _capi.M_ABORT(self._abort))
+            _capi.M_COMMIT(self._commit), _capi.M_ABORT(self._abort),
+            _capi.M_STAGE_DEVICE(self._stage_device) if device_staging
+            else _capi.M_STAGE_DEVICE())
         self.pause_cb = _capi.ON_PAUSE(self._pause)
         self.resume_cb = _capi.ON_RESUME(self._resume)
 
@@ -83,17 +87,25 @@ class _Host:
         self.loaded.clear()
         return 0
 
-    def _stage(self, _m, meta, dst) -> int:
+    def _stage_on(self, meta, dst, device: str) -> int:
         try:
             m = meta[0]
             shape = tuple(m.shape[d] for d in range(m.ndim))
-            t = self.torch.empty(shape, dtype=_dtypes.to_torch(m.dtype))
+            t = self.torch.empty(shape, dtype=_dtypes.to_torch(m.dtype), device=device)
             self.staged[m.name.decode()] = t
             dst[0] = t.data_ptr() if t.numel() else 0
             return 0
         except BaseException:  # noqa: BLE001
             log.exception("stage")
             return _capi.ENOMEM
+
+    def _stage(self, _m, meta, dst) -> int:
+        return self._stage_on(meta, dst, "cpu")
+
+    def _stage_device(self, _m, meta, device, dst) -> int:
+        # The C backend's copies into it run on its own CUDA stream and have
+        # landed when the chunk's call returns, before commit reads it.
+        return self._stage_on(meta, dst, f"cuda:{device}")
 
     def _loaded(self, _m, meta, _xxh3) -> int:
         self.loaded.add(meta[0].name.decode())
@@ -180,23 +192,46 @@ class Server:
         self.close()
 
 
+def _cuda_index(module: Any) -> int | None:
+    """The CUDA device the module's first parameter (or buffer) is on, or
+    None (CPU, or nothing to look at)."""
+    import itertools
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        if not t.is_cuda:
+            return None
+        if t.device.index is not None:
+            return t.device.index
+        import torch
+        return torch.cuda.current_device()
+    return None
+
+
 def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = None,
           tls_cert: bytes | None = None, tls_key: bytes | None = None,
           tls_client_ca: bytes | None = None, backends: list[str] | None = None,
           on_pause: Callable[[bool], None] | None = None,
           on_resume: Callable[[], None] | None = None, watchdog_ms: int = 0,
           max_model_bytes: int = 0, max_params: int = 0, allow_upstream: str | None = None,
-          reflection: str = "open", world_size: int = 1) -> Server:
+          reflection: str = "open", world_size: int = 1,
+          cuda_device: int | None = None) -> Server:
     """Hosts a wtx worker for ``model`` (a ``torch.nn.Module``) on ``listen``
     ("host:port"; port 0 picks one, see ``Server.port``). Trainers push
     with ``TrainerEngine`` or ``wtx push``; inspect with grpcurl. Options
     as ``wtx-worker``'s flags (--token-file, --tls-*, --backends,
     --watchdog-ms, --max-model-bytes, --max-params, --allow-upstream,
     --reflection); ``on_pause(wait_for_inflight)`` / ``on_resume()`` are
-    called on Pause / Resume."""
+    called on Pause / Resume.
+
+    GPU backends (cuda_ipc, nccl) receive on ``cuda_device`` (default: the
+    device ``model`` is on, else ``WTX_CUDA_DEVICE``, else 0). A model on a
+    GPU is staged on that GPU (device to device, no host copy); a model on
+    the CPU is staged in host memory."""
     if reflection not in _REFLECTION:
         raise ValueError(f"reflection: one of {', '.join(_REFLECTION)}, got {reflection!r}")
-    host = _Host(model, on_pause, on_resume)
+    on_gpu = _cuda_index(model)
+    if cuda_device is None:
+        cuda_device = on_gpu
+    host = _Host(model, on_pause, on_resume, device_staging=on_gpu is not None)
     names = [b.encode() for b in backends] if backends else []
     arr = (C.c_char_p * max(len(names), 1))(*names) if names else None
     opts = _capi.WorkerOptions(
@@ -206,7 +241,8 @@ def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = N
         token_file=token_file.encode() if token_file else None, tls_cert_pem=tls_cert,
         tls_key_pem=tls_key, tls_client_ca_pem=tls_client_ca,
         reflection=_REFLECTION[reflection], max_model_bytes=max_model_bytes,
-        max_params=max_params, allow_upstream=allow_upstream.encode() if allow_upstream else None)
+        max_params=max_params, allow_upstream=allow_upstream.encode() if allow_upstream else None,
+        cuda_device=str(cuda_device).encode() if cuda_device is not None else None)
     worker = C.c_void_p()
     err = C.create_string_buffer(_capi.ERRBUF)
     rc = _capi.worker_start(C.byref(opts), C.byref(worker), err, _capi.ERRBUF)
