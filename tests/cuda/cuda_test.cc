@@ -88,6 +88,18 @@ class CudaTest : public ::testing::Test {
     ASSERT_EQ(0, wtx_nccl_worker_transport.connect(*w, addr, sizeof addr, err, sizeof err))
         << err;
   }
+  // A communicator of two: the root (rank 0, GPU 0) joined on a thread of
+  // its own, and the nccl worker half as rank 1.
+  void JoinBoth(uint32_t timeout_ms, void **root, void **w) {
+    wtx_nccl_id id = NewId(c_);
+    std::thread r0([&] {
+      c_->SetDevice(0);
+      char e[400];
+      ASSERT_EQ(0, wtx__nccl_join(c_, root, 2, &id, 0, 10000, nullptr, e, sizeof e)) << e;
+    });
+    JoinWorker(id, timeout_ms, w);
+    r0.join();
+  }
   static wtx_nccl_id NewId(const wtx_cuda *c) {
     wtx_nccl_id id;
     EXPECT_EQ(0, c->GetUniqueId(&id));
@@ -280,16 +292,8 @@ TEST_F(CudaTest, ATimedOutBroadcastIsAbortedNotLeftRunning) {
 // whatever its buffer held: the worker reads NCCL's asynchronous error too,
 // and fails instead of delivering those bytes.
 TEST_F(CudaTest, ABroadcastEndedByAPeersFailureIsAnErrorNotData) {
-  wtx_nccl_id id = NewId(c_);
-  void *root = nullptr;
-  std::thread r0([&] {
-    c_->SetDevice(0);
-    char e[400];
-    ASSERT_EQ(0, wtx__nccl_join(c_, &root, 2, &id, 0, 10000, nullptr, e, sizeof e)) << e;
-  });
-  void *w = nullptr;
-  ASSERT_NO_FATAL_FAILURE(JoinWorker(id, 5000, &w));
-  r0.join();
+  void *root = nullptr, *w = nullptr;
+  ASSERT_NO_FATAL_FAILURE(JoinBoth(5000, &root, &w));
   // The root posts its bytes, then fails (aborts) before the worker takes
   // them: the worker's broadcast ends without them.
   void *buf = nullptr, *s = nullptr;
@@ -314,16 +318,8 @@ TEST_F(CudaTest, ABroadcastEndedByAPeersFailureIsAnErrorNotData) {
 // a host copy of the same bytes; the staging itself is never touched from
 // the CPU (the double's device memory would crash it).
 TEST_F(CudaTest, DeviceStagingIsFilledOnTheGpuBeforeReceiveReturns) {
-  wtx_nccl_id id = NewId(c_);
-  void *root = nullptr;
-  std::thread r0([&] {
-    c_->SetDevice(0);
-    char e[400];
-    ASSERT_EQ(0, wtx__nccl_join(c_, &root, 2, &id, 0, 10000, nullptr, e, sizeof e)) << e;
-  });
-  void *w = nullptr;
-  ASSERT_NO_FATAL_FAILURE(JoinWorker(id, 5000, &w));
-  r0.join();
+  void *root = nullptr, *w = nullptr;
+  ASSERT_NO_FATAL_FAILURE(JoinBoth(5000, &root, &w));
   EXPECT_EQ(1, wtx_nccl_worker_transport.device(w));
   // Tensors a (200000 bytes) and b (1000: under the bounce threshold) in
   // one chunk, broadcast by the root.
