@@ -35,7 +35,10 @@ void wtx__gpu_out_close(wtx__gpu_out *g);
  * device, the worker's) into the staging rx names, host or device. Returns
  * once every byte is there (device staging: every queued copy has landed,
  * even on failure, so the model may free its staging and the sender reuse
- * src at once). who names the backend in error messages. */
+ * src at once). That wait is bounded by timeout_ms but not ended by cancel:
+ * the copies are the GPU's own, local and short, and returning before they
+ * land would let them write memory the model has freed. who names the
+ * backend in error messages. */
 int wtx__gpu_out_copy(wtx__gpu_out *g, const uint8_t *src, const char *who, wtx_rx *rx);
 
 #endif /* WTX_TRANSPORT_GPU_OUT_H */

@@ -10,7 +10,8 @@
 #               this GPU)
 #   probe       every CUDA/NCCL call wtx makes; 200 rounds of cross-process
 #               IPC with no stale read
-#   throughput  2 GB over shm and cuda_ipc to 1 and 2 workers, against a
+#   throughput  2 GB over shm and cuda_ipc to 1 and 2 workers, and over
+#               cuda_ipc to a model on the GPU (device staging), against a
 #               cudaMemcpy device-to-device copy of the same bytes, same run
 #   nccl        on one GPU: a clear error, not a hang (with 2+ GPUs: a push)
 # With --vllm, one step instead (under 3 minutes, its own run):
@@ -165,33 +166,36 @@ size=2G
 [ $double = 1 ] && size=256M  # the double copies through host memory
 # Functions the timed steps run in a child bash (exported with their
 # variables); workers die with the step.
-start_worker() { # PORTFILE [DEVICE]: sets addr
+start_worker() { # PORTFILE [DEVICE [BINARY [FLAGS]]]: sets addr
   rm -f "$1"
-  WTX_CUDA_DEVICE=${2:-0} "$root/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$1" \
-    --log-level warn >/dev/null 2>>"$out/workers.log" &
+  WTX_CUDA_DEVICE=${2:-0} "${3:-$root/server/wtx-worker}" --listen 127.0.0.1:0 --port-file "$1" \
+    --log-level warn ${4:-} >/dev/null 2>>"$out/workers.log" &
   pids+=($!)
   for _ in $(seq 300); do [ -s "$1" ] && break; sleep 0.1; done
   addr="127.0.0.1:$(cat "$1" 2>/dev/null)"
 }
 stop_workers() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 throughput() {
-  local a b base line r backend n ws
+  local a b g base line r backend n ws staging
   pids=()
   trap stop_workers EXIT
   start_worker "$out/p0"; a=$addr
   start_worker "$out/p1"; b=$addr
+  # A model on the GPU (device staging), as vLLM's: tests/client/gpu_model_worker.
+  start_worker "$out/p3" 0 "$root/tests/client/gpu_model_worker" --no-check; g=$addr
   base=$("$root/probe" d2d "$(numfmt --from=iec "$size")" | awk '/d2d/ {print $2}')
   [ -n "$base" ] || return 1
   echo "baseline: cudaMemcpy device to device of $size: $base GB/s"
-  for set in "shm 1 $a" "shm 2 $a,$b" "cuda_ipc 1 $a" "cuda_ipc 2 $a,$b"; do
-    read -r backend n ws <<<"$set"
+  for set in "shm 1 $a" "shm 2 $a,$b" "cuda_ipc 1 $a" "cuda_ipc 2 $a,$b" "cuda_ipc 1 $g gpu"; do
+    read -r backend n ws staging <<<"$set"
     for _ in 1 2; do "$root/client/wtx" push --workers "$ws" --backend "$backend" \
       --timeout-ms 60000 "synthetic:$size" >/dev/null || return 1; done
     line=$("$root/client/wtx" push --workers "$ws" --backend "$backend" --timeout-ms 60000 \
            "synthetic:$size") || return 1
     r=$(echo "$line" | sed -nE 's/.*\(([0-9.]+) GB\/s\).*/\1/p' | tail -1)
-    printf '%-9s %s worker(s): %6s GB/s = %s x d2d  (%s)\n' "$backend" "$n" "$r" \
-      "$(echo "$r $base" | awk '{printf "%.2f", $1 / $2}')" "$line"
+    printf '%-9s %s worker(s)%s: %6s GB/s = %s x d2d  (%s)\n' "$backend" "$n" \
+      "${staging:+, model on the GPU}" "$r" "$(echo "$r $base" | awk '{printf "%.2f", $1 / $2}')" \
+      "$line"
   done
 }
 nccl_check() {
