@@ -13,6 +13,10 @@
  * hash: parameter names are long and share prefixes. */
 #define HASH_FUNCTION(keyptr, keylen, hashv) \
   ((hashv) = (unsigned)XXH3_64bits((keyptr), (size_t)(keylen)))
+/* A bloom filter of 2^18 bits (32 KiB per map) in front of the buckets:
+ * every add first looks its key up, and a key that is not there is then
+ * mostly told so without walking a chain (a cache miss per item). */
+#define HASH_BLOOM 18
 #include <uthash.h>
 
 #include "common/hash.h"
