@@ -23,6 +23,9 @@
  *    after it sees the old bytes. From pinned memory (cudaMallocHost), and
  *    device to host, cudaMemcpy returns once the bytes are there. cudaFree
  *    and cudaFreeHost wait for the device's work first, as CUDA's do;
+ *  - device memory is finite when WTX_FAKE_CUDA_MEMORY (bytes) is set: a
+ *    cudaMalloc beyond what this process has free fails with
+ *    cudaErrorMemoryAllocation, as on a full GPU;
  *  - the current device is per thread (cudaSetDevice / cudaGetDevice), and
  *    a device's UUID is WTX_FAKE_CUDA_UUID (32 hex digits) when set, else
  *    "wtx-fake-gpu-" and the device number;
@@ -228,18 +231,37 @@ static void reap_dead_owners(void) {
   closedir(d);
 }
 
+/* Device bytes this process holds (cudaMalloc), against WTX_FAKE_CUDA_MEMORY. */
+static atomic_size_t in_use;
+
+/* Takes size bytes of the device's memory; 0 when it has no room left. */
+static int reserve(size_t size) {
+  const char *env = getenv("WTX_FAKE_CUDA_MEMORY");
+  size_t limit = env != NULL && env[0] != '\0' ? (size_t)strtoull(env, NULL, 10) : SIZE_MAX;
+  size_t used = atomic_fetch_add(&in_use, size);
+  if (used <= limit && size <= limit - used) return 1;
+  atomic_fetch_sub(&in_use, size);
+  return 0;
+}
+
 EXPORT int cudaMalloc(void **ptr, size_t size) {
   static pthread_once_t reaped = PTHREAD_ONCE_INIT;
   pthread_once(&reaped, reap_dead_owners);
+  if (!reserve(size)) return ERR_MEMORY;
   alloc *a = calloc(1, sizeof *a);
-  if (a == NULL) return ERR_MEMORY;
+  if (a == NULL) {
+    atomic_fetch_sub(&in_use, size);
+    return ERR_MEMORY;
+  }
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   /* pid, start time and a counter: a reused pid never meets a leftover. */
   snprintf(a->name, sizeof a->name, "/wtxfake-%d-%lx-%u", (int)getpid(),
            (unsigned long)ts.tv_nsec ^ (unsigned long)ts.tv_sec, atomic_fetch_add(&counter, 1));
   a->size = size;
-  return track(a, 1, ptr);
+  int rc = track(a, 1, ptr);
+  if (rc != OK) atomic_fetch_sub(&in_use, size);
+  return rc;
 }
 
 EXPORT int cudaMallocHost(void **ptr, size_t size) {
@@ -517,6 +539,7 @@ EXPORT int cudaFree(void *ptr) {
   synchronize_all();
   alloc *a = take(ptr, 0, 0);
   if (a == NULL) return ERR_INVALID;
+  atomic_fetch_sub(&in_use, a->size);
   unmap(a);
   shm_unlink(a->name);
   free(a);
