@@ -112,6 +112,17 @@ static int init_collective(wtx_trainer *t, size_t n) {
   return rc;
 }
 
+/* The bytes of one update's stream: every tensor the source lists. */
+static int stream_bytes(wtx_trainer *t) {
+  const wtx_tensor_meta *metas;
+  size_t n;
+  int rc = wtx_source_metadata(t->source, &metas, &n);
+  if (rc != 0) return fail(t, rc, "source: no metadata");
+  t->args.stream_bytes = 0;
+  for (size_t i = 0; i < n; i++) t->args.stream_bytes += metas[i].nbytes;
+  return 0;
+}
+
 /* Creates the trainer half and initializes every replica. */
 static int rendezvous(wtx_trainer *t) {
   if (t->self != NULL) t->tt->destroy(t->self);
@@ -120,7 +131,9 @@ static int rendezvous(wtx_trainer *t) {
   size_t n = wtx_client_size(t->client);
   t->args.n_workers = n;
   char err[600] = "";
-  int rc = t->tt->create(&t->args, &t->self, err, sizeof err);
+  int rc = t->args.direct ? stream_bytes(t) : 0;
+  if (rc != 0) return rc;
+  rc = t->tt->create(&t->args, &t->self, err, sizeof err);
   if (rc != 0) return fail(t, rc, "%s", err);
   char **addrs = calloc(n, sizeof *addrs);
   if (addrs == NULL) return fail(t, WTX_ENOMEM, "out of memory");
@@ -166,8 +179,10 @@ static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *e
   snprintf(t->data_address, sizeof t->data_address, "%s",
            cfg->data_address ? cfg->data_address : "");
   t->args.data_address = t->data_address[0] ? t->data_address : NULL;
+  t->args.direct = cfg->direct != 0;
   return 0;
 }
+
 
 int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
                      wtx_source *source, wtx_trainer **out, char *err,
@@ -620,7 +635,8 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
   } else if (result != NULL) {
     *result = (wtx_send_result){.bytes = s.total, .params = s.n, .chunks = s.n_chunks,
                                 .seconds = wtx_clock_s() - t0,
-                                .xxh3 = s.verify ? t->xxh3 : NULL};
+                                .xxh3 = s.verify ? t->xxh3 : NULL,
+                                .direct = t->tt->direct != NULL && t->tt->direct(t->self)};
     snprintf(result->version, sizeof result->version, "%s", version);
   }
   sync_free(&s);

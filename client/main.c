@@ -33,6 +33,9 @@ static const char usage[] =
     "  --checksum           verify per-tensor XXH3-64 (default on shm, tcp)\n"
     "  --data-address H:P   tcp: where the trainer's data port listens\n"
     "                       (default 127.0.0.1:0)\n"
+    "  --direct             cuda_ipc: write straight into each worker's GPU\n"
+    "                       memory (one copy per byte; each worker holds a\n"
+    "                       region the model's size; buffers where one cannot)\n"
     "  --version LABEL      weight version to publish (default: the workers\n"
     "                       number it)\n"
     "  --draft              update the draft model instead of the main one\n"
@@ -241,6 +244,7 @@ static const struct option push_longopts[] = {
     {"no-checksum", no_argument, NULL, 'x'},
     {"checksum", no_argument, NULL, 'X'},
     {"data-address", required_argument, NULL, 'a'},
+    {"direct", no_argument, NULL, 'D'},
     {"version", required_argument, NULL, 'v'},
     {"draft", no_argument, NULL, 'd'},
     {"seed", required_argument, NULL, 'e'},
@@ -267,6 +271,7 @@ static int push_option(int c, const char *arg, push_args *a) {
     case 'x': cfg->checksum = WTX_CHECKSUM_NONE; return 0;
     case 'X': cfg->checksum = WTX_CHECKSUM_XXH3_64; return 0;
     case 'a': cfg->data_address = arg; return 0;
+    case 'D': cfg->direct = 1; return 0;
     case 'v': a->version = arg; return 0;
     case 'd': a->draft = 1; return 0;
     case 'e': return parse_size(arg, &a->seed) != 0;
@@ -328,9 +333,10 @@ static int push_sync(const push_args *a, wtx_client *cl, wtx_source *src) {
     if (pr.tty) fputc('\n', stderr);
     fprintf(stderr, "wtx push: failed: %s\n", wtx_trainer_last_error(tr));
   } else {
-    printf("pushed %zu params, %llu bytes to %zu worker(s) over %s in %.3f s "
+    printf("pushed %zu params, %llu bytes to %zu worker(s) over %s%s in %.3f s "
            "(%.2f GB/s), version %s\n", res.params, (unsigned long long)res.bytes,
-           nw, a->cfg.backend, res.seconds, res.bytes / res.seconds / 1e9, res.version);
+           nw, a->cfg.backend, res.direct ? " (direct)" : "", res.seconds,
+           res.bytes / res.seconds / 1e9, res.version);
     if (a->verify && res.xxh3 == NULL) {
       fprintf(stderr, "wtx push: --verify needs checksums (drop --no-checksum)\n");
       rc = WTX_EINVAL;

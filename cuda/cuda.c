@@ -319,15 +319,14 @@ int wtx__cuda_trainer_put_device(wtx__cuda_trainer *t, uint32_t k, uint64_t offs
   return 0;
 }
 
-/* Enqueues buffer k's chunk of bytes on the stream: host ranges from host
- * buffer k, device ranges device to device. */
-static int enqueue_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes) {
+/* Enqueues buffer k's chunk of bytes on the stream into dev: host ranges
+ * from host buffer k, device ranges device to device. */
+static int enqueue_upload(wtx__cuda_trainer *t, uint32_t k, uint8_t *dev, uint64_t bytes) {
   const wtx_cuda *c = t->cuda;
-  uint8_t *dev = t->bufs.dev[k];
   const uint8_t *host = wtx__cuda_trainer_host(t, k);
   uint64_t at = 0;
   int e = WTX_CUDA_SUCCESS;
-  wtx__cuda_pieces *ps = &t->pieces[k];
+  const wtx__cuda_pieces *ps = &t->pieces[k];
   for (size_t i = 0; e == WTX_CUDA_SUCCESS && i <= ps->n; i++) {
     const wtx__cuda_piece *p = i < ps->n ? &ps->p[i] : NULL;
     uint64_t end = p != NULL ? p->offset : bytes;
@@ -337,23 +336,32 @@ static int enqueue_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes) {
       e = c->MemcpyAsync(dev + p->offset, p->src, (size_t)p->len, WTX_CUDA_D2D, t->stream);
     if (p != NULL) at = p->offset + p->len;
   }
-  ps->n = 0;
   return e;
+}
+
+int wtx__cuda_trainer_upload_to(wtx__cuda_trainer *t, uint32_t k, void *const *dsts,
+                                size_t n_dsts, uint64_t bytes, char *err, size_t errlen) {
+  const wtx_cuda *c = t->cuda;
+  int prev;
+  int e = wtx__cuda_enter(c, t->device, &prev);
+  for (size_t d = 0; e == WTX_CUDA_SUCCESS && d < n_dsts; d++)
+    e = enqueue_upload(t, k, dsts[d], bytes);
+  t->pieces[k].n = 0;
+  char why[300];
+  /* Waited for even after a failed enqueue: nothing may land later. */
+  int rc = wtx__cuda_wait(c, t->stream, NULL, t->timeout_ms, NULL, why, sizeof why);
+  if (e != WTX_CUDA_SUCCESS) {
+    rc = WTX_EIO;
+    snprintf(why, sizeof why, "%s", c->GetErrorString(e));
+  }
+  wtx__cuda_leave(c, prev);
+  if (rc != 0) snprintf(err, errlen, "copy of buffer %u's chunk on device %d: %s", k,
+                        t->device, why);
+  return rc;
 }
 
 int wtx__cuda_trainer_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes, char *err,
                              size_t errlen) {
-  const wtx_cuda *c = t->cuda;
-  int prev;
-  int e = wtx__cuda_enter(c, t->device, &prev);
-  if (e == WTX_CUDA_SUCCESS) e = enqueue_upload(t, k, bytes);
-  else t->pieces[k].n = 0;
-  char why[300];
-  int rc = e == WTX_CUDA_SUCCESS ? wtx__cuda_wait(c, t->stream, NULL, t->timeout_ms, NULL,
-                                                  why, sizeof why)
-                                 : WTX_EIO;
-  if (e != WTX_CUDA_SUCCESS) snprintf(why, sizeof why, "%s", c->GetErrorString(e));
-  wtx__cuda_leave(c, prev);
-  if (rc != 0) snprintf(err, errlen, "copy of buffer %u to device %d: %s", k, t->device, why);
-  return rc;
+  void *dev = t->bufs.dev[k];
+  return wtx__cuda_trainer_upload_to(t, k, &dev, 1, bytes, err, errlen);
 }

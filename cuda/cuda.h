@@ -180,6 +180,11 @@ int wtx__cuda_trainer_put_device(wtx__cuda_trainer *t, uint32_t k, uint64_t offs
  * before the bytes land, and another process would read stale ones. */
 int wtx__cuda_trainer_upload(wtx__cuda_trainer *t, uint32_t k, uint64_t bytes, char *err,
                              size_t errlen);
+/* The same chunk copied into each of n_dsts device destinations instead
+ * of device buffer k (a direct receive writes it into every worker's
+ * region), then waited for. */
+int wtx__cuda_trainer_upload_to(wtx__cuda_trainer *t, uint32_t k, void *const *dsts,
+                                size_t n_dsts, uint64_t bytes, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -240,12 +240,19 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
   s->engine = engine;
   s->transport = t;
   s->wire = *wire;
-  s->stage_device = t->device != NULL && s->cfg.model_ops->stage_device != NULL
+  const wtx_model_ops *m = s->cfg.model_ops;
+  s->region = NULL;
+  if (t->device == NULL || t->region == NULL || m->adopt_device == NULL ||
+      t->region(engine, &s->region, &s->region_bytes) != 0)
+    s->region = NULL;
+  s->stage_device = t->device != NULL && (m->stage_device != NULL || s->region != NULL)
                         ? t->device(engine) : -1;
   new_session_id(s->session_id);
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
-  char staging[24] = "host";
-  if (s->stage_device >= 0) snprintf(staging, sizeof staging, "cuda:%d", s->stage_device);
+  char staging[40] = "host";
+  if (s->stage_device >= 0)
+    snprintf(staging, sizeof staging, "cuda:%d%s", s->stage_device,
+             s->region != NULL ? ",in-place" : "");
   wtx_log(WTX_LOG_INFO, "event=init backend=%s session=%s buffer_size=%llu "
           "num_buffers=%u timeout_ms=%lld staging=%s", t->name, s->session_id,
           (unsigned long long)wire->buffer_size, (unsigned)wire->num_buffers,
@@ -515,25 +522,55 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
   return check_limits(s, c);
 }
 
+/* A tensor beginning at byte `at` of the update's stream, staged in place
+ * in the backend's receive region and adopted there by the model. */
+static int stage_in_place(wtx_session *s, chunk *c, size_t i, uint64_t at) {
+  const wtx_tensor_meta *meta = &c->metas[i];
+  if (at > s->region_bytes || meta->nbytes > s->region_bytes - at) {
+    snprintf(c->err, sizeof c->err, "update_info: '%s' ends past byte %llu of the update, "
+             "beyond the %llu-byte receive region the trainer asked for at init",
+             meta->name, (unsigned long long)(at + meta->nbytes),
+             (unsigned long long)s->region_bytes);
+    return WTX_EINVAL;
+  }
+  c->rt[i].dst = s->region + at;
+  return s->cfg.model_ops->adopt_device(s->cfg.model, meta, s->stage_device, c->rt[i].dst);
+}
+
+/* Staging for tensor i, beginning at byte `at` of the update's stream. */
+static int stage_one(wtx_session *s, chunk *c, size_t i, uint64_t at) {
+  const wtx_model_ops *m = s->cfg.model_ops;
+  int rc = s->region != NULL ? stage_in_place(s, c, i, at)
+           : s->stage_device >= 0
+               ? m->stage_device(s->cfg.model, &c->metas[i], s->stage_device,
+                                 (void **)&c->rt[i].dst)
+               : m->stage(s->cfg.model, &c->metas[i], &c->rt[i].dst);
+  if (rc != 0 && c->err[0] == '\0')
+    snprintf(c->err, sizeof c->err, "model: cannot stage '%s'", c->metas[i].name);
+  return rc;
+}
+
 /* Step 3: staging memory for the tensors that begin in this chunk, and the
  * assembler set up to receive into it. */
 static int chunk_stage(wtx_session *s, chunk *c) {
   const Wtx__V1__UpdateInfo *ui = c->ui;
-  for (size_t i = 0; i < c->n; i++) {
+  /* Where tensors[0] begins in the update's stream (in place only). */
+  uint64_t next = wtx__rx_next_stream_offset(s->rx), at = next - ui->first_param_offset;
+  if (s->region != NULL && ui->first_param_offset > next) {
+    snprintf(c->err, sizeof c->err, "update_info.first_param_offset: %llu, but the update "
+             "has had %llu bytes so far", (unsigned long long)ui->first_param_offset,
+             (unsigned long long)next);
+    return WTX_EPROTO;
+  }
+  for (size_t i = 0; i < c->n; at += c->metas[i++].nbytes) {
     c->rt[i].name = c->metas[i].name;
     c->rt[i].nbytes = c->metas[i].nbytes;
     if (i == 0 && ui->first_param_offset > 0) {
       c->rt[0].dst = s->carry_dst;
       continue;
     }
-    int rc = s->stage_device >= 0
-                 ? s->cfg.model_ops->stage_device(s->cfg.model, &c->metas[i], s->stage_device,
-                                                  (void **)&c->rt[i].dst)
-                 : s->cfg.model_ops->stage(s->cfg.model, &c->metas[i], &c->rt[i].dst);
-    if (rc != 0) {
-      snprintf(c->err, sizeof c->err, "model: cannot stage '%s'", c->metas[i].name);
-      return rc;
-    }
+    int rc = stage_one(s, c, i, at);
+    if (rc != 0) return rc;
   }
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   int flags = (verify ? WTX__RX_VERIFY : 0) | (s->stage_device >= 0 ? WTX__RX_DEVICE : 0);

@@ -67,6 +67,12 @@ typedef struct wtx_session {
   /* The CUDA device the session's updates are staged on (the backend
    * receives on a GPU and the model has stage_device), or -1: host. */
   int stage_device;
+  /* The backend's receive region, when the model adopts device memory
+   * (wtx_model_ops.adopt_device) and the trainer writes into it: tensors
+   * are then staged in place there, each at its stream offset. NULL:
+   * none. */
+  uint8_t *region;
+  uint64_t region_bytes;
   /* the active update */
   uint64_t update_id;
   uint64_t auto_version;

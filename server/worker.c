@@ -339,6 +339,7 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
   if (rc == 0) rc = wtx__netallow_parse(opts->allow_upstream, &w->allow_upstream, err, errlen);
   w->env.allow_upstream = w->allow_upstream;
   w->env.relay_port = opts->relay_port;
+  w->env.max_model_bytes = opts->max_model_bytes;
   if (rc == 0) rc = cuda_device(w, opts->cuda_device, err, errlen);
   w->host_pause = opts->on_pause;
   w->host_resume = opts->on_resume;

@@ -13,7 +13,8 @@ int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
   wtx_chunk *c = malloc(cap * sizeof *c);
   if (c == NULL) return WTX_ENOMEM;
   size_t i = 0;
-  uint64_t off = 0; /* bytes of tensor i already planned */
+  uint64_t off = 0;    /* bytes of tensor i already planned */
+  uint64_t stream = 0; /* bytes of the chunks already planned */
   while (i < n) {
     if (k == cap) {
       wtx_chunk *m = realloc(c, (cap *= 2) * sizeof *c);
@@ -26,6 +27,7 @@ int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
     wtx_chunk *ch = &c[k++];
     ch->first = i;
     ch->first_offset = off;
+    ch->stream_offset = stream;
     ch->bytes = 0;
     for (;;) {
       uint64_t take = nbytes[i] - off;
@@ -41,6 +43,7 @@ int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
       if (i == n || !packed) break;
       if (ch->bytes == buffer_size && nbytes[i] > 0) break;
     }
+    stream += ch->bytes;
   }
   *out = c;
   *n_out = k;

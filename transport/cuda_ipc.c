@@ -17,14 +17,27 @@
  * WTX_CUDA_DEVICE, default 0), opens the handle (once per buffer and
  * session; closed when the session ends) and copies the chunk out into the
  * model's staging memory: device to device when the model stages on the
- * GPU (wtx_model_ops.stage_device), else device to host. */
+ * GPU (wtx_model_ops.stage_device), else device to host.
+ *
+ * Direct receive (wtx_trainer_config.direct; CudaIpcInitInfo.direct_bytes):
+ * each worker allocates a receive region the size of the trainer's update
+ * stream on its GPU and exports it once, at init; the trainer opens each
+ * once and copies every chunk straight into every worker's region at the
+ * chunk's stream offset (device tensors device to device, host ones from
+ * pinned memory), waits, then announces it. A model that adopts device
+ * memory (wtx_model_ops.adopt_device) reads its tensors there: one copy per
+ * byte in all. Other models stage as above, copying out of the region. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "cuda/cuda.h"
 #include "transport/gpu_out.h"
 #include "transport/transport.h"
+
+/* What a worker answers as data_address for its receive region. */
+#define DIRECT_PREFIX "cuda-ipc-direct:"
 
 static void uuid_str(const uint8_t *u, size_t len, char *out, size_t outlen) {
   size_t o = 0;
@@ -43,12 +56,14 @@ typedef struct ipc_worker {
   void *opened[WTX_MAX_BUFFERS];
   wtx_cuda_ipc_handle handles[WTX_MAX_BUFFERS];
   wtx__gpu_out out;
+  uint64_t direct_bytes; /* the receive region asked for (0: none) */
+  uint64_t max_bytes;    /* --max-model-bytes (0: none) */
+  uint8_t *region;       /* the receive region, or NULL */
 } ipc_worker;
 
 static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
                            const wtx_worker_env *env, void **self, char *err,
                            size_t errlen) {
-  (void)init;
   int device;
   int rc = wtx__cuda_device(env != NULL ? env->cuda_device : NULL, &device, err, errlen);
   const wtx_cuda *c;
@@ -59,6 +74,8 @@ static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   w->cuda = c;
   w->wire = *wire;
   w->device = device;
+  w->direct_bytes = init->cuda_ipc != NULL ? init->cuda_ipc->direct_bytes : 0;
+  w->max_bytes = env != NULL ? env->max_model_bytes : 0;
   int prev;
   int e = wtx__cuda_enter(c, w->device, &prev);
   int bad = e != WTX_CUDA_SUCCESS || wtx__cuda_uuid(c, w->device, w->uuid) != 0 ||
@@ -76,12 +93,101 @@ static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
 
 static int ipc_worker_device(void *self) { return ((ipc_worker *)self)->device; }
 
+/* Allocates and exports the receive region on the current device; a CUDA
+ * error, with nothing held, on failure. */
+static int region_open(ipc_worker *w, wtx_cuda_ipc_handle *h) {
+  const wtx_cuda *c = w->cuda;
+  int e = c->Malloc((void **)&w->region, (size_t)w->direct_bytes);
+  if (e != WTX_CUDA_SUCCESS) {
+    w->region = NULL;
+    return e;
+  }
+  if ((e = c->IpcGetMemHandle(h, w->region)) != WTX_CUDA_SUCCESS) {
+    c->Free(w->region);
+    w->region = NULL;
+  }
+  return e;
+}
+
+/* A direct session's receive region, allocated and exported once, outside
+ * the session lock; its handle is the data_address. Declined (an empty
+ * data_address: the trainer then uses its buffers) over --max-model-bytes
+ * or when the GPU has no room for it. */
+static int ipc_worker_connect(void *self, char *data_address, size_t addrlen, char *err,
+                              size_t errlen) {
+  (void)err;
+  (void)errlen;
+  ipc_worker *w = self;
+  if (addrlen > 0) data_address[0] = '\0';
+  if (w->direct_bytes == 0) return 0;
+  if (w->max_bytes > 0 && w->direct_bytes > w->max_bytes) {
+    wtx_log(WTX_LOG_WARN, "event=direct_declined backend=cuda_ipc bytes=%llu "
+            "reason=\"over --max-model-bytes %llu\"", (unsigned long long)w->direct_bytes,
+            (unsigned long long)w->max_bytes);
+    return 0;
+  }
+  wtx_cuda_ipc_handle h;
+  int prev;
+  int e = wtx__cuda_enter(w->cuda, w->device, &prev);
+  if (e == WTX_CUDA_SUCCESS) e = region_open(w, &h);
+  wtx__cuda_leave(w->cuda, prev);
+  if (e != WTX_CUDA_SUCCESS) {
+    wtx_log(WTX_LOG_WARN, "event=direct_declined backend=cuda_ipc bytes=%llu reason=\"%s\"",
+            (unsigned long long)w->direct_bytes, w->cuda->GetErrorString(e));
+    return 0;
+  }
+  char uuid[40], handle[2 * sizeof h + 2];
+  uuid_str(w->uuid, sizeof w->uuid, uuid, sizeof uuid);
+  uuid_str((const uint8_t *)&h, sizeof h, handle, sizeof handle);
+  snprintf(data_address, addrlen, DIRECT_PREFIX "%s:%s:%llu", uuid, handle,
+           (unsigned long long)w->direct_bytes);
+  return 0;
+}
+
+static int ipc_worker_region(void *self, uint8_t **base, uint64_t *bytes) {
+  ipc_worker *w = self;
+  if (w->region == NULL) return WTX_ENOENT;
+  *base = w->region;
+  *bytes = w->direct_bytes;
+  return 0;
+}
+
+/* A chunk the trainer wrote into the receive region at its stream offset:
+ * copied out of there into the model's staging (nothing to copy for a
+ * model that adopted the region). The current device is the worker's. */
+static int receive_direct(ipc_worker *w, const Wtx__V1__CudaIpcUpdateInfo *u, wtx_rx *rx) {
+  uint64_t n = wtx_rx_remaining(rx), at = wtx_rx_stream_offset(rx);
+  if (w->region == NULL) {
+    wtx_rx_errorf(rx, "update_info.cuda_ipc.direct: this worker has no receive region "
+                  "(its init answered none)");
+    return WTX_EINVAL;
+  }
+  if (u->direct_offset != at || at > w->direct_bytes || n > w->direct_bytes - at) {
+    wtx_rx_errorf(rx, "update_info.cuda_ipc.direct_offset: %llu, but this chunk of %llu "
+                  "bytes begins at byte %llu of the update, and the receive region holds "
+                  "%llu", (unsigned long long)u->direct_offset, (unsigned long long)n,
+                  (unsigned long long)at, (unsigned long long)w->direct_bytes);
+    return WTX_EINVAL;
+  }
+  return wtx__gpu_out_copy(&w->out, w->region + at, "cuda_ipc", rx);
+}
+
 static int copy_out(ipc_worker *w, const Wtx__V1__CudaIpcBuffer *b, wtx_rx *rx);
 
 static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
   ipc_worker *w = self;
   const wtx_cuda *c = w->cuda;
   const Wtx__V1__CudaIpcUpdateInfo *u = info->cuda_ipc;
+  if (u->direct) {
+    int prev;
+    if (wtx__cuda_enter(c, w->device, &prev) != WTX_CUDA_SUCCESS) {
+      wtx_rx_errorf(rx, "cuda_ipc: cannot select device %d", w->device);
+      return WTX_EUNAVAIL;
+    }
+    int rc = receive_direct(w, u, rx);
+    wtx__cuda_leave(c, prev);
+    return rc;
+  }
   const Wtx__V1__CudaIpcBuffer *b = NULL;
   char offered[400] = "";
   size_t o = 0;
@@ -154,6 +260,7 @@ static void ipc_worker_destroy(void *self) {
   for (int k = 0; k < WTX_MAX_BUFFERS; k++)
     if (w->opened[k] != NULL) w->cuda->IpcCloseMemHandle(w->opened[k]);
   wtx__gpu_out_close(&w->out);
+  if (w->region != NULL) w->cuda->Free(w->region);
   wtx__cuda_leave(w->cuda, prev);
   free(w);
 }
@@ -165,9 +272,11 @@ const wtx_worker_transport wtx_cuda_ipc_worker_transport = {
     .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE,
     .supports_draft = 1,
     .init = ipc_worker_init,
+    .connect = ipc_worker_connect,
     .receive = ipc_worker_receive,
     .destroy = ipc_worker_destroy,
     .device = ipc_worker_device,
+    .region = ipc_worker_region,
 };
 
 /* ---- trainer half ---- */
@@ -180,11 +289,32 @@ typedef struct ipc_trainer {
   Wtx__V1__CudaIpcBuffer **entry_ptrs;
   Wtx__V1__CudaIpcUpdateInfo *updates;
   Wtx__V1__CudaIpcInitInfo ipc;
+  /* Direct receive: every worker's region, opened once (all or none). */
+  size_t n_workers;
+  void **regions;
+  void **dsts; /* scratch: where a chunk goes, per worker */
+  int direct; /* the regions are open: chunks go there */
+  Wtx__V1__CudaIpcUpdateInfo direct_update;
 } ipc_trainer;
+
+/* Closes the regions opened so far; the session uses the buffers. */
+static void regions_close(ipc_trainer *t) {
+  int prev;
+  wtx__cuda_enter(t->gpu.cuda, t->gpu.device, &prev); /* they were opened there */
+  for (size_t i = 0; t->regions != NULL && i < t->n_workers; i++) {
+    if (t->regions[i] != NULL) t->gpu.cuda->IpcCloseMemHandle(t->regions[i]);
+    t->regions[i] = NULL;
+  }
+  wtx__cuda_leave(t->gpu.cuda, prev);
+  t->direct = 0;
+}
 
 static void ipc_trainer_destroy(void *self) {
   ipc_trainer *t = self;
   if (t == NULL) return;
+  if (t->gpu.cuda != NULL) regions_close(t);
+  free(t->regions);
+  free(t->dsts);
   wtx__cuda_trainer_close(&t->gpu);
   free(t->handles);
   free(t->entries);
@@ -239,6 +369,18 @@ static int ipc_trainer_create(const wtx_trainer_args *args, void **self, char *e
   if (rc == WTX_EUNAVAIL) snprintf(err, errlen, "cuda_ipc: device %d: %s", t->gpu.device, why);
   if (rc != 0) goto fail;
   wtx__v1__cuda_ipc_init_info__init(&t->ipc);
+  wtx__v1__cuda_ipc_update_info__init(&t->direct_update);
+  t->direct_update.direct = 1;
+  t->n_workers = args->n_workers;
+  if (args->direct && args->stream_bytes > 0) {
+    t->ipc.direct_bytes = args->stream_bytes;
+    t->regions = calloc(args->n_workers, sizeof *t->regions);
+    t->dsts = calloc(args->n_workers, sizeof *t->dsts);
+    if (t->regions == NULL || t->dsts == NULL) {
+      rc = WTX_ENOMEM;
+      goto fail;
+    }
+  }
   *self = t;
   return 0;
 fail:
@@ -255,6 +397,68 @@ static int ipc_trainer_init_info(void *self, size_t i, const char *const *prev,
   return 0;
 }
 
+/* hex (2n digits) into out; 0, or -1 when it is not that. */
+static int hex_parse(const char *hex, size_t len, uint8_t *out, size_t n) {
+  if (len != 2 * n) return -1;
+  for (size_t i = 0; i < n; i++) {
+    unsigned v;
+    char pair[3] = {hex[2 * i], hex[2 * i + 1], 0};
+    if (strspn(pair, "0123456789abcdef") != 2 || sscanf(pair, "%2x", &v) != 1) return -1;
+    out[i] = (uint8_t)v;
+  }
+  return 0;
+}
+
+/* Worker i's answer, "cuda-ipc-direct:<uuid>:<handle>:<bytes>", into h;
+ * 1 when it is one for a region of want bytes, 0 when the worker declined
+ * (empty), -1 when it is malformed. */
+static int parse_region(const char *a, uint64_t want, wtx_cuda_ipc_handle *h) {
+  if (a == NULL || a[0] == '\0') return 0;
+  size_t p = strlen(DIRECT_PREFIX);
+  if (strncmp(a, DIRECT_PREFIX, p) != 0) return -1;
+  const char *uuid = a + p, *handle = strchr(uuid, ':');
+  const char *bytes = handle != NULL ? strchr(handle + 1, ':') : NULL;
+  uint8_t u[16];
+  if (bytes == NULL || hex_parse(uuid, (size_t)(handle - uuid), u, sizeof u) != 0 ||
+      hex_parse(handle + 1, (size_t)(bytes - handle - 1), (uint8_t *)h, sizeof *h) != 0)
+    return -1;
+  char *end;
+  unsigned long long n = strtoull(bytes + 1, &end, 10);
+  return *end == '\0' && n == want ? 1 : -1;
+}
+
+/* Every worker answered init: with direct receive asked for, open every
+ * worker's region once, or (one declined, or cannot be opened here) none,
+ * and use the buffers. */
+static int ipc_trainer_connect(void *self, const char *const *addresses, char *err,
+                               size_t errlen) {
+  ipc_trainer *t = self;
+  if (t->regions == NULL || addresses == NULL) return 0;
+  const wtx_cuda *c = t->gpu.cuda;
+  int prev, ok = 1;
+  wtx__cuda_enter(c, t->gpu.device, &prev);
+  for (size_t i = 0; ok && i < t->n_workers; i++) {
+    wtx_cuda_ipc_handle h;
+    int r = parse_region(addresses[i], t->ipc.direct_bytes, &h);
+    if (r < 0) {
+      wtx__cuda_leave(c, prev);
+      regions_close(t);
+      snprintf(err, errlen, "cuda_ipc: worker %zu answered a data_address that is not "
+               "a receive region of %llu bytes", i, (unsigned long long)t->ipc.direct_bytes);
+      return WTX_EPROTO;
+    }
+    ok = r == 1 && c->IpcOpenMemHandle(&t->regions[i], h, WTX_CUDA_IPC_LAZY_PEER) ==
+                       WTX_CUDA_SUCCESS;
+    if (!ok) t->regions[i] = NULL;
+  }
+  wtx__cuda_leave(c, prev);
+  if (ok) t->direct = 1;
+  else regions_close(t);
+  return 0;
+}
+
+static int ipc_trainer_direct(void *self) { return ((ipc_trainer *)self)->direct; }
+
 static uint8_t *ipc_trainer_buffer(void *self, uint32_t k) {
   return wtx__cuda_trainer_host(&((ipc_trainer *)self)->gpu, k);
 }
@@ -264,9 +468,32 @@ static int ipc_trainer_put_device(void *self, uint32_t k, uint64_t offset, const
   return wtx__cuda_trainer_put_device(&((ipc_trainer *)self)->gpu, k, offset, src, len);
 }
 
+/* Direct receive: chunk k straight into every worker's region at its
+ * stream offset, waited for. */
+static int prepare_direct(ipc_trainer *t, uint32_t k, const wtx_chunk *ch,
+                          Wtx__V1__UpdateInfo *ui, char *err, size_t errlen) {
+  uint64_t room = t->ipc.direct_bytes;
+  if (ch->stream_offset > room || ch->bytes > room - ch->stream_offset) {
+    snprintf(err, errlen, "the update (past %llu bytes) outgrew the workers' receive "
+             "regions (%llu bytes, the source's size at init): initialize again",
+             (unsigned long long)(ch->stream_offset + ch->bytes), (unsigned long long)room);
+    return WTX_EINVAL;
+  }
+  for (size_t i = 0; i < t->n_workers; i++)
+    t->dsts[i] = (uint8_t *)t->regions[i] + ch->stream_offset;
+  int rc = wtx__cuda_trainer_upload_to(&t->gpu, k, t->dsts, t->n_workers, ch->bytes, err,
+                                       errlen);
+  if (rc != 0) return rc;
+  t->direct_update.direct_offset = ch->stream_offset;
+  ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_CUDA_IPC;
+  ui->cuda_ipc = &t->direct_update;
+  return 0;
+}
+
 static int ipc_trainer_prepare(void *self, uint32_t k, const wtx_chunk *ch,
                                Wtx__V1__UpdateInfo *ui, char *err, size_t errlen) {
   ipc_trainer *t = self;
+  if (t->direct) return prepare_direct(t, k, ch, ui, err, errlen);
   int rc = wtx__cuda_trainer_upload(&t->gpu, k, ch->bytes, err, errlen);
   if (rc != 0) return rc;
   t->entries[k].size = ch->bytes;
@@ -282,8 +509,10 @@ const wtx_trainer_transport wtx_cuda_ipc_trainer_transport = {
     .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE,
     .create = ipc_trainer_create,
     .init_info = ipc_trainer_init_info,
+    .connect = ipc_trainer_connect,
     .buffer = ipc_trainer_buffer,
     .put_device = ipc_trainer_put_device,
     .prepare = ipc_trainer_prepare,
     .destroy = ipc_trainer_destroy,
+    .direct = ipc_trainer_direct,
 };

@@ -61,7 +61,10 @@ static int queue_piece(wtx__gpu_out *g, const uint8_t *src, size_t n, const uint
     uint8_t *dst;
     if ((k = wtx_rx_next(rx, &dst)) == 0) return WTX_EPROTO; /* never: n <= remaining */
     if (k > n - done) k = n - done;
-    *e = g->cuda->MemcpyAsync(dst, src + done, k, WTX_CUDA_D2D, g->stream);
+    /* Staged in place (a direct receive into a model that adopts it): the
+     * bytes are already there. */
+    if (dst != src + done)
+      *e = g->cuda->MemcpyAsync(dst, src + done, k, WTX_CUDA_D2D, g->stream);
     if (*e != WTX_CUDA_SUCCESS) return WTX_EIO;
     int rc = wtx_rx_commit_device(rx, k, host != NULL ? host + done : NULL);
     if (rc != 0) return rc;

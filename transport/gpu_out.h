@@ -9,7 +9,9 @@
  *  - Device staging (stage_device, wtx_rx_on_device): device to device,
  *    queued on the backend's stream, one copy per tensor piece; with
  *    checksums on, the chunk also comes to the bounce buffer a piece at a
- *    time and is hashed on the CPU. No byte crosses to the host otherwise. */
+ *    time and is hashed on the CPU. No byte crosses to the host otherwise.
+ *    A piece already where it is staged (a model that adopted the direct
+ *    receive region) is not copied at all. */
 #ifndef WTX_TRANSPORT_GPU_OUT_H
 #define WTX_TRANSPORT_GPU_OUT_H
 

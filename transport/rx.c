@@ -16,6 +16,7 @@ struct wtx_rx {
   uint64_t chunk;  /* bytes of the chunk */
   int verify;
   int device;      /* dst is device memory */
+  uint64_t stream; /* the chunk's offset in the update's stream */
   XXH3_state_t *h; /* hash of t[cur] so far */
   uint64_t *digests; /* per tensor of the chunk, set when complete */
   size_t completed;
@@ -47,6 +48,8 @@ void wtx__rx_reset(wtx_rx *rx) {
   rx->carry_pos = rx->carry_nbytes = 0;
   rx->t = NULL;
   rx->n = 0;
+  rx->left = rx->chunk = 0;
+  rx->stream = 0;
   rx->err[0] = '\0';
 }
 
@@ -142,6 +145,7 @@ int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
   rx->n = n;
   rx->cur = 0;
   rx->pos = first_offset;
+  rx->stream += rx->chunk - rx->left; /* the previous chunk's bytes */
   rx->left = rx->chunk = chunk_bytes;
   rx->verify = (flags & WTX__RX_VERIFY) != 0;
   rx->device = (flags & WTX__RX_DEVICE) != 0;
@@ -185,6 +189,12 @@ size_t wtx_rx_next(wtx_rx *rx, uint8_t **dst) {
 int wtx_rx_on_device(const wtx_rx *rx) { return rx->device; }
 
 int wtx_rx_verifying(const wtx_rx *rx) { return rx->verify; }
+
+uint64_t wtx_rx_stream_offset(const wtx_rx *rx) { return rx->stream; }
+
+uint64_t wtx__rx_next_stream_offset(const wtx_rx *rx) {
+  return rx->stream + (rx->chunk - rx->left);
+}
 
 /* Advances past len bytes, hashing them when verifying: from host (a copy
  * of them, contiguous) or, when NULL, where they were written in place. */

@@ -32,6 +32,11 @@ enum {
   WTX__RX_DEVICE = 2, /* every dst is device memory (wtx_rx_on_device) */
 };
 
+/* The stream offset the next chunk begins at (the bytes of this update's
+ * chunks so far): where a direct receive puts it, so where its tensors
+ * are staged in place. */
+uint64_t wtx__rx_next_stream_offset(const wtx_rx *rx);
+
 /* Starts a chunk over tensors (the chunk's, in stream order; their dst must
  * stay valid until the chunk ends), first_offset bytes into tensors[0], of
  * chunk_bytes (0: to the end of the last tensor), which

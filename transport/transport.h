@@ -88,6 +88,9 @@ int wtx_rx_commit(wtx_rx *rx, size_t len);
 int wtx_rx_on_device(const wtx_rx *rx);
 /* Whether this chunk's checksums are checked. */
 int wtx_rx_verifying(const wtx_rx *rx);
+/* The chunk's offset in the update's stream (the bytes of the chunks
+ * before it). */
+uint64_t wtx_rx_stream_offset(const wtx_rx *rx);
 /* wtx_rx_commit for device memory: len bytes are written, or copies that
  * write them are queued and complete before receive returns, at the
  * pointer wtx_rx_next gave. host: a host copy of the same len bytes, which
@@ -115,6 +118,9 @@ typedef struct wtx_worker_env {
   /* The CUDA device the GPU backends receive on (an ordinal, checked by
    * wtx__cuda_device); NULL: WTX_CUDA_DEVICE, else 0. */
   const char *cuda_device;
+  /* --max-model-bytes (0: none): a receive region asked for beyond it is
+   * declined. */
+  uint64_t max_model_bytes;
 } wtx_worker_env;
 
 /* The worker half of a backend. `self` is the backend's state, created by
@@ -161,6 +167,13 @@ typedef struct wtx_worker_transport {
    * the session's updates is staged in device memory and receive fills it
    * device to device (wtx_rx_on_device). */
   int (*device)(void *self);
+  /* Optional (direct receive, cuda_ipc): the device memory the trainer
+   * writes updates into, *bytes long, owned by self; 0, or WTX_ENOENT when
+   * this session has none. A model that adopts device memory
+   * (wtx_model_ops.adopt_device) is then given each tensor in place there,
+   * at its offset in the update's stream, and receive copies nothing for
+   * it (a copy whose source and destination coincide is skipped). */
+  int (*region)(void *self, uint8_t **base, uint64_t *bytes);
 } wtx_worker_transport;
 
 int wtx_worker_transport_register(const wtx_worker_transport *t);
@@ -171,11 +184,13 @@ void wtx_worker_transport_names(char *buf, size_t len);
 /* ---- chunks: how an update's stream is cut, the same on both sides ---- */
 
 /* One chunk of the stream: tensors first..last (inclusive) of the update's
- * order, starting first_offset bytes into tensors[first], bytes long. */
+ * order, starting first_offset bytes into tensors[first], bytes long, at
+ * stream_offset bytes into the update's stream. */
 typedef struct wtx_chunk {
   size_t first, last;
   uint64_t first_offset;
   uint64_t bytes;
+  uint64_t stream_offset;
 } wtx_chunk;
 
 /* Cuts tensors of the given sizes into chunks of at most buffer_size bytes.
@@ -208,6 +223,11 @@ typedef struct wtx_trainer_args {
   /* Where a backend whose workers connect to the trainer listens
    * ("host:port"; tcp); NULL: 127.0.0.1:0. */
   const char *data_address;
+  /* wtx_trainer_config.direct, and the bytes of an update's stream (the
+   * source's tensors) for a backend that then asks the workers for a
+   * receive region that large (cuda_ipc). */
+  int direct;
+  uint64_t stream_bytes;
 } wtx_trainer_args;
 
 /* For a backend that hashes while it sends (hashes_in_stream): where the
@@ -287,6 +307,9 @@ typedef struct wtx_trainer_transport {
    * ends at once with WTX_ECANCELED. */
   int (*complete)(void *self, uint32_t k, const wtx_stop *stop, char *err, size_t errlen);
   void (*destroy)(void *self);
+  /* Optional: 1 when chunks go straight into the workers' memory (args.
+   * direct took effect at connect), 0 when through buffers. */
+  int (*direct)(void *self);
 } wtx_trainer_transport;
 
 int wtx_trainer_transport_register(const wtx_trainer_transport *t);

@@ -174,8 +174,8 @@ typedef struct wtx_trainer_config {
    * (same node, GPU), "nccl" (GPU); NULL: "shm". */
   const char *backend;
   int unpacked;             /* 1: one tensor per chunk; 0: packed (default) */
-  /* 0: the backend's choice: shm 16 MiB x 4, the others
-   * WTX_DEFAULT_BUFFER_SIZE x WTX_DEFAULT_NUM_BUFFERS (64 MiB x 2). */
+  /* 0: the backend's choice: shm 4 MiB per worker x 4 (up to 64 MiB), the
+   * others WTX_DEFAULT_BUFFER_SIZE x WTX_DEFAULT_NUM_BUFFERS (64 MiB x 2). */
   uint64_t buffer_size;     /* bytes per buffer */
   uint32_t num_buffers;     /* buffers in flight */
   wtx_checksum checksum;
@@ -183,6 +183,13 @@ typedef struct wtx_trainer_config {
   /* tcp: where the trainer's data port listens ("host:port"; NULL:
    * 127.0.0.1:0). Copied. */
   const char *data_address;
+  /* cuda_ipc: 1 writes every update straight into each worker's GPU memory
+   * (a receive region the size of the source's tensors, which every worker
+   * then holds on its GPU for the session): one copy per byte per worker
+   * instead of the trainer's buffer and the worker's copy out of it. Where
+   * a worker cannot (no GPU memory for it), the session uses the buffers.
+   * Other backends ignore it. */
+  int direct;
 } wtx_trainer_config;
 
 /* Every field at its default; set the ones you need after it. */
@@ -221,6 +228,9 @@ typedef struct wtx_send_result {
   /* XXH3-64 of every parameter sent, in metadata order (checksum XXH3_64
    * sessions, else NULL); owned by the trainer until the next send. */
   const uint64_t *xxh3;
+  /* 1: the bytes went straight into every worker's memory
+   * (wtx_trainer_config.direct took effect); 0: through buffers. */
+  int direct;
 } wtx_send_result;
 
 /* One weight sync: start, every chunk, finish. Returns when every replica

@@ -76,6 +76,16 @@ typedef struct wtx_model_ops {
    * hashed on the CPU when checksums are on (docs/data-plane.md). NULL:
    * stage (host memory) for every backend. */
   int (*stage_device)(void *model, const wtx_tensor_meta *meta, int device, void **dst);
+  /* Optional, in place of staging, for a model that lives on a GPU: when
+   * the trainer writes straight into the worker's GPU memory (cuda_ipc
+   * with wtx_trainer_config.direct), the tensor's bytes are received at
+   * src, device memory on CUDA device `device` that the worker owns: they
+   * are there, verified, once loaded is called for the tensor, and stay
+   * until commit or abort returns. The model reads them (never writes) and
+   * must have copied what it keeps by the time commit returns. One copy per
+   * byte in all: the trainer's. NULL: stage_device or stage. */
+  int (*adopt_device)(void *model, const wtx_tensor_meta *meta, int device,
+                      const void *src);
 } wtx_model_ops;
 
 /* ---- the embedded parameter store ---- */

@@ -728,6 +728,55 @@ INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, GpuModelTest,
                          ::testing::Values("nccl", "cuda_ipc"),
                          [](const auto &info) { return std::string(info.param); });
 
+// cuda_ipc direct receive: the trainer writes every chunk straight into each
+// worker's receive region. A model that adopts its tensors there
+// (gpu_model_worker --in-place-only refuses any other staging) gets every
+// byte with the trainer's copy the only one, twice in a row, from device and
+// host tensors; wtx-worker's store (host staging) copies out of its region;
+// and when one worker has no room for a region (the double's device holds
+// 3 MiB there, the model 3.4), the whole session uses the buffers and the
+// push still lands.
+class DirectTest : public GpuModelTest {};
+
+TEST_P(DirectTest, EveryWorkerReceivesInItsRegionOrTheSessionUsesTheBuffers) {
+  direct_ = 1;
+  DeviceModel model;
+  std::vector<Worker> ws = {Spawn({"--in-place-only"}), Spawn({"--in-place-only"})};
+  wtx_client *c = Client(ws);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_create(&kDeviceModel, &model, &src));
+  std::string err;
+  setenv("WTX_FAKE_CUDA_LAG_MS", "20", 1);
+  for (const char *v : {"direct-1", "direct-2"}) {
+    ASSERT_EQ(0, Push(c, src, v, 1 << 20, 2, 20000, &err)) << v << ": " << err;
+    EXPECT_EQ(1, last_direct_) << v;
+  }
+  unsetenv("WTX_FAKE_CUDA_LAG_MS");
+  wtx_client_destroy(c);
+  // The store stages on the host, out of the region.
+  worker_binary_ = "server/wtx-worker";
+  std::vector<Worker> hs = {Spawn()};
+  c = Client(hs);
+  std::vector<uint64_t> sums;
+  PushAndVerify(c, hs, src, "store", &sums);
+  EXPECT_EQ(1, last_direct_);
+  wtx_client_destroy(c);
+  // One worker without room: buffers for both (the in-place-only worker
+  // would refuse them, so the GPU model is the plain one here).
+  setenv("WTX_FAKE_CUDA_MEMORY", "3145728", 1);
+  Worker small = Spawn();
+  unsetenv("WTX_FAKE_CUDA_MEMORY");
+  worker_binary_ = "tests/client/gpu_model_worker";
+  c = Client({Spawn(), small});
+  ASSERT_EQ(0, Push(c, src, "fallback", 1 << 20, 2, 20000, &err)) << err;
+  EXPECT_EQ(0, last_direct_);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, DirectTest, ::testing::Values("cuda_ipc"),
+                         [](const auto &info) { return std::string(info.param); });
+
 // Every process of this test (workers inherit the environment) loads the
 // double instead of the real libraries.
 struct UseCudaDouble : ::testing::Environment {

@@ -6,12 +6,17 @@
  *
  * Its model stages every tensor in device memory (wtx_model_ops.
  * stage_device) on the device the backend names, and refuses host staging,
- * so a push to it succeeds only when the bytes went device to device. At
+ * so a push to it succeeds only when the bytes went device to device; when
+ * the trainer writes into the worker's receive region (cuda_ipc direct), it
+ * adopts its tensors there instead (adopt_device), and with --in-place-only
+ * it refuses any other staging, so a push succeeds only when the trainer's
+ * copy was the only one. At
  * prepare it copies each staged tensor back to the host and hashes it: a
  * tensor whose device bytes do not hash to the checksum the session
  * verified fails the update. Run it with checksums on.
  *
  * Usage: gpu_model_worker --listen HOST:PORT --port-file FILE [--no-check]
+ *                         [--in-place-only]
  * (the CUDA runtime as the worker finds it: WTX_CUDART_LIB, ...; the
  * device from WTX_CUDA_DEVICE). --no-check, for throughput figures: prepare
  * trusts the staging (checksums may then be off). SIGTERM or SIGINT ends
@@ -28,6 +33,7 @@
 typedef struct staged {
   wtx_tensor_meta meta; /* name: owned copy */
   void *dev;
+  int owned; /* dev is ours (stage_device), not the worker's (adopt_device) */
   uint64_t xxh3;
   int has_xxh3;
 } staged;
@@ -38,13 +44,14 @@ typedef struct gpu_model {
   size_t n, cap;
   int device;
   int no_check;
+  int in_place_only;
 } gpu_model;
 
 static void drop_staged(gpu_model *m) {
   int prev;
   wtx__cuda_enter(m->cuda, m->device, &prev);
   for (size_t i = 0; i < m->n; i++) {
-    if (m->t[i].dev != NULL) m->cuda->Free(m->t[i].dev);
+    if (m->t[i].owned && m->t[i].dev != NULL) m->cuda->Free(m->t[i].dev);
     free((char *)m->t[i].meta.name);
   }
   wtx__cuda_leave(m->cuda, prev);
@@ -64,12 +71,12 @@ static int m_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) {
   return WTX_EINVAL;
 }
 
-static int m_stage_device(void *model, const wtx_tensor_meta *meta, int device, void **dst) {
-  gpu_model *m = model;
+/* A new entry for meta (name copied); NULL when out of memory. */
+static staged *add_staged(gpu_model *m, const wtx_tensor_meta *meta, int device) {
   if (m->n == m->cap) {
     size_t cap = m->cap ? 2 * m->cap : 64;
     staged *t = realloc(m->t, cap * sizeof *t);
-    if (t == NULL) return WTX_ENOMEM;
+    if (t == NULL) return NULL;
     m->t = t;
     m->cap = cap;
   }
@@ -77,13 +84,33 @@ static int m_stage_device(void *model, const wtx_tensor_meta *meta, int device, 
   memset(s, 0, sizeof *s);
   s->meta = *meta;
   s->meta.name = strdup(meta->name);
-  if (s->meta.name == NULL) return WTX_ENOMEM;
+  if (s->meta.name == NULL) return NULL;
   m->device = device;
+  m->n++;
+  return s;
+}
+
+static int m_adopt_device(void *model, const wtx_tensor_meta *meta, int device,
+                          const void *src) {
+  staged *s = add_staged(model, meta, device);
+  if (s == NULL) return WTX_ENOMEM;
+  s->dev = (void *)src; /* read only; the worker's until commit returns */
+  return 0;
+}
+
+static int m_stage_device(void *model, const wtx_tensor_meta *meta, int device, void **dst) {
+  gpu_model *m = model;
+  if (m->in_place_only) {
+    fprintf(stderr, "gpu_model_worker: '%s' staged, not received in place\n", meta->name);
+    return WTX_EINVAL;
+  }
+  staged *s = add_staged(m, meta, device);
+  if (s == NULL) return WTX_ENOMEM;
+  s->owned = 1;
   int prev;
   int e = wtx__cuda_enter(m->cuda, device, &prev);
   if (e == WTX_CUDA_SUCCESS) e = m->cuda->Malloc(&s->dev, meta->nbytes ? meta->nbytes : 1);
   wtx__cuda_leave(m->cuda, prev);
-  m->n++;
   if (e != WTX_CUDA_SUCCESS) {
     s->dev = NULL;
     return WTX_ENOMEM;
@@ -145,6 +172,7 @@ static const wtx_model_ops gpu_model_ops = {
     .commit = m_commit,
     .abort = m_abort,
     .stage_device = m_stage_device,
+    .adopt_device = m_adopt_device,
 };
 
 static int write_port(const char *path, int port) {
@@ -159,6 +187,7 @@ int main(int argc, char **argv) {
   gpu_model m = {0};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--no-check") == 0) m.no_check = 1;
+    else if (strcmp(argv[i], "--in-place-only") == 0) m.in_place_only = 1;
     else if (i + 1 == argc) break;
     else if (strcmp(argv[i], "--listen") == 0) listen = argv[++i];
     else if (strcmp(argv[i], "--port-file") == 0) port_file = argv[++i];
@@ -166,7 +195,7 @@ int main(int argc, char **argv) {
   }
   if (listen == NULL || port_file == NULL) {
     fprintf(stderr, "usage: gpu_model_worker --listen HOST:PORT --port-file FILE "
-            "[--no-check]\n");
+            "[--no-check] [--in-place-only]\n");
     return 2;
   }
   sigset_t set;

@@ -111,6 +111,7 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
            void (*progress)(void *, uint64_t, uint64_t) = nullptr, void *arg = nullptr) {
     std::string backend = backend_.empty() ? GetParam() : backend_;
     wtx_trainer_config cfg = Config(backend, buffer, nbuf, timeout_ms);
+    cfg.direct = direct_;
     wtx_trainer *t = nullptr;
     char e[2048] = "";
     int rc = wtx_trainer_init(&cfg, c, src, &t, e, sizeof e);
@@ -127,6 +128,7 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
     if (rc != 0 && err) *err = wtx_trainer_last_error(t);
     if (rc == 0) {
       EXPECT_STREQ(version, res.version);
+      last_direct_ = res.direct;
       if (sums) sums->assign(res.xxh3, res.xxh3 + res.params);
     }
     wtx_trainer_shutdown(t);
@@ -157,6 +159,8 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
   // What Spawn runs: wtx-worker, or a program taking the same --listen and
   // --port-file (tests/client/gpu_model_worker).
   std::string worker_binary_ = "server/wtx-worker";
+  int direct_ = 0;       // wtx_trainer_config.direct of Push
+  int last_direct_ = 0;  // wtx_send_result.direct of the last Push that landed
   std::string dir_;
   std::string backend_;  // a wrapper's name instead of GetParam(), when set
   std::vector<Worker> workers_;

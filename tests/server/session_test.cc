@@ -591,6 +591,7 @@ const wtx_worker_transport kSlowDouble = {
     .reset = nullptr,
     .destroy = SlowDestroy,
     .device = nullptr,
+    .region = nullptr,
 };
 
 // The store, counting aborts.
@@ -620,8 +621,8 @@ void CmAbort(void *m) {
 int CmPrepare(void *m, const char *v, char *e, size_t n) {
   return wtx_store_model_ops.prepare(static_cast<CountingModel *>(m)->store, v, e, n);
 }
-const wtx_model_ops kCounting = {CmCheck, CmBegin,  CmStage, CmLoaded, CmPrepare,
-                                 CmCommit, CmAbort, nullptr};
+const wtx_model_ops kCounting = {CmCheck,  CmBegin, CmStage, CmLoaded, CmPrepare,
+                                 CmCommit, CmAbort, nullptr, nullptr};
 
 TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
@@ -835,7 +836,7 @@ void HmPause(void *h, int wait) {
 void HmResume(void *h) { static_cast<HostModel *>(h)->resumes++; }
 // No prepare: commit does it all (a host model that cannot fail there).
 const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit, HmAbort,
-                             nullptr};
+                             nullptr, nullptr};
 
 TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   HostModel hm;

@@ -21,14 +21,17 @@ std::vector<wtx_chunk> Plan(const std::vector<uint64_t> &sizes, uint64_t buf, bo
 
 // Walks the chunks as a receiver would: every byte of every tensor exactly
 // once, in order, each chunk at most buf bytes and never empty unless it
-// holds only zero-byte tensors.
+// holds only zero-byte tensors, each starting where the ones before it end
+// in the stream.
 void ExpectCovers(const std::vector<uint64_t> &sizes, uint64_t buf,
                   const std::vector<wtx_chunk> &chunks) {
   size_t i = 0;
-  uint64_t off = 0;
+  uint64_t off = 0, stream = 0;
   for (const wtx_chunk &c : chunks) {
     ASSERT_EQ(i, c.first);
     ASSERT_EQ(off, c.first_offset);
+    ASSERT_EQ(stream, c.stream_offset);
+    stream += c.bytes;
     ASSERT_LE(c.bytes, buf);
     uint64_t left = c.bytes;
     for (size_t t = c.first; t <= c.last; t++) {

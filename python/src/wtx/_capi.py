@@ -41,7 +41,7 @@ class TrainerConfig(C.Structure):
     _fields_ = [("rank", C.c_uint32), ("backend", C.c_char_p), ("unpacked", C.c_int),
                 ("buffer_size", C.c_uint64), ("num_buffers", C.c_uint32),
                 ("checksum", C.c_int), ("timeout_ms", C.c_uint32),
-                ("data_address", C.c_char_p)]
+                ("data_address", C.c_char_p), ("direct", C.c_int)]
 
 
 PROGRESS = C.CFUNCTYPE(None, C.c_void_p, C.c_uint64, C.c_uint64)
@@ -55,7 +55,7 @@ class SendOptions(C.Structure):
 class SendResult(C.Structure):
     _fields_ = [("bytes", C.c_uint64), ("params", C.c_size_t), ("chunks", C.c_size_t),
                 ("seconds", C.c_double), ("version", C.c_char * (MAX_VERSION_BYTES + 1)),
-                ("xxh3", C.POINTER(C.c_uint64))]
+                ("xxh3", C.POINTER(C.c_uint64)), ("direct", C.c_int)]
 
 
 # wtx_source_ops
@@ -84,12 +84,15 @@ M_COMMIT = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_char_p)
 M_ABORT = C.CFUNCTYPE(None, C.c_void_p)
 M_STAGE_DEVICE = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(TensorMeta), C.c_int,
                              C.POINTER(C.c_void_p))
+M_ADOPT_DEVICE = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(TensorMeta), C.c_int,
+                             C.c_void_p)
 
 
 class ModelOps(C.Structure):
     _fields_ = [("check", M_CHECK), ("begin", M_BEGIN), ("stage", M_STAGE),
                 ("loaded", M_LOADED), ("prepare", M_PREPARE), ("commit", M_COMMIT),
-                ("abort", M_ABORT), ("stage_device", M_STAGE_DEVICE)]
+                ("abort", M_ABORT), ("stage_device", M_STAGE_DEVICE),
+                ("adopt_device", M_ADOPT_DEVICE)]
 
 
 ON_PAUSE = C.CFUNCTYPE(None, C.c_void_p, C.c_int)

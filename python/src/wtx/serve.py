@@ -45,7 +45,8 @@ class _Host:
             _capi.M_LOADED(self._loaded), _capi.M_PREPARE(self._prepare),
             _capi.M_COMMIT(self._commit), _capi.M_ABORT(self._abort),
             _capi.M_STAGE_DEVICE(self._stage_device) if device_staging
-            else _capi.M_STAGE_DEVICE())
+            else _capi.M_STAGE_DEVICE(),
+            _capi.M_ADOPT_DEVICE())  # staged (a device copy) even in a direct session
         self.pause_cb = _capi.ON_PAUSE(self._pause)
         self.resume_cb = _capi.ON_RESUME(self._resume)
 

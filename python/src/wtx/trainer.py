@@ -36,7 +36,11 @@ class WtxTrainerInitInfo:
     checksum: None (the transport's default: XXH3-64 on shm and tcp, none on
     GPU), "none" or "xxh3_64". buffer_size / num_buffers: 0 for the
     defaults. timeout_ms: bound on every step (0: the default).
-    data_address: tcp, where the trainer's data port listens."""
+    data_address: tcp, where the trainer's data port listens. direct:
+    cuda_ipc, write every update straight into each worker's GPU memory
+    (one copy per byte; each worker then holds a region the model's size,
+    and the session uses buffers where one cannot); ``send_weights()``
+    says whether it took effect."""
 
     backend: ClassVar[str] = "wtx"
 
@@ -47,6 +51,7 @@ class WtxTrainerInitInfo:
     num_buffers: int = 0
     timeout_ms: int = 0
     data_address: str | None = None
+    direct: bool = False
     rank: int = field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
@@ -130,7 +135,8 @@ class TrainerEngine:
                                   unpacked=0 if info.packed else 1,
                                   buffer_size=info.buffer_size, num_buffers=info.num_buffers,
                                   checksum=_CHECKSUMS[info.checksum], timeout_ms=info.timeout_ms,
-                                  data_address=info.data_address.encode() if info.data_address else None)
+                                  data_address=info.data_address.encode() if info.data_address else None,
+                                  direct=1 if info.direct else 0)
         err = C.create_string_buffer(_capi.ERRBUF)
         rc = _capi.trainer_init(C.byref(cfg), self._client, c_src, C.byref(self._trainer), err,
                                 _capi.ERRBUF)
@@ -143,7 +149,7 @@ class TrainerEngine:
                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """One weight sync: every replica publishes the source's current
         weights, or none does (their previous weights stay). Returns
-        {bytes, params, chunks, seconds, version, xxh3}. ``progress`` is
+        {bytes, params, chunks, seconds, version, xxh3, direct}. ``progress`` is
         called (done_bytes, total_bytes) after every chunk."""
         if not self._trainer:
             raise RuntimeError("send_weights after shutdown")
@@ -166,7 +172,8 @@ class TrainerEngine:
         self.last_result = {
             "bytes": res.bytes, "params": res.params, "chunks": res.chunks,
             "seconds": res.seconds, "version": res.version.decode(),
-            "xxh3": [res.xxh3[i] for i in range(res.params)] if res.xxh3 else None}
+            "xxh3": [res.xxh3[i] for i in range(res.params)] if res.xxh3 else None,
+            "direct": bool(res.direct)}
         return self.last_result
 
     def shutdown(self) -> None:
