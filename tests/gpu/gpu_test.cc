@@ -114,6 +114,28 @@ TEST_P(GpuTest, AModelOnTheGpuIsStagedThereAndReceivesEveryByte) {
   wtx_client_destroy(c);
 }
 
+// cuda_ipc direct receive on real CUDA: the trainer writes into the
+// worker's region and a model that adopts it (--in-place-only refuses any
+// other staging) gets every byte, checked on the device against the
+// session's checksums.
+TEST_P(GpuTest, DirectReceiveLandsInTheWorkersRegion) {
+  if (std::string(GetParam()) != "cuda_ipc") GTEST_SKIP() << "cuda_ipc only";
+  worker_binary_ = "tests/client/gpu_model_worker";
+  direct_ = 1;
+  setenv("WTX_CUDA_DEVICE", "0", 1);
+  std::vector<Worker> ws = {Spawn({"--in-place-only"})};
+  wtx_client *c = Client(ws);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(UINT64_C(256) << 20, 13, &src));
+  for (const char *v : {"direct-1", "direct-2"}) {
+    std::string err;
+    ASSERT_EQ(0, Push(c, src, v, 64 << 20, 2, 60000, &err)) << err;
+    EXPECT_EQ(1, last_direct_) << v;
+  }
+  wtx_source_destroy(src);
+  wtx_client_destroy(c);
+}
+
 INSTANTIATE_TEST_SUITE_P(RealCuda, GpuTest, ::testing::Values("cuda_ipc", "nccl"),
                          [](const auto &info) { return std::string(info.param); });
 
