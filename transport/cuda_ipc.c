@@ -174,20 +174,9 @@ static int receive_direct(ipc_worker *w, const Wtx__V1__CudaIpcUpdateInfo *u, wt
 
 static int copy_out(ipc_worker *w, const Wtx__V1__CudaIpcBuffer *b, wtx_rx *rx);
 
-static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
-  ipc_worker *w = self;
-  const wtx_cuda *c = w->cuda;
-  const Wtx__V1__CudaIpcUpdateInfo *u = info->cuda_ipc;
-  if (u->direct) {
-    int prev;
-    if (wtx__cuda_enter(c, w->device, &prev) != WTX_CUDA_SUCCESS) {
-      wtx_rx_errorf(rx, "cuda_ipc: cannot select device %d", w->device);
-      return WTX_EUNAVAIL;
-    }
-    int rc = receive_direct(w, u, rx);
-    wtx__cuda_leave(c, prev);
-    return rc;
-  }
+/* A chunk in one of the trainer's buffers: the entry for this worker's GPU,
+ * checked, then copied out. The current device is the worker's. */
+static int receive_buffer(ipc_worker *w, const Wtx__V1__CudaIpcUpdateInfo *u, wtx_rx *rx) {
   const Wtx__V1__CudaIpcBuffer *b = NULL;
   char offered[400] = "";
   size_t o = 0;
@@ -221,13 +210,19 @@ static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_r
                   (unsigned long long)b->size);
     return WTX_EINVAL;
   }
+  return copy_out(w, b, rx);
+}
+
+static int ipc_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
+  ipc_worker *w = self;
+  const Wtx__V1__CudaIpcUpdateInfo *u = info->cuda_ipc;
   int prev;
-  if (wtx__cuda_enter(c, w->device, &prev) != WTX_CUDA_SUCCESS) {
+  if (wtx__cuda_enter(w->cuda, w->device, &prev) != WTX_CUDA_SUCCESS) {
     wtx_rx_errorf(rx, "cuda_ipc: cannot select device %d", w->device);
     return WTX_EUNAVAIL;
   }
-  int rc = copy_out(w, b, rx);
-  wtx__cuda_leave(c, prev);
+  int rc = u->direct ? receive_direct(w, u, rx) : receive_buffer(w, u, rx);
+  wtx__cuda_leave(w->cuda, prev);
   return rc;
 }
 
