@@ -241,7 +241,6 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
   s->transport = t;
   s->wire = *wire;
   const wtx_model_ops *m = s->cfg.model_ops;
-  s->region = NULL;
   if (t->device == NULL || t->region == NULL || m->adopt_device == NULL ||
       t->region(engine, &s->region, &s->region_bytes) != 0)
     s->region = NULL;
