@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/on_gpu.h"
 #include "common/clock.h"
 #include "wtx/client.h"
 
@@ -33,6 +34,9 @@ static const char usage[] =
     "  --checksum           verify per-tensor XXH3-64 (default on shm, tcp)\n"
     "  --data-address H:P   tcp: where the trainer's data port listens\n"
     "                       (default 127.0.0.1:0)\n"
+    "  --on-gpu             copy SOURCE to this process's GPU (WTX_CUDA_DEVICE)\n"
+    "                       first, as a trainer's parameters are: the GPU\n"
+    "                       backends then move device tensors device to device\n"
     "  --direct             cuda_ipc: write straight into each worker's GPU\n"
     "                       memory (one copy per byte; each worker holds a\n"
     "                       region the model's size; buffers where one cannot)\n"
@@ -146,7 +150,7 @@ typedef struct push_args {
   creds cr;
   wtx_trainer_config cfg;
   uint64_t seed;
-  int verify, draft;
+  int verify, draft, on_gpu;
 } push_args;
 
 static int open_source(int argc, char **argv, const push_args *a, wtx_source **src) {
@@ -172,6 +176,19 @@ static int open_source(int argc, char **argv, const push_args *a, wtx_source **s
     return -1;
   }
   return 0;
+}
+
+/* --on-gpu: *src becomes a source over device copies of its tensors
+ * (*held owns them); the host source stays for the names. */
+static int to_gpu(wtx_source **src, wtx_source **host, wtx__on_gpu **held) {
+  char err[1024] = "";
+  *host = *src;
+  int rc = wtx__on_gpu_copy(*host, src, held, err, sizeof err);
+  if (rc == 0) return 0;
+  *src = *host;
+  *host = NULL;
+  fprintf(stderr, "wtx push: --on-gpu: %s\n", err[0] ? err : wtx_strerror(rc));
+  return -1;
 }
 
 /* Reads a PEM file named by a flag into *out; an unreadable one is an
@@ -245,6 +262,7 @@ static const struct option push_longopts[] = {
     {"checksum", no_argument, NULL, 'X'},
     {"data-address", required_argument, NULL, 'a'},
     {"direct", no_argument, NULL, 'D'},
+    {"on-gpu", no_argument, NULL, 'G'},
     {"version", required_argument, NULL, 'v'},
     {"draft", no_argument, NULL, 'd'},
     {"seed", required_argument, NULL, 'e'},
@@ -272,6 +290,7 @@ static int push_option(int c, const char *arg, push_args *a) {
     case 'X': cfg->checksum = WTX_CHECKSUM_XXH3_64; return 0;
     case 'a': cfg->data_address = arg; return 0;
     case 'D': cfg->direct = 1; return 0;
+    case 'G': a->on_gpu = 1; return 0;
     case 'v': a->version = arg; return 0;
     case 'd': a->draft = 1; return 0;
     case 'e': return parse_size(arg, &a->seed) != 0;
@@ -356,17 +375,19 @@ static int cmd_push(int argc, char **argv) {
   a.cfg.timeout_ms = WTX_DEFAULT_TIMEOUT_MS;
   int st = parse_push(argc, argv, &a);
   if (st != 0) return st < 0 ? 0 : st;
-  wtx_source *src = NULL;
+  wtx_source *src = NULL, *host = NULL;
+  wtx__on_gpu *held = NULL;
   wtx_client *cl = NULL;
+  int rc = 2;
   if (open_source(argc - optind, argv + optind, &a, &src) != 0) return 2;
-  if (make_client(a.workers, &a.cr, a.cfg.timeout_ms, &cl) != 0) {
-    wtx_source_destroy(src);
-    return 2;
-  }
-  int rc = push_sync(&a, cl, src);
+  if ((!a.on_gpu || to_gpu(&src, &host, &held) == 0) &&
+      make_client(a.workers, &a.cr, a.cfg.timeout_ms, &cl) == 0)
+    rc = push_sync(&a, cl, src) == 0 ? 0 : 1;
   wtx_client_destroy(cl);
   wtx_source_destroy(src);
-  return rc == 0 ? 0 : 1;
+  wtx__on_gpu_free(held);
+  wtx_source_destroy(host);
+  return rc;
 }
 
 /* The options of info, version and abort: credentials (and info's

@@ -12,8 +12,9 @@
 #               IPC with no stale read
 #   throughput  2 GB over shm and cuda_ipc to 1 and 2 workers, and over
 #               cuda_ipc to a model on the GPU (device staging; and direct,
-#               one copy per byte), against a cudaMemcpy device-to-device
-#               copy of the same bytes, same run
+#               one copy per byte), cuda_ipc from tensors on the trainer's
+#               GPU (wtx push --on-gpu), against a cudaMemcpy device-to-
+#               device copy of the same bytes, same run
 #   nccl        on one GPU: a clear error, not a hang (with 2+ GPUs: a push)
 # With --vllm, one step instead (under 3 minutes, its own run):
 #   vllm        `vllm serve` of a tiny Llama with --weight-transfer-config
@@ -177,7 +178,7 @@ start_worker() { # PORTFILE [DEVICE [BINARY [FLAGS]]]: sets addr
 }
 stop_workers() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 throughput() {
-  local a b g base line r backend n ws staging direct
+  local a b g base line r backend n ws label flags row
   pids=()
   trap stop_workers EXIT
   start_worker "$out/p0"; a=$addr
@@ -187,17 +188,22 @@ throughput() {
   base=$("$root/probe" d2d "$(numfmt --from=iec "$size")" | awk '/d2d/ {print $2}')
   [ -n "$base" ] || return 1
   echo "baseline: cudaMemcpy device to device of $size: $base GB/s"
-  for set in "shm 1 $a" "shm 2 $a,$b" "cuda_ipc 1 $a" "cuda_ipc 2 $a,$b" \
-             "cuda_ipc 1 $g gpu" "cuda_ipc 1 $g gpu --direct"; do
-    read -r backend n ws staging direct <<<"$set"
-    for _ in 1 2; do "$root/client/wtx" push --workers "$ws" --backend "$backend" $direct \
+  # BACKEND WORKERS ADDRESSES LABEL [FLAGS]: the trainer's tensors are on
+  # its GPU (--on-gpu) for cuda_ipc, as a training job's are; in host
+  # memory for shm.
+  local rows=("shm 1 $a host" "shm 2 $a,$b host" "cuda_ipc 1 $a trainer-gpu --on-gpu"
+              "cuda_ipc 2 $a,$b trainer-gpu --on-gpu"
+              "cuda_ipc 1 $g model-on-gpu --on-gpu"
+              "cuda_ipc 1 $g model-on-gpu,direct --on-gpu --direct")
+  for row in "${rows[@]}"; do
+    read -r backend n ws label flags <<<"$row"
+    for _ in 1 2; do "$root/client/wtx" push --workers "$ws" --backend "$backend" $flags \
       --timeout-ms 60000 "synthetic:$size" >/dev/null || return 1; done
-    line=$("$root/client/wtx" push --workers "$ws" --backend "$backend" $direct \
+    line=$("$root/client/wtx" push --workers "$ws" --backend "$backend" $flags \
            --timeout-ms 60000 "synthetic:$size") || return 1
     r=$(echo "$line" | sed -nE 's/.*\(([0-9.]+) GB\/s\).*/\1/p' | tail -1)
-    printf '%-9s %s worker(s)%s%s: %6s GB/s = %s x d2d  (%s)\n' "$backend" "$n" \
-      "${staging:+, model on the GPU}" "${direct:+, direct}" "$r" \
-      "$(echo "$r $base" | awk '{printf "%.2f", $1 / $2}')" "$line"
+    printf '%-9s %s worker(s), %s: %6s GB/s = %s x d2d  (%s)\n' "$backend" "$n" "$label" \
+      "$r" "$(echo "$r $base" | awk '{printf "%.2f", $1 / $2}')" "$line"
   done
 }
 nccl_check() {
