@@ -507,7 +507,8 @@ struct wtx_rpc_server {
   int shut_down;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  int active; /* handler threads running */
+  int active;  /* handler threads running (shutdown waits for them) */
+  int serving; /* calls counted against max_calls: until their status is sent */
   int accepting;
   int shutdown_notified; /* the server's shutdown tag has come out of cq */
   char shutdown_tag;
@@ -630,6 +631,7 @@ struct wtx_rpc_ctx {
   arena_block *arena;
   grpc_status_code code;
   char message[1024];
+  int counted; /* in srv->serving until the final status goes */
   int sent_initial_md;
   char tag_read, tag_write, tag_final;
 };
@@ -760,7 +762,19 @@ int wtx_rpc_ctx_write(wtx_rpc_ctx *ctx, const ProtobufCMessage *msg) {
 
 /* Sends the final status (and for unary calls the response) and waits for
  * the client's close. */
+/* The call stops counting against max_calls: its client may call again as
+ * soon as it has the answer, so the slot frees before the answer goes. */
+static void ctx_uncount(wtx_rpc_ctx *ctx) {
+  if (!ctx->counted) return;
+  wtx_rpc_server *srv = ctx->sl->srv;
+  pthread_mutex_lock(&srv->mu);
+  srv->serving--;
+  pthread_mutex_unlock(&srv->mu);
+  ctx->counted = 0;
+}
+
 static void ctx_finish(wtx_rpc_ctx *ctx, const ProtobufCMessage *resp) {
+  ctx_uncount(ctx);
   grpc_op ops[4];
   memset(ops, 0, sizeof ops);
   size_t n = 0;
@@ -817,6 +831,7 @@ static void *serve_call(void *arg) {
   wtx_rpc_ctx ctx;
   memset(&ctx, 0, sizeof ctx);
   ctx.sl = sl;
+  ctx.counted = 1;
   if (sl->method == NULL) {
     char *path = grpc_slice_to_c_string(sl->details.method);
     wtx_rpc_ctx_errorf(&ctx, GRPC_STATUS_UNIMPLEMENTED,
@@ -838,6 +853,7 @@ static void *serve_call(void *arg) {
     free(ctx.arena);
     ctx.arena = next;
   }
+  ctx_uncount(&ctx);
   slot_free(sl);
   pthread_mutex_lock(&srv->mu);
   srv->active--;
@@ -846,10 +862,10 @@ static void *serve_call(void *arg) {
   return NULL;
 }
 
-/* Whether another handler thread would pass opts.max_calls. */
+/* Whether another call would pass opts.max_calls (calls not yet answered). */
 static int over_capacity(wtx_rpc_server *srv) {
   pthread_mutex_lock(&srv->mu);
-  int over = srv->opts.max_calls > 0 && srv->active >= srv->opts.max_calls;
+  int over = srv->opts.max_calls > 0 && srv->serving >= srv->opts.max_calls;
   pthread_mutex_unlock(&srv->mu);
   return over;
 }
@@ -900,10 +916,12 @@ static void *poll_loop(void *arg) {
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_mutex_lock(&srv->mu);
     srv->active++;
+    srv->serving++;
     pthread_mutex_unlock(&srv->mu);
     if (pthread_create(&t, &attr, serve_call, sl) != 0) {
       pthread_mutex_lock(&srv->mu);
       srv->active--;
+      srv->serving--;
       pthread_mutex_unlock(&srv->mu);
       grpc_call_cancel(sl->call, NULL);
       slot_free(sl);
