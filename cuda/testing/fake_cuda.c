@@ -26,6 +26,9 @@
  *  - device memory is finite when WTX_FAKE_CUDA_MEMORY (bytes) is set: a
  *    cudaMalloc beyond what this process has free fails with
  *    cudaErrorMemoryAllocation, as on a full GPU;
+ *  - with WTX_FAKE_CUDA_IPC_LOG set (a file), every cudaIpcOpenMemHandle
+ *    that succeeds appends "<pid> <allocation>" to it, so a test can count
+ *    the handles each process opened;
  *  - the current device is per thread (cudaSetDevice / cudaGetDevice), and
  *    a device's UUID is WTX_FAKE_CUDA_UUID (32 hex digits) when set, else
  *    "wtx-fake-gpu-" and the device number;
@@ -569,7 +572,17 @@ EXPORT int cudaIpcOpenMemHandle(void **ptr, ipc_handle h, unsigned flags) {
   if (a == NULL) return ERR_MEMORY;
   memcpy(a->name, h.bytes + 8, sizeof a->name - 1);
   a->opened = 1;
-  return track(a, 0, ptr);
+  int rc = track(a, 0, ptr);
+  const char *log = getenv("WTX_FAKE_CUDA_IPC_LOG");
+  if (rc == OK && log != NULL && log[0] != '\0') {
+    /* One write of one line with O_APPEND: lines of processes never mix. */
+    char line[128];
+    int n = snprintf(line, sizeof line, "%d %s\n", (int)getpid(), a->name);
+    int fd = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0 && n > 0 && write(fd, line, (size_t)n) < 0) n = 0;
+    if (fd >= 0) close(fd);
+  }
+  return rc;
 }
 
 EXPORT int cudaIpcCloseMemHandle(void *ptr) {

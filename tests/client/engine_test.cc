@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -770,6 +771,42 @@ TEST_P(DirectTest, EveryWorkerReceivesInItsRegionOrTheSessionUsesTheBuffers) {
   c = Client({Spawn(), small});
   ASSERT_EQ(0, Push(c, src, "fallback", 1 << 20, 2, 20000, &err)) << err;
   EXPECT_EQ(0, last_direct_);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+// The GPU goal's "at most one handle opened per buffer per session": over
+// three sessions of several chunks each through two buffers, then two
+// direct ones, every process opens each allocation once (the double logs
+// every open): a worker each trainer buffer, a trainer each worker region.
+TEST_P(DirectTest, EachBufferAndRegionIsOpenedOncePerSession) {
+  std::string log = dir_ + "/ipc-opens.log";
+  setenv("WTX_FAKE_CUDA_IPC_LOG", log.c_str(), 1);
+  std::vector<Worker> ws = {Spawn(), Spawn()};
+  wtx_client *c = Client(ws);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(4 << 20, 5, &src));
+  std::string err;
+  int round = 0;
+  for (int direct : {0, 0, 0, 1, 1}) {
+    direct_ = direct;
+    std::string v = "s" + std::to_string(++round);
+    ASSERT_EQ(0, Push(c, src, v.c_str(), 1 << 20, 2, 20000, &err)) << err;
+    EXPECT_EQ(direct, last_direct_) << v;
+  }
+  unsetenv("WTX_FAKE_CUDA_IPC_LOG");
+  std::map<std::string, int> opens;  // "pid allocation" -> times opened
+  std::map<std::string, int> per_pid;
+  std::ifstream f(log);
+  for (std::string pid, name; f >> pid >> name;) {
+    opens[pid + " " + name]++;
+    per_pid[pid]++;
+  }
+  for (const auto &[key, n] : opens) EXPECT_EQ(1, n) << key << " opened " << n << " times";
+  std::string me = std::to_string(getpid());
+  EXPECT_EQ(4, per_pid[me]);  // two direct sessions x two worker regions
+  for (const Worker &w : ws)  // three buffered sessions x two buffers
+    EXPECT_EQ(6, per_pid[std::to_string(w.pid)]) << "worker " << w.pid;
   wtx_client_destroy(c);
   wtx_source_destroy(src);
 }
