@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "cuda/cuda.h"
 #include "transport/gpu_out.h"
 #include "transport/transport.h"
@@ -51,6 +52,9 @@ typedef struct nccl_worker {
   int broken;
   atomic_int cancelled;
   wtx__gpu_out out;
+  uint64_t direct_bytes; /* the receive region asked for (0: none) */
+  uint64_t max_bytes;    /* --max-model-bytes (0: none) */
+  uint8_t *region;       /* the receive region, or NULL */
 } nccl_worker;
 
 static void nccl_worker_destroy(void *self) {
@@ -61,6 +65,7 @@ static void nccl_worker_destroy(void *self) {
   wtx__cuda_enter(c, w->device, &prev);
   comm_release(c, &w->comm, w->broken);
   if (w->buf != NULL) c->Free(w->buf);
+  if (w->region != NULL) c->Free(w->region);
   wtx__gpu_out_close(&w->out);
   if (w->stream != NULL) c->StreamDestroy(w->stream);
   wtx__cuda_leave(c, prev);
@@ -95,6 +100,8 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
   w->cuda = c;
   w->wire = *wire;
   w->device = device;
+  w->direct_bytes = ni->direct_bytes;
+  w->max_bytes = env != NULL ? env->max_model_bytes : 0;
   w->rank = (int)ni->rank_offset;
   atomic_init(&w->cancelled, 0);
   int prev;
@@ -116,8 +123,33 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
 
 static int nccl_worker_device(void *self) { return ((nccl_worker *)self)->device; }
 
-/* Joins the trainer's communicator (outside the session lock): bounded by
- * timeout_ms, ended by cancel. */
+static int nccl_worker_region(void *self, uint8_t **base, uint64_t *bytes) {
+  nccl_worker *w = self;
+  if (w->region == NULL) return WTX_ENOENT;
+  *base = w->region;
+  *bytes = w->direct_bytes;
+  return 0;
+}
+
+/* A direct session's receive region, on the current device; declined
+ * (the buffer serves) over --max-model-bytes or without room. */
+static void region_open(nccl_worker *w) {
+  if (w->direct_bytes == 0) return;
+  const char *why = "over --max-model-bytes";
+  int e = WTX_CUDA_SUCCESS;
+  if (w->max_bytes == 0 || w->direct_bytes <= w->max_bytes) {
+    e = w->cuda->Malloc((void **)&w->region, (size_t)w->direct_bytes);
+    if (e == WTX_CUDA_SUCCESS) return;
+    w->region = NULL;
+    why = w->cuda->GetErrorString(e);
+  }
+  wtx_log(WTX_LOG_WARN, "event=direct_declined backend=nccl bytes=%llu reason=\"%s\"",
+          (unsigned long long)w->direct_bytes, why);
+}
+
+/* Allocates the receive region when asked, then joins the trainer's
+ * communicator (outside the session lock): bounded by timeout_ms, ended by
+ * cancel. */
 static int nccl_worker_connect(void *self, char *data_address, size_t addrlen,
                                char *err, size_t errlen) {
   nccl_worker *w = self;
@@ -125,6 +157,7 @@ static int nccl_worker_connect(void *self, char *data_address, size_t addrlen,
   if (addrlen > 0) data_address[0] = '\0';
   int prev;
   wtx__cuda_enter(c, w->device, &prev);
+  region_open(w);
   char why[400];
   wtx_stop stop = {.flag = &w->cancelled};
   int rc = wtx__nccl_join(c, &w->comm, w->world_size, &w->id, w->rank, w->wire.timeout_ms,
@@ -165,13 +198,19 @@ static int nccl_worker_receive(void *self, const Wtx__V1__UpdateInfo *info, wtx_
   return rc;
 }
 
-/* Receives n bytes by broadcast into the device buffer, then copies them
- * out. A failed or timed-out broadcast is aborted at once. The current
- * device is the worker's. */
+/* Receives n bytes by broadcast into the receive region at the chunk's
+ * stream offset (a direct session) or else into the device buffer, then
+ * copies them out (nothing to copy for a model that adopted the region).
+ * A failed or timed-out broadcast is aborted at once. The current device
+ * is the worker's. */
 static int broadcast_in(nccl_worker *w, uint64_t n, wtx_rx *rx) {
   const wtx_cuda *c = w->cuda;
   char err[400];
-  int e = c->Broadcast(w->buf, w->buf, (size_t)n, WTX_NCCL_UINT8, 0, w->comm, w->stream);
+  uint64_t at = wtx_rx_stream_offset(rx);
+  uint8_t *dst = w->buf;
+  if (w->region != NULL && at <= w->direct_bytes && n <= w->direct_bytes - at)
+    dst = w->region + at;
+  int e = c->Broadcast(dst, dst, (size_t)n, WTX_NCCL_UINT8, 0, w->comm, w->stream);
   wtx_stop stop = {.flag = &w->cancelled};
   int rc = e == WTX_NCCL_SUCCESS ? wtx__cuda_wait(c, w->stream, w->comm, w->wire.timeout_ms,
                                                   &stop, err, sizeof err)
@@ -184,7 +223,7 @@ static int broadcast_in(nccl_worker *w, uint64_t n, wtx_rx *rx) {
                   "aborted)", (unsigned long long)n, w->rank, err);
     return rc;
   }
-  return wtx__gpu_out_copy(&w->out, w->buf, "nccl", rx);
+  return wtx__gpu_out_copy(&w->out, dst, "nccl", rx);
 }
 
 static void nccl_worker_reset(void *self) {
@@ -203,6 +242,7 @@ const wtx_worker_transport wtx_nccl_worker_transport = {
     .connect = nccl_worker_connect,
     .receive = nccl_worker_receive,
     .device = nccl_worker_device,
+    .region = nccl_worker_region,
     .cancel = nccl_worker_cancel,
     .reset = nccl_worker_reset,
     .destroy = nccl_worker_destroy,
@@ -217,6 +257,7 @@ typedef struct nccl_trainer {
   wtx_nccl_id id;
   void *comm;
   int broken;
+  uint64_t direct_bytes; /* each worker's receive region asked for (0: none) */
   Wtx__V1__NcclInitInfo *nccl; /* per worker */
   Wtx__V1__NcclUpdateInfo update;
 } nccl_trainer;
@@ -241,6 +282,7 @@ static int nccl_trainer_create(const wtx_trainer_args *args, void **self, char *
   if (t == NULL) return WTX_ENOMEM;
   t->n_workers = args->n_workers;
   t->timeout_ms = args->wire.timeout_ms;
+  t->direct_bytes = args->direct ? args->stream_bytes : 0;
   int rc = wtx__cuda_trainer_open(&t->gpu, "nccl", 1, args->wire.num_buffers,
                                   args->wire.buffer_size, t->timeout_ms, err, errlen);
   if (rc == 0 && (t->nccl = calloc(t->n_workers, sizeof *t->nccl)) == NULL) rc = WTX_ENOMEM;
@@ -270,6 +312,7 @@ static int nccl_trainer_init_info(void *self, size_t i, const char *const *prev,
   ni->unique_id.len = sizeof t->id;
   ni->world_size = (uint32_t)(t->n_workers + 1);
   ni->rank_offset = (uint32_t)(i + 1);
+  ni->direct_bytes = t->direct_bytes;
   out->backend_case = WTX__V1__INIT_INFO__BACKEND_NCCL;
   out->nccl = ni;
   return 0;

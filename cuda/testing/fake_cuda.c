@@ -26,9 +26,10 @@
  *  - device memory is finite when WTX_FAKE_CUDA_MEMORY (bytes) is set: a
  *    cudaMalloc beyond what this process has free fails with
  *    cudaErrorMemoryAllocation, as on a full GPU;
- *  - with WTX_FAKE_CUDA_IPC_LOG set (a file), every cudaIpcOpenMemHandle
- *    that succeeds appends "<pid> <allocation>" to it, so a test can count
- *    the handles each process opened;
+ *  - with WTX_FAKE_CUDA_LOG set (a file), every cudaIpcOpenMemHandle that
+ *    succeeds appends "<pid> open <allocation>" to it, and a process that
+ *    exits appends "<pid> d2d <bytes>", the bytes it copied device to
+ *    device, so a test can count the handles and copies of each process;
  *  - the current device is per thread (cudaSetDevice / cudaGetDevice), and
  *    a device's UUID is WTX_FAKE_CUDA_UUID (32 hex digits) when set, else
  *    "wtx-fake-gpu-" and the device number;
@@ -519,9 +520,31 @@ EXPORT int cudaStreamQuery(void *sp) {
   return rc;
 }
 
+/* Appends "<pid> <what> <detail>" to WTX_FAKE_CUDA_LOG, when set: one write
+ * of one line with O_APPEND, so lines of processes never mix. */
+static void log_line(const char *what, const char *detail) {
+  const char *log = getenv("WTX_FAKE_CUDA_LOG");
+  if (log == NULL || log[0] == '\0') return;
+  char line[160];
+  int n = snprintf(line, sizeof line, "%d %s %s\n", (int)getpid(), what, detail);
+  int fd = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0 && n > 0 && write(fd, line, (size_t)n) < 0) n = 0;
+  if (fd >= 0) close(fd);
+}
+
+/* Bytes this process copied device to device. */
+static atomic_uint_fast64_t d2d_bytes;
+
+__attribute__((destructor)) static void log_d2d(void) {
+  char n[32];
+  snprintf(n, sizeof n, "%llu", (unsigned long long)atomic_load(&d2d_bytes));
+  log_line("d2d", n);
+}
+
 EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *sp) {
   int rc = resolve_copy(dst, src, n, kind, &dst, &src);
   if (rc != OK) return rc;
+  if (kind == KIND_D2D) atomic_fetch_add(&d2d_bytes, n);
   int pageable = kind == KIND_H2D && !is_pinned(src, n);
   return enqueue_copy(sp != NULL ? sp : &legacy, dst, src, n, pageable);
 }
@@ -529,6 +552,7 @@ EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void 
 EXPORT int cudaMemcpy(void *dst, const void *src, size_t n, int kind) {
   int rc = resolve_copy(dst, src, n, kind, &dst, &src);
   if (rc != OK) return rc;
+  if (kind == KIND_D2D) atomic_fetch_add(&d2d_bytes, n);
   if (kind == KIND_H2D && !is_pinned(src, n))
     return enqueue_copy(&legacy, dst, src, n, 1); /* returns before it lands */
   drain(&legacy); /* ordered after earlier work of the default stream */
@@ -573,15 +597,7 @@ EXPORT int cudaIpcOpenMemHandle(void **ptr, ipc_handle h, unsigned flags) {
   memcpy(a->name, h.bytes + 8, sizeof a->name - 1);
   a->opened = 1;
   int rc = track(a, 0, ptr);
-  const char *log = getenv("WTX_FAKE_CUDA_IPC_LOG");
-  if (rc == OK && log != NULL && log[0] != '\0') {
-    /* One write of one line with O_APPEND: lines of processes never mix. */
-    char line[128];
-    int n = snprintf(line, sizeof line, "%d %s\n", (int)getpid(), a->name);
-    int fd = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-    if (fd >= 0 && n > 0 && write(fd, line, (size_t)n) < 0) n = 0;
-    if (fd >= 0) close(fd);
-  }
+  if (rc == OK) log_line("open", a->name);
   return rc;
 }
 

@@ -183,12 +183,15 @@ typedef struct wtx_trainer_config {
   /* tcp: where the trainer's data port listens ("host:port"; NULL:
    * 127.0.0.1:0). Copied. */
   const char *data_address;
-  /* cuda_ipc: 1 writes every update straight into each worker's GPU memory
-   * (a receive region the size of the source's tensors, which every worker
-   * then holds on its GPU for the session): one copy per byte per worker
-   * instead of the trainer's buffer and the worker's copy out of it. Where
-   * a worker cannot (no GPU memory for it), the session uses the buffers.
-   * Other backends ignore it. */
+  /* 1: direct receive. Every worker holds a receive region the size of the
+   * source's tensors on its GPU for the session, and a model that adopts
+   * device memory (wtx_model_ops.adopt_device) reads its tensors there:
+   * cuda_ipc writes every update straight into each region (one copy per
+   * byte per worker instead of the trainer's buffer and the worker's copy
+   * out of it; where a worker has no room, the session uses the buffers,
+   * and wtx_send_result.direct says which); nccl workers broadcast into
+   * their region (one without room uses its buffer; the trainer cannot
+   * tell, and the result's direct stays 0). shm and tcp ignore it. */
   int direct;
 } wtx_trainer_config;
 
@@ -228,8 +231,9 @@ typedef struct wtx_send_result {
   /* XXH3-64 of every parameter sent, in metadata order (checksum XXH3_64
    * sessions, else NULL); owned by the trainer until the next send. */
   const uint64_t *xxh3;
-  /* 1: the bytes went straight into every worker's memory
-   * (wtx_trainer_config.direct took effect); 0: through buffers. */
+  /* 1: cuda_ipc wrote the bytes straight into every worker's memory
+   * (wtx_trainer_config.direct took effect); 0: through buffers (and
+   * always 0 on the other backends). */
   int direct;
 } wtx_send_result;
 

@@ -77,13 +77,14 @@ typedef struct wtx_model_ops {
    * stage (host memory) for every backend. */
   int (*stage_device)(void *model, const wtx_tensor_meta *meta, int device, void **dst);
   /* Optional, in place of staging, for a model that lives on a GPU: when
-   * the trainer writes straight into the worker's GPU memory (cuda_ipc
-   * with wtx_trainer_config.direct), the tensor's bytes are received at
-   * src, device memory on CUDA device `device` that the worker owns: they
-   * are there, verified, once loaded is called for the tensor, and stay
-   * until commit or abort returns. The model reads them (never writes) and
-   * must have copied what it keeps by the time commit returns. One copy per
-   * byte in all: the trainer's. NULL: stage_device or stage. */
+   * the bytes land straight in the worker's receive region (cuda_ipc or
+   * nccl with wtx_trainer_config.direct), the tensor is received at src,
+   * device memory on CUDA device `device` that the worker owns: its bytes
+   * are there, verified, once loaded is called for it, and stay until
+   * commit or abort returns. The model reads them (never writes) and must
+   * have copied what it keeps by the time commit returns. One copy per
+   * byte in all: the trainer's (cuda_ipc) or the broadcast (nccl). NULL:
+   * stage_device or stage. */
   int (*adopt_device)(void *model, const wtx_tensor_meta *meta, int device,
                       const void *src);
 } wtx_model_ops;

@@ -739,10 +739,28 @@ INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, GpuModelTest,
 // push still lands.
 class DirectTest : public GpuModelTest {};
 
+// What the double logged (WTX_FAKE_CUDA_LOG): per pid, the allocations it
+// opened through IPC handles (name -> times) and the bytes it copied device
+// to device (logged at its exit).
+struct CudaLog {
+  std::map<std::string, std::map<std::string, int>> opens;
+  std::map<std::string, uint64_t> d2d;
+  explicit CudaLog(const std::string &path) {
+    std::ifstream f(path);
+    for (std::string pid, what, detail; f >> pid >> what >> detail;) {
+      if (what == "open") opens[pid][detail]++;
+      if (what == "d2d") d2d[pid] += std::stoull(detail);
+    }
+  }
+};
+
 TEST_P(DirectTest, EveryWorkerReceivesInItsRegionOrTheSessionUsesTheBuffers) {
   direct_ = 1;
   DeviceModel model;
+  std::string log = dir_ + "/cuda.log";
+  setenv("WTX_FAKE_CUDA_LOG", log.c_str(), 1);
   std::vector<Worker> ws = {Spawn({"--in-place-only"}), Spawn({"--in-place-only"})};
+  unsetenv("WTX_FAKE_CUDA_LOG");
   wtx_client *c = Client(ws);
   wtx_source *src = nullptr;
   ASSERT_EQ(0, wtx_source_create(&kDeviceModel, &model, &src));
@@ -754,6 +772,14 @@ TEST_P(DirectTest, EveryWorkerReceivesInItsRegionOrTheSessionUsesTheBuffers) {
   }
   unsetenv("WTX_FAKE_CUDA_LAG_MS");
   wtx_client_destroy(c);
+  // The trainer's copy was the only one: the workers copied nothing.
+  for (Worker &w : ws) {
+    std::string pid = std::to_string(w.pid);
+    Stop(w);
+    CudaLog after(log);
+    ASSERT_EQ(1u, after.d2d.count(pid)) << "worker " << pid << " logged no exit";
+    EXPECT_EQ(0u, after.d2d[pid]) << "worker " << pid << " copied device to device";
+  }
   // The store stages on the host, out of the region.
   worker_binary_ = "server/wtx-worker";
   std::vector<Worker> hs = {Spawn()};
@@ -775,13 +801,56 @@ TEST_P(DirectTest, EveryWorkerReceivesInItsRegionOrTheSessionUsesTheBuffers) {
   wtx_source_destroy(src);
 }
 
+// nccl direct receive: each worker broadcasts into its receive region at
+// the chunk's stream offset, and a model that adopts it copies nothing (an
+// in-place-only worker refuses any other staging), twice in a row; a worker
+// without room for a region (wtx-worker on a 3 MiB device here) receives
+// into its buffer, and the push still lands.
+class NcclDirectTest : public GpuModelTest {};
+
+TEST_P(NcclDirectTest, EachWorkerBroadcastsIntoItsRegionOrItsBuffer) {
+  direct_ = 1;
+  DeviceModel model;
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_create(&kDeviceModel, &model, &src));
+  std::string err, log = dir_ + "/cuda.log";
+  setenv("WTX_FAKE_CUDA_LOG", log.c_str(), 1);
+  std::vector<Worker> ws = {Spawn({"--in-place-only"}), Spawn({"--in-place-only"})};
+  unsetenv("WTX_FAKE_CUDA_LOG");
+  wtx_client *c = Client(ws);
+  for (const char *v : {"direct-1", "direct-2"})
+    ASSERT_EQ(0, Push(c, src, v, 1 << 20, 2, 20000, &err)) << v << ": " << err;
+  EXPECT_EQ(0, last_direct_);  // the trainer cannot tell on nccl
+  wtx_client_destroy(c);
+  // The broadcast landed where the model reads: no copy after it.
+  for (Worker &w : ws) {
+    std::string pid = std::to_string(w.pid);
+    Stop(w);
+    CudaLog after(log);
+    ASSERT_EQ(1u, after.d2d.count(pid)) << "worker " << pid << " logged no exit";
+    EXPECT_EQ(0u, after.d2d[pid]) << "worker " << pid << " copied device to device";
+  }
+  worker_binary_ = "server/wtx-worker";
+  setenv("WTX_FAKE_CUDA_MEMORY", "3145728", 1);
+  Worker small = Spawn();
+  unsetenv("WTX_FAKE_CUDA_MEMORY");
+  worker_binary_ = "tests/client/gpu_model_worker";
+  c = Client({Spawn(), small});
+  ASSERT_EQ(0, Push(c, src, "fallback", 1 << 20, 2, 20000, &err)) << err;
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, NcclDirectTest, ::testing::Values("nccl"),
+                         [](const auto &info) { return std::string(info.param); });
+
 // The GPU goal's "at most one handle opened per buffer per session": over
 // three sessions of several chunks each through two buffers, then two
 // direct ones, every process opens each allocation once (the double logs
 // every open): a worker each trainer buffer, a trainer each worker region.
 TEST_P(DirectTest, EachBufferAndRegionIsOpenedOncePerSession) {
-  std::string log = dir_ + "/ipc-opens.log";
-  setenv("WTX_FAKE_CUDA_IPC_LOG", log.c_str(), 1);
+  std::string log = dir_ + "/cuda.log";
+  setenv("WTX_FAKE_CUDA_LOG", log.c_str(), 1);
   std::vector<Worker> ws = {Spawn(), Spawn()};
   wtx_client *c = Client(ws);
   wtx_source *src = nullptr;
@@ -794,19 +863,16 @@ TEST_P(DirectTest, EachBufferAndRegionIsOpenedOncePerSession) {
     ASSERT_EQ(0, Push(c, src, v.c_str(), 1 << 20, 2, 20000, &err)) << err;
     EXPECT_EQ(direct, last_direct_) << v;
   }
-  unsetenv("WTX_FAKE_CUDA_IPC_LOG");
-  std::map<std::string, int> opens;  // "pid allocation" -> times opened
-  std::map<std::string, int> per_pid;
-  std::ifstream f(log);
-  for (std::string pid, name; f >> pid >> name;) {
-    opens[pid + " " + name]++;
-    per_pid[pid]++;
-  }
-  for (const auto &[key, n] : opens) EXPECT_EQ(1, n) << key << " opened " << n << " times";
-  std::string me = std::to_string(getpid());
-  EXPECT_EQ(4, per_pid[me]);  // two direct sessions x two worker regions
-  for (const Worker &w : ws)  // three buffered sessions x two buffers
-    EXPECT_EQ(6, per_pid[std::to_string(w.pid)]) << "worker " << w.pid;
+  unsetenv("WTX_FAKE_CUDA_LOG");
+  CudaLog got(log);
+  for (const auto &[pid, names] : got.opens)
+    for (const auto &[name, n] : names)
+      EXPECT_EQ(1, n) << pid << " " << name << " opened " << n << " times";
+  // Two direct sessions x two worker regions; three buffered sessions x
+  // two buffers per worker.
+  EXPECT_EQ(4u, got.opens[std::to_string(getpid())].size());
+  for (const Worker &w : ws)
+    EXPECT_EQ(6u, got.opens[std::to_string(w.pid)].size()) << "worker " << w.pid;
   wtx_client_destroy(c);
   wtx_source_destroy(src);
 }
