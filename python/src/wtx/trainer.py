@@ -37,10 +37,10 @@ class WtxTrainerInitInfo:
     GPU), "none" or "xxh3_64". buffer_size / num_buffers: 0 for the
     defaults. timeout_ms: bound on every step (0: the default).
     data_address: tcp, where the trainer's data port listens. direct:
-    cuda_ipc, write every update straight into each worker's GPU memory
-    (one copy per byte; each worker then holds a region the model's size,
-    and the session uses buffers where one cannot); ``send_weights()``
-    says whether it took effect."""
+    cuda_ipc and nccl, every update lands straight in a region the model's
+    size that each worker holds on its GPU (one copy per byte for a worker
+    whose model adopts it; buffers where a worker has no room); on
+    cuda_ipc ``send_weights()["direct"]`` says whether it took effect."""
 
     backend: ClassVar[str] = "wtx"
 
