@@ -729,16 +729,6 @@ INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, GpuModelTest,
                          ::testing::Values("nccl", "cuda_ipc"),
                          [](const auto &info) { return std::string(info.param); });
 
-// cuda_ipc direct receive: the trainer writes every chunk straight into each
-// worker's receive region. A model that adopts its tensors there
-// (gpu_model_worker --in-place-only refuses any other staging) gets every
-// byte with the trainer's copy the only one, twice in a row, from device and
-// host tensors; wtx-worker's store (host staging) copies out of its region;
-// and when one worker has no room for a region (the double's device holds
-// 3 MiB there, the model 3.4), the whole session uses the buffers and the
-// push still lands.
-class DirectTest : public GpuModelTest {};
-
 // What the double logged (WTX_FAKE_CUDA_LOG): per pid, the allocations it
 // opened through IPC handles (name -> times) and the bytes it copied device
 // to device (logged at its exit).
@@ -754,42 +744,59 @@ struct CudaLog {
   }
 };
 
-TEST_P(DirectTest, EveryWorkerReceivesInItsRegionOrTheSessionUsesTheBuffers) {
+// Direct receive: every chunk lands straight in each worker's receive
+// region (cuda_ipc: the trainer writes it there; nccl: the broadcast does).
+// A model that adopts its tensors there (gpu_model_worker --in-place-only
+// refuses any other staging) gets every byte, twice in a row, from device
+// and host tensors, and copies nothing itself (the double counts each
+// process's device-to-device bytes); wtx-worker's store (host staging)
+// copies out of its region; and beside a worker with no room for a region
+// (the double's device holds 3 MiB there, the model 3.4) the push still
+// lands: cuda_ipc's whole session uses its buffers, nccl's worker its own.
+class DirectTest : public GpuModelTest {
+ protected:
+  // Stops ws and expects that none of them copied a byte device to device.
+  static void ExpectNoDeviceCopies(std::vector<Worker> &ws, const std::string &log) {
+    for (Worker &w : ws) {
+      std::string pid = std::to_string(w.pid);
+      Stop(w);
+      CudaLog after(log);
+      ASSERT_EQ(1u, after.d2d.count(pid)) << "worker " << pid << " logged no exit";
+      EXPECT_EQ(0u, after.d2d[pid]) << "worker " << pid << " copied device to device";
+    }
+  }
+};
+
+TEST_P(DirectTest, EveryChunkLandsInTheRegionsOrInBuffersWhereThereIsNoRoom) {
+  bool ipc = std::string(GetParam()) == "cuda_ipc";  // nccl's trainer cannot tell
   direct_ = 1;
   DeviceModel model;
-  std::string log = dir_ + "/cuda.log";
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_create(&kDeviceModel, &model, &src));
+  std::string err, log = dir_ + "/cuda.log";
   setenv("WTX_FAKE_CUDA_LOG", log.c_str(), 1);
   std::vector<Worker> ws = {Spawn({"--in-place-only"}), Spawn({"--in-place-only"})};
   unsetenv("WTX_FAKE_CUDA_LOG");
   wtx_client *c = Client(ws);
-  wtx_source *src = nullptr;
-  ASSERT_EQ(0, wtx_source_create(&kDeviceModel, &model, &src));
-  std::string err;
   setenv("WTX_FAKE_CUDA_LAG_MS", "20", 1);
   for (const char *v : {"direct-1", "direct-2"}) {
     ASSERT_EQ(0, Push(c, src, v, 1 << 20, 2, 20000, &err)) << v << ": " << err;
-    EXPECT_EQ(1, last_direct_) << v;
+    EXPECT_EQ(ipc ? 1 : 0, last_direct_) << v;
   }
   unsetenv("WTX_FAKE_CUDA_LAG_MS");
   wtx_client_destroy(c);
-  // The trainer's copy was the only one: the workers copied nothing.
-  for (Worker &w : ws) {
-    std::string pid = std::to_string(w.pid);
-    Stop(w);
-    CudaLog after(log);
-    ASSERT_EQ(1u, after.d2d.count(pid)) << "worker " << pid << " logged no exit";
-    EXPECT_EQ(0u, after.d2d[pid]) << "worker " << pid << " copied device to device";
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectNoDeviceCopies(ws, log));
   // The store stages on the host, out of the region.
   worker_binary_ = "server/wtx-worker";
   std::vector<Worker> hs = {Spawn()};
   c = Client(hs);
   std::vector<uint64_t> sums;
   PushAndVerify(c, hs, src, "store", &sums);
-  EXPECT_EQ(1, last_direct_);
+  EXPECT_EQ(ipc ? 1 : 0, last_direct_);
   wtx_client_destroy(c);
-  // One worker without room: buffers for both (the in-place-only worker
-  // would refuse them, so the GPU model is the plain one here).
+  // One worker without room, beside a GPU model (the plain one: on
+  // cuda_ipc the session falls back to buffers, which the in-place-only
+  // one would refuse).
   setenv("WTX_FAKE_CUDA_MEMORY", "3145728", 1);
   Worker small = Spawn();
   unsetenv("WTX_FAKE_CUDA_MEMORY");
@@ -801,54 +808,17 @@ TEST_P(DirectTest, EveryWorkerReceivesInItsRegionOrTheSessionUsesTheBuffers) {
   wtx_source_destroy(src);
 }
 
-// nccl direct receive: each worker broadcasts into its receive region at
-// the chunk's stream offset, and a model that adopts it copies nothing (an
-// in-place-only worker refuses any other staging), twice in a row; a worker
-// without room for a region (wtx-worker on a 3 MiB device here) receives
-// into its buffer, and the push still lands.
-class NcclDirectTest : public GpuModelTest {};
-
-TEST_P(NcclDirectTest, EachWorkerBroadcastsIntoItsRegionOrItsBuffer) {
-  direct_ = 1;
-  DeviceModel model;
-  wtx_source *src = nullptr;
-  ASSERT_EQ(0, wtx_source_create(&kDeviceModel, &model, &src));
-  std::string err, log = dir_ + "/cuda.log";
-  setenv("WTX_FAKE_CUDA_LOG", log.c_str(), 1);
-  std::vector<Worker> ws = {Spawn({"--in-place-only"}), Spawn({"--in-place-only"})};
-  unsetenv("WTX_FAKE_CUDA_LOG");
-  wtx_client *c = Client(ws);
-  for (const char *v : {"direct-1", "direct-2"})
-    ASSERT_EQ(0, Push(c, src, v, 1 << 20, 2, 20000, &err)) << v << ": " << err;
-  EXPECT_EQ(0, last_direct_);  // the trainer cannot tell on nccl
-  wtx_client_destroy(c);
-  // The broadcast landed where the model reads: no copy after it.
-  for (Worker &w : ws) {
-    std::string pid = std::to_string(w.pid);
-    Stop(w);
-    CudaLog after(log);
-    ASSERT_EQ(1u, after.d2d.count(pid)) << "worker " << pid << " logged no exit";
-    EXPECT_EQ(0u, after.d2d[pid]) << "worker " << pid << " copied device to device";
-  }
-  worker_binary_ = "server/wtx-worker";
-  setenv("WTX_FAKE_CUDA_MEMORY", "3145728", 1);
-  Worker small = Spawn();
-  unsetenv("WTX_FAKE_CUDA_MEMORY");
-  worker_binary_ = "tests/client/gpu_model_worker";
-  c = Client({Spawn(), small});
-  ASSERT_EQ(0, Push(c, src, "fallback", 1 << 20, 2, 20000, &err)) << err;
-  wtx_client_destroy(c);
-  wtx_source_destroy(src);
-}
-
-INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, NcclDirectTest, ::testing::Values("nccl"),
+INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, DirectTest,
+                         ::testing::Values("cuda_ipc", "nccl"),
                          [](const auto &info) { return std::string(info.param); });
 
 // The GPU goal's "at most one handle opened per buffer per session": over
 // three sessions of several chunks each through two buffers, then two
 // direct ones, every process opens each allocation once (the double logs
 // every open): a worker each trainer buffer, a trainer each worker region.
-TEST_P(DirectTest, EachBufferAndRegionIsOpenedOncePerSession) {
+class IpcOpensTest : public GpuModelTest {};
+
+TEST_P(IpcOpensTest, EachBufferAndRegionIsOpenedOncePerSession) {
   std::string log = dir_ + "/cuda.log";
   setenv("WTX_FAKE_CUDA_LOG", log.c_str(), 1);
   std::vector<Worker> ws = {Spawn(), Spawn()};
@@ -877,7 +847,7 @@ TEST_P(DirectTest, EachBufferAndRegionIsOpenedOncePerSession) {
   wtx_source_destroy(src);
 }
 
-INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, DirectTest, ::testing::Values("cuda_ipc"),
+INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, IpcOpensTest, ::testing::Values("cuda_ipc"),
                          [](const auto &info) { return std::string(info.param); });
 
 // Every process of this test (workers inherit the environment) loads the
