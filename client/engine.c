@@ -112,17 +112,6 @@ static int init_collective(wtx_trainer *t, size_t n) {
   return rc;
 }
 
-/* The bytes of one update's stream: every tensor the source lists. */
-static int stream_bytes(wtx_trainer *t) {
-  const wtx_tensor_meta *metas;
-  size_t n;
-  int rc = wtx_source_metadata(t->source, &metas, &n);
-  if (rc != 0) return fail(t, rc, "source: no metadata");
-  t->args.stream_bytes = 0;
-  for (size_t i = 0; i < n; i++) t->args.stream_bytes += metas[i].nbytes;
-  return 0;
-}
-
 /* Creates the trainer half and initializes every replica. */
 static int rendezvous(wtx_trainer *t) {
   if (t->self != NULL) t->tt->destroy(t->self);
@@ -131,8 +120,9 @@ static int rendezvous(wtx_trainer *t) {
   size_t n = wtx_client_size(t->client);
   t->args.n_workers = n;
   char err[600] = "";
-  int rc = t->args.direct ? stream_bytes(t) : 0;
-  if (rc != 0) return rc;
+  /* Direct receive: every worker's region holds one update's stream. */
+  int rc = t->args.direct ? wtx_source_total_bytes(t->source, &t->args.stream_bytes) : 0;
+  if (rc != 0) return fail(t, rc, "source: no metadata");
   rc = t->tt->create(&t->args, &t->self, err, sizeof err);
   if (rc != 0) return fail(t, rc, "%s", err);
   char **addrs = calloc(n, sizeof *addrs);
