@@ -39,9 +39,11 @@
 /* What a worker answers as data_address for its receive region. */
 #define DIRECT_PREFIX "cuda-ipc-direct:"
 
-static void uuid_str(const uint8_t *u, size_t len, char *out, size_t outlen) {
+/* Bytes u as hex into out (2 digits a byte, as many as fit with the NUL;
+ * "(none)" for none). */
+static void hex_str(const uint8_t *u, size_t len, char *out, size_t outlen) {
   size_t o = 0;
-  for (size_t i = 0; i < len && o + 3 < outlen; i++)
+  for (size_t i = 0; i < len && o + 2 < outlen; i++)
     o += (size_t)snprintf(out + o, outlen - o, "%02x", u[i]);
   if (len == 0) snprintf(out, outlen, "(none)");
 }
@@ -136,9 +138,9 @@ static int ipc_worker_connect(void *self, char *data_address, size_t addrlen, ch
             (unsigned long long)w->direct_bytes, w->cuda->GetErrorString(e));
     return 0;
   }
-  char uuid[40], handle[2 * sizeof h + 2];
-  uuid_str(w->uuid, sizeof w->uuid, uuid, sizeof uuid);
-  uuid_str((const uint8_t *)&h, sizeof h, handle, sizeof handle);
+  char uuid[40], handle[2 * sizeof h + 1];
+  hex_str(w->uuid, sizeof w->uuid, uuid, sizeof uuid);
+  hex_str((const uint8_t *)&h, sizeof h, handle, sizeof handle);
   snprintf(data_address, addrlen, DIRECT_PREFIX "%s:%s:%llu", uuid, handle,
            (unsigned long long)w->direct_bytes);
   return 0;
@@ -186,12 +188,12 @@ static int receive_buffer(ipc_worker *w, const Wtx__V1__CudaIpcUpdateInfo *u, wt
       b = x;
     } else if (o + 40 < sizeof offered) {
       char s[40];
-      uuid_str(x->gpu_uuid.data, x->gpu_uuid.len, s, sizeof s);
+      hex_str(x->gpu_uuid.data, x->gpu_uuid.len, s, sizeof s);
       o += (size_t)snprintf(offered + o, sizeof offered - o, "%s%s", o ? ", " : "", s);
     }
   }
   char mine[40];
-  uuid_str(w->uuid, 16, mine, sizeof mine);
+  hex_str(w->uuid, 16, mine, sizeof mine);
   if (b == NULL) {
     wtx_rx_errorf(rx, "update_info.cuda_ipc.buffers: none for this worker's GPU "
                   "%s (device %d); offered: %s", mine, w->device,
