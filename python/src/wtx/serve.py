@@ -13,6 +13,7 @@ aborted update leaves the module's weights unchanged.
 from __future__ import annotations
 
 import ctypes as C
+import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -196,7 +197,6 @@ class Server:
 def _cuda_index(module: Any) -> int | None:
     """The CUDA device the module's first parameter (or buffer) is on, or
     None (CPU, or nothing to look at)."""
-    import itertools
     for t in itertools.chain(module.parameters(), module.buffers()):
         if not t.is_cuda:
             return None
