@@ -42,6 +42,7 @@ typedef struct gpu_model {
   const wtx_cuda *cuda;
   staged *t;
   size_t n, cap;
+  size_t loaded; /* tensors loaded so far: the session loads in staging order */
   int device;
   int no_check;
   int in_place_only;
@@ -55,7 +56,7 @@ static void drop_staged(gpu_model *m) {
     free((char *)m->t[i].meta.name);
   }
   wtx__cuda_leave(m->cuda, prev);
-  m->n = 0;
+  m->n = m->loaded = 0;
 }
 
 static int m_begin(void *model, wtx_target target) {
@@ -119,15 +120,18 @@ static int m_stage_device(void *model, const wtx_tensor_meta *meta, int device, 
   return 0;
 }
 
+/* The session loads tensors in the order it staged them: the next one, by
+ * name (a tensor loaded out of that order is an error here). */
 static int m_loaded(void *model, const wtx_tensor_meta *meta, const uint64_t *xxh3) {
   gpu_model *m = model;
-  for (size_t i = m->n; i-- > 0;)
-    if (strcmp(m->t[i].meta.name, meta->name) == 0) {
-      m->t[i].has_xxh3 = xxh3 != NULL;
-      m->t[i].xxh3 = xxh3 != NULL ? *xxh3 : 0;
-      return 0;
-    }
-  return WTX_ENOENT;
+  if (m->loaded >= m->n || strcmp(m->t[m->loaded].meta.name, meta->name) != 0) {
+    fprintf(stderr, "gpu_model_worker: '%s' loaded out of staging order\n", meta->name);
+    return WTX_ENOENT;
+  }
+  staged *s = &m->t[m->loaded++];
+  s->has_xxh3 = xxh3 != NULL;
+  s->xxh3 = xxh3 != NULL ? *xxh3 : 0;
+  return 0;
 }
 
 /* Whether staged tensor s holds, on the device, the bytes the session
