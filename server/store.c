@@ -218,7 +218,11 @@ typedef struct snapshot {
   size_t n, cap; /* cap: entries e and view have room for */
   layout *lay; /* names of e, and their index */
   uint64_t total;
-  wtx_store_param *view; /* built for readers */
+  /* For readers, built by the first wtx_store_acquire (under the store's
+   * lock): a publish nobody reads (most RL steps, when only the model
+   * serves) pays nothing for it. */
+  wtx_store_param *view;
+  int viewed;
 } snapshot;
 
 /* Arrays for a snapshot of up to n entries: the spare ones when they are
@@ -239,6 +243,15 @@ static int arrays_take(pool *p, size_t n, snapshot *snap) {
   snap->e = malloc(n * sizeof *snap->e);
   snap->view = malloc(n * sizeof *snap->view);
   return snap->e != NULL && snap->view != NULL ? 0 : WTX_ENOMEM;
+}
+
+/* snap's reader view, built on first use (into the array arrays_take
+ * allocated, so it cannot fail). Caller holds the store's mu. */
+static void snapshot_view(snapshot *snap) {
+  for (size_t i = 0; !snap->viewed && i < snap->n; i++)
+    snap->view[i] = (wtx_store_param){snap->e[i].meta, snap->e[i].b->data,
+                                      snap->e[i].xxh3, snap->e[i].has_xxh3};
+  snap->viewed = 1;
 }
 
 /* Keeps s's arrays as the spare when they are the larger. */
@@ -553,9 +566,6 @@ static int snapshot_build(pool *p, const snapshot *old, const entry *st, size_t 
     int adopt = n_old == 0 && ix != NULL; /* snap->e is st, in st's order */
     rc = layout_build(snap->e, snap->n, adopt ? stix : NULL, &snap->lay);
   }
-  for (size_t i = 0; rc == 0 && i < snap->n; i++)
-    snap->view[i] = (wtx_store_param){snap->e[i].meta, snap->e[i].b->data,
-                                      snap->e[i].xxh3, snap->e[i].has_xxh3};
   if (rc != 0) goto fail;
   free(used);
   *out = snap;
@@ -671,6 +681,7 @@ int wtx_store_acquire(wtx_store *s, wtx_target target, wtx_store_view *out) {
   pthread_mutex_lock(&s->mu);
   snapshot *snap = PUB(s, target);
   if (snap != NULL) {
+    snapshot_view(snap);
     atomic_fetch_add(&snap->refs, 1);
     out->version = snap->version;
     out->generation = snap->generation;
