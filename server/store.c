@@ -19,6 +19,7 @@
 
 #include "common/hash.h"
 #include "common/strmap.h"
+#include "server/store.h"
 #include "wtx/worker.h"
 
 /* The published versions, by target. */
@@ -40,33 +41,76 @@ typedef struct size_class {
   UT_hash_handle hh;
   uint64_t len;
   blob *free;
+  size_t n; /* buffers in free */
 } size_class;
 
 struct entry;
 
 /* Free buffers kept for reuse, at most cap bytes; and the arrays of one
  * unreferenced snapshot, which the next one reuses (megabytes at 40k
- * tensors: fresh ones would cost a page fault per page every publish). */
+ * tensors: fresh ones would cost a page fault per page every publish).
+ *
+ * Staging takes buffers without the lock: the first tensor of a length an
+ * update stages moves that length's whole free list into `mine`, which
+ * only the staging side touches (the session calls the model ops one at a
+ * time), and what is left goes back when staging ends. An update of 40k
+ * tensors then locks once per length, not once per tensor. */
 struct pool {
   pthread_mutex_t mu;
   size_class *classes; /* by len; kept (empty) until the store goes */
-  uint64_t bytes, cap;
+  /* bytes: in classes' lists; held: moved to mine since staging began
+   * (counted against cap until it ends, used or not). Both under mu. */
+  uint64_t bytes, held, cap;
+  size_class *mine, *last; /* staging side only; last: the length staged last */
   struct entry *spare_e;
   wtx_store_param *spare_view;
   size_t spare_cap;
 };
 
-static blob *blob_new(pool *p, uint64_t len) {
+/* The class of length len in *table, made on first use; NULL when out of
+ * memory. */
+static size_class *class_in(size_class **table, uint64_t len) {
+  size_class *c = NULL;
+  HASH_FIND(hh, *table, &len, sizeof len, c);
+  if (c != NULL || (c = calloc(1, sizeof *c)) == NULL) return c;
+  c->len = len;
+  int nomem = 0;
+  HASH_ADD(hh, *table, len, sizeof c->len, c);
+  if (nomem) {
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
+/* Staging's free buffers of length len, refilled from the shared pool when
+ * empty; NULL when out of memory. */
+static size_class *mine_of(pool *p, uint64_t len) {
+  size_class *m = p->last != NULL && p->last->len == len ? p->last : class_in(&p->mine, len);
+  if (m == NULL || m->free != NULL) return p->last = m;
   pthread_mutex_lock(&p->mu);
   size_class *c = NULL;
   HASH_FIND(hh, p->classes, &len, sizeof len, c);
-  blob *b = c != NULL ? c->free : NULL;
-  if (b != NULL) {
-    c->free = b->next;
-    p->bytes -= len;
+  if (c != NULL && c->free != NULL) {
+    m->free = c->free;
+    m->n = c->n;
+    c->free = NULL;
+    c->n = 0;
+    p->bytes -= m->n * len;
+    p->held += m->n * len;
   }
   pthread_mutex_unlock(&p->mu);
-  if (b == NULL) {
+  return p->last = m;
+}
+
+/* A buffer of len bytes for staging, with one reference. */
+static blob *blob_new(pool *p, uint64_t len) {
+  size_class *m = mine_of(p, len);
+  blob *b = m != NULL ? m->free : NULL;
+  if (b != NULL) {
+    m->free = b->next;
+    m->n--;
+  } else {
     b = malloc(sizeof *b + (len ? len : 1));
     if (b == NULL) return NULL;
     b->len = len;
@@ -77,52 +121,78 @@ static blob *blob_new(pool *p, uint64_t len) {
   return b;
 }
 
-/* The class of b's length, made on first use; NULL when out of memory.
- * Caller holds p->mu. */
-static size_class *class_of(pool *p, const blob *b) {
-  size_class *c = NULL;
-  HASH_FIND(hh, p->classes, &b->len, sizeof b->len, c);
-  if (c != NULL || (c = calloc(1, sizeof *c)) == NULL) return c;
-  c->len = b->len;
-  int nomem = 0;
-  HASH_ADD(hh, p->classes, len, sizeof c->len, c);
-  if (nomem) {
-    free(c);
-    return NULL;
+/* Puts unreferenced b in the pool, or in *drop when the pool is full; *c
+ * caches the class of the length put last. Caller holds p->mu. */
+static void pool_put(pool *p, blob *b, size_class **c, blob **drop) {
+  int keep = p->bytes + p->held + b->len <= p->cap;
+  if (keep && (*c == NULL || (*c)->len != b->len)) *c = class_in(&p->classes, b->len);
+  if (keep && *c != NULL) {
+    b->next = (*c)->free;
+    (*c)->free = b;
+    (*c)->n++;
+    p->bytes += b->len;
+  } else {
+    b->next = *drop;
+    *drop = b;
   }
-  return c;
+}
+
+static void blobs_free(blob *b) {
+  while (b != NULL) {
+    blob *next = b->next;
+    free(b);
+    b = next;
+  }
 }
 
 static void blob_unref(blob *b) {
   if (b == NULL || atomic_fetch_sub(&b->refs, 1) != 1) return;
   pool *p = b->pool;
+  size_class *c = NULL;
+  blob *drop = NULL;
   pthread_mutex_lock(&p->mu);
-  size_class *c = p->bytes + b->len <= p->cap ? class_of(p, b) : NULL;
-  if (c != NULL) {
-    b->next = c->free;
-    c->free = b;
-    p->bytes += b->len;
+  pool_put(p, b, &c, &drop);
+  pthread_mutex_unlock(&p->mu);
+  blobs_free(drop);
+}
+
+/* Staging ended: what it took and did not use goes back to the shared
+ * pool. */
+static void mine_return(pool *p) {
+  size_class *m, *tmp, *c = NULL;
+  blob *drop = NULL;
+  pthread_mutex_lock(&p->mu);
+  p->held = 0;
+  HASH_ITER(hh, p->mine, m, tmp) {
+    while (m->free != NULL) {
+      blob *b = m->free;
+      m->free = b->next;
+      pool_put(p, b, &c, &drop);
+    }
+    m->n = 0;
   }
   pthread_mutex_unlock(&p->mu);
-  if (c == NULL) free(b);
+  blobs_free(drop);
 }
 
 /* Releases the n blobs of e: those no longer referenced go back to the
  * pool under one lock (a snapshot of 40k tensors is released at once). */
 static void blobs_unref(pool *p, const struct entry *e, size_t n);
 
-static void pool_drain(pool *p) {
+static void classes_drain(size_class **table) {
   size_class *c, *tmp;
-  HASH_ITER(hh, p->classes, c, tmp) {
-    while (c->free != NULL) {
-      blob *b = c->free;
-      c->free = b->next;
-      free(b);
-    }
-    HASH_DEL(p->classes, c);
+  HASH_ITER(hh, *table, c, tmp) {
+    blobs_free(c->free);
+    HASH_DEL(*table, c);
     free(c);
   }
-  p->bytes = 0;
+}
+
+static void pool_drain(pool *p) {
+  classes_drain(&p->classes);
+  classes_drain(&p->mine);
+  p->last = NULL;
+  p->bytes = p->held = 0;
   free(p->spare_e);
   free(p->spare_view);
   p->spare_e = NULL;
@@ -147,25 +217,15 @@ static void blobs_unref(pool *p, const entry *e, size_t n) {
     }
   }
   if (dead == NULL) return;
+  size_class *c = NULL;
   pthread_mutex_lock(&p->mu);
   while (dead != NULL) {
     blob *b = dead;
     dead = b->next;
-    size_class *c = p->bytes + b->len <= p->cap ? class_of(p, b) : NULL;
-    b->next = c != NULL ? c->free : drop;
-    if (c != NULL) {
-      c->free = b;
-      p->bytes += b->len;
-    } else {
-      drop = b;
-    }
+    pool_put(p, b, &c, &drop);
   }
   pthread_mutex_unlock(&p->mu);
-  while (drop != NULL) {
-    blob *b = drop;
-    drop = b->next;
-    free(b);
-  }
+  blobs_free(drop);
 }
 
 /* A version's names, in order, and their index (name -> position). Every
@@ -317,6 +377,7 @@ int wtx_store_create(wtx_store **out) {
 /* Ends staging; the array stays for the next update (megabytes at 40k
  * tensors) until the store goes. */
 static void staged_free(wtx_store *s) {
+  mine_return(&s->pool);
   blobs_unref(&s->pool, s->st, s->n_st);
   s->n_st = 0;
   wtx__strmap_destroy(s->st_ix);
@@ -633,8 +694,10 @@ static int store_commit(void *model, const char *version) {
   pthread_mutex_lock(&s->pool.mu);
   if (snap->total > s->pool.cap) s->pool.cap = snap->total;
   pthread_mutex_unlock(&s->pool.mu);
-  snapshot_unref(old);
+  /* Staging's unused buffers go back first (staged_free): until then
+   * they count against the pool's cap, where old's must find room. */
   staged_free(s);
+  snapshot_unref(old);
   s->staging = 0;
   pthread_mutex_unlock(&s->mu);
   return 0;
@@ -718,4 +781,11 @@ int wtx_store_set_version(wtx_store *s, const char *version, char **previous) {
   }
   pthread_mutex_unlock(&s->mu);
   return rc;
+}
+
+uint64_t wtx__store_pooled_bytes(wtx_store *s) {
+  pthread_mutex_lock(&s->pool.mu);
+  uint64_t n = s->pool.bytes;
+  pthread_mutex_unlock(&s->pool.mu);
+  return n;
 }

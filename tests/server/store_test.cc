@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "server/store.h"
 #include "wtx/worker.h"
 
 namespace {
@@ -103,6 +104,26 @@ TEST_F(StoreTest, TheNextUpdateStagesIntoTheBuffersOfTheVersionBeforeLast) {
   wtx_store_acquire(s_, WTX_TARGET_MAIN, &v);
   EXPECT_TRUE(Filled(v.params[0], 5));
   EXPECT_TRUE(Filled(v.params[1], 6));
+  wtx_store_release(s_, &v);
+}
+
+// The pool holds the version before last between updates; an update that
+// stages fewer tensors of a length than the pool holds gives the rest back.
+TEST_F(StoreTest, EachPublishLeavesTheVersionBeforeLastInThePool) {
+  const uint64_t model = (2 << 20) + (1 << 16);
+  for (int v = 1; v <= 5; v++) {
+    Publish(("v" + std::to_string(v)).c_str(),
+            {{"a", 1 << 20, v}, {"b", 1 << 16, v}, {"c", 1 << 20, v}});
+    EXPECT_EQ(v == 1 ? 0 : model, wtx__store_pooled_bytes(s_)) << "after v" << v;
+  }
+  // v6 takes v4's a or c and carries v5's b and c: the pool then has the
+  // other of v4's, v4's b and v5's a.
+  Publish("v6", {{"a", 1 << 20, 6}});
+  EXPECT_EQ(model, wtx__store_pooled_bytes(s_));
+  Publish("v7", {{"a", 1 << 20, 7}, {"b", 1 << 16, 7}, {"c", 1 << 20, 7}});
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  for (size_t i = 0; i < v.n_params; i++) EXPECT_TRUE(Filled(v.params[i], 7)) << i;
   wtx_store_release(s_, &v);
 }
 

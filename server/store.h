@@ -1,0 +1,22 @@
+/* The store's internals that tests observe (its public API is
+ * wtx_store_* in wtx/worker.h). */
+#ifndef WTX_SERVER_STORE_H
+#define WTX_SERVER_STORE_H
+
+#include <stdint.h>
+
+#include "wtx/worker.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bytes of free buffers the store keeps for the next update (its pool:
+ * the version before last, once no reader holds it), not counting those
+ * an update in progress has taken for its staging. */
+uint64_t wtx__store_pooled_bytes(wtx_store *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_SERVER_STORE_H */
