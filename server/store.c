@@ -200,8 +200,12 @@ static void pool_drain(pool *p) {
   p->spare_cap = 0;
 }
 
+/* A tensor of a version or of the staged update: its bytes and their
+ * hash. What it is (name, dtype, shape) is its layout's: entry i of a
+ * snapshot is lay->metas[i]. Entries stay 24 bytes, so the arrays a
+ * publish walks (the staged update, the old version, the new one: 40k
+ * entries each for an MoE model) stay small. */
 typedef struct entry {
-  wtx_tensor_meta meta; /* meta.name: into the owner's layout or index */
   blob *b;
   uint64_t xxh3;
   int has_xxh3;
@@ -228,45 +232,56 @@ static void blobs_unref(pool *p, const entry *e, size_t n) {
   blobs_free(drop);
 }
 
-/* A version's names, in order, and their index (name -> position). Every
- * snapshot with the same names in the same order shares one (every RL step
- * after the first), so publishing copies no name and builds no index. The
- * entries' names point at the index's keys. */
+/* A version's tensors in order (metas, named by the index's keys) and
+ * their index (name -> position). Every snapshot with the same tensors in
+ * the same order shares one (every RL step after the first), so publishing
+ * copies no meta and builds no index. */
 typedef struct layout {
   atomic_int refs;
   wtx__strmap *ix;
+  wtx_tensor_meta *metas;
+  size_t n;
 } layout;
 
-static void layout_unref(layout *l) {
-  if (l == NULL || atomic_fetch_sub(&l->refs, 1) != 1) return;
+static void layout_free(layout *l) {
+  if (l == NULL) return;
   wtx__strmap_destroy(l->ix);
+  free(l->metas);
   free(l);
 }
 
-/* A new layout of e's n names, repointing each e[i].meta.name at its key;
- * or, with adopt (may be NULL; *adopt not NULL), one that takes over the
- * index *adopt, whose keys e's names are and whose values their positions
- * (the first version: what staging indexed), and *adopt becomes NULL.
- * Duplicate names are WTX_EEXIST (callers have refused them before). */
-static int layout_build(entry *e, size_t n, wtx__strmap **adopt, layout **out) {
+static void layout_unref(layout *l) {
+  if (l != NULL && atomic_fetch_sub(&l->refs, 1) == 1) layout_free(l);
+}
+
+/* A new layout of copies of the n metas, each named by its key in a new
+ * index; or, with adopt (may be NULL; *adopt not NULL), one that takes
+ * over the index *adopt, whose keys the metas' names are and whose values
+ * their positions (the first version: what staging indexed), and *adopt
+ * becomes NULL. Duplicate names are WTX_EEXIST (callers have refused them
+ * before). */
+static int layout_build(const wtx_tensor_meta *metas, size_t n, wtx__strmap **adopt,
+                        layout **out) {
   layout *l = calloc(1, sizeof *l);
-  int rc = l != NULL ? 0 : WTX_ENOMEM;
-  if (rc == 0 && adopt != NULL) {
+  int rc = l != NULL && (l->metas = malloc((n ? n : 1) * sizeof *l->metas)) != NULL
+               ? 0 : WTX_ENOMEM;
+  if (rc != 0) goto fail;
+  if (n > 0) memcpy(l->metas, metas, n * sizeof *metas);
+  l->n = n;
+  if (adopt == NULL) rc = wtx__strmap_create(&l->ix);
+  for (size_t i = 0; rc == 0 && adopt == NULL && i < n; i++)
+    rc = wtx__strmap_add(l->ix, l->metas[i].name, i, &l->metas[i].name);
+  if (rc != 0) goto fail;
+  if (adopt != NULL) {
     l->ix = *adopt;
     *adopt = NULL;
-  } else if (rc == 0) {
-    rc = wtx__strmap_create(&l->ix);
-  }
-  for (size_t i = 0; rc == 0 && adopt == NULL && i < n; i++)
-    rc = wtx__strmap_add(l->ix, e[i].meta.name, i, &e[i].meta.name);
-  if (rc != 0) {
-    if (l != NULL) wtx__strmap_destroy(l->ix);
-    free(l);
-    return rc;
   }
   atomic_init(&l->refs, 1);
   *out = l;
   return 0;
+fail:
+  layout_free(l);
+  return rc;
 }
 
 typedef struct snapshot {
@@ -276,7 +291,7 @@ typedef struct snapshot {
   uint64_t generation;
   entry *e;
   size_t n, cap; /* cap: entries e and view have room for */
-  layout *lay; /* names of e, and their index */
+  layout *lay; /* what e's tensors are, and their index */
   uint64_t total;
   /* For readers, built by the first wtx_store_acquire (under the store's
    * lock): a publish nobody reads (most RL steps, when only the model
@@ -309,7 +324,7 @@ static int arrays_take(pool *p, size_t n, snapshot *snap) {
  * allocated, so it cannot fail). Caller holds the store's mu. */
 static void snapshot_view(snapshot *snap) {
   for (size_t i = 0; !snap->viewed && i < snap->n; i++)
-    snap->view[i] = (wtx_store_param){snap->e[i].meta, snap->e[i].b->data,
+    snap->view[i] = (wtx_store_param){snap->lay->metas[i], snap->e[i].b->data,
                                       snap->e[i].xxh3, snap->e[i].has_xxh3};
   snap->viewed = 1;
 }
@@ -344,9 +359,7 @@ struct wtx_store {
   pthread_mutex_t mu;
   pool pool;
   snapshot *pub[2]; /* main, draft */
-  entry *declared; /* names in declared_lay */
-  size_t n_declared;
-  layout *declared_lay;
+  layout *declared; /* NULL: none declared */
   /* staging */
   int staging;
   wtx_target target;
@@ -354,12 +367,15 @@ struct wtx_store {
   entry *st;
   size_t n_st, cap_st;
   /* While the update stages the published version's tensors in its order
-   * (every RL step), each staged name is that version's (base holds a
-   * reference) and no index is built; the first tensor out of that order
-   * builds st_ix, name -> index into st, which then owns the names. */
+   * (every RL step), staged tensor i is that version's tensor i (base
+   * holds a reference), so nothing describes it but base's layout, and no
+   * index is built. The first tensor out of that order builds st_ix, name
+   * -> index into st, and from then on st_meta[i] describes staged tensor
+   * i, named by st_ix's key. */
   snapshot *base;
   int in_order;
   wtx__strmap *st_ix;
+  wtx_tensor_meta *st_meta; /* cap_st of them */
   /* Where the next check and loaded() look first: an update usually names
    * the tensors in the layout's order, so a compare replaces a hash. */
   size_t check_next, loaded_next;
@@ -374,7 +390,7 @@ int wtx_store_create(wtx_store **out) {
   return 0;
 }
 
-/* Ends staging; the array stays for the next update (megabytes at 40k
+/* Ends staging; the arrays stay for the next update (megabytes at 40k
  * tensors) until the store goes. */
 static void staged_free(wtx_store *s) {
   mine_return(&s->pool);
@@ -391,10 +407,10 @@ void wtx_store_destroy(wtx_store *s) {
   snapshot_unref(s->prepared);
   staged_free(s);
   free(s->st);
+  free(s->st_meta);
   snapshot_unref(s->pub[0]);
   snapshot_unref(s->pub[1]);
-  free(s->declared);
-  layout_unref(s->declared_lay);
+  layout_unref(s->declared);
   pool_drain(&s->pool);
   pthread_mutex_destroy(&s->pool.mu);
   pthread_mutex_destroy(&s->mu);
@@ -406,27 +422,19 @@ int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n) {
   int rc = 0;
   if (s->pub[0] != NULL || s->staging || s->declared != NULL) {
     rc = WTX_ESTATE;
-  } else if ((s->declared = calloc(n ? n : 1, sizeof *s->declared)) == NULL) {
-    rc = WTX_ENOMEM;
   } else {
-    for (size_t i = 0; i < n; i++) s->declared[i].meta = metas[i];
-    rc = layout_build(s->declared, n, NULL, &s->declared_lay);
+    rc = layout_build(metas, n, NULL, &s->declared);
     if (rc == WTX_EEXIST) rc = WTX_EINVAL;
-    if (rc == 0) s->n_declared = n;
-    else {
-      free(s->declared);
-      s->declared = NULL;
-    }
   }
   pthread_mutex_unlock(&s->mu);
   return rc;
 }
 
-/* The position of name in the n entries e indexed by ix, trying *next
+/* The position of name among the n metas m indexed by ix, trying *next
  * first; *next becomes the position after. 0 when absent. */
-static int find(const entry *e, size_t n, const wtx__strmap *ix, const char *name,
+static int find(const wtx_tensor_meta *m, size_t n, const wtx__strmap *ix, const char *name,
                 size_t *next, size_t *at) {
-  if (*next < n && (e[*next].meta.name == name || strcmp(e[*next].meta.name, name) == 0))
+  if (*next < n && (m[*next].name == name || strcmp(m[*next].name, name) == 0))
     *at = *next;
   else if (ix == NULL || !wtx__strmap_get(ix, name, at)) return 0;
   *next = *at + 1;
@@ -434,32 +442,29 @@ static int find(const entry *e, size_t n, const wtx__strmap *ix, const char *nam
 }
 
 /* The layout a chunk tensor of target is checked against: the declared one
- * for the main model, else the published one. Caller holds mu. */
-static const snapshot *layout_of(wtx_store *s, wtx_target target, snapshot *declared) {
-  if (target == WTX_TARGET_MAIN && s->declared != NULL) {
-    *declared = (snapshot){.e = s->declared, .n = s->n_declared, .lay = s->declared_lay};
-    return declared;
-  }
-  const snapshot *pub = PUB(s, target);
-  return pub != NULL && pub->generation > 0 ? pub : NULL;
+ * for the main model, else the published one (NULL: none yet). Caller
+ * holds mu. */
+static const layout *layout_of(const wtx_store *s, wtx_target target, const snapshot *pub) {
+  if (target == WTX_TARGET_MAIN && s->declared != NULL) return s->declared;
+  return pub != NULL && pub->generation > 0 ? pub->lay : NULL;
 }
 
 /* Checks meta against layout l (NULL: none yet, anything goes), looking at
  * position *next first. */
-static int check_in(const snapshot *l, size_t *next, const wtx_tensor_meta *meta,
-                    char *err, size_t errlen) {
+static int check_in(const layout *l, size_t *next, const wtx_tensor_meta *meta, char *err,
+                    size_t errlen) {
   size_t i = 0;
   int rc = 0;
   if (l == NULL) {
     rc = 0; /* no layout yet: the first update defines it */
-  } else if (!find(l->e, l->n, l->lay->ix, meta->name, next, &i)) {
+  } else if (!find(l->metas, l->n, l->ix, meta->name, next, &i)) {
     snprintf(err, errlen, "parameter '%s' is not in the model (%zu parameters)",
              meta->name, l->n);
     rc = WTX_ENOENT;
-  } else if (!wtx_tensor_meta_same_layout(&l->e[i].meta, meta)) {
+  } else if (!wtx_tensor_meta_same_layout(&l->metas[i], meta)) {
     char a[200], b[200];
     wtx_tensor_meta_str(meta, a, sizeof a);
-    wtx_tensor_meta_str(&l->e[i].meta, b, sizeof b);
+    wtx_tensor_meta_str(&l->metas[i], b, sizeof b);
     snprintf(err, errlen, "parameter '%s': %s, the model holds %s", meta->name, a, b);
     rc = WTX_EINVAL;
   }
@@ -469,9 +474,8 @@ static int check_in(const snapshot *l, size_t *next, const wtx_tensor_meta *meta
 int wtx_store_check(wtx_store *s, wtx_target target, const wtx_tensor_meta *meta,
                     char *err, size_t errlen) {
   pthread_mutex_lock(&s->mu);
-  snapshot declared;
   size_t next = 0;
-  int rc = check_in(layout_of(s, target, &declared), &next, meta, err, errlen);
+  int rc = check_in(layout_of(s, target, PUB(s, target)), &next, meta, err, errlen);
   pthread_mutex_unlock(&s->mu);
   return rc;
 }
@@ -498,50 +502,61 @@ static int staged_grow(wtx_store *s) {
   if (s->n_st < s->cap_st) return 0;
   size_t cap = s->cap_st ? s->cap_st * 2 : 64;
   entry *e = realloc(s->st, cap * sizeof *e);
-  if (e == NULL) return WTX_ENOMEM;
-  s->st = e;
+  if (e != NULL) s->st = e;
+  wtx_tensor_meta *m = e != NULL ? realloc(s->st_meta, cap * sizeof *m) : NULL;
+  if (m == NULL) return WTX_ENOMEM;
+  s->st_meta = m;
   s->cap_st = cap;
   return 0;
 }
 
+/* What staged tensor i is. */
+static const wtx_tensor_meta *staged_meta(const wtx_store *s, size_t i) {
+  return s->in_order ? &s->base->lay->metas[i] : &s->st_meta[i];
+}
+
 /* The staged tensors' index, built now if the update stayed in order so
- * far (NULL: out of memory). Caller holds mu. */
+ * far (NULL: out of memory): from then on st_meta describes them. Caller
+ * holds mu. */
 static const wtx__strmap *staged_index(wtx_store *s) {
   if (s->st_ix != NULL) return s->st_ix;
   int rc = wtx__strmap_create(&s->st_ix);
-  for (size_t i = 0; rc == 0 && i < s->n_st; i++)
-    rc = wtx__strmap_add(s->st_ix, s->st[i].meta.name, i, &s->st[i].meta.name);
+  for (size_t i = 0; rc == 0 && i < s->n_st; i++) {
+    s->st_meta[i] = *staged_meta(s, i);
+    rc = wtx__strmap_add(s->st_ix, s->st_meta[i].name, i, &s->st_meta[i].name);
+  }
   if (rc != 0) {
     wtx__strmap_destroy(s->st_ix);
     s->st_ix = NULL;
+    return NULL;
   }
   s->in_order = 0;
   return s->st_ix;
 }
 
-/* Names staged tensor n_st: the base version's name at that position when
- * the update is still in its order, else the index's copy. */
-static int staged_name(wtx_store *s, const char *name) {
-  entry *e = &s->st[s->n_st];
+/* Describes staged tensor n_st as meta: while in the base version's order,
+ * by base's tensor at that position when it is the same (nothing is
+ * copied); else by a copy named by the index. */
+static int staged_add(wtx_store *s, const wtx_tensor_meta *meta) {
   const snapshot *base = s->base;
-  if (s->in_order && base != NULL && s->n_st < base->n &&
-      strcmp(base->e[s->n_st].meta.name, name) == 0) {
-    e->meta.name = base->e[s->n_st].meta.name;
-    return 0;
+  if (s->in_order && base != NULL && s->n_st < base->n) {
+    const wtx_tensor_meta *m = &base->lay->metas[s->n_st];
+    if (strcmp(m->name, meta->name) == 0 && wtx_tensor_meta_same_layout(m, meta)) return 0;
   }
-  const wtx__strmap *ix = staged_index(s);
-  return ix == NULL ? WTX_ENOMEM : wtx__strmap_add(s->st_ix, name, s->n_st, &e->meta.name);
+  if (staged_index(s) == NULL) return WTX_ENOMEM;
+  s->st_meta[s->n_st] = *meta;
+  return wtx__strmap_add(s->st_ix, meta->name, s->n_st, &s->st_meta[s->n_st].name);
 }
 
 /* Finds staged tensor name, trying *next first. Caller holds mu. */
 static int staged_find(wtx_store *s, const char *name, size_t *next, size_t *at) {
-  if (*next < s->n_st && strcmp(s->st[*next].meta.name, name) == 0) {
+  if (*next < s->n_st && strcmp(staged_meta(s, *next)->name, name) == 0) {
     *at = (*next)++;
     return 0;
   }
   const wtx__strmap *ix = staged_index(s);
   if (ix == NULL) return WTX_ENOMEM;
-  return find(s->st, s->n_st, ix, name, next, at) ? 0 : WTX_ENOENT;
+  return find(s->st_meta, s->n_st, ix, name, next, at) ? 0 : WTX_ENOENT;
 }
 
 static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) {
@@ -549,15 +564,9 @@ static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) 
   blob *b = blob_new(&s->pool, meta->nbytes);
   if (b == NULL) return WTX_ENOMEM;
   int rc = staged_grow(s);
+  if (rc == 0) rc = staged_add(s, meta);
   if (rc == 0) {
-    s->st[s->n_st].meta = *meta;
-    rc = staged_name(s, meta->name);
-  }
-  if (rc == 0) {
-    s->st[s->n_st].b = b;
-    s->st[s->n_st].xxh3 = 0;
-    s->st[s->n_st].has_xxh3 = 0;
-    s->n_st++;
+    s->st[s->n_st++] = (entry){.b = b};
     *dst = b->data;
   } else {
     blob_unref(b);
@@ -577,62 +586,93 @@ static int store_loaded(void *model, const wtx_tensor_meta *meta,
   return rc;
 }
 
-/* Appends to snap a share of e's bytes, named name. */
-static void snapshot_add(snapshot *snap, const entry *e, const char *name) {
-  entry *d = &snap->e[snap->n++];
-  *d = *e;
-  d->meta.name = name;
+/* Appends to snap a share of e's bytes, nbytes long. */
+static void snapshot_add(snapshot *snap, const entry *e, uint64_t nbytes) {
+  snap->e[snap->n++] = *e;
   atomic_fetch_add(&e->b->refs, 1);
-  snap->total += d->meta.nbytes;
+  snap->total += nbytes;
 }
 
-/* The one place a snapshot is made: old's tensors first, in their order,
- * replaced where st (the staged update, indexed by name in *stix; may be
- * empty, stix then NULL or *stix NULL) has them, then the tensors new in
- * st, in update order; labelled version. Sharing, never copying, bytes;
- * and old's layout when st adds no name. When old has no tensor, the new
- * layout takes over *stix (set to NULL) instead of indexing the names
- * again. *out has one reference. */
-static int snapshot_build(pool *p, const snapshot *old, const entry *st, size_t n_st,
-                          wtx__strmap **stix, const char *version, uint64_t generation,
-                          snapshot **out) {
-  const wtx__strmap *ix = stix != NULL ? *stix : NULL;
+/* Fills snap (arrays taken) with old's tensors first, in their order,
+ * replaced where the staged st has them (st_meta describing them, indexed
+ * by name in ix), then the tensors new in st, in update order; m[i]
+ * receives what snap's tensor i is. *same: every replacement is the same
+ * tensor as old's (so old's layout serves when no tensor is new). Returns
+ * how many of old's tensors were replaced. */
+static size_t snapshot_merge(snapshot *snap, const snapshot *old, const entry *st,
+                             const wtx_tensor_meta *st_meta, size_t n_st,
+                             const wtx__strmap *ix, char *used, wtx_tensor_meta *m,
+                             int *same) {
   size_t n_old = old != NULL ? old->n : 0, replaced = 0;
-  char *used = calloc(n_st + 1, 1);
-  snapshot *snap = calloc(1, sizeof *snap);
-  if (snap != NULL) {
-    atomic_init(&snap->refs, 1);
-    snap->pool = p;
-  }
-  int rc = used != NULL && snap != NULL ? 0 : WTX_ENOMEM;
-  if (rc != 0) goto fail;
-  snap->generation = generation;
-  snap->version = strdup(version);
-  rc = arrays_take(p, n_old + n_st + 1, snap);
-  if (snap->version == NULL) rc = WTX_ENOMEM;
-  for (size_t i = 0, j, next = 0; rc == 0 && i < n_old; i++) {
-    int fresh = find(st, n_st, ix, old->e[i].meta.name, &next, &j);
+  for (size_t i = 0, j, next = 0; i < n_old; i++) {
+    const wtx_tensor_meta *was = &old->lay->metas[i];
+    int fresh = find(st_meta, n_st, ix, was->name, &next, &j);
     if (fresh) {
       used[j] = 1;
       replaced++;
+      if (!wtx_tensor_meta_same_layout(&st_meta[j], was)) *same = 0;
     }
-    snapshot_add(snap, fresh ? &st[j] : &old->e[i], old->e[i].meta.name);
+    m[snap->n] = fresh ? st_meta[j] : *was;
+    snapshot_add(snap, fresh ? &st[j] : &old->e[i], m[snap->n].nbytes);
   }
-  for (size_t j = 0; rc == 0 && j < n_st; j++)
-    if (!used[j]) snapshot_add(snap, &st[j], st[j].meta.name);
-  if (rc == 0 && old != NULL && replaced == n_st) {
+  for (size_t j = 0; j < n_st; j++)
+    if (!used[j]) {
+      m[snap->n] = st_meta[j];
+      snapshot_add(snap, &st[j], st_meta[j].nbytes);
+    }
+  return replaced;
+}
+
+/* The one place a snapshot is made, labelled version, sharing bytes and
+ * never copying them. st_meta NULL: the n_st staged tensors st are old's
+ * first n_st (staged in old's order), and old's layout serves. Else
+ * snapshot_merge says what goes where (st_meta indexed by name in *stix;
+ * may be empty, stix then NULL or *stix NULL), and old's layout serves
+ * when st adds no tensor; when old has no tensor, the new layout takes
+ * over *stix (set to NULL) instead of indexing the names again. *out has
+ * one reference. */
+static int snapshot_build(pool *p, const snapshot *old, const entry *st,
+                          const wtx_tensor_meta *st_meta, size_t n_st, wtx__strmap **stix,
+                          const char *version, uint64_t generation, snapshot **out) {
+  size_t n_old = old != NULL ? old->n : 0, replaced = n_st;
+  int same = 1;
+  char *used = NULL;
+  wtx_tensor_meta *m = NULL;
+  snapshot *snap = calloc(1, sizeof *snap);
+  int rc = snap != NULL ? 0 : WTX_ENOMEM;
+  if (rc != 0) goto fail;
+  atomic_init(&snap->refs, 1);
+  snap->pool = p;
+  snap->generation = generation;
+  if ((snap->version = strdup(version)) == NULL) rc = WTX_ENOMEM;
+  if (rc == 0) rc = arrays_take(p, n_old + n_st + 1, snap);
+  if (rc == 0 && st_meta != NULL &&
+      ((used = calloc(n_st + 1, 1)) == NULL ||
+       (m = malloc((n_old + n_st + 1) * sizeof *m)) == NULL))
+    rc = WTX_ENOMEM;
+  if (rc != 0) goto fail;
+  if (st_meta == NULL) {
+    for (size_t i = 0; i < n_old; i++)
+      snapshot_add(snap, i < n_st ? &st[i] : &old->e[i], old->lay->metas[i].nbytes);
+  } else {
+    replaced = snapshot_merge(snap, old, st, st_meta, n_st, stix != NULL ? *stix : NULL,
+                              used, m, &same);
+  }
+  if (old != NULL && replaced == n_st && same) {
     snap->lay = old->lay;
     atomic_fetch_add(&snap->lay->refs, 1);
-  } else if (rc == 0) {
-    int adopt = n_old == 0 && ix != NULL; /* snap->e is st, in st's order */
-    rc = layout_build(snap->e, snap->n, adopt ? stix : NULL, &snap->lay);
+  } else {
+    int adopt = n_old == 0 && stix != NULL && *stix != NULL; /* snap is st, in st's order */
+    rc = layout_build(m, snap->n, adopt ? stix : NULL, &snap->lay);
   }
   if (rc != 0) goto fail;
   free(used);
+  free(m);
   *out = snap;
   return 0;
 fail:
   free(used);
+  free(m);
   snapshot_unref(snap);
   return rc;
 }
@@ -644,11 +684,11 @@ static int check_complete(wtx_store *s, char *err, size_t errlen) {
     return 0;
   const wtx__strmap *ix = staged_index(s);
   if (ix == NULL) return WTX_ENOMEM;
-  for (size_t i = 0; i < s->n_declared; i++)
-    if (!wtx__strmap_get(ix, s->declared[i].meta.name, NULL)) {
+  for (size_t i = 0; i < s->declared->n; i++)
+    if (!wtx__strmap_get(ix, s->declared->metas[i].name, NULL)) {
       snprintf(err, errlen, "the first version must hold every parameter of the model "
-               "spec; '%s' is missing (%zu of %zu sent)", s->declared[i].meta.name,
-               s->n_st, s->n_declared);
+               "spec; '%s' is missing (%zu of %zu sent)", s->declared->metas[i].name,
+               s->n_st, s->declared->n);
       return WTX_ENOENT;
     }
   return 0;
@@ -668,9 +708,10 @@ static int store_prepare(void *model, const char *version, char *err, size_t err
   /* Staged in the order of old's layout: position i of old is position i
    * of the update, so the snapshot needs no index of the update. */
   int aligned = s->in_order && s->base != NULL && old != NULL && old->lay == s->base->lay;
-  if (rc == 0 && !aligned && s->n_st > 0 && staged_index(s) == NULL) rc = WTX_ENOMEM;
+  if (rc == 0 && !aligned && staged_index(s) == NULL) rc = WTX_ENOMEM;
   if (rc == 0)
-    rc = snapshot_build(&s->pool, old, s->st, s->n_st, aligned ? NULL : &s->st_ix, version,
+    rc = snapshot_build(&s->pool, old, s->st, aligned ? NULL : s->st_meta, s->n_st,
+                        aligned ? NULL : &s->st_ix, version,
                         (old ? old->generation : 0) + 1, &s->prepared);
   snapshot_unref(stale);
   pthread_mutex_unlock(&s->mu);
@@ -721,10 +762,7 @@ static int store_check(void *model, wtx_target target, const wtx_tensor_meta *me
   if (!s->staging || target != s->target) return wtx_store_check(s, target, meta, err, errlen);
   /* During the update: the declared layout, or the base it holds (a
    * relabel may have replaced the published snapshot, never its layout). */
-  snapshot declared;
-  const snapshot *l = s->base != NULL && s->base->generation > 0 ? s->base : NULL;
-  if (target == WTX_TARGET_MAIN && s->declared != NULL) l = layout_of(s, target, &declared);
-  return check_in(l, &s->check_next, meta, err, errlen);
+  return check_in(layout_of(s, target, s->base), &s->check_next, meta, err, errlen);
 }
 
 const wtx_model_ops wtx_store_model_ops = {
@@ -768,8 +806,8 @@ int wtx_store_set_version(wtx_store *s, const char *version, char **previous) {
    * snapshot that shares every tensor of the current one (if any). */
   pthread_mutex_lock(&s->mu);
   snapshot *old = PUB(s, WTX_TARGET_MAIN), *snap = NULL;
-  int rc = snapshot_build(&s->pool, old, NULL, 0, NULL, version, old != NULL ? old->generation : 0,
-                          &snap);
+  int rc = snapshot_build(&s->pool, old, NULL, NULL, 0, NULL, version,
+                          old != NULL ? old->generation : 0, &snap);
   if (rc == 0 && previous != NULL &&
       (*previous = strdup(old != NULL ? old->version : "")) == NULL)
     rc = WTX_ENOMEM;

@@ -215,6 +215,26 @@ TEST_F(StoreTest, UpdatesInAnyOrderOrPartReplaceExactlyTheirTensors) {
   wtx_store_release(s_, &v);
 }
 
+// A version describes each tensor as it was staged, never as the version
+// before had it: staging in the published order reuses the published
+// descriptions only for tensors that are the same (a model calling stage
+// without check may change a shape).
+TEST_F(StoreTest, ATensorStagedInOrderWithAnotherShapeIsPublishedAsStaged) {
+  Publish("v1", {{"a", 8, 1}, {"b", 8, 1}});
+  Publish("v2", {{"a", 8, 2}, {"b", 32, 2}});
+  Publish("v3", {{"a", 8, 3}});
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  ASSERT_EQ(2u, v.n_params);
+  EXPECT_EQ(8u, v.params[0].meta.nbytes);
+  EXPECT_EQ(32u, v.params[1].meta.nbytes);
+  EXPECT_EQ(32u, v.params[1].meta.shape[0]);
+  EXPECT_TRUE(Filled(v.params[0], 3));
+  EXPECT_TRUE(Filled(v.params[1], 2));
+  EXPECT_EQ(40u, v.total_bytes);
+  wtx_store_release(s_, &v);
+}
+
 TEST_F(StoreTest, ADeclaredLayoutRefusesANameGivenTwice) {
   wtx_tensor_meta m[2] = {Meta("w", 4), Meta("w", 4)};
   EXPECT_EQ(WTX_EINVAL, wtx_store_declare(s_, m, 2));
