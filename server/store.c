@@ -379,6 +379,23 @@ struct wtx_store {
   /* Where the next check and loaded() look first: an update usually names
    * the tensors in the layout's order, so a compare replaces a hash. */
   size_t check_next, loaded_next;
+  /* The caller's metas, so that stage and loaded need not compare again
+   * what check compared (at 40k tensors, each compare is a cache miss or
+   * two): seen[i], the meta check found at base position i, same as base's
+   * there, in this update (cap_seen >= base->n of them, cleared at begin;
+   * NULL when out of memory); caller[i], the meta staged tensor i was
+   * staged as (cap_st of them). The session checks a chunk's tensors, then
+   * stages them, then loads them, in that order and with the same metas,
+   * which live unchanged until the chunk ends; a tensor is checked again
+   * only by a later chunk that continues it, once it is staged. So while
+   * the update stays in base's order, seen[n_st] equal to the meta staged
+   * is the tensor check found there; and caller[i] equal to the meta
+   * loaded is the same tensor when i was staged in this chunk (chunk_first:
+   * n_st at the chunk's first check; an earlier chunk's metas may have been
+   * freed and their addresses reused). Any other meta is compared. */
+  const wtx_tensor_meta **seen, **caller;
+  size_t cap_seen, chunk_first;
+  int chunk_staged; /* stage or loaded since the last check */
 };
 
 int wtx_store_create(wtx_store **out) {
@@ -408,6 +425,8 @@ void wtx_store_destroy(wtx_store *s) {
   staged_free(s);
   free(s->st);
   free(s->st_meta);
+  free(s->caller);
+  free(s->seen);
   snapshot_unref(s->pub[0]);
   snapshot_unref(s->pub[1]);
   layout_unref(s->declared);
@@ -480,6 +499,17 @@ int wtx_store_check(wtx_store *s, wtx_target target, const wtx_tensor_meta *meta
   return rc;
 }
 
+/* seen[] for the base's positions, all empty. Caller holds mu. */
+static void seen_clear(wtx_store *s) {
+  size_t n = s->base != NULL ? s->base->n : 0;
+  if (n > s->cap_seen) {
+    free(s->seen);
+    s->seen = malloc(n * sizeof *s->seen);
+    s->cap_seen = s->seen != NULL ? n : 0;
+  }
+  if (s->seen != NULL && n > 0) memset(s->seen, 0, n * sizeof *s->seen);
+}
+
 static int store_begin(void *model, wtx_target target) {
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
@@ -488,11 +518,13 @@ static int store_begin(void *model, wtx_target target) {
     rc = WTX_ESTATE;
   } else {
     s->staging = 1;
-    s->check_next = s->loaded_next = 0;
+    s->check_next = s->loaded_next = s->chunk_first = 0;
+    s->chunk_staged = 0;
     s->target = target;
     s->base = PUB(s, target);
     if (s->base != NULL) atomic_fetch_add(&s->base->refs, 1);
     s->in_order = 1;
+    seen_clear(s);
   }
   pthread_mutex_unlock(&s->mu);
   return rc;
@@ -504,8 +536,10 @@ static int staged_grow(wtx_store *s) {
   entry *e = realloc(s->st, cap * sizeof *e);
   if (e != NULL) s->st = e;
   wtx_tensor_meta *m = e != NULL ? realloc(s->st_meta, cap * sizeof *m) : NULL;
-  if (m == NULL) return WTX_ENOMEM;
-  s->st_meta = m;
+  if (m != NULL) s->st_meta = m;
+  const wtx_tensor_meta **c = m != NULL ? realloc(s->caller, cap * sizeof *c) : NULL;
+  if (c == NULL) return WTX_ENOMEM;
+  s->caller = c;
   s->cap_st = cap;
   return 0;
 }
@@ -541,6 +575,7 @@ static int staged_add(wtx_store *s, const wtx_tensor_meta *meta) {
   const snapshot *base = s->base;
   if (s->in_order && base != NULL && s->n_st < base->n) {
     const wtx_tensor_meta *m = &base->lay->metas[s->n_st];
+    if (s->seen != NULL && s->seen[s->n_st] == meta) return 0;
     if (strcmp(m->name, meta->name) == 0 && wtx_tensor_meta_same_layout(m, meta)) return 0;
   }
   if (staged_index(s) == NULL) return WTX_ENOMEM;
@@ -548,9 +583,11 @@ static int staged_add(wtx_store *s, const wtx_tensor_meta *meta) {
   return wtx__strmap_add(s->st_ix, meta->name, s->n_st, &s->st_meta[s->n_st].name);
 }
 
-/* Finds staged tensor name, trying *next first. Caller holds mu. */
-static int staged_find(wtx_store *s, const char *name, size_t *next, size_t *at) {
-  if (*next < s->n_st && strcmp(staged_meta(s, *next)->name, name) == 0) {
+/* Finds the staged tensor named as meta, trying *next first. Caller holds mu. */
+static int staged_find(wtx_store *s, const wtx_tensor_meta *meta, size_t *next, size_t *at) {
+  const char *name = meta->name;
+  if (*next < s->n_st && ((*next >= s->chunk_first && s->caller[*next] == meta) ||
+                          strcmp(staged_meta(s, *next)->name, name) == 0)) {
     *at = (*next)++;
     return 0;
   }
@@ -566,6 +603,8 @@ static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) 
   int rc = staged_grow(s);
   if (rc == 0) rc = staged_add(s, meta);
   if (rc == 0) {
+    s->chunk_staged = 1;
+    s->caller[s->n_st] = meta;
     s->st[s->n_st++] = (entry){.b = b};
     *dst = b->data;
   } else {
@@ -578,7 +617,8 @@ static int store_loaded(void *model, const wtx_tensor_meta *meta,
                         const uint64_t *xxh3) {
   wtx_store *s = model;
   size_t i = 0;
-  int rc = staged_find(s, meta->name, &s->loaded_next, &i);
+  s->chunk_staged = 1;
+  int rc = staged_find(s, meta, &s->loaded_next, &i);
   if (rc == 0) {
     s->st[i].xxh3 = xxh3 != NULL ? *xxh3 : 0;
     s->st[i].has_xxh3 = xxh3 != NULL;
@@ -762,7 +802,13 @@ static int store_check(void *model, wtx_target target, const wtx_tensor_meta *me
   if (!s->staging || target != s->target) return wtx_store_check(s, target, meta, err, errlen);
   /* During the update: the declared layout, or the base it holds (a
    * relabel may have replaced the published snapshot, never its layout). */
-  return check_in(layout_of(s, target, s->base), &s->check_next, meta, err, errlen);
+  if (s->chunk_staged) s->chunk_first = s->n_st;
+  s->chunk_staged = 0;
+  const layout *l = layout_of(s, target, s->base);
+  int rc = check_in(l, &s->check_next, meta, err, errlen);
+  if (rc == 0 && l != NULL && s->base != NULL && l == s->base->lay && s->seen != NULL)
+    s->seen[s->check_next - 1] = meta;
+  return rc;
 }
 
 const wtx_model_ops wtx_store_model_ops = {

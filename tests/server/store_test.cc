@@ -235,6 +235,54 @@ TEST_F(StoreTest, ATensorStagedInOrderWithAnotherShapeIsPublishedAsStaged) {
   wtx_store_release(s_, &v);
 }
 
+// As the session drives a model: each chunk's tensors checked, then
+// staged, then loaded, from one array of metas that the next chunk reuses
+// for other tensors (the store remembers which meta check matched where,
+// so the same address must never stand for a tensor it no longer is).
+TEST_F(StoreTest, ChunksCheckedStagedAndLoadedFromOneReusedArrayLandByName) {
+  Publish("v1", {{"a", 8, 1}, {"b", 8, 1}, {"c", 8, 1}, {"d", 8, 1}});
+  const wtx_model_ops &ops = wtx_store_model_ops;
+  wtx_tensor_meta chunk[2];
+  auto update = [&](const char *version, std::vector<std::vector<const char *>> chunks,
+                    int fill) {
+    ASSERT_EQ(0, ops.begin(s_, WTX_TARGET_MAIN));
+    for (auto &names : chunks) {
+      char err[256] = "";
+      for (size_t i = 0; i < names.size(); i++) {
+        chunk[i] = Meta(names[i], 8);
+        ASSERT_EQ(0, ops.check(s_, WTX_TARGET_MAIN, &chunk[i], err, sizeof err)) << err;
+      }
+      uint8_t *d[2];
+      for (size_t i = 0; i < names.size(); i++) {
+        ASSERT_EQ(0, ops.stage(s_, &chunk[i], &d[i]));
+        memset(d[i], fill + names[i][0], 8);
+      }
+      for (size_t k = names.size(); k-- > 0;) {  // loaded in any order
+        uint64_t sum = static_cast<uint64_t>(fill + names[k][0]);
+        ASSERT_EQ(0, ops.loaded(s_, &chunk[k], &sum));
+      }
+    }
+    ASSERT_EQ(0, ops.commit(s_, version));
+  };
+  auto expect = [&](int fill) {
+    wtx_store_view v;
+    ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+    ASSERT_EQ(4u, v.n_params);
+    for (size_t i = 0; i < 4; i++) {
+      EXPECT_STREQ(std::string(1, static_cast<char>('a' + i)).c_str(), v.params[i].meta.name);
+      EXPECT_TRUE(Filled(v.params[i], fill + 'a' + static_cast<int>(i))) << i;
+      EXPECT_EQ(static_cast<uint64_t>(fill + 'a' + static_cast<int>(i)), v.params[i].xxh3) << i;
+    }
+    wtx_store_release(s_, &v);
+  };
+  update("v2", {{"a", "b"}, {"c", "d"}}, 10);  // in order
+  expect(10);
+  update("v3", {{"b", "a"}, {"d", "c"}}, 20);  // out of order, same addresses
+  expect(20);
+  update("v4", {{"a", "b"}, {"d", "c"}}, 30);  // in order, then out of it
+  expect(30);
+}
+
 TEST_F(StoreTest, ADeclaredLayoutRefusesANameGivenTwice) {
   wtx_tensor_meta m[2] = {Meta("w", 4), Meta("w", 4)};
   EXPECT_EQ(WTX_EINVAL, wtx_store_declare(s_, m, 2));
