@@ -550,7 +550,10 @@ static int stage_one(wtx_session *s, chunk *c, size_t i, uint64_t at) {
 }
 
 /* Step 3: staging memory for the tensors that begin in this chunk, and the
- * assembler set up to receive into it. */
+ * assembler set up to receive into it. The model sees each tensor through
+ * the same meta in check, stage and loaded, checked, staged and loaded in
+ * that order within the chunk, and c->metas lives unchanged until the chunk
+ * ends: the store relies on it to skip compares (server/store.c). */
 static int chunk_stage(wtx_session *s, chunk *c) {
   const Wtx__V1__UpdateInfo *ui = c->ui;
   /* Where tensors[0] begins in the update's stream (in place only). */
