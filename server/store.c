@@ -254,19 +254,22 @@ static void layout_unref(layout *l) {
   if (l != NULL && atomic_fetch_sub(&l->refs, 1) == 1) layout_free(l);
 }
 
-/* A new layout of copies of the n metas, each named by its key in a new
+/* A new layout of the n metas (malloc'd; the layout takes them, or frees
+ * them on failure; NULL when n is 0), each named by its key in a new
  * index; or, with adopt (may be NULL; *adopt not NULL), one that takes
  * over the index *adopt, whose keys the metas' names are and whose values
  * their positions (the first version: what staging indexed), and *adopt
  * becomes NULL. Duplicate names are WTX_EEXIST (callers have refused them
  * before). */
-static int layout_build(const wtx_tensor_meta *metas, size_t n, wtx__strmap **adopt,
+static int layout_build(wtx_tensor_meta *metas, size_t n, wtx__strmap **adopt,
                         layout **out) {
   layout *l = calloc(1, sizeof *l);
-  int rc = l != NULL && (l->metas = malloc((n ? n : 1) * sizeof *l->metas)) != NULL
-               ? 0 : WTX_ENOMEM;
-  if (rc != 0) goto fail;
-  if (n > 0) memcpy(l->metas, metas, n * sizeof *metas);
+  if (l != NULL) l->metas = metas != NULL ? metas : malloc(sizeof *l->metas);
+  int rc = l != NULL && l->metas != NULL ? 0 : WTX_ENOMEM;
+  if (rc != 0) {
+    free(metas);
+    goto fail;
+  }
   l->n = n;
   if (adopt == NULL) rc = wtx__strmap_create(&l->ix);
   for (size_t i = 0; rc == 0 && adopt == NULL && i < n; i++)
@@ -442,7 +445,9 @@ int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n) {
   if (s->pub[0] != NULL || s->staging || s->declared != NULL) {
     rc = WTX_ESTATE;
   } else {
-    rc = layout_build(metas, n, NULL, &s->declared);
+    wtx_tensor_meta *m = malloc((n ? n : 1) * sizeof *m);
+    if (m != NULL && n > 0) memcpy(m, metas, n * sizeof *m);
+    rc = m != NULL ? layout_build(m, n, NULL, &s->declared) : WTX_ENOMEM;
     if (rc == WTX_EEXIST) rc = WTX_EINVAL;
   }
   pthread_mutex_unlock(&s->mu);
@@ -704,6 +709,7 @@ static int snapshot_build(pool *p, const snapshot *old, const entry *st,
   } else {
     int adopt = n_old == 0 && stix != NULL && *stix != NULL; /* snap is st, in st's order */
     rc = layout_build(m, snap->n, adopt ? stix : NULL, &snap->lay);
+    m = NULL; /* the layout's, or freed */
   }
   if (rc != 0) goto fail;
   free(used);
