@@ -41,7 +41,13 @@ typedef enum wtx_target {
 /* A model sink, like vLLM's model.load_weights. All calls come from one
  * update at a time, one call at a time (never concurrently), so a model
  * needs no lock of its own between them. Returning an error from any of
- * them aborts the update. */
+ * them aborts the update. Per chunk (one UpdateWeights call), the session
+ * calls check for each of the chunk's tensors, then stage (stage_device,
+ * adopt_device) for those that begin in it, then loaded for those that
+ * completed, in the chunk's order and each time with the same meta, which
+ * stays valid and unchanged until the chunk's last call: a model may
+ * recognise a tensor it checked by its meta's address within a chunk
+ * (never across chunks: a later chunk may reuse the address). */
 typedef struct wtx_model_ops {
   /* Optional: checks a tensor of an update against the model's layout before
    * any byte moves; WTX_ENOENT (unknown name) or WTX_EINVAL (dtype, shape)
