@@ -36,8 +36,9 @@ echo "baseline two copies pipelined through a 4 x 4 MiB ring, one process: $pipe
 echo
 echo "## control plane: one sync of N tiny tensors vs one JSON POST of the same metadata"
 echo "# first: a fresh worker, the update sends every ParamMeta; steady: the"
-echo "# best of the next three, which name tensors by position in the worker's"
-echo "# table (UpdateInfo.layout), as every RL step after the first does"
+echo "# best of the next five, which name tensors by position in the worker's"
+echo "# table (UpdateInfo.layout), as every RL step after the first does;"
+echo "# JSON POST: the best of seven"
 printf "%-8s %10s %10s %12s %12s %12s\n" N "first s" "steady s" "JSON POST s" "JSON/first" "JSON/steady"
 json=$($py bench/json_baseline.py $counts)
 for n in $counts; do
@@ -45,7 +46,7 @@ for n in $counts; do
   start_worker 0 "cp$n"
   first=$("$bin/client/wtx" push --workers "$addr" --buffer-size 64M "$tmp/tiny$n.safetensors" | sync_s)
   best=
-  for _ in 1 2 3; do
+  for _ in 1 2 3 4 5; do
     s=$("$bin/client/wtx" push --workers "$addr" --buffer-size 64M "$tmp/tiny$n.safetensors" | sync_s)
     best=$(echo "${best:-$s} $s" | awk '{print ($1 < $2) ? $1 : $2}')
   done
