@@ -19,54 +19,23 @@
 #define HASH_BLOOM 18
 #include <uthash.h>
 
+#include "common/arena.h"
 #include "common/hash.h"
 #include "wtx/error.h"
 
 /* The handle, the value, then the key's bytes; carved from the map's
- * arena, never freed one by one. */
+ * arena (its items sit together: fewer cache misses, no malloc per key),
+ * never freed one by one. */
 typedef struct item {
   UT_hash_handle hh;
   size_t value;
   char key[];
 } item;
 
-/* Arena blocks: items of one map sit together (fewer cache misses, no
- * malloc per key); a clear or destroy frees every block at once. */
-typedef struct block {
-  struct block *next;
-  size_t used, size;
-  _Alignas(max_align_t) unsigned char mem[];
-} block;
-
 struct wtx__strmap {
   item *head;
-  block *blocks; /* newest first */
+  wtx__arena arena;
 };
-
-#define BLOCK_MIN 4096u
-#define BLOCK_MAX (1u << 20)
-
-static void *arena_alloc(wtx__strmap *m, size_t n) {
-  n = (n + _Alignof(max_align_t) - 1) & ~(size_t)(_Alignof(max_align_t) - 1);
-  block *b = m->blocks;
-  if (b == NULL || b->size - b->used < n) {
-    size_t size = b != NULL && b->size < BLOCK_MAX ? 2 * b->size : BLOCK_MIN;
-    if (size < n) size = n;
-    block *nb = malloc(sizeof *nb + size);
-    if (nb == NULL) return NULL;
-    *nb = (block){.next = b, .size = size};
-    m->blocks = b = nb;
-  }
-  void *p = b->mem + b->used;
-  b->used += n;
-  return p;
-}
-
-/* Gives back the last n bytes arena_alloc returned (an add that failed). */
-static void arena_unalloc(wtx__strmap *m, size_t n) {
-  n = (n + _Alignof(max_align_t) - 1) & ~(size_t)(_Alignof(max_align_t) - 1);
-  m->blocks->used -= n;
-}
 
 int wtx__strmap_create(wtx__strmap **out) {
   *out = calloc(1, sizeof **out);
@@ -86,16 +55,14 @@ int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value, const char **
   item *it = NULL;
   HASH_FIND_BYHASHVALUE(hh, m->head, key, len, hashv, it);
   if (it != NULL) return WTX_EEXIST;
-  it = arena_alloc(m, sizeof *it + len + 1);
+  /* On failure below the piece stays unused in the arena until clear. */
+  it = wtx__arena_alloc(&m->arena, sizeof *it + len + 1);
   if (it == NULL) return WTX_ENOMEM;
   it->value = value;
   memcpy(it->key, key, len + 1);
   int nomem = 0;
   HASH_ADD_KEYPTR_BYHASHVALUE(hh, m->head, it->key, len, hashv, it);
-  if (nomem) {
-    arena_unalloc(m, sizeof *it + len + 1);
-    return WTX_ENOMEM;
-  }
+  if (nomem) return WTX_ENOMEM;
   if (stored != NULL) *stored = it->key;
   return 0;
 }
@@ -111,9 +78,5 @@ size_t wtx__strmap_count(const wtx__strmap *m) { return HASH_COUNT(m->head); }
 
 void wtx__strmap_clear(wtx__strmap *m) {
   HASH_CLEAR(hh, m->head);
-  while (m->blocks != NULL) {
-    block *b = m->blocks;
-    m->blocks = b->next;
-    free(b);
-  }
+  wtx__arena_free(&m->arena);
 }

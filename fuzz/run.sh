@@ -28,7 +28,7 @@ build() {  # name sources... -- libs...
 build requests fuzz/fuzz_requests.c common/text.c common/tensor.c common/error.c \
   transport/rx.c transport/wire.c "${pb[@]}" -- -lprotobuf-c -lxxhash -lunistring
 build tcp_frame fuzz/fuzz_tcp_frame.c transport/tcp_frame.c --
-build safetensors fuzz/fuzz_safetensors.c common/safetensors.c common/strmap.c \
+build safetensors fuzz/fuzz_safetensors.c common/safetensors.c common/strmap.c common/arena.c \
   common/tensor.c common/error.c -- -lyajl -lxxhash
 
 passed=0 failed=0

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/arena.h"
+
 /* ---- shared helpers ---- */
 
 static const char *const code_names[] = {
@@ -612,23 +614,13 @@ static void slot_post(wtx_rpc_server *srv, const service_entry *e,
 
 /* ---- handler context ---- */
 
-/* A call's memory: what the handler allocates (wtx_rpc_ctx_alloc) and a
- * unary call's decoded request, freed at once when the call ends. Bump
- * allocated from 64 KiB blocks: a request of 40k ParamMeta decodes into
- * 120k small pieces, which malloc and free one by one would cost a third
- * of the call. Pieces over a quarter block get a block of their own, and
- * under AddressSanitizer every piece does. */
-typedef struct arena_block {
-  struct arena_block *next;
-  size_t used, cap;
-  max_align_t data[];
-} arena_block;
-
-#define ARENA_BLOCK ((size_t)64 << 10)
-
 struct wtx_rpc_ctx {
   slot *sl;
-  arena_block *arena;
+  /* The call's memory: what the handler allocates (wtx_rpc_ctx_alloc) and
+   * a unary call's decoded request, freed at once when the call ends (a
+   * request of 40k ParamMeta decodes into 120k small pieces, which malloc
+   * and free one by one would cost a third of the call). */
+  wtx__arena arena;
   grpc_status_code code;
   char message[1024];
   int counted; /* in srv->serving until the final status goes */
@@ -636,42 +628,15 @@ struct wtx_rpc_ctx {
   char tag_read, tag_write, tag_final;
 };
 
-static void *arena_alloc(wtx_rpc_ctx *ctx, size_t n) {
-  const size_t align = _Alignof(max_align_t);
-  if (n > SIZE_MAX - sizeof(arena_block) - align) return NULL;
-  n = n == 0 ? align : (n + align - 1) & ~(align - 1);
-  arena_block *b = ctx->arena;
-  if (b == NULL || b->cap - b->used < n) {
-#ifdef __SANITIZE_ADDRESS__
-    size_t cap = n; /* a block per piece: AddressSanitizer sees every overrun */
-#else
-    size_t cap = n > ARENA_BLOCK / 4 ? n : ARENA_BLOCK;
-#endif
-    arena_block *nb = malloc(sizeof *nb + cap);
-    if (nb == NULL) return NULL;
-    nb->used = 0;
-    nb->cap = cap;
-    if (b != NULL && cap == n) { /* a large piece: the open block stays open */
-      nb->next = b->next;
-      b->next = nb;
-    } else {
-      nb->next = b;
-      ctx->arena = nb;
-    }
-    b = nb;
-  }
-  void *p = (char *)b->data + b->used;
-  b->used += n;
-  return p;
-}
-
 void *wtx_rpc_ctx_alloc(wtx_rpc_ctx *ctx, size_t n) {
-  void *p = arena_alloc(ctx, n);
+  void *p = wtx__arena_alloc(&ctx->arena, n);
   if (p != NULL) memset(p, 0, n);
   return p;
 }
 
-static void *pb_alloc(void *ctx, size_t n) { return arena_alloc(ctx, n); }
+static void *pb_alloc(void *ctx, size_t n) {
+  return wtx__arena_alloc(&((wtx_rpc_ctx *)ctx)->arena, n);
+}
 
 static void pb_free(void *ctx, void *p) {
   (void)ctx; /* the arena frees everything when the call ends */
@@ -848,11 +813,7 @@ static void *serve_call(void *arg) {
     ctx.code = sl->method->invoke_stream(sl->entry->handlers, &ctx);
     ctx_finish(&ctx, NULL);
   }
-  while (ctx.arena != NULL) {
-    arena_block *next = ctx.arena->next;
-    free(ctx.arena);
-    ctx.arena = next;
-  }
+  wtx__arena_free(&ctx.arena);
   ctx_uncount(&ctx);
   slot_free(sl);
   pthread_mutex_lock(&srv->mu);
