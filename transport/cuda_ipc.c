@@ -31,7 +31,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/log.h"
 #include "cuda/cuda.h"
 #include "transport/gpu_out.h"
 #include "transport/transport.h"
@@ -58,9 +57,7 @@ typedef struct ipc_worker {
   void *opened[WTX_MAX_BUFFERS];
   wtx_cuda_ipc_handle handles[WTX_MAX_BUFFERS];
   wtx__gpu_out out;
-  uint64_t direct_bytes; /* the receive region asked for (0: none) */
-  uint64_t max_bytes;    /* --max-model-bytes (0: none) */
-  uint8_t *region;       /* the receive region, or NULL */
+  wtx__gpu_region region; /* direct receive */
 } ipc_worker;
 
 static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params *wire,
@@ -76,8 +73,8 @@ static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   w->cuda = c;
   w->wire = *wire;
   w->device = device;
-  w->direct_bytes = init->cuda_ipc != NULL ? init->cuda_ipc->direct_bytes : 0;
-  w->max_bytes = env != NULL ? env->max_model_bytes : 0;
+  w->region.bytes = init->cuda_ipc != NULL ? init->cuda_ipc->direct_bytes : 0;
+  w->region.max = env != NULL ? env->max_model_bytes : 0;
   int prev;
   int e = wtx__cuda_enter(c, w->device, &prev);
   int bad = e != WTX_CUDA_SUCCESS || wtx__cuda_uuid(c, w->device, w->uuid) != 0 ||
@@ -95,22 +92,6 @@ static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
 
 static int ipc_worker_device(void *self) { return ((ipc_worker *)self)->device; }
 
-/* Allocates and exports the receive region on the current device; a CUDA
- * error, with nothing held, on failure. */
-static int region_open(ipc_worker *w, wtx_cuda_ipc_handle *h) {
-  const wtx_cuda *c = w->cuda;
-  int e = c->Malloc((void **)&w->region, (size_t)w->direct_bytes);
-  if (e != WTX_CUDA_SUCCESS) {
-    w->region = NULL;
-    return e;
-  }
-  if ((e = c->IpcGetMemHandle(h, w->region)) != WTX_CUDA_SUCCESS) {
-    c->Free(w->region);
-    w->region = NULL;
-  }
-  return e;
-}
-
 /* A direct session's receive region, allocated and exported once, outside
  * the session lock; its handle is the data_address. Declined (an empty
  * data_address: the trainer then uses its buffers) over --max-model-bytes
@@ -120,38 +101,28 @@ static int ipc_worker_connect(void *self, char *data_address, size_t addrlen, ch
   (void)err;
   (void)errlen;
   ipc_worker *w = self;
+  const wtx_cuda *c = w->cuda;
   if (addrlen > 0) data_address[0] = '\0';
-  if (w->direct_bytes == 0) return 0;
-  if (w->max_bytes > 0 && w->direct_bytes > w->max_bytes) {
-    wtx_log(WTX_LOG_WARN, "event=direct_declined backend=cuda_ipc bytes=%llu "
-            "reason=\"over --max-model-bytes %llu\"", (unsigned long long)w->direct_bytes,
-            (unsigned long long)w->max_bytes);
-    return 0;
-  }
+  if (w->region.bytes == 0) return 0;
   wtx_cuda_ipc_handle h;
-  int prev;
-  int e = wtx__cuda_enter(w->cuda, w->device, &prev);
-  if (e == WTX_CUDA_SUCCESS) e = region_open(w, &h);
-  wtx__cuda_leave(w->cuda, prev);
-  if (e != WTX_CUDA_SUCCESS) {
-    wtx_log(WTX_LOG_WARN, "event=direct_declined backend=cuda_ipc bytes=%llu reason=\"%s\"",
-            (unsigned long long)w->direct_bytes, w->cuda->GetErrorString(e));
-    return 0;
-  }
+  int prev, e = wtx__cuda_enter(c, w->device, &prev);
+  if (e == WTX_CUDA_SUCCESS) wtx__gpu_region_open(&w->region, c, "cuda_ipc");
+  if (e == WTX_CUDA_SUCCESS && w->region.base != NULL)
+    e = c->IpcGetMemHandle(&h, w->region.base);
+  if (e != WTX_CUDA_SUCCESS)
+    wtx__gpu_region_drop(&w->region, c, "cuda_ipc", c->GetErrorString(e));
+  wtx__cuda_leave(c, prev);
+  if (w->region.base == NULL) return 0;
   char uuid[40], handle[2 * sizeof h + 1];
   hex_str(w->uuid, sizeof w->uuid, uuid, sizeof uuid);
   hex_str((const uint8_t *)&h, sizeof h, handle, sizeof handle);
   snprintf(data_address, addrlen, DIRECT_PREFIX "%s:%s:%llu", uuid, handle,
-           (unsigned long long)w->direct_bytes);
+           (unsigned long long)w->region.bytes);
   return 0;
 }
 
 static int ipc_worker_region(void *self, uint8_t **base, uint64_t *bytes) {
-  ipc_worker *w = self;
-  if (w->region == NULL) return WTX_ENOENT;
-  *base = w->region;
-  *bytes = w->direct_bytes;
-  return 0;
+  return wtx__gpu_region_get(&((ipc_worker *)self)->region, base, bytes);
 }
 
 /* A chunk the trainer wrote into the receive region at its stream offset:
@@ -159,19 +130,20 @@ static int ipc_worker_region(void *self, uint8_t **base, uint64_t *bytes) {
  * model that adopted the region). The current device is the worker's. */
 static int receive_direct(ipc_worker *w, const Wtx__V1__CudaIpcUpdateInfo *u, wtx_rx *rx) {
   uint64_t n = wtx_rx_remaining(rx), at = wtx_rx_stream_offset(rx);
-  if (w->region == NULL) {
+  uint8_t *src = wtx__gpu_region_at(&w->region, at, n);
+  if (w->region.base == NULL) {
     wtx_rx_errorf(rx, "update_info.cuda_ipc.direct: this worker has no receive region "
                   "(its init answered none)");
     return WTX_EINVAL;
   }
-  if (u->direct_offset != at || at > w->direct_bytes || n > w->direct_bytes - at) {
+  if (u->direct_offset != at || src == NULL) {
     wtx_rx_errorf(rx, "update_info.cuda_ipc.direct_offset: %llu, but this chunk of %llu "
                   "bytes begins at byte %llu of the update, and the receive region holds "
                   "%llu", (unsigned long long)u->direct_offset, (unsigned long long)n,
-                  (unsigned long long)at, (unsigned long long)w->direct_bytes);
+                  (unsigned long long)at, (unsigned long long)w->region.bytes);
     return WTX_EINVAL;
   }
-  return wtx__gpu_out_copy(&w->out, w->region + at, "cuda_ipc", rx);
+  return wtx__gpu_out_copy(&w->out, src, "cuda_ipc", rx);
 }
 
 static int copy_out(ipc_worker *w, const Wtx__V1__CudaIpcBuffer *b, wtx_rx *rx);
@@ -257,7 +229,7 @@ static void ipc_worker_destroy(void *self) {
   for (int k = 0; k < WTX_MAX_BUFFERS; k++)
     if (w->opened[k] != NULL) w->cuda->IpcCloseMemHandle(w->opened[k]);
   wtx__gpu_out_close(&w->out);
-  if (w->region != NULL) w->cuda->Free(w->region);
+  wtx__gpu_region_drop(&w->region, w->cuda, "cuda_ipc", NULL);
   wtx__cuda_leave(w->cuda, prev);
   free(w);
 }

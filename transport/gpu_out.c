@@ -1,7 +1,10 @@
 /* Copying a chunk out of device memory into the model's staging (gpu_out.h). */
 #include "transport/gpu_out.h"
 
+#include <stdio.h>
 #include <string.h>
+
+#include "common/log.h"
 
 int wtx__gpu_out_open(wtx__gpu_out *g, const wtx_cuda *c, uint32_t timeout_ms) {
   memset(g, 0, sizeof *g);
@@ -101,4 +104,40 @@ static int to_device(wtx__gpu_out *g, const uint8_t *src, const char *who, wtx_r
 
 int wtx__gpu_out_copy(wtx__gpu_out *g, const uint8_t *src, const char *who, wtx_rx *rx) {
   return wtx_rx_on_device(rx) ? to_device(g, src, who, rx) : to_host(g, src, who, rx);
+}
+
+void wtx__gpu_region_drop(wtx__gpu_region *r, const wtx_cuda *c, const char *who,
+                          const char *why) {
+  if (r->base != NULL) c->Free(r->base);
+  r->base = NULL;
+  if (why != NULL)
+    wtx_log(WTX_LOG_WARN, "event=direct_declined backend=%s bytes=%llu reason=\"%s\"", who,
+            (unsigned long long)r->bytes, why);
+}
+
+void wtx__gpu_region_open(wtx__gpu_region *r, const wtx_cuda *c, const char *who) {
+  if (r->bytes == 0) return;
+  if (r->max > 0 && r->bytes > r->max) {
+    char why[80];
+    snprintf(why, sizeof why, "over --max-model-bytes %llu", (unsigned long long)r->max);
+    wtx__gpu_region_drop(r, c, who, why);
+    return;
+  }
+  int e = c->Malloc((void **)&r->base, (size_t)r->bytes);
+  if (e != WTX_CUDA_SUCCESS) {
+    r->base = NULL;
+    wtx__gpu_region_drop(r, c, who, c->GetErrorString(e));
+  }
+}
+
+uint8_t *wtx__gpu_region_at(const wtx__gpu_region *r, uint64_t at, uint64_t n) {
+  if (r->base == NULL || at > r->bytes || n > r->bytes - at) return NULL;
+  return r->base + at;
+}
+
+int wtx__gpu_region_get(const wtx__gpu_region *r, uint8_t **base, uint64_t *bytes) {
+  if (r->base == NULL) return WTX_ENOENT;
+  *base = r->base;
+  *bytes = r->bytes;
+  return 0;
 }

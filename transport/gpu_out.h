@@ -43,4 +43,27 @@ void wtx__gpu_out_close(wtx__gpu_out *g);
  * backend in error messages. */
 int wtx__gpu_out_copy(wtx__gpu_out *g, const uint8_t *src, const char *who, wtx_rx *rx);
 
+/* A direct session's receive region (wtx_worker_transport.region), the
+ * same for both GPU backends: device memory the size of the trainer's
+ * update stream, where each chunk lands at its stream offset. */
+typedef struct wtx__gpu_region {
+  uint8_t *base;  /* NULL: none (not asked for, or declined) */
+  uint64_t bytes; /* asked for at init (0: not asked for) */
+  uint64_t max;   /* --max-model-bytes (0: no limit) */
+} wtx__gpu_region;
+
+/* Allocates r->bytes on the current device (the worker's) when asked for;
+ * over r->max or without room on the GPU it declines: base stays NULL,
+ * logged as event=direct_declined for backend who. */
+void wtx__gpu_region_open(wtx__gpu_region *r, const wtx_cuda *c, const char *who);
+/* Frees the region on the current device; why (may be NULL): it is
+ * declined for that reason, logged as open does. */
+void wtx__gpu_region_drop(wtx__gpu_region *r, const wtx_cuda *c, const char *who,
+                          const char *why);
+/* Where [at, +n) of the update's stream lies in the region; NULL when
+ * there is no region or the range is outside it. */
+uint8_t *wtx__gpu_region_at(const wtx__gpu_region *r, uint64_t at, uint64_t n);
+/* wtx_worker_transport.region: 0 with *base and *bytes, or WTX_ENOENT. */
+int wtx__gpu_region_get(const wtx__gpu_region *r, uint8_t **base, uint64_t *bytes);
+
 #endif /* WTX_TRANSPORT_GPU_OUT_H */

@@ -26,7 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/log.h"
 #include "cuda/cuda.h"
 #include "transport/gpu_out.h"
 #include "transport/transport.h"
@@ -52,9 +51,7 @@ typedef struct nccl_worker {
   int broken;
   atomic_int cancelled;
   wtx__gpu_out out;
-  uint64_t direct_bytes; /* the receive region asked for (0: none) */
-  uint64_t max_bytes;    /* --max-model-bytes (0: none) */
-  uint8_t *region;       /* the receive region, or NULL */
+  wtx__gpu_region region; /* direct receive */
 } nccl_worker;
 
 static void nccl_worker_destroy(void *self) {
@@ -65,7 +62,7 @@ static void nccl_worker_destroy(void *self) {
   wtx__cuda_enter(c, w->device, &prev);
   comm_release(c, &w->comm, w->broken);
   if (w->buf != NULL) c->Free(w->buf);
-  if (w->region != NULL) c->Free(w->region);
+  wtx__gpu_region_drop(&w->region, c, "nccl", NULL);
   wtx__gpu_out_close(&w->out);
   if (w->stream != NULL) c->StreamDestroy(w->stream);
   wtx__cuda_leave(c, prev);
@@ -100,8 +97,8 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
   w->cuda = c;
   w->wire = *wire;
   w->device = device;
-  w->direct_bytes = ni->direct_bytes;
-  w->max_bytes = env != NULL ? env->max_model_bytes : 0;
+  w->region.bytes = ni->direct_bytes;
+  w->region.max = env != NULL ? env->max_model_bytes : 0;
   w->rank = (int)ni->rank_offset;
   atomic_init(&w->cancelled, 0);
   int prev;
@@ -124,27 +121,7 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
 static int nccl_worker_device(void *self) { return ((nccl_worker *)self)->device; }
 
 static int nccl_worker_region(void *self, uint8_t **base, uint64_t *bytes) {
-  nccl_worker *w = self;
-  if (w->region == NULL) return WTX_ENOENT;
-  *base = w->region;
-  *bytes = w->direct_bytes;
-  return 0;
-}
-
-/* A direct session's receive region, on the current device; declined
- * (the buffer serves) over --max-model-bytes or without room. */
-static void region_open(nccl_worker *w) {
-  if (w->direct_bytes == 0) return;
-  const char *why = "over --max-model-bytes";
-  int e = WTX_CUDA_SUCCESS;
-  if (w->max_bytes == 0 || w->direct_bytes <= w->max_bytes) {
-    e = w->cuda->Malloc((void **)&w->region, (size_t)w->direct_bytes);
-    if (e == WTX_CUDA_SUCCESS) return;
-    w->region = NULL;
-    why = w->cuda->GetErrorString(e);
-  }
-  wtx_log(WTX_LOG_WARN, "event=direct_declined backend=nccl bytes=%llu reason=\"%s\"",
-          (unsigned long long)w->direct_bytes, why);
+  return wtx__gpu_region_get(&((nccl_worker *)self)->region, base, bytes);
 }
 
 /* Allocates the receive region when asked, then joins the trainer's
@@ -157,7 +134,7 @@ static int nccl_worker_connect(void *self, char *data_address, size_t addrlen,
   if (addrlen > 0) data_address[0] = '\0';
   int prev;
   wtx__cuda_enter(c, w->device, &prev);
-  region_open(w);
+  wtx__gpu_region_open(&w->region, c, "nccl");
   char why[400];
   wtx_stop stop = {.flag = &w->cancelled};
   int rc = wtx__nccl_join(c, &w->comm, w->world_size, &w->id, w->rank, w->wire.timeout_ms,
@@ -207,9 +184,8 @@ static int broadcast_in(nccl_worker *w, uint64_t n, wtx_rx *rx) {
   const wtx_cuda *c = w->cuda;
   char err[400];
   uint64_t at = wtx_rx_stream_offset(rx);
-  uint8_t *dst = w->buf;
-  if (w->region != NULL && at <= w->direct_bytes && n <= w->direct_bytes - at)
-    dst = w->region + at;
+  uint8_t *dst = wtx__gpu_region_at(&w->region, at, n);
+  if (dst == NULL) dst = w->buf;
   int e = c->Broadcast(dst, dst, (size_t)n, WTX_NCCL_UINT8, 0, w->comm, w->stream);
   wtx_stop stop = {.flag = &w->cancelled};
   int rc = e == WTX_NCCL_SUCCESS ? wtx__cuda_wait(c, w->stream, w->comm, w->wire.timeout_ms,
