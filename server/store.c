@@ -145,39 +145,45 @@ static void blobs_free(blob *b) {
   }
 }
 
-static void blob_unref(blob *b) {
-  if (b == NULL || atomic_fetch_sub(&b->refs, 1) != 1) return;
-  pool *p = b->pool;
+/* Puts the unreferenced blobs of list (linked by next) in the pool under
+ * one lock; those it has no room for are freed. ended: staging has ended,
+ * so what it held no longer counts against the cap. */
+static void pool_put_list(pool *p, blob *list, int ended) {
   size_class *c = NULL;
   blob *drop = NULL;
   pthread_mutex_lock(&p->mu);
-  pool_put(p, b, &c, &drop);
-  pthread_mutex_unlock(&p->mu);
-  blobs_free(drop);
-}
-
-/* Staging ended: what it took and did not use goes back to the shared
- * pool. */
-static void mine_return(pool *p) {
-  size_class *m, *tmp, *c = NULL;
-  blob *drop = NULL;
-  pthread_mutex_lock(&p->mu);
-  p->held = 0;
-  HASH_ITER(hh, p->mine, m, tmp) {
-    while (m->free != NULL) {
-      blob *b = m->free;
-      m->free = b->next;
-      pool_put(p, b, &c, &drop);
-    }
-    m->n = 0;
+  if (ended) p->held = 0;
+  while (list != NULL) {
+    blob *b = list;
+    list = b->next;
+    pool_put(p, b, &c, &drop);
   }
   pthread_mutex_unlock(&p->mu);
   blobs_free(drop);
 }
 
-/* Releases the n blobs of e: those no longer referenced go back to the
- * pool under one lock (a snapshot of 40k tensors is released at once). */
-static void blobs_unref(pool *p, const struct entry *e, size_t n);
+static void blob_unref(blob *b) {
+  if (b == NULL || atomic_fetch_sub(&b->refs, 1) != 1) return;
+  b->next = NULL;
+  pool_put_list(b->pool, b, 0);
+}
+
+/* Staging ended: what it took and did not use goes back to the shared
+ * pool. */
+static void mine_return(pool *p) {
+  size_class *m, *tmp;
+  blob *list = NULL;
+  HASH_ITER(hh, p->mine, m, tmp) {
+    while (m->free != NULL) {
+      blob *b = m->free;
+      m->free = b->next;
+      b->next = list;
+      list = b;
+    }
+    m->n = 0;
+  }
+  pool_put_list(p, list, 1);
+}
 
 static void classes_drain(size_class **table) {
   size_class *c, *tmp;
@@ -211,8 +217,10 @@ typedef struct entry {
   int has_xxh3;
 } entry;
 
+/* Releases the n blobs of e: those no longer referenced go back to the
+ * pool under one lock (a snapshot of 40k tensors is released at once). */
 static void blobs_unref(pool *p, const entry *e, size_t n) {
-  blob *dead = NULL, *drop = NULL;
+  blob *dead = NULL;
   for (size_t i = 0; i < n; i++) {
     blob *b = e[i].b;
     if (b != NULL && atomic_fetch_sub(&b->refs, 1) == 1) {
@@ -220,16 +228,7 @@ static void blobs_unref(pool *p, const entry *e, size_t n) {
       dead = b;
     }
   }
-  if (dead == NULL) return;
-  size_class *c = NULL;
-  pthread_mutex_lock(&p->mu);
-  while (dead != NULL) {
-    blob *b = dead;
-    dead = b->next;
-    pool_put(p, b, &c, &drop);
-  }
-  pthread_mutex_unlock(&p->mu);
-  blobs_free(drop);
+  if (dead != NULL) pool_put_list(p, dead, 0);
 }
 
 /* A version's tensors in order (metas, named by the index's keys) and
@@ -806,10 +805,10 @@ static int store_check(void *model, wtx_target target, const wtx_tensor_meta *me
                        char *err, size_t errlen) {
   wtx_store *s = model;
   if (!s->staging || target != s->target) return wtx_store_check(s, target, meta, err, errlen);
+  if (s->chunk_staged) s->chunk_first = s->n_st; /* a new chunk's first check */
+  s->chunk_staged = 0;
   /* During the update: the declared layout, or the base it holds (a
    * relabel may have replaced the published snapshot, never its layout). */
-  if (s->chunk_staged) s->chunk_first = s->n_st;
-  s->chunk_staged = 0;
   const layout *l = layout_of(s, target, s->base);
   int rc = check_in(l, &s->check_next, meta, err, errlen);
   if (rc == 0 && l != NULL && s->base != NULL && l == s->base->lay && s->seen != NULL)
