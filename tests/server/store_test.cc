@@ -306,7 +306,9 @@ TEST_F(StoreTest, ReadersReleasingWhileUpdatesStageSeeWholeVersions) {
     }
   };
   std::thread r1(reader), r2(reader);
-  for (int v = 1; v <= 300; v++) {
+  // At least 300 versions, and on until the readers have held 50 (they
+  // may start late on a loaded machine), within a bound.
+  for (int v = 1; v <= 300 || (seen.load() < 50 && v <= 200000); v++) {
     std::vector<std::tuple<const char *, uint64_t, int>> ts;
     // Lengths repeat (pool classes shared by many tensors); every seventh
     // version stages out of the published order.
@@ -320,7 +322,7 @@ TEST_F(StoreTest, ReadersReleasingWhileUpdatesStageSeeWholeVersions) {
   r1.join();
   r2.join();
   EXPECT_EQ(0, bad.load());
-  EXPECT_GT(seen.load(), 0);
+  EXPECT_GE(seen.load(), 50);
 }
 
 TEST_F(StoreTest, ADeclaredLayoutRefusesANameGivenTwice) {
