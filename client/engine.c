@@ -173,7 +173,6 @@ static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *e
   return 0;
 }
 
-
 int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
                      wtx_source *source, wtx_trainer **out, char *err,
                      size_t errlen) {

@@ -5,10 +5,10 @@ into staging tensors this module allocates; nothing of the module moves
 until the update is complete and verified (checksums, every tensor
 loaded). A module on a GPU gets its staging tensors on that GPU when the
 trainer uses a GPU backend (cuda_ipc, nccl): the bytes go device to device
-and never through host memory. Then, at commit, the staged tensors are loaded into the module:
-through ``module.load_weights(iterable)`` when it has one (as vLLM models
-do), else copied into its parameters and buffers by name. A failed or
-aborted update leaves the module's weights unchanged.
+and never through host memory. Then, at commit, the staged tensors are
+loaded into the module: through ``module.load_weights(iterable)`` when it
+has one (as vLLM models do), else copied into its parameters and buffers
+by name. A failed or aborted update leaves the module's weights unchanged.
 """
 from __future__ import annotations
 
