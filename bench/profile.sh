@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Where a steady-state sync spends its time: builds -c opt with frame
-# pointers, warms one worker up (four syncs), then records one sync with
+# pointers, warms one worker up (four syncs), then records syncs with
 # perf on the worker and the trainer and prints each one's top symbols and
 # CPU seconds. The "where the time goes" sections of bench/results/*.md
 # come from this.
 # Usage: bench/profile.sh [--backend shm|tcp] [--tiny N | --size 1G]
-#                         [-- extra wtx push flags]
+#                         [--syncs N | --first] [--hz F] [-- extra wtx push flags]
 #   --tiny N: N tiny tensors (bench/tiny_model.py), the control plane
+#   --syncs N: the worker is recorded over N syncs (default 1), the trainer
+#              over the last; --hz F: samples per second (default 5000)
+#   --first: the first sync to a fresh worker instead (no warm-up; one sync)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-backend=shm size=1G tiny= extra=()
+backend=shm size=1G tiny= syncs=1 hz=5000 first= extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --backend) backend=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --tiny) tiny=$2; shift 2 ;;
+    --syncs) syncs=$2; shift 2 ;;
+    --hz) hz=$2; shift 2 ;;
+    --first) first=1; syncs=1; shift ;;
     --) shift; extra=("$@"); break ;;
     *) echo "bench/profile.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -36,17 +42,24 @@ wp=$!
 for _ in $(seq 500); do [ -s "$tmp/port" ] && break; sleep 0.01; done
 push=("$bin/client/wtx" push --workers "127.0.0.1:$(cat "$tmp/port")" --backend "$backend"
       "${extra[@]}" "$model")
-for _ in 1 2 3 4; do "${push[@]}" >/dev/null; done
-perf record -F 5000 -g -p "$wp" -o "$tmp/worker.data" 2>/dev/null &
+[ -n "$first" ] || for _ in 1 2 3 4; do "${push[@]}" >/dev/null; done
+perf record -F "$hz" -g -p "$wp" -o "$tmp/worker.data" 2>/dev/null &
 pp=$!
 sleep 0.5
-perf record -F 5000 -g -o "$tmp/trainer.data" "${push[@]}" 2>/dev/null | head -1
+for _ in $(seq $((syncs - 1))); do "${push[@]}" | head -1; done
+perf record -F "$hz" -g -o "$tmp/trainer.data" "${push[@]}" 2>/dev/null | head -1
 sleep 0.2
 kill -INT "$pp"
 wait "$pp" 2>/dev/null || true
 for side in worker trainer; do
   n=$(perf script -i "$tmp/$side.data" 2>/dev/null | grep -c cpu-clock || true)
-  echo "== $side: $n samples at 5 kHz = $(echo "$n / 5000" | bc -l | xargs printf '%.3f') s of CPU"
+  if [ "$side" = worker ]; then
+    echo "== worker: $n samples at $hz Hz over $syncs sync(s) =" \
+      "$(echo "$n / $hz / $syncs" | bc -l | xargs printf '%.4f') s of CPU per sync"
+  else
+    echo "== trainer (the last push, process start to exit): $n samples at $hz Hz =" \
+      "$(echo "$n / $hz" | bc -l | xargs printf '%.3f') s of CPU"
+  fi
   perf report -i "$tmp/$side.data" --no-children --stdio --sort sym 2>/dev/null |
     grep -E '^ +[0-9]' | awk 'NR <= 15' # reads to the end: no SIGPIPE under pipefail
 done
