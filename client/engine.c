@@ -408,6 +408,15 @@ static void sync_free(sync_state *s) {
   free(s->pmp);
 }
 
+/* Tensors per chunk, at most. The protocol takes up to WTX_MAX_CHUNK_PARAMS
+ * (a checkpoint of 100k tiny tensors fits one buffer, so without a cap its
+ * one chunk would be refused), and smaller chunks let the worker check and
+ * stage one while the trainer packs the next: a steady-state sync of 40k
+ * tiny tensors in chunks of 8192 took 0.015 s against 0.018 s in one
+ * chunk (medians of 20); chunks of 2048 were slower again
+ * (bench/results/2026-11-30-c-kernels.md, fifth round). */
+#define CHUNK_PARAMS 8192
+
 /* Step 1: the chunk plan, the same cut the workers expect. */
 static int sync_plan(sync_state *s) {
   wtx_trainer *t = s->t;
@@ -419,8 +428,8 @@ static int sync_plan(sync_state *s) {
     return fail(t, WTX_ENOMEM, "out of memory");
   }
   for (size_t i = 0; i < s->n; i++) s->total += sizes[i] = s->metas[i].nbytes;
-  int rc = wtx_chunks_plan(sizes, s->n, t->args.wire.buffer_size, t->args.wire.packed,
-                           &s->chunks, &s->n_chunks);
+  int rc = wtx_chunks_plan(sizes, s->n, t->args.wire.buffer_size, CHUNK_PARAMS,
+                           t->args.wire.packed, &s->chunks, &s->n_chunks);
   free(sizes);
   return rc != 0 ? fail(t, rc, "cannot plan chunks") : 0;
 }

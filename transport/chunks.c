@@ -5,10 +5,10 @@
 #include "transport/transport.h"
 
 int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
-                    int packed, wtx_chunk **out, size_t *n_out) {
+                    size_t max_params, int packed, wtx_chunk **out, size_t *n_out) {
   *out = NULL;
   *n_out = 0;
-  if (buffer_size == 0) return WTX_EINVAL;
+  if (buffer_size == 0 || max_params == 0) return WTX_EINVAL;
   size_t cap = 16, k = 0;
   wtx_chunk *c = malloc(cap * sizeof *c);
   if (c == NULL) return WTX_ENOMEM;
@@ -40,7 +40,7 @@ int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
       off = 0;
       /* Unpacked: each tensor ends its chunk. Packed: go on while there is
        * room (a zero-byte tensor fits in a full buffer). */
-      if (i == n || !packed) break;
+      if (i == n || !packed || i - ch->first == max_params) break;
       if (ch->bytes == buffer_size && nbytes[i] > 0) break;
     }
     stream += ch->bytes;

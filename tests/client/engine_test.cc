@@ -160,6 +160,36 @@ TEST_P(EngineTest, ThousandsOfSmallTensorsAroundLargeOnesArriveExact) {
   wtx_source_destroy(src);
 }
 
+// An MoE-sized checkpoint: more tiny tensors than one chunk may name
+// (WTX_MAX_CHUNK_PARAMS), all of which fit one buffer, so the trainer must
+// cut by count as well as by bytes. Twice: the second sync names them by
+// position (UpdateInfo.layout), in ranges that span the chunks.
+TEST_P(EngineTest, MoreTinyTensorsThanAChunkMayNameArriveExactTwice) {
+  const size_t n = WTX_MAX_CHUNK_PARAMS + 4464;
+  std::vector<std::vector<uint8_t>> data(n);
+  std::vector<std::string> names(n);
+  std::vector<uint64_t> shapes(n);
+  std::vector<wtx_memory_tensor> ts(n);
+  for (size_t i = 0; i < n; i++) {
+    shapes[i] = 1 + i % 13;
+    data[i].resize(shapes[i]);
+    for (size_t k = 0; k < shapes[i]; k++) data[i][k] = static_cast<uint8_t>(i * 31 + k);
+    names[i] = "model.layers." + std::to_string(i / 1000) + ".experts." + std::to_string(i);
+    ts[i] = {names[i].c_str(), WTX_DTYPE_UINT8, &shapes[i], 1, data[i].data(), 0};
+  }
+  wtx_source *src = nullptr;
+  char e[512] = "";
+  ASSERT_EQ(0, wtx_source_memory(ts.data(), n, &src, e, sizeof e)) << e;
+  std::vector<Worker> ws = {Spawn()};
+  wtx_client *c = Client(ws);
+  std::vector<uint64_t> sums;
+  PushAndVerify(c, ws, src, "moe1", &sums);
+  for (size_t i = 0; i < n; i += 997) data[i][0] ^= 0x5a;  // the next step's weights
+  PushAndVerify(c, ws, src, "moe2", &sums);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
 TEST_P(EngineTest, AFailingReplicaFailsTheSyncByNameAndTheOthersKeepTheirWeights) {
   // Replica 1 declares another layout, so it refuses the update that
   // replica 0 accepts and stages.

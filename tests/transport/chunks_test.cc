@@ -10,10 +10,11 @@
 
 namespace {
 
-std::vector<wtx_chunk> Plan(const std::vector<uint64_t> &sizes, uint64_t buf, bool packed) {
+std::vector<wtx_chunk> Plan(const std::vector<uint64_t> &sizes, uint64_t buf, bool packed,
+                            size_t max_params = WTX_MAX_CHUNK_PARAMS) {
   wtx_chunk *c = nullptr;
   size_t n = 0;
-  EXPECT_EQ(0, wtx_chunks_plan(sizes.data(), sizes.size(), buf, packed, &c, &n));
+  EXPECT_EQ(0, wtx_chunks_plan(sizes.data(), sizes.size(), buf, max_params, packed, &c, &n));
   std::vector<wtx_chunk> out(c, c + n);
   free(c);
   return out;
@@ -22,9 +23,10 @@ std::vector<wtx_chunk> Plan(const std::vector<uint64_t> &sizes, uint64_t buf, bo
 // Walks the chunks as a receiver would: every byte of every tensor exactly
 // once, in order, each chunk at most buf bytes and never empty unless it
 // holds only zero-byte tensors, each starting where the ones before it end
-// in the stream.
+// in the stream, and touching at most max_params tensors.
 void ExpectCovers(const std::vector<uint64_t> &sizes, uint64_t buf,
-                  const std::vector<wtx_chunk> &chunks) {
+                  const std::vector<wtx_chunk> &chunks,
+                  size_t max_params = WTX_MAX_CHUNK_PARAMS) {
   size_t i = 0;
   uint64_t off = 0, stream = 0;
   for (const wtx_chunk &c : chunks) {
@@ -33,6 +35,7 @@ void ExpectCovers(const std::vector<uint64_t> &sizes, uint64_t buf,
     ASSERT_EQ(stream, c.stream_offset);
     stream += c.bytes;
     ASSERT_LE(c.bytes, buf);
+    ASSERT_LE(c.last - c.first + 1, max_params);
     uint64_t left = c.bytes;
     for (size_t t = c.first; t <= c.last; t++) {
       uint64_t take = std::min(sizes[t] - off, left);
@@ -91,15 +94,37 @@ TEST(Chunks, ManyShapesAndBufferSizesCoverEveryByte) {
     std::vector<uint64_t> sizes(1 + rand() % 40);
     for (auto &s : sizes) s = rand() % 5 == 0 ? 0 : (uint64_t)(rand() % 5000);
     uint64_t buf = 1 + rand() % 3000;
-    for (bool packed : {true, false}) ExpectCovers(sizes, buf, Plan(sizes, buf, packed));
+    size_t max_params = 1 + rand() % 8;
+    for (bool packed : {true, false}) {
+      ExpectCovers(sizes, buf, Plan(sizes, buf, packed));
+      ExpectCovers(sizes, buf, Plan(sizes, buf, packed, max_params), max_params);
+    }
   }
 }
 
-TEST(Chunks, ZeroBufferIsRefused) {
+// 100k tiny tensors fit one buffer; the protocol takes at most
+// WTX_MAX_CHUNK_PARAMS per chunk, and a cap cuts them by count.
+TEST(Chunks, TinyTensorsAreCutByCountWhereBytesWouldNot) {
+  std::vector<uint64_t> sizes(100000, 16);
+  auto c = Plan(sizes, UINT64_C(64) << 20, true, 8192);
+  ExpectCovers(sizes, UINT64_C(64) << 20, c, 8192);
+  ASSERT_EQ(13u, c.size());  // 12 x 8192 + 1696
+  for (size_t k = 0; k + 1 < c.size(); k++) EXPECT_EQ(8192u * 16, c[k].bytes);
+  EXPECT_EQ(1696u * 16, c.back().bytes);
+  // A tensor cut across chunks by bytes counts in both.
+  auto d = Plan({10, 10, 10}, 15, true, 2);
+  ExpectCovers({10, 10, 10}, 15, d, 2);
+  ASSERT_EQ(2u, d.size());
+  EXPECT_EQ(1u, d[1].first);
+  EXPECT_EQ(5u, d[1].first_offset);
+}
+
+TEST(Chunks, AZeroBufferOrCountIsRefused) {
   uint64_t s = 1;
   wtx_chunk *c = nullptr;
   size_t n = 0;
-  EXPECT_EQ(WTX_EINVAL, wtx_chunks_plan(&s, 1, 0, 1, &c, &n));
+  EXPECT_EQ(WTX_EINVAL, wtx_chunks_plan(&s, 1, 0, 1, 1, &c, &n));
+  EXPECT_EQ(WTX_EINVAL, wtx_chunks_plan(&s, 1, 1, 0, 1, &c, &n));
 }
 
 }  // namespace
