@@ -8,7 +8,8 @@
 #                  (warm and into fresh memory, bench/memcpy_baseline); and,
 #                  checksums off, vs two copies pipelined through a ring in
 #                  one process (bench/pipeline_baseline), the ceiling of a
-#                  design that copies twice
+#                  design that copies twice; and the ceiling of one copy,
+#                  the worker adopting sealed pages (bench/adopt_baseline)
 #   tcp            the same vs one raw loopback TCP stream (bench/socket_baseline)
 #   checksums      shm, 1 worker, XXH3 on vs off
 #   memory         peak RSS of a worker and of the trainer vs the model
@@ -19,9 +20,9 @@ cd "$(dirname "$0")/.."
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 if [ $quick = 1 ]; then size=256M; counts="1000 10000"; sizes="64M 256M"
-else size=1G; counts="1000 10000 40000 65000"; sizes="64M 256M 1G 4G"; fi
+else size=1G; counts="1000 10000 40000 65000 100000"; sizes="64M 256M 1G 4G"; fi
 . bench/common.sh
-bazel build -c opt //bench:socket_baseline //bench:pipeline_baseline 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
+bazel build -c opt //bench:socket_baseline //bench:pipeline_baseline //bench:adopt_baseline 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
 py=.venv/bin/python
 ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
 sync_s() { sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1; }
@@ -32,6 +33,8 @@ sock=$("$bin/bench/socket_baseline" "$bytes" | awk '{print $2}')
 echo "baseline loopback TCP stream: $sock GB/s"
 pipe=$("$bin/bench/pipeline_baseline" "$bytes" | awk '{print $2}')
 echo "baseline two copies pipelined through a 4 x 4 MiB ring, one process: $pipe GB/s"
+adopt=$("$bin/bench/adopt_baseline" "$bytes" | awk '{print $2}')
+echo "baseline one copy into a sealed memfd per 4 MiB chunk, mapped and hashed, one process: $adopt GB/s"
 
 echo
 echo "## control plane: one sync of N tiny tensors vs one JSON POST of the same metadata"
@@ -80,12 +83,14 @@ for backend in shm tcp; do
       g=$(echo "$line" | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/' | awk -v b="$g" '{print ($1 > b) ? $1 : b}')
     done
     agg=$(echo "$g * $n" | bc -l)  # bytes delivered per second, all workers
+    [ "$backend$n" = shm1 ] && shm1=$g
     ref=$base_warm; [ "$backend" = tcp ] && ref=$sock
     printf "%-9s %-8s %10s %14s %14s  (delivered %.2f GB/s)\n" "$backend" "$n" "$g" \
       "$(ratio "$g" "$base_warm")" "$(ratio "$g" "$ref")" "$agg"
   done
 done
 
+echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$adopt") x the one-copy ceiling (adopting sealed pages)"
 echo
 echo "## checksums: shm and tcp, 1 worker, XXH3 on vs off (best of 3, alternating)"
 for backend in shm tcp; do
