@@ -21,9 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+#include "common/clock.h"
 
 typedef struct chunks {
   const char *src;
@@ -34,12 +35,6 @@ typedef struct chunks {
   atomic_int failed;
   uint64_t hash;
 } chunks;
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static size_t len_of(const chunks *c, size_t k) {
   size_t off = k * c->buf;
@@ -95,7 +90,7 @@ static void *consume(void *arg) {
 /* One version: release the one before last, then fill, seal, map and hash
  * every chunk. Its seconds. */
 static double version(chunks *c) {
-  double t0 = now();
+  double t0 = wtx_clock_s();
   for (size_t k = 0; k < c->count; k++)
     if (c->prev[k] != NULL) munmap(c->prev[k], len_of(c, k));
   void **t = c->prev;
@@ -107,7 +102,7 @@ static double version(chunks *c) {
   pthread_create(&q, NULL, consume, c);
   pthread_join(p, NULL);
   pthread_join(q, NULL);
-  return now() - t0;
+  return wtx_clock_s() - t0;
 }
 
 int main(int argc, char **argv) {

@@ -9,13 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "common/clock.h"
 
 int main(int argc, char **argv) {
   size_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)1 << 30;
@@ -24,16 +19,16 @@ int main(int argc, char **argv) {
   memset(src, 7, n);
   char *dst = malloc(n);
   if (dst == NULL) return 1;
-  double t0 = now();
+  double t0 = wtx_clock_s();
   memcpy(dst, src, n); /* into fresh pages */
-  double cold = now() - t0;
-  t0 = now();
+  double cold = wtx_clock_s() - t0;
+  t0 = wtx_clock_s();
   memcpy(dst, src, n);
-  double warm = now() - t0;
+  double warm = wtx_clock_s() - t0;
   const size_t piece = (size_t)256 << 10;
-  t0 = now();
+  t0 = wtx_clock_s();
   for (size_t o = 0; o < n; o += piece) memcpy(dst + o, src + o, n - o < piece ? n - o : piece);
-  double pieces = now() - t0;
+  double pieces = wtx_clock_s() - t0;
   /* Read the copy back so the compiler cannot drop it. */
   unsigned long sum = 0;
   for (size_t i = 0; i < n; i += 4096) sum += (unsigned char)dst[i];

@@ -15,8 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "common/clock.h"
 
 typedef struct ring {
   const char *src;
@@ -24,12 +25,6 @@ typedef struct ring {
   size_t n, buf, nbuf;
   atomic_size_t filled, emptied; /* buffers, from the start */
 } ring;
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static size_t piece(const ring *r, size_t k) {
   size_t off = k * r->buf;
@@ -63,12 +58,12 @@ static double run(ring *r) {
   atomic_store(&r->filled, 0);
   atomic_store(&r->emptied, 0);
   pthread_t p, c;
-  double t0 = now();
+  double t0 = wtx_clock_s();
   pthread_create(&p, NULL, produce, r);
   pthread_create(&c, NULL, consume, r);
   pthread_join(p, NULL);
   pthread_join(c, NULL);
-  return now() - t0;
+  return wtx_clock_s() - t0;
 }
 
 /* The ring: len bytes of a shared-memory object (unlinked at once), or

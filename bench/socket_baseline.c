@@ -11,19 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "common/clock.h"
 
 #define PIECE (1 << 20)
 
 static size_t total;
 static int port;
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void tune(int fd) {
   int one = 1, buf = 4 << 20;
@@ -62,14 +57,14 @@ int main(int argc, char **argv) {
     return 1;
   port = ntohs(a.sin_port);
   pthread_t t;
-  double t0 = now();
+  double t0 = wtx_clock_s();
   pthread_create(&t, NULL, sender, NULL);
   int fd = accept(lfd, NULL, NULL);
   tune(fd);
   char *buf = malloc(PIECE);
   size_t got = 0;
   for (ssize_t r; (r = read(fd, buf, PIECE)) > 0;) got += (size_t)r;
-  double dt = now() - t0;
+  double dt = wtx_clock_s() - t0;
   pthread_join(t, NULL);
   if (got != total) return 1;
   printf("socket_stream_gbps %.3f\n", total / dt / 1e9);
