@@ -254,6 +254,39 @@ class StandaloneWorkerTest(unittest.TestCase):
         c.close()
 
 
+    def test_a_tensor_unlike_its_metadata_in_any_one_way_is_caught_by_name(self):
+        # The adapter describes a tensor from its metadata without building a
+        # meta only when name, dtype, shape and bytes all agree; each liar
+        # below differs in one of them and must still be caught.
+        import wtx
+
+        def liar(yields):
+            class Liar:
+                metadata = [wtx.ParamMeta("a", torch.float32, (4,)),
+                            wtx.ParamMeta("b", torch.float32, (2, 2))]
+
+                def iter_full(self):
+                    yield from yields
+            return Liar()
+
+        cases = {  # what differs: (what the source yields, the name it is caught by)
+            "dtype, same bytes": ([("a", torch.ones(4)), ("b", torch.ones(8, dtype=torch.float16))],
+                                  "b"),
+            "shape, same bytes": ([("a", torch.ones(4)), ("b", torch.ones(4))], "b"),
+            "order": ([("b", torch.ones(2, 2)), ("a", torch.ones(4))], "b"),
+            "name": ([("a", torch.ones(4)), ("c", torch.ones(2, 2))], "c"),
+        }
+        c = wtx.WorkerClient([self.w.addr])
+        for what, (yields, bad) in cases.items():
+            with self.subTest(what):
+                e = wtx.TrainerEngine.trainer_init({"rank": 0}, client=c, source=liar(yields))
+                with self.assertRaises(ValueError) as ex:
+                    e.send_weights()
+                self.assertIn(f"'{bad}'", str(ex.exception))
+                e.shutdown()
+        self.assertEqual("", c.get_weight_info()[0].get("weight_version", ""))
+        c.close()
+
 class ContractTest(unittest.TestCase):
     def test_dicts_are_parsed_strictly_before_any_call(self):
         import wtx

@@ -151,6 +151,8 @@ def host_view(name: str, tensor: Any) -> tuple[int, int, Any, int]:
     memory (OWN_HOST for a contiguous CPU tensor or array, OWN_DEVICE for a
     contiguous CUDA tensor), else one contiguous host copy (COPY)."""
     if hasattr(tensor, "data_ptr"):  # torch
+        if tensor.is_cpu and tensor.is_contiguous():  # the common case, at once
+            return tensor.data_ptr(), tensor.numel() * tensor.element_size(), tensor, OWN_HOST
         t = tensor.detach()
         if t.device.type == "cuda" and t.is_contiguous():
             return t.data_ptr(), t.numel() * t.element_size(), t, OWN_DEVICE
@@ -208,6 +210,14 @@ class CSource:
                                        _capi.ERRBUF)
             if rc != 0:
                 raise ValueError(f"parameter {m.name!r}: {_capi.message(rc, err.value)}")
+        # What each tensor of a pass must be, in order: a tensor that is
+        # (name, wire dtype, shape, bytes) gets its TensorMeta from _arr
+        # without building one; any other is described as it is, so the
+        # engine reports how it disagrees with the metadata.
+        self._wires = [meta_of(m)[0] for m in self.metas]
+        self._wire_of: dict[Any, int] = {}
+        self._holds = bool(getattr(source, "holds_tensors", False))
+        self._pos: dict[int, int] = {}
         self._iters: dict[int, Iterator] = {}
         # Per pass: the tensor (and name) of the last next, and the tensors
         # yielded in place, kept until close (next said 2: they stay put).
@@ -238,6 +248,7 @@ class CSource:
             key = self._next_iter
             self._next_iter += 1
             self._iters[key] = iter(self.source.iter_full())
+            self._pos[key] = 0
             it[0] = key
             return 0
         except BaseException as e:  # noqa: BLE001 (reported by the engine)
@@ -252,34 +263,53 @@ class CSource:
             if item is None:
                 return 0
             name, tensor = item
+            i = self._pos[key]
+            self._pos[key] = i + 1
             addr, nbytes, keep, kind = host_view(name, tensor)
-            if kind != COPY and not held_elsewhere(self.source, tensor):
+            if kind != COPY and not self._holds and not held_elsewhere(self.source, tensor):
                 if kind == OWN_DEVICE:  # a host copy, let go at the next tensor
                     addr, nbytes, keep, kind = host_view(name, keep.to("cpu"))
                 kind = COPY
             self._held[key] = keep
             if kind != COPY:
                 self._in_place.setdefault(key, []).append(keep)
-            nm = name.encode()
-            self._held[-key] = nm
-            wire = _dtypes.to_wire(tensor.dtype)
-            shape = tuple(int(d) for d in tensor.shape)
-            sh = (C.c_uint64 * max(len(shape), 1))(*shape)
-            err = C.create_string_buffer(_capi.ERRBUF)
-            rc = _capi.tensor_meta_set(meta, nm, wire, sh, len(shape), err, _capi.ERRBUF)
-            if rc != 0:
-                raise ValueError(f"tensor {name!r}: {_capi.message(rc, err.value)}")
-            if meta[0].nbytes != nbytes:
-                raise ValueError(f"tensor {name!r}: {nbytes} bytes for {meta[0].nbytes}")
+            if i < self.n and self._as_described(i, name, tensor, nbytes):
+                meta[0] = self._arr[i]
+            else:
+                self._describe(key, name, tensor, nbytes, meta)
             data[0] = addr
             return kind
         except BaseException as e:  # noqa: BLE001
             self.error = e
             return _capi.EIO
 
+    def _as_described(self, i: int, name: str, tensor: Any, nbytes: int) -> bool:
+        """Whether the pass's i-th tensor is metadata's i-th, as described."""
+        wire = self._wire_of.get(tensor.dtype)
+        if wire is None:
+            wire = self._wire_of[tensor.dtype] = _dtypes.to_wire(tensor.dtype)
+        a = self._arr[i]
+        return (name == self.metas[i].name and wire == self._wires[i]
+                and tuple(tensor.shape) == self.metas[i].shape and nbytes == a.nbytes)
+
+    def _describe(self, key: int, name: str, tensor: Any, nbytes: int, meta: Any) -> None:
+        """meta as the tensor is (the engine then says how it disagrees)."""
+        nm = name.encode()
+        self._held[-key] = nm
+        wire = _dtypes.to_wire(tensor.dtype)
+        shape = tuple(int(d) for d in tensor.shape)
+        sh = (C.c_uint64 * max(len(shape), 1))(*shape)
+        err = C.create_string_buffer(_capi.ERRBUF)
+        rc = _capi.tensor_meta_set(meta, nm, wire, sh, len(shape), err, _capi.ERRBUF)
+        if rc != 0:
+            raise ValueError(f"tensor {name!r}: {_capi.message(rc, err.value)}")
+        if meta[0].nbytes != nbytes:
+            raise ValueError(f"tensor {name!r}: {nbytes} bytes for {meta[0].nbytes}")
+
     def _close(self, _self, it) -> None:
         key = it or 0
         self._iters.pop(key, None)
+        self._pos.pop(key, None)
         self._held.pop(key, None)
         self._held.pop(-key, None)
         self._in_place.pop(key, None)
