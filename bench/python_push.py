@@ -1,6 +1,11 @@
-"""1 GB from Python (TorchModuleSource, torch CPU bf16) against wtx push of a
-synthetic model of the same bytes in C, to one worker over shm, steady state
-(third sync of each), a worker each. Run by bench/python_push.sh."""
+"""The Python package against the C CLI, same bytes, same worker kind, same
+run, steady state, a worker each. Run by bench/python_push.sh.
+  BYTES: 1 GB from Python (TorchModuleSource, torch CPU bf16) against wtx
+         push of a synthetic model of the same bytes, over shm, third sync
+  tiny N: N tiny tensors (F32 [4], as bench/tiny_model.py writes) from
+         Python (TorchModuleSource of a ParameterList) against wtx push of
+         that safetensors file, over shm, the best of syncs 3-7: the
+         control plane, where Python's cost is per tensor"""
 import subprocess
 import sys
 import time
@@ -9,28 +14,41 @@ import torch
 
 import wtx
 
-worker, c_worker, cli, size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-n = 64
-model = torch.nn.ParameterList(
-    [torch.nn.Parameter(torch.randn(size // n // 2, dtype=torch.bfloat16)) for _ in range(n)])
+worker, c_worker, cli = sys.argv[1], sys.argv[2], sys.argv[3]
+tiny = sys.argv[4] == "tiny"
+if tiny:
+    n, path = int(sys.argv[5]), sys.argv[6]
+    model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(4)) for _ in range(n)])
+    warm, rounds, flags = 2, 5, ["--buffer-size", "64M", path]
+else:
+    size = int(sys.argv[4])
+    n = 64
+    model = torch.nn.ParameterList(
+        [torch.nn.Parameter(torch.randn(size // n // 2, dtype=torch.bfloat16)) for _ in range(n)])
+    warm, rounds, flags = 2, 1, [f"synthetic:{size}"]
 client = wtx.WorkerClient([worker])
 engine = wtx.TrainerEngine.trainer_init({"rank": 0, "transport": "shm"}, client=client,
                                         source=wtx.TorchModuleSource(model))
-for _ in range(2):
+for _ in range(warm):
     engine.send_weights()
-t0 = time.time()
-r = engine.send_weights()
-py_wall = time.time() - t0
+py_sync = py_wall = 1e30
+for _ in range(rounds):
+    t0 = time.time()
+    r = engine.send_weights()
+    py_wall = min(py_wall, time.time() - t0)
+    py_sync = min(py_sync, r["seconds"])
 engine.shutdown()
-for _ in range(2):
-    subprocess.run([cli, "push", "--workers", c_worker, f"synthetic:{size}"], check=True,
-                   capture_output=True)
-t0 = time.time()
-out = subprocess.run([cli, "push", "--workers", c_worker, f"synthetic:{size}"], check=True,
-                     capture_output=True, text=True).stdout
-c_wall = time.time() - t0
-c_sync = float(out.split(" in ")[1].split(" s")[0])
-print(f"python TorchModuleSource: {r['bytes']} bytes, sync {r['seconds']:.3f} s "
-      f"(send_weights {py_wall:.3f} s)")
-print(f"C wtx push synthetic:   sync {c_sync:.3f} s (process {c_wall:.3f} s)")
-print(f"python / C sync time: {r['seconds'] / c_sync:.2f}")
+push = [cli, "push", "--workers", c_worker, *flags]
+for _ in range(warm):
+    subprocess.run(push, check=True, capture_output=True)
+c_sync = c_wall = 1e30
+for _ in range(rounds):
+    t0 = time.time()
+    out = subprocess.run(push, check=True, capture_output=True, text=True).stdout
+    c_wall = min(c_wall, time.time() - t0)
+    c_sync = min(c_sync, float(out.split(" in ")[1].split(" s")[0]))
+what = f"{n} tiny tensors" if tiny else f"{r['bytes']} bytes"
+best = f", best of {rounds}" if rounds > 1 else ""
+print(f"python TorchModuleSource: {what}, sync {py_sync:.3f} s (send_weights {py_wall:.3f} s{best})")
+print(f"C wtx push:               sync {c_sync:.3f} s (process {c_wall:.3f} s{best})")
+print(f"python / C sync time: {py_sync / c_sync:.2f}")

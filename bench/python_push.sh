@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The Python package against the C CLI, same bytes, same worker, same run:
-# bench/python_push.sh [BYTES] (default 1 GiB).
+# The Python package against the C CLI, same bytes, same worker kind, same
+# run: bench/python_push.sh [BYTES | --tiny N] (default 1 GiB; --tiny N: N
+# tiny tensors, the control plane).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-size=${1:-1073741824}
+what=(${1:-1073741824})
+[ "${1:-}" = --tiny ] && what=(tiny "$2")
 bazel build -c opt //lib:libwtx.so //server:wtx-worker //client:wtx 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 tmp=$(mktemp -d)
@@ -16,6 +18,8 @@ wtx_build.generate_stubs(pathlib.Path('proto').resolve(), pathlib.Path('$tmp'))"
 pid=$!
 "$bin/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$tmp/port2" --log-level warn &
 pid2=$!
+[ "${what[0]}" = tiny ] && .venv/bin/python bench/tiny_model.py "${what[1]}" "$tmp/tiny.safetensors"
 for _ in $(seq 200); do [ -s "$tmp/port" ] && [ -s "$tmp/port2" ] && break; sleep 0.05; done
 WTX_LIBWTX="$bin/lib/libwtx.so" PYTHONPATH="$tmp" .venv/bin/python bench/python_push.py \
-  "127.0.0.1:$(cat "$tmp/port")" "127.0.0.1:$(cat "$tmp/port2")" "$bin/client/wtx" "$size"
+  "127.0.0.1:$(cat "$tmp/port")" "127.0.0.1:$(cat "$tmp/port2")" "$bin/client/wtx" "${what[@]}" \
+  "$tmp/tiny.safetensors"
