@@ -3,7 +3,8 @@
 # in the same run on the same machine (never an absolute target).
 #   control plane  one sync of N tiny tensors (wtx push, fresh worker) vs one
 #                  vLLM-style JSON POST of the same N names/dtypes/shapes to
-#                  FastAPI (bench/json_baseline.py)
+#                  FastAPI (bench/json_baseline.py); and 40k from the Python
+#                  package vs the C CLI (bench/python_push.sh --tiny)
 #   shm            steady-state sync (third) to 1 and 3 workers vs memcpy
 #                  (warm and into fresh memory, bench/memcpy_baseline); and,
 #                  checksums off, vs two copies pipelined through a ring in
@@ -67,6 +68,10 @@ w0=$(date +%s%N)
 echo "wtx push of $n tiny tensors, end to end (process start to exit, steady state):" \
   "$(( ($(date +%s%N) - w0) / 1000000 )) ms"
 kill "${pids[-1]}" 2>/dev/null || true
+if [ $quick = 0 ]; then
+  echo "the same $n tiny tensors from the Python package (bench/python_push.sh --tiny $n):"
+  bench/python_push.sh --tiny "$n" | tail -3 | sed 's/^/  /'
+fi
 echo
 echo "## data plane, size $size, steady state (best of syncs 3-5)"
 start_worker 0 a; w1=$addr; w1pid=${pids[-1]}
