@@ -29,9 +29,13 @@ while [ $# -gt 0 ]; do
 done
 tmp=$(mktemp -d)
 pids=()
+# A worktree's Bazel server would idle for hours after its tree is gone (a
+# JVM of a few hundred MB per run): shut down before removing.
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true
-      git worktree remove --force "$tmp/src-old" 2>/dev/null || true
-      git worktree remove --force "$tmp/src-new" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+      for w in "$tmp/src-old" "$tmp/src-new"; do
+        [ -d "$w" ] && (cd "$w" && bazel shutdown 2>/dev/null)
+        git worktree remove --force "$w" 2>/dev/null || true
+      done; rm -rf "$tmp"' EXIT
 
 # build SIDE REV: the two binaries of REV (the working tree when empty).
 build() {
