@@ -41,6 +41,11 @@ class _Host:
         self.version = ""
         self.staged: dict[str, Any] = {}
         self.loaded: set[str] = set()
+        # The module's parameters and buffers by name, listed once per
+        # update (at its first check) instead of once per tensor checked,
+        # which made an update quadratic in the number of parameters.
+        self.update_targets: dict[str, Any] | None = None
+        self.torch_dtypes: dict[int, Any] = {}
         self.ops = _capi.ModelOps(
             _capi.M_CHECK(self._check), _capi.M_BEGIN(self._begin), _capi.M_STAGE(self._stage),
             _capi.M_LOADED(self._loaded), _capi.M_PREPARE(self._prepare),
@@ -61,6 +66,13 @@ class _Host:
         d.update(dict(self.module.named_buffers()))
         return d
 
+    def _update_targets(self) -> dict[str, Any]:
+        """_targets() as of this update's first use; begin, commit and abort
+        forget it, so each update sees the module as it then is."""
+        if self.update_targets is None:
+            self.update_targets = self._targets()
+        return self.update_targets
+
     def _check(self, _m, target, meta, err, errlen) -> int:
         try:
             m = meta[0]
@@ -70,7 +82,7 @@ class _Host:
                 return _capi.ESTATE
             if self._loader() is not None:
                 return 0  # load_weights maps checkpoint names itself
-            t = self._targets().get(name)
+            t = self._update_targets().get(name)
             if t is None:
                 _capi.write_err(err, errlen, f"parameter '{name}' is not in the module")
                 return _capi.ENOENT
@@ -87,13 +99,16 @@ class _Host:
     def _begin(self, _m, target) -> int:
         self.staged.clear()
         self.loaded.clear()
+        self.update_targets = None
         return 0
 
     def _stage_on(self, meta, dst, device: str) -> int:
         try:
             m = meta[0]
-            shape = tuple(m.shape[d] for d in range(m.ndim))
-            t = self.torch.empty(shape, dtype=_dtypes.to_torch(m.dtype), device=device)
+            dtype = self.torch_dtypes.get(m.dtype)
+            if dtype is None:
+                dtype = self.torch_dtypes[m.dtype] = _dtypes.to_torch(m.dtype)
+            t = self.torch.empty(m.shape[:m.ndim], dtype=dtype, device=device)
             self.staged[m.name.decode()] = t
             dst[0] = t.data_ptr() if t.numel() else 0
             return 0
@@ -127,11 +142,12 @@ class _Host:
                 if loader is not None:
                     loader(iter(self.staged.items()))
                 else:
-                    targets = self._targets()
+                    targets = self._update_targets()
                     for name, t in self.staged.items():
                         targets[name].copy_(t)
                 self.version = version.decode()
             self.staged.clear()
+            self.update_targets = None
             return 0
         except BaseException:  # noqa: BLE001
             log.exception("commit")
@@ -140,6 +156,7 @@ class _Host:
     def _abort(self, _m) -> None:
         self.staged.clear()
         self.loaded.clear()
+        self.update_targets = None
 
     def _pause(self, _h, wait) -> None:
         if self.on_pause is not None:
