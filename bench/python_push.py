@@ -5,7 +5,10 @@ run, steady state, a worker each. Run by bench/python_push.sh.
   tiny N: N tiny tensors (F32 [4], as bench/tiny_model.py writes) from
          Python (TorchModuleSource of a ParameterList) against wtx push of
          that safetensors file, over shm, the best of syncs 3-7: the
-         control plane, where Python's cost is per tensor"""
+         control plane, where Python's cost is per tensor; and the same
+         file pushed by the C CLI into a Python host (wtx.serve of a module
+         with load_weights, as vLLM's models have) in this process, against
+         the C worker: the worker side of the vLLM integration"""
 import subprocess
 import sys
 import time
@@ -52,3 +55,26 @@ best = f", best of {rounds}" if rounds > 1 else ""
 print(f"python TorchModuleSource: {what}, sync {py_sync:.3f} s (send_weights {py_wall:.3f} s{best})")
 print(f"C wtx push:               sync {c_sync:.3f} s (process {c_wall:.3f} s{best})")
 print(f"python / C sync time: {py_sync / c_sync:.2f}")
+if tiny:
+    class Host(torch.nn.Module):
+        """A model that loads by name, as vLLM's do."""
+
+        def __init__(self, names):
+            super().__init__()
+            self.weights = {name: torch.zeros(4) for name in names}
+
+        def load_weights(self, items):
+            for name, t in items:
+                self.weights[name].copy_(t)
+
+    names = [f"model.layers.{i // 100}.experts.{i % 100}.w" for i in range(n)]
+    with wtx.serve(Host(names), "127.0.0.1:0") as server:
+        push[3] = server.address
+        for _ in range(warm):
+            subprocess.run(push, check=True, capture_output=True)
+        host_sync = 1e30
+        for _ in range(rounds):
+            out = subprocess.run(push, check=True, capture_output=True, text=True).stdout
+            host_sync = min(host_sync, float(out.split(" in ")[1].split(" s")[0]))
+    print(f"C wtx push into a Python host (wtx.serve, load_weights): sync {host_sync:.3f} s "
+          f"= {host_sync / c_sync:.2f} x the C worker's{best}")
