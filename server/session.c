@@ -392,8 +392,9 @@ static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
     snprintf(err, errlen, "update_info.params[%zu].name: not valid UTF-8", i);
     return WTX_EINVAL;
   }
-  if (s->cfg.model_ops->check == NULL) return 0;
-  return s->cfg.model_ops->check(s->cfg.model, s->target, meta, err, errlen);
+  const wtx_model_ops *m = s->cfg.model_ops;
+  if (m->check == NULL || m->check_chunk != NULL) return 0; /* none, or per chunk */
+  return m->check(s->cfg.model, s->target, meta, err, errlen);
 }
 
 /* One UpdateWeights call's chunk: its validated tensors and where their
@@ -405,12 +406,28 @@ typedef struct chunk {
   wtx_tensor_meta *metas; /* into the session's table when named by range */
   int by_range;
   wtx_rx_tensor *rt;
+  uint8_t **dst;  /* stage_chunk's answers, n of them (NULL until used) */
+  uint64_t *sums; /* loaded_chunk's checksums, n of them (NULL until used) */
   char err[1600];
 } chunk;
 
 static void chunk_free(chunk *c) {
   if (!c->by_range) free(c->metas);
   free(c->rt);
+  free(c->dst);
+  free(c->sums);
+}
+
+/* The model's check_chunk over the chunk's tensors, where it has one (the
+ * per-tensor check ran as each was validated where it has not). */
+static int model_check_chunk(wtx_session *s, chunk *c) {
+  const wtx_model_ops *m = s->cfg.model_ops;
+  if (m->check_chunk == NULL) return 0;
+  size_t bad = 0;
+  int rc = m->check_chunk(s->cfg.model, s->target, c->metas, c->n, &bad, c->err, sizeof c->err);
+  if (rc != 0 && c->err[0] == '\0')
+    snprintf(c->err, sizeof c->err, "model: refused '%s'", c->metas[bad < c->n ? bad : 0].name);
+  return rc;
 }
 
 /* Step 1: the chunk's shape as a whole, and its tensors' memory. */
@@ -485,12 +502,15 @@ static int chunk_check_range(wtx_session *s, chunk *c) {
     return WTX_EINVAL;
   }
   c->metas = &l->metas[r->first];
+  const wtx_model_ops *m = s->cfg.model_ops;
+  int each = m->check != NULL && m->check_chunk == NULL;
   for (size_t i = 0; i < c->n; i++) {
-    int rc = s->cfg.model_ops->check == NULL ? 0 : s->cfg.model_ops->check(
-                 s->cfg.model, s->target, &c->metas[i], c->err, sizeof c->err);
+    int rc = each ? m->check(s->cfg.model, s->target, &c->metas[i], c->err, sizeof c->err) : 0;
     if (rc != 0) return rc;
     if (i > 0 || !continues) s->begun_bytes += c->metas[i].nbytes;
   }
+  int rc = model_check_chunk(s, c);
+  if (rc != 0) return rc;
   s->range_next = (size_t)r->first + r->count;
   return check_limits(s, c);
 }
@@ -518,7 +538,8 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
     if (rc != 0) return rc;
     s->begun_bytes += c->metas[i].nbytes;
   }
-  return check_limits(s, c);
+  int rc = model_check_chunk(s, c);
+  return rc != 0 ? rc : check_limits(s, c);
 }
 
 /* A tensor beginning at byte `at` of the update's stream, staged in place
@@ -549,6 +570,21 @@ static int stage_one(wtx_session *s, chunk *c, size_t i, uint64_t at) {
   return rc;
 }
 
+/* Host staging for tensors [first, n) at once, through the model's
+ * stage_chunk. */
+static int stage_chunk(wtx_session *s, chunk *c, size_t first) {
+  if (first == c->n) return 0;
+  if (c->dst == NULL && (c->dst = calloc(c->n, sizeof *c->dst)) == NULL) return WTX_ENOMEM;
+  int rc = s->cfg.model_ops->stage_chunk(s->cfg.model, &c->metas[first], c->n - first, c->dst);
+  if (rc != 0) {
+    snprintf(c->err, sizeof c->err, "model: cannot stage the chunk's %zu tensors (from '%s')",
+             c->n - first, c->metas[first].name);
+    return rc;
+  }
+  for (size_t i = first; i < c->n; i++) c->rt[i].dst = c->dst[i - first];
+  return 0;
+}
+
 /* Step 3: staging memory for the tensors that begin in this chunk, and the
  * assembler set up to receive into it. The model sees each tensor through
  * the same meta in check, stage and loaded, checked, staged and loaded in
@@ -564,6 +600,8 @@ static int chunk_stage(wtx_session *s, chunk *c) {
              (unsigned long long)next);
     return WTX_EPROTO;
   }
+  int per_chunk = s->cfg.model_ops->stage_chunk != NULL && s->region == NULL &&
+                  s->stage_device < 0;
   for (size_t i = 0; i < c->n; at += c->metas[i++].nbytes) {
     c->rt[i].name = c->metas[i].name;
     c->rt[i].nbytes = c->metas[i].nbytes;
@@ -571,7 +609,11 @@ static int chunk_stage(wtx_session *s, chunk *c) {
       c->rt[0].dst = s->carry_dst;
       continue;
     }
-    int rc = stage_one(s, c, i, at);
+    int rc = per_chunk ? 0 : stage_one(s, c, i, at);
+    if (rc != 0) return rc;
+  }
+  if (per_chunk) {
+    int rc = stage_chunk(s, c, ui->first_param_offset > 0);
     if (rc != 0) return rc;
   }
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
@@ -583,14 +625,32 @@ static int chunk_stage(wtx_session *s, chunk *c) {
   return rc;
 }
 
+/* The model's loaded_chunk over the chunk's first done tensors. */
+static int loaded_chunk(wtx_session *s, chunk *c, size_t done, int verified) {
+  if (done == 0) return 0;
+  if (verified && c->sums == NULL && (c->sums = calloc(c->n, sizeof *c->sums)) == NULL)
+    return WTX_ENOMEM;
+  for (size_t i = 0; verified && i < done; i++) c->sums[i] = wtx__rx_checksum(s->rx, i);
+  int rc = s->cfg.model_ops->loaded_chunk(s->cfg.model, c->metas, done,
+                                          verified ? c->sums : NULL);
+  if (rc != 0)
+    snprintf(c->err, sizeof c->err, "model: cannot load the chunk's %zu tensors (from '%s')",
+             done, c->metas[0].name);
+  return rc;
+}
+
 /* Step 5 (after the receive): hands the completed tensors to the model.
  * Caller holds mu. */
 static int chunk_loaded(wtx_session *s, chunk *c) {
   size_t done = wtx__rx_completed(s->rx);
+  int verified = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+  const wtx_model_ops *m = s->cfg.model_ops;
+  int rc = m->loaded_chunk != NULL ? loaded_chunk(s, c, done, verified) : 0;
+  if (rc != 0) return rc;
   for (size_t i = 0; i < done; i++) {
-    uint64_t sum = wtx__rx_checksum(s->rx, i);
-    int verified = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
-    int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i], verified ? &sum : NULL);
+    uint64_t sum = m->loaded_chunk == NULL ? wtx__rx_checksum(s->rx, i) : 0;
+    rc = m->loaded_chunk == NULL ? m->loaded(s->cfg.model, &c->metas[i], verified ? &sum : NULL)
+                                 : 0;
     if (rc != 0) {
       snprintf(c->err, sizeof c->err, "model: cannot load '%s'", c->metas[i].name);
       return rc;

@@ -393,6 +393,28 @@ class ContractTest(unittest.TestCase):
             e.shutdown()
             c.close()
 
+    def test_a_tensor_larger_than_the_buffer_reaches_a_served_module_whole(self):
+        # The chunk after the first holds the rest of the large tensor and
+        # then new ones: the host stages only the new ones there (one
+        # stage_chunk call per chunk), and the large tensor arrives whole.
+        import wtx
+        model = torch.nn.ParameterDict({
+            "big": torch.nn.Parameter(torch.zeros(400_000)),
+            "a": torch.nn.Parameter(torch.zeros(5)), "b": torch.nn.Parameter(torch.zeros(7))})
+        with wtx.serve(model, "127.0.0.1:0") as server:
+            c = wtx.WorkerClient([server.address])
+            for step in (1, 2):  # the second names the tensors by position
+                weights = {"big": torch.arange(400_000, dtype=torch.float32) * step,
+                           "a": torch.full((5,), 1.0 * step), "b": torch.full((7,), 2.0 * step)}
+                e = wtx.TrainerEngine.trainer_init({"rank": 0, "buffer_size": 1 << 20},
+                                                   client=c, source=wtx.DictSource(weights))
+                r = e.send_weights()
+                e.shutdown()
+                self.assertEqual(2, r["chunks"])
+                for name, t in weights.items():
+                    self.assertTrue(torch.equal(model[name].detach(), t), f"{name}, update {step}")
+            c.close()
+
     def test_dtypes_map_both_ways(self):
         from wtx import _dtypes
         for wire, (name, size, st) in _dtypes.WIRE.items():

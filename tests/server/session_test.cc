@@ -621,8 +621,8 @@ void CmAbort(void *m) {
 int CmPrepare(void *m, const char *v, char *e, size_t n) {
   return wtx_store_model_ops.prepare(static_cast<CountingModel *>(m)->store, v, e, n);
 }
-const wtx_model_ops kCounting = {CmCheck,  CmBegin, CmStage, CmLoaded, CmPrepare,
-                                 CmCommit, CmAbort, nullptr, nullptr};
+const wtx_model_ops kCounting = {CmCheck, CmBegin, CmStage, CmLoaded, CmPrepare, CmCommit,
+                                 CmAbort, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
@@ -835,8 +835,8 @@ void HmPause(void *h, int wait) {
 }
 void HmResume(void *h) { static_cast<HostModel *>(h)->resumes++; }
 // No prepare: commit does it all (a host model that cannot fail there).
-const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit, HmAbort,
-                             nullptr, nullptr};
+const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit,
+                             HmAbort, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   HostModel hm;
@@ -886,6 +886,103 @@ TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   EXPECT_EQ(WTX_ENOTSUP, wtx__v1__weight_transfer__update_weight_version__call(
                              ch_, &vr, &vresp, nullptr, &st_));
   EXPECT_EQ(GRPC_STATUS_UNIMPLEMENTED, st_.code);
+  wtx_rpc_channel_destroy(ch_);
+  ch_ = nullptr;
+  wtx_worker_destroy(w_);
+  w_ = nullptr;
+}
+
+// A host model with the per-chunk ops (as the Python binding has): one call
+// of each per chunk over the chunk's tensors, never the per-tensor ones.
+struct ChunkModel : HostModel {
+  std::vector<size_t> checked, staged_n, loaded_n;
+  int per_tensor = 0;
+  std::string refuse; // a name check_chunk refuses
+};
+int CkPerTensorCheck(void *m, wtx_target, const wtx_tensor_meta *, char *, size_t) {
+  static_cast<ChunkModel *>(m)->per_tensor++;
+  return WTX_EIO;
+}
+int CkPerTensorStage(void *m, const wtx_tensor_meta *, uint8_t **) {
+  static_cast<ChunkModel *>(m)->per_tensor++;
+  return WTX_EIO;
+}
+int CkPerTensorLoaded(void *m, const wtx_tensor_meta *, const uint64_t *) {
+  static_cast<ChunkModel *>(m)->per_tensor++;
+  return WTX_EIO;
+}
+int CkCheckChunk(void *m, wtx_target, const wtx_tensor_meta *metas, size_t n, size_t *bad,
+                 char *err, size_t errlen) {
+  auto *cm = static_cast<ChunkModel *>(m);
+  cm->checked.push_back(n);
+  for (size_t i = 0; i < n; i++)
+    if (cm->refuse == metas[i].name) {
+      *bad = i;
+      snprintf(err, errlen, "parameter '%s' is not in the module", metas[i].name);
+      return WTX_ENOENT;
+    }
+  return 0;
+}
+int CkStageChunk(void *m, const wtx_tensor_meta *metas, size_t n, uint8_t **dst) {
+  static_cast<ChunkModel *>(m)->staged_n.push_back(n);
+  for (size_t i = 0; i < n; i++) HmStage(m, &metas[i], &dst[i]);
+  return 0;
+}
+int CkLoadedChunk(void *m, const wtx_tensor_meta *metas, size_t n, const uint64_t *h) {
+  static_cast<ChunkModel *>(m)->loaded_n.push_back(n);
+  for (size_t i = 0; i < n; i++) HmLoaded(m, &metas[i], h != nullptr ? &h[i] : nullptr);
+  return 0;
+}
+// The per-tensor ops fail and count: the session must not call them.
+const wtx_model_ops kChunkHost = {CkPerTensorCheck, HmBegin,      CkPerTensorStage,
+                                  CkPerTensorLoaded, nullptr,     HmCommit,
+                                  HmAbort,          nullptr,      nullptr,
+                                  CkCheckChunk,     CkStageChunk, CkLoadedChunk};
+
+TEST_F(SessionTest, AModelsPerChunkOpsAreCalledOncePerChunkInsteadOfPerTensor) {
+  ChunkModel cm;
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.model_ops = &kChunkHost;
+  o.model = &cm;
+  Restart(o);
+  ASSERT_EQ(0, Init()) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("x", 8, 3), T("y", 2, 9), T("z", 4, 1)})) << st_.message;
+  ASSERT_EQ(0, Update({T("w", 8, 5)})) << st_.message;
+  ASSERT_EQ(0, Finish("c1")) << st_.message;
+  EXPECT_EQ(0, cm.per_tensor);
+  EXPECT_EQ((std::vector<size_t>{3, 1}), cm.checked);
+  EXPECT_EQ((std::vector<size_t>{3, 1}), cm.staged_n);
+  EXPECT_EQ((std::vector<size_t>{3, 1}), cm.loaded_n);
+  EXPECT_EQ(T("y", 2, 9).data, cm.live["y"]);
+  EXPECT_EQ(T("w", 8, 5).data, cm.live["w"]);
+  EXPECT_EQ(XXH3_64bits(cm.live["z"].data(), 16), cm.sums["z"]);
+
+  // Steady state: the same tensors by position in the table.
+  Wtx__V1__ParamRange r = WTX__V1__PARAM_RANGE__INIT;
+  ASSERT_EQ(0, Start()) << st_.message;
+  r.table_xxh3 = table_;
+  r.count = 3;
+  ASSERT_EQ(0, Update({T("x", 8, 4), T("y", 2, 4), T("z", 4, 4)}, false, &r)) << st_.message;
+  r.first = 3;
+  r.count = 1;
+  ASSERT_EQ(0, Update({T("w", 8, 4)}, false, &r)) << st_.message;
+  ASSERT_EQ(0, Finish("c2")) << st_.message;
+  EXPECT_EQ(0, cm.per_tensor);
+  EXPECT_EQ((std::vector<size_t>{3, 1, 3, 1}), cm.checked);
+  EXPECT_EQ(T("x", 8, 4).data, cm.live["x"]);
+
+  // A tensor check_chunk refuses fails the chunk by name before any byte
+  // moves, and the published weights stay.
+  cm.refuse = "y";
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_EQ(WTX_ENOENT, Update({T("x", 8, 7), T("y", 2, 7)}));
+  EXPECT_NE(std::string::npos, std::string(st_.message).find("'y' is not in the module"))
+      << st_.message;
+  EXPECT_EQ((std::vector<size_t>{3, 1, 3, 1}), cm.staged_n);  // nothing staged
+  EXPECT_EQ(1, cm.aborts);
+  EXPECT_EQ(T("x", 8, 4).data, cm.live["x"]);
+  EXPECT_EQ("c2", cm.version);
   wtx_rpc_channel_destroy(ch_);
   ch_ = nullptr;
   wtx_worker_destroy(w_);

@@ -88,11 +88,20 @@ M_ADOPT_DEVICE = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(TensorMeta), C.c_int
                              C.c_void_p)
 
 
+M_CHECK_CHUNK = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.POINTER(TensorMeta), C.c_size_t,
+                            C.POINTER(C.c_size_t), C.c_void_p, C.c_size_t)
+M_STAGE_CHUNK = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(TensorMeta), C.c_size_t,
+                            C.POINTER(C.c_void_p))
+M_LOADED_CHUNK = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(TensorMeta), C.c_size_t,
+                             C.POINTER(C.c_uint64))
+
+
 class ModelOps(C.Structure):
     _fields_ = [("check", M_CHECK), ("begin", M_BEGIN), ("stage", M_STAGE),
                 ("loaded", M_LOADED), ("prepare", M_PREPARE), ("commit", M_COMMIT),
                 ("abort", M_ABORT), ("stage_device", M_STAGE_DEVICE),
-                ("adopt_device", M_ADOPT_DEVICE)]
+                ("adopt_device", M_ADOPT_DEVICE), ("check_chunk", M_CHECK_CHUNK),
+                ("stage_chunk", M_STAGE_CHUNK), ("loaded_chunk", M_LOADED_CHUNK)]
 
 
 ON_PAUSE = C.CFUNCTYPE(None, C.c_void_p, C.c_int)
