@@ -625,7 +625,7 @@ static int chunk_stage(wtx_session *s, chunk *c) {
   return rc;
 }
 
-/* The model's loaded_chunk over the chunk's first done tensors. */
+/* The chunk's first done tensors to the model's loaded_chunk at once. */
 static int loaded_chunk(wtx_session *s, chunk *c, size_t done, int verified) {
   if (done == 0) return 0;
   if (verified && c->sums == NULL && (c->sums = calloc(c->n, sizeof *c->sums)) == NULL)
@@ -639,25 +639,29 @@ static int loaded_chunk(wtx_session *s, chunk *c, size_t done, int verified) {
   return rc;
 }
 
+/* The chunk's first done tensors to the model's loaded, one at a time. */
+static int loaded_each(wtx_session *s, chunk *c, size_t done, int verified) {
+  for (size_t i = 0; i < done; i++) {
+    uint64_t sum = wtx__rx_checksum(s->rx, i);
+    int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i], verified ? &sum : NULL);
+    if (rc != 0) {
+      snprintf(c->err, sizeof c->err, "model: cannot load '%s'", c->metas[i].name);
+      return rc;
+    }
+  }
+  return 0;
+}
+
 /* Step 5 (after the receive): hands the completed tensors to the model.
  * Caller holds mu. */
 static int chunk_loaded(wtx_session *s, chunk *c) {
   size_t done = wtx__rx_completed(s->rx);
   int verified = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
-  const wtx_model_ops *m = s->cfg.model_ops;
-  int rc = m->loaded_chunk != NULL ? loaded_chunk(s, c, done, verified) : 0;
+  int rc = s->cfg.model_ops->loaded_chunk != NULL ? loaded_chunk(s, c, done, verified)
+                                                  : loaded_each(s, c, done, verified);
   if (rc != 0) return rc;
-  for (size_t i = 0; i < done; i++) {
-    uint64_t sum = m->loaded_chunk == NULL ? wtx__rx_checksum(s->rx, i) : 0;
-    rc = m->loaded_chunk == NULL ? m->loaded(s->cfg.model, &c->metas[i], verified ? &sum : NULL)
-                                 : 0;
-    if (rc != 0) {
-      snprintf(c->err, sizeof c->err, "model: cannot load '%s'", c->metas[i].name);
-      return rc;
-    }
-    s->staged_params++;
-    s->staged_bytes += c->metas[i].nbytes;
-  }
+  s->staged_params += done;
+  for (size_t i = 0; i < done; i++) s->staged_bytes += c->metas[i].nbytes;
   if (done < c->n) s->carry_dst = c->rt[c->n - 1].dst;
   if (s->abort_requested) {
     snprintf(c->err, sizeof c->err, "aborted while receiving");
