@@ -413,8 +413,8 @@ static void sync_free(sync_state *s) {
  * one chunk would be refused), and smaller chunks let the worker check and
  * stage one while the trainer packs the next: a steady-state sync of 40k
  * tiny tensors in chunks of 8192 took 0.015 s against 0.018 s in one
- * chunk (medians of 20); chunks of 2048 were slower again
- * (bench/results/2026-11-30-c-kernels.md, fifth round). */
+ * chunk (medians of 20; bench/results/2026-11-30-c-kernels.md, fifth
+ * round). */
 #define CHUNK_PARAMS 8192
 
 /* Step 1: the chunk plan, the same cut the workers expect. */

@@ -93,17 +93,16 @@ typedef struct wtx_model_ops {
    * stage_device or stage. */
   int (*adopt_device)(void *model, const wtx_tensor_meta *meta, int device,
                       const void *src);
-  /* Optional, each in place of its per-tensor op, for a model behind a
-   * binding whose every call costs microseconds (Python's ctypes: about 12
-   * us a call from the worker's threads, three calls per tensor): one call
-   * per chunk, over the same tensors, metas and order as the per-tensor op
-   * would see, metas[0..n) valid until the chunk's last call.
-   * check_chunk: checks metas[0..n); on failure *bad is the index of the
-   * first refused and err says why. stage_chunk: host memory for each of
-   * metas[0..n) into dst[0..n), as stage (used only where stage would be:
-   * host staging). loaded_chunk: metas[0..n) are complete and verified;
-   * xxh3: their n checksums, or NULL when none were computed. NULL: the
-   * per-tensor op. */
+  /* Optional, each in place of its per-tensor op, for a model behind a binding
+   * whose every call is costly (Python's ctypes, called from the worker's
+   * threads, three calls per tensor): one call per chunk, over the same
+   * tensors, metas and order as the per-tensor op would see, metas[0..n) valid
+   * until the chunk's last call. check_chunk: checks metas[0..n); on failure
+   * *bad is the index of the first refused and err says why. stage_chunk: host
+   * memory for each of metas[0..n) into dst[0..n), as stage (used only where
+   * stage would be: host staging). loaded_chunk: metas[0..n) are complete and
+   * verified; xxh3: their n checksums, or NULL when none were computed. NULL:
+   * the per-tensor op. */
   int (*check_chunk)(void *model, wtx_target target, const wtx_tensor_meta *metas, size_t n,
                      size_t *bad, char *err, size_t errlen);
   int (*stage_chunk)(void *model, const wtx_tensor_meta *metas, size_t n, uint8_t **dst);

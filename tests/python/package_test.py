@@ -356,7 +356,7 @@ class ContractTest(unittest.TestCase):
     def test_a_served_module_lists_its_parameters_once_per_update(self):
         # A module without load_weights is checked tensor by tensor against
         # its own parameters; listing them for every tensor made an update
-        # quadratic (4000 parameters: 9.4 s a sync). They are listed once per
+        # quadratic in the parameter count. They are listed once per
         # update, and again for the next one, which sees the module as it
         # then is.
         import wtx
