@@ -214,9 +214,7 @@ class CSource:
         # (name, wire dtype, shape, bytes) gets its TensorMeta from _arr
         # without building one; any other is described as it is, so the
         # engine reports how it disagrees with the metadata.
-        self._wires = [meta_of(m)[0] for m in self.metas]
         self._wire_of: dict[Any, int] = {}
-        self._holds = bool(getattr(source, "holds_tensors", False))
         self._pos: dict[int, int] = {}
         self._iters: dict[int, Iterator] = {}
         # Per pass: the tensor (and name) of the last next, and the tensors
@@ -266,7 +264,7 @@ class CSource:
             i = self._pos[key]
             self._pos[key] = i + 1
             addr, nbytes, keep, kind = host_view(name, tensor)
-            if kind != COPY and not self._holds and not held_elsewhere(self.source, tensor):
+            if kind != COPY and not held_elsewhere(self.source, tensor):
                 if kind == OWN_DEVICE:  # a host copy, let go at the next tensor
                     addr, nbytes, keep, kind = host_view(name, keep.to("cpu"))
                 kind = COPY
@@ -289,7 +287,7 @@ class CSource:
         if wire is None:
             wire = self._wire_of[tensor.dtype] = _dtypes.to_wire(tensor.dtype)
         a = self._arr[i]
-        return (name == self.metas[i].name and wire == self._wires[i]
+        return (name == self.metas[i].name and wire == a.dtype
                 and tuple(tensor.shape) == self.metas[i].shape and nbytes == a.nbytes)
 
     def _describe(self, key: int, name: str, tensor: Any, nbytes: int, meta: Any) -> None:
