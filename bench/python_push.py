@@ -42,14 +42,23 @@ for _ in range(rounds):
     py_sync = min(py_sync, r["seconds"])
 engine.shutdown()
 push = [cli, "push", "--workers", c_worker, *flags]
-for _ in range(warm):
-    subprocess.run(push, check=True, capture_output=True)
-c_sync = c_wall = 1e30
-for _ in range(rounds):
-    t0 = time.time()
-    out = subprocess.run(push, check=True, capture_output=True, text=True).stdout
-    c_wall = min(c_wall, time.time() - t0)
-    c_sync = min(c_sync, float(out.split(" in ")[1].split(" s")[0]))
+
+
+def cli_push(workers: str) -> tuple[float, float]:
+    """The C CLI's best sync and process seconds to workers, after warm-up."""
+    cmd = push[:3] + [workers] + push[4:]
+    for _ in range(warm):
+        subprocess.run(cmd, check=True, capture_output=True)
+    sync = wall = 1e30
+    for _ in range(rounds):
+        t0 = time.time()
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        wall = min(wall, time.time() - t0)
+        sync = min(sync, float(out.split(" in ")[1].split(" s")[0]))
+    return sync, wall
+
+
+c_sync, c_wall = cli_push(c_worker)
 what = f"{n} tiny tensors" if tiny else f"{r['bytes']} bytes"
 best = f", best of {rounds}" if rounds > 1 else ""
 print(f"python TorchModuleSource: {what}, sync {py_sync:.3f} s (send_weights {py_wall:.3f} s{best})")
@@ -67,14 +76,8 @@ if tiny:
             for name, t in items:
                 self.weights[name].copy_(t)
 
-    names = [f"model.layers.{i // 100}.experts.{i % 100}.w" for i in range(n)]
+    names = [m.name for m in wtx.SafetensorsSource(path).metadata]
     with wtx.serve(Host(names), "127.0.0.1:0") as server:
-        push[3] = server.address
-        for _ in range(warm):
-            subprocess.run(push, check=True, capture_output=True)
-        host_sync = 1e30
-        for _ in range(rounds):
-            out = subprocess.run(push, check=True, capture_output=True, text=True).stdout
-            host_sync = min(host_sync, float(out.split(" in ")[1].split(" s")[0]))
+        host_sync, _ = cli_push(server.address)
     print(f"C wtx push into a Python host (wtx.serve, load_weights): sync {host_sync:.3f} s "
           f"= {host_sync / c_sync:.2f} x the C worker's{best}")
