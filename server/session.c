@@ -378,6 +378,15 @@ static grpc_status_code handle_start(wtx_rpc_ctx *ctx,
   return code;
 }
 
+/* The model's per-tensor check of meta, where it checks tensor by tensor
+ * (none, or check_chunk: 0). */
+static int model_check_one(wtx_session *s, const wtx_tensor_meta *meta, char *err,
+                           size_t errlen) {
+  const wtx_model_ops *m = s->cfg.model_ops;
+  if (m->check == NULL || m->check_chunk != NULL) return 0;
+  return m->check(s->cfg.model, s->target, meta, err, errlen);
+}
+
 /* Validates one ParamMeta into meta (no byte has moved yet). */
 static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
                       wtx_tensor_meta *meta, char *err, size_t errlen) {
@@ -392,9 +401,7 @@ static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
     snprintf(err, errlen, "update_info.params[%zu].name: not valid UTF-8", i);
     return WTX_EINVAL;
   }
-  const wtx_model_ops *m = s->cfg.model_ops;
-  if (m->check == NULL || m->check_chunk != NULL) return 0; /* none, or per chunk */
-  return m->check(s->cfg.model, s->target, meta, err, errlen);
+  return model_check_one(s, meta, err, errlen);
 }
 
 /* One UpdateWeights call's chunk: its validated tensors and where their
@@ -502,10 +509,8 @@ static int chunk_check_range(wtx_session *s, chunk *c) {
     return WTX_EINVAL;
   }
   c->metas = &l->metas[r->first];
-  const wtx_model_ops *m = s->cfg.model_ops;
-  int each = m->check != NULL && m->check_chunk == NULL;
   for (size_t i = 0; i < c->n; i++) {
-    int rc = each ? m->check(s->cfg.model, s->target, &c->metas[i], c->err, sizeof c->err) : 0;
+    int rc = model_check_one(s, &c->metas[i], c->err, sizeof c->err);
     if (rc != 0) return rc;
     if (i > 0 || !continues) s->begun_bytes += c->metas[i].nbytes;
   }
