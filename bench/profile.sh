@@ -61,5 +61,5 @@ for side in worker trainer; do
       "$(echo "$n / $hz" | bc -l | xargs printf '%.3f') s of CPU"
   fi
   perf report -i "$tmp/$side.data" --no-children --stdio --sort sym 2>/dev/null |
-    grep -E '^ +[0-9]' | awk 'NR <= 15' # reads to the end: no SIGPIPE under pipefail
+    grep -E '^ +[0-9]' | awk "NR <= ${PROFILE_TOP:-15}" # reads to the end: no SIGPIPE under pipefail
 done
