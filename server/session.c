@@ -1,6 +1,7 @@
 /* The WorkerEngine session: the calls that change it (see session.h). */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,10 @@
 #include "common/log.h"
 #include "common/text.h"
 #include "server/session.h"
+
+/* The next table id (wtx_model_ops.check_range): unique in the process,
+ * whatever the number of sessions sharing a model. */
+static atomic_uint_fast64_t table_ids = 1;
 
 /* Whether an update is open: receiving chunks, or prepared. */
 static int update_open(const wtx_session *s) {
@@ -437,6 +442,24 @@ static int model_check_chunk(wtx_session *s, chunk *c) {
   return rc;
 }
 
+/* The model's check of a chunk named by range in table `table`: its
+ * check_range where it has one, else as a chunk of params. */
+static int model_check_range(wtx_session *s, chunk *c, uint64_t table) {
+  const wtx_model_ops *m = s->cfg.model_ops;
+  size_t bad = 0;
+  int rc = 0;
+  if (m->check_range == NULL) {
+    for (size_t i = 0; rc == 0 && i < c->n; i++)
+      rc = model_check_one(s, &c->metas[i], c->err, sizeof c->err);
+    return rc != 0 ? rc : model_check_chunk(s, c);
+  }
+  rc = m->check_range(s->cfg.model, s->target, table, c->ui->layout->first, c->metas, c->n,
+                      &bad, c->err, sizeof c->err);
+  if (rc != 0 && c->err[0] == '\0')
+    snprintf(c->err, sizeof c->err, "model: refused '%s'", c->metas[bad < c->n ? bad : 0].name);
+  return rc;
+}
+
 /* Step 1: the chunk's shape as a whole, and its tensors' memory. */
 static int chunk_check_frame(wtx_session *s, chunk *c) {
   const Wtx__V1__UpdateInfo *ui = c->ui;
@@ -509,13 +532,9 @@ static int chunk_check_range(wtx_session *s, chunk *c) {
     return WTX_EINVAL;
   }
   c->metas = &l->metas[r->first];
-  for (size_t i = 0; i < c->n; i++) {
-    int rc = model_check_one(s, &c->metas[i], c->err, sizeof c->err);
-    if (rc != 0) return rc;
-    if (i > 0 || !continues) s->begun_bytes += c->metas[i].nbytes;
-  }
-  int rc = model_check_chunk(s, c);
+  int rc = model_check_range(s, c, s->table_id[t]);
   if (rc != 0) return rc;
+  for (size_t i = continues; i < c->n; i++) s->begun_bytes += c->metas[i].nbytes;
   s->range_next = (size_t)r->first + r->count;
   return check_limits(s, c);
 }
@@ -772,6 +791,7 @@ static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
     int t = s->target == WTX_TARGET_DRAFT;
     wtx__layout_swap(&s->cur, &s->table[t]);
     s->table_xxh3[t] = wtx__layout_xxh3(s->table[t].metas, s->table[t].n);
+    s->table_id[t] = atomic_fetch_add(&table_ids, 1);
   }
   wtx__layout_clear(&s->cur);
   s->published_update = s->update_id;

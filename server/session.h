@@ -99,6 +99,7 @@ typedef struct wtx_session {
   wtx__layout cur;
   wtx__layout table[2];
   uint64_t table_xxh3[2];
+  uint64_t table_id[2]; /* a new one per table (wtx_model_ops.check_range) */
   int by_range;   /* this update: -1 not yet known, 0 params, 1 layout ranges */
   size_t range_next; /* the next position a range of this update starts at */
   wtx_rx *rx;

@@ -398,6 +398,16 @@ struct wtx_store {
   const wtx_tensor_meta **seen, **caller;
   size_t cap_seen, chunk_first;
   int chunk_staged; /* stage or loaded since the last check */
+  /* What check_range found (wtx_model_ops.check_range): positions [0,
+   * same_upto) of the session's table same_table are, in name, dtype and
+   * shape, positions [0, same_upto) of layout same_lay (a reference held,
+   * so that its address is not reused while remembered). Neither a table
+   * nor a layout ever changes, so it stays true, and a by-position update
+   * (every RL step) compares none of its tensors again: 40k name compares,
+   * each a cache miss or two, were a fifth of a steady sync's CPU. */
+  layout *same_lay;
+  uint64_t same_table;
+  size_t same_upto;
 };
 
 int wtx_store_create(wtx_store **out) {
@@ -432,6 +442,7 @@ void wtx_store_destroy(wtx_store *s) {
   snapshot_unref(s->pub[0]);
   snapshot_unref(s->pub[1]);
   layout_unref(s->declared);
+  layout_unref(s->same_lay);
   pool_drain(&s->pool);
   pthread_mutex_destroy(&s->pool.mu);
   pthread_mutex_destroy(&s->mu);
@@ -467,7 +478,7 @@ static int find(const wtx_tensor_meta *m, size_t n, const wtx__strmap *ix, const
 /* The layout a chunk tensor of target is checked against: the declared one
  * for the main model, else the published one (NULL: none yet). Caller
  * holds mu. */
-static const layout *layout_of(const wtx_store *s, wtx_target target, const snapshot *pub) {
+static layout *layout_of(const wtx_store *s, wtx_target target, const snapshot *pub) {
   if (target == WTX_TARGET_MAIN && s->declared != NULL) return s->declared;
   return pub != NULL && pub->generation > 0 ? pub->lay : NULL;
 }
@@ -801,18 +812,65 @@ static void store_abort(void *model) {
 
 /* The model ops come one at a time from the session (wtx_model_ops), and
  * readers never touch the staging fields: staging needs no store lock. */
+
+/* A check during the update: the layout checked against (the declared one,
+ * or the base the update holds: a relabel may have replaced the published
+ * snapshot, never its layout), and a new chunk begun at the first check
+ * after a stage or loaded. */
+static layout *staging_check(wtx_store *s) {
+  if (s->chunk_staged) s->chunk_first = s->n_st;
+  s->chunk_staged = 0;
+  return layout_of(s, s->target, s->base);
+}
+
+/* meta, found same as l's tensor at position at: stage need not compare
+ * them again (seen) where l is the base's. */
+static void remember(wtx_store *s, const layout *l, size_t at, const wtx_tensor_meta *meta) {
+  if (s->base != NULL && l == s->base->lay && s->seen != NULL) s->seen[at] = meta;
+}
+
 static int store_check(void *model, wtx_target target, const wtx_tensor_meta *meta,
                        char *err, size_t errlen) {
   wtx_store *s = model;
   if (!s->staging || target != s->target) return wtx_store_check(s, target, meta, err, errlen);
-  if (s->chunk_staged) s->chunk_first = s->n_st; /* a new chunk's first check */
-  s->chunk_staged = 0;
-  /* During the update: the declared layout, or the base it holds (a
-   * relabel may have replaced the published snapshot, never its layout). */
-  const layout *l = layout_of(s, target, s->base);
+  layout *l = staging_check(s);
   int rc = check_in(l, &s->check_next, meta, err, errlen);
-  if (rc == 0 && l != NULL && s->base != NULL && l == s->base->lay && s->seen != NULL)
-    s->seen[s->check_next - 1] = meta;
+  if (rc == 0 && l != NULL) remember(s, l, s->check_next - 1, meta);
+  return rc;
+}
+
+/* From now on, same_* speak of table and l. */
+static void same_for(wtx_store *s, layout *l, uint64_t table) {
+  if (s->same_lay == l && s->same_table == table) return;
+  atomic_fetch_add(&l->refs, 1);
+  layout_unref(s->same_lay);
+  s->same_lay = l;
+  s->same_table = table;
+  s->same_upto = 0;
+}
+
+static int store_check_range(void *model, wtx_target target, uint64_t table, size_t first,
+                             const wtx_tensor_meta *metas, size_t n, size_t *bad, char *err,
+                             size_t errlen) {
+  wtx_store *s = model;
+  int rc = 0;
+  layout *l = s->staging && target == s->target ? staging_check(s) : NULL;
+  if (l != NULL) same_for(s, l, table);
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    size_t p = first + i;
+    if (l == NULL) {
+      rc = store_check(model, target, &metas[i], err, errlen);
+    } else if (p < s->same_upto) {
+      s->check_next = p + 1;
+      remember(s, l, p, &metas[i]);
+    } else {
+      s->check_next = p;
+      rc = check_in(l, &s->check_next, &metas[i], err, errlen);
+      if (rc == 0) remember(s, l, s->check_next - 1, &metas[i]);
+      if (rc == 0 && p == s->same_upto && s->check_next == p + 1) s->same_upto++;
+    }
+    if (rc != 0) *bad = i;
+  }
   return rc;
 }
 
@@ -824,6 +882,7 @@ const wtx_model_ops wtx_store_model_ops = {
     .prepare = store_prepare,
     .commit = store_commit,
     .abort = store_abort,
+    .check_range = store_check_range,
 };
 
 int wtx_store_acquire(wtx_store *s, wtx_target target, wtx_store_view *out) {

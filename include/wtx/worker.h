@@ -108,6 +108,20 @@ typedef struct wtx_model_ops {
   int (*stage_chunk)(void *model, const wtx_tensor_meta *metas, size_t n, uint8_t **dst);
   int (*loaded_chunk)(void *model, const wtx_tensor_meta *metas, size_t n,
                       const uint64_t *xxh3);
+  /* Optional, in place of check and check_chunk for a chunk whose tensors
+   * are named by position (UpdateInfo.layout, every RL step after the
+   * first): metas[0..n) are positions [first, first + n) of the session's
+   * table `table`, the tensors of an update it published, in order. A
+   * table's id is never reused in the process and its metas never change
+   * (metas itself is valid as check_chunk's), so a model whose own layout
+   * has not changed either may remember which positions it found the same
+   * and check each tensor once per table, not once per update (40k compares
+   * a step at MoE scale). As check_chunk otherwise: 0, or an error with *bad
+   * the index of the first tensor refused and err saying why. NULL:
+   * check_chunk or check. */
+  int (*check_range)(void *model, wtx_target target, uint64_t table, size_t first,
+                     const wtx_tensor_meta *metas, size_t n, size_t *bad, char *err,
+                     size_t errlen);
 } wtx_model_ops;
 
 /* ---- the embedded parameter store ---- */

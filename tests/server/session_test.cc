@@ -622,7 +622,7 @@ int CmPrepare(void *m, const char *v, char *e, size_t n) {
   return wtx_store_model_ops.prepare(static_cast<CountingModel *>(m)->store, v, e, n);
 }
 const wtx_model_ops kCounting = {CmCheck, CmBegin, CmStage, CmLoaded, CmPrepare, CmCommit,
-                                 CmAbort, nullptr, nullptr, nullptr, nullptr, nullptr};
+                                 CmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
@@ -836,7 +836,7 @@ void HmPause(void *h, int wait) {
 void HmResume(void *h) { static_cast<HostModel *>(h)->resumes++; }
 // No prepare: commit does it all (a host model that cannot fail there).
 const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit,
-                             HmAbort, nullptr, nullptr, nullptr, nullptr, nullptr};
+                             HmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 
 TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   HostModel hm;
@@ -937,7 +937,7 @@ int CkLoadedChunk(void *m, const wtx_tensor_meta *metas, size_t n, const uint64_
 const wtx_model_ops kChunkHost = {CkPerTensorCheck, HmBegin,      CkPerTensorStage,
                                   CkPerTensorLoaded, nullptr,     HmCommit,
                                   HmAbort,          nullptr,      nullptr,
-                                  CkCheckChunk,     CkStageChunk, CkLoadedChunk};
+                                  CkCheckChunk,     CkStageChunk, CkLoadedChunk, nullptr};
 
 TEST_F(SessionTest, AModelsPerChunkOpsAreCalledOncePerChunkInsteadOfPerTensor) {
   ChunkModel cm;
@@ -983,6 +983,99 @@ TEST_F(SessionTest, AModelsPerChunkOpsAreCalledOncePerChunkInsteadOfPerTensor) {
   EXPECT_EQ(1, cm.aborts);
   EXPECT_EQ(T("x", 8, 4).data, cm.live["x"]);
   EXPECT_EQ("c2", cm.version);
+  wtx_rpc_channel_destroy(ch_);
+  ch_ = nullptr;
+  wtx_worker_destroy(w_);
+  w_ = nullptr;
+}
+
+// A host model with check_range: a chunk named by position is checked by
+// one call naming the session's table and the positions, never by
+// check_chunk or check; each table the session keeps has its own id.
+struct RangeModel : ChunkModel {
+  std::vector<std::tuple<uint64_t, size_t, size_t, std::string>> ranges; // id, first, n, [0]
+};
+int RmCheckRange(void *m, wtx_target, uint64_t table, size_t first,
+                 const wtx_tensor_meta *metas, size_t n, size_t *bad, char *err,
+                 size_t errlen) {
+  auto *rm = static_cast<RangeModel *>(m);
+  rm->ranges.emplace_back(table, first, n, metas[0].name);
+  for (size_t i = 0; i < n; i++)
+    if (rm->refuse == metas[i].name) {
+      *bad = i;
+      snprintf(err, errlen, "parameter '%s' is not in the module", metas[i].name);
+      return WTX_ENOENT;
+    }
+  return 0;
+}
+const wtx_model_ops kRangeHost = {CkPerTensorCheck,  HmBegin,      CkPerTensorStage,
+                                  CkPerTensorLoaded, nullptr,      HmCommit,
+                                  HmAbort,           nullptr,      nullptr,
+                                  CkCheckChunk,      CkStageChunk, CkLoadedChunk,
+                                  RmCheckRange};
+
+TEST_F(SessionTest, ARangeIsCheckedByOneCallNamingTheTableAndItsPositions) {
+  RangeModel rm;
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.model_ops = &kRangeHost;
+  o.model = &rm;
+  Restart(o);
+  ASSERT_EQ(0, Init()) << st_.message;
+  auto by_params = [&](const char *version, std::vector<std::vector<Tensor>> chunks) {
+    ASSERT_EQ(0, Start()) << st_.message;
+    for (auto &c : chunks) ASSERT_EQ(0, Update(c)) << st_.message;
+    ASSERT_EQ(0, Finish(version)) << st_.message;
+  };
+  // Two chunks by position: [0, 3) and [3, 4) of the table.
+  auto by_range = [&](const char *version, int fill) {
+    Wtx__V1__ParamRange r = WTX__V1__PARAM_RANGE__INIT;
+    ASSERT_EQ(0, Start()) << st_.message;
+    r.table_xxh3 = table_;
+    r.count = 3;
+    ASSERT_EQ(0, Update({T("x", 8, fill), T("y", 2, fill), T("z", 4, fill)}, false, &r))
+        << st_.message;
+    r.first = 3;
+    r.count = 1;
+    ASSERT_EQ(0, Update({T("w", 8, fill)}, false, &r)) << st_.message;
+    ASSERT_EQ(0, Finish(version)) << st_.message;
+  };
+  by_params("c1", {{T("x", 8, 3), T("y", 2, 9), T("z", 4, 1)}, {T("w", 8, 5)}});
+  EXPECT_TRUE(rm.ranges.empty());  // params are checked by check_chunk
+  by_range("c2", 4);
+  by_range("c3", 6);
+  ASSERT_EQ(4u, rm.ranges.size());
+  uint64_t a = std::get<0>(rm.ranges[0]);
+  EXPECT_NE(0u, a);
+  using R = std::tuple<uint64_t, size_t, size_t, std::string>;
+  EXPECT_EQ(R(a, 0, 3, "x"), rm.ranges[0]);
+  EXPECT_EQ(R(a, 3, 1, "w"), rm.ranges[1]);
+  EXPECT_EQ(R(a, 0, 3, "x"), rm.ranges[2]);  // the same table, the same id
+  EXPECT_EQ(R(a, 3, 1, "w"), rm.ranges[3]);
+  EXPECT_EQ((std::vector<size_t>{3, 1}), rm.checked);
+  EXPECT_EQ(0, rm.per_tensor);
+  EXPECT_EQ(T("y", 2, 6).data, rm.live["y"]);
+
+  // Params sent again make a new table, with a new id.
+  by_params("c4", {{T("x", 8, 1), T("y", 2, 1), T("z", 4, 1)}, {T("w", 8, 1)}});
+  by_range("c5", 7);
+  ASSERT_EQ(6u, rm.ranges.size());
+  EXPECT_NE(a, std::get<0>(rm.ranges[4]));
+  EXPECT_EQ(std::get<0>(rm.ranges[4]), std::get<0>(rm.ranges[5]));
+
+  // A refusal fails the chunk by name before any byte moves; weights stay.
+  rm.refuse = "z";
+  Wtx__V1__ParamRange r = WTX__V1__PARAM_RANGE__INIT;
+  ASSERT_EQ(0, Start()) << st_.message;
+  r.table_xxh3 = table_;
+  r.count = 3;
+  size_t staged = rm.staged_n.size();
+  EXPECT_EQ(WTX_ENOENT, Update({T("x", 8, 8), T("y", 2, 8), T("z", 4, 8)}, false, &r));
+  EXPECT_NE(std::string::npos, std::string(st_.message).find("'z' is not in the module"))
+      << st_.message;
+  EXPECT_EQ(staged, rm.staged_n.size());
+  EXPECT_EQ(1, rm.aborts);
+  EXPECT_EQ(T("y", 2, 7).data, rm.live["y"]);
+  EXPECT_EQ("c5", rm.version);
   wtx_rpc_channel_destroy(ch_);
   ch_ = nullptr;
   wtx_worker_destroy(w_);
