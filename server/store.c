@@ -5,7 +5,17 @@
  *
  * Buffers a version no longer needs go to a pool (up to one model's worth of
  * bytes) and the next update stages into them: every RL step replaces the
- * weights, and fresh memory would cost a page fault per page each time. */
+ * weights, and fresh memory would cost a page fault per page each time.
+ *
+ * Small tensors (SMALL bytes or fewer: biases, norms, an MoE model's tens of
+ * thousands of tiny ones) are not a buffer each but packed into slabs that
+ * belong to one version (and the versions relabelling shares it with): a
+ * version holds its slabs, not each small tensor, so publishing and
+ * releasing one touches a few slabs instead of 40k buffers (each a cache
+ * miss and an atomic). A small tensor a publish carries over is copied into
+ * the new version's slabs instead of shared, so that a slab never outlives
+ * its version: one carried tensor would otherwise pin a whole slab, version
+ * after version, and memory would grow with every partial update. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -46,6 +56,15 @@ typedef struct size_class {
 
 struct entry;
 
+/* Tensors of at most SMALL bytes go in slabs: the first of an update
+ * SLAB_FIRST bytes, each next one twice the last, up to SLAB_MAX (a small
+ * model wastes little, a large one allocates few); each tensor 16-byte
+ * aligned, as malloc would. */
+#define SMALL WTX__STORE_SMALL
+#define SLAB_FIRST (16u << 10)
+#define SLAB_MAX (256u << 10)
+#define SLAB_ALIGN 16
+
 /* Free buffers kept for reuse, at most cap bytes; and the arrays of one
  * unreferenced snapshot, which the next one reuses (megabytes at 40k
  * tensors: fresh ones would cost a page fault per page every publish).
@@ -61,6 +80,7 @@ struct pool {
   /* bytes: in classes' lists; held: moved to mine since staging began
    * (counted against cap until it ends, used or not). Both under mu. */
   uint64_t bytes, held, cap;
+  atomic_uint_fast64_t allocated; /* bytes of every blob malloc'd and not freed */
   size_class *mine, *last; /* staging side only; last: the length staged last */
   struct entry *spare_e;
   wtx_store_param *spare_view;
@@ -115,6 +135,7 @@ static blob *blob_new(pool *p, uint64_t len) {
     if (b == NULL) return NULL;
     b->len = len;
     b->pool = p;
+    atomic_fetch_add(&p->allocated, len);
   }
   atomic_init(&b->refs, 1);
   b->next = NULL;
@@ -140,6 +161,7 @@ static void pool_put(pool *p, blob *b, size_class **c, blob **drop) {
 static void blobs_free(blob *b) {
   while (b != NULL) {
     blob *next = b->next;
+    atomic_fetch_sub(&b->pool->allocated, b->len);
     free(b);
     b = next;
   }
@@ -208,17 +230,83 @@ static void pool_drain(pool *p) {
 
 /* A tensor of a version or of the staged update: its bytes and their
  * hash. What it is (name, dtype, shape) is its layout's: entry i of a
- * snapshot is lay->metas[i]. Entries stay 24 bytes, so the arrays a
+ * snapshot is lay->metas[i]. Entries stay 32 bytes, so the arrays a
  * publish walks (the staged update, the old version, the new one: 40k
  * entries each for an MoE model) stay small. */
 typedef struct entry {
-  blob *b;
+  blob *b;       /* its own buffer, one reference; NULL: in a slab */
+  uint8_t *data; /* b->data, or in one of the version's slabs */
   uint64_t xxh3;
   int has_xxh3;
 } entry;
 
+/* The slabs a version (or the staged update) holds, one reference each;
+ * the last is being filled, up to used bytes, unless shared (then full). */
+typedef struct slabs {
+  blob **v;
+  size_t n, cap;
+  uint64_t used;  /* bytes of v[n - 1] given out */
+  uint64_t bytes; /* the slabs' lengths, summed */
+} slabs;
+
+/* Room for k more slabs in sl. */
+static int slabs_grow(slabs *sl, size_t k) {
+  if (sl->n + k <= sl->cap) return 0;
+  size_t cap = sl->cap ? sl->cap : 8;
+  while (cap < sl->n + k) cap *= 2;
+  blob **v = realloc(sl->v, cap * sizeof *v);
+  if (v == NULL) return WTX_ENOMEM;
+  sl->v = v;
+  sl->cap = cap;
+  return 0;
+}
+
+/* k (at most SMALL) bytes in sl's last slab, or in a new one from pool p
+ * when it has no room; NULL when out of memory. */
+static uint8_t *slab_alloc(pool *p, slabs *sl, uint64_t k) {
+  uint64_t at = (sl->used + SLAB_ALIGN - 1) & ~(uint64_t)(SLAB_ALIGN - 1);
+  if (sl->n == 0 || at + k > sl->v[sl->n - 1]->len) {
+    uint64_t len = sl->n == 0 ? SLAB_FIRST : sl->v[sl->n - 1]->len * 2;
+    blob *b = slabs_grow(sl, 1) == 0 ? blob_new(p, len < SLAB_MAX ? len : SLAB_MAX) : NULL;
+    if (b == NULL) return NULL;
+    sl->v[sl->n++] = b;
+    sl->bytes += b->len;
+    at = 0;
+  }
+  sl->used = at + k;
+  return sl->v[sl->n - 1]->data + at;
+}
+
+/* dst holds src's slabs too (one more reference each), all full to it. */
+static int slabs_share(slabs *dst, const slabs *src) {
+  if (src == NULL || src->n == 0) return 0;
+  if (slabs_grow(dst, src->n) != 0) return WTX_ENOMEM;
+  for (size_t i = 0; i < src->n; i++) {
+    atomic_fetch_add(&src->v[i]->refs, 1);
+    dst->v[dst->n++] = src->v[i];
+  }
+  dst->bytes += src->bytes;
+  dst->used = dst->v[dst->n - 1]->len;
+  return 0;
+}
+
+/* Lets go of sl's slabs (those no longer held go back to pool p under one
+ * lock); sl is empty after, its array kept. */
+static void slabs_release(pool *p, slabs *sl) {
+  blob *dead = NULL;
+  for (size_t i = 0; i < sl->n; i++)
+    if (atomic_fetch_sub(&sl->v[i]->refs, 1) == 1) {
+      sl->v[i]->next = dead;
+      dead = sl->v[i];
+    }
+  if (dead != NULL) pool_put_list(p, dead, 0);
+  sl->n = 0;
+  sl->used = sl->bytes = 0;
+}
+
 /* Releases the n blobs of e: those no longer referenced go back to the
- * pool under one lock (a snapshot of 40k tensors is released at once). */
+ * pool under one lock (a snapshot of 40k tensors is released at once).
+ * Tensors in slabs are their version's slabs' to release. */
 static void blobs_unref(pool *p, const entry *e, size_t n) {
   blob *dead = NULL;
   for (size_t i = 0; i < n; i++) {
@@ -294,7 +382,10 @@ typedef struct snapshot {
   entry *e;
   size_t n, cap; /* cap: entries e and view have room for */
   layout *lay; /* what e's tensors are, and their index */
+  slabs sl;    /* where e's small tensors are */
   uint64_t total;
+  uint64_t alloc; /* bytes of memory it holds: its own buffers and its slabs */
+  size_t own;     /* entries with a buffer of their own (not in a slab) */
   /* For readers, built by the first wtx_store_acquire (under the store's
    * lock): a publish nobody reads (most RL steps, when only the model
    * serves) pays nothing for it. */
@@ -326,7 +417,7 @@ static int arrays_take(pool *p, size_t n, snapshot *snap) {
  * allocated, so it cannot fail). Caller holds the store's mu. */
 static void snapshot_view(snapshot *snap) {
   for (size_t i = 0; !snap->viewed && i < snap->n; i++)
-    snap->view[i] = (wtx_store_param){snap->lay->metas[i], snap->e[i].b->data,
+    snap->view[i] = (wtx_store_param){snap->lay->metas[i], snap->e[i].data,
                                       snap->e[i].xxh3, snap->e[i].has_xxh3};
   snap->viewed = 1;
 }
@@ -350,7 +441,9 @@ static void arrays_give(pool *p, snapshot *s) {
 
 static void snapshot_unref(snapshot *s) {
   if (s == NULL || atomic_fetch_sub(&s->refs, 1) != 1) return;
-  if (s->e != NULL) blobs_unref(s->pool, s->e, s->n);
+  if (s->e != NULL && s->own > 0) blobs_unref(s->pool, s->e, s->n);
+  slabs_release(s->pool, &s->sl);
+  free(s->sl.v);
   arrays_give(s->pool, s);
   layout_unref(s->lay);
   free(s->version);
@@ -368,6 +461,8 @@ struct wtx_store {
   snapshot *prepared; /* the next published version, built by prepare */
   entry *st;
   size_t n_st, cap_st;
+  slabs st_sl; /* where the staged small tensors are */
+  size_t st_own; /* staged tensors with a buffer of their own */
   /* While the update stages the published version's tensors in its order
    * (every RL step), staged tensor i is that version's tensor i (base
    * holds a reference), so nothing describes it but base's layout, and no
@@ -423,8 +518,9 @@ int wtx_store_create(wtx_store **out) {
  * tensors) until the store goes. */
 static void staged_free(wtx_store *s) {
   mine_return(&s->pool);
-  blobs_unref(&s->pool, s->st, s->n_st);
-  s->n_st = 0;
+  if (s->st_own > 0) blobs_unref(&s->pool, s->st, s->n_st);
+  slabs_release(&s->pool, &s->st_sl);
+  s->n_st = s->st_own = 0;
   wtx__strmap_destroy(s->st_ix);
   s->st_ix = NULL;
   snapshot_unref(s->base);
@@ -436,6 +532,7 @@ void wtx_store_destroy(wtx_store *s) {
   snapshot_unref(s->prepared);
   staged_free(s);
   free(s->st);
+  free(s->st_sl.v);
   free(s->st_meta);
   free(s->caller);
   free(s->seen);
@@ -613,17 +710,20 @@ static int staged_find(wtx_store *s, const wtx_tensor_meta *meta, size_t *next, 
 
 static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) {
   wtx_store *s = model;
-  blob *b = blob_new(&s->pool, meta->nbytes);
-  if (b == NULL) return WTX_ENOMEM;
+  entry e = {0};
+  if (meta->nbytes <= SMALL) e.data = slab_alloc(&s->pool, &s->st_sl, meta->nbytes);
+  else if ((e.b = blob_new(&s->pool, meta->nbytes)) != NULL) e.data = e.b->data;
+  if (e.data == NULL) return WTX_ENOMEM;
   int rc = staged_grow(s);
   if (rc == 0) rc = staged_add(s, meta);
   if (rc == 0) {
     s->chunk_staged = 1;
     s->caller[s->n_st] = meta;
-    s->st[s->n_st++] = (entry){.b = b};
-    *dst = b->data;
+    s->st[s->n_st++] = e;
+    s->st_own += e.b != NULL;
+    *dst = e.data;
   } else {
-    blob_unref(b);
+    blob_unref(e.b); /* a small one's bytes stay unused in its slab */
   }
   return rc;
 }
@@ -641,55 +741,73 @@ static int store_loaded(void *model, const wtx_tensor_meta *meta,
   return rc;
 }
 
-/* Appends to snap a share of e's bytes, nbytes long. */
-static void snapshot_add(snapshot *snap, const entry *e, uint64_t nbytes) {
-  snap->e[snap->n++] = *e;
-  atomic_fetch_add(&e->b->refs, 1);
-  snap->total += nbytes;
+/* Appends to snap e's tensor (m says what it is): a share of its own
+ * buffer; or, in a slab, the tensor as it is (its slab is snap's), or with
+ * copy a copy in snap's own slabs (a carried small tensor). m is read only
+ * to copy: in the steady state nothing but the entries is touched. */
+static int snapshot_add(snapshot *snap, const entry *e, const wtx_tensor_meta *m, int copy) {
+  entry *d = &snap->e[snap->n];
+  *d = *e;
+  if (e->b != NULL) {
+    atomic_fetch_add(&e->b->refs, 1);
+    snap->alloc += e->b->len;
+    snap->own++;
+  } else if (copy) {
+    if ((d->data = slab_alloc(snap->pool, &snap->sl, m->nbytes)) == NULL) return WTX_ENOMEM;
+    memcpy(d->data, e->data, m->nbytes);
+  }
+  snap->n++;
+  return 0;
 }
 
 /* Fills snap (arrays taken) with old's tensors first, in their order,
  * replaced where the staged st has them (st_meta describing them, indexed
  * by name in ix), then the tensors new in st, in update order; m[i]
  * receives what snap's tensor i is. *same: every replacement is the same
- * tensor as old's (so old's layout serves when no tensor is new). Returns
- * how many of old's tensors were replaced. */
-static size_t snapshot_merge(snapshot *snap, const snapshot *old, const entry *st,
-                             const wtx_tensor_meta *st_meta, size_t n_st,
-                             const wtx__strmap *ix, char *used, wtx_tensor_meta *m,
-                             int *same) {
-  size_t n_old = old != NULL ? old->n : 0, replaced = 0;
-  for (size_t i = 0, j, next = 0; i < n_old; i++) {
+ * tensor as old's (so old's layout serves when no tensor is new).
+ * *replaced: how many of old's tensors were. */
+static int snapshot_merge(snapshot *snap, const snapshot *old, const entry *st,
+                          const wtx_tensor_meta *st_meta, size_t n_st, const wtx__strmap *ix,
+                          char *used, wtx_tensor_meta *m, int *same, size_t *replaced) {
+  size_t n_old = old != NULL ? old->n : 0;
+  int rc = 0;
+  for (size_t i = 0, j, next = 0; rc == 0 && i < n_old; i++) {
     const wtx_tensor_meta *was = &old->lay->metas[i];
     int fresh = find(st_meta, n_st, ix, was->name, &next, &j);
     if (fresh) {
       used[j] = 1;
-      replaced++;
+      (*replaced)++;
       if (!wtx_tensor_meta_same_layout(&st_meta[j], was)) *same = 0;
     }
     m[snap->n] = fresh ? st_meta[j] : *was;
-    snapshot_add(snap, fresh ? &st[j] : &old->e[i], m[snap->n].nbytes);
+    snap->total += m[snap->n].nbytes;
+    rc = snapshot_add(snap, fresh ? &st[j] : &old->e[i], was, !fresh);
   }
-  for (size_t j = 0; j < n_st; j++)
+  for (size_t j = 0; rc == 0 && j < n_st; j++)
     if (!used[j]) {
       m[snap->n] = st_meta[j];
-      snapshot_add(snap, &st[j], st_meta[j].nbytes);
+      snap->total += st_meta[j].nbytes;
+      rc = snapshot_add(snap, &st[j], &st_meta[j], 0);
     }
-  return replaced;
+  return rc;
 }
 
 /* The one place a snapshot is made, labelled version, sharing bytes and
- * never copying them. st_meta NULL: the n_st staged tensors st are old's
- * first n_st (staged in old's order), and old's layout serves. Else
- * snapshot_merge says what goes where (st_meta indexed by name in *stix;
- * may be empty, stix then NULL or *stix NULL), and old's layout serves
- * when st adds no tensor; when old has no tensor, the new layout takes
- * over *stix (set to NULL) instead of indexing the names again. *out has
- * one reference. */
+ * copying none but carried small tensors. st_meta NULL: the n_st staged
+ * tensors st are old's first n_st (staged in old's order), and old's
+ * layout serves. Else snapshot_merge says what goes where (st_meta indexed
+ * by name in *stix; may be empty, stix then NULL or *stix NULL), and old's
+ * layout serves when st adds no tensor; when old has no tensor, the new
+ * layout takes over *stix (set to NULL) instead of indexing the names
+ * again. st_sl: the slabs st's small tensors are in (NULL: none staged, a
+ * relabel: old's slabs are shared and nothing copied). *out has one
+ * reference. */
 static int snapshot_build(pool *p, const snapshot *old, const entry *st,
                           const wtx_tensor_meta *st_meta, size_t n_st, wtx__strmap **stix,
-                          const char *version, uint64_t generation, snapshot **out) {
-  size_t n_old = old != NULL ? old->n : 0, replaced = n_st;
+                          const slabs *st_sl, const char *version, uint64_t generation,
+                          snapshot **out) {
+  size_t n_old = old != NULL ? old->n : 0, replaced = st_meta == NULL ? n_st : 0;
+  int copy = st_sl != NULL; /* a publish: carried small tensors are copied */
   int same = 1;
   char *used = NULL;
   wtx_tensor_meta *m = NULL;
@@ -701,18 +819,23 @@ static int snapshot_build(pool *p, const snapshot *old, const entry *st,
   snap->generation = generation;
   if ((snap->version = strdup(version)) == NULL) rc = WTX_ENOMEM;
   if (rc == 0) rc = arrays_take(p, n_old + n_st + 1, snap);
+  if (rc == 0) rc = slabs_share(&snap->sl, copy ? st_sl : old != NULL ? &old->sl : NULL);
   if (rc == 0 && st_meta != NULL &&
       ((used = calloc(n_st + 1, 1)) == NULL ||
        (m = malloc((n_old + n_st + 1) * sizeof *m)) == NULL))
     rc = WTX_ENOMEM;
   if (rc != 0) goto fail;
   if (st_meta == NULL) {
-    for (size_t i = 0; i < n_old; i++)
-      snapshot_add(snap, i < n_st ? &st[i] : &old->e[i], old->lay->metas[i].nbytes);
+    for (size_t i = 0; rc == 0 && i < n_old; i++)
+      rc = snapshot_add(snap, i < n_st ? &st[i] : &old->e[i], &old->lay->metas[i],
+                        copy && i >= n_st);
+    snap->total = n_old > 0 ? old->total : 0; /* old's layout, so old's bytes */
   } else {
-    replaced = snapshot_merge(snap, old, st, st_meta, n_st, stix != NULL ? *stix : NULL,
-                              used, m, &same);
+    rc = snapshot_merge(snap, old, st, st_meta, n_st, stix != NULL ? *stix : NULL, used, m,
+                        &same, &replaced);
   }
+  if (rc != 0) goto fail;
+  snap->alloc += snap->sl.bytes;
   if (old != NULL && replaced == n_st && same) {
     snap->lay = old->lay;
     atomic_fetch_add(&snap->lay->refs, 1);
@@ -767,7 +890,7 @@ static int store_prepare(void *model, const char *version, char *err, size_t err
   if (rc == 0 && !aligned && staged_index(s) == NULL) rc = WTX_ENOMEM;
   if (rc == 0)
     rc = snapshot_build(&s->pool, old, s->st, aligned ? NULL : s->st_meta, s->n_st,
-                        aligned ? NULL : &s->st_ix, version,
+                        aligned ? NULL : &s->st_ix, &s->st_sl, version,
                         (old ? old->generation : 0) + 1, &s->prepared);
   snapshot_unref(stale);
   pthread_mutex_unlock(&s->mu);
@@ -789,7 +912,7 @@ static int store_commit(void *model, const char *version) {
   PUB(s, s->target) = snap;
   /* Keep up to one spare copy of the largest model published. */
   pthread_mutex_lock(&s->pool.mu);
-  if (snap->total > s->pool.cap) s->pool.cap = snap->total;
+  if (snap->alloc > s->pool.cap) s->pool.cap = snap->alloc;
   pthread_mutex_unlock(&s->pool.mu);
   /* Staging's unused buffers go back first (staged_free): until then
    * they count against the pool's cap, where old's must find room. */
@@ -916,7 +1039,7 @@ int wtx_store_set_version(wtx_store *s, const char *version, char **previous) {
    * snapshot that shares every tensor of the current one (if any). */
   pthread_mutex_lock(&s->mu);
   snapshot *old = PUB(s, WTX_TARGET_MAIN), *snap = NULL;
-  int rc = snapshot_build(&s->pool, old, NULL, NULL, 0, NULL, version,
+  int rc = snapshot_build(&s->pool, old, NULL, NULL, 0, NULL, NULL, version,
                           old != NULL ? old->generation : 0, &snap);
   if (rc == 0 && previous != NULL &&
       (*previous = strdup(old != NULL ? old->version : "")) == NULL)
@@ -930,6 +1053,8 @@ int wtx_store_set_version(wtx_store *s, const char *version, char **previous) {
   pthread_mutex_unlock(&s->mu);
   return rc;
 }
+
+uint64_t wtx__store_allocated_bytes(wtx_store *s) { return atomic_load(&s->pool.allocated); }
 
 uint64_t wtx__store_pooled_bytes(wtx_store *s) {
   pthread_mutex_lock(&s->pool.mu);

@@ -11,6 +11,14 @@
 extern "C" {
 #endif
 
+/* A tensor of at most this many bytes is kept in a slab shared with other
+ * small ones of its version, not in a buffer of its own (server/store.c). */
+#define WTX__STORE_SMALL 4096
+
+/* Bytes of every buffer and slab the store holds: published, staged,
+ * pooled. */
+uint64_t wtx__store_allocated_bytes(wtx_store *s);
+
 /* Bytes of free buffers the store keeps for the next update (its pool:
  * the version before last, once no reader holds it), not counting those
  * an update in progress has taken for its staging. */

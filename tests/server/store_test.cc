@@ -130,13 +130,15 @@ TEST_F(StoreTest, EachPublishLeavesTheVersionBeforeLastInThePool) {
 }
 
 TEST_F(StoreTest, BuffersAreReusedByLengthWhateverTheNumberOfLengths) {
-  // 1000 tensors of 1000 different lengths: each of v3's lands in the
-  // buffer v1's tensor of that length had (the pool is keyed by length).
+  // 1000 tensors of 1000 different lengths, each too large for a slab:
+  // each of v3's lands in the buffer v1's tensor of that length had (the
+  // pool is keyed by length).
   std::vector<std::string> names;
   for (int i = 0; i < 1000; i++) names.push_back("t" + std::to_string(i));
   auto update = [&](int fill) {
     std::vector<std::tuple<const char *, uint64_t, int>> ts;
-    for (int i = 0; i < 1000; i++) ts.emplace_back(names[i].c_str(), 8 + i, fill);
+    for (int i = 0; i < 1000; i++)
+      ts.emplace_back(names[i].c_str(), WTX__STORE_SMALL + 1 + i, fill);
     return ts;
   };
   std::vector<uint8_t *> d1 = Publish("v1", update(1));
@@ -162,6 +164,48 @@ TEST_F(StoreTest, SteadyStatePublishesReuseTheirArraysAndTouchNoFreshPage) {
   long faults = after.ru_minflt - before.ru_minflt;
   // Fresh arrays: 40k entries and views, ~2 x 4 MB, each publish.
   EXPECT_LT(faults, 1000) << "minor page faults over 4 steady-state publishes";
+}
+
+// Small tensors live in slabs their version holds. One a partial update
+// carries over is copied into the new version's slabs, so it survives the
+// slabs of the version it came from going back to the pool and being staged
+// into again, and memory stays the same however many partial updates come.
+// A reader's version keeps its slabs, a relabel shares them.
+TEST_F(StoreTest, SmallTensorsCarriedOverOutliveTheirSlabsAndMemoryStaysFlat) {
+  std::vector<std::string> names;
+  std::vector<std::tuple<const char *, uint64_t, int>> all;
+  for (int i = 0; i < 3000; i++) names.push_back("t" + std::to_string(i));
+  for (int i = 0; i < 3000; i++) all.emplace_back(names[i].c_str(), 1 + i % 64, i % 250);
+  auto fill_of = [](int i, int last) { return i >= 2 && i <= last ? 251 : i % 250; };
+  auto partial = [&](int from, int to) {
+    for (int v = from; v <= to; v++)
+      Publish(("v" + std::to_string(v)).c_str(), {{names[v].c_str(), 1 + v % 64, 251}});
+  };
+  Publish("v1", all);
+  partial(2, 5);
+  uint64_t flat = wtx__store_allocated_bytes(s_);
+  for (int v = 6; v <= 40; v++) {
+    partial(v, v);
+    EXPECT_EQ(flat, wtx__store_allocated_bytes(s_)) << "after v" << v;
+  }
+  wtx_store_view held;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &held));
+  partial(41, 44);
+  char *was = nullptr;
+  ASSERT_EQ(0, wtx_store_set_version(s_, "relabelled", &was));
+  free(was);
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  ASSERT_EQ(3000u, v.n_params);
+  EXPECT_STREQ("relabelled", v.version);
+  for (int i = 0; i < 3000; i++) {
+    EXPECT_TRUE(Filled(v.params[i], fill_of(i, 44))) << names[i];
+    EXPECT_EQ(static_cast<uint64_t>(fill_of(i, 44)), v.params[i].xxh3) << names[i];
+    EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(v.params[i].data) % 16) << names[i];
+    EXPECT_TRUE(Filled(held.params[i], fill_of(i, 40))) << names[i] << " in v40, held";
+  }
+  wtx_store_release(s_, &v);
+  wtx_store_release(s_, &held);
 }
 
 TEST_F(StoreTest, NamesOfAHeldVersionOutliveTheVersionsThatSharedThem) {
