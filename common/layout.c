@@ -14,6 +14,7 @@ int wtx__layout_init(wtx__layout *l) {
 
 void wtx__layout_free(wtx__layout *l) {
   free(l->metas);
+  free(l->ends);
   wtx__strmap_destroy(l->names);
   memset(l, 0, sizeof *l);
 }
@@ -27,16 +28,25 @@ int wtx__layout_add(wtx__layout *l, const wtx_tensor_meta *meta) {
   if (l->n == l->cap) {
     size_t cap = l->cap ? 2 * l->cap : 64;
     wtx_tensor_meta *m = realloc(l->metas, cap * sizeof *m);
-    if (m == NULL) return WTX_ENOMEM;
-    l->metas = m;
+    if (m != NULL) l->metas = m;
+    uint64_t *e = m != NULL ? realloc(l->ends, cap * sizeof *e) : NULL;
+    if (e == NULL) return WTX_ENOMEM;
+    l->ends = e;
     l->cap = cap;
   }
   const char *name;
   int rc = wtx__strmap_add(l->names, meta->name, l->n, &name);
   if (rc != 0) return rc;
   l->metas[l->n] = *meta;
-  l->metas[l->n++].name = name;
+  l->metas[l->n].name = name;
+  l->ends[l->n] = (l->n > 0 ? l->ends[l->n - 1] : 0) + meta->nbytes;
+  l->n++;
   return 0;
+}
+
+uint64_t wtx__layout_bytes(const wtx__layout *l, size_t first, size_t n) {
+  if (n == 0) return 0;
+  return l->ends[first + n - 1] - (first > 0 ? l->ends[first - 1] : 0);
 }
 
 void wtx__layout_swap(wtx__layout *a, wtx__layout *b) {

@@ -20,6 +20,7 @@ extern "C" {
 
 typedef struct wtx__layout {
   wtx_tensor_meta *metas; /* names point at names' keys */
+  uint64_t *ends;         /* ends[i]: the bytes of metas[0..i] */
   size_t n, cap;
   wtx__strmap *names;     /* name -> position */
 } wtx__layout;
@@ -33,6 +34,8 @@ void wtx__layout_clear(wtx__layout *l);
 /* Appends a copy of meta (its name copied); WTX_EEXIST when the name is
  * already in l, WTX_ENOMEM; l is unchanged on error. */
 int wtx__layout_add(wtx__layout *l, const wtx_tensor_meta *meta);
+/* The bytes of tensors [first, first + n) of l (in range). */
+uint64_t wtx__layout_bytes(const wtx__layout *l, size_t first, size_t n);
 /* Swaps the contents of a and b. */
 void wtx__layout_swap(wtx__layout *a, wtx__layout *b);
 

@@ -534,7 +534,7 @@ static int chunk_check_range(wtx_session *s, chunk *c) {
   c->metas = &l->metas[r->first];
   int rc = model_check_range(s, c, s->table_id[t]);
   if (rc != 0) return rc;
-  for (size_t i = continues; i < c->n; i++) s->begun_bytes += c->metas[i].nbytes;
+  s->begun_bytes += wtx__layout_bytes(l, r->first + continues, c->n - continues);
   s->range_next = (size_t)r->first + r->count;
   return check_limits(s, c);
 }
@@ -685,7 +685,7 @@ static int chunk_loaded(wtx_session *s, chunk *c) {
                                                   : loaded_each(s, c, done, verified);
   if (rc != 0) return rc;
   s->staged_params += done;
-  for (size_t i = 0; i < done; i++) s->staged_bytes += c->metas[i].nbytes;
+  for (size_t i = 0; i < done; i++) s->staged_bytes += c->rt[i].nbytes;
   if (done < c->n) s->carry_dst = c->rt[c->n - 1].dst;
   if (s->abort_requested) {
     snprintf(c->err, sizeof c->err, "aborted while receiving");

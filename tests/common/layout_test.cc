@@ -66,4 +66,28 @@ TEST(LayoutTest, NamesAreCopiedAndRefusedTwice) {
   wtx__layout_free(&other);
 }
 
+// The bytes of any run of a table's tensors, in O(1) (a by-position chunk
+// of 8192 tensors counts its bytes without reading their metas), across the
+// growth of its arrays and after a clear.
+TEST(LayoutTest, TheBytesOfAnyRunOfTensorsAreTheirSizesSummed) {
+  wtx__layout l;
+  ASSERT_EQ(0, wtx__layout_init(&l));
+  std::vector<std::string> names;
+  for (int i = 0; i < 300; i++) names.push_back("t" + std::to_string(i));
+  for (int round = 0; round < 2; round++) {
+    wtx__layout_clear(&l);
+    for (uint64_t i = 0; i < 300; i++) {
+      wtx_tensor_meta m = Meta(names[i].c_str(), WTX_DTYPE_FLOAT32, {i % 7 + round});
+      ASSERT_EQ(0, wtx__layout_add(&l, &m));
+    }
+    for (size_t first = 0; first <= 300; first += 37)
+      for (size_t n = 0; first + n <= 300; n += 29) {
+        uint64_t sum = 0;
+        for (size_t i = first; i < first + n; i++) sum += l.metas[i].nbytes;
+        EXPECT_EQ(sum, wtx__layout_bytes(&l, first, n)) << first << "+" << n;
+      }
+  }
+  wtx__layout_free(&l);
+}
+
 }  // namespace
