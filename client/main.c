@@ -352,7 +352,7 @@ static int push_sync(const push_args *a, wtx_client *cl, wtx_source *src) {
     if (pr.tty) fputc('\n', stderr);
     fprintf(stderr, "wtx push: failed: %s\n", wtx_trainer_last_error(tr));
   } else {
-    printf("pushed %zu params, %llu bytes to %zu worker(s) over %s%s in %.3f s "
+    printf("pushed %zu params, %llu bytes to %zu worker(s) over %s%s in %.4g s "
            "(%.2f GB/s), version %s\n", res.params, (unsigned long long)res.bytes,
            nw, a->cfg.backend, res.direct ? " (direct)" : "", res.seconds,
            res.bytes / res.seconds / 1e9, res.version);
