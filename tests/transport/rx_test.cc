@@ -76,6 +76,69 @@ TEST_F(RxTest, ATensorSplitAcrossChunksArrivesWholeWithTheSendersChecksum) {
   EXPECT_EQ(0, memcmp(c.data(), s.data() + 35, 5));
 }
 
+// Property: however a stream of tensors of any sizes (zero, tiny, large)
+// is cut into chunks and each chunk into pieces, given to wtx_rx_bytes or
+// received in place (wtx_rx_next + wtx_rx_commit), every tensor ends up
+// whole, with the XXH3 of its bytes, completed by the chunk it ends in.
+TEST_F(RxTest, AnyCutOfTheStreamAssemblesEveryTensorWithItsChecksum) {
+  unsigned seed = 12345;
+  auto rnd = [&](size_t n) { return (seed = seed * 1103515245u + 12345u) / 65536u % n; };
+  for (int round = 0; round < 200; round++) {
+    size_t n = 1 + rnd(40);
+    std::vector<size_t> sizes(n);
+    for (auto &z : sizes) z = rnd(4) == 0 ? 0 : rnd(3) == 0 ? 1 + rnd(3000) : 1 + rnd(24);
+    size_t total = 0;
+    for (size_t z : sizes) total += z;
+    std::vector<uint8_t> s = Stream(total);
+    std::vector<std::vector<uint8_t>> got(n);
+    std::vector<wtx_rx_tensor> t(n);
+    std::vector<uint64_t> want(n), ends(n);
+    for (size_t i = 0, at = 0; i < n; at += sizes[i++]) {
+      got[i].assign(sizes[i] + 1, 0xEE);  // never empty: a valid dst
+      t[i] = {"t", sizes[i], got[i].data()};
+      want[i] = XXH3_64bits(s.data() + at, sizes[i]);
+      ends[i] = at + sizes[i];
+    }
+    // Chunks: [first tensor, offset into it, bytes), as the trainer cuts.
+    size_t first = 0, off = 0, sent = 0, done = 0;
+    while (done < n) {
+      size_t bytes = std::min(total - sent, 1 + rnd(rnd(2) ? 200 : 5000));
+      size_t last = first;
+      while (last + 1 < n && ends[last] < sent + bytes) last++;
+      if (ends[last] < sent + bytes) bytes = ends[last] - sent;  // not past the end
+      while (last + 1 < n && ends[last] == sent + bytes && sizes[last + 1] == 0) last++;
+      ASSERT_EQ(0, wtx__rx_begin(rx_, &t[first], last - first + 1, off, bytes, WTX__RX_VERIFY))
+          << wtx__rx_error(rx_);
+      size_t ending = 0;
+      for (size_t i = first; i <= last; i++) ending += ends[i] <= sent + bytes;
+      wtx__rx_expect_checksums(rx_, &want[first], ending);
+      for (size_t got_bytes = 0; got_bytes < bytes;) {
+        size_t k = std::min(bytes - got_bytes, 1 + rnd(300));
+        if (rnd(3) == 0) {
+          uint8_t *dst = nullptr;
+          k = std::min(k, wtx_rx_next(rx_, &dst));
+          memcpy(dst, s.data() + sent + got_bytes, k);
+          ASSERT_EQ(0, wtx_rx_commit(rx_, k)) << wtx__rx_error(rx_);
+        } else {
+          ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data() + sent + got_bytes, k)) << wtx__rx_error(rx_);
+        }
+        got_bytes += k;
+      }
+      ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_) << " round " << round;
+      ASSERT_EQ(ending, wtx__rx_completed(rx_));
+      for (size_t i = 0; i < ending; i++) EXPECT_EQ(want[first + i], wtx__rx_checksum(rx_, i));
+      sent += bytes;
+      done = first + ending;
+      off = done < n && done == last ? sent - (ends[last] - sizes[last]) : 0;  // continued
+      first = done;
+    }
+    for (size_t i = 0, at = 0; i < n; at += sizes[i++]) {
+      EXPECT_EQ(0, memcmp(got[i].data(), s.data() + at, sizes[i])) << i;
+      EXPECT_EQ(0xEE, got[i][sizes[i]]) << i << ": written past its end";
+    }
+  }
+}
+
 TEST_F(RxTest, AFlippedByteIsAChecksumMismatchNamingTheTensor) {
   std::vector<uint8_t> a(64), s = Stream(64);
   wtx_rx_tensor t = {"layer.0.w", 64, a.data()};
