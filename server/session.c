@@ -419,7 +419,6 @@ typedef struct chunk {
   int by_range;
   wtx_rx_tensor *rt;
   uint8_t **dst;  /* stage_chunk's answers, n of them (NULL until used) */
-  uint64_t *sums; /* loaded_chunk's checksums, n of them (NULL until used) */
   char err[1600];
 } chunk;
 
@@ -427,7 +426,6 @@ static void chunk_free(chunk *c) {
   if (!c->by_range) free(c->metas);
   free(c->rt);
   free(c->dst);
-  free(c->sums);
 }
 
 /* The model's check_chunk over the chunk's tensors, where it has one (the
@@ -627,6 +625,7 @@ static int chunk_stage(wtx_session *s, chunk *c) {
   int per_chunk = s->cfg.model_ops->stage_chunk != NULL && s->region == NULL &&
                   s->stage_device < 0;
   for (size_t i = 0; i < c->n; at += c->metas[i++].nbytes) {
+    if (i + 16 < c->n) __builtin_prefetch(&c->metas[i + 16]); /* 96-byte strides */
     c->rt[i].name = c->metas[i].name;
     c->rt[i].nbytes = c->metas[i].nbytes;
     if (i == 0 && ui->first_param_offset > 0) {
@@ -652,11 +651,8 @@ static int chunk_stage(wtx_session *s, chunk *c) {
 /* The chunk's first done tensors to the model's loaded_chunk at once. */
 static int loaded_chunk(wtx_session *s, chunk *c, size_t done, int verified) {
   if (done == 0) return 0;
-  if (verified && c->sums == NULL && (c->sums = calloc(c->n, sizeof *c->sums)) == NULL)
-    return WTX_ENOMEM;
-  for (size_t i = 0; verified && i < done; i++) c->sums[i] = wtx__rx_checksum(s->rx, i);
   int rc = s->cfg.model_ops->loaded_chunk(s->cfg.model, c->metas, done,
-                                          verified ? c->sums : NULL);
+                                          verified ? wtx__rx_checksums(s->rx) : NULL);
   if (rc != 0)
     snprintf(c->err, sizeof c->err, "model: cannot load the chunk's %zu tensors (from '%s')",
              done, c->metas[0].name);

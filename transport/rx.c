@@ -309,6 +309,8 @@ uint64_t wtx__rx_checksum(const wtx_rx *rx, size_t i) {
   return rx->digests[i];
 }
 
+const uint64_t *wtx__rx_checksums(const wtx_rx *rx) { return rx->digests; }
+
 int wtx__rx_end(wtx_rx *rx) {
   if (rx->left > 0) {
     wtx_rx_errorf(rx, "chunk ended early: %llu of %llu bytes (tensor '%s' got "

@@ -63,6 +63,9 @@ const char *wtx__rx_error(const wtx_rx *rx);
 size_t wtx__rx_completed(const wtx_rx *rx);
 /* Checksum of a completed tensor: index into the chunk's tensors. */
 uint64_t wtx__rx_checksum(const wtx_rx *rx, size_t i);
+/* The checksums of the chunk's completed tensors, in order: valid until
+ * the next wtx__rx_begin. */
+const uint64_t *wtx__rx_checksums(const wtx_rx *rx);
 
 #ifdef __cplusplus
 }
