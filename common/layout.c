@@ -59,21 +59,41 @@ static void put_le(uint8_t *p, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
+/* The table's bytes are gathered in pieces of this size and hashed a piece
+ * at a time: two streaming updates per tensor cost more than the hash of
+ * 40k tensors' names and shapes (every sync computes it on the trainer). */
+#define PIECE ((size_t)64 << 10)
+
 uint64_t wtx__layout_xxh3(const wtx_tensor_meta *metas, size_t n) {
   XXH3_state_t *h = XXH3_createState();
-  if (h == NULL) return 0;
+  uint8_t *b = malloc(PIECE);
+  uint64_t v = 0;
+  if (h == NULL || b == NULL) goto done;
   XXH3_64bits_reset(h);
+  size_t used = 0;
   for (size_t i = 0; i < n; i++) {
     const wtx_tensor_meta *m = &metas[i];
-    uint8_t b[8 + 8 * WTX_MAX_DIMS];
     size_t nd = m->ndim <= WTX_MAX_DIMS ? m->ndim : WTX_MAX_DIMS;
-    XXH3_64bits_update(h, m->name, strlen(m->name) + 1);
-    put_le(b, (uint64_t)m->dtype, 4);
-    put_le(b + 4, nd, 4);
-    for (size_t d = 0; d < nd; d++) put_le(b + 8 + 8 * d, m->shape[d], 8);
-    XXH3_64bits_update(h, b, 8 + 8 * nd);
+    size_t name = strlen(m->name) + 1, k = name + 8 + 8 * nd;
+    if (used + k > PIECE) {
+      XXH3_64bits_update(h, b, used);
+      used = 0;
+    }
+    if (k > PIECE) { /* a name longer than any valid one: hashed where it is */
+      XXH3_64bits_update(h, m->name, name);
+      name = 0;
+    }
+    memcpy(b + used, m->name, name);
+    uint8_t *p = b + used + name;
+    put_le(p, (uint64_t)m->dtype, 4);
+    put_le(p + 4, nd, 4);
+    for (size_t d = 0; d < nd; d++) put_le(p + 8 + 8 * d, m->shape[d], 8);
+    used += name + 8 + 8 * nd;
   }
-  uint64_t v = XXH3_64bits_digest(h);
+  XXH3_64bits_update(h, b, used);
+  v = XXH3_64bits_digest(h);
+done:
   XXH3_freeState(h);
+  free(b);
   return v;
 }

@@ -93,6 +93,7 @@ void wtx__session_destroy(wtx_session *s) {
   s->engine = NULL;
   pthread_mutex_unlock(&s->mu);
   wtx__rx_destroy(s->rx);
+  free(s->rt);
   wtx__layout_free(&s->cur);
   wtx__layout_free(&s->table[0]);
   wtx__layout_free(&s->table[1]);
@@ -417,14 +418,13 @@ typedef struct chunk {
   size_t n;
   wtx_tensor_meta *metas; /* into the session's table when named by range */
   int by_range;
-  wtx_rx_tensor *rt;
+  wtx_rx_tensor *rt; /* the session's */
   uint8_t **dst;  /* stage_chunk's answers, n of them (NULL until used) */
   char err[1600];
 } chunk;
 
 static void chunk_free(chunk *c) {
   if (!c->by_range) free(c->metas);
-  free(c->rt);
   free(c->dst);
 }
 
@@ -485,7 +485,13 @@ static int chunk_check_frame(wtx_session *s, chunk *c) {
              "backend is %s)", member != NULL ? member : "backend", s->transport->name);
     return WTX_EINVAL;
   }
-  c->rt = calloc(c->n, sizeof *c->rt);
+  if (c->n > s->rt_cap) { /* kept: 200 KB a chunk at 8192 tensors */
+    wtx_rx_tensor *rt = realloc(s->rt, c->n * sizeof *rt);
+    if (rt == NULL) return WTX_ENOMEM;
+    s->rt = rt;
+    s->rt_cap = c->n;
+  }
+  c->rt = s->rt; /* every field set by chunk_stage */
   if (!c->by_range) c->metas = calloc(c->n, sizeof *c->metas);
   return c->rt != NULL && (c->by_range || c->metas != NULL) ? 0 : WTX_ENOMEM;
 }

@@ -44,6 +44,27 @@ TEST(LayoutTest, TheIdentityIsXxh3OfTheDocumentedBytes) {
   EXPECT_NE(wtx__layout_xxh3(m.data(), 2), wtx__layout_xxh3(reshaped.data(), 2));
 }
 
+// The identity of a table larger than the pieces it is hashed in (and of
+// a name longer than a piece, which no valid meta has) is the XXH3 of all
+// its bytes at once.
+TEST(LayoutTest, TheIdentityOfALargeTableIsTheHashOfAllItsBytes) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 5000; i++) names.push_back(std::string(1 + i % 90, 'a' + i % 26));
+  names[2500] = std::string(70000, 'x');
+  std::vector<wtx_tensor_meta> m;
+  std::string bytes;
+  for (int i = 0; i < 5000; i++) {
+    wtx_tensor_meta t = Meta("n", WTX_DTYPE_INT8, std::vector<uint64_t>(i % 4, 3));
+    t.name = names[i].c_str();
+    m.push_back(t);
+    bytes += names[i] + '\0';
+    Le(&bytes, WTX_DTYPE_INT8, 4);
+    Le(&bytes, i % 4, 4);
+    for (int d = 0; d < i % 4; d++) Le(&bytes, 3, 8);
+  }
+  EXPECT_EQ(XXH3_64bits(bytes.data(), bytes.size()), wtx__layout_xxh3(m.data(), m.size()));
+}
+
 TEST(LayoutTest, NamesAreCopiedAndRefusedTwice) {
   wtx__layout l;
   ASSERT_EQ(0, wtx__layout_init(&l));
