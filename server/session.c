@@ -94,6 +94,7 @@ void wtx__session_destroy(wtx_session *s) {
   pthread_mutex_unlock(&s->mu);
   wtx__rx_destroy(s->rx);
   free(s->rt);
+  free(s->dst);
   wtx__layout_free(&s->cur);
   wtx__layout_free(&s->table[0]);
   wtx__layout_free(&s->table[1]);
@@ -419,13 +420,12 @@ typedef struct chunk {
   wtx_tensor_meta *metas; /* into the session's table when named by range */
   int by_range;
   wtx_rx_tensor *rt; /* the session's */
-  uint8_t **dst;  /* stage_chunk's answers, n of them (NULL until used) */
+  uint8_t **dst;     /* stage_chunk's answers, n of them (the session's) */
   char err[1600];
 } chunk;
 
 static void chunk_free(chunk *c) {
   if (!c->by_range) free(c->metas);
-  free(c->dst);
 }
 
 /* The model's check_chunk over the chunk's tensors, where it has one (the
@@ -485,13 +485,16 @@ static int chunk_check_frame(wtx_session *s, chunk *c) {
              "backend is %s)", member != NULL ? member : "backend", s->transport->name);
     return WTX_EINVAL;
   }
-  if (c->n > s->rt_cap) { /* kept: 200 KB a chunk at 8192 tensors */
+  if (c->n > s->scratch_n) { /* kept: 260 KB a chunk at 8192 tensors */
     wtx_rx_tensor *rt = realloc(s->rt, c->n * sizeof *rt);
-    if (rt == NULL) return WTX_ENOMEM;
-    s->rt = rt;
-    s->rt_cap = c->n;
+    if (rt != NULL) s->rt = rt;
+    uint8_t **dst = rt != NULL ? realloc(s->dst, c->n * sizeof *dst) : NULL;
+    if (dst == NULL) return WTX_ENOMEM;
+    s->dst = dst;
+    s->scratch_n = c->n;
   }
   c->rt = s->rt; /* every field set by chunk_stage */
+  c->dst = s->dst;
   if (!c->by_range) c->metas = calloc(c->n, sizeof *c->metas);
   return c->rt != NULL && (c->by_range || c->metas != NULL) ? 0 : WTX_ENOMEM;
 }
@@ -602,7 +605,6 @@ static int stage_one(wtx_session *s, chunk *c, size_t i, uint64_t at) {
  * stage_chunk. */
 static int stage_chunk(wtx_session *s, chunk *c, size_t first) {
   if (first == c->n) return 0;
-  if (c->dst == NULL && (c->dst = calloc(c->n, sizeof *c->dst)) == NULL) return WTX_ENOMEM;
   int rc = s->cfg.model_ops->stage_chunk(s->cfg.model, &c->metas[first], c->n - first, c->dst);
   if (rc != 0) {
     snprintf(c->err, sizeof c->err, "model: cannot stage the chunk's %zu tensors (from '%s')",

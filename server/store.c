@@ -733,6 +733,16 @@ static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) 
   return rc;
 }
 
+static int store_stage_chunk(void *model, const wtx_tensor_meta *metas, size_t n,
+                             uint8_t **dst) {
+  for (size_t i = 0; i < n; i++) {
+    if (i + 8 < n) __builtin_prefetch(&metas[i + 8]); /* read long ago, by the session */
+    int rc = store_stage(model, &metas[i], &dst[i]);
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
 static int store_loaded_chunk(void *model, const wtx_tensor_meta *metas, size_t n,
                               const uint64_t *xxh3) {
   wtx_store *s = model;
@@ -801,25 +811,53 @@ static int snapshot_merge(snapshot *snap, const snapshot *old, const entry *st,
   return rc;
 }
 
-/* The one place a snapshot is made, labelled version, sharing bytes and
- * copying none but carried small tensors. st_meta NULL: the n_st staged
- * tensors st are old's first n_st (staged in old's order), and old's
- * layout serves. Else snapshot_merge says what goes where (st_meta indexed
- * by name in *stix; may be empty, stix then NULL or *stix NULL), and old's
- * layout serves when st adds no tensor; when old has no tensor, the new
- * layout takes over *stix (set to NULL) instead of indexing the names
- * again. st_sl: the slabs st's small tensors are in (NULL: none staged, a
- * relabel: old's slabs are shared and nothing copied). *out has one
- * reference. */
-static int snapshot_build(pool *p, const snapshot *old, const entry *st,
-                          const wtx_tensor_meta *st_meta, size_t n_st, wtx__strmap **stix,
-                          const slabs *st_sl, const char *version, uint64_t generation,
-                          snapshot **out) {
-  size_t n_old = old != NULL ? old->n : 0, replaced = st_meta == NULL ? n_st : 0;
-  int copy = st_sl != NULL; /* a publish: carried small tensors are copied */
+/* What an update staged, as a snapshot is built of it: n entries e (own
+ * of them with a buffer of their own), their small tensors in slabs sl
+ * (NULL: nothing staged, a relabel); meta NULL: e are the old version's
+ * first n, staged in its order; else meta describes them, indexed by name
+ * in *ix (ix NULL or *ix NULL when n is 0). */
+typedef struct staged {
+  const entry *e;
+  size_t n, own;
+  const wtx_tensor_meta *meta;
+  wtx__strmap **ix;
+  const slabs *sl;
+} staged;
+
+/* Fills snap with old's tensors, its first st->n replaced by st's, in
+ * old's order (st->meta NULL). Staged entries without a buffer of their
+ * own are copied as a block: a steady-state publish of 40k tiny tensors
+ * moves 1.3 MB and touches nothing else. */
+static int snapshot_fill_aligned(snapshot *snap, const snapshot *old, const staged *st,
+                                 int copy) {
+  size_t n_old = old != NULL ? old->n : 0, i = 0;
+  int rc = 0;
+  if (st->own == 0 && st->n > 0) {
+    memcpy(snap->e, st->e, st->n * sizeof *st->e);
+    snap->n = i = st->n;
+  }
+  for (; rc == 0 && i < n_old; i++)
+    rc = snapshot_add(snap, i < st->n ? &st->e[i] : &old->e[i], &old->lay->metas[i],
+                      copy && i >= st->n);
+  snap->total = n_old > 0 ? old->total : 0; /* old's layout, so old's bytes */
+  return rc;
+}
+
+/* The one place a snapshot is made, labelled version, of old and what st
+ * staged, sharing bytes and copying none but carried small tensors. With
+ * st->meta NULL old's layout serves. Else snapshot_merge says what goes
+ * where, and old's layout serves when st adds no tensor; when old has no
+ * tensor, the new layout takes over *st->ix (set to NULL) instead of
+ * indexing the names again. *out has one reference. */
+static int snapshot_build(pool *p, const snapshot *old, const staged *st, const char *version,
+                          uint64_t generation, snapshot **out) {
+  size_t n_old = old != NULL ? old->n : 0, n_st = st->n;
+  size_t replaced = st->meta == NULL ? n_st : 0;
+  int copy = st->sl != NULL; /* a publish: carried small tensors are copied */
   int same = 1;
   char *used = NULL;
   wtx_tensor_meta *m = NULL;
+  wtx__strmap **ix = st->ix;
   snapshot *snap = calloc(1, sizeof *snap);
   int rc = snap != NULL ? 0 : WTX_ENOMEM;
   if (rc != 0) goto fail;
@@ -828,29 +866,25 @@ static int snapshot_build(pool *p, const snapshot *old, const entry *st,
   snap->generation = generation;
   if ((snap->version = strdup(version)) == NULL) rc = WTX_ENOMEM;
   if (rc == 0) rc = arrays_take(p, n_old + n_st + 1, snap);
-  if (rc == 0) rc = slabs_share(&snap->sl, copy ? st_sl : old != NULL ? &old->sl : NULL);
-  if (rc == 0 && st_meta != NULL &&
+  if (rc == 0) rc = slabs_share(&snap->sl, copy ? st->sl : old != NULL ? &old->sl : NULL);
+  if (rc == 0 && st->meta != NULL &&
       ((used = calloc(n_st + 1, 1)) == NULL ||
        (m = malloc((n_old + n_st + 1) * sizeof *m)) == NULL))
     rc = WTX_ENOMEM;
   if (rc != 0) goto fail;
-  if (st_meta == NULL) {
-    for (size_t i = 0; rc == 0 && i < n_old; i++)
-      rc = snapshot_add(snap, i < n_st ? &st[i] : &old->e[i], &old->lay->metas[i],
-                        copy && i >= n_st);
-    snap->total = n_old > 0 ? old->total : 0; /* old's layout, so old's bytes */
-  } else {
-    rc = snapshot_merge(snap, old, st, st_meta, n_st, stix != NULL ? *stix : NULL, used, m,
+  if (st->meta == NULL)
+    rc = snapshot_fill_aligned(snap, old, st, copy);
+  else
+    rc = snapshot_merge(snap, old, st->e, st->meta, n_st, ix != NULL ? *ix : NULL, used, m,
                         &same, &replaced);
-  }
   if (rc != 0) goto fail;
   snap->alloc += snap->sl.bytes;
   if (old != NULL && replaced == n_st && same) {
     snap->lay = old->lay;
     atomic_fetch_add(&snap->lay->refs, 1);
   } else {
-    int adopt = n_old == 0 && stix != NULL && *stix != NULL; /* snap is st, in st's order */
-    rc = layout_build(m, snap->n, adopt ? stix : NULL, &snap->lay);
+    int adopt = n_old == 0 && ix != NULL && *ix != NULL; /* snap is st, in st's order */
+    rc = layout_build(m, snap->n, adopt ? ix : NULL, &snap->lay);
     m = NULL; /* the layout's, or freed */
   }
   if (rc != 0) goto fail;
@@ -897,10 +931,12 @@ static int store_prepare(void *model, const char *version, char *err, size_t err
    * of the update, so the snapshot needs no index of the update. */
   int aligned = s->in_order && s->base != NULL && old != NULL && old->lay == s->base->lay;
   if (rc == 0 && !aligned && staged_index(s) == NULL) rc = WTX_ENOMEM;
-  if (rc == 0)
-    rc = snapshot_build(&s->pool, old, s->st, aligned ? NULL : s->st_meta, s->n_st,
-                        aligned ? NULL : &s->st_ix, &s->st_sl, version,
-                        (old ? old->generation : 0) + 1, &s->prepared);
+  if (rc == 0) {
+    staged st = {.e = s->st, .n = s->n_st, .own = s->st_own, .sl = &s->st_sl,
+                 .meta = aligned ? NULL : s->st_meta, .ix = aligned ? NULL : &s->st_ix};
+    rc = snapshot_build(&s->pool, old, &st, version, (old ? old->generation : 0) + 1,
+                        &s->prepared);
+  }
   snapshot_unref(stale);
   pthread_mutex_unlock(&s->mu);
   return rc;
@@ -1014,6 +1050,7 @@ const wtx_model_ops wtx_store_model_ops = {
     .prepare = store_prepare,
     .commit = store_commit,
     .abort = store_abort,
+    .stage_chunk = store_stage_chunk,
     .loaded_chunk = store_loaded_chunk,
     .check_range = store_check_range,
 };
@@ -1049,8 +1086,9 @@ int wtx_store_set_version(wtx_store *s, const char *version, char **previous) {
    * snapshot that shares every tensor of the current one (if any). */
   pthread_mutex_lock(&s->mu);
   snapshot *old = PUB(s, WTX_TARGET_MAIN), *snap = NULL;
-  int rc = snapshot_build(&s->pool, old, NULL, NULL, 0, NULL, NULL, version,
-                          old != NULL ? old->generation : 0, &snap);
+  staged none = {0};
+  int rc = snapshot_build(&s->pool, old, &none, version, old != NULL ? old->generation : 0,
+                          &snap);
   if (rc == 0 && previous != NULL &&
       (*previous = strdup(old != NULL ? old->version : "")) == NULL)
     rc = WTX_ENOMEM;
