@@ -50,12 +50,17 @@ class SessionTest : public ::testing::Test {
     shm_unlink(region_.c_str());
   }
 
-  // Replaces the fixture's worker by one started with o (listen is set here).
-  void Restart(wtx_worker_options o) {
+  // Stops the fixture's worker.
+  void Stop() {
     if (ch_ != nullptr) wtx_rpc_channel_destroy(ch_);
     ch_ = nullptr;
     wtx_worker_destroy(w_);
     w_ = nullptr;
+  }
+
+  // Replaces the fixture's worker by one started with o (listen is set here).
+  void Restart(wtx_worker_options o) {
+    Stop();
     o.listen = "127.0.0.1:0";
     char err[256] = "";
     ASSERT_EQ(0, wtx_worker_start(&o, &w_, err, sizeof err)) << err;
@@ -66,6 +71,16 @@ class SessionTest : public ::testing::Test {
   int Info(Wtx__V1__GetWeightInfoResponse **info) {
     Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
     return wtx__v1__weight_transfer__get_weight_info__call(ch_, &req, info, nullptr, &st_);
+  }
+
+  // Replaces the fixture's worker by one serving model through ops, and
+  // initializes its session.
+  void Serve(const wtx_model_ops *ops, void *model) {
+    wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+    o.model_ops = ops;
+    o.model = model;
+    Restart(o);
+    ASSERT_EQ(0, Init()) << st_.message;
   }
 
   // InitWeightTransferEngine with the InitInfo member named backend (left
@@ -647,10 +662,7 @@ TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   wtx_store_acquire(cm.store, WTX_TARGET_MAIN, &v);
   EXPECT_EQ(0u, v.n_params);  // nothing was published
   wtx_store_release(cm.store, &v);
-  wtx_rpc_channel_destroy(ch_);
-  ch_ = nullptr;
-  wtx_worker_destroy(w_);
-  w_ = nullptr;
+  Stop();  // before the model on this stack goes
   wtx_store_destroy(cm.store);
 }
 
@@ -886,10 +898,7 @@ TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   EXPECT_EQ(WTX_ENOTSUP, wtx__v1__weight_transfer__update_weight_version__call(
                              ch_, &vr, &vresp, nullptr, &st_));
   EXPECT_EQ(GRPC_STATUS_UNIMPLEMENTED, st_.code);
-  wtx_rpc_channel_destroy(ch_);
-  ch_ = nullptr;
-  wtx_worker_destroy(w_);
-  w_ = nullptr;
+  Stop();  // before the model on this stack goes
 }
 
 // A host model with the per-chunk ops (as the Python binding has): one call
@@ -941,11 +950,7 @@ const wtx_model_ops kChunkHost = {CkPerTensorCheck, HmBegin,      CkPerTensorSta
 
 TEST_F(SessionTest, AModelsPerChunkOpsAreCalledOncePerChunkInsteadOfPerTensor) {
   ChunkModel cm;
-  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
-  o.model_ops = &kChunkHost;
-  o.model = &cm;
-  Restart(o);
-  ASSERT_EQ(0, Init()) << st_.message;
+  Serve(&kChunkHost, &cm);
   ASSERT_EQ(0, Start()) << st_.message;
   ASSERT_EQ(0, Update({T("x", 8, 3), T("y", 2, 9), T("z", 4, 1)})) << st_.message;
   ASSERT_EQ(0, Update({T("w", 8, 5)})) << st_.message;
@@ -983,10 +988,7 @@ TEST_F(SessionTest, AModelsPerChunkOpsAreCalledOncePerChunkInsteadOfPerTensor) {
   EXPECT_EQ(1, cm.aborts);
   EXPECT_EQ(T("x", 8, 4).data, cm.live["x"]);
   EXPECT_EQ("c2", cm.version);
-  wtx_rpc_channel_destroy(ch_);
-  ch_ = nullptr;
-  wtx_worker_destroy(w_);
-  w_ = nullptr;
+  Stop();  // before the model on this stack goes
 }
 
 // A host model with check_range: a chunk named by position is checked by
@@ -1016,11 +1018,7 @@ const wtx_model_ops kRangeHost = {CkPerTensorCheck,  HmBegin,      CkPerTensorSt
 
 TEST_F(SessionTest, ARangeIsCheckedByOneCallNamingTheTableAndItsPositions) {
   RangeModel rm;
-  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
-  o.model_ops = &kRangeHost;
-  o.model = &rm;
-  Restart(o);
-  ASSERT_EQ(0, Init()) << st_.message;
+  Serve(&kRangeHost, &rm);
   auto by_params = [&](const char *version, std::vector<std::vector<Tensor>> chunks) {
     ASSERT_EQ(0, Start()) << st_.message;
     for (auto &c : chunks) ASSERT_EQ(0, Update(c)) << st_.message;
@@ -1076,10 +1074,7 @@ TEST_F(SessionTest, ARangeIsCheckedByOneCallNamingTheTableAndItsPositions) {
   EXPECT_EQ(1, rm.aborts);
   EXPECT_EQ(T("y", 2, 7).data, rm.live["y"]);
   EXPECT_EQ("c5", rm.version);
-  wtx_rpc_channel_destroy(ch_);
-  ch_ = nullptr;
-  wtx_worker_destroy(w_);
-  w_ = nullptr;
+  Stop();  // before the model on this stack goes
 }
 
 // A scratch directory removed at the end of the test.

@@ -133,7 +133,9 @@ TEST_F(RxTest, AnyCutOfTheStreamAssemblesEveryTensorWithItsChecksum) {
       first = done;
     }
     for (size_t i = 0, at = 0; i < n; at += sizes[i++]) {
-      EXPECT_EQ(0, memcmp(got[i].data(), s.data() + at, sizes[i])) << i;
+      if (sizes[i] > 0) {  // s.data() is NULL when every tensor is empty
+        EXPECT_EQ(0, memcmp(got[i].data(), s.data() + at, sizes[i])) << i;
+      }
       EXPECT_EQ(0xEE, got[i][sizes[i]]) << i << ": written past its end";
     }
   }
