@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Assembles the GPU bundle from built binaries: each with its whole shared-
 # library closure (gRPC, abseil, protobuf-c, libuv, yajl, xxhash, OpenSSL,
-# libstdc++, and glibc with its loader), run through wrappers that use the
-# bundled loader, so it runs on a GPU machine whatever its distribution.
+# libstdc++ in lib/, and glibc with its loader in lib/glibc/), run through
+# wrappers that pick the loader: the machine's own when its glibc is at
+# least the bundle's (the libraries it loads itself, NCCL above all, may
+# need a newer glibc than the bundle's: on the lent H200, NCCL 2.28 needs
+# 2.38 and failed to load against the bundle's 2.36), else the bundle's,
+# so it runs on a GPU machine whatever its distribution.
 # Called by tests/gpu/bundle.sh (after the Bazel build) and by the suite's
 # bundle_test (from its runfiles).
 # With LIBWTX (and PY, a Python with grpcio-tools), also the Python
@@ -32,15 +36,32 @@ done | sort -u | while read -r lib; do
   cp -L "$lib" "$out/lib/$(basename "$lib")"
 done
 [ -f "$out/lib/ld-linux-x86-64.so.2" ] || { echo "assemble: no loader found" >&2; exit 1; }
-# wrapper DEST NAME: runs bin/NAME through the bundled loader.
+mkdir -p "$out/lib/glibc"
+for lib in "$out"/lib/*; do
+  case $(basename "$lib") in
+    ld-linux*|libc.so.*|libm.so.*|libmvec.so.*|libpthread.so.*|libdl.so.*|librt.so.*|\
+    libresolv.so.*|libanl.so.*|libutil.so.*|libnss_*) mv "$lib" "$out/lib/glibc/" ;;
+  esac
+done
+getconf GNU_LIBC_VERSION | awk '{print $2}' > "$out/lib/glibc/VERSION"
+# wrapper DEST NAME: runs bin/NAME through the machine's loader and glibc
+# when they are at least the bundle's, else the bundle's own.
 wrapper() {
   local up=${3:-.}
   cat > "$1" <<WRAP
 #!/bin/sh
-# Runs bin/$2 with the bundle's own loader and libraries.
+# Runs bin/$2 with the bundle's libraries, and the machine's loader and
+# glibc when they are at least as new as the bundle's (else the bundle's).
 root=\$(cd "\$(dirname "\$0")/$up" && pwd)
 WTX_PROBE_SELF="\$root/probe"; export WTX_PROBE_SELF
-exec "\$root/lib/ld-linux-x86-64.so.2" --library-path "\$root/lib" "\$root/bin/$2" "\$@"
+ours=\$(cat "\$root/lib/glibc/VERSION")
+theirs=\$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print \$2}')
+if [ -n "\$theirs" ] && [ -x /lib64/ld-linux-x86-64.so.2 ] &&
+   [ "\$(printf '%s\\n%s\\n' "\$ours" "\$theirs" | sort -V | head -n 1)" = "\$ours" ]; then
+  exec /lib64/ld-linux-x86-64.so.2 --library-path "\$root/lib" "\$root/bin/$2" "\$@"
+fi
+exec "\$root/lib/glibc/ld-linux-x86-64.so.2" --library-path "\$root/lib:\$root/lib/glibc" \\
+  "\$root/bin/$2" "\$@"
 WRAP
   chmod 0755 "$1"
 }

@@ -12,7 +12,8 @@
 #               IPC with no stale read
 #   throughput  2 GB over shm and cuda_ipc to 1 and 2 workers, and over
 #               cuda_ipc to a model on the GPU (device staging; and direct,
-#               one copy per byte), cuda_ipc from tensors on the trainer's
+#               one copy per byte, in 64 MiB chunks and in two: each chunk
+#               costs a call and a wait), cuda_ipc from tensors on the trainer's
 #               GPU (wtx push --on-gpu), against a cudaMemcpy device-to-
 #               device copy of the same bytes, same run
 #   nccl        on one GPU: a clear error, not a hang (with 2+ GPUs: a push)
@@ -164,8 +165,8 @@ if run probe-ipc 50 "$root/probe" ipc 200; then say PASS probe "$(tail_of probe-
 else say FAIL probe "rc $?: $(tail_of probe-ipc 3)"; fi
 
 # ---- throughput ----
-size=2G
-[ $double = 1 ] && size=256M  # the double copies through host memory
+size=2G half=1G
+[ $double = 1 ] && size=256M half=128M  # the double copies through host memory
 # Functions the timed steps run in a child bash (exported with their
 # variables); workers die with the step.
 start_worker() { # PORTFILE [DEVICE [BINARY [FLAGS]]]: sets addr
@@ -194,7 +195,8 @@ throughput() {
   local rows=("shm 1 $a host" "shm 2 $a,$b host" "cuda_ipc 1 $a trainer-gpu --on-gpu"
               "cuda_ipc 2 $a,$b trainer-gpu --on-gpu"
               "cuda_ipc 1 $g model-on-gpu --on-gpu"
-              "cuda_ipc 1 $g model-on-gpu,direct --on-gpu --direct")
+              "cuda_ipc 1 $g model-on-gpu,direct --on-gpu --direct"
+              "cuda_ipc 1 $g model-on-gpu,direct,2-chunks --on-gpu --direct --buffer-size $half")
   for row in "${rows[@]}"; do
     read -r backend n ws label flags <<<"$row"
     for _ in 1 2; do "$root/client/wtx" push --workers "$ws" --backend "$backend" $flags \
@@ -217,7 +219,7 @@ nccl_check() {
 }
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ $double = 1 ] && gpus=1  # the double: every rank on device 0
-export root out size gpus
+export root out size half gpus
 export -f start_worker stop_workers throughput nccl_check
 if run throughput 100 bash -c throughput; then
   say PASS throughput "$(grep -E 'x d2d|baseline' "$out/throughput.log" | sed 's/  (.*//' | tr '\n' ';')"
