@@ -95,6 +95,7 @@ void wtx__session_destroy(wtx_session *s) {
   wtx__rx_destroy(s->rx);
   free(s->rt);
   free(s->dst);
+  free(s->metas);
   wtx__layout_free(&s->cur);
   wtx__layout_free(&s->table[0]);
   wtx__layout_free(&s->table[1]);
@@ -417,16 +418,14 @@ typedef struct chunk {
   const Wtx__V1__UpdateInfo *ui;
   uint64_t bytes; /* the chunk's, once its tensors are staged */
   size_t n;
-  wtx_tensor_meta *metas; /* into the session's table when named by range */
+  /* The session's: its table's when named by range, else its scratch
+   * (as rt and dst), valid until the chunk ends. */
+  wtx_tensor_meta *metas;
   int by_range;
-  wtx_rx_tensor *rt; /* the session's */
-  uint8_t **dst;     /* stage_chunk's answers, n of them (the session's) */
+  wtx_rx_tensor *rt;
+  uint8_t **dst; /* stage_chunk's answers, n of them */
   char err[1600];
 } chunk;
-
-static void chunk_free(chunk *c) {
-  if (!c->by_range) free(c->metas);
-}
 
 /* The model's check_chunk over the chunk's tensors, where it has one (the
  * per-tensor check ran as each was validated where it has not). */
@@ -458,6 +457,21 @@ static int model_check_range(wtx_session *s, chunk *c, uint64_t table) {
   return rc;
 }
 
+/* Room for n tensors in the session's chunk arrays, kept from chunk to
+ * chunk (1 MB at 8192 tensors: fresh each chunk, its pages faulted in
+ * every time). */
+static int scratch_grow(wtx_session *s, size_t n) {
+  wtx_rx_tensor *rt = realloc(s->rt, n * sizeof *rt);
+  if (rt != NULL) s->rt = rt;
+  uint8_t **dst = rt != NULL ? realloc(s->dst, n * sizeof *dst) : NULL;
+  if (dst != NULL) s->dst = dst;
+  wtx_tensor_meta *m = dst != NULL ? realloc(s->metas, n * sizeof *m) : NULL;
+  if (m == NULL) return WTX_ENOMEM;
+  s->metas = m;
+  s->scratch_n = n;
+  return 0;
+}
+
 /* Step 1: the chunk's shape as a whole, and its tensors' memory. */
 static int chunk_check_frame(wtx_session *s, chunk *c) {
   const Wtx__V1__UpdateInfo *ui = c->ui;
@@ -485,18 +499,11 @@ static int chunk_check_frame(wtx_session *s, chunk *c) {
              "backend is %s)", member != NULL ? member : "backend", s->transport->name);
     return WTX_EINVAL;
   }
-  if (c->n > s->scratch_n) { /* kept: 260 KB a chunk at 8192 tensors */
-    wtx_rx_tensor *rt = realloc(s->rt, c->n * sizeof *rt);
-    if (rt != NULL) s->rt = rt;
-    uint8_t **dst = rt != NULL ? realloc(s->dst, c->n * sizeof *dst) : NULL;
-    if (dst == NULL) return WTX_ENOMEM;
-    s->dst = dst;
-    s->scratch_n = c->n;
-  }
+  if (c->n > s->scratch_n && scratch_grow(s, c->n) != 0) return WTX_ENOMEM;
   c->rt = s->rt; /* every field set by chunk_stage */
   c->dst = s->dst;
-  if (!c->by_range) c->metas = calloc(c->n, sizeof *c->metas);
-  return c->rt != NULL && (c->by_range || c->metas != NULL) ? 0 : WTX_ENOMEM;
+  if (!c->by_range) c->metas = s->metas; /* each set by check_meta */
+  return 0;
 }
 
 /* The update's size against the worker's limits, counting every tensor
@@ -744,7 +751,6 @@ fail:
   code = from_wtx(ctx, rc, "UpdateWeights (update aborted)", c.err);
 done:
   pthread_mutex_unlock(&s->mu);
-  chunk_free(&c);
   return code;
 }
 

@@ -103,10 +103,11 @@ typedef struct wtx_session {
   int by_range;   /* this update: -1 not yet known, 0 params, 1 layout ranges */
   size_t range_next; /* the next position a range of this update starts at */
   wtx_rx *rx;
-  /* A chunk's tensors for rx and where the model stages them, scratch_n of
-   * each, reused chunk after chunk. */
+  /* A chunk's tensors for rx, where the model stages them and (named by
+   * params) their metas, scratch_n of each, reused chunk after chunk. */
   wtx_rx_tensor *rt;
   uint8_t **dst;
+  wtx_tensor_meta *metas;
   size_t scratch_n;
   uint8_t *carry_dst; /* staging of a tensor continued by the next chunk */
   atomic_int paused;  /* Pause in effect (its own flag: no lock needed) */
