@@ -10,6 +10,7 @@
 #   --syncs N: the worker is recorded over N syncs (default 1), the trainer
 #              over the last; --hz F: samples per second (default 5000)
 #   --first: the first sync to a fresh worker instead (no warm-up; one sync)
+#   PROFILE_TOP=N in the environment: symbols printed per side (default 15)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=shm size=1G tiny= syncs=1 hz=5000 first= extra=()

@@ -15,9 +15,9 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/arena.h"
 
