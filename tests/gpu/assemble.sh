@@ -12,7 +12,7 @@
 # With LIBWTX (and PY, a Python with grpcio-tools), also the Python
 # package for the `vllm serve` check: python/wtx with its stubs and
 # libwtx.so, whose closure (glibc aside: the interpreter brings its own)
-# goes to pylib/ for LD_LIBRARY_PATH.
+# is lib/'s, which the check puts on LD_LIBRARY_PATH.
 # Usage: assemble.sh OUT WORKER CLI GPU_TEST PROBE MEMCPY GPU_MODEL DOUBLE [LIBWTX PY]
 set -euo pipefail
 [ $# -eq 8 ] || [ $# -eq 10 ] ||
@@ -36,12 +36,17 @@ done | sort -u | while read -r lib; do
   cp -L "$lib" "$out/lib/$(basename "$lib")"
 done
 [ -f "$out/lib/ld-linux-x86-64.so.2" ] || { echo "assemble: no loader found" >&2; exit 1; }
+# is_glibc NAME: whether the library NAME is glibc's (or its loader).
+is_glibc() {
+  case $1 in
+    ld-linux*|libc.so.*|libm.so.*|libmvec.so.*|libpthread.so.*|libdl.so.*|librt.so.*|\
+    libresolv.so.*|libanl.so.*|libutil.so.*|libnss_*) return 0 ;;
+  esac
+  return 1
+}
 mkdir -p "$out/lib/glibc"
 for lib in "$out"/lib/*; do
-  case $(basename "$lib") in
-    ld-linux*|libc.so.*|libm.so.*|libmvec.so.*|libpthread.so.*|libdl.so.*|librt.so.*|\
-    libresolv.so.*|libanl.so.*|libutil.so.*|libnss_*) mv "$lib" "$out/lib/glibc/" ;;
-  esac
+  [ -f "$lib" ] && is_glibc "$(basename "$lib")" && mv "$lib" "$out/lib/glibc/"
 done
 getconf GNU_LIBC_VERSION | awk '{print $2}' > "$out/lib/glibc/VERSION"
 # wrapper DEST NAME: runs bin/NAME through the machine's loader and glibc
@@ -72,15 +77,17 @@ for n in gpu_test probe memcpy_baseline; do wrapper "$out/$n" "$n"; done
 install -m 0755 "$here/device_check.sh" "$out/device_check.sh"
 if [ $# -eq 10 ]; then
   root=$(cd "$here/../.." && pwd)
-  mkdir -p "$out/python" "$out/pylib"
+  mkdir -p "$out/python"
   cp -rL "$root/python/src/wtx" "$out/python/"
   rm -rf "$out/python/wtx/v1" "$out/python/wtx/_lib"
   mkdir -p "$out/python/wtx/_lib"
   install -m 0755 "$9" "$out/python/wtx/_lib/libwtx.so"
   "${10}" -c "import sys, pathlib; sys.path.insert(0, '$root/python/build_backend'); \
 import wtx_build; wtx_build.generate_stubs(pathlib.Path('$root/proto'), pathlib.Path('$out/python'))"
-  ldd "$9" | awk '/=> \// {print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt)\.so' |
-    while read -r lib; do cp -L "$lib" "$out/pylib/"; done
+  ldd "$9" | awk '/=> \// {print $3}' | while read -r lib; do
+    n=$(basename "$lib")
+    is_glibc "$n" || [ -f "$out/lib/$n" ] || cp -L "$lib" "$out/lib/"
+  done
 fi
 {
   echo "wtx GPU bundle, assembled $(date -u +%FT%TZ) on $(uname -srm)"

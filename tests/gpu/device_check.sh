@@ -60,7 +60,7 @@ cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hi
 torch.manual_seed(0)
 LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(sys.argv[1])
 PY
-  export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" LD_LIBRARY_PATH="$root/pylib"
+  export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" LD_LIBRARY_PATH="$root/lib"
   VLLM_SERVER_DEV_MODE=1 "$py" -m vllm.entrypoints.openai.api_server --model "$model" \
     --port $port --gpu-memory-utilization 0.2 --max-model-len 256 --enforce-eager \
     --weight-transfer-config '{"backend": "wtx"}' >"$out/vllm-serve.log" 2>&1 &
@@ -99,7 +99,8 @@ if [ $double = 1 ]; then
   say SKIP vllm "needs a real GPU (vllm serve cannot run on the double)"
 elif [ ! -d "$root/python" ]; then
   say SKIP vllm "the bundle has no Python package (tests/gpu/bundle.sh adds it)"
-elif ! why=$(${WTX_DEVICE_PYTHON:-python3} -c "import vllm, transformers, grpc, google.protobuf, requests" 2>&1); then
+elif ! why=$(PYTHONPATH="$root/python" LD_LIBRARY_PATH="$root/lib" ${WTX_DEVICE_PYTHON:-python3} \
+               -c "import vllm, transformers, grpc, google.protobuf, requests, wtx" 2>&1); then
   say SKIP vllm "this machine's Python lacks what vllm serve needs: $(echo "$why" | tail -1)"
 elif run vllm 170 bash -c vllm_check; then
   say PASS vllm "$(tail_of vllm 1)"
