@@ -32,7 +32,19 @@ double=0 only_vllm=0
 out=${OUT:-$PWD/device_check-out}/device_check
 mkdir -p "$out"
 exec > >(tee "$out/summary.log") 2>&1
+tee_pid=$!
 pass=0 fail=0 skip=0
+# finish: the summary line, then exit once tee has written everything to
+# summary.log (it runs beside this shell: a reader of the log right after
+# the exit, as the suite's bundle_test, could miss its last lines), waiting
+# at most 10 s; the status is 0 when no step failed.
+finish() {
+  echo "device check: $pass passed, $fail failed, $skip skipped"
+  exec >&- 2>&-
+  for _ in $(seq 100); do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done
+  [ "$fail" = 0 ]
+  exit
+}
 say() { # RESULT STEP WHY
   printf '%-5s %-11s %s\n' "$1" "$2" "$3"
   case $1 in PASS) pass=$((pass + 1)) ;; FAIL) fail=$((fail + 1)) ;; *) skip=$((skip + 1)) ;; esac
@@ -144,11 +156,10 @@ else
 fi
 export WTX_CUDART_LIB=$cudart WTX_NCCL_LIB=$nccl WTX_GPU_CUDART=$cudart WTX_GPU_NCCL=$nccl
 export root out
-[ $only_vllm = 1 ] && [ -n "$cudart" ] && { vllm_step; echo "device check: $pass passed, $fail failed, $skip skipped"; [ $fail = 0 ]; exit; }
+[ $only_vllm = 1 ] && [ -n "$cudart" ] && { vllm_step; finish; }
 if [ -z "$cudart" ]; then
   for s in gpu_test probe throughput nccl vllm; do say SKIP "$s" "no CUDA runtime"; done
-  echo "device check: $pass passed, $fail failed, $skip skipped"
-  [ $fail = 0 ]; exit
+  finish
 fi
 
 # ---- gpu_test ----
@@ -242,5 +253,4 @@ else
   say PASS nccl "one GPU: a clear error in time: $(grep -oE 'nccl: [^;]*' "$out/nccl.log" | head -1)"
 fi
 
-echo "device check: $pass passed, $fail failed, $skip skipped"
-[ $fail = 0 ]
+finish
