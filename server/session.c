@@ -427,6 +427,14 @@ typedef struct chunk {
   char err[1600];
 } chunk;
 
+/* rc, a per-chunk check's answer: a refusal the model gave no reason for
+ * names the tensor it refused (bad). */
+static int model_refusal(chunk *c, int rc, size_t bad) {
+  if (rc != 0 && c->err[0] == '\0')
+    snprintf(c->err, sizeof c->err, "model: refused '%s'", c->metas[bad < c->n ? bad : 0].name);
+  return rc;
+}
+
 /* The model's check_chunk over the chunk's tensors, where it has one (the
  * per-tensor check ran as each was validated where it has not). */
 static int model_check_chunk(wtx_session *s, chunk *c) {
@@ -434,9 +442,7 @@ static int model_check_chunk(wtx_session *s, chunk *c) {
   if (m->check_chunk == NULL) return 0;
   size_t bad = 0;
   int rc = m->check_chunk(s->cfg.model, s->target, c->metas, c->n, &bad, c->err, sizeof c->err);
-  if (rc != 0 && c->err[0] == '\0')
-    snprintf(c->err, sizeof c->err, "model: refused '%s'", c->metas[bad < c->n ? bad : 0].name);
-  return rc;
+  return model_refusal(c, rc, bad);
 }
 
 /* The model's check of a chunk named by range in table `table`: its
@@ -452,9 +458,7 @@ static int model_check_range(wtx_session *s, chunk *c, uint64_t table) {
   }
   rc = m->check_range(s->cfg.model, s->target, table, c->ui->layout->first, c->metas, c->n,
                       &bad, c->err, sizeof c->err);
-  if (rc != 0 && c->err[0] == '\0')
-    snprintf(c->err, sizeof c->err, "model: refused '%s'", c->metas[bad < c->n ? bad : 0].name);
-  return rc;
+  return model_refusal(c, rc, bad);
 }
 
 /* Room for n tensors in the session's chunk arrays, kept from chunk to
