@@ -997,14 +997,20 @@ static void remember(wtx_store *s, const layout *l, size_t at, const wtx_tensor_
   if (s->base != NULL && l == s->base->lay && s->seen != NULL) s->seen[at] = meta;
 }
 
+/* Checks meta during the update against l (NULL: anything goes), looking
+ * at check_next first, and remembers where it found it. */
+static int staged_check_in(wtx_store *s, const layout *l, const wtx_tensor_meta *meta,
+                           char *err, size_t errlen) {
+  int rc = check_in(l, &s->check_next, meta, err, errlen);
+  if (rc == 0 && l != NULL) remember(s, l, s->check_next - 1, meta);
+  return rc;
+}
+
 static int store_check(void *model, wtx_target target, const wtx_tensor_meta *meta,
                        char *err, size_t errlen) {
   wtx_store *s = model;
   if (!s->staging || target != s->target) return wtx_store_check(s, target, meta, err, errlen);
-  layout *l = staging_check(s);
-  int rc = check_in(l, &s->check_next, meta, err, errlen);
-  if (rc == 0 && l != NULL) remember(s, l, s->check_next - 1, meta);
-  return rc;
+  return staged_check_in(s, staging_check(s), meta, err, errlen);
 }
 
 /* From now on, same_* speak of table and l. */
@@ -1022,22 +1028,24 @@ static int store_check_range(void *model, wtx_target target, uint64_t table, siz
                              size_t errlen) {
   wtx_store *s = model;
   int rc = 0;
-  layout *l = s->staging && target == s->target ? staging_check(s) : NULL;
-  if (l != NULL) same_for(s, l, table);
+  if (!s->staging || target != s->target) { /* outside its update: as check does */
+    for (size_t i = 0; rc == 0 && i < n; i++)
+      if ((rc = wtx_store_check(s, target, &metas[i], err, errlen)) != 0) *bad = i;
+    return rc;
+  }
+  layout *l = staging_check(s);
+  if (l == NULL) return 0; /* no layout yet: the first update defines it */
+  same_for(s, l, table);
   for (size_t i = 0; rc == 0 && i < n; i++) {
     size_t p = first + i;
-    if (l == NULL) {
-      rc = store_check(model, target, &metas[i], err, errlen);
-    } else if (p < s->same_upto) {
+    if (p < s->same_upto) { /* found the same before: not read again */
       s->check_next = p + 1;
       remember(s, l, p, &metas[i]);
-    } else {
-      s->check_next = p;
-      rc = check_in(l, &s->check_next, &metas[i], err, errlen);
-      if (rc == 0) remember(s, l, s->check_next - 1, &metas[i]);
-      if (rc == 0 && p == s->same_upto && s->check_next == p + 1) s->same_upto++;
+      continue;
     }
-    if (rc != 0) *bad = i;
+    s->check_next = p;
+    if ((rc = staged_check_in(s, l, &metas[i], err, errlen)) != 0) *bad = i;
+    else if (p == s->same_upto && s->check_next == p + 1) s->same_upto++;
   }
   return rc;
 }
