@@ -270,11 +270,11 @@ static size_t whole_tensors(wtx_rx *rx, const uint8_t *data, size_t len) {
     if (t->nbytes == 0 || t->nbytes > len - done || t->nbytes > rx->left) break;
     memcpy(t->dst, data + done, t->nbytes);
     if (rx->verify) rx->digests[rx->cur] = XXH3_64bits(t->dst, t->nbytes);
+    rx->whole = 1; /* its digest is set (unused unless verifying) */
+    rx->pos = t->nbytes;
     done += t->nbytes;
     rx->left -= t->nbytes;
-    rx->completed++;
-    rx->cur++;
-    complete_filled(rx); /* zero-byte tensors after it */
+    complete_filled(rx); /* it, and zero-byte tensors after it */
   }
   return done;
 }
