@@ -513,8 +513,8 @@ struct wtx_rpc_server {
   int active;  /* handler threads running (shutdown waits for them) */
   int serving; /* calls counted against max_calls: until their status is sent */
   /* Handler threads that finished a call wait a while for the next one
-   * (a sync is about eight calls; a thread made for each cost a clone, an
-   * 8 MB stack mapped and unmapped, 4% of a worker's CPU at 40k tensors):
+   * (a sync is about eight calls; a thread made for each cost a clone and
+   * an 8 MB stack mapped and unmapped):
    * idle of them, woken by handoff (a call for one to take). Shutdown wakes
    * them, and waits for them to go. */
   int idle;
