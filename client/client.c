@@ -17,6 +17,7 @@ typedef struct replica {
   uint64_t update_id;
   uint64_t table_xxh3; /* from StartWeightUpdate: the table it may name by range */
   wtx_rpc_pending *pending;
+  int begun; /* fan_begin's result for its call in flight (0: in flight) */
 } replica;
 
 struct wtx_client {
@@ -202,31 +203,48 @@ const char *wtx_client_last_error(const wtx_client *c) { return c->err; }
 int wtx_client_last_replica(const wtx_client *c) { return c->err_replica; }
 int wtx_client_last_status(const wtx_client *c) { return c->err_status; }
 
+/* Sleeps before attempt `attempt` (1, 2, ...) of a call tried again:
+ * 100 ms, doubling. */
+static void backoff(int attempt) {
+  long ms = 100L << (attempt - 1);
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static int transient(int code) {
+  return code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_DEADLINE_EXCEEDED;
+}
+
 /* One unary call on replica i, tried again up to retries times (0 for a
- * call that is not idempotent) when the failure is
- * transient. */
-static int call(wtx_client *c, size_t i, const wtx_rpc_method *m,
-                const ProtobufCMessage *req, ProtobufCMessage **resp, int retries) {
+ * call that is not idempotent) when the failure is transient; attempt is
+ * the first try's number (1: one has failed already, so wait first). */
+static int call_from(wtx_client *c, size_t i, const wtx_rpc_method *m,
+                     const ProtobufCMessage *req, ProtobufCMessage **resp, int retries,
+                     int attempt) {
   wtx_rpc_metadata md;
   wtx_rpc_call_options o = call_opts(c, &md);
   wtx_rpc_status st;
   int rc = 0;
-  for (int attempt = 0;; attempt++) {
+  for (;; attempt++) {
+    if (attempt > 0) backoff(attempt);
     rc = wtx_rpc_unary(c->r[i].ch, m, req, resp, &o, &st);
-    int transient = st.code == GRPC_STATUS_UNAVAILABLE ||
-                    st.code == GRPC_STATUS_DEADLINE_EXCEEDED;
-    if (rc == 0 || !transient || attempt >= retries) break;
-    struct timespec ts = {0, (100L << attempt) * 1000000L};
-    if (ts.tv_nsec >= 1000000000L) ts = (struct timespec){(100L << attempt) / 1000, 0};
-    nanosleep(&ts, NULL);
+    if (rc == 0 || !transient(st.code) || attempt >= retries) break;
   }
   if (rc != 0) call_failed(c, i, m->name, rc, &st);
   return rc;
 }
 
-/* The fan-out of a unary call that every replica must answer, one after
- * the other: fill(i) builds replica i's request (NULL: one request for
- * all), take(i) reads its answer (may be NULL). Stops at the first failure. */
+static int call(wtx_client *c, size_t i, const wtx_rpc_method *m,
+                const ProtobufCMessage *req, ProtobufCMessage **resp, int retries) {
+  return call_from(c, i, m, req, resp, retries, 0);
+}
+
+/* The fan-out of a unary call that every replica must answer, in flight on
+ * all of them at once (one round trip for any number of replicas):
+ * fill(i) builds replica i's request (NULL: one request for all), take(i)
+ * reads its answer (may be NULL). A transient failure is tried again on
+ * its own replica, up to retries times. The failure reported is the first
+ * replica's. */
 typedef struct fanout {
   const wtx_rpc_method *method;
   void (*fill)(struct fanout *f, size_t i, ProtobufCMessage *req);
@@ -237,16 +255,63 @@ typedef struct fanout {
   int retries; /* attempts after a transient failure (idempotent calls) */
 } fanout;
 
-static int each_replica(fanout *f) {
+/* Every replica's call in flight (a replica whose call cannot start keeps
+ * why in begun); fan_end collects them. */
+static void fan_begin(fanout *f) {
+  wtx_rpc_metadata md;
+  wtx_rpc_call_options o = call_opts(f->c, &md);
   for (size_t i = 0; i < f->c->n; i++) {
     if (f->fill != NULL) f->fill(f, i, f->req);
-    ProtobufCMessage *m = NULL;
-    int rc = call(f->c, i, f->method, f->req, &m, f->retries);
-    if (rc != 0) return rc;
-    if (f->take != NULL) f->take(f, i, m);
-    protobuf_c_message_free_unpacked(m, NULL);
+    replica *r = &f->c->r[i];
+    r->begun = r->pending != NULL ? WTX_ESTATE
+                                  : wtx_rpc_unary_start(r->ch, f->method, f->req, &o, &r->pending);
   }
-  return 0;
+}
+
+/* Replica i's answer to fan_begin's call, tried again when it failed
+ * transiently. */
+static int fan_take(fanout *f, size_t i) {
+  wtx_client *c = f->c;
+  int rc = c->r[i].begun;
+  ProtobufCMessage *m = NULL;
+  wtx_rpc_status st = {.code = GRPC_STATUS_INTERNAL};
+  if (rc == 0) {
+    rc = wtx_rpc_unary_wait(c->r[i].pending, &m, &st);
+    c->r[i].pending = NULL;
+  } else {
+    snprintf(st.message, sizeof st.message, "cannot start the call: %s", wtx_strerror(rc));
+  }
+  if (rc != 0 && transient(st.code) && f->retries > 0) {
+    if (f->fill != NULL) f->fill(f, i, f->req);
+    rc = call_from(c, i, f->method, f->req, &m, f->retries, 1);
+  } else if (rc != 0) {
+    call_failed(c, i, f->method->name, rc, &st);
+  }
+  if (rc == 0 && f->take != NULL) f->take(f, i, m);
+  if (m != NULL) protobuf_c_message_free_unpacked(m, NULL);
+  return rc;
+}
+
+/* Every answer to fan_begin's calls; the first replica's failure stands. */
+static int fan_end(fanout *f) {
+  int first = 0;
+  char err[sizeof f->c->err];
+  int err_replica = -1, err_status = 0;
+  for (size_t i = 0; i < f->c->n; i++) {
+    int r = fan_take(f, i);
+    if (r == 0 || first != 0) continue;
+    first = r;
+    memcpy(err, f->c->err, sizeof err);
+    err_replica = f->c->err_replica;
+    err_status = f->c->err_status;
+  }
+  if (first != 0) seterr(f->c, err_replica, err_status, "%s", err);
+  return first;
+}
+
+static int each_replica(fanout *f) {
+  fan_begin(f);
+  return fan_end(f);
 }
 
 int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info) {
@@ -330,6 +395,8 @@ int wtx__client_update_refused(wtx_client *c) {
   return 0;
 }
 
+int wtx__client_has_tables(const wtx_client *c) { return c->ctl == NULL; }
+
 uint64_t wtx__client_table(const wtx_client *c) {
   if (c->ctl != NULL) return 0; /* vLLM's calls carry no table: params every time */
   for (size_t i = 1; i < c->n; i++)
@@ -337,17 +404,35 @@ uint64_t wtx__client_table(const wtx_client *c) {
   return c->n > 0 ? c->r[0].table_xxh3 : 0;
 }
 
-int wtx__client_start(wtx_client *c, int target) {
-  if (c->ctl != NULL) {
+/* The start's fan-out, between wtx__client_start_begin and _end. */
+static fanout start_fanout(wtx_client *c, Wtx__V1__StartWeightUpdateRequest *req) {
+  return (fanout){wtx__v1__weight_transfer__start_weight_update__method, start_fill,
+                  start_take, &req->base, c, NULL, 0};
+}
+
+void wtx__client_start_begin(wtx_client *c, int target) {
+  if (c->ctl != NULL) { /* a caller's control plane answers at once */
     char why[1024];
     int rc = wtx__control_start(c->ctl, target, why, sizeof why);
-    return rc != 0 ? control_failed(c, "start_weight_update", rc, why) : 0;
+    c->r[0].begun = rc != 0 ? control_failed(c, "start_weight_update", rc, why) : 0;
+    return;
   }
   Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
   req.target = (Wtx__V1__UpdateTarget)target;
-  fanout f = {wtx__v1__weight_transfer__start_weight_update__method, start_fill,
-              start_take, &req.base, c, NULL, 0};
-  return each_replica(&f);
+  fanout f = start_fanout(c, &req); /* each request is packed as it starts */
+  fan_begin(&f);
+}
+
+int wtx__client_start_end(wtx_client *c) {
+  if (c->ctl != NULL) return c->r[0].begun;
+  Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
+  fanout f = start_fanout(c, &req); /* fill: only for a retry, and start has none */
+  return fan_end(&f);
+}
+
+int wtx__client_start(wtx_client *c, int target) {
+  wtx__client_start_begin(c, target);
+  return wtx__client_start_end(c);
 }
 
 int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {

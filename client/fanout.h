@@ -25,6 +25,15 @@ int wtx__client_init_wait(wtx_client *c, size_t i,
                           Wtx__V1__InitWeightTransferEngineResponse **resp);
 /* StartWeightUpdate on every replica (target: wtx_target, 0: main). */
 int wtx__client_start(wtx_client *c, int target);
+/* The same in two halves: begin puts the call in flight on every replica
+ * and returns at once, so the caller can ready its first chunk meanwhile;
+ * end waits for every answer. Every begin must be ended, before any other
+ * call on c. */
+void wtx__client_start_begin(wtx_client *c, int target);
+int wtx__client_start_end(wtx_client *c);
+/* Whether replicas may announce a parameter table at start (0 for a
+ * caller's control plane, which never does). */
+int wtx__client_has_tables(const wtx_client *c);
 /* After a start: the parameter table every replica announced
  * (StartWeightUpdateResponse.table_xxh3), or 0 when they differ or have
  * none. */
@@ -41,8 +50,9 @@ int wtx__client_update_wait(wtx_client *c);
 /* Publishes the update on every replica or on none: PrepareWeightUpdate on
  * every replica first (a failure returns before any replica publishes; the
  * caller then aborts them all), then FinishWeightUpdate on each, retried on
- * transient failures. version "" or NULL lets the workers number it.
- * published (may be NULL) receives replica 0's label. */
+ * transient failures. Each phase is in flight on every replica at once.
+ * version "" or NULL lets the workers number it. published (may be NULL)
+ * receives replica 0's label. */
 int wtx__client_finish(wtx_client *c, const char *version, char *published,
                        size_t publen);
 /* AbortWeightUpdate on every replica with an open session (best effort:

@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -203,6 +207,138 @@ TEST(ClientCreateTest, TlsOptionsThatCannotBuildCredentialsAreErrors) {
   EXPECT_EQ(WTX_EINVAL, wtx_client_create(t, 1, &o, &c, err, sizeof err));
   EXPECT_STREQ("tls: a client certificate needs tls_ca_pem too", err);
   EXPECT_EQ(nullptr, c);
+}
+
+// Three replicas, each its own server, for the fan-outs of one update.
+// Every call of a kind waits (at most 5 s) until all three replicas have
+// it: calls made one replica after the other never get past the first.
+struct Together {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, int> arrived;
+  // Waits for `want` calls of kind; false when they do not all come.
+  bool Wait(const std::string &kind, int want) {
+    std::unique_lock<std::mutex> l(mu);
+    arrived[kind]++;
+    cv.notify_all();
+    return cv.wait_for(l, std::chrono::seconds(5), [&] { return arrived[kind] >= want; });
+  }
+};
+
+struct Replica {
+  Together *together;
+  std::atomic<int> starts{0}, prepares{0}, finishes{0};
+  int fail_start = 0;   // Start answers UNAVAILABLE
+  int fail_finish = 0;  // Finishes answered UNAVAILABLE before one succeeds
+};
+
+grpc_status_code Arrive(wtx_rpc_ctx *ctx, Replica *r, const char *kind) {
+  if (!r->together->Wait(kind, 3))
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_ABORTED, "%s: the replicas were asked "
+                              "one after the other", kind);
+  return GRPC_STATUS_OK;
+}
+
+grpc_status_code TStart(wtx_rpc_ctx *ctx, const Wtx__V1__StartWeightUpdateRequest *,
+                        Wtx__V1__StartWeightUpdateResponse *resp) {
+  auto *r = static_cast<Replica *>(wtx_rpc_ctx_user(ctx));
+  r->starts++;
+  grpc_status_code code = Arrive(ctx, r, "start");
+  if (code == GRPC_STATUS_OK && r->fail_start)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "busy");
+  resp->update_id = 7;
+  return code;
+}
+
+grpc_status_code TPrepare(wtx_rpc_ctx *ctx, const Wtx__V1__PrepareWeightUpdateRequest *,
+                          Wtx__V1__PrepareWeightUpdateResponse *) {
+  auto *r = static_cast<Replica *>(wtx_rpc_ctx_user(ctx));
+  r->prepares++;
+  return Arrive(ctx, r, "prepare");
+}
+
+grpc_status_code TFinish(wtx_rpc_ctx *ctx, const Wtx__V1__FinishWeightUpdateRequest *req,
+                         Wtx__V1__FinishWeightUpdateResponse *resp) {
+  auto *r = static_cast<Replica *>(wtx_rpc_ctx_user(ctx));
+  if (++r->finishes == 1) {  // a retried call comes after the others
+    grpc_status_code code = Arrive(ctx, r, "finish");
+    if (code != GRPC_STATUS_OK) return code;
+  }
+  if (r->finishes <= r->fail_finish)
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "answer lost");
+  resp->weight_version = req->update_id == 7 ? (char *)"v7" : (char *)"wrong update";
+  return GRPC_STATUS_OK;
+}
+
+Wtx__V1__WeightTransfer_Handlers PhaseHandlers() {
+  Wtx__V1__WeightTransfer_Handlers h;
+  memset(&h, 0, sizeof h);
+  h.start_weight_update = TStart;
+  h.prepare_weight_update = TPrepare;
+  h.finish_weight_update = TFinish;
+  return h;
+}
+const Wtx__V1__WeightTransfer_Handlers kPhaseHandlers = PhaseHandlers();
+
+class FanoutTest : public ::testing::Test {
+ protected:
+  void Serve() {
+    std::vector<std::string> t;
+    for (int i = 0; i < 3; i++) {
+      reps_[i].together = &together_;
+      wtx_rpc_server_options o = WTX_RPC_SERVER_OPTIONS_INIT;
+      ASSERT_EQ(0, wtx_rpc_server_create(&o, &srv_[i]));
+      ASSERT_EQ(0, wtx_rpc_server_add_service(srv_[i], &wtx__v1__weight_transfer__grpc,
+                                              &kPhaseHandlers, &reps_[i]));
+      int port = 0;
+      ASSERT_EQ(0, wtx_rpc_server_start(srv_[i], "127.0.0.1:0", &port));
+      t.push_back("127.0.0.1:" + std::to_string(port));
+    }
+    const char *targets[] = {t[0].c_str(), t[1].c_str(), t[2].c_str()};
+    char err[600] = "";
+    ASSERT_EQ(0, wtx_client_create(targets, 3, nullptr, &c_, err, sizeof err)) << err;
+  }
+  void TearDown() override {
+    if (c_ != nullptr) wtx_client_destroy(c_);
+    for (auto *s : srv_)
+      if (s != nullptr) wtx_rpc_server_destroy(s);
+  }
+  Together together_;
+  Replica reps_[3];
+  wtx_rpc_server *srv_[3] = {};
+  wtx_client *c_ = nullptr;
+};
+
+TEST_F(FanoutTest, EveryReplicaIsAskedAtOnceInEachPhase) {
+  Serve();
+  ASSERT_EQ(0, wtx__client_start(c_, 0)) << wtx_client_last_error(c_);
+  char published[64] = "";
+  ASSERT_EQ(0, wtx__client_finish(c_, nullptr, published, sizeof published))
+      << wtx_client_last_error(c_);
+  EXPECT_STREQ("v7", published);  // each replica's finish names the update its start gave
+  for (auto &r : reps_) {
+    EXPECT_EQ(1, r.starts.load());
+    EXPECT_EQ(1, r.prepares.load());
+    EXPECT_EQ(1, r.finishes.load());
+  }
+}
+
+TEST_F(FanoutTest, AStartInFlightMeanwhileAndRetriesStayOnTheirReplica) {
+  reps_[1].fail_finish = 1;  // its first answer is lost: asked again, alone
+  reps_[2].fail_start = 1;
+  Serve();
+  wtx__client_start_begin(c_, 0);  // returns with every call in flight
+  EXPECT_EQ(WTX_EUNAVAIL, wtx__client_start_end(c_));
+  EXPECT_EQ(2, wtx_client_last_replica(c_));  // start is never retried
+  EXPECT_NE(std::string::npos, std::string(wtx_client_last_error(c_)).find("busy"));
+  for (auto &r : reps_) EXPECT_EQ(1, r.starts.load());
+  reps_[2].fail_start = 0;
+  together_.arrived.clear();
+  ASSERT_EQ(0, wtx__client_start(c_, 0)) << wtx_client_last_error(c_);
+  ASSERT_EQ(0, wtx__client_finish(c_, "", nullptr, 0)) << wtx_client_last_error(c_);
+  EXPECT_EQ(1, reps_[0].finishes.load());
+  EXPECT_EQ(2, reps_[1].finishes.load());
+  EXPECT_EQ(1, reps_[2].finishes.load());
 }
 
 }  // namespace
