@@ -401,10 +401,13 @@ typedef struct sync_state {
   Wtx__V1__ParamRange range;
 } sync_state;
 
-static void sync_free(sync_state *s) {
+/* Frees what sync_buffers and sync_messages made and ends the source's
+ * pass; the plan stays. */
+static void sync_release(sync_state *s) {
   if (s->opened) wtx_source_close(s->t->source, s->c.iter);
+  s->opened = 0;
   if (s->c.h != NULL) XXH3_freeState(s->c.h);
-  free(s->chunks);
+  s->c.h = NULL;
   free(s->sums);
   free(s->n_sums);
   free(s->ends);
@@ -412,6 +415,17 @@ static void sync_free(sync_state *s) {
   free(s->iov);
   free(s->pm);
   free(s->pmp);
+  s->sums = s->ends = NULL;
+  s->n_sums = NULL;
+  s->outs = NULL;
+  s->iov = NULL;
+  s->pm = NULL;
+  s->pmp = NULL;
+}
+
+static void sync_free(sync_state *s) {
+  sync_release(s);
+  free(s->chunks);
 }
 
 /* Tensors per chunk, at most. The protocol takes up to WTX_MAX_CHUNK_PARAMS
@@ -440,8 +454,9 @@ static int sync_plan(sync_state *s) {
   return rc != 0 ? fail(t, rc, "cannot plan chunks") : 0;
 }
 
-/* Step 2: the messages and buffers of the sync, and the source's pass. */
-static int sync_prepare(sync_state *s) {
+/* Step 2: the buffers of the sync and the source's pass (while the
+ * workers answer start). */
+static int sync_buffers(sync_state *s) {
   wtx_trainer *t = s->t;
   s->verify = t->args.wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   s->nb = t->args.wire.num_buffers ? t->args.wire.num_buffers : 1;
@@ -464,17 +479,27 @@ static int sync_prepare(sync_state *s) {
     s->outs[b] = (pack_out){.buf = t->tt->buffer(t->self, b),
                             .iov = s->in_place ? &s->iov[b * s->sums_row] : NULL,
                             .tt = t->tt, .self = t->self, .k = b};
-  s->table = wtx__client_table(t->client);
-  if (s->table != 0 && s->table != wtx__layout_xxh3(s->metas, s->n)) s->table = 0;
-  s->pm = calloc(s->table ? 1 : s->n, sizeof *s->pm);
-  s->pmp = calloc(s->table ? 1 : s->n, sizeof *s->pmp);
   /* Device tensors go device to device where the backend can take them;
    * hashing them (checksums on) needs their bytes on the host as well. */
   int host_copy = t->tt->put_device == NULL || s->verify;
   s->c = (cursor){.t = t, .metas = s->metas, .n = s->n, .host_copy = host_copy,
                   .h = XXH3_createState()};
-  if (!s->sums || !s->n_sums || !s->pm || !s->pmp || !s->c.h)
-    return fail(t, WTX_ENOMEM, "out of memory");
+  if (!s->sums || !s->n_sums || !s->c.h) return fail(t, WTX_ENOMEM, "out of memory");
+  int rc = wtx_source_open(t->source, &s->c.iter);
+  if (rc != 0) return fail(t, rc, "source: cannot start a pass");
+  s->opened = 1;
+  return 0;
+}
+
+/* Step 3, once every worker has answered start: chunks name their tensors
+ * by position when every worker holds our table (mine: its identity),
+ * else they carry every tensor's ParamMeta. */
+static int sync_messages(sync_state *s, uint64_t mine) {
+  s->table = wtx__client_table(s->t->client);
+  if (s->table != mine) s->table = 0;
+  s->pm = calloc(s->table ? 1 : s->n, sizeof *s->pm);
+  s->pmp = calloc(s->table ? 1 : s->n, sizeof *s->pmp);
+  if (!s->pm || !s->pmp) return fail(s->t, WTX_ENOMEM, "out of memory");
   for (size_t i = 0; s->table == 0 && i < s->n; i++) {
     wtx__v1__param_meta__init(&s->pm[i]);
     s->pm[i].name = (char *)s->metas[i].name;
@@ -483,9 +508,6 @@ static int sync_prepare(sync_state *s) {
     s->pm[i].shape = (uint64_t *)s->metas[i].shape;
     s->pmp[i] = &s->pm[i];
   }
-  int rc = wtx_source_open(t->source, &s->c.iter);
-  if (rc != 0) return fail(t, rc, "source: cannot start a pass");
-  s->opened = 1;
   return 0;
 }
 
@@ -534,7 +556,7 @@ static int sync_update_info(sync_state *s, size_t k, Wtx__V1__UpdateInfo *ui) {
 
 static int refused(void *client) { return wtx__client_update_refused(client); }
 
-/* Step 3, per chunk: every replica's UpdateWeights in flight, the bytes
+/* Step 4, per chunk: every replica's UpdateWeights in flight, the bytes
  * over the data plane, the next chunk packed meanwhile (with two buffers or
  * more), then every answer. Chunk k is already packed. */
 static int sync_chunk(sync_state *s, size_t k) {
@@ -586,23 +608,42 @@ static int session_lost(const wtx_client *c) {
   return wtx_client_last_status(c) == 5 /* NOT_FOUND */;
 }
 
-/* Steps 1-4 on rank 0: start, every chunk, finish. */
+/* Steps 2-3: every worker's start in flight while our table's identity,
+ * the buffers and the first chunk are readied (a round trip hidden behind
+ * work that does not need its answer). *lost: the start failed because a
+ * worker no longer knows our session. */
+static int sync_begin(sync_state *s, int *lost) {
+  wtx_trainer *t = s->t;
+  *lost = 0;
+  int rc = !t->ready ? rendezvous(t) : 0;
+  if (rc != 0) return rc;
+  wtx__client_start_begin(t->client, s->o->target);
+  uint64_t mine = wtx__client_has_tables(t->client) ? wtx__layout_xxh3(s->metas, s->n) : 0;
+  rc = sync_buffers(s);
+  if (rc == 0 && s->n_chunks > 0) rc = sync_pack(s, 0);
+  int src = wtx__client_start_end(t->client);
+  if (src != 0) {
+    *lost = session_lost(t->client);
+    return fail(t, src, "%s", wtx_client_last_error(t->client));
+  }
+  return rc != 0 ? rc : sync_messages(s, mine);
+}
+
+/* Steps 1-5 on rank 0: plan, start, every chunk, finish. */
 static int sync_run(sync_state *s, char *version, size_t vlen) {
   wtx_trainer *t = s->t;
+  int lost = 0;
   int rc = sync_plan(s);
-  /* A session that failed before is out of step: initialize it again. */
-  if (rc == 0 && !t->ready) rc = rendezvous(t);
-  if (rc == 0 && (rc = wtx__client_start(t->client, s->o->target)) != 0 &&
-      session_lost(t->client)) {
+  if (rc == 0) rc = sync_begin(s, &lost);
+  if (lost) {
     /* A worker restarted since the last sync no longer knows the session:
-     * one new rendezvous, then start again. */
+     * one new rendezvous (its buffers are new), then start again. */
     wtx__client_abort(t->client, "re-initializing: a worker lost its session");
-    if ((rc = rendezvous(t)) == 0) rc = wtx__client_start(t->client, s->o->target);
+    t->ready = 0;
+    t->err[0] = '\0';
+    sync_release(s);
+    rc = sync_begin(s, &lost);
   }
-  if (rc != 0 && t->err[0] == '\0') return fail(t, rc, "%s", wtx_client_last_error(t->client));
-  if (rc != 0) return rc;
-  if (rc == 0) rc = sync_prepare(s);
-  if (rc == 0 && s->n_chunks > 0) rc = sync_pack(s, 0);
   uint64_t done = 0;
   for (size_t k = 0; rc == 0 && k < s->n_chunks; k++) {
     if ((rc = sync_chunk(s, k)) != 0) break;
