@@ -24,6 +24,16 @@ struct wtx_trainer {
   char data_address[300];
   void *self;  /* the transport's trainer half */
   int ready;   /* sessions initialized and in step */
+  /* The source's table as of the last sync (its metadata() is fixed for
+   * the source's life), and what depends on nothing else: the chunk plan,
+   * the table's identity, per-tensor checksums' room. Computed again only
+   * when metadata() answers another array or count. */
+  const wtx_tensor_meta *metas;
+  size_t n;
+  wtx_chunk *chunks;
+  size_t n_chunks;
+  uint64_t total;
+  uint64_t table_xxh3;
   uint64_t *xxh3;
   char err[1600];
 };
@@ -173,6 +183,47 @@ static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *e
   return 0;
 }
 
+/* Tensors per chunk, at most. The protocol takes up to WTX_MAX_CHUNK_PARAMS
+ * (a checkpoint of 100k tiny tensors fits one buffer, so without a cap its
+ * one chunk would be refused), and smaller chunks let the worker check and
+ * stage one while the trainer packs the next: a steady-state sync of 40k
+ * tiny tensors in chunks of 8192 took 0.015 s against 0.018 s in one
+ * chunk (medians of 20; bench/results/2026-11-30-c-kernels.md, fifth
+ * round). */
+#define CHUNK_PARAMS 8192
+
+/* The source's table (metas, n) as the trainer's: the chunk plan, the same
+ * cut the workers expect, and the table's identity, unless it is the table
+ * already held. */
+static int trainer_table(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n) {
+  if (t->chunks != NULL && metas == t->metas && n == t->n) return 0;
+  free(t->chunks);
+  t->chunks = NULL;
+  t->n_chunks = 0;
+  t->total = 0;
+  uint64_t *xxh3 = realloc(t->xxh3, n * sizeof *xxh3);
+  if (xxh3 == NULL) return fail(t, WTX_ENOMEM, "out of memory");
+  t->xxh3 = xxh3;
+  int rc = wtx_chunks_plan(&metas[0].nbytes, n, sizeof *metas, t->args.wire.buffer_size,
+                           CHUNK_PARAMS, t->args.wire.packed, &t->chunks, &t->n_chunks);
+  if (rc != 0) return fail(t, rc, "cannot plan chunks");
+  for (size_t k = 0; k < t->n_chunks; k++) t->total += t->chunks[k].bytes;
+  t->table_xxh3 = wtx__layout_xxh3(metas, n);
+  t->metas = metas;
+  t->n = n;
+  return 0;
+}
+
+/* The source's table, for the sync about to run (computed at init). */
+static int trainer_metadata(wtx_trainer *t) {
+  const wtx_tensor_meta *metas;
+  size_t n;
+  int rc = wtx_source_metadata(t->source, &metas, &n);
+  if (rc != 0) return fail(t, rc, "source: metadata() failed");
+  if (n == 0) return fail(t, WTX_EINVAL, "source: no parameters");
+  return trainer_table(t, metas, n);
+}
+
 int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
                      wtx_source *source, wtx_trainer **out, char *err,
                      size_t errlen) {
@@ -191,6 +242,9 @@ int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
   int rc = resolve_config(t, cfg, err, errlen);
   if (rc == 0 && t->rank == 0 && (rc = rendezvous(t)) != 0)
     snprintf(err, errlen, "%s", t->err);
+  /* Every sync uses the table's plan and identity: made once, here (a
+   * source that cannot answer yet is asked again by the first sync). */
+  if (rc == 0 && t->rank == 0 && trainer_metadata(t) != 0) t->err[0] = '\0';
   if (rc != 0) {
     wtx_trainer_shutdown(t);
     return rc;
@@ -202,6 +256,7 @@ int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
 void wtx_trainer_shutdown(wtx_trainer *t) {
   if (t == NULL) return;
   if (t->self != NULL) t->tt->destroy(t->self);
+  free(t->chunks);
   free(t->xxh3);
   free(t);
 }
@@ -370,10 +425,11 @@ static int iterate_only(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n) 
 typedef struct sync_state {
   wtx_trainer *t;
   const wtx_send_options *o;
+  /* The trainer's table and plan (trainer_table), borrowed. */
   const wtx_tensor_meta *metas;
   size_t n;
   uint64_t total;
-  wtx_chunk *chunks;
+  const wtx_chunk *chunks;
   size_t n_chunks;
   cursor c;
   int opened;
@@ -423,38 +479,9 @@ static void sync_release(sync_state *s) {
   s->pmp = NULL;
 }
 
-static void sync_free(sync_state *s) {
-  sync_release(s);
-  free(s->chunks);
-}
+static void sync_free(sync_state *s) { sync_release(s); }
 
-/* Tensors per chunk, at most. The protocol takes up to WTX_MAX_CHUNK_PARAMS
- * (a checkpoint of 100k tiny tensors fits one buffer, so without a cap its
- * one chunk would be refused), and smaller chunks let the worker check and
- * stage one while the trainer packs the next: a steady-state sync of 40k
- * tiny tensors in chunks of 8192 took 0.015 s against 0.018 s in one
- * chunk (medians of 20; bench/results/2026-11-30-c-kernels.md, fifth
- * round). */
-#define CHUNK_PARAMS 8192
-
-/* Step 1: the chunk plan, the same cut the workers expect. */
-static int sync_plan(sync_state *s) {
-  wtx_trainer *t = s->t;
-  uint64_t *sizes = calloc(s->n, sizeof *sizes);
-  uint64_t *xxh3 = realloc(t->xxh3, s->n * sizeof *xxh3);
-  if (xxh3 != NULL) t->xxh3 = xxh3;
-  if (sizes == NULL || xxh3 == NULL) {
-    free(sizes);
-    return fail(t, WTX_ENOMEM, "out of memory");
-  }
-  for (size_t i = 0; i < s->n; i++) s->total += sizes[i] = s->metas[i].nbytes;
-  int rc = wtx_chunks_plan(sizes, s->n, t->args.wire.buffer_size, CHUNK_PARAMS,
-                           t->args.wire.packed, &s->chunks, &s->n_chunks);
-  free(sizes);
-  return rc != 0 ? fail(t, rc, "cannot plan chunks") : 0;
-}
-
-/* Step 2: the buffers of the sync and the source's pass (while the
+/* Step 1: the buffers of the sync and the source's pass (while the
  * workers answer start). */
 static int sync_buffers(sync_state *s) {
   wtx_trainer *t = s->t;
@@ -492,11 +519,11 @@ static int sync_buffers(sync_state *s) {
 }
 
 /* Step 3, once every worker has answered start: chunks name their tensors
- * by position when every worker holds our table (mine: its identity),
- * else they carry every tensor's ParamMeta. */
-static int sync_messages(sync_state *s, uint64_t mine) {
+ * by position when every worker holds our table, else they carry every
+ * tensor's ParamMeta. */
+static int sync_messages(sync_state *s) {
   s->table = wtx__client_table(s->t->client);
-  if (s->table != mine) s->table = 0;
+  if (s->table != s->t->table_xxh3) s->table = 0;
   s->pm = calloc(s->table ? 1 : s->n, sizeof *s->pm);
   s->pmp = calloc(s->table ? 1 : s->n, sizeof *s->pmp);
   if (!s->pm || !s->pmp) return fail(s->t, WTX_ENOMEM, "out of memory");
@@ -608,8 +635,8 @@ static int session_lost(const wtx_client *c) {
   return wtx_client_last_status(c) == 5 /* NOT_FOUND */;
 }
 
-/* Steps 2-3: every worker's start in flight while our table's identity,
- * the buffers and the first chunk are readied (a round trip hidden behind
+/* Steps 1-2: every worker's start in flight while the buffers and the
+ * first chunk are readied (a round trip hidden behind
  * work that does not need its answer). *lost: the start failed because a
  * worker no longer knows our session. */
 static int sync_begin(sync_state *s, int *lost) {
@@ -618,7 +645,6 @@ static int sync_begin(sync_state *s, int *lost) {
   int rc = !t->ready ? rendezvous(t) : 0;
   if (rc != 0) return rc;
   wtx__client_start_begin(t->client, s->o->target);
-  uint64_t mine = wtx__client_has_tables(t->client) ? wtx__layout_xxh3(s->metas, s->n) : 0;
   rc = sync_buffers(s);
   if (rc == 0 && s->n_chunks > 0) rc = sync_pack(s, 0);
   int src = wtx__client_start_end(t->client);
@@ -626,15 +652,14 @@ static int sync_begin(sync_state *s, int *lost) {
     *lost = session_lost(t->client);
     return fail(t, src, "%s", wtx_client_last_error(t->client));
   }
-  return rc != 0 ? rc : sync_messages(s, mine);
+  return rc != 0 ? rc : sync_messages(s);
 }
 
-/* Steps 1-5 on rank 0: plan, start, every chunk, finish. */
+/* Steps 1-5 on rank 0: start, every chunk, finish. */
 static int sync_run(sync_state *s, char *version, size_t vlen) {
   wtx_trainer *t = s->t;
   int lost = 0;
-  int rc = sync_plan(s);
-  if (rc == 0) rc = sync_begin(s, &lost);
+  int rc = sync_begin(s, &lost);
   if (lost) {
     /* A worker restarted since the last sync no longer knows the session:
      * one new rendezvous (its buffers are new), then start again. */
@@ -665,11 +690,20 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
     return fail(t, WTX_EINVAL, "version: %zu bytes, at most %d", strlen(o.version),
                 WTX_MAX_VERSION_BYTES);
   sync_state s = {.t = t, .o = &o};
-  int rc = wtx_source_metadata(t->source, &s.metas, &s.n);
-  if (rc != 0) return fail(t, rc, "source: metadata() failed");
-  if (s.n == 0) return fail(t, WTX_EINVAL, "source: no parameters");
-  if (t->rank != 0) return iterate_only(t, s.metas, s.n);
+  if (t->rank != 0) {
+    int rc = wtx_source_metadata(t->source, &s.metas, &s.n);
+    if (rc != 0) return fail(t, rc, "source: metadata() failed");
+    if (s.n == 0) return fail(t, WTX_EINVAL, "source: no parameters");
+    return iterate_only(t, s.metas, s.n);
+  }
   double t0 = wtx_clock_s();
+  int rc = trainer_metadata(t);
+  if (rc != 0) return rc;
+  s.metas = t->metas;
+  s.n = t->n;
+  s.chunks = t->chunks;
+  s.n_chunks = t->n_chunks;
+  s.total = t->total;
   char version[WTX_MAX_VERSION_BYTES + 1] = "";
   rc = sync_run(&s, version, sizeof version);
   if (rc != 0) {

@@ -201,10 +201,11 @@ typedef struct wtx_trainer_config {
 typedef struct wtx_trainer wtx_trainer;
 
 /* Rendezvous: creates the backend's trainer half and initializes every
- * replica. client (may be NULL on ranks other than 0) and source must
- * outlive the trainer; cfg is only read during the call. On error err names
- * the cause (a limit, an unknown backend, a replica's refusal). *out is the
- * caller's until wtx_trainer_shutdown. */
+ * replica; on rank 0 also plans the syncs from the source's table (see
+ * wtx_source_ops.metadata). client (may be NULL on ranks other than 0) and
+ * source must outlive the trainer; cfg is only read during the call. On
+ * error err names the cause (a limit, an unknown backend, a replica's
+ * refusal). *out is the caller's until wtx_trainer_shutdown. */
 int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
                      wtx_source *source, wtx_trainer **out, char *err,
                      size_t errlen);

@@ -30,7 +30,11 @@ extern "C" {
 typedef struct wtx_source_ops {
   const char *name; /* "memory", "safetensors", "synthetic", ... */
   /* Every parameter, in iteration order; *metas is owned by self and stays
-   * valid until destroy. May compute and cache on the first call. */
+   * valid and unchanged until destroy. May compute and cache on the first
+   * call. A trainer plans its syncs from this table once (the chunk cut,
+   * the table's identity the workers know it by) and plans again only when
+   * another array or count is answered: a source whose table changes
+   * answers a new array, never the old one rewritten in place. */
   int (*metadata)(void *self, const wtx_tensor_meta **metas, size_t *n);
   /* Starts a fresh pass; *iter is the pass's state. */
   int (*open)(void *self, void **iter);

@@ -945,6 +945,84 @@ TEST_P(EngineTest, AReplicaThatCannotPublishLeavesEveryReplicaOnItsPreviousWeigh
 
 namespace wtxtest {
 
+// A source behind wtx_source_ops that answers one of two tables, for a
+// trainer whose source changes what it holds between syncs.
+struct SwitchingSource {
+  wtx_source *tables[2];
+  int current = 0;
+  static int Metadata(void *self, const wtx_tensor_meta **metas, size_t *n) {
+    auto *s = static_cast<SwitchingSource *>(self);
+    return wtx_source_metadata(s->tables[s->current], metas, n);
+  }
+  static int Open(void *self, void **iter) {
+    auto *s = static_cast<SwitchingSource *>(self);
+    return wtx_source_open(s->tables[s->current], iter);
+  }
+  static int Next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
+    auto *s = static_cast<SwitchingSource *>(self);
+    return wtx_source_next(s->tables[s->current], iter, meta, data);
+  }
+  static void Close(void *self, void *iter) {
+    auto *s = static_cast<SwitchingSource *>(self);
+    wtx_source_close(s->tables[s->current], iter);
+  }
+  static void Destroy(void *) {}
+};
+const wtx_source_ops kSwitchingOps = {"switching", SwitchingSource::Metadata,
+                                      SwitchingSource::Open, SwitchingSource::Next,
+                                      SwitchingSource::Close, SwitchingSource::Destroy};
+
+// One trainer plans its syncs once from its source's table; a source that
+// answers another table (a new array) is planned anew, and the workers get
+// exactly the table each sync holds, named by position when they have it.
+TEST_P(EngineTest, OneTrainerFollowsItsSourceToAnotherTableAndBack) {
+  const size_t n = 9000, more = 700;  // two chunks of tensors either way
+  std::vector<std::vector<uint8_t>> data(n + more);
+  std::vector<std::string> names(n + more);
+  std::vector<uint64_t> shapes(n + more);
+  std::vector<wtx_memory_tensor> ts(n + more);
+  for (size_t i = 0; i < n + more; i++) {
+    shapes[i] = 1 + i % 11;
+    data[i].assign(shapes[i], static_cast<uint8_t>(i * 29));
+    names[i] = "model.layers." + std::to_string(i / 100) + ".e" + std::to_string(i);
+    ts[i] = {names[i].c_str(), WTX_DTYPE_UINT8, &shapes[i], 1, data[i].data(), 0};
+  }
+  SwitchingSource sw;
+  char e[1024] = "";
+  // The whole model, then an update of part of it (the rest stays).
+  ASSERT_EQ(0, wtx_source_memory(ts.data(), n + more, &sw.tables[0], e, sizeof e)) << e;
+  ASSERT_EQ(0, wtx_source_memory(ts.data(), n, &sw.tables[1], e, sizeof e)) << e;
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_create(&kSwitchingOps, &sw, &src));
+  std::vector<Worker> ws = {Spawn(), Spawn()};
+  wtx_client *c = Client(ws, 10000);
+  std::string backend = GetParam();
+  wtx_trainer_config cfg = Config(backend, 1 << 20, 2, 10000);
+  wtx_trainer *t = nullptr;
+  ASSERT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
+  const int tables[] = {0, 0, 1, 1, 0};
+  std::vector<uint64_t> held(n + more);  // the workers' checksums, all of them
+  for (int round = 0; round < 5; round++) {
+    sw.current = tables[round];
+    for (auto &d : data) d[0]++;  // each round's weights differ
+    std::string v = "round-" + std::to_string(round);
+    wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+    so.version = v.c_str();
+    wtx_send_result res;
+    ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << v << ": " << wtx_trainer_last_error(t);
+    ASSERT_EQ(sw.current ? n : n + more, res.params) << v;
+    std::copy(res.xxh3, res.xxh3 + res.params, held.begin());
+    EXPECT_EQ(0, wtx_client_verify(c, sw.tables[0], held.data()))
+        << v << ": " << wtx_client_last_error(c);
+    for (const Worker &w : ws) EXPECT_EQ(v, Version(w));
+  }
+  wtx_trainer_shutdown(t);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+  wtx_source_destroy(sw.tables[0]);
+  wtx_source_destroy(sw.tables[1]);
+}
+
 // A worker restarted between two syncs of one trainer has lost the
 // session: the next sync initializes again by itself and goes through.
 TEST_P(EngineTest, AWorkerRestartedBetweenRoundsTakesTheNextSync) {
