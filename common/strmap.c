@@ -18,6 +18,14 @@
  * mostly told so without walking a chain (a cache miss per item). */
 #define HASH_BLOOM 18
 #include <uthash.h>
+/* The table's size is each map's (log2 buckets), not uthash's 32 to start
+ * with: uthash makes a table at a map's first add with these, and these
+ * two names are read only there, inside wtx__strmap_add (m in scope; as
+ * in uthash 2.3, Debian 12's). */
+#undef HASH_INITIAL_NUM_BUCKETS
+#undef HASH_INITIAL_NUM_BUCKETS_LOG2
+#define HASH_INITIAL_NUM_BUCKETS (1U << m->log2)
+#define HASH_INITIAL_NUM_BUCKETS_LOG2 (m->log2)
 
 #include "common/arena.h"
 #include "common/hash.h"
@@ -34,13 +42,47 @@ typedef struct item {
 
 struct wtx__strmap {
   item *head;
+  /* The table's buckets, log2: kept at least the keys' count (uthash alone
+   * lets chains grow to ten before it doubles, then doubles one step at a
+   * time: at 40k keys, adding them cost 200 ns each, mostly cache misses
+   * in long chains and in re-linking every key at each step). A cleared
+   * map keeps its size for the next fill. */
+  unsigned log2;
   wtx__arena arena;
 };
 
+#define MIN_LOG2 5U  /* uthash's own start */
+#define MAX_LOG2 22U /* 4M buckets (64 MiB): a reservation stops here */
+
+static unsigned log2_for(size_t n) {
+  unsigned l = MIN_LOG2;
+  while (l < MAX_LOG2 && ((size_t)1 << l) < n) l++;
+  return l;
+}
+
+/* Doubles the table until it has at least n buckets (as far as memory
+ * allows: a table that cannot grow stays as it is, and still works). */
+static void grow(wtx__strmap *m, size_t n) {
+  n = n < ((size_t)1 << MAX_LOG2) ? n : ((size_t)1 << MAX_LOG2);
+  if (m->head == NULL) {
+    unsigned l = log2_for(n);
+    if (l > m->log2) m->log2 = l;
+    return;
+  }
+  UT_hash_table *tbl = m->head->hh.tbl;
+  int oomed = 0;
+  while (tbl->num_buckets < n && !oomed) HASH_EXPAND_BUCKETS(hh, tbl, oomed);
+  m->log2 = tbl->log2_num_buckets;
+}
+
 int wtx__strmap_create(wtx__strmap **out) {
   *out = calloc(1, sizeof **out);
-  return *out != NULL ? 0 : WTX_ENOMEM;
+  if (*out == NULL) return WTX_ENOMEM;
+  (*out)->log2 = MIN_LOG2;
+  return 0;
 }
+
+void wtx__strmap_reserve(wtx__strmap *m, size_t n) { grow(m, n); }
 
 void wtx__strmap_destroy(wtx__strmap *m) {
   if (m == NULL) return;
@@ -55,6 +97,8 @@ int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value, const char **
   item *it = NULL;
   HASH_FIND_BYHASHVALUE(hh, m->head, key, len, hashv, it);
   if (it != NULL) return WTX_EEXIST;
+  if (m->head != NULL && m->head->hh.tbl->num_items >= m->head->hh.tbl->num_buckets)
+    grow(m, (size_t)m->head->hh.tbl->num_buckets * 2);
   /* On failure below the piece stays unused in the arena until clear. */
   it = wtx__arena_alloc(&m->arena, sizeof *it + len + 1);
   if (it == NULL) return WTX_ENOMEM;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "wtx/error.h"
@@ -57,6 +58,42 @@ TEST(StrmapTest, HoldsAHundredThousandNamesAndClears) {
   EXPECT_EQ(0u, wtx__strmap_count(m));
   EXPECT_EQ(0, wtx__strmap_get(m, "model.layers.5", nullptr));
   ASSERT_EQ(0, wtx__strmap_add(m, "model.layers.5", 3, nullptr));  // usable after clear
+  wtx__strmap_destroy(m);
+}
+
+// Reserved ahead (empty or not), grown past a reservation, or cleared and
+// filled again: every key is found with its value, none twice.
+TEST(StrmapTest, ATableReservedOrGrownFindsEveryKey) {
+  wtx__strmap *m = nullptr;
+  ASSERT_EQ(0, wtx__strmap_create(&m));
+  auto key = [](size_t i) { return "model.layers." + std::to_string(i / 64) + ".e" +
+                                   std::to_string(i); };
+  auto fill = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; i++) ASSERT_EQ(0, wtx__strmap_add(m, key(i).c_str(), i, nullptr));
+  };
+  auto expect_all = [&](size_t n) {
+    EXPECT_EQ(n, wtx__strmap_count(m));
+    for (size_t i = 0; i < n; i++) {
+      size_t v = n;
+      ASSERT_EQ(1, wtx__strmap_get(m, key(i).c_str(), &v)) << i;
+      ASSERT_EQ(i, v);
+      ASSERT_EQ(WTX_EEXIST, wtx__strmap_add(m, key(i).c_str(), 0, nullptr));
+    }
+  };
+  wtx__strmap_reserve(m, 5000);  // empty: the table is made this size
+  fill(0, 3000);
+  wtx__strmap_reserve(m, 40000);  // not empty: the table grows, keys stay
+  fill(3000, 50000);              // and past the reservation
+  expect_all(50000);
+  wtx__strmap_clear(m);
+  EXPECT_EQ(0, wtx__strmap_get(m, key(7).c_str(), nullptr));
+  fill(0, 20000);
+  expect_all(20000);
+  wtx__strmap_destroy(m);
+  ASSERT_EQ(0, wtx__strmap_create(&m));
+  wtx__strmap_reserve(m, SIZE_MAX);  // capped, not 2^64 buckets
+  fill(0, 3);
+  expect_all(3);
   wtx__strmap_destroy(m);
 }
 
