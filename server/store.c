@@ -27,6 +27,7 @@
 #define uthash_nonfatal_oom(obj) (nomem = 1)
 #include <uthash.h>
 
+#include "common/arena.h"
 #include "common/hash.h"
 #include "common/strmap.h"
 #include "server/store.h"
@@ -466,12 +467,17 @@ struct wtx_store {
   /* While the update stages the published version's tensors in its order
    * (every RL step), staged tensor i is that version's tensor i (base
    * holds a reference), so nothing describes it but base's layout, and no
-   * index is built. The first tensor out of that order builds st_ix, name
-   * -> index into st, and from then on st_meta[i] describes staged tensor
-   * i, named by st_ix's key. */
+   * index is built. From the first tensor out of that order (or the first
+   * of all, when nothing is published), st_meta[i] describes staged tensor
+   * i, named by a copy in st_names; st_ix, name -> index into st, is built
+   * only when a lookup by name needs it, at the latest by prepare, then
+   * sized for every tensor at once (grown a tensor at a time, it was a
+   * quarter of a first sync's CPU at 40k tensors), and its keys name them
+   * from then on. */
   snapshot *base;
   int in_order;
   wtx__strmap *st_ix;
+  wtx__arena st_names;
   wtx_tensor_meta *st_meta; /* cap_st of them */
   /* Where the next check and loaded() look first: an update usually names
    * the tensors in the layout's order, so a compare replaces a hash. */
@@ -523,6 +529,7 @@ static void staged_free(wtx_store *s) {
   s->n_st = s->st_own = 0;
   wtx__strmap_destroy(s->st_ix);
   s->st_ix = NULL;
+  wtx__arena_free(&s->st_names);
   snapshot_unref(s->base);
   s->base = NULL;
 }
@@ -661,28 +668,33 @@ static const wtx_tensor_meta *staged_meta(const wtx_store *s, size_t i) {
   return s->in_order ? &s->base->lay->metas[i] : &s->st_meta[i];
 }
 
-/* The staged tensors' index, built now if the update stayed in order so
- * far (NULL: out of memory): from then on st_meta describes them. Caller
- * holds mu. */
-static const wtx__strmap *staged_index(wtx_store *s) {
-  if (s->st_ix != NULL) return s->st_ix;
-  int rc = wtx__strmap_create(&s->st_ix);
-  for (size_t i = 0; rc == 0 && i < s->n_st; i++) {
-    s->st_meta[i] = *staged_meta(s, i);
-    rc = wtx__strmap_add(s->st_ix, s->st_meta[i].name, i, &s->st_meta[i].name);
+/* The staged tensors' index (*ix), built now if none is: sized for them
+ * all, its keys then naming them in st_meta (the copies in st_names go).
+ * WTX_EEXIST: a name staged twice; WTX_ENOMEM. Caller holds mu. */
+static int staged_index(wtx_store *s, const wtx__strmap **ix) {
+  int rc = 0;
+  if (s->st_ix == NULL && (rc = wtx__strmap_create(&s->st_ix)) == 0) {
+    wtx__strmap_reserve(s->st_ix, s->n_st);
+    for (size_t i = 0; rc == 0 && i < s->n_st; i++) {
+      s->st_meta[i] = *staged_meta(s, i);
+      rc = wtx__strmap_add(s->st_ix, s->st_meta[i].name, i, &s->st_meta[i].name);
+    }
+    if (rc != 0) {
+      wtx__strmap_destroy(s->st_ix);
+      s->st_ix = NULL;
+      return rc;
+    }
+    s->in_order = 0;
+    wtx__arena_free(&s->st_names);
   }
-  if (rc != 0) {
-    wtx__strmap_destroy(s->st_ix);
-    s->st_ix = NULL;
-    return NULL;
-  }
-  s->in_order = 0;
-  return s->st_ix;
+  *ix = s->st_ix;
+  return rc;
 }
 
 /* Describes staged tensor n_st as meta: while in the base version's order,
  * by base's tensor at that position when it is the same (nothing is
- * copied); else by a copy named by the index. */
+ * copied); else by a copy (its name in st_names, or the index's key once
+ * there is an index). */
 static int staged_add(wtx_store *s, const wtx_tensor_meta *meta) {
   const snapshot *base = s->base;
   if (s->in_order && base != NULL && s->n_st < base->n) {
@@ -690,9 +702,18 @@ static int staged_add(wtx_store *s, const wtx_tensor_meta *meta) {
     if (s->seen != NULL && s->seen[s->n_st] == meta) return 0;
     if (strcmp(m->name, meta->name) == 0 && wtx_tensor_meta_same_layout(m, meta)) return 0;
   }
-  if (staged_index(s) == NULL) return WTX_ENOMEM;
   s->st_meta[s->n_st] = *meta;
-  return wtx__strmap_add(s->st_ix, meta->name, s->n_st, &s->st_meta[s->n_st].name);
+  if (s->st_ix != NULL)
+    return wtx__strmap_add(s->st_ix, meta->name, s->n_st, &s->st_meta[s->n_st].name);
+  /* The tensors before it leave base's order too: base's layout (which
+   * staging holds) names them. */
+  for (size_t i = 0; s->in_order && i < s->n_st; i++) s->st_meta[i] = base->lay->metas[i];
+  s->in_order = 0;
+  size_t len = strlen(meta->name) + 1;
+  char *name = wtx__arena_alloc(&s->st_names, len);
+  if (name == NULL) return WTX_ENOMEM;
+  s->st_meta[s->n_st].name = memcpy(name, meta->name, len);
+  return 0;
 }
 
 /* Finds the staged tensor named as meta, trying *next first. Caller holds mu. */
@@ -708,8 +729,9 @@ static int staged_find(wtx_store *s, const wtx_tensor_meta *meta, size_t *next, 
     *at = (*next)++;
     return 0;
   }
-  const wtx__strmap *ix = staged_index(s);
-  if (ix == NULL) return WTX_ENOMEM;
+  const wtx__strmap *ix = NULL;
+  int rc = staged_index(s, &ix);
+  if (rc != 0) return rc;
   return find(s->st_meta, s->n_st, ix, name, next, at) ? 0 : WTX_ENOENT;
 }
 
@@ -904,8 +926,9 @@ fail:
 static int check_complete(wtx_store *s, char *err, size_t errlen) {
   if (s->target != WTX_TARGET_MAIN || s->declared == NULL || PUB(s, WTX_TARGET_MAIN) != NULL)
     return 0;
-  const wtx__strmap *ix = staged_index(s);
-  if (ix == NULL) return WTX_ENOMEM;
+  const wtx__strmap *ix = NULL;
+  int rc = staged_index(s, &ix);
+  if (rc != 0) return rc;
   for (size_t i = 0; i < s->declared->n; i++)
     if (!wtx__strmap_get(ix, s->declared->metas[i].name, NULL)) {
       snprintf(err, errlen, "the first version must hold every parameter of the model "
@@ -930,7 +953,8 @@ static int store_prepare(void *model, const char *version, char *err, size_t err
   /* Staged in the order of old's layout: position i of old is position i
    * of the update, so the snapshot needs no index of the update. */
   int aligned = s->in_order && s->base != NULL && old != NULL && old->lay == s->base->lay;
-  if (rc == 0 && !aligned && staged_index(s) == NULL) rc = WTX_ENOMEM;
+  const wtx__strmap *ix = NULL;
+  if (rc == 0 && !aligned) rc = staged_index(s, &ix);
   if (rc == 0) {
     staged st = {.e = s->st, .n = s->n_st, .own = s->st_own, .sl = &s->st_sl,
                  .meta = aligned ? NULL : s->st_meta, .ix = aligned ? NULL : &s->st_ix};

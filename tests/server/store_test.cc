@@ -522,6 +522,54 @@ TEST_F(StoreTest, AFirstVersionPreparedTwiceOrAbortedKeepsItsNames) {
   wtx_store_release(s_, &v);
 }
 
+// A first version (nothing published, so no order to follow) keeps its
+// own copies of the names it was staged with: the caller's go as each
+// chunk ends (the session's are in the call's request), here overwritten
+// at once. Its index comes at prepare, which finds a name staged twice.
+TEST_F(StoreTest, AFirstVersionNamesItsTensorsWithItsOwnCopies) {
+  const wtx_model_ops &ops = wtx_store_model_ops;
+  char names[2][32];
+  wtx_tensor_meta chunk[2];
+  auto stage_chunk = [&](const char *a, const char *b, int fill) {
+    snprintf(names[0], sizeof names[0], "%s", a);
+    snprintf(names[1], sizeof names[1], "%s", b);
+    for (int i = 0; i < 2; i++) {
+      chunk[i] = Meta(names[i], 4);
+      uint8_t *d = nullptr;
+      ASSERT_EQ(0, ops.stage(s_, &chunk[i], &d));
+      memset(d, fill + i, 4);
+    }
+    for (int i = 0; i < 2; i++) {
+      uint64_t sum = static_cast<uint64_t>(fill + i);
+      ASSERT_EQ(0, ops.loaded(s_, &chunk[i], &sum));
+    }
+    memset(names, 'z', sizeof names);  // the chunk's request is gone
+  };
+  char err[256] = "";
+  ASSERT_EQ(0, ops.begin(s_, WTX_TARGET_MAIN));
+  stage_chunk("layers.0.w", "layers.0.b", 1);
+  stage_chunk("layers.1.w", "layers.0.w", 3);  // a name staged twice
+  EXPECT_EQ(WTX_EEXIST, ops.prepare(s_, "v1", err, sizeof err));
+  ops.abort(s_);
+  ASSERT_EQ(0, ops.begin(s_, WTX_TARGET_MAIN));
+  stage_chunk("layers.0.w", "layers.0.b", 1);
+  stage_chunk("layers.1.w", "layers.1.b", 3);
+  ASSERT_EQ(0, ops.prepare(s_, "v1", err, sizeof err)) << err;
+  ASSERT_EQ(0, ops.commit(s_, "v1"));
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  ASSERT_EQ(4u, v.n_params);
+  const char *want[4] = {"layers.0.w", "layers.0.b", "layers.1.w", "layers.1.b"};
+  const int fill[4] = {1, 2, 3, 4};
+  for (int i = 0; i < 4; i++) {
+    EXPECT_STREQ(want[i], v.params[i].meta.name);
+    EXPECT_TRUE(Filled(v.params[i], fill[i])) << want[i];
+  }
+  wtx_store_release(s_, &v);
+  wtx_tensor_meta found = Meta("layers.1.w", 4);  // found by name
+  EXPECT_EQ(0, ops.check(s_, WTX_TARGET_MAIN, &found, err, sizeof err)) << err;
+}
+
 TEST_F(StoreTest, PrepareFindsAFirstVersionMissingADeclaredTensorAndCommitCannotFail) {
   wtx_tensor_meta decl[2] = {Meta("a", 16), Meta("b", 8)};
   ASSERT_EQ(0, wtx_store_declare(s_, decl, 2));
