@@ -410,7 +410,7 @@ static fanout start_fanout(wtx_client *c, Wtx__V1__StartWeightUpdateRequest *req
                   start_take, &req->base, c, NULL, 0};
 }
 
-void wtx__client_start_begin(wtx_client *c, int target) {
+void wtx__client_start_begin(wtx_client *c, int target, size_t params) {
   if (c->ctl != NULL) { /* a caller's control plane answers at once */
     char why[1024];
     int rc = wtx__control_start(c->ctl, target, why, sizeof why);
@@ -419,6 +419,7 @@ void wtx__client_start_begin(wtx_client *c, int target) {
   }
   Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
   req.target = (Wtx__V1__UpdateTarget)target;
+  req.expected_params = params <= UINT32_MAX ? (uint32_t)params : 0;
   fanout f = start_fanout(c, &req); /* each request is packed as it starts */
   fan_begin(&f);
 }
@@ -431,7 +432,7 @@ int wtx__client_start_end(wtx_client *c) {
 }
 
 int wtx__client_start(wtx_client *c, int target) {
-  wtx__client_start_begin(c, target);
+  wtx__client_start_begin(c, target, 0);
   return wtx__client_start_end(c);
 }
 

@@ -644,7 +644,7 @@ static int sync_begin(sync_state *s, int *lost) {
   *lost = 0;
   int rc = !t->ready ? rendezvous(t) : 0;
   if (rc != 0) return rc;
-  wtx__client_start_begin(t->client, s->o->target);
+  wtx__client_start_begin(t->client, s->o->target, s->n);
   rc = sync_buffers(s);
   if (rc == 0 && s->n_chunks > 0) rc = sync_pack(s, 0);
   int src = wtx__client_start_end(t->client);

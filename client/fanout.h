@@ -28,8 +28,9 @@ int wtx__client_start(wtx_client *c, int target);
 /* The same in two halves: begin puts the call in flight on every replica
  * and returns at once, so the caller can ready its first chunk meanwhile;
  * end waits for every answer. Every begin must be ended, before any other
- * call on c. */
-void wtx__client_start_begin(wtx_client *c, int target);
+ * call on c. params: how many tensors the update will send (0: not said;
+ * StartWeightUpdateRequest.expected_params). */
+void wtx__client_start_begin(wtx_client *c, int target, size_t params);
 int wtx__client_start_end(wtx_client *c);
 /* Whether replicas may announce a parameter table at start (0 for a
  * caller's control plane, which never does). */

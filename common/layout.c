@@ -25,6 +25,8 @@ void wtx__layout_clear(wtx__layout *l) {
   wtx__strmap_clear(l->names);
 }
 
+void wtx__layout_reserve(wtx__layout *l, size_t n) { wtx__strmap_reserve(l->names, n); }
+
 int wtx__layout_add(wtx__layout *l, const wtx_tensor_meta *meta) {
   if (l->n == l->cap) {
     size_t cap = l->cap ? 2 * l->cap : 64;

@@ -31,6 +31,8 @@ int wtx__layout_init(wtx__layout *l);
 void wtx__layout_free(wtx__layout *l);
 /* Empties l for reuse. */
 void wtx__layout_clear(wtx__layout *l);
+/* Room for n tensors in all (a hint: adds past it still work). */
+void wtx__layout_reserve(wtx__layout *l, size_t n);
 /* Appends a copy of meta (its name copied); WTX_EEXIST when the name is
  * already in l, WTX_ENOMEM; l is unchanged on error. */
 int wtx__layout_add(wtx__layout *l, const wtx_tensor_meta *meta);

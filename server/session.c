@@ -336,9 +336,14 @@ static grpc_status_code handle_init(wtx_rpc_ctx *ctx,
   return code;
 }
 
-/* Opens update target. Caller holds mu and has checked the session. */
+/* Tables sized ahead for at most this many tensors, whatever a start says
+ * (16 MiB of buckets). */
+#define RESERVE_MAX (1u << 20)
+
+/* Opens update target, of `expected` tensors when the trainer said (0:
+ * not said). Caller holds mu and has checked the session. */
 static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
-                                    wtx_target target) {
+                                    wtx_target target, uint32_t expected) {
   if (update_open(s))
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "update %llu is already active: finish or abort "
@@ -347,6 +352,11 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "target: the %s engine does not support draft "
                               "model updates", s->transport->name);
+  if (s->cfg.max_params > 0 && expected > s->cfg.max_params)
+    return wtx_rpc_ctx_errorf(ctx, (grpc_status_code)wtx_err_to_grpc(WTX_ETOOBIG),
+                              "expected_params: the update would hold %u parameters, "
+                              "this worker takes at most %llu (--max-params)", expected,
+                              (unsigned long long)s->cfg.max_params);
   int rc = s->cfg.model_ops->begin(s->cfg.model, target);
   if (rc != 0) return from_wtx(ctx, rc, "model", "cannot begin an update");
   s->update_id++;
@@ -356,6 +366,7 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
   s->staged_bytes = 0;
   s->begun_bytes = 0;
   wtx__layout_clear(&s->cur);
+  wtx__layout_reserve(&s->cur, expected < RESERVE_MAX ? expected : RESERVE_MAX);
   s->by_range = -1;
   s->range_next = 0;
   wtx__rx_reset(s->rx);
@@ -377,7 +388,7 @@ static grpc_status_code handle_start(wtx_rpc_ctx *ctx,
                               "target: unknown value %d", req->target);
   pthread_mutex_lock(&s->mu);
   grpc_status_code code = check_session(s, ctx, req->session_id);
-  if (code == GRPC_STATUS_OK) code = open_update(s, ctx, target);
+  if (code == GRPC_STATUS_OK) code = open_update(s, ctx, target, req->expected_params);
   if (code == GRPC_STATUS_OK) {
     resp->update_id = s->update_id;
     resp->table_xxh3 = s->table_xxh3[target == WTX_TARGET_DRAFT];

@@ -327,7 +327,7 @@ TEST_F(FanoutTest, AStartInFlightMeanwhileAndRetriesStayOnTheirReplica) {
   reps_[1].fail_finish = 1;  // its first answer is lost: asked again, alone
   reps_[2].fail_start = 1;
   Serve();
-  wtx__client_start_begin(c_, 0);  // returns with every call in flight
+  wtx__client_start_begin(c_, 0, 3);  // returns with every call in flight
   EXPECT_EQ(WTX_EUNAVAIL, wtx__client_start_end(c_));
   EXPECT_EQ(2, wtx_client_last_replica(c_));  // start is never retried
   EXPECT_NE(std::string::npos, std::string(wtx_client_last_error(c_)).find("busy"));

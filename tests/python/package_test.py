@@ -131,7 +131,7 @@ class PushTest(unittest.TestCase):
             self.assertEqual("DATA_LOSS", e.exception.code.name)
             for h in self.hosts:
                 same_weights(self, h.state(), model)
-            client.start_weight_update()
+            client.start_weight_update(expected_params=1)  # says how many come
             good = dict(update, xxh3_64=[str(xxhash.xxh3_64_intdigest(data))])
             client.update_weights(good)  # staged, not loaded
             client.abort("test: abort after a good chunk")

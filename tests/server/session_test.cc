@@ -115,10 +115,12 @@ class SessionTest : public ::testing::Test {
     return rc;
   }
 
-  int Start(Wtx__V1__UpdateTarget target = WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN) {
+  int Start(Wtx__V1__UpdateTarget target = WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN,
+            uint32_t expected_params = 0) {
     Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
     req.session_id = const_cast<char *>(session_.c_str());
     req.target = target;
+    req.expected_params = expected_params;
     Wtx__V1__StartWeightUpdateResponse *resp = nullptr;
     int rc = wtx__v1__weight_transfer__start_weight_update__call(ch_, &req, &resp,
                                                                   nullptr, &st_);
@@ -1231,6 +1233,17 @@ TEST_F(SessionTest, AnUpdateBeyondTheWorkersLimitsIsResourceExhausted) {
   ASSERT_EQ(0, Start()) << st_.message;
   ASSERT_EQ(0, Update({T("a", 16, 1), T("b", 8, 2)})) << st_.message;  // at the limits
   ASSERT_EQ(0, Finish("fits")) << st_.message;
+  // A start that says how many tensors come is refused at once past the
+  // limit, and opens no update.
+  const auto main = WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN;
+  EXPECT_EQ(WTX_ETOOBIG, Start(main, 3));
+  EXPECT_EQ(GRPC_STATUS_RESOURCE_EXHAUSTED, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "expected_params: the update would hold 3 "
+                                         "parameters, this worker takes at most 2 "
+                                         "(--max-params)")) << st_.message;
+  ASSERT_EQ(0, Start(main, 1)) << st_.message;  // a hint, not a limit of its own
+  ASSERT_EQ(0, Update({T("a", 16, 4), T("b", 8, 5)})) << st_.message;
+  ASSERT_EQ(0, Finish("fits again")) << st_.message;
 }
 
 TEST_F(SessionTest, NamesAndVersionsMustBeUtf8) {
