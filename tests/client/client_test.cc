@@ -61,6 +61,15 @@ Wtx__V1__WeightTransfer_Handlers Handlers() {
 }
 const Wtx__V1__WeightTransfer_Handlers kHandlers = Handlers();
 
+// A WeightTransfer server of handlers h (their user data `user`) on a port
+// of loopback (*port).
+void StartServer(const wtx_rpc_server_options &o, const Wtx__V1__WeightTransfer_Handlers *h,
+                 void *user, wtx_rpc_server **srv, int *port) {
+  ASSERT_EQ(0, wtx_rpc_server_create(&o, srv));
+  ASSERT_EQ(0, wtx_rpc_server_add_service(*srv, &wtx__v1__weight_transfer__grpc, h, user));
+  ASSERT_EQ(0, wtx_rpc_server_start(*srv, "127.0.0.1:0", port));
+}
+
 class ClientTest : public ::testing::Test {
  protected:
   void Serve(grpc_server_credentials *creds = nullptr) {
@@ -68,10 +77,7 @@ class ClientTest : public ::testing::Test {
     o.credentials = creds;
     o.authorize = Authorize;
     o.auth_data = &script_;
-    ASSERT_EQ(0, wtx_rpc_server_create(&o, &srv_));
-    ASSERT_EQ(0, wtx_rpc_server_add_service(srv_, &wtx__v1__weight_transfer__grpc,
-                                            &kHandlers, &script_));
-    ASSERT_EQ(0, wtx_rpc_server_start(srv_, "127.0.0.1:0", &port_));
+    StartServer(o, &kHandlers, &script_, &srv_, &port_);
   }
   void TearDown() override {
     if (c_ != nullptr) wtx_client_destroy(c_);
@@ -286,12 +292,9 @@ class FanoutTest : public ::testing::Test {
     std::vector<std::string> t;
     for (int i = 0; i < 3; i++) {
       reps_[i].together = &together_;
-      wtx_rpc_server_options o = WTX_RPC_SERVER_OPTIONS_INIT;
-      ASSERT_EQ(0, wtx_rpc_server_create(&o, &srv_[i]));
-      ASSERT_EQ(0, wtx_rpc_server_add_service(srv_[i], &wtx__v1__weight_transfer__grpc,
-                                              &kPhaseHandlers, &reps_[i]));
       int port = 0;
-      ASSERT_EQ(0, wtx_rpc_server_start(srv_[i], "127.0.0.1:0", &port));
+      StartServer(WTX_RPC_SERVER_OPTIONS_INIT, &kPhaseHandlers, &reps_[i], &srv_[i], &port);
+      ASSERT_FALSE(HasFatalFailure());
       t.push_back("127.0.0.1:" + std::to_string(port));
     }
     const char *targets[] = {t[0].c_str(), t[1].c_str(), t[2].c_str()};
