@@ -629,10 +629,14 @@ static int sync_chunk(sync_state *s, size_t k) {
   return !packed_next && k + 1 < s->n_chunks ? sync_pack(s, k + 1) : 0;
 }
 
-/* Whether the last failure says a worker does not know our session (it
- * restarted, or another trainer initialized it): NOT_FOUND. */
+/* Whether the last failure of a start says a worker may not know our
+ * session: NOT_FOUND (it restarted, or another trainer initialized it), or
+ * UNAVAILABLE (it restarted, and the call went out on the connection to
+ * the process that is gone: every worker's start leaves at once, so a
+ * channel may not have seen the disconnect yet). */
 static int session_lost(const wtx_client *c) {
-  return wtx_client_last_status(c) == 5 /* NOT_FOUND */;
+  int code = wtx_client_last_status(c);
+  return code == 5 /* NOT_FOUND */ || code == 14 /* UNAVAILABLE */;
 }
 
 /* Steps 1-2: every worker's start in flight while the buffers and the
