@@ -61,12 +61,13 @@ static unsigned log2_for(size_t n) {
 }
 
 /* Doubles the table until it has at least n buckets (as far as memory
- * allows: a table that cannot grow stays as it is, and still works). */
+ * allows: a table that cannot grow stays as it is, and still works). An
+ * empty map's next table is made for n, larger or smaller than the last
+ * one. */
 static void grow(wtx__strmap *m, size_t n) {
   n = n < ((size_t)1 << MAX_LOG2) ? n : ((size_t)1 << MAX_LOG2);
   if (m->head == NULL) {
-    unsigned l = log2_for(n);
-    if (l > m->log2) m->log2 = l;
+    m->log2 = log2_for(n);
     return;
   }
   UT_hash_table *tbl = m->head->hh.tbl;

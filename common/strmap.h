@@ -29,7 +29,9 @@ int wtx__strmap_get(const wtx__strmap *m, const char *key, size_t *value);
 size_t wtx__strmap_count(const wtx__strmap *m);
 /* Sizes m's table for n keys in all (at most 4M buckets), so that adding
  * them does not grow it step by step: for callers that know how many keys
- * come. Best effort: without the memory, m stays as it is. */
+ * come. An empty map (new or cleared) gets a table that size at its next
+ * add, smaller than its last one too; a cleared map not reserved again
+ * keeps its last size. Best effort: without the memory, m stays as it is. */
 void wtx__strmap_reserve(wtx__strmap *m, size_t n);
 /* Removes every key. */
 void wtx__strmap_clear(wtx__strmap *m);

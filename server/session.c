@@ -366,7 +366,7 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
   s->staged_bytes = 0;
   s->begun_bytes = 0;
   wtx__layout_clear(&s->cur);
-  wtx__layout_reserve(&s->cur, expected < RESERVE_MAX ? expected : RESERVE_MAX);
+  if (expected > 0) wtx__layout_reserve(&s->cur, expected < RESERVE_MAX ? expected : RESERVE_MAX);
   s->by_range = -1;
   s->range_next = 0;
   wtx__rx_reset(s->rx);

@@ -89,6 +89,10 @@ TEST(StrmapTest, ATableReservedOrGrownFindsEveryKey) {
   EXPECT_EQ(0, wtx__strmap_get(m, key(7).c_str(), nullptr));
   fill(0, 20000);
   expect_all(20000);
+  wtx__strmap_clear(m);
+  wtx__strmap_reserve(m, 100);  // smaller than the last table, then past it
+  fill(0, 3000);
+  expect_all(3000);
   wtx__strmap_destroy(m);
   ASSERT_EQ(0, wtx__strmap_create(&m));
   wtx__strmap_reserve(m, SIZE_MAX);  // capped, not 2^64 buckets
