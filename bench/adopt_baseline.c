@@ -22,9 +22,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "common/clock.h"
+#include "common/hash.h"
 
 typedef struct chunks {
   const char *src;
