@@ -420,8 +420,9 @@ static int iterate_only(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n) 
   return rc;
 }
 
-/* Everything one sync holds: the plan, the pass over the source, the
- * per-buffer checksums and the ParamMeta messages of every tensor. */
+/* Everything one sync holds: the trainer's plan (borrowed), the pass over
+ * the source, the per-buffer checksums and the ParamMeta messages of every
+ * tensor. */
 typedef struct sync_state {
   wtx_trainer *t;
   const wtx_send_options *o;
@@ -478,8 +479,6 @@ static void sync_release(sync_state *s) {
   s->pm = NULL;
   s->pmp = NULL;
 }
-
-static void sync_free(sync_state *s) { sync_release(s); }
 
 /* Step 1: the buffers of the sync and the source's pass (while the
  * workers answer start). */
@@ -639,10 +638,10 @@ static int session_lost(const wtx_client *c) {
   return code == 5 /* NOT_FOUND */ || code == 14 /* UNAVAILABLE */;
 }
 
-/* Steps 1-2: every worker's start in flight while the buffers and the
- * first chunk are readied (a round trip hidden behind
- * work that does not need its answer). *lost: the start failed because a
- * worker no longer knows our session. */
+/* Steps 1-3: every worker's start in flight while the buffers and the
+ * first chunk are readied (a round trip hidden behind work that does not
+ * need its answer), then the chunks' messages. *lost: the start failed
+ * because a worker may no longer know our session. */
 static int sync_begin(sync_state *s, int *lost) {
   wtx_trainer *t = s->t;
   *lost = 0;
@@ -722,6 +721,6 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
                                 .direct = t->tt->direct != NULL && t->tt->direct(t->self)};
     snprintf(result->version, sizeof result->version, "%s", version);
   }
-  sync_free(&s);
+  sync_release(&s);
   return rc;
 }
