@@ -214,14 +214,19 @@ static int trainer_table(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n)
   return 0;
 }
 
+/* The source's table, which must have a parameter. */
+static int source_table(wtx_trainer *t, const wtx_tensor_meta **metas, size_t *n) {
+  int rc = wtx_source_metadata(t->source, metas, n);
+  if (rc != 0) return fail(t, rc, "source: metadata() failed");
+  return *n == 0 ? fail(t, WTX_EINVAL, "source: no parameters") : 0;
+}
+
 /* The source's table, for the sync about to run (computed at init). */
 static int trainer_metadata(wtx_trainer *t) {
   const wtx_tensor_meta *metas;
   size_t n;
-  int rc = wtx_source_metadata(t->source, &metas, &n);
-  if (rc != 0) return fail(t, rc, "source: metadata() failed");
-  if (n == 0) return fail(t, WTX_EINVAL, "source: no parameters");
-  return trainer_table(t, metas, n);
+  int rc = source_table(t, &metas, &n);
+  return rc != 0 ? rc : trainer_table(t, metas, n);
 }
 
 int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
@@ -420,18 +425,12 @@ static int iterate_only(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n) 
   return rc;
 }
 
-/* Everything one sync holds: the trainer's plan (borrowed), the pass over
- * the source, the per-buffer checksums and the ParamMeta messages of every
- * tensor. */
+/* Everything one sync holds beyond the trainer's table and plan (t->metas,
+ * t->chunks): the pass over the source, the per-buffer checksums and the
+ * ParamMeta messages of every tensor. */
 typedef struct sync_state {
   wtx_trainer *t;
   const wtx_send_options *o;
-  /* The trainer's table and plan (trainer_table), borrowed. */
-  const wtx_tensor_meta *metas;
-  size_t n;
-  uint64_t total;
-  const wtx_chunk *chunks;
-  size_t n_chunks;
   cursor c;
   int opened;
   int verify;
@@ -487,9 +486,9 @@ static int sync_buffers(sync_state *s) {
   s->verify = t->args.wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   s->nb = t->args.wire.num_buffers ? t->args.wire.num_buffers : 1;
   size_t max_params = 0;
-  for (size_t k = 0; k < s->n_chunks; k++)
-    if (s->chunks[k].last - s->chunks[k].first + 1 > max_params)
-      max_params = s->chunks[k].last - s->chunks[k].first + 1;
+  for (size_t k = 0; k < s->t->n_chunks; k++)
+    if (s->t->chunks[k].last - s->t->chunks[k].first + 1 > max_params)
+      max_params = s->t->chunks[k].last - s->t->chunks[k].first + 1;
   s->sums_row = max_params + 1;
   s->sums = calloc(s->nb * s->sums_row, sizeof *s->sums);
   s->n_sums = calloc(s->nb, sizeof *s->n_sums);
@@ -508,7 +507,7 @@ static int sync_buffers(sync_state *s) {
   /* Device tensors go device to device where the backend can take them;
    * hashing them (checksums on) needs their bytes on the host as well. */
   int host_copy = t->tt->put_device == NULL || s->verify;
-  s->c = (cursor){.t = t, .metas = s->metas, .n = s->n, .host_copy = host_copy,
+  s->c = (cursor){.t = t, .metas = s->t->metas, .n = s->t->n, .host_copy = host_copy,
                   .h = XXH3_createState()};
   if (!s->sums || !s->n_sums || !s->c.h) return fail(t, WTX_ENOMEM, "out of memory");
   int rc = wtx_source_open(t->source, &s->c.iter);
@@ -523,15 +522,15 @@ static int sync_buffers(sync_state *s) {
 static int sync_messages(sync_state *s) {
   s->table = wtx__client_table(s->t->client);
   if (s->table != s->t->table_xxh3) s->table = 0;
-  s->pm = calloc(s->table ? 1 : s->n, sizeof *s->pm);
-  s->pmp = calloc(s->table ? 1 : s->n, sizeof *s->pmp);
+  s->pm = calloc(s->table ? 1 : s->t->n, sizeof *s->pm);
+  s->pmp = calloc(s->table ? 1 : s->t->n, sizeof *s->pmp);
   if (!s->pm || !s->pmp) return fail(s->t, WTX_ENOMEM, "out of memory");
-  for (size_t i = 0; s->table == 0 && i < s->n; i++) {
+  for (size_t i = 0; s->table == 0 && i < s->t->n; i++) {
     wtx__v1__param_meta__init(&s->pm[i]);
-    s->pm[i].name = (char *)s->metas[i].name;
-    s->pm[i].dtype = (Wtx__V1__DType)s->metas[i].dtype;
-    s->pm[i].n_shape = s->metas[i].ndim;
-    s->pm[i].shape = (uint64_t *)s->metas[i].shape;
+    s->pm[i].name = (char *)s->t->metas[i].name;
+    s->pm[i].dtype = (Wtx__V1__DType)s->t->metas[i].dtype;
+    s->pm[i].n_shape = s->t->metas[i].ndim;
+    s->pm[i].shape = (uint64_t *)s->t->metas[i].shape;
     s->pmp[i] = &s->pm[i];
   }
   return 0;
@@ -542,7 +541,7 @@ static int sync_messages(sync_state *s) {
 static int sync_pack(sync_state *s, size_t k) {
   uint32_t b = (uint32_t)(k % s->nb);
   uint64_t *ends = s->ends != NULL ? &s->ends[b * s->sums_row] : NULL;
-  return pack(&s->c, &s->chunks[k], &s->outs[b], &s->sums[b * s->sums_row], ends,
+  return pack(&s->c, &s->t->chunks[k], &s->outs[b], &s->sums[b * s->sums_row], ends,
               &s->n_sums[b], s->verify && ends == NULL);
 }
 
@@ -550,13 +549,13 @@ static int sync_pack(sync_state *s, size_t k) {
  * returned 0): the sync's record of them. */
 static void sync_took_sums(sync_state *s, size_t k) {
   /* The tensors ending in a chunk are its first ones, in order. */
-  memcpy(&s->t->xxh3[s->chunks[k].first], s->posted.out, s->posted.n * sizeof *s->posted.out);
+  memcpy(&s->t->xxh3[s->t->chunks[k].first], s->posted.out, s->posted.n * sizeof *s->posted.out);
 }
 
 /* The UpdateInfo of chunk k, packed in buffer b; the backend adds its part. */
 static int sync_update_info(sync_state *s, size_t k, Wtx__V1__UpdateInfo *ui) {
   uint32_t b = (uint32_t)(k % s->nb);
-  const wtx_chunk *ch = &s->chunks[k];
+  const wtx_chunk *ch = &s->t->chunks[k];
   if (s->table != 0) {
     wtx__v1__param_range__init(&s->range);
     s->range.table_xxh3 = s->table;
@@ -605,10 +604,10 @@ static int sync_chunk(sync_state *s, size_t k) {
                                  .out = &s->sums[b * s->sums_row]};
     cs = &s->posted;
   }
-  int drc = s->in_place ? tt->post_iov(t->self, b, &s->chunks[k], out->iov, out->n_iov, cs)
-            : tt->post != NULL ? tt->post(t->self, b, &s->chunks[k]) : 0;
+  int drc = s->in_place ? tt->post_iov(t->self, b, &s->t->chunks[k], out->iov, out->n_iov, cs)
+            : tt->post != NULL ? tt->post(t->self, b, &s->t->chunks[k]) : 0;
   if (drc != 0) snprintf(err, sizeof err, "%s: cannot send chunk %zu", tt->name, k);
-  int packed_next = drc == 0 && k + 1 < s->n_chunks && s->nb > 1;
+  int packed_next = drc == 0 && k + 1 < s->t->n_chunks && s->nb > 1;
   if (packed_next) rc = sync_pack(s, k + 1);
   /* A worker that refused the chunk never takes its part of a collective:
    * the wait for it ends as soon as the refusal is in. */
@@ -625,7 +624,7 @@ static int sync_chunk(sync_state *s, size_t k) {
   if (rc != 0) return rc;
   if (cs != NULL) sync_took_sums(s, k);
   /* One buffer: the next chunk is packed once this one has arrived. */
-  return !packed_next && k + 1 < s->n_chunks ? sync_pack(s, k + 1) : 0;
+  return !packed_next && k + 1 < s->t->n_chunks ? sync_pack(s, k + 1) : 0;
 }
 
 /* Whether the last failure of a start says a worker may not know our
@@ -647,9 +646,9 @@ static int sync_begin(sync_state *s, int *lost) {
   *lost = 0;
   int rc = !t->ready ? rendezvous(t) : 0;
   if (rc != 0) return rc;
-  wtx__client_start_begin(t->client, s->o->target, s->n);
+  wtx__client_start_begin(t->client, s->o->target, s->t->n);
   rc = sync_buffers(s);
-  if (rc == 0 && s->n_chunks > 0) rc = sync_pack(s, 0);
+  if (rc == 0 && s->t->n_chunks > 0) rc = sync_pack(s, 0);
   int src = wtx__client_start_end(t->client);
   if (src != 0) {
     *lost = session_lost(t->client);
@@ -673,10 +672,10 @@ static int sync_run(sync_state *s, char *version, size_t vlen) {
     rc = sync_begin(s, &lost);
   }
   uint64_t done = 0;
-  for (size_t k = 0; rc == 0 && k < s->n_chunks; k++) {
+  for (size_t k = 0; rc == 0 && k < s->t->n_chunks; k++) {
     if ((rc = sync_chunk(s, k)) != 0) break;
-    done += s->chunks[k].bytes;
-    if (s->o->progress != NULL) s->o->progress(s->o->progress_arg, done, s->total);
+    done += s->t->chunks[k].bytes;
+    if (s->o->progress != NULL) s->o->progress(s->o->progress_arg, done, s->t->total);
   }
   if (rc == 0) rc = cursor_end(&s->c);
   if (rc == 0 && (rc = wtx__client_finish(t->client, s->o->version, version, vlen)) != 0)
@@ -692,21 +691,16 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
   if (o.version != NULL && strlen(o.version) > WTX_MAX_VERSION_BYTES)
     return fail(t, WTX_EINVAL, "version: %zu bytes, at most %d", strlen(o.version),
                 WTX_MAX_VERSION_BYTES);
-  sync_state s = {.t = t, .o = &o};
   if (t->rank != 0) {
-    int rc = wtx_source_metadata(t->source, &s.metas, &s.n);
-    if (rc != 0) return fail(t, rc, "source: metadata() failed");
-    if (s.n == 0) return fail(t, WTX_EINVAL, "source: no parameters");
-    return iterate_only(t, s.metas, s.n);
+    const wtx_tensor_meta *metas;
+    size_t n;
+    int rc = source_table(t, &metas, &n);
+    return rc != 0 ? rc : iterate_only(t, metas, n);
   }
   double t0 = wtx_clock_s();
   int rc = trainer_metadata(t);
   if (rc != 0) return rc;
-  s.metas = t->metas;
-  s.n = t->n;
-  s.chunks = t->chunks;
-  s.n_chunks = t->n_chunks;
-  s.total = t->total;
+  sync_state s = {.t = t, .o = &o};
   char version[WTX_MAX_VERSION_BYTES + 1] = "";
   rc = sync_run(&s, version, sizeof version);
   if (rc != 0) {
@@ -715,7 +709,7 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
     wtx__client_abort(t->client, t->err);
     t->ready = 0;
   } else if (result != NULL) {
-    *result = (wtx_send_result){.bytes = s.total, .params = s.n, .chunks = s.n_chunks,
+    *result = (wtx_send_result){.bytes = t->total, .params = t->n, .chunks = t->n_chunks,
                                 .seconds = wtx_clock_s() - t0,
                                 .xxh3 = s.verify ? t->xxh3 : NULL,
                                 .direct = t->tt->direct != NULL && t->tt->direct(t->self)};
