@@ -395,8 +395,6 @@ int wtx__client_update_refused(wtx_client *c) {
   return 0;
 }
 
-int wtx__client_has_tables(const wtx_client *c) { return c->ctl == NULL; }
-
 uint64_t wtx__client_table(const wtx_client *c) {
   if (c->ctl != NULL) return 0; /* vLLM's calls carry no table: params every time */
   for (size_t i = 1; i < c->n; i++)

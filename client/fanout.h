@@ -32,9 +32,6 @@ int wtx__client_start(wtx_client *c, int target);
  * StartWeightUpdateRequest.expected_params). */
 void wtx__client_start_begin(wtx_client *c, int target, size_t params);
 int wtx__client_start_end(wtx_client *c);
-/* Whether replicas may announce a parameter table at start (0 for a
- * caller's control plane, which never does). */
-int wtx__client_has_tables(const wtx_client *c);
 /* After a start: the parameter table every replica announced
  * (StartWeightUpdateResponse.table_xxh3), or 0 when they differ or have
  * none. */
