@@ -243,8 +243,7 @@ static int call(wtx_client *c, size_t i, const wtx_rpc_method *m,
  * all of them at once (one round trip for any number of replicas):
  * fill(i) builds replica i's request (NULL: one request for all), take(i)
  * reads its answer (may be NULL). A transient failure is tried again on
- * its own replica, up to retries times. The failure reported is the first
- * replica's. */
+ * its own replica, up to retries times. */
 typedef struct fanout {
   const wtx_rpc_method *method;
   void (*fill)(struct fanout *f, size_t i, ProtobufCMessage *req);
@@ -273,6 +272,7 @@ static void fan_begin(fanout *f) {
 static int fan_take(fanout *f, size_t i) {
   wtx_client *c = f->c;
   int rc = c->r[i].begun;
+  if (rc == 0 && c->r[i].pending == NULL) return 0; /* nothing in flight there */
   ProtobufCMessage *m = NULL;
   wtx_rpc_status st = {.code = GRPC_STATUS_INTERNAL};
   if (rc == 0) {
@@ -292,20 +292,44 @@ static int fan_take(fanout *f, size_t i) {
   return rc;
 }
 
-/* Every answer to fan_begin's calls; the first replica's failure stands. */
+/* A failure that only follows from another one (a broken stream, a
+ * cancelled call) says less than a refusal: it ranks after it. */
+static int consequential(int code) {
+  return code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_CANCELLED ||
+         code == GRPC_STATUS_DEADLINE_EXCEEDED || code == GRPC_STATUS_ABORTED;
+}
+
+static void list_add(char *buf, size_t len, size_t i) {
+  size_t o = strlen(buf);
+  snprintf(buf + o, len - o, "%s%zu", o ? ", " : "", i);
+}
+
+/* Every answer to fan_begin's calls, waited for even after a failure.
+ * The error reported is the most telling one (a refusal over a broken
+ * stream), and the other failing replicas are listed after it. */
 static int fan_end(fanout *f) {
-  int first = 0;
-  char err[sizeof f->c->err];
-  int err_replica = -1, err_status = 0;
-  for (size_t i = 0; i < f->c->n; i++) {
-    int r = fan_take(f, i);
-    if (r == 0 || first != 0) continue;
-    first = r;
-    memcpy(err, f->c->err, sizeof err);
-    err_replica = f->c->err_replica;
-    err_status = f->c->err_status;
+  wtx_client *c = f->c;
+  int first = 0, cause_code = 0;
+  size_t cause = 0, failed = 0;
+  char cause_msg[sizeof c->err] = "", others[300] = "";
+  for (size_t i = 0; i < c->n; i++) {
+    int rc = fan_take(f, i);
+    if (rc == 0) continue;
+    failed++;
+    if (first != 0 && !(consequential(cause_code) && !consequential(c->err_status))) {
+      list_add(others, sizeof others, i);
+      continue;
+    }
+    if (first != 0) list_add(others, sizeof others, cause);
+    first = rc;
+    cause = i;
+    cause_code = c->err_status;
+    snprintf(cause_msg, sizeof cause_msg, "%s", c->err);
   }
-  if (first != 0) seterr(f->c, err_replica, err_status, "%s", err);
+  if (first != 0)
+    seterr(c, (int)cause, cause_code, "%s%s%s%s", cause_msg,
+           failed > 1 ? " (also failed: worker " : "", failed > 1 ? others : "",
+           failed > 1 ? ")" : "");
   return first;
 }
 
@@ -434,41 +458,34 @@ int wtx__client_start(wtx_client *c, int target) {
   return wtx__client_start_end(c);
 }
 
+static void update_fill(fanout *f, size_t i, ProtobufCMessage *m) {
+  Wtx__V1__UpdateWeightsRequest *req = (Wtx__V1__UpdateWeightsRequest *)m;
+  req->session_id = f->c->r[i].session_id;
+  req->update_id = f->c->r[i].update_id;
+}
+
+/* UpdateWeights' fan-out (never retried: a chunk is not idempotent). */
+static fanout update_fanout(wtx_client *c, Wtx__V1__UpdateWeightsRequest *req) {
+  return (fanout){wtx__v1__weight_transfer__update_weights__method, update_fill, NULL,
+                  &req->base, c, NULL, 0};
+}
+
 int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
   if (c->ctl != NULL) {
     int rc = wtx__control_begin(c->ctl, 1, &ui->base);
     return rc != 0 ? control_failed(c, "update_weights", rc, wtx_strerror(rc)) : 0;
   }
-  wtx_rpc_metadata md;
-  wtx_rpc_call_options o = call_opts(c, &md);
-  int first = 0;
-  for (size_t i = 0; i < c->n; i++) {
-    if (c->r[i].pending != NULL) return WTX_ESTATE;
-    Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
-    req.session_id = c->r[i].session_id;
-    req.update_id = c->r[i].update_id;
-    req.update_info = (Wtx__V1__UpdateInfo *)ui;
-    int rc = wtx_rpc_unary_start(c->r[i].ch, wtx__v1__weight_transfer__update_weights__method, &req.base,
-                                 &o, &c->r[i].pending);
-    if (rc != 0 && first == 0) {
-      first = rc;
+  Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
+  req.update_info = (Wtx__V1__UpdateInfo *)ui;
+  fanout f = update_fanout(c, &req); /* each request is packed as it starts */
+  fan_begin(&f);
+  for (size_t i = 0; i < c->n; i++)
+    if (c->r[i].begun != 0) {
       seterr(c, (int)i, 0, "worker %zu (%s): UpdateWeights: cannot start the "
-             "call: %s", i, wtx_rpc_channel_target(c->r[i].ch), wtx_strerror(rc));
+             "call: %s", i, wtx_rpc_channel_target(c->r[i].ch), wtx_strerror(c->r[i].begun));
+      return c->r[i].begun;
     }
-  }
-  return first;
-}
-
-/* A failure that only follows from another one (a broken stream, a
- * cancelled call) says less than a refusal: it ranks after it. */
-static int consequential(int code) {
-  return code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_CANCELLED ||
-         code == GRPC_STATUS_DEADLINE_EXCEEDED || code == GRPC_STATUS_ABORTED;
-}
-
-static void list_add(char *buf, size_t len, size_t i) {
-  size_t o = strlen(buf);
-  snprintf(buf + o, len - o, "%s%zu", o ? ", " : "", i);
+  return 0;
 }
 
 int wtx__client_update_wait(wtx_client *c) {
@@ -477,37 +494,9 @@ int wtx__client_update_wait(wtx_client *c) {
     int rc = wtx__control_end(c->ctl, why, sizeof why);
     return rc != 0 ? control_failed(c, "update_weights", rc, why) : 0;
   }
-  int first = 0, cause_code = 0;
-  size_t cause = 0, failed = 0;
-  char cause_msg[sizeof c->err] = "", others[300] = "";
-  /* Every started call is waited for, even after a failure; the error
-   * reported is the most telling one (a refusal over a broken stream), and
-   * the other failing replicas are listed after it. */
-  for (size_t i = 0; i < c->n; i++) {
-    if (c->r[i].pending == NULL) continue;
-    ProtobufCMessage *m = NULL;
-    wtx_rpc_status st;
-    int rc = wtx_rpc_unary_wait(c->r[i].pending, &m, &st);
-    c->r[i].pending = NULL;
-    if (m != NULL) protobuf_c_message_free_unpacked(m, NULL);
-    if (rc == 0) continue;
-    failed++;
-    if (first != 0 && !(consequential(cause_code) && !consequential(st.code))) {
-      list_add(others, sizeof others, i);
-      continue;
-    }
-    if (first != 0) list_add(others, sizeof others, cause);
-    first = rc;
-    cause = i;
-    cause_code = st.code;
-    call_failed(c, i, "UpdateWeights", rc, &st);
-    snprintf(cause_msg, sizeof cause_msg, "%s", c->err);
-  }
-  if (first != 0)
-    seterr(c, (int)cause, cause_code, "%s%s%s%s", cause_msg,
-           failed > 1 ? " (also failed: worker " : "", failed > 1 ? others : "",
-           failed > 1 ? ")" : "");
-  return first;
+  Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
+  fanout f = update_fanout(c, &req); /* nothing is sent again */
+  return fan_end(&f);
 }
 
 /* Where replica 0's answer puts a label (field of the response message). */
