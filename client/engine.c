@@ -202,10 +202,13 @@ static int trainer_table(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n)
   t->n_chunks = 0;
   t->total = 0;
   uint64_t *xxh3 = realloc(t->xxh3, n * sizeof *xxh3);
-  if (xxh3 == NULL) return fail(t, WTX_ENOMEM, "out of memory");
-  t->xxh3 = xxh3;
-  int rc = wtx_chunks_plan(&metas[0].nbytes, n, sizeof *metas, t->args.wire.buffer_size,
-                           CHUNK_PARAMS, t->args.wire.packed, &t->chunks, &t->n_chunks);
+  if (xxh3 != NULL) t->xxh3 = xxh3;
+  uint64_t *sizes = xxh3 != NULL ? malloc(n * sizeof *sizes) : NULL;
+  if (sizes == NULL) return fail(t, WTX_ENOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) sizes[i] = metas[i].nbytes;
+  int rc = wtx_chunks_plan(sizes, n, t->args.wire.buffer_size, CHUNK_PARAMS,
+                           t->args.wire.packed, &t->chunks, &t->n_chunks);
+  free(sizes);
   if (rc != 0) return fail(t, rc, "cannot plan chunks");
   for (size_t k = 0; k < t->n_chunks; k++) t->total += t->chunks[k].bytes;
   t->table_xxh3 = wtx__layout_xxh3(metas, n);

@@ -4,14 +4,11 @@
 
 #include "transport/transport.h"
 
-/* Size i of the strided sizes. */
-#define SIZE(i) (*(const uint64_t *)((const char *)nbytes + (i) * stride))
-
-int wtx_chunks_plan(const uint64_t *nbytes, size_t n, size_t stride, uint64_t buffer_size,
+int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
                     size_t max_params, int packed, wtx_chunk **out, size_t *n_out) {
   *out = NULL;
   *n_out = 0;
-  if (buffer_size == 0 || max_params == 0 || stride < sizeof *nbytes) return WTX_EINVAL;
+  if (buffer_size == 0 || max_params == 0) return WTX_EINVAL;
   size_t cap = 16, k = 0;
   wtx_chunk *c = malloc(cap * sizeof *c);
   if (c == NULL) return WTX_ENOMEM;
@@ -33,18 +30,18 @@ int wtx_chunks_plan(const uint64_t *nbytes, size_t n, size_t stride, uint64_t bu
     ch->stream_offset = stream;
     ch->bytes = 0;
     for (;;) {
-      uint64_t size = SIZE(i), take = size - off;
+      uint64_t take = nbytes[i] - off;
       if (take > buffer_size - ch->bytes) take = buffer_size - ch->bytes;
       ch->bytes += take;
       off += take;
       ch->last = i;
-      if (off < size) break; /* the buffer is full inside tensor i */
+      if (off < nbytes[i]) break; /* the buffer is full inside tensor i */
       i++;
       off = 0;
       /* Unpacked: each tensor ends its chunk. Packed: go on while there is
        * room (a zero-byte tensor fits in a full buffer). */
       if (i == n || !packed || i - ch->first == max_params) break;
-      if (ch->bytes == buffer_size && SIZE(i) > 0) break;
+      if (ch->bytes == buffer_size && nbytes[i] > 0) break;
     }
     stream += ch->bytes;
   }
