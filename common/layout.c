@@ -72,7 +72,8 @@ static void put_le64(uint8_t *p, uint64_t v) {
 
 /* The table's bytes are gathered in pieces of this size and hashed a piece
  * at a time: two streaming updates per tensor cost more than the hash of
- * 40k tensors' names and shapes (every sync computes it on the trainer). */
+ * 40k tensors' names and shapes (a trainer computes it for each table it
+ * plans, a worker at each publish of params). */
 #define PIECE ((size_t)64 << 10)
 
 uint64_t wtx__layout_xxh3(const wtx_tensor_meta *metas, size_t n) {
