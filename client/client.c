@@ -398,9 +398,17 @@ int wtx__client_init_one(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info,
   return rc != 0 ? rc : wtx__client_init_wait(c, i, resp_out);
 }
 
-static void start_fill(fanout *f, size_t i, ProtobufCMessage *m) {
-  Wtx__V1__StartWeightUpdateRequest *req = (Wtx__V1__StartWeightUpdateRequest *)m;
-  req->session_id = f->c->r[i].session_id;
+/* fill() of the calls of a session (StartWeightUpdate) and of its open
+ * update (UpdateWeights, PrepareWeightUpdate, FinishWeightUpdate): replica
+ * i's session_id and, where the request has one, update_id, found by name
+ * as take_label finds its field. */
+static void session_fill(fanout *f, size_t i, ProtobufCMessage *m) {
+  const ProtobufCFieldDescriptor *sid =
+      protobuf_c_message_descriptor_get_field_by_name(m->descriptor, "session_id");
+  const ProtobufCFieldDescriptor *uid =
+      protobuf_c_message_descriptor_get_field_by_name(m->descriptor, "update_id");
+  *(char **)((char *)m + sid->offset) = f->c->r[i].session_id;
+  if (uid != NULL) *(uint64_t *)((char *)m + uid->offset) = f->c->r[i].update_id;
 }
 
 static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
@@ -428,7 +436,7 @@ uint64_t wtx__client_table(const wtx_client *c) {
 
 /* The start's fan-out, between wtx__client_start_begin and _end. */
 static fanout start_fanout(wtx_client *c, Wtx__V1__StartWeightUpdateRequest *req) {
-  return (fanout){wtx__v1__weight_transfer__start_weight_update__method, start_fill,
+  return (fanout){wtx__v1__weight_transfer__start_weight_update__method, session_fill,
                   start_take, &req->base, c, NULL, 0};
 }
 
@@ -458,15 +466,9 @@ int wtx__client_start(wtx_client *c, int target) {
   return wtx__client_start_end(c);
 }
 
-static void update_fill(fanout *f, size_t i, ProtobufCMessage *m) {
-  Wtx__V1__UpdateWeightsRequest *req = (Wtx__V1__UpdateWeightsRequest *)m;
-  req->session_id = f->c->r[i].session_id;
-  req->update_id = f->c->r[i].update_id;
-}
-
 /* UpdateWeights' fan-out (never retried: a chunk is not idempotent). */
 static fanout update_fanout(wtx_client *c, Wtx__V1__UpdateWeightsRequest *req) {
-  return (fanout){wtx__v1__weight_transfer__update_weights__method, update_fill, NULL,
+  return (fanout){wtx__v1__weight_transfer__update_weights__method, session_fill, NULL,
                   &req->base, c, NULL, 0};
 }
 
@@ -516,18 +518,6 @@ static void take_label(fanout *f, size_t i, const ProtobufCMessage *m) {
   snprintf(a->out, a->len, "%s", *(char *const *)((const char *)m + fd->offset));
 }
 
-static void finish_fill(fanout *f, size_t i, ProtobufCMessage *m) {
-  Wtx__V1__FinishWeightUpdateRequest *req = (Wtx__V1__FinishWeightUpdateRequest *)m;
-  req->session_id = f->c->r[i].session_id;
-  req->update_id = f->c->r[i].update_id;
-}
-
-static void prepare_fill(fanout *f, size_t i, ProtobufCMessage *m) {
-  Wtx__V1__PrepareWeightUpdateRequest *req = (Wtx__V1__PrepareWeightUpdateRequest *)m;
-  req->session_id = f->c->r[i].session_id;
-  req->update_id = f->c->r[i].update_id;
-}
-
 int wtx__client_finish(wtx_client *c, const char *version, char *published,
                        size_t publen) {
   if (published != NULL && publen > 0) published[0] = '\0';
@@ -541,7 +531,7 @@ int wtx__client_finish(wtx_client *c, const char *version, char *published,
    * replica unpublished (the caller aborts them all). */
   Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
   prep.weight_version = (char *)(version ? version : "");
-  fanout p = {wtx__v1__weight_transfer__prepare_weight_update__method, prepare_fill, NULL,
+  fanout p = {wtx__v1__weight_transfer__prepare_weight_update__method, session_fill, NULL,
               &prep.base, c, NULL, 0};
   int rc = each_replica(&p);
   if (rc != 0) return rc;
@@ -550,7 +540,7 @@ int wtx__client_finish(wtx_client *c, const char *version, char *published,
   Wtx__V1__FinishWeightUpdateRequest req = WTX__V1__FINISH_WEIGHT_UPDATE_REQUEST__INIT;
   req.weight_version = "";
   label_arg a = {"weight_version", published, publen};
-  fanout f = {wtx__v1__weight_transfer__finish_weight_update__method, finish_fill,
+  fanout f = {wtx__v1__weight_transfer__finish_weight_update__method, session_fill,
               take_label, &req.base, c, &a, c->retries > 3 ? c->retries : 3};
   return each_replica(&f);
 }
