@@ -2,7 +2,8 @@
 # Where a steady-state sync spends its time: builds -c opt with frame
 # pointers, warms one worker up (four syncs), then records syncs with
 # perf on the worker and the trainer and prints each one's top symbols and
-# CPU seconds. The "where the time goes" sections of bench/results/*.md
+# CPU seconds, and the worker's time in each call's handler per sync (from
+# its --metrics-listen histogram). The "where the time goes" sections of bench/results/*.md
 # come from this.
 # Usage: bench/profile.sh [--backend shm|tcp] [--tiny N | --size 1G]
 #                         [--syncs N | --first] [--hz F] [-- extra wtx push flags]
@@ -38,12 +39,20 @@ if [ -n "$tiny" ]; then
   .venv/bin/python bench/tiny_model.py "$tiny" "$tmp/tiny.safetensors"
   model="$tmp/tiny.safetensors"
 fi
-"$bin/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$tmp/port" --log-level warn &
+mport=$(.venv/bin/python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+"$bin/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$tmp/port" --log-level warn \
+  --metrics-listen "127.0.0.1:$mport" &
 wp=$!
+# The worker's own time per operation (its Prometheus histogram's sums).
+op_sums() {
+  curl -s "127.0.0.1:$mport/metrics" |
+    sed -n 's/^wtx_rl_weight_update_operation_duration_seconds_sum{operation="\(.*\)"} /\1 /p'
+}
 for _ in $(seq 500); do [ -s "$tmp/port" ] && break; sleep 0.01; done
 push=("$bin/client/wtx" push --workers "127.0.0.1:$(cat "$tmp/port")" --backend "$backend"
       "${extra[@]}" "$model")
 [ -n "$first" ] || for _ in 1 2 3 4; do "${push[@]}" >/dev/null; done
+op_sums >"$tmp/ops.before"
 perf record -F "$hz" -g -p "$wp" -o "$tmp/worker.data" 2>/dev/null &
 pp=$!
 sleep 0.5
@@ -52,6 +61,10 @@ perf record -F "$hz" -g -o "$tmp/trainer.data" "${push[@]}" 2>/dev/null | head -
 sleep 0.2
 kill -INT "$pp"
 wait "$pp" 2>/dev/null || true
+op_sums >"$tmp/ops.after"
+echo "== worker: time in each operation's handler per sync (its metrics)"
+join <(sort "$tmp/ops.before") <(sort "$tmp/ops.after") |
+  awk -v n="$syncs" '$3 > $2 { printf "    %-12s %.5f s\n", $1, ($3 - $2) / n }'
 for side in worker trainer; do
   n=$(perf script -i "$tmp/$side.data" 2>/dev/null | grep -c cpu-clock || true)
   if [ "$side" = worker ]; then
