@@ -668,23 +668,29 @@ static const wtx_tensor_meta *staged_meta(const wtx_store *s, size_t i) {
   return s->in_order ? &s->base->lay->metas[i] : &s->st_meta[i];
 }
 
+/* From now on st_meta describes every staged tensor: those staged so far
+ * in base's order are base's (its layout, which staging holds, names
+ * them). */
+static void leave_order(wtx_store *s) {
+  for (size_t i = 0; s->in_order && i < s->n_st; i++) s->st_meta[i] = s->base->lay->metas[i];
+  s->in_order = 0;
+}
+
 /* The staged tensors' index (*ix), built now if none is: sized for them
  * all, its keys then naming them in st_meta (the copies in st_names go).
  * WTX_EEXIST: a name staged twice; WTX_ENOMEM. Caller holds mu. */
 static int staged_index(wtx_store *s, const wtx__strmap **ix) {
   int rc = 0;
   if (s->st_ix == NULL && (rc = wtx__strmap_create(&s->st_ix)) == 0) {
+    leave_order(s);
     wtx__strmap_reserve(s->st_ix, s->n_st);
-    for (size_t i = 0; rc == 0 && i < s->n_st; i++) {
-      s->st_meta[i] = *staged_meta(s, i);
+    for (size_t i = 0; rc == 0 && i < s->n_st; i++)
       rc = wtx__strmap_add(s->st_ix, s->st_meta[i].name, i, &s->st_meta[i].name);
-    }
     if (rc != 0) {
       wtx__strmap_destroy(s->st_ix);
       s->st_ix = NULL;
       return rc;
     }
-    s->in_order = 0;
     wtx__arena_free(&s->st_names);
   }
   *ix = s->st_ix;
@@ -705,10 +711,7 @@ static int staged_add(wtx_store *s, const wtx_tensor_meta *meta) {
   s->st_meta[s->n_st] = *meta;
   if (s->st_ix != NULL)
     return wtx__strmap_add(s->st_ix, meta->name, s->n_st, &s->st_meta[s->n_st].name);
-  /* The tensors before it leave base's order too: base's layout (which
-   * staging holds) names them. */
-  for (size_t i = 0; s->in_order && i < s->n_st; i++) s->st_meta[i] = base->lay->metas[i];
-  s->in_order = 0;
+  leave_order(s);
   size_t len = strlen(meta->name) + 1;
   char *name = wtx__arena_alloc(&s->st_names, len);
   if (name == NULL) return WTX_ENOMEM;
