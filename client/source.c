@@ -25,7 +25,7 @@ struct wtx_source {
 int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out) {
   *out = NULL;
   if (ops == NULL || ops->metadata == NULL || ops->open == NULL ||
-      ops->next == NULL || ops->close == NULL)
+      (ops->next == NULL && ops->next_batch == NULL) || ops->close == NULL)
     return WTX_EINVAL;
   wtx_source *s = calloc(1, sizeof *s);
   if (s == NULL) return WTX_ENOMEM;
@@ -48,7 +48,47 @@ int wtx_source_metadata(wtx_source *s, const wtx_tensor_meta **metas, size_t *n)
   return s->ops->metadata(s->self, metas, n);
 }
 
-int wtx_source_open(wtx_source *s, void **iter) { return s->ops->open(s->self, iter); }
+/* A pass of a source that answers in batches (ops->next_batch): the
+ * implementation's own pass, and the batch being handed out one tensor at
+ * a time. 512 tensors a call: the calls' cost disappears into the
+ * tensors', and the arrays stay 10 KB. */
+#define BATCH 512
+typedef struct batch {
+  void *inner;
+  size_t at, n;
+  const wtx_tensor_meta *metas[BATCH];
+  const uint8_t *data[BATCH];
+  int kinds[BATCH];
+} batch;
+
+int wtx_source_open(wtx_source *s, void **iter) {
+  if (s->ops->next_batch == NULL) return s->ops->open(s->self, iter);
+  batch *b = calloc(1, sizeof *b);
+  if (b == NULL) return WTX_ENOMEM;
+  int rc = s->ops->open(s->self, &b->inner);
+  if (rc != 0) {
+    free(b);
+    return rc;
+  }
+  *iter = b;
+  return 0;
+}
+
+/* ops->next, from the batch b, which is refilled when handed out. */
+static int batch_next(wtx_source *s, batch *b, wtx_tensor_meta *meta, const uint8_t **data) {
+  if (b->at == b->n) {
+    int r = s->ops->next_batch(s->self, b->inner, BATCH, b->metas, b->data, b->kinds);
+    b->at = b->n = 0;
+    if (r <= 0) return r;
+    if ((size_t)r > BATCH) return WTX_EINVAL;
+    b->n = (size_t)r;
+  }
+  size_t k = b->at++;
+  if (b->kinds[k] < 1 || b->kinds[k] > 3 || b->metas[k] == NULL) return WTX_EINVAL;
+  *meta = *b->metas[k];
+  *data = b->data[k];
+  return b->kinds[k];
+}
 
 /* A host copy of the device tensor out names, in the source's scratch. */
 static int copy_to_host(wtx_source *s, const wtx_tensor_meta *meta, wtx__tensor_data *out) {
@@ -71,7 +111,8 @@ static int copy_to_host(wtx_source *s, const wtx_tensor_meta *meta, wtx__tensor_
 int wtx__source_next(wtx_source *s, void *iter, int host_copy, wtx_tensor_meta *meta,
                      wtx__tensor_data *out) {
   *out = (wtx__tensor_data){0};
-  int r = s->ops->next(s->self, iter, meta, &out->host);
+  int r = s->ops->next_batch != NULL ? batch_next(s, iter, meta, &out->host)
+                                     : s->ops->next(s->self, iter, meta, &out->host);
   if (r != 3) {
     out->stays = r == 2;
     return r == 2 ? 1 : r;
@@ -89,7 +130,15 @@ int wtx_source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
   return r;
 }
 
-void wtx_source_close(wtx_source *s, void *iter) { s->ops->close(s->self, iter); }
+void wtx_source_close(wtx_source *s, void *iter) {
+  if (s->ops->next_batch == NULL) {
+    s->ops->close(s->self, iter);
+    return;
+  }
+  batch *b = iter;
+  s->ops->close(s->self, b->inner);
+  free(b);
+}
 
 int wtx_source_total_bytes(wtx_source *s, uint64_t *out) {
   const wtx_tensor_meta *m;

@@ -49,12 +49,27 @@ typedef struct wtx_source_ops {
   int (*next)(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data);
   void (*close)(void *self, void *iter);
   void (*destroy)(void *self);
+  /* Optional, in place of next (which may then be NULL), for a source
+   * behind a binding whose every call is costly (Python's ctypes: one
+   * callback cost more than a small tensor's whole sync): up to max next
+   * tensors of the pass in one call. Returns how many it filled, 0 at the
+   * end, or a negative WTX_E* code. For each k below that count: metas[k]
+   * is the tensor's meta (an entry of the metadata table, or one self
+   * keeps), data[k] its bytes, kinds[k] what next would have returned for
+   * it (1, 2 or 3); all valid until the next call of next_batch or close
+   * (and what next's 2 and 3 promise, until close). A batch whose tensors
+   * are copies made for the pass should end at the first one, so that one
+   * copy at a time is alive, as with next. The engine still takes the pass
+   * one tensor at a time (wtx_source_next). */
+  int (*next_batch)(void *self, void *iter, size_t max, const wtx_tensor_meta **metas,
+                    const uint8_t **data, int *kinds);
 } wtx_source_ops;
 
 typedef struct wtx_source wtx_source;
 
 /* Wraps an implementation; ops must outlive the source, self is destroyed
- * by wtx_source_destroy (ops->destroy). */
+ * by wtx_source_destroy (ops->destroy). WTX_EINVAL without metadata, open,
+ * close, and next or next_batch. */
 int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out);
 void wtx_source_destroy(wtx_source *s);
 const char *wtx_source_name(const wtx_source *s);

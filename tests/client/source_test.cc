@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -134,6 +135,119 @@ TEST(Source, DeviceTensorsAreCopiedToTheHostAsThePassReachesThem) {
   wtx_source_destroy(s);
   cuda_free(da);
   unsetenv("WTX_CUDART_LIB");
+}
+
+// A source that answers in batches (wtx_source_ops.next_batch, as the
+// Python adapter does): n tensors of 4 bytes, at most `most` per call; the
+// tensor k's bytes are k. `copies`: each is written into one scratch word
+// that the next call overwrites (kind 1), else each has its own (kind 2).
+struct Batched {
+  std::vector<wtx_tensor_meta> metas;
+  std::vector<std::string> names;
+  std::vector<uint32_t> own;
+  uint32_t scratch = 0;
+  size_t most = 512, pos = 0, calls = 0, fail_at_call = 0;
+  int copies = 0, bad_kind = 0, too_many = 0;
+  explicit Batched(size_t n) : metas(n), names(n), own(n) {
+    uint64_t one = 1;
+    for (size_t k = 0; k < n; k++) {
+      names[k] = "t." + std::to_string(k);
+      own[k] = (uint32_t)k;
+    }
+    for (size_t k = 0; k < n; k++)
+      EXPECT_EQ(0, wtx_tensor_meta_set(&metas[k], names[k].c_str(), WTX_DTYPE_UINT32, &one, 1,
+                                       nullptr, 0));
+  }
+};
+
+const wtx_source_ops kBatchedOps = {
+    .name = "batched",
+    .metadata = [](void *self, const wtx_tensor_meta **m, size_t *n) {
+      auto *b = static_cast<Batched *>(self);
+      *m = b->metas.data();
+      *n = b->metas.size();
+      return 0;
+    },
+    .open = [](void *self, void **it) {
+      static_cast<Batched *>(self)->pos = 0;
+      *it = self;
+      return 0;
+    },
+    .next = nullptr,
+    .close = [](void *, void *) {},
+    .destroy = nullptr,
+    .next_batch = [](void *self, void *, size_t max, const wtx_tensor_meta **metas,
+                     const uint8_t **data, int *kinds) {
+      auto *b = static_cast<Batched *>(self);
+      if (++b->calls == b->fail_at_call) return (int)WTX_EIO;
+      size_t k = 0, most = b->copies ? 1 : std::min(max, b->most);
+      for (; k < most && b->pos < b->metas.size(); k++, b->pos++) {
+        metas[k] = &b->metas[b->pos];
+        b->scratch = b->own[b->pos];
+        data[k] = reinterpret_cast<const uint8_t *>(b->copies ? &b->scratch : &b->own[b->pos]);
+        kinds[k] = b->bad_kind ? 7 : b->copies ? 1 : 2;
+      }
+      return b->too_many ? (int)max + 1 : (int)k;
+    },
+};
+
+TEST(Source, ABatchedSourceIsTakenOneTensorAtATimeInFewCalls) {
+  Batched b(1300);  // two full batches of 512 and a part
+  wtx_source *s = nullptr;
+  ASSERT_EQ(0, wtx_source_create(&kBatchedOps, &b, &s));
+  auto p = Pass(s);
+  ASSERT_EQ(1300u, p.size());
+  for (uint32_t k = 0; k < 1300; k++) {
+    EXPECT_EQ(b.names[k], p[k].first);
+    uint32_t v;
+    memcpy(&v, p[k].second.data(), 4);
+    EXPECT_EQ(k, v);
+  }
+  EXPECT_EQ(4u, b.calls);  // three batches and the end
+  // One copy per call, each overwritten by the next call: every tensor is
+  // still read as it was when handed out.
+  b.copies = 1;
+  b.calls = 0;
+  p = Pass(s);
+  ASSERT_EQ(1300u, p.size());
+  uint32_t v;
+  memcpy(&v, p[1299].second.data(), 4);
+  EXPECT_EQ(1299u, v);
+  EXPECT_EQ(1301u, b.calls);
+  wtx_source_destroy(s);
+}
+
+TEST(Source, ABatchedSourcesRefusalsReachTheCaller) {
+  wtx_source_ops none = kBatchedOps;
+  none.next_batch = nullptr;
+  Batched b(600);
+  wtx_source *s = nullptr;
+  EXPECT_EQ(WTX_EINVAL, wtx_source_create(&none, &b, &s));  // neither next nor next_batch
+  ASSERT_EQ(0, wtx_source_create(&kBatchedOps, &b, &s));
+  void *it = nullptr;
+  wtx_tensor_meta m;
+  const uint8_t *d;
+  struct Case {
+    const char *what;
+    size_t fail_at_call;
+    int bad_kind, too_many, want;
+  } cases[] = {{"the second call fails", 2, 0, 0, WTX_EIO},
+               {"a kind next never returns", 0, 1, 0, WTX_EINVAL},
+               {"more than max", 0, 0, 1, WTX_EINVAL}};
+  for (const Case &c : cases) {
+    b.calls = 0;
+    b.fail_at_call = c.fail_at_call;
+    b.bad_kind = c.bad_kind;
+    b.too_many = c.too_many;
+    ASSERT_EQ(0, wtx_source_open(s, &it));
+    int r = 0;
+    size_t got = 0;
+    while ((r = wtx_source_next(s, it, &m, &d)) == 1) got++;
+    EXPECT_EQ(c.want, r) << c.what;
+    EXPECT_EQ(c.fail_at_call ? 512u : 0u, got) << c.what;
+    wtx_source_close(s, it);
+  }
+  wtx_source_destroy(s);
 }
 
 TEST(Source, SafetensorsFilesMapInFileOrder) {

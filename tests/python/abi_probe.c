@@ -32,7 +32,7 @@ int main(void) {
   F(wtx_send_result, xxh3); F(wtx_send_result, direct); END();
   BEGIN(wtx_source_ops); F(wtx_source_ops, name); F(wtx_source_ops, metadata);
   F(wtx_source_ops, open); F(wtx_source_ops, next); F(wtx_source_ops, close);
-  F(wtx_source_ops, destroy); END();
+  F(wtx_source_ops, destroy); F(wtx_source_ops, next_batch); END();
   BEGIN(wtx_model_ops); F(wtx_model_ops, check); F(wtx_model_ops, begin); F(wtx_model_ops, stage);
   F(wtx_model_ops, loaded); F(wtx_model_ops, prepare); F(wtx_model_ops, commit);
   F(wtx_model_ops, abort); F(wtx_model_ops, stage_device);
