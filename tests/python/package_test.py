@@ -287,6 +287,46 @@ class StandaloneWorkerTest(unittest.TestCase):
         self.assertEqual("", c.get_weight_info()[0].get("weight_version", ""))
         c.close()
 
+    def test_a_pass_of_many_tensors_arrives_whole_and_holds_one_copy_at_a_time(self):
+        # The adapter hands the engine batches of tensors (one callback per
+        # batch): a pass longer than a batch arrives whole and in order,
+        # mixing tensors sent from their own memory with copies made for the
+        # pass, and a batch ends at a copy, so no more than one is alive.
+        import weakref
+        import wtx
+        n = 1300
+        alive: list = []
+        most = [0]
+
+        class Gathering:  # every third tensor made for the pass, as a gathered DTensor is
+            holds_tensors = False
+            params = [torch.nn.Parameter(torch.full((3,), float(i))) for i in range(n)]
+            metadata = [wtx.ParamMeta(f"p.{i}", torch.float32, (3,)) for i in range(n)]
+
+            def iter_full(self):
+                for i, p in enumerate(self.params):
+                    if i % 3:
+                        yield f"p.{i}", p
+                        continue
+                    t = torch.full((3,), float(i))
+                    alive.append(weakref.ref(t))
+                    most[0] = max(most[0], sum(r() is not None for r in alive))
+                    yield f"p.{i}", t
+
+        c = wtx.WorkerClient([self.w.addr])
+        e = wtx.TrainerEngine.trainer_init({"rank": 0, "checksum": "xxh3_64"}, client=c,
+                                           source=Gathering())
+        r = e.send_weights(version="many")
+        e.shutdown()
+        self.assertEqual(n, r["params"])
+        for i in range(n):
+            raw = torch.full((3,), float(i)).numpy().tobytes()
+            self.assertEqual(xxhash.xxh3_64_intdigest(raw), r["xxh3"][i], i)
+        self.assertEqual(1, most[0])  # the copy before is gone when the next is made
+        info = c.get_weight_info(include_params=True)[0]
+        self.assertEqual([f"p.{i}" for i in range(n)], [p["meta"]["name"] for p in info["params"]])
+        c.close()
+
 class ContractTest(unittest.TestCase):
     def test_dicts_are_parsed_strictly_before_any_call(self):
         import wtx

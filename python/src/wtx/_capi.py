@@ -66,11 +66,15 @@ SRC_NEXT = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p, C.POINTER(TensorMeta),
                        C.POINTER(C.c_void_p))
 SRC_CLOSE = C.CFUNCTYPE(None, C.c_void_p, C.c_void_p)
 SRC_DESTROY = C.CFUNCTYPE(None, C.c_void_p)
+# next_batch's arrays as plain addresses: the adapter fills them by slices
+SRC_NEXT_BATCH = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p, C.c_size_t, C.c_void_p,
+                             C.c_void_p, C.c_void_p)
 
 
 class SourceOps(C.Structure):
     _fields_ = [("name", C.c_char_p), ("metadata", SRC_METADATA), ("open", SRC_OPEN),
-                ("next", SRC_NEXT), ("close", SRC_CLOSE), ("destroy", SRC_DESTROY)]
+                ("next", SRC_NEXT), ("close", SRC_CLOSE), ("destroy", SRC_DESTROY),
+                ("next_batch", SRC_NEXT_BATCH)]
 
 
 # wtx_model_ops

@@ -67,9 +67,13 @@ class TorchModuleSource:
         return owned_names(_Plain(self.metadata), rank)
 
     def iter_full(self) -> Iterator[tuple[str, Any]]:
+        gathers: dict[type, bool] = {}  # per type: a DTensor's full_tensor
         for name, p in self._module.named_parameters():
-            full = getattr(p, "full_tensor", None)
-            yield name, full() if callable(full) else p
+            kind = type(p)
+            gather = gathers.get(kind)
+            if gather is None:
+                gather = gathers[kind] = callable(getattr(kind, "full_tensor", None))
+            yield name, p.full_tensor() if gather else p
 
 
 class DictSource:
@@ -167,18 +171,22 @@ def host_view(name: str, tensor: Any) -> tuple[int, int, Any, int]:
     return a.ctypes.data, a.nbytes, a, OWN_HOST if a is tensor else COPY
 
 
+def _torch_types() -> tuple[Any, Any]:
+    """(torch.Tensor, torch.nn.Parameter), or two empty tuples (isinstance
+    of nothing) without torch."""
+    try:
+        import torch
+        return torch.Tensor, torch.nn.Parameter
+    except ImportError:
+        return (), ()
+
+
 def held_elsewhere(source: Any, tensor: Any) -> bool:
     """Whether the tensor lives on after the pass without us (a module's
     parameter, or a source that holds its tensors): only then is it sent
     from its own memory and referenced until the pass ends. A tensor made
     for the pass (a gathered DTensor) is copied and let go at once."""
-    if getattr(source, "holds_tensors", False):
-        return True
-    try:
-        import torch
-        return isinstance(tensor, torch.nn.Parameter)
-    except ImportError:
-        return False
+    return bool(getattr(source, "holds_tensors", False)) or isinstance(tensor, _torch_types()[1])
 
 
 def meta_of(m: ParamMeta) -> tuple[int, tuple[int, ...]]:
@@ -186,9 +194,10 @@ def meta_of(m: ParamMeta) -> tuple[int, tuple[int, ...]]:
 
 
 class CSource:
-    """A Python source behind wtx_source_ops: the C engine calls back once
-    per tensor (the bytes never pass through Python). Keeps every callback
-    and buffer alive as long as the C source lives."""
+    """A Python source behind wtx_source_ops: the C engine takes a pass in
+    batches of tensors (next_batch: one callback per batch, not per tensor;
+    the bytes never pass through Python). Keeps every callback and buffer
+    alive as long as the C source lives."""
 
     def __init__(self, source: Any, rank: int = 0) -> None:
         self.source = source
@@ -211,21 +220,29 @@ class CSource:
             if rc != 0:
                 raise ValueError(f"parameter {m.name!r}: {_capi.message(rc, err.value)}")
         # What each tensor of a pass must be, in order: a tensor that is
-        # (name, wire dtype, shape, bytes) gets its TensorMeta from _arr
-        # without building one; any other is described as it is, so the
-        # engine reports how it disagrees with the metadata.
+        # (name, wire dtype, shape, bytes) is handed to the engine as _arr's
+        # entry (its address) without building a meta; any other is
+        # described as it is, so the engine reports how it disagrees.
+        base, size = C.addressof(self._arr), C.sizeof(_capi.TensorMeta)
+        self._meta_at = [base + i * size for i in range(self.n)]
+        self._expect = [(m.name, self._arr[i].dtype, m.shape, self._arr[i].nbytes)
+                        for i, m in enumerate(self.metas)]
         self._wire_of: dict[Any, int] = {}
+        self._holds = bool(getattr(source, "holds_tensors", False))
+        self._tensor, self._param = _torch_types()
         self._pos: dict[int, int] = {}
         self._iters: dict[int, Iterator] = {}
-        # Per pass: the tensor (and name) of the last next, and the tensors
-        # yielded in place, kept until close (next said 2: they stay put).
-        self._held: dict[int, Any] = {}
+        # Per pass: what the last batch handed out and must keep alive until
+        # the next (copies, described metas), and the tensors yielded in
+        # place, kept until close (next_batch said 2: they stay put).
+        self._held: dict[int, list] = {}
         self._in_place: dict[int, list] = {}
         self._next_iter = 1
         self.error: BaseException | None = None
         self._ops = _capi.SourceOps(b"python", _capi.SRC_METADATA(self._metadata),
-                                    _capi.SRC_OPEN(self._open), _capi.SRC_NEXT(self._next),
-                                    _capi.SRC_CLOSE(self._close), _capi.SRC_DESTROY(self._destroy))
+                                    _capi.SRC_OPEN(self._open), _capi.SRC_NEXT(),
+                                    _capi.SRC_CLOSE(self._close), _capi.SRC_DESTROY(self._destroy),
+                                    _capi.SRC_NEXT_BATCH(self._next_batch))
         self.c = C.c_void_p()
         rc = _capi.source_create(C.byref(self._ops), None, C.byref(self.c))
         if rc != 0:
@@ -247,69 +264,113 @@ class CSource:
             self._next_iter += 1
             self._iters[key] = iter(self.source.iter_full())
             self._pos[key] = 0
+            self._in_place[key] = []
             it[0] = key
             return 0
         except BaseException as e:  # noqa: BLE001 (reported by the engine)
             self.error = e
             return _capi.EIO
 
-    def _next(self, _self, it, meta, data) -> int:
+    def _next_batch(self, _self, it, most, metas, data, kinds) -> int:
+        """Up to most tensors of the pass into the engine's arrays; a batch
+        ends at a copy, so that one copy at a time is alive. The loop is a
+        model's whole per-tensor cost in Python: kept to a few calls."""
         key = it or 0
         try:
-            self._held.pop(key, None)
-            item = next(self._iters[key], None)
-            if item is None:
-                return 0
-            name, tensor = item
-            i = self._pos[key]
-            self._pos[key] = i + 1
-            addr, nbytes, keep, kind = host_view(name, tensor)
-            if kind != COPY and not held_elsewhere(self.source, tensor):
-                if kind == OWN_DEVICE:  # a host copy, let go at the next tensor
-                    addr, nbytes, keep, kind = host_view(name, keep.to("cpu"))
-                kind = COPY
-            self._held[key] = keep
-            if kind != COPY:
-                self._in_place.setdefault(key, []).append(keep)
-            if i < self.n and self._as_described(i, name, tensor, nbytes):
-                meta[0] = self._arr[i]
-            else:
-                self._describe(key, name, tensor, nbytes, meta)
-            data[0] = addr
-            return kind
+            held = self._held[key] = []  # the last batch's copies go
+            tensors, in_place, i = self._iters[key], self._in_place[key], self._pos[key]
+            n, expect, meta_at, wire_of = self.n, self._expect, self._meta_at, self._wire_of
+            tensor_t, param_t, holds = self._tensor, self._param, self._holds
+            m_out: list[int] = []
+            d_out: list[int] = []
+            k_out: list[int] = []
+            k = 0
+            while k < most:
+                item = next(tensors, None)
+                if item is None:
+                    break
+                name, tensor = item
+                k += 1
+                if (isinstance(tensor, tensor_t) and tensor.is_cpu and tensor.is_contiguous()
+                        and (holds or isinstance(tensor, param_t))):
+                    in_place.append(tensor)  # the common case: sent from its own memory
+                    d_out.append(tensor.data_ptr())
+                    k_out.append(OWN_HOST)
+                    want = expect[i] if i < n else None
+                    i += 1
+                    if (want is not None and name == want[0] and tensor.shape == want[2]
+                            and (wire_of.get(tensor.dtype) or self._wire(tensor.dtype)) == want[1]):
+                        m_out.append(meta_at[i - 1])  # contiguous: the bytes follow
+                    else:
+                        m_out.append(self._describe(held, name, tensor, tensor.nbytes))
+                    continue
+                addr, kind = self._view(i, name, tensor, held, in_place, m_out)
+                i += 1
+                d_out.append(addr)
+                k_out.append(kind)
+                if kind == COPY:
+                    break
+            self._pos[key] = i
+            if k:
+                (C.c_void_p * k).from_address(metas)[:] = m_out
+                (C.c_void_p * k).from_address(data)[:] = d_out
+                (C.c_int * k).from_address(kinds)[:] = k_out
+            return k
         except BaseException as e:  # noqa: BLE001
             self.error = e
             return _capi.EIO
 
+    def _view(self, i: int, name: str, tensor: Any, held: list, in_place: list,
+              m_out: list) -> tuple[int, int]:
+        """Any tensor but a contiguous host one held elsewhere: its bytes
+        (a copy where they are not its own or it is not kept), and its meta
+        appended to m_out."""
+        addr, nbytes, keep, kind = host_view(name, tensor)
+        if kind != COPY and not held_elsewhere(self.source, tensor):
+            if kind == OWN_DEVICE:  # a host copy, let go at the next batch
+                addr, nbytes, keep, kind = host_view(name, keep.to("cpu"))
+            kind = COPY
+        (held if kind == COPY else in_place).append(keep)
+        if i < self.n and self._as_described(i, name, tensor, nbytes):
+            m_out.append(self._meta_at[i])
+        else:
+            m_out.append(self._describe(held, name, tensor, nbytes))
+        return addr, kind
+
+    def _wire(self, dtype: Any) -> int:
+        wire = self._wire_of.get(dtype)
+        if wire is None:
+            wire = self._wire_of[dtype] = _dtypes.to_wire(dtype)
+        return wire
+
     def _as_described(self, i: int, name: str, tensor: Any, nbytes: int) -> bool:
         """Whether the pass's i-th tensor is metadata's i-th, as described."""
-        wire = self._wire_of.get(tensor.dtype)
-        if wire is None:
-            wire = self._wire_of[tensor.dtype] = _dtypes.to_wire(tensor.dtype)
-        a = self._arr[i]
-        return (name == self.metas[i].name and wire == a.dtype
-                and tuple(tensor.shape) == self.metas[i].shape and nbytes == a.nbytes)
+        want = self._expect[i]
+        return (name == want[0] and self._wire(tensor.dtype) == want[1]
+                and tuple(tensor.shape) == want[2] and nbytes == want[3])
 
-    def _describe(self, key: int, name: str, tensor: Any, nbytes: int, meta: Any) -> None:
-        """meta as the tensor is (the engine then says how it disagrees)."""
+    def _describe(self, held: list, name: str, tensor: Any, nbytes: int) -> int:
+        """The address of a meta of the tensor as it is (kept in held until
+        the next batch; the engine then says how it disagrees)."""
         nm = name.encode()
-        self._held[-key] = nm
+        meta = _capi.TensorMeta()
+        held += (nm, meta)
         wire = _dtypes.to_wire(tensor.dtype)
         shape = tuple(int(d) for d in tensor.shape)
         sh = (C.c_uint64 * max(len(shape), 1))(*shape)
         err = C.create_string_buffer(_capi.ERRBUF)
-        rc = _capi.tensor_meta_set(meta, nm, wire, sh, len(shape), err, _capi.ERRBUF)
+        rc = _capi.tensor_meta_set(C.byref(meta), nm, wire, sh, len(shape), err, _capi.ERRBUF)
         if rc != 0:
             raise ValueError(f"tensor {name!r}: {_capi.message(rc, err.value)}")
-        if meta[0].nbytes != nbytes:
-            raise ValueError(f"tensor {name!r}: {nbytes} bytes for {meta[0].nbytes}")
+        if meta.nbytes != nbytes:
+            raise ValueError(f"tensor {name!r}: {nbytes} bytes for {meta.nbytes}")
+        return C.addressof(meta)
 
     def _close(self, _self, it) -> None:
         key = it or 0
         self._iters.pop(key, None)
         self._pos.pop(key, None)
         self._held.pop(key, None)
-        self._held.pop(-key, None)
         self._in_place.pop(key, None)
 
     def _destroy(self, _self) -> None:

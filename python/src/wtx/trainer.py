@@ -172,7 +172,7 @@ class TrainerEngine:
         self.last_result = {
             "bytes": res.bytes, "params": res.params, "chunks": res.chunks,
             "seconds": res.seconds, "version": res.version.decode(),
-            "xxh3": [res.xxh3[i] for i in range(res.params)] if res.xxh3 else None,
+            "xxh3": res.xxh3[:res.params] if res.xxh3 else None,
             "direct": bool(res.direct)}
         return self.last_result
 
