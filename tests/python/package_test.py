@@ -433,6 +433,51 @@ class ContractTest(unittest.TestCase):
             e.shutdown()
             c.close()
 
+    def test_a_served_module_receives_every_kind_of_tensor_bit_exact(self):
+        # The host stages a chunk's small tensors in one buffer, kind (dtype
+        # and shape) after kind, each at a 16-byte boundary, and views them
+        # kind by kind; a large one gets its own. Sizes that are no multiple
+        # of 16, kinds interleaved, scalars, empty tensors and one above the
+        # small limit all land where they belong.
+        import wtx
+        g = torch.Generator().manual_seed(7)
+        weights = {}
+        for i in range(60):  # three kinds, interleaved, 12, 10 and 48 bytes
+            weights[f"f3.{i}"] = torch.randn(3, generator=g)
+            weights[f"h5.{i}"] = torch.randn(5, generator=g).to(torch.bfloat16)
+            weights[f"m.{i}"] = torch.randn(2, 6, generator=g)
+        weights.update({
+            "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3), "flags": torch.tensor([True, False, True]),
+            "fp8": torch.randn(7, generator=g).to(torch.float8_e4m3fn),
+            "i64": torch.tensor([-(2 ** 40), 3]), "large": torch.randn(70_000, generator=g)})
+        model = torch.nn.Module()
+        for name, t in weights.items():
+            model.register_buffer(name.replace(".", "_"), torch.zeros_like(t))
+
+        class Renamed(torch.nn.Module):  # buffers cannot hold dots in their names
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def load_weights(self, items):
+                for name, t in items:
+                    getattr(self.inner, name.replace(".", "_")).copy_(t)
+
+        with wtx.serve(Renamed(model), "127.0.0.1:0") as server:
+            c = wtx.WorkerClient([server.address])
+            for step in (1, 2):  # the second names the tensors by position
+                e = wtx.TrainerEngine.trainer_init({"rank": 0, "buffer_size": 1 << 20},
+                                                   client=c, source=wtx.DictSource(weights))
+                e.send_weights(version=f"v{step}")
+                e.shutdown()
+                for name, t in weights.items():
+                    got = getattr(model, name.replace(".", "_"))
+                    self.assertEqual(t.reshape(-1).view(torch.uint8).tolist(),
+                                     got.reshape(-1).view(torch.uint8).tolist(), name)
+                weights = {n: (t.float() + 1).to(t.dtype) if t.is_floating_point() else t
+                           for n, t in weights.items()}
+            c.close()
+
     def test_a_tensor_larger_than_the_buffer_reaches_a_served_module_whole(self):
         # The chunk after the first holds the rest of the large tensor and
         # then new ones: the host stages only the new ones there (one

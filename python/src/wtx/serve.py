@@ -9,12 +9,15 @@ and never through host memory. Then, at commit, the staged tensors are
 loaded into the module: through ``module.load_weights(iterable)`` when it
 has one (as vLLM models do), else copied into its parameters and buffers
 by name. A failed or aborted update leaves the module's weights unchanged.
+The small tensors of a chunk are views of one buffer: a ``load_weights``
+that keeps a staged tensor instead of copying it keeps that buffer.
 """
 from __future__ import annotations
 
 import ctypes as C
 import itertools
 import logging
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +28,64 @@ from .client import WtxError
 log = logging.getLogger("wtx.serve")
 
 _REFLECTION = {"open": 0, "token": 1, "off": 2}
+
+
+# Host staging: tensors of at most _SMALL bytes share a chunk's buffer, each
+# at an _ALIGN-byte boundary.
+_SMALL = 64 << 10
+_ALIGN = 16
+
+
+class _MetaTable:
+    """A chunk's n wtx_tensor_meta (C memory, valid during the call) read
+    as one int64 tensor of n rows: dtype, ndim, nbytes, and kind (dtype,
+    ndim, then the shape's dims, zero past ndim) as columns, no Python
+    object per tensor; names() reads the names, one by one."""
+
+    _WORDS = C.sizeof(_capi.TensorMeta) // 8
+
+    def __init__(self, torch: Any, metas: Any, n: int) -> None:
+        T = _capi.TensorMeta
+        addr = C.cast(metas, C.c_void_p).value
+        raw = (C.c_int64 * (n * self._WORDS)).from_address(addr)
+        rows = torch.frombuffer(raw, dtype=torch.int64).view(n, self._WORDS).clone()
+        shape_at = T.shape.offset // 8
+        self.ndim = rows[:, T.ndim.offset // 8]
+        self.nbytes = rows[:, T.nbytes.offset // 8]
+        dtype = rows[:, T.dtype.offset // 8] & 0xFFFFFFFF  # an int: the word's low half
+        dims = rows[:, shape_at:shape_at + _capi.MAX_DIMS]
+        dims = dims * (torch.arange(_capi.MAX_DIMS) < self.ndim[:, None])  # past ndim: unset
+        self.kind = torch.cat([dtype[:, None], self.ndim[:, None], dims], 1)
+        self._name_at = T.name.offset // 8
+        self._torch, self._addr, self._n = torch, addr, n
+
+    def dtype(self, i: int) -> int:
+        return int(self.kind[i, 0])
+
+    def shape(self, i: int) -> list[int]:
+        return self.kind[i, 2:2 + int(self.ndim[i])].tolist()
+
+    def names(self) -> list[str]:
+        ptrs = (C.c_char_p * (self._n * self._WORDS)).from_address(self._addr)
+        return [b.decode() for b in ptrs[self._name_at::self._WORDS]]
+
+    def kinds(self, at: Any) -> tuple[Any, Any]:
+        """The distinct kinds of the rows at (a tensor of indices), and each
+        row's index among them: torch.unique over one hash per row (the
+        kinds compared whole after, and by rows when two kinds share a
+        hash), as unique over whole rows costs a microsecond a row."""
+        torch = self._torch
+        rows = self.kind[at]
+        h = torch.zeros(len(rows), dtype=torch.int64)
+        for col in rows.unbind(1):  # wraps around: a hash
+            h = h * 1000003 + col
+        _, kind_of = torch.unique(h, return_inverse=True)
+        some = torch.zeros(int(kind_of.max()) + 1, dtype=torch.int64)
+        some[kind_of] = torch.arange(len(rows))  # a row of each kind, whichever
+        kinds = rows[some]
+        if not bool((kinds[kind_of] == rows).all()):
+            kinds, kind_of = torch.unique(rows, dim=0, return_inverse=True)
+        return kinds, kind_of
 
 
 class _Host:
@@ -120,48 +181,95 @@ class _Host:
         self.update_targets = None
         return 0
 
-    def _staging(self, m: Any, device: str) -> int:
-        """A staging tensor for the tensor m describes; its address."""
-        dtype = self.torch_dtypes.get(m.dtype)
+    def _torch_dtype(self, wire: int) -> Any:
+        dtype = self.torch_dtypes.get(wire)
         if dtype is None:
-            dtype = self.torch_dtypes[m.dtype] = _dtypes.to_torch(m.dtype)
-        t = self.torch.empty(m.shape[:m.ndim], dtype=dtype, device=device)
-        self.staged[m.name.decode()] = t
-        return t.data_ptr() if t.numel() else 0
+            dtype = self.torch_dtypes[wire] = _dtypes.to_torch(wire)
+        return dtype
 
-    def _stage_chunk_on(self, metas, n, dst, device: str) -> int:
+    def _stage(self, _m, meta, dst) -> int:
+        return self._stage_chunk(_m, meta, 1, dst)
+
+    def _stage_chunk(self, _m, metas, n, dst) -> int:
+        """Host staging for a chunk's n tensors, at a cost per chunk and per
+        kind of tensor more than per tensor: their metas are read as one
+        array; the small ones share one buffer, laid out kind by kind (dtype
+        and shape) so that each kind's views come from one call; only the
+        names are read one by one. A large tensor gets its own."""
         try:
-            for i in range(n):
-                dst[i] = self._staging(metas[i], device)
+            table = _MetaTable(self.torch, metas, n)
+            views: list[Any] = [None] * n
+            addrs = self.torch.zeros(n, dtype=self.torch.int64)
+            small = (table.nbytes <= _SMALL).nonzero().flatten()
+            if len(small):
+                self._stage_small(table, small, views, addrs)
+            for i in (table.nbytes > _SMALL).nonzero().flatten().tolist():
+                t = self.torch.empty(table.shape(i), dtype=self._torch_dtype(table.dtype(i)))
+                views[i] = t
+                addrs[i] = t.data_ptr()
+            addrs[table.nbytes == 0] = 0  # no bytes: nowhere to write
+            C.memmove(dst, addrs.data_ptr(), 8 * n)
+            self.staged.update(zip(table.names(), views))
             return 0
         except BaseException:  # noqa: BLE001
             log.exception("stage")
             return _capi.ENOMEM
 
-    def _stage(self, _m, meta, dst) -> int:
-        return self._stage_chunk_on(meta, 1, dst, "cpu")
-
-    def _stage_chunk(self, _m, metas, n, dst) -> int:
-        return self._stage_chunk_on(metas, n, dst, "cpu")
+    def _stage_small(self, table: "_MetaTable", small: Any, views: list, addrs: Any) -> None:
+        """The tensors at positions small (a tensor of indices) into one
+        buffer, kind after kind, each at a 16-byte boundary (as malloc's);
+        their views into views and their addresses into addrs."""
+        torch = self.torch
+        kinds, kind_of = table.kinds(small)
+        order = torch.argsort(kind_of, stable=True)
+        at = small[order]  # positions, kind after kind, in update order within a kind
+        room = (table.nbytes[at] + (_ALIGN - 1)) & ~(_ALIGN - 1)
+        ends = torch.cumsum(room, 0)
+        buf = torch.empty(max(int(ends[-1]), _ALIGN), dtype=torch.uint8)
+        offs = ends - room
+        addrs[at] = offs + buf.data_ptr()
+        positions, offsets = at.tolist(), offs.tolist()
+        first = 0
+        for kind, count in zip(kinds.tolist(), torch.bincount(kind_of).tolist()):
+            dtype = self._torch_dtype(kind[0])
+            shape = kind[2:2 + kind[1]]
+            size = _dtypes.element_size(kind[0])
+            stride = [1] * len(shape)
+            for d in range(len(shape) - 2, -1, -1):
+                stride[d] = stride[d + 1] * shape[d + 1]
+            step = (math.prod(shape) * size + _ALIGN - 1) // _ALIGN * _ALIGN // size
+            group = buf.view(dtype).as_strided([count, *shape], [step, *stride],
+                                               offsets[first] // size)
+            for i, v in zip(positions[first:first + count], group.unbind(0)):
+                views[i] = v
+            first += count
 
     def _stage_device(self, _m, meta, device, dst) -> int:
         # The C backend's copies into it run on its own CUDA stream and have
         # landed when the chunk's call returns, before commit reads it.
-        return self._stage_chunk_on(meta, 1, dst, f"cuda:{device}")
+        try:
+            m = meta[0]
+            t = self.torch.empty(m.shape[:m.ndim], dtype=self._torch_dtype(m.dtype),
+                                 device=f"cuda:{device}")
+            self.staged[m.name.decode()] = t
+            dst[0] = t.data_ptr() if t.numel() else 0
+            return 0
+        except BaseException:  # noqa: BLE001
+            log.exception("stage")
+            return _capi.ENOMEM
 
     def _loaded(self, _m, meta, _xxh3) -> int:
         return self._loaded_chunk(_m, meta, 1, _xxh3)
 
     def _loaded_chunk(self, _m, metas, n, _xxh3) -> int:
-        add = self.loaded.add
-        for i in range(n):
-            add(metas[i].name.decode())
+        self.loaded.update(_MetaTable(self.torch, metas, n).names())
         return 0
 
     def _prepare(self, _m, version, err, errlen) -> int:
-        missing = [n for n in self.staged if n not in self.loaded]
+        missing = self.staged.keys() - self.loaded
         if missing:
-            _capi.write_err(err, errlen, f"tensor '{missing[0]}' was staged but never completed")
+            first = next(n for n in self.staged if n in missing)
+            _capi.write_err(err, errlen, f"tensor '{first}' was staged but never completed")
             return _capi.ESTATE
         return 0
 
