@@ -12,6 +12,8 @@
 #              over the last; --hz F: samples per second (default 5000)
 #   --first: the first sync to a fresh worker instead (no warm-up; one sync)
 #   PROFILE_TOP=N in the environment: symbols printed per side (default 15)
+#   PROFILE_KEEP=DIR: perf's data is kept there (worker.data, trainer.data),
+#              for perf report --children and the call graphs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=shm size=1G tiny= syncs=1 hz=5000 first= extra=()
@@ -77,3 +79,7 @@ for side in worker trainer; do
   perf report -i "$tmp/$side.data" --no-children --stdio --sort sym 2>/dev/null |
     grep -E '^ +[0-9]' | awk "NR <= ${PROFILE_TOP:-15}" # reads to the end: no SIGPIPE under pipefail
 done
+if [ -n "${PROFILE_KEEP:-}" ]; then
+  mkdir -p "$PROFILE_KEEP"
+  cp "$tmp/worker.data" "$tmp/trainer.data" "$PROFILE_KEEP/"
+fi
