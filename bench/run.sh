@@ -40,7 +40,7 @@ echo "baseline one copy into a sealed memfd per 4 MiB chunk, mapped and hashed, 
 echo
 echo "## control plane: one sync of N tiny tensors vs one JSON POST of the same metadata"
 echo "# first: a fresh worker, the update sends every ParamMeta; steady: the"
-echo "# best of the next five, which name tensors by position in the worker's"
+echo "# best of the next seven, which name tensors by position in the worker's"
 echo "# table (UpdateInfo.layout), as every RL step after the first does;"
 echo "# JSON POST: the best of seven"
 printf "%-8s %10s %10s %12s %12s %12s\n" N "first s" "steady s" "JSON POST s" "JSON/first" "JSON/steady"
@@ -50,7 +50,7 @@ for n in $counts; do
   start_worker 0 "cp$n"
   first=$("$bin/client/wtx" push --workers "$addr" --buffer-size 64M "$tmp/tiny$n.safetensors" | sync_s)
   best=
-  for _ in 1 2 3 4 5; do
+  for _ in 1 2 3 4 5 6 7; do  # the JSON POST's statistic too
     s=$("$bin/client/wtx" push --workers "$addr" --buffer-size 64M "$tmp/tiny$n.safetensors" | sync_s)
     best=$(echo "${best:-$s} $s" | awk '{print ($1 < $2) ? $1 : $2}')
   done
