@@ -196,6 +196,8 @@ class _Host:
         array; the small ones share one buffer, laid out kind by kind (dtype
         and shape) so that each kind's views come from one call; only the
         names are read one by one. A large tensor gets its own."""
+        if n == 0:
+            return 0
         try:
             table = _MetaTable(self.torch, metas, n)
             views: list[Any] = [None] * n
@@ -262,8 +264,13 @@ class _Host:
         return self._loaded_chunk(_m, meta, 1, _xxh3)
 
     def _loaded_chunk(self, _m, metas, n, _xxh3) -> int:
-        self.loaded.update(_MetaTable(self.torch, metas, n).names())
-        return 0
+        try:
+            if n:
+                self.loaded.update(_MetaTable(self.torch, metas, n).names())
+            return 0
+        except BaseException:  # noqa: BLE001 (a callback must not raise into C)
+            log.exception("loaded")
+            return _capi.EIO
 
     def _prepare(self, _m, version, err, errlen) -> int:
         missing = self.staged.keys() - self.loaded
