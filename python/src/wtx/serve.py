@@ -9,17 +9,17 @@ and never through host memory. Then, at commit, the staged tensors are
 loaded into the module: through ``module.load_weights(iterable)`` when it
 has one (as vLLM models do), else copied into its parameters and buffers
 by name. A failed or aborted update leaves the module's weights unchanged.
-The small tensors of a chunk are views of one buffer: a ``load_weights``
-that keeps a staged tensor instead of copying it keeps that buffer.
+The small tensors of a chunk are views of one buffer, each made as
+``load_weights`` reads it: one that keeps a staged tensor instead of
+copying it keeps that buffer.
 """
 from __future__ import annotations
 
 import ctypes as C
 import itertools
 import logging
-import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _capi, _dtypes
@@ -88,6 +88,61 @@ class _MetaTable:
         return kinds, kind_of
 
 
+class _Chunk:
+    """The tensors one chunk staged, in update order: their names and, for
+    each, either its own tensor (a large one) or its place in the chunk's
+    buffer (its kind's typed view of the buffer, and an element offset).
+    items() makes a small tensor's view only when it is asked for."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.kind: list[int] = []  # per tensor: its kind's index, -1: its own
+        self.offset: list[int] = []  # per tensor: elements into typed[kind]
+        self.own: dict[int, Any] = {}
+        self.typed: list[Any] = []  # per kind: the buffer viewed as its dtype
+        self.shape: list[tuple[int, ...]] = []
+        self.stride: list[tuple[int, ...]] = []
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        view = [t.as_strided for t in self.typed]
+        shape, stride, own = self.shape, self.stride, self.own
+        if not own:  # the usual chunk: small tensors only
+            for name, k, off in zip(self.names, self.kind, self.offset):
+                yield name, view[k](shape[k], stride[k], off)
+            return
+        for i, (name, k, off) in enumerate(zip(self.names, self.kind, self.offset)):
+            yield name, own[i] if k < 0 else view[k](shape[k], stride[k], off)
+
+
+class _Staged:
+    """An update's staged tensors, in order. A small tensor's view is made
+    when the model loads it, not at staging: made at staging, the views of
+    an MoE model's 40k tensors lived until commit, and Python's garbage
+    collector walked them again and again (a third of a sync into a
+    host)."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, None] = {}  # ordered: prepare names the first missing
+        self._parts: list[Any] = []
+
+    def add_chunk(self, chunk: _Chunk) -> None:
+        self._parts.append(chunk)
+        self.names.update(dict.fromkeys(chunk.names))
+
+    def add(self, name: str, tensor: Any) -> None:
+        chunk = _Chunk([name])
+        chunk.kind, chunk.offset, chunk.own = [-1], [0], {0: tensor}
+        self.add_chunk(chunk)
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        for part in self._parts:
+            yield from part.items()
+
+    def clear(self) -> None:
+        self.names.clear()
+        self._parts.clear()
+
+
 class _Host:
     """The model ops behind the C worker, for one torch module."""
 
@@ -100,7 +155,7 @@ class _Host:
         self.on_resume = on_resume
         self.lock = threading.Lock()  # C calls one at a time; commit vs readers of .version
         self.version = ""
-        self.staged: dict[str, Any] = {}
+        self.staged = _Staged()
         self.loaded: set[str] = set()
         # The module's parameters and buffers by name, listed once per
         # update (at its first check) instead of once per tensor checked,
@@ -192,59 +247,59 @@ class _Host:
 
     def _stage_chunk(self, _m, metas, n, dst) -> int:
         """Host staging for a chunk's n tensors, at a cost per chunk and per
-        kind of tensor more than per tensor: their metas are read as one
-        array; the small ones share one buffer, laid out kind by kind (dtype
-        and shape) so that each kind's views come from one call; only the
-        names are read one by one. A large tensor gets its own."""
+        kind of tensor (dtype and shape) more than per tensor: their metas
+        are read as one array, the small ones share one buffer, and only
+        the names are read one by one. A large tensor gets its own."""
         if n == 0:
             return 0
         try:
-            table = _MetaTable(self.torch, metas, n)
-            views: list[Any] = [None] * n
-            addrs = self.torch.zeros(n, dtype=self.torch.int64)
+            torch = self.torch
+            table = _MetaTable(torch, metas, n)
+            chunk = _Chunk(table.names())
+            kind = torch.full((n,), -1, dtype=torch.int64)
+            offset = torch.zeros(n, dtype=torch.int64)
+            addrs = torch.zeros(n, dtype=torch.int64)
             small = (table.nbytes <= _SMALL).nonzero().flatten()
             if len(small):
-                self._stage_small(table, small, views, addrs)
+                self._place_small(table, small, chunk, kind, offset, addrs)
             for i in (table.nbytes > _SMALL).nonzero().flatten().tolist():
-                t = self.torch.empty(table.shape(i), dtype=self._torch_dtype(table.dtype(i)))
-                views[i] = t
+                t = torch.empty(table.shape(i), dtype=self._torch_dtype(table.dtype(i)))
+                chunk.own[i] = t
                 addrs[i] = t.data_ptr()
             addrs[table.nbytes == 0] = 0  # no bytes: nowhere to write
             C.memmove(dst, addrs.data_ptr(), 8 * n)
-            self.staged.update(zip(table.names(), views))
+            chunk.kind, chunk.offset = kind.tolist(), offset.tolist()
+            self.staged.add_chunk(chunk)
             return 0
         except BaseException:  # noqa: BLE001
             log.exception("stage")
             return _capi.ENOMEM
 
-    def _stage_small(self, table: "_MetaTable", small: Any, views: list, addrs: Any) -> None:
-        """The tensors at positions small (a tensor of indices) into one
-        buffer, kind after kind, each at a 16-byte boundary (as malloc's);
-        their views into views and their addresses into addrs."""
+    def _place_small(self, table: _MetaTable, small: Any, chunk: _Chunk, kind: Any,
+                     offset: Any, addrs: Any) -> None:
+        """The tensors at positions small (a tensor of indices) in one new
+        buffer, in order, each at a 16-byte boundary (as malloc's): their
+        addresses into addrs, their kinds and element offsets into kind and
+        offset, and each kind's typed view, shape and strides into chunk."""
         torch = self.torch
         kinds, kind_of = table.kinds(small)
-        order = torch.argsort(kind_of, stable=True)
-        at = small[order]  # positions, kind after kind, in update order within a kind
-        room = (table.nbytes[at] + (_ALIGN - 1)) & ~(_ALIGN - 1)
+        room = (table.nbytes[small] + (_ALIGN - 1)) & ~(_ALIGN - 1)
         ends = torch.cumsum(room, 0)
         buf = torch.empty(max(int(ends[-1]), _ALIGN), dtype=torch.uint8)
         offs = ends - room
-        addrs[at] = offs + buf.data_ptr()
-        positions, offsets = at.tolist(), offs.tolist()
-        first = 0
-        for kind, count in zip(kinds.tolist(), torch.bincount(kind_of).tolist()):
-            dtype = self._torch_dtype(kind[0])
-            shape = kind[2:2 + kind[1]]
-            size = _dtypes.element_size(kind[0])
+        addrs[small] = offs + buf.data_ptr()
+        sizes = []
+        for k in kinds.tolist():
+            shape = tuple(k[2:2 + k[1]])
             stride = [1] * len(shape)
             for d in range(len(shape) - 2, -1, -1):
                 stride[d] = stride[d + 1] * shape[d + 1]
-            step = (math.prod(shape) * size + _ALIGN - 1) // _ALIGN * _ALIGN // size
-            group = buf.view(dtype).as_strided([count, *shape], [step, *stride],
-                                               offsets[first] // size)
-            for i, v in zip(positions[first:first + count], group.unbind(0)):
-                views[i] = v
-            first += count
+            chunk.typed.append(buf.view(self._torch_dtype(k[0])))
+            chunk.shape.append(shape)
+            chunk.stride.append(tuple(stride))
+            sizes.append(_dtypes.element_size(k[0]))
+        kind[small] = kind_of
+        offset[small] = offs // torch.tensor(sizes, dtype=torch.int64)[kind_of]
 
     def _stage_device(self, _m, meta, device, dst) -> int:
         # The C backend's copies into it run on its own CUDA stream and have
@@ -253,7 +308,7 @@ class _Host:
             m = meta[0]
             t = self.torch.empty(m.shape[:m.ndim], dtype=self._torch_dtype(m.dtype),
                                  device=f"cuda:{device}")
-            self.staged[m.name.decode()] = t
+            self.staged.add(m.name.decode(), t)
             dst[0] = t.data_ptr() if t.numel() else 0
             return 0
         except BaseException:  # noqa: BLE001
@@ -273,9 +328,9 @@ class _Host:
             return _capi.EIO
 
     def _prepare(self, _m, version, err, errlen) -> int:
-        missing = self.staged.keys() - self.loaded
+        missing = self.staged.names.keys() - self.loaded
         if missing:
-            first = next(n for n in self.staged if n in missing)
+            first = next(n for n in self.staged.names if n in missing)
             _capi.write_err(err, errlen, f"tensor '{first}' was staged but never completed")
             return _capi.ESTATE
         return 0
@@ -285,7 +340,7 @@ class _Host:
             with self.lock, self.torch.no_grad():
                 loader = self._loader()
                 if loader is not None:
-                    loader(iter(self.staged.items()))
+                    loader(self.staged.items())  # each view made as it is read
                 else:
                     targets = self._update_targets()
                     for name, t in self.staged.items():
