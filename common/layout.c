@@ -27,6 +27,10 @@ void wtx__layout_clear(wtx__layout *l) {
 
 void wtx__layout_reserve(wtx__layout *l, size_t n) { wtx__strmap_reserve(l->names, n); }
 
+void wtx__layout_prefetch(const wtx__layout *l, const char *name) {
+  wtx__strmap_prefetch(l->names, name);
+}
+
 int wtx__layout_add(wtx__layout *l, const wtx_tensor_meta *meta) {
   if (l->n == l->cap) {
     size_t cap = l->cap ? 2 * l->cap : 64;

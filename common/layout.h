@@ -33,6 +33,8 @@ void wtx__layout_free(wtx__layout *l);
 void wtx__layout_clear(wtx__layout *l);
 /* Room for n tensors in all (a hint: adds past it still work). */
 void wtx__layout_reserve(wtx__layout *l, size_t n);
+/* wtx__strmap_prefetch for name, a few adds ahead. */
+void wtx__layout_prefetch(const wtx__layout *l, const char *name);
 /* Appends a copy of meta (its name copied); WTX_EEXIST when the name is
  * already in l, WTX_ENOMEM; l is unchanged on error. */
 int wtx__layout_add(wtx__layout *l, const wtx_tensor_meta *meta);

@@ -112,6 +112,14 @@ int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value, const char **
   return 0;
 }
 
+void wtx__strmap_prefetch(const wtx__strmap *m, const char *key) {
+  if (m->head == NULL) return;
+  unsigned hashv = 0, bkt = 0;
+  HASH_VALUE(key, strlen(key), hashv);
+  HASH_TO_BKT(hashv, m->head->hh.tbl->num_buckets, bkt);
+  __builtin_prefetch(&m->head->hh.tbl->buckets[bkt], 1);
+}
+
 int wtx__strmap_get(const wtx__strmap *m, const char *key, size_t *value) {
   item *it = NULL;
   HASH_FIND(hh, m->head, key, strlen(key), it);

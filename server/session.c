@@ -576,6 +576,8 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
   uint64_t have = 0, want = 0;
   const char *carry = wtx__rx_incomplete(s->rx, &have, &want);
   for (size_t i = 0; i < c->n; i++) {
+    if (i + 8 < c->n && c->ui->params[i + 8]->name != NULL)
+      wtx__layout_prefetch(&s->cur, c->ui->params[i + 8]->name);
     int rc = check_meta(s, c->ui->params[i], i, &c->metas[i], c->err, sizeof c->err);
     if (rc != 0) return rc;
     int continues = i == 0 && c->ui->first_param_offset > 0 && carry != NULL &&

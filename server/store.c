@@ -684,8 +684,10 @@ static int staged_index(wtx_store *s, const wtx__strmap **ix) {
   if (s->st_ix == NULL && (rc = wtx__strmap_create(&s->st_ix)) == 0) {
     leave_order(s);
     wtx__strmap_reserve(s->st_ix, s->n_st);
-    for (size_t i = 0; rc == 0 && i < s->n_st; i++)
+    for (size_t i = 0; rc == 0 && i < s->n_st; i++) {
+      if (i + 8 < s->n_st) wtx__strmap_prefetch(s->st_ix, s->st_meta[i + 8].name);
       rc = wtx__strmap_add(s->st_ix, s->st_meta[i].name, i, &s->st_meta[i].name);
+    }
     if (rc != 0) {
       wtx__strmap_destroy(s->st_ix);
       s->st_ix = NULL;

@@ -62,14 +62,20 @@ TEST(StrmapTest, HoldsAHundredThousandNamesAndClears) {
 }
 
 // Reserved ahead (empty or not), grown past a reservation, or cleared and
-// filled again: every key is found with its value, none twice.
+// filled again: every key is found with its value, none twice. Filled as
+// the session and the store fill theirs, prefetching the key a few adds
+// ahead (present or not, into a table that may grow before it is added).
 TEST(StrmapTest, ATableReservedOrGrownFindsEveryKey) {
   wtx__strmap *m = nullptr;
   ASSERT_EQ(0, wtx__strmap_create(&m));
   auto key = [](size_t i) { return "model.layers." + std::to_string(i / 64) + ".e" +
                                    std::to_string(i); };
   auto fill = [&](size_t from, size_t to) {
-    for (size_t i = from; i < to; i++) ASSERT_EQ(0, wtx__strmap_add(m, key(i).c_str(), i, nullptr));
+    for (size_t i = from; i < to; i++) {
+      wtx__strmap_prefetch(m, key(i + 8).c_str());
+      wtx__strmap_prefetch(m, key(i / 2).c_str());
+      ASSERT_EQ(0, wtx__strmap_add(m, key(i).c_str(), i, nullptr));
+    }
   };
   auto expect_all = [&](size_t n) {
     EXPECT_EQ(n, wtx__strmap_count(m));
