@@ -291,8 +291,9 @@ class CSource:
                     break
                 name, tensor = item
                 k += 1
-                if (isinstance(tensor, tensor_t) and tensor.is_cpu and tensor.is_contiguous()
-                        and (holds or isinstance(tensor, param_t))):
+                if ((type(tensor) is param_t  # a module's parameter: one compare
+                     or (isinstance(tensor, tensor_t) and (holds or isinstance(tensor, param_t))))
+                        and tensor.is_cpu and tensor.is_contiguous()):
                     in_place.append(tensor)  # the common case: sent from its own memory
                     d_out.append(tensor.data_ptr())
                     k_out.append(OWN_HOST)
