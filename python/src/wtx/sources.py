@@ -279,7 +279,6 @@ class CSource:
         try:
             held = self._held[key] = []  # the last batch's copies go
             tensors, in_place, i = self._iters[key], self._in_place[key], self._pos[key]
-            n, expect, meta_at, wire_of = self.n, self._expect, self._meta_at, self._wire_of
             tensor_t, param_t, holds = self._tensor, self._param, self._holds
             m_out: list[int] = []
             d_out: list[int] = []
@@ -295,20 +294,13 @@ class CSource:
                      or (isinstance(tensor, tensor_t) and (holds or isinstance(tensor, param_t))))
                         and tensor.is_cpu and tensor.is_contiguous()):
                     in_place.append(tensor)  # the common case: sent from its own memory
-                    d_out.append(tensor.data_ptr())
-                    k_out.append(OWN_HOST)
-                    want = expect[i] if i < n else None
-                    i += 1
-                    if (want is not None and name == want[0] and tensor.shape == want[2]
-                            and (wire_of.get(tensor.dtype) or self._wire(tensor.dtype)) == want[1]):
-                        m_out.append(meta_at[i - 1])  # contiguous: the bytes follow
-                    else:
-                        m_out.append(self._describe(held, name, tensor, tensor.nbytes))
-                    continue
-                addr, kind = self._view(i, name, tensor, held, in_place, m_out)
-                i += 1
+                    addr, nbytes, kind = tensor.data_ptr(), tensor.nbytes, OWN_HOST
+                else:
+                    addr, nbytes, kind = self._view(name, tensor, held, in_place)
+                m_out.append(self._meta(i, name, tensor, nbytes, held))
                 d_out.append(addr)
                 k_out.append(kind)
+                i += 1
                 if kind == COPY:
                     break
             self._pos[key] = i
@@ -321,22 +313,17 @@ class CSource:
             self.error = e
             return _capi.EIO
 
-    def _view(self, i: int, name: str, tensor: Any, held: list, in_place: list,
-              m_out: list) -> tuple[int, int]:
-        """Any tensor but a contiguous host one held elsewhere: its bytes
-        (a copy where they are not its own or it is not kept), and its meta
-        appended to m_out."""
+    def _view(self, name: str, tensor: Any, held: list, in_place: list) -> tuple[int, int, int]:
+        """Any tensor but a contiguous host one held elsewhere: (address,
+        bytes, kind) of its bytes, a copy where they are not its own or it
+        is not kept (held until the next batch)."""
         addr, nbytes, keep, kind = host_view(name, tensor)
         if kind != COPY and not held_elsewhere(self.source, tensor):
             if kind == OWN_DEVICE:  # a host copy, let go at the next batch
                 addr, nbytes, keep, kind = host_view(name, keep.to("cpu"))
             kind = COPY
         (held if kind == COPY else in_place).append(keep)
-        if i < self.n and self._as_described(i, name, tensor, nbytes):
-            m_out.append(self._meta_at[i])
-        else:
-            m_out.append(self._describe(held, name, tensor, nbytes))
-        return addr, kind
+        return addr, nbytes, kind
 
     def _wire(self, dtype: Any) -> int:
         wire = self._wire_of.get(dtype)
@@ -344,11 +331,16 @@ class CSource:
             wire = self._wire_of[dtype] = _dtypes.to_wire(dtype)
         return wire
 
-    def _as_described(self, i: int, name: str, tensor: Any, nbytes: int) -> bool:
-        """Whether the pass's i-th tensor is metadata's i-th, as described."""
-        want = self._expect[i]
-        return (name == want[0] and self._wire(tensor.dtype) == want[1]
-                and tuple(tensor.shape) == want[2] and nbytes == want[3])
+    def _meta(self, i: int, name: str, tensor: Any, nbytes: int, held: list) -> int:
+        """The address of the pass's i-th tensor's meta: metadata's i-th
+        when the tensor is that one as described (name, dtype, shape,
+        bytes), else one describing it as it is."""
+        if i < self.n:
+            want = self._expect[i]
+            if (name == want[0] and tensor.shape == want[2] and nbytes == want[3]
+                    and self._wire(tensor.dtype) == want[1]):
+                return self._meta_at[i]
+        return self._describe(held, name, tensor, nbytes)
 
     def _describe(self, held: list, name: str, tensor: Any, nbytes: int) -> int:
         """The address of a meta of the tensor as it is (kept in held until
