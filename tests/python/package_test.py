@@ -434,11 +434,12 @@ class ContractTest(unittest.TestCase):
             c.close()
 
     def test_a_served_module_receives_every_kind_of_tensor_bit_exact(self):
-        # The host stages a chunk's small tensors in one buffer, kind (dtype
-        # and shape) after kind, each at a 16-byte boundary, and views them
-        # kind by kind; a large one gets its own. Sizes that are no multiple
-        # of 16, kinds interleaved, scalars, empty tensors and one above the
-        # small limit all land where they belong.
+        # The host stages a chunk's small tensors in one buffer, in order,
+        # each at a 16-byte boundary, and makes each one's view (from its
+        # kind's dtype and shape) as load_weights reads it; a large one gets
+        # its own. Sizes that are no multiple of 16, kinds interleaved,
+        # scalars, empty tensors and two above the small limit all land
+        # where they belong.
         import wtx
         g = torch.Generator().manual_seed(7)
         weights = {}
@@ -449,7 +450,8 @@ class ContractTest(unittest.TestCase):
         weights.update({
             "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3), "flags": torch.tensor([True, False, True]),
             "fp8": torch.randn(7, generator=g).to(torch.float8_e4m3fn),
-            "i64": torch.tensor([-(2 ** 40), 3]), "large": torch.randn(70_000, generator=g)})
+            "i64": torch.tensor([-(2 ** 40), 3]), "large": torch.randn(70_000, generator=g),
+            "large.too": torch.randn(20_000, generator=g)})  # two of their own in one chunk
         model = torch.nn.Module()
         for name, t in weights.items():
             model.register_buffer(name.replace(".", "_"), torch.zeros_like(t))
