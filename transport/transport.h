@@ -196,11 +196,11 @@ typedef struct wtx_chunk {
 /* Cuts tensors of the given sizes into chunks of at most buffer_size bytes
  * and max_params tensors (1..WTX_MAX_CHUNK_PARAMS; a tensor cut across
  * chunks counts in each). packed: tensors follow each other within a chunk;
- * a tensor that does not fit continues in the next chunk. Not packed: every tensor starts a chunk
- * of its own (split when larger than a buffer). A zero-byte tensor rides in
- * the chunk where it falls (or a chunk of its own, 0 bytes, when it is
- * alone). *out (free()) and *n_out. Deterministic: the layout of
- * docs/data-plane.md. */
+ * a tensor that does not fit continues in the next chunk. Not packed: every
+ * tensor starts a chunk of its own (split when larger than a buffer). A
+ * zero-byte tensor rides in the chunk where it falls (or a chunk of its
+ * own, 0 bytes, when it is alone). *out (free()) and *n_out.
+ * Deterministic: the layout of docs/data-plane.md. */
 int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
                     size_t max_params, int packed, wtx_chunk **out, size_t *n_out);
 
