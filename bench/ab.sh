@@ -5,22 +5,24 @@
 # ROUNDS times each, and prints every sync time per side. The figures of
 # bench/results/*.md's "what changed" tables come from this.
 # Usage: bench/ab.sh OLD [NEW] [--backend shm|tcp] [--size 1G | --tiny N]
-#                    [--workers N] [--rounds 4] [--first] [-- extra wtx push flags]
+#                    [--workers N] [--rounds 4] [--first] [--wall] [-- extra wtx push flags]
 #   --tiny N: N tiny tensors (bench/tiny_model.py), the control plane
 #   --first: the first sync to fresh workers (started anew for each one)
 #            instead of the steady state
+#   --wall: each push's process, start to exit, instead of its sync time
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old=$1; shift
 new=
 [ $# -gt 0 ] && [ "${1#-}" = "$1" ] && { new=$1; shift; }
-backend=shm size=1G tiny= workers=1 rounds=4 first= extra=()
+backend=shm size=1G tiny= workers=1 rounds=4 first= wall= extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --backend) backend=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --tiny) tiny=$2; shift 2 ;;
     --first) first=1; shift ;;
+    --wall) wall=1; shift ;;
     --workers) workers=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
@@ -79,9 +81,12 @@ stop() { # SIDE
   local p
   for p in ${side_pids[$1]}; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
 }
-push() { # SIDE: one sync, its seconds
-  "$tmp/wtx-$1" push --workers "$(cat "$tmp/ws-$1")" --backend "$backend" \
-    "${extra[@]}" "$model" | sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1
+push() { # SIDE: one sync, its seconds (--wall: the process's)
+  local t0=$(date +%s%N) s
+  s=$("$tmp/wtx-$1" push --workers "$(cat "$tmp/ws-$1")" --backend "$backend" \
+      "${extra[@]}" "$model" | sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1)
+  [ -n "$wall" ] && s=$(awk -v ns=$(($(date +%s%N) - t0)) 'BEGIN { printf "%.4f", ns / 1e9 }')
+  echo "$s"
 }
 declare -A t
 if [ -n "$first" ]; then
@@ -98,6 +103,7 @@ else
 fi
 what="synthetic:$size"
 [ -n "$tiny" ] && what="$tiny tiny tensors"
+[ -n "$wall" ] && syncs="$syncs, each push's process start to exit"
 echo "# $backend, $workers worker(s), $what ${extra[*]}, $syncs, alternating"
 echo "old ($old):${t[old]} s"
 echo "new (${new:-working tree}):${t[new]} s"
