@@ -9,6 +9,8 @@ run, steady state, a worker each. Run by bench/python_push.sh.
          file pushed by the C CLI into a Python host (wtx.serve of a module
          with load_weights, as vLLM's models have) in this process, against
          the C worker: the worker side of the vLLM integration"""
+import gc
+import os
 import subprocess
 import sys
 import time
@@ -16,6 +18,11 @@ import time
 import torch
 
 import wtx
+
+# bench/python_ab.sh: every sync's time too, and the garbage collector off
+RAW = os.environ.get("WTX_BENCH_RAW") == "1"
+if os.environ.get("WTX_BENCH_NO_GC") == "1":
+    gc.disable()
 
 worker, c_worker, cli = sys.argv[1], sys.argv[2], sys.argv[3]
 tiny = sys.argv[4] == "tiny"
@@ -34,18 +41,22 @@ engine = wtx.TrainerEngine.trainer_init({"rank": 0, "transport": "shm"}, client=
                                         source=wtx.TorchModuleSource(model))
 for _ in range(warm):
     engine.send_weights()
+rounds = int(os.environ.get("WTX_BENCH_SYNCS", rounds))
 py_sync = py_wall = 1e30
+py_all = []
 for _ in range(rounds):
     t0 = time.time()
     r = engine.send_weights()
     py_wall = min(py_wall, time.time() - t0)
     py_sync = min(py_sync, r["seconds"])
+    py_all.append(r["seconds"])
 engine.shutdown()
 push = [cli, "push", "--workers", c_worker, *flags]
 
 
-def cli_push(workers: str) -> tuple[float, float]:
-    """The C CLI's best sync and process seconds to workers, after warm-up."""
+def cli_push(workers: str, every: list | None = None) -> tuple[float, float]:
+    """The C CLI's best sync and process seconds to workers, after warm-up
+    (every sync's seconds appended to every)."""
     cmd = push[:3] + [workers] + push[4:]
     for _ in range(warm):
         subprocess.run(cmd, check=True, capture_output=True)
@@ -54,7 +65,10 @@ def cli_push(workers: str) -> tuple[float, float]:
         t0 = time.time()
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         wall = min(wall, time.time() - t0)
-        sync = min(sync, float(out.split(" in ")[1].split(" s")[0]))
+        s = float(out.split(" in ")[1].split(" s")[0])
+        sync = min(sync, s)
+        if every is not None:
+            every.append(s)
     return sync, wall
 
 
@@ -77,7 +91,12 @@ if tiny:
                 self.weights[name].copy_(t)
 
     names = [m.name for m in wtx.SafetensorsSource(path).metadata]
+    host_all: list = []
     with wtx.serve(Host(names), "127.0.0.1:0") as server:
-        host_sync, _ = cli_push(server.address)
+        host_sync, _ = cli_push(server.address, host_all)
     print(f"C wtx push into a Python host (wtx.serve, load_weights): sync {host_sync:.3f} s "
           f"= {host_sync / c_sync:.2f} x the C worker's{best}")
+    if RAW:
+        print("raw host:", " ".join(f"{x:.4f}" for x in host_all))
+if RAW:
+    print("raw trainer:", " ".join(f"{x:.4f}" for x in py_all))
