@@ -290,9 +290,8 @@ class CSource:
                     break
                 name, tensor = item
                 k += 1
-                if ((type(tensor) is param_t  # a module's parameter: one compare
-                     or (isinstance(tensor, tensor_t) and (holds or isinstance(tensor, param_t))))
-                        and tensor.is_cpu and tensor.is_contiguous()):
+                if (isinstance(tensor, tensor_t) and tensor.is_cpu and tensor.is_contiguous()
+                        and (holds or isinstance(tensor, param_t))):
                     in_place.append(tensor)  # the common case: sent from its own memory
                     addr, nbytes, kind = tensor.data_ptr(), tensor.nbytes, OWN_HOST
                 else:
