@@ -215,6 +215,21 @@ static grpc_status_code from_wtx(wtx_rpc_ctx *ctx, int rc, const char *what,
                             "%s: %s", what, detail[0] ? detail : wtx_strerror(rc));
 }
 
+/* A failure of the model's begin, prepare or commit as the caller sees it.
+ * The model answers in this process, so its error is never the network's:
+ * a code a client takes as transient (UNAVAILABLE, DEADLINE_EXCEEDED) would
+ * have it ask again, into an update this failure already ended, and answer
+ * that instead of the cause. Such codes are INTERNAL here. (The engine a
+ * sidecar feeds keeps its codes: a repeated Finish answers its failure
+ * again, see handle_finish.) */
+static grpc_status_code model_failed(wtx_rpc_ctx *ctx, int rc, const char *what,
+                                     const char *detail) {
+  grpc_status_code code = (grpc_status_code)wtx_err_to_grpc(rc);
+  if (code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_DEADLINE_EXCEEDED)
+    code = GRPC_STATUS_INTERNAL;
+  return wtx_rpc_ctx_errorf(ctx, code, "%s: %s", what, detail[0] ? detail : wtx_strerror(rc));
+}
+
 /* The session's transport for init's backend member, or an error naming
  * the member and the backends this worker serves. */
 static grpc_status_code find_transport(wtx_session *s, wtx_rpc_ctx *ctx,
@@ -358,7 +373,7 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
                               "this worker takes at most %llu (--max-params)", expected,
                               (unsigned long long)s->cfg.max_params);
   int rc = s->cfg.model_ops->begin(s->cfg.model, target);
-  if (rc != 0) return from_wtx(ctx, rc, "model", "cannot begin an update");
+  if (rc != 0) return model_failed(ctx, rc, "model", "cannot begin an update");
   s->update_id++;
   s->target = target;
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING;
@@ -797,7 +812,7 @@ static grpc_status_code prepare_locked(wtx_session *s, wtx_rpc_ctx *ctx, const c
   const wtx_model_ops *ops = s->cfg.model_ops;
   int rc = ops->prepare != NULL ? ops->prepare(s->cfg.model, s->version, why, sizeof why) : 0;
   if (rc != 0) {
-    grpc_status_code code = from_wtx(ctx, rc, "model: cannot publish (update aborted)", why);
+    grpc_status_code code = model_failed(ctx, rc, "model: cannot publish (update aborted)", why);
     abort_locked(s, WTX__END_MODEL, why[0] ? why : "prepare failed");
     return code;
   }
@@ -810,7 +825,8 @@ static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
   int rc = s->cfg.model_ops->commit(s->cfg.model, s->version);
   if (rc != 0) {
     abort_locked(s, WTX__END_MODEL, "commit failed");
-    return from_wtx(ctx, rc, "model", "commit failed (update aborted)");
+    return model_failed(ctx, rc, "model",
+                        "commit failed (update aborted; the worker's log says why)");
   }
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
   wtx__metrics_published(s->cfg.metrics, wtx_clock_unix_s());

@@ -502,6 +502,50 @@ class ContractTest(unittest.TestCase):
                     self.assertTrue(torch.equal(model[name].detach(), t), f"{name}, update {step}")
             c.close()
 
+    def test_a_load_weights_that_raises_is_named_and_the_weights_stay(self):
+        # The host's commit fails: the trainer hears that, once (a status it
+        # would retry into an update already ended would hide the cause),
+        # and the module keeps the version it had; the next push lands.
+        import wtx
+        model = torch.nn.ParameterDict({"a": torch.nn.Parameter(torch.zeros(4))})
+
+        class Refusing(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner, self.refuse = inner, False
+
+            def load_weights(self, items):
+                if self.refuse:
+                    raise ValueError("test: this host refuses")
+                for name, t in items:
+                    self.inner[name].copy_(t)
+
+        host = Refusing(model)
+        with wtx.serve(host, "127.0.0.1:0") as server:
+            c = wtx.WorkerClient([server.address])
+
+            def push(version, value):
+                e = wtx.TrainerEngine.trainer_init({"rank": 0}, client=c, source=wtx.DictSource(
+                    {"a": torch.full((4,), value)}))
+                try:
+                    e.send_weights(version=version)
+                finally:
+                    e.shutdown()
+
+            push("v1", 1.0)
+            host.refuse = True
+            with self.assertRaises(wtx.WtxError) as e:
+                push("v2", 2.0)
+            self.assertIn("commit failed", str(e.exception))
+            self.assertNotIn("without an active update", str(e.exception))
+            self.assertEqual("v1", server.version)
+            self.assertTrue(torch.equal(model["a"].detach(), torch.full((4,), 1.0)))
+            host.refuse = False
+            push("v3", 3.0)
+            self.assertEqual("v3", server.version)
+            self.assertTrue(torch.equal(model["a"].detach(), torch.full((4,), 3.0)))
+            c.close()
+
     def test_dtypes_map_both_ways(self):
         from wtx import _dtypes
         for wire, (name, size, st) in _dtypes.WIRE.items():

@@ -817,6 +817,7 @@ struct HostModel {
   std::map<std::string, uint64_t> sums;
   std::string version;
   int begins = 0, aborts = 0, pauses = 0, resumes = 0, last_wait = -1;
+  int commit_rc = 0;  // what commit answers; not 0: it fails before any change
 };
 int HmBegin(void *m, wtx_target) {
   static_cast<HostModel *>(m)->begins++;
@@ -834,6 +835,7 @@ int HmLoaded(void *m, const wtx_tensor_meta *meta, const uint64_t *h) {
 }
 int HmCommit(void *m, const char *v) {
   auto *hm = static_cast<HostModel *>(m);
+  if (hm->commit_rc != 0) return hm->commit_rc;
   for (auto &kv : hm->staged) hm->live[kv.first] = kv.second;
   hm->staged.clear();
   hm->version = v;
@@ -900,6 +902,32 @@ TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   EXPECT_EQ(WTX_ENOTSUP, wtx__v1__weight_transfer__update_weight_version__call(
                              ch_, &vr, &vresp, nullptr, &st_));
   EXPECT_EQ(GRPC_STATUS_UNIMPLEMENTED, st_.code);
+  Stop();  // before the model on this stack goes
+}
+
+// A host model whose commit fails (a Python host's load_weights raising
+// answers WTX_EIO) ends the update with a status no client retries: a
+// retried Finish would find no update and answer that instead of the cause.
+TEST_F(SessionTest, AModelsFailedCommitIsInternalAndKeepsThePublishedWeights) {
+  HostModel hm;
+  Serve(&kHost, &hm);
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("x", 8, 3)})) << st_.message;
+  ASSERT_EQ(0, Finish("good")) << st_.message;
+  hm.commit_rc = WTX_EIO;
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("x", 8, 4)})) << st_.message;
+  EXPECT_NE(0, Finish("bad"));
+  EXPECT_EQ(GRPC_STATUS_INTERNAL, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "commit failed (update aborted")) << st_.message;
+  EXPECT_EQ(1, hm.aborts);
+  EXPECT_EQ("good", hm.version);
+  EXPECT_EQ(T("x", 8, 3).data, hm.live["x"]);
+  hm.commit_rc = 0;  // the next update publishes
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("x", 8, 5)})) << st_.message;
+  ASSERT_EQ(0, Finish("next")) << st_.message;
+  EXPECT_EQ(T("x", 8, 5).data, hm.live["x"]);
   Stop();  // before the model on this stack goes
 }
 
