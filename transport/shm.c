@@ -4,7 +4,8 @@
  * it in the chunk's ShmUpdateInfo; the worker opens the object (once, while
  * the trainer keeps using it; only "/wtx-..." objects of its own user), maps
  * it read-only and copies the chunk once, straight into the model's staging
- * memory, hashing each piece while it is in cache.
+ * memory (non-temporal stores: see wtx_rx_bytes), hashing each piece from
+ * the mapping right after copying it, while it is in cache.
  *
  * Trainer half: one object of num_buffers x buffer_size bytes; buffer k is
  * the range [k * buffer_size, +buffer_size). The bytes are in place once

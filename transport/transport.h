@@ -72,7 +72,12 @@ const char *wtx_update_case_name(int update_case);
 typedef struct wtx_rx wtx_rx;
 
 /* Appends the next len bytes of the chunk. Copies them to the tensors' dst
- * and hashes them on the way. WTX_EPROTO when the chunk would overrun. */
+ * and hashes them on the way. WTX_EPROTO when the chunk would overrun.
+ * Pieces of 64 KiB and more go with non-temporal stores (dst's lines are
+ * neither read first nor kept in cache) and are hashed from data right
+ * after their copy, from cache, instead of from dst: data is read twice
+ * within the call, so the checksum covers what dst got unless data is
+ * changed and changed back meanwhile. */
 int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len);
 /* Where the next bytes go, so a backend can receive in place (a socket read
  * straight into model memory): *dst and the bytes left in that tensor, or 0
