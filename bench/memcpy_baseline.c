@@ -3,8 +3,9 @@
  * (page faults included, as a worker's staging memory is fresh each sync),
  * from warm to warm in one call, and from warm to warm in 256 KiB pieces.
  * One large call lets glibc use non-temporal stores, which skip reading
- * the destination's lines before writing them; a pipelined copy, made of
- * pieces that must be hashed while in cache, cannot. Prints GB/s.
+ * the destination's lines before writing them; pieces below glibc's
+ * threshold (set from the cache size) do not get them, which is why the
+ * worker's receive streams its pieces itself (transport/rx.c). Prints GB/s.
  * usage: memcpy_baseline BYTES */
 #include <stdio.h>
 #include <stdlib.h>
