@@ -32,7 +32,7 @@ typedef enum wtx__end {
   WTX__END_REFUSED,  /* a chunk the worker or its model refused */
   WTX__END_LIMIT,
   WTX__END_DATA_PLANE,
-  WTX__END_MODEL,    /* prepare or commit failed */
+  WTX__END_MODEL,    /* the model failed: staging, loading, prepare, commit */
   WTX__END_COUNT,
 } wtx__end;
 

@@ -215,7 +215,8 @@ static grpc_status_code from_wtx(wtx_rpc_ctx *ctx, int rc, const char *what,
                             "%s: %s", what, detail[0] ? detail : wtx_strerror(rc));
 }
 
-/* A failure of the model's begin, prepare or commit as the caller sees it.
+/* A failure of the model (begin, staging, loading, prepare, commit) as the
+ * caller sees it.
  * The model answers in this process, so its error is never the network's:
  * a code a client takes as transient (UNAVAILABLE, DEADLINE_EXCEEDED) would
  * have it ask again, into an update this failure already ended, and answer
@@ -450,6 +451,7 @@ typedef struct chunk {
   int by_range;
   wtx_rx_tensor *rt;
   uint8_t **dst; /* stage_chunk's answers, n of them */
+  int by_model;  /* the failure is the model's (staging, loading) */
   char err[1600];
 } chunk;
 
@@ -624,7 +626,9 @@ static int stage_in_place(wtx_session *s, chunk *c, size_t i, uint64_t at) {
     return WTX_EINVAL;
   }
   c->rt[i].dst = s->region + at;
-  return s->cfg.model_ops->adopt_device(s->cfg.model, meta, s->stage_device, c->rt[i].dst);
+  int rc = s->cfg.model_ops->adopt_device(s->cfg.model, meta, s->stage_device, c->rt[i].dst);
+  c->by_model = rc != 0;
+  return rc;
 }
 
 /* Staging for tensor i, beginning at byte `at` of the update's stream. */
@@ -637,6 +641,7 @@ static int stage_one(wtx_session *s, chunk *c, size_t i, uint64_t at) {
                : m->stage(s->cfg.model, &c->metas[i], &c->rt[i].dst);
   if (rc != 0 && c->err[0] == '\0')
     snprintf(c->err, sizeof c->err, "model: cannot stage '%s'", c->metas[i].name);
+  if (rc != 0 && s->region == NULL) c->by_model = 1; /* else stage_in_place says */
   return rc;
 }
 
@@ -648,6 +653,7 @@ static int stage_chunk(wtx_session *s, chunk *c, size_t first) {
   if (rc != 0) {
     snprintf(c->err, sizeof c->err, "model: cannot stage the chunk's %zu tensors (from '%s')",
              c->n - first, c->metas[first].name);
+    c->by_model = 1;
     return rc;
   }
   for (size_t i = first; i < c->n; i++) c->rt[i].dst = c->dst[i - first];
@@ -700,9 +706,11 @@ static int loaded_chunk(wtx_session *s, chunk *c, size_t done, int verified) {
   if (done == 0) return 0;
   int rc = s->cfg.model_ops->loaded_chunk(s->cfg.model, c->metas, done,
                                           verified ? wtx__rx_checksums(s->rx) : NULL);
-  if (rc != 0)
+  if (rc != 0) {
     snprintf(c->err, sizeof c->err, "model: cannot load the chunk's %zu tensors (from '%s')",
              done, c->metas[0].name);
+    c->by_model = 1;
+  }
   return rc;
 }
 
@@ -713,6 +721,7 @@ static int loaded_each(wtx_session *s, chunk *c, size_t done, int verified) {
     int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i], verified ? &sum : NULL);
     if (rc != 0) {
       snprintf(c->err, sizeof c->err, "model: cannot load '%s'", c->metas[i].name);
+      c->by_model = 1;
       return rc;
     }
   }
@@ -758,6 +767,7 @@ static grpc_status_code handle_update(wtx_rpc_ctx *ctx,
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   chunk c = {.ui = req->update_info};
   int rc;
+  wtx__end kind;
   grpc_status_code code = wtx__check_request(ctx, &req->base);
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
@@ -779,8 +789,10 @@ static grpc_status_code handle_update(wtx_rpc_ctx *ctx,
   goto done;
 fail:
   /* Any failed chunk ends the update; the published weights stay. */
-  abort_locked(s, failure_kind(rc), c.err[0] ? c.err : wtx_strerror(rc));
-  code = from_wtx(ctx, rc, "UpdateWeights (update aborted)", c.err);
+  kind = failure_kind(rc);
+  if (c.by_model && kind == WTX__END_DATA_PLANE) kind = WTX__END_MODEL; /* an I/O error of its own */
+  abort_locked(s, kind, c.err[0] ? c.err : wtx_strerror(rc));
+  code = (c.by_model ? model_failed : from_wtx)(ctx, rc, "UpdateWeights (update aborted)", c.err);
 done:
   pthread_mutex_unlock(&s->mu);
   return code;

@@ -937,6 +937,7 @@ struct ChunkModel : HostModel {
   std::vector<size_t> checked, staged_n, loaded_n;
   int per_tensor = 0;
   std::string refuse; // a name check_chunk refuses
+  int loaded_rc = 0;  // what loaded_chunk answers (a Python host raising: WTX_EIO)
 };
 int CkPerTensorCheck(void *m, wtx_target, const wtx_tensor_meta *, char *, size_t) {
   static_cast<ChunkModel *>(m)->per_tensor++;
@@ -968,6 +969,7 @@ int CkStageChunk(void *m, const wtx_tensor_meta *metas, size_t n, uint8_t **dst)
   return 0;
 }
 int CkLoadedChunk(void *m, const wtx_tensor_meta *metas, size_t n, const uint64_t *h) {
+  if (static_cast<ChunkModel *>(m)->loaded_rc != 0) return static_cast<ChunkModel *>(m)->loaded_rc;
   static_cast<ChunkModel *>(m)->loaded_n.push_back(n);
   for (size_t i = 0; i < n; i++) HmLoaded(m, &metas[i], h != nullptr ? &h[i] : nullptr);
   return 0;
@@ -1018,6 +1020,18 @@ TEST_F(SessionTest, AModelsPerChunkOpsAreCalledOncePerChunkInsteadOfPerTensor) {
   EXPECT_EQ(1, cm.aborts);
   EXPECT_EQ(T("x", 8, 4).data, cm.live["x"]);
   EXPECT_EQ("c2", cm.version);
+
+  // The model failing to take a chunk it staged (an I/O error of its own)
+  // is INTERNAL, which no client takes as the network's, and names it.
+  cm.refuse.clear();
+  cm.loaded_rc = WTX_EIO;
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_NE(0, Update({T("x", 8, 8)}));
+  EXPECT_EQ(GRPC_STATUS_INTERNAL, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "model: cannot load the chunk's 1 tensors (from 'x')"))
+      << st_.message;
+  EXPECT_EQ(2, cm.aborts);
+  EXPECT_EQ(T("x", 8, 4).data, cm.live["x"]);
   Stop();  // before the model on this stack goes
 }
 
