@@ -216,13 +216,12 @@ static grpc_status_code from_wtx(wtx_rpc_ctx *ctx, int rc, const char *what,
 }
 
 /* A failure of the model (begin, staging, loading, prepare, commit) as the
- * caller sees it.
- * The model answers in this process, so its error is never the network's:
- * a code a client takes as transient (UNAVAILABLE, DEADLINE_EXCEEDED) would
- * have it ask again, into an update this failure already ended, and answer
- * that instead of the cause. Such codes are INTERNAL here. (The engine a
- * sidecar feeds keeps its codes: a repeated Finish answers its failure
- * again, see handle_finish.) */
+ * caller sees it. The model answers in this process, so its error is never
+ * the network's: a code a client takes as transient (UNAVAILABLE,
+ * DEADLINE_EXCEEDED) would have it ask again, into an update this failure
+ * already ended, and answer that instead of the cause. Such codes are
+ * INTERNAL here. (The engine a sidecar feeds keeps its codes: a repeated
+ * Finish answers its failure again, see handle_finish.) */
 static grpc_status_code model_failed(wtx_rpc_ctx *ctx, int rc, const char *what,
                                      const char *detail) {
   grpc_status_code code = (grpc_status_code)wtx_err_to_grpc(rc);
@@ -790,7 +789,7 @@ static grpc_status_code handle_update(wtx_rpc_ctx *ctx,
 fail:
   /* Any failed chunk ends the update; the published weights stay. */
   kind = failure_kind(rc);
-  if (c.by_model && kind == WTX__END_DATA_PLANE) kind = WTX__END_MODEL; /* an I/O error of its own */
+  if (c.by_model && kind == WTX__END_DATA_PLANE) kind = WTX__END_MODEL; /* its own I/O */
   abort_locked(s, kind, c.err[0] ? c.err : wtx_strerror(rc));
   code = (c.by_model ? model_failed : from_wtx)(ctx, rc, "UpdateWeights (update aborted)", c.err);
 done:

@@ -286,8 +286,8 @@ static size_t whole_tensors(wtx_rx *rx, const uint8_t *data, size_t len) {
 /* Pieces from this size on are copied with copy_stream and hashed from
  * their source; smaller ones go through memcpy and are hashed from their
  * destination, in cache. (1 GB into a model's staging over shm, one
- * worker, steady state: 0.20-0.28 s with memcpy, 0.16-0.23 s with
- * copy_stream; bench/results/2026-11-30-c-kernels.md.) */
+ * worker, steady state, bench/ab.sh 48d530c f84e396 --rounds 12: median
+ * 0.234 s with memcpy, 0.210 s with copy_stream; best 0.214 and 0.168 s.) */
 #define STREAM_MIN ((size_t)64 << 10)
 
 /* memcpy with non-temporal stores: the destination's lines are written
