@@ -196,6 +196,62 @@ TEST_F(RxTest, LargePiecesLandAtAnyAlignmentWithTheSendersChecksums) {
   }
 }
 
+// Staging never written before (a worker's first syncs: fresh pages, which
+// the assembler populates a megabyte ahead of the copy), tensors of a few
+// megabytes cut across chunks and pieces, through both ways in (a copy
+// from the backend's bytes, a receive in place): every byte lands where it
+// belongs, nothing outside, with the sender's checksums.
+TEST_F(RxTest, FreshStagingReceivesWholeTensorsAcrossChunks) {
+  const size_t sizes[] = {(3u << 20) + 4099, 1u << 20, 777, (2u << 20) - 5};
+  const size_t n = sizeof sizes / sizeof *sizes;
+  size_t total = 0;
+  for (size_t z : sizes) total += z;
+  std::vector<uint8_t> s = Stream(total);
+  size_t map_len = total + n * 8192 + 4096;
+  uint8_t *map = static_cast<uint8_t *>(
+      mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(MAP_FAILED, map);
+  std::vector<wtx_rx_tensor> t(n);
+  std::vector<uint64_t> want(n);
+  for (size_t i = 0, at = 0, off = 100; i < n; at += sizes[i], off += sizes[i] + 8192, i++) {
+    t[i] = {"t", sizes[i], map + off};  // each one a few pages from the last, never touched
+    want[i] = XXH3_64bits(s.data() + at, sizes[i]);
+  }
+  // Two chunks: the first ends 1 MiB + 3 into the first tensor's rest.
+  size_t cut = (1u << 20) + 3;
+  ASSERT_EQ(0, wtx__rx_begin(rx_, &t[0], 1, 0, cut, WTX__RX_VERIFY)) << wtx__rx_error(rx_);
+  wtx__rx_expect_checksums(rx_, nullptr, 0);
+  ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), cut)) << wtx__rx_error(rx_);
+  ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+  ASSERT_EQ(0, wtx__rx_begin(rx_, t.data(), n, cut, total - cut, WTX__RX_VERIFY))
+      << wtx__rx_error(rx_);
+  wtx__rx_expect_checksums(rx_, want.data(), n);
+  size_t sent = cut, piece = 0;
+  while (sent < total) {
+    piece = piece * 5 + 70001;  // 70001, 420006, ... then wraps by the modulo
+    size_t k = std::min(total - sent, piece % (600u << 10) + 1);
+    if (piece % 2) {
+      ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data() + sent, k)) << wtx__rx_error(rx_);
+    } else {
+      uint8_t *dst = nullptr;
+      k = std::min(k, wtx_rx_next(rx_, &dst));
+      memcpy(dst, s.data() + sent, k);
+      ASSERT_EQ(0, wtx_rx_commit(rx_, k)) << wtx__rx_error(rx_);
+    }
+    sent += k;
+  }
+  ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+  ASSERT_EQ(n, wtx__rx_completed(rx_));
+  std::vector<uint8_t> zero(8192, 0);
+  for (size_t i = 0, at = 0, off = 100; i < n; at += sizes[i], off += sizes[i] + 8192, i++) {
+    EXPECT_EQ(want[i], wtx__rx_checksum(rx_, i)) << i;
+    EXPECT_EQ(0, memcmp(map + off, s.data() + at, sizes[i])) << i;
+    EXPECT_EQ(0, memcmp(map + off + sizes[i], zero.data(), 8192)) << i << ": written past its end";
+  }
+  EXPECT_EQ(0, memcmp(map, zero.data(), 100));
+  munmap(map, map_len);
+}
+
 TEST_F(RxTest, AFlippedByteIsAChecksumMismatchNamingTheTensor) {
   std::vector<uint8_t> a(64), s = Stream(64);
   wtx_rx_tensor t = {"layer.0.w", 64, a.data()};
