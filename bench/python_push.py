@@ -1,7 +1,10 @@
 """The Python package against the C CLI, same bytes, same worker kind, same
 run, steady state, a worker each. Run by bench/python_push.sh.
   BYTES: 1 GB from Python (TorchModuleSource, torch CPU bf16) against wtx
-         push of a synthetic model of the same bytes, over shm, third sync
+         push of a synthetic model of the same bytes, over shm, third sync;
+         and that synthetic model pushed by the C CLI into a Python host
+         (wtx.serve of a module whose load_weights copies into its own
+         tensors, as vLLM's do) against the C worker, third sync
   tiny N: N tiny tensors (F32 [4], as bench/tiny_model.py writes) from
          Python (TorchModuleSource of a ParameterList) against wtx push of
          that safetensors file, over shm, the best of syncs 3-7: the
@@ -78,25 +81,31 @@ best = f", best of {rounds}" if rounds > 1 else ""
 print(f"python TorchModuleSource: {what}, sync {py_sync:.3f} s (send_weights {py_wall:.3f} s{best})")
 print(f"C wtx push:               sync {c_sync:.3f} s (process {c_wall:.3f} s{best})")
 print(f"python / C sync time: {py_sync / c_sync:.2f}")
-if tiny:
-    class Host(torch.nn.Module):
-        """A model that loads by name, as vLLM's do."""
 
-        def __init__(self, names):
-            super().__init__()
-            self.weights = {name: torch.zeros(4) for name in names}
 
-        def load_weights(self, items):
-            for name, t in items:
-                self.weights[name].copy_(t)
+class Host(torch.nn.Module):
+    """A model that loads by name, as vLLM's do: into tensors of its own,
+    made on first sight (vLLM's exist before the first load)."""
 
-    names = [m.name for m in wtx.SafetensorsSource(path).metadata]
-    host_all: list = []
-    with wtx.serve(Host(names), "127.0.0.1:0") as server:
-        host_sync, _ = cli_push(server.address, host_all)
-    print(f"C wtx push into a Python host (wtx.serve, load_weights): sync {host_sync:.3f} s "
-          f"= {host_sync / c_sync:.2f} x the C worker's{best}")
-    if RAW:
-        print("raw host:", " ".join(f"{x:.4f}" for x in host_all))
+    def __init__(self, names=()):
+        super().__init__()
+        self.weights = {name: torch.zeros(4) for name in names}
+
+    def load_weights(self, items):
+        for name, t in items:
+            w = self.weights.get(name)
+            if w is None:
+                w = self.weights[name] = torch.empty_like(t)
+            w.copy_(t)
+
+
+names = [m.name for m in wtx.SafetensorsSource(path).metadata] if tiny else ()
+host_all: list = []
+with wtx.serve(Host(names), "127.0.0.1:0") as server:
+    host_sync, _ = cli_push(server.address, host_all)
+print(f"C wtx push into a Python host (wtx.serve, load_weights): sync {host_sync:.3f} s "
+      f"= {host_sync / c_sync:.2f} x the C worker's{best}")
+if RAW:
+    print("raw host:", " ".join(f"{x:.4f}" for x in host_all))
 if RAW:
     print("raw trainer:", " ".join(f"{x:.4f}" for x in py_all))
