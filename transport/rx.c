@@ -37,6 +37,7 @@ struct wtx_rx {
   /* carried across chunks: a tensor left incomplete */
   char *carry_name;
   uint64_t carry_pos, carry_nbytes;
+  int carry_looked; /* fresh and ahead are the carried tensor's */
   char err[512];
 };
 
@@ -56,6 +57,7 @@ void wtx__rx_reset(wtx_rx *rx) {
   free(rx->carry_name);
   rx->carry_name = NULL;
   rx->carry_pos = rx->carry_nbytes = 0;
+  rx->carry_looked = 0;
   rx->t = NULL;
   rx->n = 0;
   rx->left = rx->chunk = 0;
@@ -158,7 +160,7 @@ int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
   rx->t = tensors;
   rx->n = n;
   rx->cur = 0;
-  rx->looked = n;
+  rx->looked = first_offset > 0 && rx->carry_looked ? 0 : n; /* populated ahead, it goes on */
   rx->pos = first_offset;
   rx->stream += rx->chunk - rx->left; /* the previous chunk's bytes */
   rx->left = rx->chunk = chunk_bytes;
@@ -197,8 +199,10 @@ uint64_t wtx_rx_remaining(const wtx_rx *rx) { return rx->left; }
  * populated in 256 KiB pieces took 0.32 s here, against 0.51 s to write
  * it fresh; the first 1 GB sync into a fresh worker, median of five
  * (bench/ab.sh d8b255e --first --rounds 5 [--backend tcp]), 0.918 ->
- * 0.720 s over shm, 0.831 -> 0.671 s over tcp. Pages already there would
- * cost the walk (0.065 s per GB in 256 KiB pieces), so each tensor's
+ * 0.720 s over shm, 0.831 -> 0.671 s over tcp, and over shm 0.745 ->
+ * 0.663 s more with the look-ahead going on into the chunk that continues
+ * a tensor (bench/ab.sh 00fb665 --first --rounds 5). Pages already there
+ * would cost the walk (0.065 s per GB in 256 KiB pieces), so each tensor's
  * staging is looked at once, by one page: mincore, then only when fresh. */
 #define POPULATE_MIN ((uint64_t)1 << 20) /* smaller tensors fault as they go */
 #define POPULATE_AHEAD ((uint64_t)1 << 20)
@@ -437,11 +441,13 @@ int wtx__rx_end(wtx_rx *rx) {
   }
   free(rx->carry_name);
   rx->carry_name = NULL;
+  rx->carry_looked = 0;
   if (rx->cur < rx->n) {
     rx->carry_name = strdup(rx->t[rx->cur].name);
     if (rx->carry_name == NULL) return WTX_ENOMEM;
     rx->carry_pos = rx->pos;
     rx->carry_nbytes = rx->t[rx->cur].nbytes;
+    rx->carry_looked = rx->looked == rx->cur;
   }
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -250,6 +251,46 @@ TEST_F(RxTest, FreshStagingReceivesWholeTensorsAcrossChunks) {
   }
   EXPECT_EQ(0, memcmp(map, zero.data(), 100));
   munmap(map, map_len);
+}
+
+// The pages ahead of the copy in fresh staging are made present before it
+// gets there, a megabyte at a time, within a chunk and on in the next one
+// that continues the tensor (whose first page the last chunk's look-ahead
+// already made present).
+TEST_F(RxTest, FreshStagingIsPopulatedAheadOfTheCopyAcrossChunks) {
+  const size_t mb = 1u << 20, page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t size = 8 * mb, piece = mb / 4;  // shm's pieces
+  std::vector<uint8_t> s = Stream(size);
+  uint8_t *map = static_cast<uint8_t *>(
+      mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(MAP_FAILED, map);
+  auto present = [&](size_t at) {
+    unsigned char in = 0;
+    EXPECT_EQ(0, mincore(map + at / page * page, page, &in));
+    return (in & 1) != 0;
+  };
+  auto feed = [&](size_t from, size_t to) {
+    for (size_t at = from; at < to; at += piece)
+      ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data() + at, std::min(piece, to - at)))
+          << wtx__rx_error(rx_);
+  };
+  wtx_rx_tensor t = {"w", size, map};
+  size_t cut = mb + mb / 2;  // the first chunk ends inside what it populated
+  ASSERT_EQ(0, wtx__rx_begin(rx_, &t, 1, 0, cut, 0)) << wtx__rx_error(rx_);
+  feed(0, piece);
+  EXPECT_TRUE(present(mb - page));  // a megabyte ahead of the first byte
+  EXPECT_FALSE(present(mb));
+  feed(piece, cut);
+  ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+  EXPECT_TRUE(present(2 * mb - page));  // past the chunk's end
+  ASSERT_EQ(0, wtx__rx_begin(rx_, &t, 1, cut, size - cut, 0)) << wtx__rx_error(rx_);
+  feed(cut, 2 * mb + piece);
+  EXPECT_TRUE(present(3 * mb - page));  // the next megabyte, before the copy reaches it
+  EXPECT_FALSE(present(3 * mb));
+  feed(2 * mb + piece, size);
+  ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+  EXPECT_EQ(0, memcmp(map, s.data(), size));
+  munmap(map, size);
 }
 
 TEST_F(RxTest, AFlippedByteIsAChecksumMismatchNamingTheTensor) {
