@@ -8,7 +8,10 @@ trainer uses a GPU backend (cuda_ipc, nccl): the bytes go device to device
 and never through host memory. Then, at commit, the staged tensors are
 loaded into the module: through ``module.load_weights(iterable)`` when it
 has one (as vLLM models do), else copied into its parameters and buffers
-by name. A failed or aborted update leaves the module's weights unchanged.
+by name. A failed or aborted update leaves the module's weights unchanged,
+except what a ``load_weights`` that raises partway loaded before raising
+(the trainer gets INTERNAL, this module's log the exception, and
+``version`` stays the last one loaded whole).
 The small tensors of a chunk are views of one buffer, each made as
 ``load_weights`` reads it: one that keeps a staged tensor instead of
 copying it keeps that buffer.
