@@ -211,10 +211,6 @@ static void backoff(int attempt) {
   nanosleep(&ts, NULL);
 }
 
-static int transient(int code) {
-  return code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_DEADLINE_EXCEEDED;
-}
-
 /* One unary call on replica i, tried again up to retries times (0 for a
  * call that is not idempotent) when the failure is transient; attempt is
  * the first try's number (1: one has failed already, so wait first). */
@@ -228,7 +224,7 @@ static int call_from(wtx_client *c, size_t i, const wtx_rpc_method *m,
   for (;; attempt++) {
     if (attempt > 0) backoff(attempt);
     rc = wtx_rpc_unary(c->r[i].ch, m, req, resp, &o, &st);
-    if (rc == 0 || !transient(st.code) || attempt >= retries) break;
+    if (rc == 0 || !wtx_rpc_code_transient(st.code) || attempt >= retries) break;
   }
   if (rc != 0) call_failed(c, i, m->name, rc, &st);
   return rc;
@@ -281,7 +277,7 @@ static int fan_take(fanout *f, size_t i) {
   } else {
     snprintf(st.message, sizeof st.message, "cannot start the call: %s", wtx_strerror(rc));
   }
-  if (rc != 0 && transient(st.code) && f->retries > 0) {
+  if (rc != 0 && wtx_rpc_code_transient(st.code) && f->retries > 0) {
     if (f->fill != NULL) f->fill(f, i, f->req);
     rc = call_from(c, i, f->method, f->req, &m, f->retries, 1);
   } else if (rc != 0) {

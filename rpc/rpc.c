@@ -49,6 +49,10 @@ const char *wtx_rpc_code_name(grpc_status_code code) {
   return "UNKNOWN_CODE";
 }
 
+int wtx_rpc_code_transient(grpc_status_code code) {
+  return code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_DEADLINE_EXCEEDED;
+}
+
 static void status_set(wtx_rpc_status *st, grpc_status_code code,
                        const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

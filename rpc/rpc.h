@@ -254,6 +254,10 @@ int wtx_rpc_ctx_write(wtx_rpc_ctx *ctx, const ProtobufCMessage *msg);
 
 /* Status code name, "OK", "INVALID_ARGUMENT", ... (static). */
 const char *wtx_rpc_code_name(grpc_status_code code);
+/* Whether a failure with code may pass if asked again (UNAVAILABLE,
+ * DEADLINE_EXCEEDED): the client retries idempotent calls on these, so a
+ * server answers them only for what a retry can cure. */
+int wtx_rpc_code_transient(grpc_status_code code);
 
 #ifdef __cplusplus
 }

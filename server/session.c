@@ -215,6 +215,11 @@ static grpc_status_code from_wtx(wtx_rpc_ctx *ctx, int rc, const char *what,
                             "%s: %s", what, detail[0] ? detail : wtx_strerror(rc));
 }
 
+/* Whether a client takes rc's status as transient, and asks again. */
+static int transient(int rc) {
+  return wtx_rpc_code_transient((grpc_status_code)wtx_err_to_grpc(rc));
+}
+
 /* A failure of the model (begin, staging, loading, prepare, commit) as the
  * caller sees it. The model answers in this process, so its error is never
  * the network's: a code a client takes as transient (UNAVAILABLE,
@@ -224,9 +229,8 @@ static grpc_status_code from_wtx(wtx_rpc_ctx *ctx, int rc, const char *what,
  * Finish answers its failure again, see handle_finish.) */
 static grpc_status_code model_failed(wtx_rpc_ctx *ctx, int rc, const char *what,
                                      const char *detail) {
-  grpc_status_code code = (grpc_status_code)wtx_err_to_grpc(rc);
-  if (code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_DEADLINE_EXCEEDED)
-    code = GRPC_STATUS_INTERNAL;
+  grpc_status_code code = transient(rc) ? GRPC_STATUS_INTERNAL
+                                        : (grpc_status_code)wtx_err_to_grpc(rc);
   return wtx_rpc_ctx_errorf(ctx, code, "%s: %s", what, detail[0] ? detail : wtx_strerror(rc));
 }
 
@@ -450,7 +454,7 @@ typedef struct chunk {
   int by_range;
   wtx_rx_tensor *rt;
   uint8_t **dst; /* stage_chunk's answers, n of them */
-  int by_model;  /* the failure is the model's (staging, loading) */
+  int receive_failed; /* the failure is the data plane's */
   char err[1600];
 } chunk;
 
@@ -625,9 +629,7 @@ static int stage_in_place(wtx_session *s, chunk *c, size_t i, uint64_t at) {
     return WTX_EINVAL;
   }
   c->rt[i].dst = s->region + at;
-  int rc = s->cfg.model_ops->adopt_device(s->cfg.model, meta, s->stage_device, c->rt[i].dst);
-  c->by_model = rc != 0;
-  return rc;
+  return s->cfg.model_ops->adopt_device(s->cfg.model, meta, s->stage_device, c->rt[i].dst);
 }
 
 /* Staging for tensor i, beginning at byte `at` of the update's stream. */
@@ -640,7 +642,6 @@ static int stage_one(wtx_session *s, chunk *c, size_t i, uint64_t at) {
                : m->stage(s->cfg.model, &c->metas[i], &c->rt[i].dst);
   if (rc != 0 && c->err[0] == '\0')
     snprintf(c->err, sizeof c->err, "model: cannot stage '%s'", c->metas[i].name);
-  if (rc != 0 && s->region == NULL) c->by_model = 1; /* else stage_in_place says */
   return rc;
 }
 
@@ -652,7 +653,6 @@ static int stage_chunk(wtx_session *s, chunk *c, size_t first) {
   if (rc != 0) {
     snprintf(c->err, sizeof c->err, "model: cannot stage the chunk's %zu tensors (from '%s')",
              c->n - first, c->metas[first].name);
-    c->by_model = 1;
     return rc;
   }
   for (size_t i = first; i < c->n; i++) c->rt[i].dst = c->dst[i - first];
@@ -705,11 +705,9 @@ static int loaded_chunk(wtx_session *s, chunk *c, size_t done, int verified) {
   if (done == 0) return 0;
   int rc = s->cfg.model_ops->loaded_chunk(s->cfg.model, c->metas, done,
                                           verified ? wtx__rx_checksums(s->rx) : NULL);
-  if (rc != 0) {
+  if (rc != 0)
     snprintf(c->err, sizeof c->err, "model: cannot load the chunk's %zu tensors (from '%s')",
              done, c->metas[0].name);
-    c->by_model = 1;
-  }
   return rc;
 }
 
@@ -720,7 +718,6 @@ static int loaded_each(wtx_session *s, chunk *c, size_t done, int verified) {
     int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i], verified ? &sum : NULL);
     if (rc != 0) {
       snprintf(c->err, sizeof c->err, "model: cannot load '%s'", c->metas[i].name);
-      c->by_model = 1;
       return rc;
     }
   }
@@ -755,6 +752,7 @@ static int chunk_receive(wtx_session *s, chunk *c) {
   int rc = t->receive(engine, c->ui, s->rx);
   if (rc == 0) rc = wtx__rx_end(s->rx);
   if (rc != 0) snprintf(c->err, sizeof c->err, "%s", wtx__rx_error(s->rx));
+  c->receive_failed = rc != 0;
   pthread_mutex_lock(&s->mu);
   s->receiving = 0;
   s->last_activity_ms = wtx_clock_ms();
@@ -765,8 +763,7 @@ static grpc_status_code handle_update(wtx_rpc_ctx *ctx,
     const Wtx__V1__UpdateWeightsRequest *req, Wtx__V1__UpdateWeightsResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   chunk c = {.ui = req->update_info};
-  int rc;
-  wtx__end kind;
+  int rc, model;
   grpc_status_code code = wtx__check_request(ctx, &req->base);
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
@@ -787,11 +784,12 @@ static grpc_status_code handle_update(wtx_rpc_ctx *ctx,
   wtx__metrics_received(s->cfg.metrics, s->transport->name, c.bytes);
   goto done;
 fail:
-  /* Any failed chunk ends the update; the published weights stay. */
-  kind = failure_kind(rc);
-  if (c.by_model && kind == WTX__END_DATA_PLANE) kind = WTX__END_MODEL; /* its own I/O */
-  abort_locked(s, kind, c.err[0] ? c.err : wtx_strerror(rc));
-  code = (c.by_model ? model_failed : from_wtx)(ctx, rc, "UpdateWeights (update aborted)", c.err);
+  /* Any failed chunk ends the update; the published weights stay. Every
+   * step but the receive answers the session's own codes, none transient,
+   * or the model's: a transient one there is the model's own I/O. */
+  model = !c.receive_failed && transient(rc);
+  abort_locked(s, model ? WTX__END_MODEL : failure_kind(rc), c.err[0] ? c.err : wtx_strerror(rc));
+  code = (model ? model_failed : from_wtx)(ctx, rc, "UpdateWeights (update aborted)", c.err);
 done:
   pthread_mutex_unlock(&s->mu);
   return code;

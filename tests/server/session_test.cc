@@ -938,6 +938,7 @@ struct ChunkModel : HostModel {
   int per_tensor = 0;
   std::string refuse; // a name check_chunk refuses
   int loaded_rc = 0;  // what loaded_chunk answers (a Python host raising: WTX_EIO)
+  int check_rc = 0;   // what check_chunk answers, when not 0
 };
 int CkPerTensorCheck(void *m, wtx_target, const wtx_tensor_meta *, char *, size_t) {
   static_cast<ChunkModel *>(m)->per_tensor++;
@@ -954,6 +955,7 @@ int CkPerTensorLoaded(void *m, const wtx_tensor_meta *, const uint64_t *) {
 int CkCheckChunk(void *m, wtx_target, const wtx_tensor_meta *metas, size_t n, size_t *bad,
                  char *err, size_t errlen) {
   auto *cm = static_cast<ChunkModel *>(m);
+  if (cm->check_rc != 0) return cm->check_rc;
   cm->checked.push_back(n);
   for (size_t i = 0; i < n; i++)
     if (cm->refuse == metas[i].name) {
@@ -1031,6 +1033,14 @@ TEST_F(SessionTest, AModelsPerChunkOpsAreCalledOncePerChunkInsteadOfPerTensor) {
   EXPECT_NE(nullptr, strstr(st_.message, "model: cannot load the chunk's 1 tensors (from 'x')"))
       << st_.message;
   EXPECT_EQ(2, cm.aborts);
+  EXPECT_EQ(T("x", 8, 4).data, cm.live["x"]);
+  // So is its check failing so (any step but the receive).
+  cm.loaded_rc = 0;
+  cm.check_rc = WTX_EIO;
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_NE(0, Update({T("x", 8, 9)}));
+  EXPECT_EQ(GRPC_STATUS_INTERNAL, st_.code) << st_.message;
+  EXPECT_EQ(3, cm.aborts);
   EXPECT_EQ(T("x", 8, 4).data, cm.live["x"]);
   Stop();  // before the model on this stack goes
 }
