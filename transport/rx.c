@@ -25,7 +25,7 @@ struct wtx_rx {
   uint64_t stream; /* the chunk's offset in the update's stream */
   XXH3_state_t *h; /* hash of t[cur] so far, when it arrives in pieces */
   int whole;       /* t[cur] arrived in one piece: its digest is set */
-  size_t looked;   /* the tensor whose staging was looked at (n: none) */
+  const uint8_t *looked; /* dst of the tensor whose staging was looked at */
   int fresh;       /* its staging had never been written: populate_ahead */
   uint64_t ahead;  /* its bytes before this are populated */
   uint64_t *digests; /* per tensor of the chunk, set when complete */
@@ -37,7 +37,6 @@ struct wtx_rx {
   /* carried across chunks: a tensor left incomplete */
   char *carry_name;
   uint64_t carry_pos, carry_nbytes;
-  int carry_looked; /* fresh and ahead are the carried tensor's */
   char err[512];
 };
 
@@ -57,7 +56,6 @@ void wtx__rx_reset(wtx_rx *rx) {
   free(rx->carry_name);
   rx->carry_name = NULL;
   rx->carry_pos = rx->carry_nbytes = 0;
-  rx->carry_looked = 0;
   rx->t = NULL;
   rx->n = 0;
   rx->left = rx->chunk = 0;
@@ -160,7 +158,7 @@ int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
   rx->t = tensors;
   rx->n = n;
   rx->cur = 0;
-  rx->looked = first_offset > 0 && rx->carry_looked ? 0 : n; /* populated ahead, it goes on */
+  if (first_offset == 0) rx->looked = NULL; /* a carried tensor goes on as it was */
   rx->pos = first_offset;
   rx->stream += rx->chunk - rx->left; /* the previous chunk's bytes */
   rx->left = rx->chunk = chunk_bytes;
@@ -224,8 +222,8 @@ static int never_written(const uint8_t *dst, uint64_t len) {
 static void populate_ahead(wtx_rx *rx) {
 #if defined(MADV_POPULATE_WRITE)
   const wtx_rx_tensor *t = &rx->t[rx->cur];
-  if (rx->looked != rx->cur) {
-    rx->looked = rx->cur;
+  if (rx->looked != t->dst) {
+    rx->looked = t->dst;
     rx->ahead = rx->pos;
     rx->fresh = !rx->device && t->nbytes - rx->pos >= POPULATE_MIN &&
                 never_written(t->dst + rx->pos, t->nbytes - rx->pos);
@@ -441,13 +439,11 @@ int wtx__rx_end(wtx_rx *rx) {
   }
   free(rx->carry_name);
   rx->carry_name = NULL;
-  rx->carry_looked = 0;
   if (rx->cur < rx->n) {
     rx->carry_name = strdup(rx->t[rx->cur].name);
     if (rx->carry_name == NULL) return WTX_ENOMEM;
     rx->carry_pos = rx->pos;
     rx->carry_nbytes = rx->t[rx->cur].nbytes;
-    rx->carry_looked = rx->looked == rx->cur;
   }
   return 0;
 }
