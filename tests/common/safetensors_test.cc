@@ -35,6 +35,14 @@ class SafetensorsTest : public ::testing::Test {
     return path;
   }
 
+  // The file at path, opened (nullptr, with the error reported, when not).
+  wtx_st_file *Open(const std::string &path) {
+    wtx_st_file *f = nullptr;
+    char err[512] = "";
+    EXPECT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+    return f;
+  }
+
   std::string OpenError(const std::string &path, int want_rc = WTX_EINVAL) {
     wtx_st_file *f = nullptr;
     char err[512] = "";
@@ -59,8 +67,8 @@ TEST_F(SafetensorsTest, WrittenFilesReadBackBitExact) {
   char err[512] = "";
   ASSERT_EQ(0, wtx_st_write(path.c_str(), ts, 3, meta, 2, err, sizeof err)) << err;
 
-  wtx_st_file *f = nullptr;
-  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  wtx_st_file *f = Open(path);
+  ASSERT_NE(nullptr, f);
   ASSERT_EQ(3u, wtx_st_count(f));
   EXPECT_STREQ("pt", wtx_st_metadata(f, "format"));
   EXPECT_STREQ("v 7", wtx_st_metadata(f, "wtx_version"));
@@ -100,8 +108,8 @@ TEST_F(SafetensorsTest, RewritingReplacesTheFileWhole) {
   ASSERT_EQ(0, wtx_st_write(path.c_str(), &t, 1, nullptr, 0, err, sizeof err));
   t = {{"x", WTX_DTYPE_UINT8, {16}, 1, 16}, b.data()};
   ASSERT_EQ(0, wtx_st_write(path.c_str(), &t, 1, nullptr, 0, err, sizeof err));
-  wtx_st_file *f = nullptr;
-  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  wtx_st_file *f = Open(path);
+  ASSERT_NE(nullptr, f);
   EXPECT_EQ(16u, wtx_st_tensor_at(f, 0)->meta.nbytes);
   EXPECT_EQ(2, wtx_st_tensor_at(f, 0)->data[15]);
   wtx_st_close(f);
@@ -158,9 +166,8 @@ TEST_F(SafetensorsTest, MalformedHeadersNameTheProblem) {
 TEST_F(SafetensorsTest, UnknownFieldsAreSkippedWhateverTheirShape) {
   std::string path = Raw("{\"x\":{\"extra\":{\"deep\":[1,{\"k\":null}]},\"dtype\":\"F32\","
                          "\"shape\":[1],\"data_offsets\":[0,4],\"more\":[true,2.5]}}", 4);
-  wtx_st_file *f = nullptr;
-  char err[256] = "";
-  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  wtx_st_file *f = Open(path);
+  ASSERT_NE(nullptr, f);
   ASSERT_EQ(1u, wtx_st_count(f));
   EXPECT_STREQ("x", wtx_st_tensor_at(f, 0)->meta.name);
   EXPECT_EQ(4u, wtx_st_tensor_at(f, 0)->meta.nbytes);
@@ -175,9 +182,8 @@ TEST_F(SafetensorsTest, TensorsComeInDataOrderWhateverTheHeaderOrder) {
   std::string path = Raw("{\"z\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]},"
                          "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[8,10]},"
                          "\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[4,8]}}", 10);
-  wtx_st_file *f = nullptr;
-  char err[256] = "";
-  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  wtx_st_file *f = Open(path);
+  ASSERT_NE(nullptr, f);
   ASSERT_EQ(3u, wtx_st_count(f));
   EXPECT_STREQ("z", wtx_st_tensor_at(f, 0)->meta.name);
   EXPECT_STREQ("a", wtx_st_tensor_at(f, 1)->meta.name);
@@ -188,9 +194,8 @@ TEST_F(SafetensorsTest, TensorsComeInDataOrderWhateverTheHeaderOrder) {
 TEST_F(SafetensorsTest, EscapedNamesAreDecoded) {
   std::string path = Raw("{\"a\\\"b\\u00e9\":{\"dtype\":\"U8\",\"shape\":[1],"
                          "\"data_offsets\":[0,1]}}", 1);
-  wtx_st_file *f = nullptr;
-  char err[256] = "";
-  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  wtx_st_file *f = Open(path);
+  ASSERT_NE(nullptr, f);
   EXPECT_STREQ("a\"b\xc3\xa9", wtx_st_tensor_at(f, 0)->meta.name);
   wtx_st_close(f);
 }
@@ -210,8 +215,8 @@ TEST_F(SafetensorsTest, AnEmptyModelIsAValidFile) {
   std::string path = dir_ + "/e.safetensors";
   char err[256] = "";
   ASSERT_EQ(0, wtx_st_write(path.c_str(), nullptr, 0, nullptr, 0, err, sizeof err));
-  wtx_st_file *f = nullptr;
-  ASSERT_EQ(0, wtx_st_open(path.c_str(), &f, err, sizeof err)) << err;
+  wtx_st_file *f = Open(path);
+  ASSERT_NE(nullptr, f);
   EXPECT_EQ(0u, wtx_st_count(f));
   wtx_st_close(f);
 }
