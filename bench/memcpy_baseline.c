@@ -6,18 +6,59 @@
  * the destination's lines before writing them; pieces below glibc's
  * threshold (set from the cache size) do not get them, which is why the
  * worker's receive streams its pieces itself (transport/rx.c). Prints GB/s.
- * usage: memcpy_baseline BYTES */
+ * With "populate" after BYTES it prints instead, in seconds, what the
+ * receive's look-ahead into fresh staging rests on (transport/rx.c):
+ * copying into fresh memory in 256 KiB pieces, faulted page by page and
+ * populated a MiB ahead (MADV_POPULATE_WRITE), and populating memory
+ * already there, piece by piece.
+ * usage: memcpy_baseline BYTES [populate] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/clock.h"
+
+#define PIECE ((size_t)256 << 10)
+#define AHEAD ((size_t)1 << 20)
+
+/* Seconds to copy n bytes of src into fresh memory in PIECE pieces, each
+ * AHEAD populated first when ahead; and in *present, to populate that
+ * memory again, piece by piece, now that it is there. -1: no memory. */
+static double fresh_copy(const char *src, size_t n, int ahead, double *present) {
+  char *d = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (d == MAP_FAILED) return -1;
+  double t0 = wtx_clock_s();
+  for (size_t o = 0; o < n; o += PIECE) {
+#if defined(MADV_POPULATE_WRITE)
+    if (ahead && o % AHEAD == 0) madvise(d + o, n - o < AHEAD ? n - o : AHEAD, MADV_POPULATE_WRITE);
+#endif
+    memcpy(d + o, src + o, n - o < PIECE ? n - o : PIECE);
+  }
+  double t = wtx_clock_s() - t0;
+  t0 = wtx_clock_s();
+#if defined(MADV_POPULATE_WRITE)
+  for (size_t o = 0; o < n; o += PIECE)
+    madvise(d + o, n - o < PIECE ? n - o : PIECE, MADV_POPULATE_WRITE);
+#endif
+  if (present != NULL) *present = wtx_clock_s() - t0;
+  munmap(d, n);
+  return t;
+}
 
 int main(int argc, char **argv) {
   size_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)1 << 30;
   char *src = malloc(n);
   if (src == NULL) return 1;
   memset(src, 7, n);
+  if (argc > 2 && strcmp(argv[2], "populate") == 0) {
+    double present = 0, faulted = fresh_copy(src, n, 0, NULL);
+    double populated = fresh_copy(src, n, 1, &present);
+    printf("fresh_faulted_s %.3f\nfresh_populated_s %.3f\npopulate_present_s %.4f\n", faulted,
+           populated, present);
+    free(src);
+    return faulted < 0 || populated < 0;
+  }
   char *dst = malloc(n);
   if (dst == NULL) return 1;
   double t0 = wtx_clock_s();

@@ -194,14 +194,17 @@ uint64_t wtx_rx_remaining(const wtx_rx *rx) { return rx->left; }
 /* Fresh staging (a worker's first syncs allocate it as they go) takes a
  * page fault per page where a copy first writes it. Asking the kernel to
  * populate a megabyte's pages at once does the same work for less: 1 GB
- * populated in 256 KiB pieces took 0.32 s here, against 0.51 s to write
- * it fresh; the first 1 GB sync into a fresh worker, median of five
- * (bench/ab.sh d8b255e --first --rounds 5 [--backend tcp]), 0.918 ->
- * 0.720 s over shm, 0.831 -> 0.671 s over tcp, and over shm 0.745 ->
- * 0.663 s more with the look-ahead going on into the chunk that continues
- * a tensor (bench/ab.sh 00fb665 --first --rounds 5). Pages already there
- * would cost the walk (0.065 s per GB in 256 KiB pieces), so each tensor's
- * staging is looked at once, by one page: mincore, then only when fresh. */
+ * copied into fresh memory in 256 KiB pieces took 0.72-0.78 s faulted
+ * page by page, 0.44-0.51 s populated a MiB ahead (bench/memcpy_baseline
+ * 1073741824 populate, three runs). The first 1 GB sync into a fresh
+ * worker, median of five (bench/ab.sh d8b255e --first --rounds 5
+ * [--backend tcp]): 0.918 -> 0.720 s over shm, 0.831 -> 0.671 s over
+ * tcp; and over shm 0.745 -> 0.663 s more with the look-ahead going on
+ * into the chunk that continues a tensor (bench/ab.sh 00fb665 --first
+ * --rounds 5). Pages already there would cost the walk (0.061-0.081 s per
+ * GB in 256 KiB pieces, memcpy_baseline's populate_present_s), so each
+ * tensor's staging is looked at once, by one page: mincore, then only
+ * when fresh. */
 #define POPULATE_MIN ((uint64_t)1 << 20) /* smaller tensors fault as they go */
 #define POPULATE_AHEAD ((uint64_t)1 << 20)
 
