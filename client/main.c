@@ -12,6 +12,8 @@
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
+/* Bound on --repeat: a benchmark's or a smoke test's handful of syncs. */
+#define MAX_REPEAT 1000
 
 static const char usage[] =
     "usage: wtx push --workers HOST:PORT[,...] [options] SOURCE...\n"
@@ -49,6 +51,10 @@ static const char usage[] =
 
     "  --verify             then compare every worker's checksums with ours\n"
     "                       (turns --checksum on)\n"
+    "  --repeat N           N syncs, one after the other, from this one trainer\n"
+    "                       (its buffers and connections kept, as a training\n"
+    "                       loop's are), one summary line each; 1.." STR(MAX_REPEAT) "\n"
+    "                       (default 1; not with --version)\n"
     "\n"
     "A progress bar (bytes/s, ETA) is drawn on a terminal; the last line is\n"
     "a summary: bytes, seconds, GB/s, version.\n"
@@ -151,6 +157,7 @@ typedef struct push_args {
   wtx_trainer_config cfg;
   uint64_t seed;
   int verify, draft, on_gpu;
+  unsigned repeat; /* syncs from this one trainer (--repeat; 0: one) */
 } push_args;
 
 static int open_source(int argc, char **argv, const push_args *a, wtx_source **src) {
@@ -268,6 +275,7 @@ static const struct option push_longopts[] = {
     {"seed", required_argument, NULL, 'e'},
     {"timeout-ms", required_argument, NULL, 't'},
     {"verify", no_argument, NULL, 'c'},
+    {"repeat", required_argument, NULL, 'r'},
     CRED_LONGOPTS,
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -299,6 +307,10 @@ static int push_option(int c, const char *arg, push_args *a) {
       cfg->timeout_ms = (uint32_t)v;
       return 0;
     case 'c': a->verify = 1; return 0;
+    case 'r':
+      if (parse_size(arg, &v) != 0 || v < 1 || v > MAX_REPEAT) return 1;
+      a->repeat = (unsigned)v;
+      return 0;
     default: return cred_option(c, arg, &a->cr) != 0;
   }
 }
@@ -325,6 +337,10 @@ static int parse_push(int argc, char **argv, push_args *a) {
     fprintf(stderr, "wtx push: --workers and a SOURCE are required\n%s", usage);
     return 2;
   }
+  if (a->version != NULL && a->repeat > 1) {
+    fprintf(stderr, "wtx push: --version names one sync; drop it or --repeat\n");
+    return 2;
+  }
   /* --verify needs checksums: on unless --no-checksum said otherwise. */
   if (a->verify && a->cfg.checksum == WTX_CHECKSUM_DEFAULT)
     a->cfg.checksum = WTX_CHECKSUM_XXH3_64;
@@ -332,14 +348,8 @@ static int parse_push(int argc, char **argv, push_args *a) {
 }
 
 /* The sync itself, its summary line and the optional verification. */
-static int push_sync(const push_args *a, wtx_client *cl, wtx_source *src) {
-  wtx_trainer *tr = NULL;
-  char err[2048] = "";
-  int rc = wtx_trainer_init(&a->cfg, cl, src, &tr, err, sizeof err);
-  if (rc != 0) {
-    fprintf(stderr, "wtx push: init: %s\n", err);
-    return rc;
-  }
+/* One sync from tr and its summary line (and the comparison, --verify). */
+static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl, wtx_source *src) {
   progress pr = {wtx_clock_s(), isatty(2)};
   wtx_send_options so = WTX_SEND_OPTIONS_INIT;
   so.version = a->version;
@@ -348,23 +358,39 @@ static int push_sync(const push_args *a, wtx_client *cl, wtx_source *src) {
   so.progress_arg = &pr;
   wtx_send_result res;
   size_t nw = wtx_client_size(cl);
-  if ((rc = wtx_trainer_send_weights(tr, &so, &res)) != 0) {
+  int rc = wtx_trainer_send_weights(tr, &so, &res);
+  if (rc != 0) {
     if (pr.tty) fputc('\n', stderr);
     fprintf(stderr, "wtx push: failed: %s\n", wtx_trainer_last_error(tr));
-  } else {
-    printf("pushed %zu params, %llu bytes to %zu worker(s) over %s%s in %.4g s "
-           "(%.2f GB/s), version %s\n", res.params, (unsigned long long)res.bytes,
-           nw, a->cfg.backend, res.direct ? " (direct)" : "", res.seconds,
-           res.bytes / res.seconds / 1e9, res.version);
-    if (a->verify && res.xxh3 == NULL) {
-      fprintf(stderr, "wtx push: --verify needs checksums (drop --no-checksum)\n");
-      rc = WTX_EINVAL;
-    } else if (a->verify && (rc = wtx_client_verify(cl, src, res.xxh3)) != 0) {
-      fprintf(stderr, "wtx push: verify failed: %s\n", wtx_client_last_error(cl));
-    } else if (a->verify) {
-      printf("verified: %zu checksums equal on %zu worker(s)\n", res.params, nw);
-    }
+    return rc;
   }
+  printf("pushed %zu params, %llu bytes to %zu worker(s) over %s%s in %.4g s "
+         "(%.2f GB/s), version %s\n", res.params, (unsigned long long)res.bytes,
+         nw, a->cfg.backend, res.direct ? " (direct)" : "", res.seconds,
+         res.bytes / res.seconds / 1e9, res.version);
+  fflush(stdout);
+  if (a->verify && res.xxh3 == NULL) {
+    fprintf(stderr, "wtx push: --verify needs checksums (drop --no-checksum)\n");
+    rc = WTX_EINVAL;
+  } else if (a->verify && (rc = wtx_client_verify(cl, src, res.xxh3)) != 0) {
+    fprintf(stderr, "wtx push: verify failed: %s\n", wtx_client_last_error(cl));
+  } else if (a->verify) {
+    printf("verified: %zu checksums equal on %zu worker(s)\n", res.params, nw);
+  }
+  return rc;
+}
+
+/* --repeat syncs (at least one) from one trainer; stops at the first failure. */
+static int push_sync(const push_args *a, wtx_client *cl, wtx_source *src) {
+  wtx_trainer *tr = NULL;
+  char err[2048] = "";
+  int rc = wtx_trainer_init(&a->cfg, cl, src, &tr, err, sizeof err);
+  if (rc != 0) {
+    fprintf(stderr, "wtx push: init: %s\n", err);
+    return rc;
+  }
+  for (unsigned i = 0; rc == 0 && i < (a->repeat ? a->repeat : 1); i++)
+    rc = push_once(a, tr, cl, src);
   wtx_trainer_shutdown(tr);
   return rc;
 }

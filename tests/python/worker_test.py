@@ -294,6 +294,31 @@ class WorkerTest(unittest.TestCase):
         want = {n: (xxhash.xxh3_64_intdigest(d), tensors[n][1]) for n, d in raw.items()}
         self.assertEqual(want, got)
 
+    def test_wtx_push_repeat_syncs_from_one_trainer(self):
+        # --repeat N: N syncs in a row from one trainer, each published and
+        # verified, a summary line each; --version names one sync only.
+        w = f"127.0.0.1:{self.w.port}"
+        before = self.stub.GetWeightInfo(wt.GetWeightInfoRequest()).generation
+        out = subprocess.run([CLI, "push", "--workers", w, "--repeat", "3", "--verify",
+                              "synthetic:1M"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(0, out.returncode, out.stderr)
+        pushed = [l for l in out.stdout.splitlines() if l.startswith("pushed ")]
+        self.assertEqual(3, len(pushed), out.stdout)
+        self.assertEqual([f"version {before + i}" for i in (1, 2, 3)],
+                         [l[l.rindex("version "):] for l in pushed])
+        self.assertEqual(3, out.stdout.count("verified: 82 checksums equal on 1 worker(s)"))
+        info = self.stub.GetWeightInfo(wt.GetWeightInfoRequest())
+        self.assertEqual(before + 3, info.generation)
+        for flags, want in [(["--repeat", "2", "--version", "v"], "--version names one sync"),
+                            (["--repeat", "0"], "--repeat: '0' is not valid"),
+                            (["--repeat", "1001"], "--repeat: '1001' is not valid")]:
+            out = subprocess.run([CLI, "push", "--workers", w] + flags + ["synthetic:1M"],
+                                 capture_output=True, text=True, timeout=30)
+            self.assertEqual(2, out.returncode, out.stderr)
+            self.assertIn(want, out.stderr)
+        self.assertEqual(before + 3,
+                         self.stub.GetWeightInfo(wt.GetWeightInfoRequest()).generation)
+
     def test_a_nul_inside_a_name_is_refused(self):
         # protobuf-c keeps C strings: a NUL would silently cut the name.
         init = self.stub.InitWeightTransferEngine(wt.InitWeightTransferEngineRequest(
