@@ -25,15 +25,13 @@ start_worker() {
   start_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   addr="127.0.0.1:$(cat "$tmp/p$2")"
 }
-# bench_run BACKEND WORKERS LABEL: two warm-up syncs (a worker reaches its
-# steady state, staging into the buffers of the version before last, from the
-# third sync on: that is every RL step after the first two), then the
-# measured one.
+# bench_run BACKEND WORKERS LABEL: three syncs from one trainer (wtx push
+# --repeat 3), as a training loop makes them; the third is measured (a worker
+# reaches its steady state, staging into the buffers of the version before
+# last, from the third sync on: that is every RL step after the first two).
 bench_run() {
-  "$bin/client/wtx" push --workers "$2" --backend "$1" "synthetic:$size" >/dev/null
-  "$bin/client/wtx" push --workers "$2" --backend "$1" "synthetic:$size" >/dev/null
-  local line gbps
-  line=$("$bin/client/wtx" push --workers "$2" --backend "$1" "synthetic:$size")
-  gbps=$(echo "$line" | head -1 | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/')
+  local gbps
+  gbps=$("$bin/client/wtx" push --workers "$2" --backend "$1" --repeat 3 "synthetic:$size" |
+    tail -1 | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/')
   printf "%-9s %-8s %10s %10.2f\n" "$1" "$3" "$gbps" "$(echo "$gbps / $base" | bc -l)"
 }

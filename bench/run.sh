@@ -9,10 +9,14 @@
 #                  (warm and into fresh memory, bench/memcpy_baseline); and,
 #                  checksums off, vs two copies pipelined through a ring in
 #                  one process (bench/pipeline_baseline), the ceiling of a
-#                  design that copies twice; and the ceiling of one copy,
-#                  the worker adopting sealed pages (bench/adopt_baseline)
+#                  design that copies twice; and two ceilings of one copy:
+#                  the worker adopting sealed pages (bench/adopt_baseline),
+#                  and the worker copying from the trainer's tensors in
+#                  shared memory (bench/onecopy_baseline)
 #   tcp            the same vs one raw loopback TCP stream (bench/socket_baseline)
 #   checksums      shm, 1 worker, XXH3 on vs off
+#   CPU            shm, 1 worker: CPU seconds per sync on each side, and the
+#                  shortest sync the machine's cores allow for them
 #   memory         peak RSS of a worker and of the trainer vs the model
 #   scaling        shm, 1 worker, time per size
 # Usage: bench/run.sh [--quick]   (--quick: 256M and small N, under a minute)
@@ -23,10 +27,12 @@ quick=0
 if [ $quick = 1 ]; then size=256M; counts="1000 10000"; sizes="64M 256M"
 else size=1G; counts="1000 10000 40000 65000 100000"; sizes="64M 256M 1G 4G"; fi
 . bench/common.sh
-bazel build -c opt //bench:socket_baseline //bench:pipeline_baseline //bench:adopt_baseline 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
+bazel build -c opt //bench:socket_baseline //bench:pipeline_baseline //bench:adopt_baseline \
+  //bench:onecopy_baseline 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
 py=.venv/bin/python
 ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
-sync_s() { sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1; }
+sync_s_all() { sed -nE 's/.* in ([0-9.e-]+) s .*/\1/p'; }
+sync_s() { sync_s_all | head -1; }
 
 echo "# wtx benchmark  $(date -u +%F)  $(nproc) cores  $(free -g | awk '/Mem:/ {print $2}') GiB  quick=$quick"
 echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s, warm in 256 KiB pieces $base_pieces GB/s"
@@ -36,6 +42,9 @@ pipe=$("$bin/bench/pipeline_baseline" "$bytes" | awk '{print $2}')
 echo "baseline two copies pipelined through a 4 x 4 MiB ring, one process: $pipe GB/s"
 adopt=$("$bin/bench/adopt_baseline" "$bytes" | awk '{print $2}')
 echo "baseline one copy into a sealed memfd per 4 MiB chunk, mapped and hashed, one process: $adopt GB/s"
+read -r onecopy onecopy_off < <("$bin/bench/onecopy_baseline" "$bytes" | awk '{print $3, $5}')
+echo "baseline one copy from the trainer's memory (shared), per 4 MiB chunk, two threads, one process:" \
+  "$onecopy GB/s with checksums (both sides hash), $onecopy_off GB/s without"
 
 echo
 echo "## control plane: one sync of N tiny tensors vs one JSON POST of the same metadata"
@@ -73,36 +82,46 @@ if [ $quick = 0 ]; then
   bench/python_push.sh --tiny "$n" 2>/dev/null | tail -4 | sed 's/^/  /'
 fi
 echo
-echo "## data plane, size $size, steady state (best of syncs 3-5)"
+echo "## data plane, size $size, steady state: the best of syncs 3-5 of one trainer"
+echo "# (wtx push --repeat 5), as a training loop makes them; 'per process': the"
+echo "# best of three syncs from a trainer process each, after two (runs A-W's method)"
 start_worker 0 a; w1=$addr; w1pid=${pids[-1]}
 start_worker 0 b; w3="$w1,$addr"
 start_worker 0 c; w3="$w3,$addr"
-printf "%-9s %-8s %10s %14s %14s\n" backend workers "GB/s" "x warm memcpy" "x baseline"
+gbps_all() { sed -nE 's/.*\(([0-9.]+) GB\/s\).*/\1/p'; }
+max() { sort -g | tail -1; }
+row() {  # LABEL WORKERS GB/S BACKEND
+  local ref=$base_warm; [ "$4" = tcp ] && ref=$sock
+  printf "%-18s %-8s %10s %14s %14s  (delivered %.2f GB/s)\n" "$1" "$2" "$3" \
+    "$(ratio "$3" "$base_warm")" "$(ratio "$3" "$ref")" "$(echo "$3 * $2" | bc -l)"
+}
+printf "%-18s %-8s %10s %14s %14s\n" backend workers "GB/s" "x warm memcpy" "x baseline"
 for backend in shm tcp; do
   for set in "1 $w1" "3 $w3"; do
     n=${set%% *}; ws=${set#* }
-    bench_run "$backend" "$ws" "$n" >/dev/null
-    g=0  # the best of three steady-state syncs
-    for _ in 1 2 3; do
-      line=$("$bin/client/wtx" push --workers "$ws" --backend "$backend" "synthetic:$size")
-      g=$(echo "$line" | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/' | awk -v b="$g" '{print ($1 > b) ? $1 : b}')
-    done
-    agg=$(echo "$g * $n" | bc -l)  # bytes delivered per second, all workers
+    g=$("$bin/client/wtx" push --workers "$ws" --backend "$backend" --repeat 5 "synthetic:$size" |
+      gbps_all | tail -3 | max)
     [ "$backend$n" = shm1 ] && shm1=$g
-    ref=$base_warm; [ "$backend" = tcp ] && ref=$sock
-    printf "%-9s %-8s %10s %14s %14s  (delivered %.2f GB/s)\n" "$backend" "$n" "$g" \
-      "$(ratio "$g" "$base_warm")" "$(ratio "$g" "$ref")" "$agg"
+    row "$backend" "$n" "$g" "$backend"
   done
 done
+for _ in 1 2; do "$bin/client/wtx" push --workers "$w1" --backend shm "synthetic:$size" >/dev/null; done
+g=$(for _ in 1 2 3; do "$bin/client/wtx" push --workers "$w1" --backend shm "synthetic:$size"; done |
+  gbps_all | max)
+row "shm (per process)" 1 "$g" shm
 
 echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$adopt") x the one-copy ceiling (adopting sealed pages)"
+echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$onecopy") x the one-copy ceiling (copying from shared tensors);" \
+  "that ceiling is $(ratio "$onecopy" "$base_warm") x the warm memcpy"
 echo
-echo "## checksums: shm and tcp, 1 worker, XXH3 on vs off (best of 3, alternating)"
+echo "## checksums: shm and tcp, 1 worker, XXH3 on vs off (syncs 2-3 of a trainer, alternating; best of 2 trainers each)"
 for backend in shm tcp; do
   on=; off=
-  for _ in 1 2 3; do
-    a=$("$bin/client/wtx" push --workers "$w1" --backend $backend --checksum "synthetic:$size" | sync_s)
-    b=$("$bin/client/wtx" push --workers "$w1" --backend $backend --no-checksum "synthetic:$size" | sync_s)
+  for _ in 1 2; do
+    a=$("$bin/client/wtx" push --workers "$w1" --backend $backend --checksum --repeat 3 \
+      "synthetic:$size" | sync_s_all | tail -2 | sort -g | head -1)
+    b=$("$bin/client/wtx" push --workers "$w1" --backend $backend --no-checksum --repeat 3 \
+      "synthetic:$size" | sync_s_all | tail -2 | sort -g | head -1)
     on=$(echo "${on:-$a} $a" | awk '{print ($1 < $2) ? $1 : $2}')
     off=$(echo "${off:-$b} $b" | awk '{print ($1 < $2) ? $1 : $2}')
   done
@@ -113,6 +132,26 @@ g=$(echo "$bytes / $shm_off / 1000000000" | bc -l | xargs printf "%.2f")
 echo "shm, checksums off: $g GB/s = $(ratio "$g" "$pipe") x the two-copy pipeline baseline"
 
 echo
+echo "## CPU: shm, 1 worker, $size, per sync of one trainer's syncs 2-5"
+# The trainer's from its own count (wtx push --repeat: getrusage around
+# syncs 2-5); the worker's from /proc (utime + stime) around that push less
+# around a push of one sync, which leaves out each trainer's first sync.
+wticks() { awk '{print $14 + $15}' /proc/"$w1pid"/stat; }
+t0=$(wticks)
+"$bin/client/wtx" push --workers "$w1" --backend shm "synthetic:$size" >/dev/null
+t1=$(wticks)
+out=$("$bin/client/wtx" push --workers "$w1" --backend shm --repeat 5 "synthetic:$size")
+t2=$(wticks)
+cw=$(echo "($t2 - $t1 - ($t1 - $t0)) / $(getconf CLK_TCK) / 4" | bc -l)
+ct=$(echo "$out" | sed -nE 's/.*its CPU ([0-9.e-]+) s per sync/\1/p')
+best=$(echo "$out" | sed -nE 's/^syncs 2-5 of this trainer: best ([0-9.e-]+) s.*/\1/p')
+floor=$(echo "($cw + $ct) / $(nproc)" | bc -l)
+printf "worker %.3f s, trainer %.3f s of CPU: %.3f s on %d cores, so no sync in under %.3f s\n" \
+  "$cw" "$ct" "$(echo "$cw + $ct" | bc -l)" "$(nproc)" "$floor"
+printf "that floor is %.2f x a warm memcpy of the bytes; syncs 2-5 took %s s at best (%.2f x the floor)\n" \
+  "$(echo "$bytes / $floor / 1000000000 / $base_warm" | bc -l)" "$best" "$(echo "$best / $floor" | bc -l)"
+
+echo
 echo "## memory: peak RSS after the syncs above vs the model ($size)"
 hwm=$(awk '/VmHWM/ {print $2}' /proc/"$w1pid"/status)
 tr=$( { /usr/bin/time -f "%M" "$bin/client/wtx" push --workers "$w1" --backend shm "synthetic:$size" >/dev/null; } 2>&1 | tail -1)
@@ -120,12 +159,12 @@ echo "worker peak $((hwm / 1024)) MiB = $(ratio "$hwm * 1024" "$bytes") x model 
 echo "trainer peak $((tr / 1024)) MiB = $(ratio "$tr * 1024" "$bytes") x model (bound: 1 + buffers: shm 4 x 4 MiB)"
 
 echo
-echo "## scaling: shm, 1 worker, a fresh worker per size"
+echo "## scaling: shm, 1 worker, a fresh worker per size, a trainer's third sync"
 printf "%-6s %10s %12s\n" size "sync s" "s per GiB"
 for s in $sizes; do
   start_worker 0 "s$s"
-  for _ in 1 2; do "$bin/client/wtx" push --workers "$addr" --backend shm "synthetic:$s" >/dev/null; done
-  t=$("$bin/client/wtx" push --workers "$addr" --backend shm "synthetic:$s" | sync_s)
+  t=$("$bin/client/wtx" push --workers "$addr" --backend shm --repeat 3 "synthetic:$s" |
+    sync_s_all | tail -1)
   gib=$(numfmt --from=iec "$s" | awk '{print $1 / 1073741824}')
   printf "%-6s %10s %12s\n" "$s" "$t" "$(ratio "$t" "$gib")"
   kill "${pids[-1]}" 2>/dev/null || true

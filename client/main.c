@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -349,7 +350,8 @@ static int parse_push(int argc, char **argv, push_args *a) {
 
 /* The sync itself, its summary line and the optional verification. */
 /* One sync from tr and its summary line (and the comparison, --verify). */
-static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl, wtx_source *src) {
+static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl, wtx_source *src,
+                     double *seconds) {
   progress pr = {wtx_clock_s(), isatty(2)};
   wtx_send_options so = WTX_SEND_OPTIONS_INIT;
   so.version = a->version;
@@ -364,6 +366,7 @@ static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl, wtx_so
     fprintf(stderr, "wtx push: failed: %s\n", wtx_trainer_last_error(tr));
     return rc;
   }
+  *seconds = res.seconds;
   printf("pushed %zu params, %llu bytes to %zu worker(s) over %s%s in %.4g s "
          "(%.2f GB/s), version %s\n", res.params, (unsigned long long)res.bytes,
          nw, a->cfg.backend, res.direct ? " (direct)" : "", res.seconds,
@@ -380,6 +383,26 @@ static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl, wtx_so
   return rc;
 }
 
+/* CPU seconds of this process so far, every thread's. */
+static double cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+static int cmp_double(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+/* --repeat: syncs 2..N of one trainer, its steady state (sorts s). */
+static void steady_line(double *s, unsigned n, double cpu_per_sync) {
+  qsort(s, n, sizeof *s, cmp_double);
+  printf("syncs 2-%u of this trainer: best %.4g s, median %.4g s; its CPU %.4g s per sync\n",
+         n + 1, s[0], n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2, cpu_per_sync);
+}
+
 /* --repeat syncs (at least one) from one trainer; stops at the first failure. */
 static int push_sync(const push_args *a, wtx_client *cl, wtx_source *src) {
   wtx_trainer *tr = NULL;
@@ -389,8 +412,15 @@ static int push_sync(const push_args *a, wtx_client *cl, wtx_source *src) {
     fprintf(stderr, "wtx push: init: %s\n", err);
     return rc;
   }
-  for (unsigned i = 0; rc == 0 && i < (a->repeat ? a->repeat : 1); i++)
-    rc = push_once(a, tr, cl, src);
+  unsigned n = a->repeat ? a->repeat : 1;
+  double *s = calloc(n, sizeof *s), cpu0 = 0;
+  if (s == NULL) rc = WTX_ENOMEM;
+  for (unsigned i = 0; rc == 0 && i < n; i++) {
+    if (i == 1) cpu0 = cpu_s();
+    rc = push_once(a, tr, cl, src, &s[i]);
+  }
+  if (rc == 0 && n > 1) steady_line(s + 1, n - 1, (cpu_s() - cpu0) / (n - 1));
+  free(s);
   wtx_trainer_shutdown(tr);
   return rc;
 }

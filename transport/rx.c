@@ -6,12 +6,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common/copy.h"
 #include "common/hash.h"
 #include "transport/rx.h"
-
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
 struct wtx_rx {
   const wtx_rx_tensor *t;
@@ -342,37 +339,12 @@ static size_t whole_tensors(wtx_rx *rx, const uint8_t *data, size_t len) {
   return done;
 }
 
-/* Pieces from this size on are copied with copy_stream and hashed from
- * their source; smaller ones go through memcpy and are hashed from their
+/* Pieces from this size on are copied with wtx__copy_stream and hashed from
+ * their source (non-temporal stores: common/copy.h); smaller ones go through memcpy and are hashed from their
  * destination, in cache. (1 GB into a model's staging over shm, one
  * worker, steady state, bench/ab.sh 48d530c f84e396 --rounds 12: median
- * 0.234 s with memcpy, 0.210 s with copy_stream; best 0.214 and 0.168 s.) */
+ * 0.234 s with memcpy, 0.210 s with the streaming copy; best 0.214 and 0.168 s.) */
 #define STREAM_MIN ((size_t)64 << 10)
-
-/* memcpy with non-temporal stores: the destination's lines are written
- * without being read first (no read for ownership) and are not kept in
- * cache. glibc's memcpy does so only above a threshold set from the cache
- * size (114 MiB here), so the pieces a receive copies never get it. */
-static void copy_stream(uint8_t *dst, const uint8_t *src, size_t n) {
-#if defined(__x86_64__)
-  size_t head = (64 - ((uintptr_t)dst & 63)) & 63;
-  if (head > n) head = n;
-  memcpy(dst, src, head);
-  dst += head, src += head, n -= head;
-  for (; n >= 64; n -= 64, dst += 64, src += 64) {
-    __m128i a = _mm_loadu_si128((const __m128i *)src);
-    __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
-    __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
-    _mm_stream_si128((__m128i *)dst, a);
-    _mm_stream_si128((__m128i *)(dst + 16), b);
-    _mm_stream_si128((__m128i *)(dst + 32), c);
-    _mm_stream_si128((__m128i *)(dst + 48), d);
-  }
-  _mm_sfence();
-#endif
-  memcpy(dst, src, n);
-}
 
 int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len) {
   if (rx->device) return host_refused(rx);
@@ -391,7 +363,7 @@ int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len) {
     size_t k = len < room ? len : room;
     int rc;
     if (k >= STREAM_MIN) { /* dst is not in cache after it: hash data */
-      copy_stream(dst, data, k);
+      wtx__copy_stream(dst, data, k);
       rc = advance(rx, k, data);
     } else {
       memcpy(dst, data, k);
