@@ -32,6 +32,6 @@ start_worker() {
 bench_run() {
   local gbps
   gbps=$("$bin/client/wtx" push --workers "$2" --backend "$1" --repeat 3 "synthetic:$size" |
-    tail -1 | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/')
+    grep "^pushed" | tail -1 | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/')
   printf "%-9s %-8s %10s %10.2f\n" "$1" "$3" "$gbps" "$(echo "$gbps / $base" | bc -l)"
 }
