@@ -48,24 +48,28 @@ echo "baseline one copy from the trainer's memory (shared), per 4 MiB chunk, two
 
 echo
 echo "## control plane: one sync of N tiny tensors vs one JSON POST of the same metadata"
-echo "# first: a fresh worker, the update sends every ParamMeta; steady: the"
-echo "# best of the next seven, which name tensors by position in the worker's"
-echo "# table (UpdateInfo.layout), as every RL step after the first does;"
-echo "# JSON POST: the best of seven"
-printf "%-8s %10s %10s %12s %12s %12s\n" N "first s" "steady s" "JSON POST s" "JSON/first" "JSON/steady"
+echo "# first: a trainer's first sync to a fresh worker, which sends every ParamMeta;"
+echo "# steady: the best of that trainer's next seven (wtx push --repeat 8), which"
+echo "# name tensors by position in the worker's table (UpdateInfo.layout), as every"
+echo "# RL step after the first does; per process: the best of three syncs from a"
+echo "# trainer process each (runs A-W's steady state, where every sync is its"
+echo "# process's first); JSON POST: the best of seven from one client process"
+printf "%-8s %10s %10s %12s %12s %12s %12s %12s\n" N "first s" "steady s" "per process" \
+  "JSON POST s" "JSON/first" "JSON/steady" "JSON/per pr."
 json=$($py bench/json_baseline.py $counts)
 for n in $counts; do
   $py bench/tiny_model.py "$n" "$tmp/tiny$n.safetensors"
   start_worker 0 "cp$n"
-  first=$("$bin/client/wtx" push --workers "$addr" --buffer-size 64M "$tmp/tiny$n.safetensors" | sync_s)
-  best=
-  for _ in 1 2 3 4 5 6 7; do  # the JSON POST's statistic too
-    s=$("$bin/client/wtx" push --workers "$addr" --buffer-size 64M "$tmp/tiny$n.safetensors" | sync_s)
-    best=$(echo "${best:-$s} $s" | awk '{print ($1 < $2) ? $1 : $2}')
-  done
+  all=$("$bin/client/wtx" push --workers "$addr" --buffer-size 64M --repeat 8 \
+    "$tmp/tiny$n.safetensors" | sync_s_all)
+  first=$(echo "$all" | head -1)
+  best=$(echo "$all" | tail -n +2 | sort -g | head -1)  # the JSON POST's statistic too
+  proc=$(for _ in 1 2 3; do
+    "$bin/client/wtx" push --workers "$addr" --buffer-size 64M "$tmp/tiny$n.safetensors" | sync_s
+  done | sort -g | head -1)
   j=$(echo "$json" | awk -v n="$n" '$2 == n {print $3}')
-  printf "%-8s %10s %10s %12s %12s %12s\n" "$n" "$first" "$best" "$j" "$(ratio "$j" "$first")" \
-    "$(ratio "$j" "$best")"
+  printf "%-8s %10s %10s %12s %12s %12s %12s %12s\n" "$n" "$first" "$best" "$proc" "$j" \
+    "$(ratio "$j" "$first")" "$(ratio "$j" "$best")" "$(ratio "$j" "$proc")"
   kill "${pids[-1]}" 2>/dev/null || true
 done
 n=$(echo $counts | awk '{print ($NF >= 40000) ? 40000 : $NF}')
