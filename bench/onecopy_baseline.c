@@ -12,14 +12,13 @@
  * engine waits for each chunk's answer. No control plane. Prints GB/s with
  * checksums and without, each the best of three after one warm-up.
  * usage: onecopy_baseline BYTES [BUF_MIB]   (default 4 MiB) */
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-#include "common/clock.h"
+#include "bench/pair.h"
 #include "common/copy.h"
 #include "common/hash.h"
 
@@ -73,13 +72,7 @@ static void *worker(void *arg) {
 static double run(pass *p) {
   atomic_store(&p->announced, 0);
   atomic_store(&p->done, 0);
-  pthread_t t, w;
-  double t0 = wtx_clock_s();
-  pthread_create(&t, NULL, trainer, p);
-  pthread_create(&w, NULL, worker, p);
-  pthread_join(t, NULL);
-  pthread_join(w, NULL);
-  return wtx_clock_s() - t0;
+  return wtx__bench_pair_s(trainer, worker, p);
 }
 
 static double best_gbps(pass *p, int hash) {
@@ -87,6 +80,7 @@ static double best_gbps(pass *p, int hash) {
   double best = 1e30;
   for (int i = 0; i < 4; i++) { /* the first warms up */
     double s = run(p);
+    if (s < 0) return -1; /* no thread */
     if (i > 0 && s < best) best = s;
   }
   return p->n / best / 1e9;
@@ -107,6 +101,7 @@ int main(int argc, char **argv) {
   p.src = src;
   p.dst = dst;
   double on = best_gbps(&p, 1), off = best_gbps(&p, 0);
+  if (on < 0 || off < 0) return 1;
   if (memcmp(dst, src, p.n) != 0) return 2;
   printf("onecopy_gbps checksums %.3f none %.3f\n", on, off);
   XXH3_freeState(p.st);
