@@ -38,8 +38,7 @@ typedef struct chunks {
 } chunks;
 
 static size_t len_of(const chunks *c, size_t k) {
-  size_t off = k * c->buf;
-  return c->n - off < c->buf ? c->n - off : c->buf;
+  return wtx__bench_chunk_len(c->n, c->buf, k);
 }
 
 /* Chunk k in a new memfd the trainer can no longer write; -1 on failure. */

@@ -34,8 +34,7 @@ typedef struct pass {
 } pass;
 
 static size_t len_of(const pass *p, size_t k) {
-  size_t off = k * p->buf;
-  return p->n - off < p->buf ? p->n - off : p->buf;
+  return wtx__bench_chunk_len(p->n, p->buf, k);
 }
 
 static void *trainer(void *arg) {

@@ -4,6 +4,11 @@
 
 #include "common/clock.h"
 
+size_t wtx__bench_chunk_len(size_t total, size_t buf, size_t k) {
+  size_t off = k * buf;
+  return total - off < buf ? total - off : buf;
+}
+
 double wtx__bench_pair_s(void *(*first)(void *), void *(*second)(void *), void *arg) {
   pthread_t a, b;
   double t0 = wtx_clock_s();

@@ -26,8 +26,7 @@ typedef struct ring {
 } ring;
 
 static size_t piece(const ring *r, size_t k) {
-  size_t off = k * r->buf;
-  return r->n - off < r->buf ? r->n - off : r->buf;
+  return wtx__bench_chunk_len(r->n, r->buf, k);
 }
 
 static void *produce(void *arg) {
