@@ -15,20 +15,21 @@
 # is lib/'s, which the check puts on LD_LIBRARY_PATH.
 # Usage: assemble.sh OUT WORKER CLI GPU_TEST PROBE MEMCPY GPU_MODEL DOUBLE [LIBWTX PY]
 set -euo pipefail
-[ $# -eq 8 ] || [ $# -eq 10 ] ||
-  { echo "usage: $0 OUT WORKER CLI GPU_TEST PROBE MEMCPY GPU_MODEL DOUBLE [LIBWTX PY]" >&2; exit 2; }
+[ $# -eq 9 ] || [ $# -eq 11 ] ||
+  { echo "usage: $0 OUT WORKER CLI GPU_TEST PROBE MEMCPY SOCKET GPU_MODEL DOUBLE [LIBWTX PY]" >&2
+    exit 2; }
 out=$1
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/server" "$out/client" "$out/cuda/testing" \
   "$out/tests/client"
-names=(wtx-worker wtx gpu_test probe memcpy_baseline gpu_model_worker)
-srcs=("$2" "$3" "$4" "$5" "$6" "$7")
+names=(wtx-worker wtx gpu_test probe memcpy_baseline socket_baseline gpu_model_worker)
+srcs=("$2" "$3" "$4" "$5" "$6" "$7" "$8")
 for i in "${!names[@]}"; do
   install -m 0755 "${srcs[$i]}" "$out/bin/${names[$i]}"
   strip --strip-unneeded "$out/bin/${names[$i]}" 2>/dev/null || true
 done
-install -m 0755 "$8" "$out/cuda/testing/libwtx_fake_cuda.so"
+install -m 0755 "$9" "$out/cuda/testing/libwtx_fake_cuda.so"
 # The closure: every library ldd resolves, and the loader itself.
 for b in "$out"/bin/* "$out/cuda/testing/libwtx_fake_cuda.so"; do
   ldd "$b" | awk '/=> \// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}'
@@ -73,18 +74,18 @@ WRAP
 wrapper "$out/server/wtx-worker" wtx-worker ..
 wrapper "$out/client/wtx" wtx ..
 wrapper "$out/tests/client/gpu_model_worker" gpu_model_worker ../..
-for n in gpu_test probe memcpy_baseline; do wrapper "$out/$n" "$n"; done
+for n in gpu_test probe memcpy_baseline socket_baseline; do wrapper "$out/$n" "$n"; done
 install -m 0755 "$here/device_check.sh" "$out/device_check.sh"
-if [ $# -eq 10 ]; then
+if [ $# -eq 11 ]; then
   root=$(cd "$here/../.." && pwd)
   mkdir -p "$out/python"
   cp -rL "$root/python/src/wtx" "$out/python/"
   rm -rf "$out/python/wtx/v1" "$out/python/wtx/_lib"
   mkdir -p "$out/python/wtx/_lib"
-  install -m 0755 "$9" "$out/python/wtx/_lib/libwtx.so"
-  "${10}" -c "import sys, pathlib; sys.path.insert(0, '$root/python/build_backend'); \
+  install -m 0755 "${10}" "$out/python/wtx/_lib/libwtx.so"
+  "${11}" -c "import sys, pathlib; sys.path.insert(0, '$root/python/build_backend'); \
 import wtx_build; wtx_build.generate_stubs(pathlib.Path('$root/proto'), pathlib.Path('$out/python'))"
-  ldd "$9" | awk '/=> \// {print $3}' | while read -r lib; do
+  ldd "${10}" | awk '/=> \// {print $3}' | while read -r lib; do
     n=$(basename "$lib")
     is_glibc "$n" || [ -f "$out/lib/$n" ] || cp -L "$lib" "$out/lib/"
   done

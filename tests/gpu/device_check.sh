@@ -6,6 +6,10 @@
 # when OUT is set (the device tool's), else to ./device_check-out.
 #   libs        libcudart and libnccl: the system's, CUDA's, or a torch
 #               wheel's (site-packages/nvidia/...); a GPU without them FAILs
+#   host        issue 11's data-plane goals on this machine's cores, CPU
+#               only (shm and tcp, 1 and 3 workers, checksums on and off,
+#               1 GB from one trainer), as ratios to a memcpy and a raw
+#               loopback stream of the same run: reported, never asserted
 #   gpu_test    the cuda_ipc test across processes (worker processes on
 #               this GPU)
 #   probe       every CUDA/NCCL call wtx makes; 200 rounds of cross-process
@@ -122,6 +126,71 @@ fi
 }
 
 
+# ---- host ----
+# Functions the timed steps run in a child bash (exported with their
+# variables); workers die with the step.
+start_worker() { # PORTFILE [DEVICE [BINARY [FLAGS]]]: sets addr
+  rm -f "$1"
+  WTX_CUDA_DEVICE=${2:-0} "${3:-$root/server/wtx-worker}" --listen 127.0.0.1:0 --port-file "$1" \
+    --log-level warn ${4:-} >/dev/null 2>>"$out/workers.log" &
+  pids+=($!)
+  for _ in $(seq 300); do [ -s "$1" ] && break; sleep 0.1; done
+  addr="127.0.0.1:$(cat "$1" 2>/dev/null)"
+}
+stop_workers() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+# Each row: the best of syncs 3-5 of one trainer (wtx push --repeat 5);
+# the workers are started here and die with the step. Needs no GPU.
+host_push() { # KEY BACKEND WORKERS [FLAGS]: sets hr[KEY] (GB/s)
+  local key=$1 backend=$2 ws=$3
+  shift 3
+  hr[$key]=$("$root/client/wtx" push --workers "$ws" --backend "$backend" "$@" --repeat 5 \
+    --timeout-ms 60000 "synthetic:$hsize" | sed -nE 's/.*\(([0-9.]+) GB\/s\).*/\1/p' |
+    tail -3 | sort -g | tail -1)
+  [ -n "${hr[$key]}" ]
+}
+host_goals() {
+  local a b c bytes warm sock t0 t1 cpu_t cpu_w
+  declare -A hr
+  pids=()
+  trap stop_workers EXIT
+  bytes=$(numfmt --from=iec "$hsize")
+  warm=$("$root/memcpy_baseline" "$bytes" | awk '/warm/ {print $2}')
+  sock=$("$root/socket_baseline" "$bytes" | awk '{print $2}')
+  [ -n "$warm" ] && [ -n "$sock" ] || return 1
+  start_worker "$out/h0"; a=$addr
+  start_worker "$out/h1"; b=$addr
+  start_worker "$out/h2"; c=$addr
+  host_push shm1 shm "$a" && host_push shm3 shm "$a,$b,$c" && host_push tcp1 tcp "$a" &&
+    host_push tcp3 tcp "$a,$b,$c" && host_push shm1off shm "$a" --no-checksum &&
+    host_push tcp1off tcp "$a" --no-checksum || return 1
+  # CPU per sync, shm to one warm worker: the trainer's from --repeat's
+  # line, the worker's from /proc over the same push (its first sync too).
+  t0=$(awk '{print $14 + $15}' "/proc/${pids[0]}/stat")
+  cpu_t=$("$root/client/wtx" push --workers "$a" --backend shm --repeat 5 --timeout-ms 60000 \
+    "synthetic:$hsize" | sed -nE 's/.*its CPU ([0-9.e-]+) s per sync/\1/p')
+  t1=$(awk '{print $14 + $15}' "/proc/${pids[0]}/stat")
+  cpu_w=$(awk -v d=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.3f", d / hz / 5}')
+  q() { awk -v a="$1" -v b="$2" -v m="${3:-1}" 'BEGIN {printf "%.2f", a * m / b}'; }
+  echo "cores $(nproc), $hsize from one trainer: warm memcpy $warm GB/s, loopback TCP stream $sock GB/s"
+  echo "shm, 1 worker: ${hr[shm1]} GB/s = $(q "${hr[shm1]}" "$warm") x the warm memcpy (goal 0.7)"
+  echo "shm, 3 workers: $(q "${hr[shm3]}" "${hr[shm1]}" 3) x one worker's bytes per second (goal 1.5)"
+  echo "tcp, 1 worker: ${hr[tcp1]} GB/s = $(q "${hr[tcp1]}" "$sock") x the raw stream (goal 0.8)"
+  echo "tcp, chain of 3: $(q "${hr[tcp3]}" "${hr[tcp1]}") x one worker's rate (goal 0.6)"
+  echo "checksums on/off: shm $(q "${hr[shm1off]}" "${hr[shm1]}"), tcp $(q "${hr[tcp1off]}" "${hr[tcp1]}") (goal 1.15)"
+  echo "CPU per sync, shm to 1 worker: worker $cpu_w s, trainer ${cpu_t:-?} s"
+}
+host_step() {
+  if run host 150 bash -c host_goals; then
+    say PASS host "$(grep -E 'goal|CPU' "$out/host.log" | sed -E 's/ = / /; s/^([a-z]+, [^:]+): [0-9.]+ GB\/s/\1:/' | tr '\n' ';')"
+  else
+    say FAIL host "rc $?: $(tail_of host 3)"
+  fi
+}
+hsize=1G
+[ $double = 1 ] && hsize=256M  # the suite's proof of the bundle, on a small machine
+export hsize
+export -f start_worker stop_workers host_push host_goals
+
 # ---- libs ----
 candidates() { # NAME: every file of that library on this machine, best first
   local roots=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib
@@ -157,6 +226,7 @@ fi
 export WTX_CUDART_LIB=$cudart WTX_NCCL_LIB=$nccl WTX_GPU_CUDART=$cudart WTX_GPU_NCCL=$nccl
 export root out
 [ $only_vllm = 1 ] && [ -n "$cudart" ] && { vllm_step; finish; }
+[ $only_vllm = 1 ] || host_step
 if [ -z "$cudart" ]; then
   for s in gpu_test probe throughput nccl vllm; do say SKIP "$s" "no CUDA runtime"; done
   finish
@@ -179,17 +249,6 @@ else say FAIL probe "rc $?: $(tail_of probe-ipc 3)"; fi
 # ---- throughput ----
 size=2G half=1G
 [ $double = 1 ] && size=256M half=128M  # the double copies through host memory
-# Functions the timed steps run in a child bash (exported with their
-# variables); workers die with the step.
-start_worker() { # PORTFILE [DEVICE [BINARY [FLAGS]]]: sets addr
-  rm -f "$1"
-  WTX_CUDA_DEVICE=${2:-0} "${3:-$root/server/wtx-worker}" --listen 127.0.0.1:0 --port-file "$1" \
-    --log-level warn ${4:-} >/dev/null 2>>"$out/workers.log" &
-  pids+=($!)
-  for _ in $(seq 300); do [ -s "$1" ] && break; sleep 0.1; done
-  addr="127.0.0.1:$(cat "$1" 2>/dev/null)"
-}
-stop_workers() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 throughput() {
   local a b g base line r backend n ws label flags row
   pids=()
@@ -232,7 +291,7 @@ nccl_check() {
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ $double = 1 ] && gpus=1  # the double: every rank on device 0
 export root out size half gpus
-export -f start_worker stop_workers throughput nccl_check
+export -f throughput nccl_check
 if run throughput 100 bash -c throughput; then
   say PASS throughput "$(grep -E 'x d2d|baseline' "$out/throughput.log" | sed 's/  (.*//' | tr '\n' ';')"
 else
