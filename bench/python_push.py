@@ -11,7 +11,8 @@ run, steady state, a worker each. Run by bench/python_push.sh.
          control plane, where Python's cost is per tensor; and the same
          file pushed by the C CLI into a Python host (wtx.serve of a module
          with load_weights, as vLLM's models have) in this process, against
-         the C worker: the worker side of the vLLM integration"""
+         the C worker: the worker side of the vLLM integration; and into a
+         host whose load_weights only walks its items, wtx's own part"""
 import gc
 import os
 import subprocess
@@ -105,6 +106,22 @@ with wtx.serve(Host(names), "127.0.0.1:0") as server:
     host_sync, _ = cli_push(server.address, host_all)
 print(f"C wtx push into a Python host (wtx.serve, load_weights): sync {host_sync:.3f} s "
       f"= {host_sync / c_sync:.2f} x the C worker's{best}")
+
+
+class Walker(Host):
+    """The same host whose load_weights only walks what it is given: wtx's
+    own part of a sync into a Python host, without the model's copies."""
+
+    def load_weights(self, items):
+        for _ in items:
+            pass
+
+
+if not RAW:  # bench/python_ab.sh times the hosts above only
+    with wtx.serve(Walker(names), "127.0.0.1:0") as server:
+        walk_sync, _ = cli_push(server.address)
+    print(f"  the same, load_weights only walking its items (wtx's own part): sync "
+          f"{walk_sync:.3f} s = {walk_sync / c_sync:.2f} x the C worker's{best}")
 if RAW:
     print("raw host:", " ".join(f"{x:.4f}" for x in host_all))
 if RAW:

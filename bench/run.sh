@@ -83,7 +83,7 @@ echo "wtx push of $n tiny tensors, end to end (process start to exit, steady sta
 kill "${pids[-1]}" 2>/dev/null || true
 if [ $quick = 0 ]; then
   echo "the same $n tiny tensors from the Python package, and into a Python host (bench/python_push.sh --tiny $n):"
-  bench/python_push.sh --tiny "$n" 2>/dev/null | tail -4 | sed 's/^/  /'
+  bench/python_push.sh --tiny "$n" 2>/dev/null | tail -5 | sed 's/^/  /'
 fi
 echo
 echo "## data plane, size $size, steady state: the best of syncs 3-5 of one trainer"
