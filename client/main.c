@@ -348,7 +348,6 @@ static int parse_push(int argc, char **argv, push_args *a) {
   return 0;
 }
 
-/* The sync itself, its summary line and the optional verification. */
 /* One sync from tr and its summary line (and the comparison, --verify). */
 static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl, wtx_source *src,
                      double *seconds) {

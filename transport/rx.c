@@ -339,11 +339,12 @@ static size_t whole_tensors(wtx_rx *rx, const uint8_t *data, size_t len) {
   return done;
 }
 
-/* Pieces from this size on are copied with wtx__copy_stream and hashed from
- * their source (non-temporal stores: common/copy.h); smaller ones go through memcpy and are hashed from their
- * destination, in cache. (1 GB into a model's staging over shm, one
- * worker, steady state, bench/ab.sh 48d530c f84e396 --rounds 12: median
- * 0.234 s with memcpy, 0.210 s with the streaming copy; best 0.214 and 0.168 s.) */
+/* Pieces from this size on are copied with wtx__copy_stream (non-temporal
+ * stores: common/copy.h) and hashed from their source; smaller ones go
+ * through memcpy and are hashed from their destination, in cache. (1 GB
+ * into a model's staging over shm, one worker, steady state, bench/ab.sh
+ * 48d530c f84e396 --rounds 12: median 0.234 s with memcpy, 0.210 s with
+ * the streaming copy; best 0.214 and 0.168 s.) */
 #define STREAM_MIN ((size_t)64 << 10)
 
 int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len) {
