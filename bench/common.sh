@@ -25,6 +25,11 @@ start_worker() {
   start_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   addr="127.0.0.1:$(cat "$tmp/p$2")"
 }
+# What wtx push prints, one figure per sync line: its seconds, its GB/s
+# (--repeat's closing line has neither); sync_s: the first sync's seconds.
+sync_s_all() { sed -nE 's/.* in ([0-9.e-]+) s .*/\1/p'; }
+sync_s() { sync_s_all | head -1; }
+gbps_all() { sed -nE 's/.*\(([0-9.]+) GB\/s\).*/\1/p'; }
 # bench_run BACKEND WORKERS LABEL: three syncs from one trainer (wtx push
 # --repeat 3), as a training loop makes them; the third is measured (a worker
 # reaches its steady state, staging into the buffers of the version before
@@ -32,6 +37,6 @@ start_worker() {
 bench_run() {
   local gbps
   gbps=$("$bin/client/wtx" push --workers "$2" --backend "$1" --repeat 3 "synthetic:$size" |
-    grep "^pushed" | tail -1 | sed -E 's/.*\(([0-9.]+) GB\/s\).*/\1/')
+    gbps_all | tail -1)
   printf "%-9s %-8s %10s %10.2f\n" "$1" "$3" "$gbps" "$(echo "$gbps / $base" | bc -l)"
 }

@@ -31,8 +31,6 @@ bazel build -c opt //bench:socket_baseline //bench:pipeline_baseline //bench:ado
   //bench:onecopy_baseline 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
 py=.venv/bin/python
 ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
-sync_s_all() { sed -nE 's/.* in ([0-9.e-]+) s .*/\1/p'; }
-sync_s() { sync_s_all | head -1; }
 
 echo "# wtx benchmark  $(date -u +%F)  $(nproc) cores  $(free -g | awk '/Mem:/ {print $2}') GiB  quick=$quick"
 echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s, warm in 256 KiB pieces $base_pieces GB/s"
@@ -88,11 +86,11 @@ fi
 echo
 echo "## data plane, size $size, steady state: the best of syncs 3-5 of one trainer"
 echo "# (wtx push --repeat 5), as a training loop makes them; 'per process': the"
-echo "# best of three syncs from a trainer process each, after two (runs A-W's method)"
+echo "# best of three syncs from a trainer process each (runs A-W's method) to the"
+echo "# worker the rows above left in its steady state"
 start_worker 0 a; w1=$addr; w1pid=${pids[-1]}
 start_worker 0 b; w3="$w1,$addr"
 start_worker 0 c; w3="$w3,$addr"
-gbps_all() { sed -nE 's/.*\(([0-9.]+) GB\/s\).*/\1/p'; }
 max() { sort -g | tail -1; }
 row() {  # LABEL WORKERS GB/S BACKEND
   local ref=$base_warm; [ "$4" = tcp ] && ref=$sock
@@ -109,7 +107,6 @@ for backend in shm tcp; do
     row "$backend" "$n" "$g" "$backend"
   done
 done
-for _ in 1 2; do "$bin/client/wtx" push --workers "$w1" --backend shm "synthetic:$size" >/dev/null; done
 g=$(for _ in 1 2 3; do "$bin/client/wtx" push --workers "$w1" --backend shm "synthetic:$size"; done |
   gbps_all | max)
 row "shm (per process)" 1 "$g" shm
