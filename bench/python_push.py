@@ -117,12 +117,11 @@ class Walker(Host):
             pass
 
 
-if not RAW:  # bench/python_ab.sh times the hosts above only
+if RAW:  # bench/python_ab.sh: every sync of the two sides above
+    print("raw host:", " ".join(f"{x:.4f}" for x in host_all))
+    print("raw trainer:", " ".join(f"{x:.4f}" for x in py_all))
+else:
     with wtx.serve(Walker(names), "127.0.0.1:0") as server:
         walk_sync, _ = cli_push(server.address)
     print(f"  the same, load_weights only walking its items (wtx's own part): sync "
           f"{walk_sync:.3f} s = {walk_sync / c_sync:.2f} x the C worker's{best}")
-if RAW:
-    print("raw host:", " ".join(f"{x:.4f}" for x in host_all))
-if RAW:
-    print("raw trainer:", " ".join(f"{x:.4f}" for x in py_all))
