@@ -9,7 +9,7 @@
  * upstream writes a 32-byte frame header (magic, version, chunk sequence,
  * first_param_offset, chunk_bytes), the chunk's bytes and, with
  * checksum_trailer, the checksums of the tensors ending in the chunk: the
- * trainer hashes each piece just before it sends it, so it reads its
+ * trainer hashes each piece right after it sends it, so it reads its
  * tensors once (they were a second pass before the UpdateWeights calls). A
  * relaying worker receives each piece (128 KiB at most) straight into model
  * memory and forwards it downstream before reading the next: cut-through,
@@ -607,8 +607,21 @@ static void hash_span(hasher *hs, const uint8_t *p, size_t len) {
   }
 }
 
-/* Sends the n pieces of iov, PIECE bytes at a time, each hashed just
- * before it goes, while it is in cache for the socket's copy. */
+/* Sends win's m pieces, then hashes them: the socket's copy reads them
+ * from the model's memory, and the hash from the cache that copy left
+ * them in. */
+static int send_then_hash(int fd, const struct iovec *win, size_t m, hasher *hs,
+                          const waitspec *ws, const char **why) {
+  int rc = write_iov_full(fd, win, m, ws, why);
+  for (size_t i = 0; rc == 0 && i < m; i++) hash_span(hs, win[i].iov_base, win[i].iov_len);
+  return rc;
+}
+
+/* Sends the n pieces of iov, PIECE bytes at a time, each hashed right
+ * after it goes, while it is in cache. (Hashing first read each piece
+ * from memory in the hash instead: 1 GB over tcp to one worker, from one
+ * trainer, 0.21-0.23 s of the trainer's CPU per sync without checksums,
+ * 0.31-0.33 s with them.) */
 static int write_hashing(int fd, const struct iovec *iov, size_t n, hasher *hs,
                          const waitspec *ws, const char **why) {
   struct iovec win[64];
@@ -617,20 +630,20 @@ static int write_hashing(int fd, const struct iovec *iov, size_t n, hasher *hs,
     const uint8_t *p = iov[i].iov_base;
     for (size_t left = iov[i].iov_len; left > 0;) {
       size_t k = left < PIECE - bytes ? left : PIECE - bytes;
-      hash_span(hs, p, k);
       win[m++] = (struct iovec){.iov_base = (void *)p, .iov_len = k};
       bytes += k;
       p += k;
       left -= k;
       if (bytes == PIECE || m == 64) {
-        int rc = write_iov_full(fd, win, m, ws, why);
+        int rc = send_then_hash(fd, win, m, hs, ws, why);
         if (rc != 0) return rc;
         m = bytes = 0;
       }
     }
   }
-  hash_span(hs, NULL, 0);
-  return m > 0 ? write_iov_full(fd, win, m, ws, why) : 0;
+  int rc = m > 0 ? send_then_hash(fd, win, m, hs, ws, why) : 0;
+  if (rc == 0) hash_span(hs, NULL, 0);
+  return rc;
 }
 
 /* Chunk seq's checksum trailer, after its bytes. */
