@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark, one command: every figure is a ratio to a baseline measured
-# in the same run on the same machine (never an absolute target).
+# in the same run on the same machine (never an absolute target). Each side
+# is a best of several: the syncs as below, each baseline of three runs
+# (the memcpy into fresh memory: of one).
 #   control plane  one sync of N tiny tensors (wtx push, fresh worker) vs one
 #                  vLLM-style JSON POST of the same N names/dtypes/shapes to
 #                  FastAPI (bench/json_baseline.py); and 40k from the Python

@@ -1,7 +1,8 @@
 /* Same-run baseline for bench/run.sh: one loopback TCP stream, a plain C
  * sender and receiver (two threads, 1 MiB writes and reads, 4 MiB socket
- * buffers as the tcp backend sets), SIZE bytes. Prints GB/s: what the tcp
- * backend could at best reach on this machine.
+ * buffers as the tcp backend sets), SIZE bytes, three times on a new
+ * connection each. Prints the best in GB/s: what the tcp backend could at
+ * best reach on this machine.
  * usage: socket_baseline BYTES */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,6 +17,9 @@
 #include "common/clock.h"
 
 #define PIECE (1 << 20)
+/* Streams timed; the best is printed, as the bench takes the best of
+ * several syncs. */
+#define ROUNDS 3
 
 static size_t total;
 static int port;
@@ -46,6 +50,24 @@ static void *sender(void *arg) {
   return NULL;
 }
 
+/* Seconds to stream total bytes once over a new connection to lfd; -1 on
+ * failure. */
+static double stream_once(int lfd) {
+  pthread_t t;
+  double t0 = wtx_clock_s();
+  if (pthread_create(&t, NULL, sender, NULL) != 0) return -1;
+  int fd = accept(lfd, NULL, NULL);
+  tune(fd);
+  char *buf = malloc(PIECE);
+  size_t got = 0;
+  for (ssize_t r; buf != NULL && (r = read(fd, buf, PIECE)) > 0;) got += (size_t)r;
+  double dt = wtx_clock_s() - t0;
+  pthread_join(t, NULL);
+  close(fd);
+  free(buf);
+  return got == total ? dt : -1;
+}
+
 int main(int argc, char **argv) {
   total = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)1 << 30;
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -56,17 +78,12 @@ int main(int argc, char **argv) {
       getsockname(lfd, (struct sockaddr *)&a, &len) != 0)
     return 1;
   port = ntohs(a.sin_port);
-  pthread_t t;
-  double t0 = wtx_clock_s();
-  pthread_create(&t, NULL, sender, NULL);
-  int fd = accept(lfd, NULL, NULL);
-  tune(fd);
-  char *buf = malloc(PIECE);
-  size_t got = 0;
-  for (ssize_t r; (r = read(fd, buf, PIECE)) > 0;) got += (size_t)r;
-  double dt = wtx_clock_s() - t0;
-  pthread_join(t, NULL);
-  if (got != total) return 1;
-  printf("socket_stream_gbps %.3f\n", total / dt / 1e9);
+  double best = 1e30;
+  for (int i = 0; i < ROUNDS; i++) {
+    double dt = stream_once(lfd);
+    if (dt < 0) return 1;
+    if (dt < best) best = dt;
+  }
+  printf("socket_stream_gbps %.3f\n", total / best / 1e9);
   return 0;
 }
