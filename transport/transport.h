@@ -268,8 +268,8 @@ typedef struct wtx_trainer_transport {
    * (NCCL): every init call is started, then connect runs, then the calls
    * are awaited. 0: workers are initialized one after the other. */
   int collective_init;
-  /* 1: with checksums on, the backend hashes each piece just before it
-   * sends it and carries the checksums itself, after the bytes (tcp's
+  /* 1: with checksums on, the backend hashes each piece as it sends it
+   * (tcp: right after) and carries the checksums itself, after the bytes (tcp's
    * trailer), so the source is read once: the engine leaves
    * UpdateInfo.xxh3_64 empty and hands post_iov a wtx_chunk_sums. */
   int hashes_in_stream;
