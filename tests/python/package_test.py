@@ -287,6 +287,49 @@ class StandaloneWorkerTest(unittest.TestCase):
         self.assertEqual("", c.get_weight_info()[0].get("weight_version", ""))
         c.close()
 
+    def test_a_module_parameter_changed_since_metadata_is_caught_by_name(self):
+        # The adapter's fast case (a module's own parameter on the host,
+        # exactly as metadata describes it) must still catch a parameter
+        # whose shape or dtype changed after metadata was taken, and keep
+        # the weights published before.
+        import wtx
+        changes = {"shape": lambda p: torch.ones(3), "dtype": lambda p: p.data.double()}
+        c = wtx.WorkerClient([self.w.addr])
+        for what, change in changes.items():
+            with self.subTest(what):
+                m = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(4)) for _ in range(3)])
+                e = wtx.TrainerEngine.trainer_init({"rank": 0}, client=c,
+                                                   source=wtx.TorchModuleSource(m))
+                first = e.send_weights()["version"]
+                m[1].data = change(m[1])
+                with self.assertRaises(ValueError) as ex:
+                    e.send_weights()
+                self.assertIn("'1'", str(ex.exception))
+                e.shutdown()
+                self.assertEqual(first, c.get_weight_info()[0]["weight_version"])
+        c.close()
+
+    def test_a_module_source_sends_a_gathered_parameter_whole(self):
+        # A parameter whose type has full_tensor (as a DTensor's has) is sent
+        # as full_tensor() gives it, the others from their own memory.
+        import wtx
+
+        class Gathered(torch.nn.Parameter):  # full_tensor: the "gathered" bytes
+            def full_tensor(self):
+                return self.detach() * 2
+
+        m = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(4)),
+                                    Gathered(torch.full((4,), 3.0))])
+        c = wtx.WorkerClient([self.w.addr])
+        e = wtx.TrainerEngine.trainer_init({"rank": 0, "checksum": "xxh3_64"}, client=c,
+                                           source=wtx.TorchModuleSource(m))
+        r = e.send_weights()
+        e.shutdown()
+        c.close()
+        sums = [xxhash.xxh3_64_intdigest(t.numpy().tobytes())
+                for t in (torch.ones(4), torch.full((4,), 6.0))]
+        self.assertEqual(sums, list(r["xxh3"][:2]))
+
     def test_a_pass_of_many_tensors_arrives_whole_and_holds_one_copy_at_a_time(self):
         # The adapter hands the engine batches of tensors (one callback per
         # batch): a pass longer than a batch arrives whole and in order,
