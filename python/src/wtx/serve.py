@@ -124,12 +124,20 @@ class _Staged:
     host)."""
 
     def __init__(self) -> None:
-        self.names: dict[str, None] = {}  # ordered: prepare names the first missing
+        self.n = 0  # tensors staged
         self._parts: list[Any] = []
 
     def add_chunk(self, chunk: _Chunk) -> None:
         self._parts.append(chunk)
-        self.names.update(dict.fromkeys(chunk.names))
+        self.n += len(chunk.names)
+
+    def name_at(self, i: int) -> str:
+        """The name of the i-th tensor staged (i < n)."""
+        for part in self._parts:
+            if i < len(part.names):
+                return part.names[i]
+            i -= len(part.names)
+        raise IndexError(i)
 
     def add(self, name: str, tensor: Any) -> None:
         chunk = _Chunk([name])
@@ -141,7 +149,7 @@ class _Staged:
             yield from part.items()
 
     def clear(self) -> None:
-        self.names.clear()
+        self.n = 0
         self._parts.clear()
 
 
@@ -158,7 +166,10 @@ class _Host:
         self.lock = threading.Lock()  # C calls one at a time; commit vs readers of .version
         self.version = ""
         self.staged = _Staged()
-        self.loaded: set[str] = set()
+        # Tensors of this update loaded whole: the C worker loads them in
+        # the order it staged them (each chunk's, then the next's), so a
+        # count says which are, without a name per tensor.
+        self.loaded = 0
         # The module's parameters and buffers by name, listed once per
         # update (at its first check) instead of once per tensor checked,
         # which made an update quadratic in the number of parameters.
@@ -234,7 +245,7 @@ class _Host:
 
     def _begin(self, _m, target) -> int:
         self.staged.clear()
-        self.loaded.clear()
+        self.loaded = 0
         self.update_targets = None
         return 0
 
@@ -323,17 +334,15 @@ class _Host:
 
     def _loaded_chunk(self, _m, metas, n, _xxh3) -> int:
         try:
-            if n:
-                self.loaded.update(_meta_names(C.cast(metas, C.c_void_p).value, n))
+            self.loaded += n
             return 0
         except BaseException:  # noqa: BLE001 (a callback must not raise into C)
             log.exception("loaded")
             return _capi.EIO
 
     def _prepare(self, _m, version, err, errlen) -> int:
-        missing = self.staged.names.keys() - self.loaded
-        if missing:
-            first = next(n for n in self.staged.names if n in missing)
+        if self.loaded < self.staged.n:
+            first = self.staged.name_at(self.loaded)
             _capi.write_err(err, errlen, f"tensor '{first}' was staged but never completed")
             return _capi.ESTATE
         return 0
@@ -358,7 +367,7 @@ class _Host:
 
     def _abort(self, _m) -> None:
         self.staged.clear()
-        self.loaded.clear()
+        self.loaded = 0
         self.update_targets = None
 
     def _pause(self, _h, wait) -> None:
