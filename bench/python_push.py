@@ -5,7 +5,8 @@ run, steady state, a worker each. Run by bench/python_push.sh.
          and that synthetic model pushed by the C CLI into a Python host
          (wtx.serve of a module whose load_weights copies into its own
          tensors, as vLLM's do) against the C worker, third sync
-  tiny N: N tiny tensors (F32 [4], as bench/tiny_model.py writes) from
+  tiny N PATH [EACH]: N tiny tensors (F32 [4], or F32 [EACH], as
+         bench/tiny_model.py writes) from
          Python (TorchModuleSource of a ParameterList) against wtx push of
          that safetensors file, over shm, the best of syncs 3-7: the
          control plane, where Python's cost is per tensor; and the same
@@ -30,9 +31,11 @@ if os.environ.get("WTX_BENCH_NO_GC") == "1":
 
 worker, c_worker, cli = sys.argv[1], sys.argv[2], sys.argv[3]
 tiny = sys.argv[4] == "tiny"
+each = 4  # F32 elements a tensor (tiny)
 if tiny:
     n, path = int(sys.argv[5]), sys.argv[6]
-    model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(4)) for _ in range(n)])
+    each = int(sys.argv[7]) if len(sys.argv) > 7 else each
+    model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(each)) for _ in range(n)])
     warm, rounds, flags = 2, 5, ["--buffer-size", "64M", path]
 else:
     size = int(sys.argv[4])
@@ -77,7 +80,8 @@ def cli_push(workers: str, every: list | None = None) -> tuple[float, float]:
 
 
 c_sync, c_wall = cli_push(c_worker)
-what = f"{n} tiny tensors" if tiny else f"{r['bytes']} bytes"
+what = (f"{n} tiny tensors" if each == 4 else f"{n} tensors of F32 [{each}]") if tiny \
+    else f"{r['bytes']} bytes"
 best = f", best of {rounds}" if rounds > 1 else ""
 print(f"python TorchModuleSource: {what}, sync {py_sync:.3f} s (send_weights {py_wall:.3f} s{best})")
 print(f"C wtx push:               sync {c_sync:.3f} s (process {c_wall:.3f} s{best})")
@@ -90,7 +94,7 @@ class Host(torch.nn.Module):
 
     def __init__(self, names=()):
         super().__init__()
-        self.weights = {name: torch.zeros(4) for name in names}
+        self.weights = {name: torch.zeros(each) for name in names}
 
     def load_weights(self, items):
         for name, t in items:
