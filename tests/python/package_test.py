@@ -523,6 +523,43 @@ class ContractTest(unittest.TestCase):
                            for n, t in weights.items()}
             c.close()
 
+    def test_runs_of_one_kind_reach_a_served_module_bit_exact(self):
+        # The host makes the views of a run of small tensors of one kind in
+        # the buffer (each a 16-byte step after the last) in one call:
+        # runs longer than it makes at once, runs broken by another kind,
+        # and runs of one, each tensor where it belongs.
+        import wtx
+        g = torch.Generator().manual_seed(11)
+        weights = {f"a.{i}": torch.randn(3, generator=g) for i in range(2500)}  # 12 of 16 bytes
+        weights.update({f"b.{i}": torch.randn(5, generator=g).to(torch.bfloat16) for i in range(3)})
+        weights["c"] = torch.randn(3, generator=g)
+        weights["d"] = torch.randn(2, 2, generator=g)
+        weights.update({f"e.{i}": torch.randn(3, generator=g) for i in range(2)})
+        model = torch.nn.Module()
+        for name, t in weights.items():
+            model.register_buffer(name.replace(".", "_"), torch.zeros_like(t))
+
+        class Renamed(torch.nn.Module):  # buffers cannot hold dots in their names
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def load_weights(self, items):
+                for name, t in items:
+                    getattr(self.inner, name.replace(".", "_")).copy_(t)
+
+        with wtx.serve(Renamed(model), "127.0.0.1:0") as server:
+            c = wtx.WorkerClient([server.address])
+            e = wtx.TrainerEngine.trainer_init({"rank": 0, "buffer_size": 1 << 20}, client=c,
+                                               source=wtx.DictSource(weights))
+            e.send_weights()
+            e.shutdown()
+            c.close()
+        for name, t in weights.items():
+            got = getattr(model, name.replace(".", "_"))
+            self.assertEqual(t.shape, got.shape, name)
+            self.assertTrue(torch.equal(t, got), name)
+
     def test_a_tensor_larger_than_the_buffer_reaches_a_served_module_whole(self):
         # The chunk after the first holds the rest of the large tensor and
         # then new ones: the host stages only the new ones there (one

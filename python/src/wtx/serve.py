@@ -104,10 +104,46 @@ class _Chunk:
         self.stride: list[tuple[int, ...]] = []
 
     def items(self) -> Iterator[tuple[str, Any]]:
+        """(name, tensor) in order. A run of tensors of one kind at a
+        constant step in the buffer (up to _RUN of them) is made in two
+        calls, one view of the run and its unbind, instead of an as_strided
+        each (about 1.9 us a tensor); the run's views live while it is
+        read."""
         view = [t.as_strided for t in self.typed]
+        names, kind, offset = self.names, self.kind, self.offset
         shape, stride, own = self.shape, self.stride, self.own
-        for name, k, off in zip(self.names, self.kind, self.offset):
-            yield name, view[k](shape[k], stride[k], off) if k >= 0 else own[off]
+        i, n = 0, len(names)
+        while i < n:
+            k = kind[i]
+            if k < 0:
+                yield names[i], own[offset[i]]
+                i += 1
+                continue
+            j = _run_end(kind, offset, i, min(n, i + _RUN))
+            if j - i == 1:
+                yield names[i], view[k](shape[k], stride[k], offset[i])
+            else:
+                step = offset[i + 1] - offset[i]
+                run = view[k]((j - i, *shape[k]), (step, *stride[k]), offset[i])
+                yield from zip(names[i:j], run.unbind(0))
+            i = j
+
+
+# Tensors made per call in _Chunk.items: a run's views live until it is read.
+_RUN = 1024
+
+
+def _run_end(kind: list[int], offset: list[int], i: int, most: int) -> int:
+    """The end of the run from i (before most): the tensors after i of
+    i's kind, each the same step in elements after the one before it."""
+    k, j = kind[i], i + 1
+    if j == most or kind[j] != k or offset[j] <= offset[i]:
+        return j
+    step = offset[j] - offset[i]
+    j += 1
+    while j < most and kind[j] == k and offset[j] - offset[j - 1] == step:
+        j += 1
+    return j
 
 
 class _Staged:
