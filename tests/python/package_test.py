@@ -62,6 +62,22 @@ class Host:
         return self.proc.wait(timeout=30)
 
 
+class BufferHost(torch.nn.Module):
+    """A host with a zeroed buffer like each of weights, loaded by name
+    through load_weights (buffers cannot hold dots in their names: they
+    are kept in inner with underscores)."""
+
+    def __init__(self, weights: dict):
+        super().__init__()
+        self.inner = torch.nn.Module()
+        for name, t in weights.items():
+            self.inner.register_buffer(name.replace(".", "_"), torch.zeros_like(t))
+
+    def load_weights(self, items):
+        for name, t in items:
+            getattr(self.inner, name.replace(".", "_")).copy_(t)
+
+
 def same_weights(test, state: dict, model) -> None:
     params = dict(model.named_parameters())
     for name, p in params.items():
@@ -495,20 +511,9 @@ class ContractTest(unittest.TestCase):
             "fp8": torch.randn(7, generator=g).to(torch.float8_e4m3fn),
             "i64": torch.tensor([-(2 ** 40), 3]), "large": torch.randn(70_000, generator=g),
             "large.too": torch.randn(20_000, generator=g)})  # two of their own in one chunk
-        model = torch.nn.Module()
-        for name, t in weights.items():
-            model.register_buffer(name.replace(".", "_"), torch.zeros_like(t))
-
-        class Renamed(torch.nn.Module):  # buffers cannot hold dots in their names
-            def __init__(self, inner):
-                super().__init__()
-                self.inner = inner
-
-            def load_weights(self, items):
-                for name, t in items:
-                    getattr(self.inner, name.replace(".", "_")).copy_(t)
-
-        with wtx.serve(Renamed(model), "127.0.0.1:0") as server:
+        host = BufferHost(weights)
+        model = host.inner
+        with wtx.serve(host, "127.0.0.1:0") as server:
             c = wtx.WorkerClient([server.address])
             for step in (1, 2):  # the second names the tensors by position
                 e = wtx.TrainerEngine.trainer_init({"rank": 0, "buffer_size": 1 << 20},
@@ -535,20 +540,9 @@ class ContractTest(unittest.TestCase):
         weights["c"] = torch.randn(3, generator=g)
         weights["d"] = torch.randn(2, 2, generator=g)
         weights.update({f"e.{i}": torch.randn(3, generator=g) for i in range(2)})
-        model = torch.nn.Module()
-        for name, t in weights.items():
-            model.register_buffer(name.replace(".", "_"), torch.zeros_like(t))
-
-        class Renamed(torch.nn.Module):  # buffers cannot hold dots in their names
-            def __init__(self, inner):
-                super().__init__()
-                self.inner = inner
-
-            def load_weights(self, items):
-                for name, t in items:
-                    getattr(self.inner, name.replace(".", "_")).copy_(t)
-
-        with wtx.serve(Renamed(model), "127.0.0.1:0") as server:
+        host = BufferHost(weights)
+        model = host.inner
+        with wtx.serve(host, "127.0.0.1:0") as server:
             c = wtx.WorkerClient([server.address])
             e = wtx.TrainerEngine.trainer_init({"rank": 0, "buffer_size": 1 << 20}, client=c,
                                                source=wtx.DictSource(weights))
