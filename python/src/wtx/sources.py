@@ -180,10 +180,6 @@ def host_view(name: str, tensor: Any) -> tuple[int, int, Any, int]:
     return a.ctypes.data, a.nbytes, a, OWN_HOST if a is tensor else COPY
 
 
-def _is_torch_dtype(dtype: Any) -> bool:
-    return type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype"
-
-
 def _torch_types() -> tuple[Any, Any]:
     """(torch.Tensor, torch.nn.Parameter), or two empty tuples (isinstance
     of nothing) without torch."""
@@ -240,11 +236,10 @@ class CSource:
         self._meta_at = [base + i * size for i in range(self.n)]
         self._expect = [(m.name, self._arr[i].dtype, m.shape, self._arr[i].nbytes)
                         for i, m in enumerate(self.metas)]
-        # The fast case of _next_batch: (name, torch dtype, shape) of each,
-        # where metadata gives a torch dtype (None: never fast). torch's
-        # dtypes are singletons, so `is` compares them.
-        self._fast = [(m.name, m.dtype if _is_torch_dtype(m.dtype) else None, m.shape)
-                      for m in self.metas]
+        # The fast case of _next_batch: (name, dtype, shape) of each. torch's
+        # dtypes are singletons, so `is` compares them; a metadata dtype of
+        # another kind (numpy's, a name) is never a tensor's: never fast.
+        self._fast = [(m.name, m.dtype, m.shape) for m in self.metas]
         self._wire_of: dict[Any, int] = {}
         self._holds = bool(getattr(source, "holds_tensors", False))
         self._tensor, self._param = _torch_types()
