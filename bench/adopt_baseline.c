@@ -89,7 +89,8 @@ static void *consume(void *arg) {
 
 /* One version: release the one before last, then fill, seal, map and hash
  * every chunk. Its seconds. */
-static double version(chunks *c) {
+static double version(void *arg) {
+  chunks *c = arg;
   double t0 = wtx_clock_s();
   for (size_t k = 0; k < c->count; k++)
     if (c->prev[k] != NULL) munmap(c->prev[k], len_of(c, k));
@@ -113,12 +114,8 @@ int main(int argc, char **argv) {
   if (src == NULL || c.fds == NULL || c.now == NULL || c.prev == NULL) return 1;
   memset(src, 7, c.n);
   c.src = src;
-  double best = 1e30;
-  for (int i = 0; i < 4; i++) {
-    double s = version(&c);
-    if (s < 0) return 1; /* no thread */
-    if (i > 0 && s < best) best = s;
-  }
+  double best = wtx__bench_best_s(version, &c, 1, 3);
+  if (best < 0) return 1; /* no thread */
   if (atomic_load(&c.failed)) return 2;
   for (size_t k = 0; k < c.count; k++) /* what the worker would publish */
     if (memcmp(c.now[k], src + k * c.buf, len_of(&c, k)) != 0) return 3;

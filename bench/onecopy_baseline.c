@@ -68,7 +68,8 @@ static void *worker(void *arg) {
 }
 
 /* One pass; its seconds. */
-static double run(pass *p) {
+static double run(void *arg) {
+  pass *p = arg;
   atomic_store(&p->announced, 0);
   atomic_store(&p->done, 0);
   return wtx__bench_pair_s(trainer, worker, p);
@@ -76,13 +77,8 @@ static double run(pass *p) {
 
 static double best_gbps(pass *p, int hash) {
   p->hash = hash;
-  double best = 1e30;
-  for (int i = 0; i < 4; i++) { /* the first warms up */
-    double s = run(p);
-    if (s < 0) return -1; /* no thread */
-    if (i > 0 && s < best) best = s;
-  }
-  return p->n / best / 1e9;
+  double best = wtx__bench_best_s(run, p, 1, 3);
+  return best < 0 ? -1 : p->n / best / 1e9; /* -1: no thread */
 }
 
 int main(int argc, char **argv) {

@@ -19,3 +19,13 @@ double wtx__bench_pair_s(void *(*first)(void *), void *(*second)(void *), void *
   if (own) pthread_join(b, NULL);
   return wtx_clock_s() - t0;
 }
+
+double wtx__bench_best_s(double (*run)(void *), void *arg, int warm_up, int rounds) {
+  double best = -1;
+  for (int i = 0; i < warm_up + rounds; i++) {
+    double s = run(arg);
+    if (s < 0) return -1;
+    if (i >= warm_up && (best < 0 || s < best)) best = s;
+  }
+  return best;
+}

@@ -1,4 +1,4 @@
-/* The same-run baselines' two threads: a producer and a consumer. */
+/* The same-run baselines' harness: two threads at once, and a best of runs. */
 #ifndef WTX_BENCH_PAIR_H
 #define WTX_BENCH_PAIR_H
 
@@ -10,6 +10,11 @@
  * the first start to the last end, or -1 when no thread could start
  * (nothing ran). */
 double wtx__bench_pair_s(void *(*first)(void *), void *(*second)(void *), void *arg);
+
+/* The best (least) of rounds calls of run(arg), after warm_up calls not
+ * counted: each baseline's figure is a best of several, as wtx's are.
+ * -1 when a call returns a negative (it could not run). */
+double wtx__bench_best_s(double (*run)(void *), void *arg, int warm_up, int rounds);
 
 /* Bytes of chunk k when total bytes are cut into chunks of buf (the last
  * may be shorter). */

@@ -52,7 +52,8 @@ static void *consume(void *arg) {
 }
 
 /* One pass through the ring; its seconds. */
-static double run(ring *r) {
+static double run(void *arg) {
+  ring *r = arg;
   atomic_store(&r->filled, 0);
   atomic_store(&r->emptied, 0);
   return wtx__bench_pair_s(produce, consume, r);
@@ -86,12 +87,8 @@ int main(int argc, char **argv) {
   r.src = src;
   r.dst = dst;
   r.bufs = bufs;
-  double best = 1e30;
-  for (int i = 0; i < 3; i++) {
-    double s = run(&r);
-    if (s < 0) return 1; /* no thread */
-    if (s < best) best = s;
-  }
+  double best = wtx__bench_best_s(run, &r, 0, 3);
+  if (best < 0) return 1; /* no thread */
   if (memcmp(dst, src, r.n) != 0) return 2;
   printf("pipelined_gbps %.3f\n", r.n / best / 1e9);
   free(src);

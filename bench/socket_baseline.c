@@ -14,12 +14,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "bench/pair.h"
 #include "common/clock.h"
 
 #define PIECE (1 << 20)
-/* Streams timed; the best is printed, as the bench takes the best of
- * several syncs. */
-#define ROUNDS 3
 
 static size_t total;
 static int port;
@@ -50,9 +48,10 @@ static void *sender(void *arg) {
   return NULL;
 }
 
-/* Seconds to stream total bytes once over a new connection to lfd; -1 on
- * failure. */
-static double stream_once(int lfd) {
+/* Seconds to stream total bytes once over a new connection to the
+ * listening socket *arg; -1 on failure. */
+static double stream_once(void *arg) {
+  int lfd = *(const int *)arg;
   pthread_t t;
   double t0 = wtx_clock_s();
   if (pthread_create(&t, NULL, sender, NULL) != 0) return -1;
@@ -78,12 +77,8 @@ int main(int argc, char **argv) {
       getsockname(lfd, (struct sockaddr *)&a, &len) != 0)
     return 1;
   port = ntohs(a.sin_port);
-  double best = 1e30;
-  for (int i = 0; i < ROUNDS; i++) {
-    double dt = stream_once(lfd);
-    if (dt < 0) return 1;
-    if (dt < best) best = dt;
-  }
+  double best = wtx__bench_best_s(stream_once, &lfd, 0, 3); /* as wtx's figures */
+  if (best < 0) return 1;
   printf("socket_stream_gbps %.3f\n", total / best / 1e9);
   return 0;
 }
