@@ -4,10 +4,13 @@
 # working tree's; each side's package is its revision's. ROUNDS processes
 # of bench/python_push.py --tiny per side, alternating, each timing SYNCS
 # steady syncs of N tiny tensors from a TorchModuleSource into a C worker
-# (trainer) and from the C CLI into a wtx.serve host with load_weights
-# (host). Prints every sync's seconds, and each side's mean, median, p90
-# and best.
-# Usage: bench/python_ab.sh OLD [NEW] [--tiny 40000] [--rounds 3] [--syncs 10] [--no-gc]
+# (trainer), from the C CLI into a wtx.serve host with load_weights
+# (host), and into one whose load_weights only walks its items (walking:
+# wtx's own part). Prints every sync's seconds, and each side's mean,
+# median, p90 and best.
+# Usage: bench/python_ab.sh OLD [NEW] [--tiny 40000] [--each 4] [--rounds 3] [--syncs 10] [--no-gc]
+#   --each E: the N tensors are F32 [E] (20480: 80 KB, each a tensor of
+#        its own on the host, as an MoE model's experts are)
 #   NEW: a revision, or the working tree when left out. Both revisions'
 #        _capi.py must match the working tree's C API (tests/python's ABI
 #        check): an older package against a newer libwtx is not a test.
@@ -17,10 +20,11 @@ cd "$(dirname "$0")/.."
 old=$1; shift
 new=
 [ $# -gt 0 ] && [ "${1#-}" = "$1" ] && { new=$1; shift; }
-tiny=40000 rounds=3 syncs=10 nogc=
+tiny=40000 each=4 rounds=3 syncs=10 nogc=
 while [ $# -gt 0 ]; do
   case $1 in
     --tiny) tiny=$2; shift 2 ;;
+    --each) each=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --syncs) syncs=$2; shift 2 ;;
     --no-gc) nogc=1; shift ;;
@@ -50,7 +54,7 @@ import wtx_build; wtx_build.generate_stubs(pathlib.Path('proto').resolve(), path
 }
 package old "$old"
 package new "$new"
-.venv/bin/python bench/tiny_model.py "$tiny" "$tmp/tiny.safetensors"
+.venv/bin/python bench/tiny_model.py "$tiny" "$tmp/tiny.safetensors" "$each"
 for w in 1 2; do
   "$bin/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$tmp/port$w" --log-level warn &
   pids+=($!)
@@ -62,15 +66,15 @@ for _ in $(seq "$rounds"); do
     WTX_BENCH_RAW=1 WTX_BENCH_SYNCS="$syncs" WTX_BENCH_NO_GC="$g" WTX_LIBWTX="$bin/lib/libwtx.so" \
       PYTHONPATH="$tmp/$side" .venv/bin/python bench/python_push.py \
       "127.0.0.1:$(cat "$tmp/port1")" "127.0.0.1:$(cat "$tmp/port2")" "$bin/client/wtx" \
-      tiny "$tiny" "$tmp/tiny.safetensors" 2>/dev/null | sed -n "s/^raw /$side /p"
+      tiny "$tiny" "$tmp/tiny.safetensors" "$each" 2>/dev/null | sed -n "s/^raw /$side /p"
   done
 done >"$tmp/raw"
-echo "# $tiny tiny tensors, $rounds processes per side of $syncs syncs each, alternating${nogc:+; new: gc off}"
+echo "# $tiny tensors of F32 [$each], $rounds processes per side of $syncs syncs each, alternating${nogc:+; new: gc off}"
 .venv/bin/python - "$tmp/raw" "$old" "${new:-working tree}" <<'PY'
 import statistics, sys
 rows = [line.split() for line in open(sys.argv[1])]
 for side, rev in (("old", sys.argv[2]), ("new", sys.argv[3])):
-    for what in ("trainer:", "host:"):
+    for what in ("trainer:", "host:", "walking:"):
         v = [float(x) for r in rows if r[:2] == [side, what] for x in r[2:]]
         p90 = sorted(v)[len(v) * 9 // 10]
         print(f"{side} ({rev}) {what} mean {statistics.mean(v):.4f} s, median "

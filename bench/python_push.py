@@ -121,11 +121,12 @@ class Walker(Host):
             pass
 
 
-if RAW:  # bench/python_ab.sh: every sync of the two sides above
-    print("raw host:", " ".join(f"{x:.4f}" for x in host_all))
-    print("raw trainer:", " ".join(f"{x:.4f}" for x in py_all))
+walk_all: list = []
+with wtx.serve(Walker(names), "127.0.0.1:0") as server:
+    walk_sync, _ = cli_push(server.address, walk_all)
+if RAW:  # bench/python_ab.sh: every sync of the sides above
+    for what, v in (("host", host_all), ("walking", walk_all), ("trainer", py_all)):
+        print(f"raw {what}:", " ".join(f"{x:.4f}" for x in v))
 else:
-    with wtx.serve(Walker(names), "127.0.0.1:0") as server:
-        walk_sync, _ = cli_push(server.address)
     print(f"  the same, load_weights only walking its items (wtx's own part): sync "
           f"{walk_sync:.3f} s = {walk_sync / c_sync:.2f} x the C worker's{best}")
