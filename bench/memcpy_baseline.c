@@ -2,7 +2,12 @@
  * fast this machine copies SIZE bytes from fresh memory into fresh memory
  * (page faults included, as a worker's staging memory is fresh each sync),
  * from warm to warm in one call, and from warm to warm in 256 KiB pieces
- * (the warm ones the best of three).
+ * (the warm ones the best of three). Then the trainer's pack, as the shm
+ * backend's packing thread runs it (client/engine.c, copy_hashing): the
+ * warm source copied in 256 KiB pieces into a ring of 4 x 4 MiB, once
+ * plain and once hashing each piece (XXH3) right after its copy; their
+ * ratio is what checksums add to a sync whose critical path is that
+ * thread (bench/run.sh, checksums).
  * One large call lets glibc use non-temporal stores, which skip reading
  * the destination's lines before writing them; pieces below glibc's
  * threshold (set from the cache size) do not get them, which is why the
@@ -19,10 +24,12 @@
 #include <sys/mman.h>
 
 #include "common/clock.h"
+#include "common/hash.h"
 
 #define PIECE ((size_t)256 << 10)
 #define AHEAD ((size_t)1 << 20)
 #define ROUNDS 3
+#define RING ((size_t)16 << 20) /* the shm backend's default 4 x 4 MiB */
 
 /* Seconds to copy n bytes of src into fresh memory in PIECE pieces, each
  * AHEAD populated first when ahead; and in *present, to populate that
@@ -46,6 +53,44 @@ static double fresh_copy(const char *src, size_t n, int ahead, double *present) 
   if (present != NULL) *present = wtx_clock_s() - t0;
   munmap(d, n);
   return t;
+}
+
+/* Seconds to pack n bytes of src into ring (RING bytes) in PIECE pieces,
+ * hashing each after its copy into h when h is not NULL. */
+static double pack(char *ring, const char *src, size_t n, XXH3_state_t *h) {
+  double t0 = wtx_clock_s();
+  if (h != NULL) XXH3_64bits_reset(h);
+  for (size_t o = 0; o < n; o += PIECE) {
+    size_t k = n - o < PIECE ? n - o : PIECE;
+    char *d = ring + o % RING;
+    memcpy(d, src + o, k);
+    if (h != NULL) XXH3_64bits_update(h, d, k);
+  }
+  if (h != NULL && XXH3_64bits_digest(h) == 1) puts("");
+  return wtx_clock_s() - t0;
+}
+
+/* Prints the best of ROUNDS packs of n bytes, plain and hashed, in GB/s. */
+static int pack_rates(const char *src, size_t n) {
+  char *ring = malloc(RING);
+  XXH3_state_t *h = XXH3_createState();
+  if (ring == NULL || h == NULL) {
+    free(ring);
+    XXH3_freeState(h);
+    return 1;
+  }
+  memset(ring, 0, RING);
+  double plain = 1e30, hashed = 1e30;
+  for (int r = 0; r < ROUNDS; r++) {
+    double s = pack(ring, src, n, NULL);
+    if (s < plain) plain = s;
+    s = pack(ring, src, n, h);
+    if (s < hashed) hashed = s;
+  }
+  printf("pack_gbps %.3f\npack_hashed_gbps %.3f\n", n / plain / 1e9, n / hashed / 1e9);
+  free(ring);
+  XXH3_freeState(h);
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -85,7 +130,8 @@ int main(int argc, char **argv) {
   if (sum == 1) puts("");
   printf("memcpy_fresh_gbps %.3f\nmemcpy_warm_gbps %.3f\nmemcpy_pieces_gbps %.3f\n",
          n / cold / 1e9, n / warm / 1e9, n / pieces / 1e9);
-  free(src);
   free(dst);
-  return 0;
+  int rc = pack_rates(src, n);
+  free(src);
+  return rc;
 }

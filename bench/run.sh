@@ -16,7 +16,8 @@
 #                  and the worker copying from the trainer's tensors in
 #                  shared memory (bench/onecopy_baseline)
 #   tcp            the same vs one raw loopback TCP stream (bench/socket_baseline)
-#   checksums      shm, 1 worker, XXH3 on vs off
+#   checksums      shm and tcp, 1 worker, XXH3 on vs off; and the trainer's
+#                  pack alone, hashed vs plain (bench/memcpy_baseline)
 #   CPU            shm, 1 worker: CPU seconds per sync on each side, and the
 #                  shortest sync the machine's cores allow for them
 #   memory         peak RSS of a worker and of the trainer vs the model
@@ -36,6 +37,8 @@ ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
 
 echo "# wtx benchmark  $(date -u +%F)  $(nproc) cores  $(free -g | awk '/Mem:/ {print $2}') GiB  quick=$quick"
 echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s, warm in 256 KiB pieces $base_pieces GB/s"
+echo "baseline the trainer's pack, one thread, 256 KiB pieces into a 4 x 4 MiB ring: $pack GB/s," \
+  "each piece hashed after its copy $pack_hashed GB/s"
 sock=$("$bin/bench/socket_baseline" "$bytes" | awk '{print $2}')
 echo "baseline loopback TCP stream: $sock GB/s"
 pipe=$("$bin/bench/pipeline_baseline" "$bytes" | awk '{print $2}')
@@ -131,6 +134,8 @@ for backend in shm tcp; do
   echo "$backend: on ${on} s, off ${off} s: on / off = $(ratio "$on" "$off")"
   [ $backend = shm ] && shm_off=$off
 done
+echo "the trainer's pack alone (baseline above): hashed / plain = $(ratio "$pack" "$pack_hashed")," \
+  "what checksums add where that one thread is a sync's critical path"
 g=$(echo "$bytes / $shm_off / 1000000000" | bc -l | xargs printf "%.2f")
 echo "shm, checksums off: $g GB/s = $(ratio "$g" "$pipe") x the two-copy pipeline baseline"
 
@@ -172,3 +177,12 @@ for s in $sizes; do
   printf "%-6s %10s %12s\n" "$s" "$t" "$(ratio "$t" "$gib")"
   kill "${pids[-1]}" 2>/dev/null || true
 done
+
+echo
+echo "## the baselines again, at the end of the run: each ratio above is only as"
+echo "# steady as the baseline it divides by"
+again=$("$bin/bench/memcpy_baseline" "$bytes")
+sock_end=$("$bin/bench/socket_baseline" "$bytes" | awk '{print $2}')
+echo "warm memcpy: start $base_warm GB/s, end $(echo "$again" | awk '/warm/ {print $2}') GB/s;" \
+  "loopback TCP stream: start $sock GB/s, end $sock_end GB/s;" \
+  "the trainer's pack, hashed: start $pack_hashed GB/s, end $(echo "$again" | awk '/^pack_hashed_gbps/ {print $2}') GB/s"
