@@ -40,7 +40,9 @@ echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s, warm in 256 KiB p
 echo "baseline the trainer's pack, one thread, 256 KiB pieces into a 4 x 4 MiB ring: $pack GB/s," \
   "each piece hashed after its copy $pack_hashed GB/s"
 sock=$("$bin/bench/socket_baseline" "$bytes" | awk '{print $2}')
-echo "baseline loopback TCP stream: $sock GB/s"
+sock_lowat=$("$bin/bench/socket_baseline" "$bytes" lowat | awk '{print $2}')
+echo "baseline loopback TCP stream: $sock GB/s; with its receiver woken a MiB at a time (SO_RCVLOWAT," \
+  "as the tcp worker asks): $sock_lowat GB/s"
 pipe=$("$bin/bench/pipeline_baseline" "$bytes" | awk '{print $2}')
 echo "baseline two copies pipelined through a 4 x 4 MiB ring, one process: $pipe GB/s"
 adopt=$("$bin/bench/adopt_baseline" "$bytes" | awk '{print $2}')
@@ -109,6 +111,7 @@ for backend in shm tcp; do
     g=$("$bin/client/wtx" push --workers "$ws" --backend "$backend" --repeat 5 "synthetic:$size" |
       gbps_all | tail -3 | max)
     [ "$backend$n" = shm1 ] && shm1=$g
+    [ "$backend$n" = tcp1 ] && tcp1=$g
     row "$backend" "$n" "$g" "$backend"
   done
 done
@@ -116,6 +119,7 @@ g=$(for _ in 1 2 3; do "$bin/client/wtx" push --workers "$w1" --backend shm "syn
   gbps_all | max)
 row "shm (per process)" 1 "$g" shm
 
+echo "tcp, 1 worker: $tcp1 GB/s = $(ratio "$tcp1" "$sock_lowat") x the stream whose receiver is woken a MiB at a time"
 echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$adopt") x the one-copy ceiling (adopting sealed pages)"
 echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$onecopy") x the one-copy ceiling (copying from shared tensors);" \
   "that ceiling is $(ratio "$onecopy" "$base_warm") x the warm memcpy"

@@ -2,8 +2,10 @@
  * sender and receiver (two threads, 1 MiB writes and reads, 4 MiB socket
  * buffers as the tcp backend sets), SIZE bytes, three times on a new
  * connection each. Prints the best in GB/s: what the tcp backend could at
- * best reach on this machine.
- * usage: socket_baseline BYTES */
+ * best reach on this machine. With "lowat" after BYTES, the receiver also
+ * asks to be woken only once a whole read's MiB is in (SO_RCVLOWAT), as
+ * the tcp worker does (transport/tcp.c, wake_after); iperf3 does not.
+ * usage: socket_baseline BYTES [lowat] */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -20,7 +22,7 @@
 #define PIECE (1 << 20)
 
 static size_t total;
-static int port;
+static int port, lowat;
 
 static void tune(int fd) {
   int one = 1, buf = 4 << 20;
@@ -57,6 +59,8 @@ static double stream_once(void *arg) {
   if (pthread_create(&t, NULL, sender, NULL) != 0) return -1;
   int fd = accept(lfd, NULL, NULL);
   tune(fd);
+  int want = PIECE;
+  if (lowat) setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want);
   char *buf = malloc(PIECE);
   size_t got = 0;
   for (ssize_t r; buf != NULL && (r = read(fd, buf, PIECE)) > 0;) got += (size_t)r;
@@ -69,6 +73,7 @@ static double stream_once(void *arg) {
 
 int main(int argc, char **argv) {
   total = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)1 << 30;
+  lowat = argc > 2 && strcmp(argv[2], "lowat") == 0;
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET};
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

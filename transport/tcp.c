@@ -90,9 +90,27 @@ static const char *wait_why(int rc, const char *timeout) {
   return rc == WTX_ETIMEDOUT ? timeout : rc == WTX_ECANCELED ? "cancelled" : strerror(errno);
 }
 
+/* The most bytes a reader waits for before the kernel wakes it. */
+#define LOWAT_MAX ((size_t)1 << 20)
+
+/* Before a wait, asks the kernel to wake the reader only once want bytes
+ * (at most LOWAT_MAX) are in, instead of at every segment: on loopback the
+ * sender's own system call runs the receive path and wakes the reader, a
+ * cross-core interrupt each time, 9 % of a trainer's samples in a 1 GB
+ * sync (perf; bench/results/2026-12-01-epyc.md). The kernel still wakes it
+ * for a FIN, an error, or a receive buffer under pressure, and caps want
+ * at half that buffer; a failed setsockopt only loses the saving. */
+static void wake_after(int fd, uint64_t want) {
+  int lowat = want < LOWAT_MAX ? (int)want : (int)LOWAT_MAX;
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof lowat);
+}
+
 /* Reads exactly len bytes by the deadline: it bounds the whole read, so a
- * peer that trickles a byte at a time still fails in time. */
-static int read_full(int fd, void *buf, size_t len, const waitspec *ws, const char **why) {
+ * peer that trickles a byte at a time still fails in time. more: bytes the
+ * peer sends right after these without waiting for anything (the rest of
+ * a chunk), which the reader may wait for too; 0 when unsure. */
+static int read_more(int fd, void *buf, size_t len, uint64_t more, const waitspec *ws,
+                     const char **why) {
   uint8_t *p = buf;
   while (len > 0) {
     ssize_t r = recv(fd, p, len, MSG_DONTWAIT);
@@ -110,6 +128,7 @@ static int read_full(int fd, void *buf, size_t len, const waitspec *ws, const ch
       *why = strerror(errno);
       return WTX_EIO;
     }
+    wake_after(fd, len + more);
     int rc = wait_fd(fd, POLLIN, ws);
     if (rc != 0) {
       *why = wait_why(rc, "not all data within the timeout");
@@ -117,6 +136,10 @@ static int read_full(int fd, void *buf, size_t len, const waitspec *ws, const ch
     }
   }
   return 0;
+}
+
+static int read_full(int fd, void *buf, size_t len, const waitspec *ws, const char **why) {
+  return read_more(fd, buf, len, 0, ws, why);
 }
 
 /* Writes the n pieces of iov in order, all by the deadline: sendmsg with up
@@ -520,7 +543,8 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
       k = left < PIECE ? (size_t)left : PIECE;
       dst = w->bounce;
     }
-    if ((rc = read_full(w->up, dst, k, to, &why)) != 0)
+    uint64_t after = remaining - got > k ? remaining - got - k : 0; /* this chunk's */
+    if ((rc = read_more(w->up, dst, k, after, to, &why)) != 0)
       return worker_fail(w, rx, rc, "chunk %llu from %s after %llu of %llu "
                          "bytes: %s", (unsigned long long)w->seq, w->upstream,
                          (unsigned long long)got, (unsigned long long)remaining,
