@@ -15,7 +15,8 @@
 #                  the worker adopting sealed pages (bench/adopt_baseline),
 #                  and the worker copying from the trainer's tensors in
 #                  shared memory (bench/onecopy_baseline)
-#   tcp            the same vs one raw loopback TCP stream (bench/socket_baseline)
+#   tcp            the same vs one raw loopback TCP stream (bench/socket_baseline),
+#                  and the chain of three vs the same chain in plain C
 #   checksums      shm and tcp, 1 worker, XXH3 on vs off; and the trainer's
 #                  pack alone, hashed vs plain (bench/memcpy_baseline)
 #   CPU            shm, 1 worker: CPU seconds per sync on each side, and the
@@ -43,6 +44,9 @@ sock=$("$bin/bench/socket_baseline" "$bytes" | awk '{print $2}')
 sock_lowat=$("$bin/bench/socket_baseline" "$bytes" lowat | awk '{print $2}')
 echo "baseline loopback TCP stream: $sock GB/s; with its receiver woken a MiB at a time (SO_RCVLOWAT," \
   "as the tcp worker asks): $sock_lowat GB/s"
+chain3=$("$bin/bench/socket_baseline" "$bytes" chain 3 | awk '{print $2}')
+echo "baseline the tcp chain's shape in plain C (a sender, two relays that read a MiB and write it on," \
+  "a last receiver; a thread each): $chain3 GB/s to each = $(ratio "$chain3" "$sock") x the one stream"
 pipe=$("$bin/bench/pipeline_baseline" "$bytes" | awk '{print $2}')
 echo "baseline two copies pipelined through a 4 x 4 MiB ring, one process: $pipe GB/s"
 adopt=$("$bin/bench/adopt_baseline" "$bytes" | awk '{print $2}')
@@ -112,6 +116,7 @@ for backend in shm tcp; do
       gbps_all | tail -3 | max)
     [ "$backend$n" = shm1 ] && shm1=$g
     [ "$backend$n" = tcp1 ] && tcp1=$g
+    [ "$backend$n" = tcp3 ] && tcp3=$g
     row "$backend" "$n" "$g" "$backend"
   done
 done
@@ -120,6 +125,8 @@ g=$(for _ in 1 2 3; do "$bin/client/wtx" push --workers "$w1" --backend shm "syn
 row "shm (per process)" 1 "$g" shm
 
 echo "tcp, 1 worker: $tcp1 GB/s = $(ratio "$tcp1" "$sock_lowat") x the stream whose receiver is woken a MiB at a time"
+echo "tcp, chain of 3: $(ratio "$tcp3" "$tcp1") x one worker's rate; plain C's chain $(ratio "$chain3" "$sock") x its" \
+  "one stream; wtx's chain $(ratio "$tcp3" "$chain3") x plain C's"
 echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$adopt") x the one-copy ceiling (adopting sealed pages)"
 echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$onecopy") x the one-copy ceiling (copying from shared tensors);" \
   "that ceiling is $(ratio "$onecopy" "$base_warm") x the warm memcpy"

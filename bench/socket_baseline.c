@@ -5,11 +5,16 @@
  * best reach on this machine. With "lowat" after BYTES, the receiver also
  * asks to be woken only once a whole read's MiB is in (SO_RCVLOWAT), as
  * the tcp worker does (transport/tcp.c, wake_after); iperf3 does not.
- * usage: socket_baseline BYTES [lowat] */
+ * With "chain N", the tcp chain's shape in plain C: the sender, N - 1
+ * relays that each read a MiB and write it on, and a last receiver, a
+ * thread each; it prints the GB/s each receiver got, which against the one
+ * stream is what the machine's cores allow a relay chain.
+ * usage: socket_baseline BYTES [lowat | chain N] */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,9 +25,12 @@
 #include "common/clock.h"
 
 #define PIECE (1 << 20)
+#define MAX_HOPS 8
 
 static size_t total;
-static int port, lowat;
+static int lowat, hops = 1;
+static int lfds[MAX_HOPS], ports[MAX_HOPS]; /* receiver i listens on lfds[i] */
+static size_t got[MAX_HOPS];
 
 static void tune(int fd) {
   int one = 1, buf = 4 << 20;
@@ -31,59 +39,96 @@ static void tune(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
 }
 
-static void *sender(void *arg) {
-  (void)arg;
+/* A loopback listener in *lfd, its port in *port; nonzero on failure. */
+static int listen_on(int *lfd, int *port) {
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  *lfd = socket(AF_INET, SOCK_STREAM, 0);
+  if (*lfd < 0 || bind(*lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(*lfd, 1) != 0 ||
+      getsockname(*lfd, (struct sockaddr *)&a, &len) != 0)
+    return 1;
+  *port = ntohs(a.sin_port);
+  return 0;
+}
+
+/* A tuned connection to receiver i; the process exits when it fails. */
+static int dial(int i) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)ports[i])};
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   tune(fd);
   if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) exit(1);
+  return fd;
+}
+
+static void write_all(int fd, const char *p, size_t n) {
+  for (ssize_t w; n > 0; p += w, n -= (size_t)w)
+    if ((w = write(fd, p, n)) <= 0) exit(1);
+}
+
+static void *sender(void *arg) {
+  (void)arg;
+  int fd = dial(0);
   char *buf = calloc(1, PIECE);
-  for (size_t sent = 0; sent < total;) {
+  for (size_t sent = 0; buf != NULL && sent < total;) {
     size_t k = total - sent < PIECE ? total - sent : PIECE;
-    ssize_t w = write(fd, buf, k);
-    if (w <= 0) exit(1);
-    sent += (size_t)w;
+    write_all(fd, buf, k);
+    sent += k;
   }
   close(fd);
   free(buf);
   return NULL;
 }
 
-/* Seconds to stream total bytes once over a new connection to the
- * listening socket *arg; -1 on failure. */
-static double stream_once(void *arg) {
-  int lfd = *(const int *)arg;
-  pthread_t t;
-  double t0 = wtx_clock_s();
-  if (pthread_create(&t, NULL, sender, NULL) != 0) return -1;
-  int fd = accept(lfd, NULL, NULL);
+/* Receiver i: takes the stream on lfds[i], writes each read on to the
+ * next receiver unless it is the last, and counts in got[i]. */
+static void *receiver(void *arg) {
+  int i = (int)(intptr_t)arg;
+  int fd = accept(lfds[i], NULL, NULL), down = i + 1 < hops ? dial(i + 1) : -1;
   tune(fd);
   int want = PIECE;
   if (lowat) setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want);
   char *buf = malloc(PIECE);
-  size_t got = 0;
-  for (ssize_t r; buf != NULL && (r = read(fd, buf, PIECE)) > 0;) got += (size_t)r;
-  double dt = wtx_clock_s() - t0;
-  pthread_join(t, NULL);
+  got[i] = 0;
+  for (ssize_t r; buf != NULL && (r = read(fd, buf, PIECE)) > 0; got[i] += (size_t)r)
+    if (down >= 0) write_all(down, buf, (size_t)r);
+  if (down >= 0) close(down);
   close(fd);
   free(buf);
-  return got == total ? dt : -1;
+  return NULL;
+}
+
+/* Seconds to stream total bytes once through every receiver, each on a
+ * new connection; -1 on failure. */
+static double stream_once(void *arg) {
+  (void)arg;
+  pthread_t t[MAX_HOPS + 1];
+  double t0 = wtx_clock_s();
+  int n = 0;
+  for (; n < hops; n++)
+    if (pthread_create(&t[n], NULL, receiver, (void *)(intptr_t)n) != 0) break;
+  int sending = n == hops && pthread_create(&t[n], NULL, sender, NULL) == 0;
+  if (!sending) exit(1); /* started receivers wait in accept */
+  for (int i = 0; i <= hops; i++) pthread_join(t[i], NULL);
+  double dt = wtx_clock_s() - t0;
+  for (int i = 0; i < hops; i++)
+    if (got[i] != total) return -1;
+  return dt;
 }
 
 int main(int argc, char **argv) {
   total = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)1 << 30;
   lowat = argc > 2 && strcmp(argv[2], "lowat") == 0;
-  int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (bind(lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(lfd, 1) != 0 ||
-      getsockname(lfd, (struct sockaddr *)&a, &len) != 0)
-    return 1;
-  port = ntohs(a.sin_port);
-  double best = wtx__bench_best_s(stream_once, &lfd, 0, 3); /* as wtx's figures */
+  if (argc > 3 && strcmp(argv[2], "chain") == 0) hops = atoi(argv[3]);
+  if (hops < 1 || hops > MAX_HOPS) return 2;
+  for (int i = 0; i < hops; i++)
+    if (listen_on(&lfds[i], &ports[i]) != 0) return 1;
+  double best = wtx__bench_best_s(stream_once, NULL, 0, 3); /* as wtx's figures */
   if (best < 0) return 1;
-  printf("socket_stream_gbps %.3f\n", total / best / 1e9);
+  if (hops > 1)
+    printf("socket_chain%d_gbps %.3f\n", hops, total / best / 1e9);
+  else
+    printf("socket_stream_gbps %.3f\n", total / best / 1e9);
   return 0;
 }
