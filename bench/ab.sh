@@ -5,17 +5,21 @@
 # ROUNDS times each, and prints every sync time per side. The figures of
 # bench/results/*.md's "what changed" tables come from this.
 # Usage: bench/ab.sh OLD [NEW] [--backend shm|tcp] [--size 1G | --tiny N]
-#                    [--workers N] [--rounds 4] [--first] [--wall] [-- extra wtx push flags]
+#                    [--workers N] [--rounds 4] [--first] [--wall] [--repeat N]
+#                    [-- extra wtx push flags]
 #   --tiny N: N tiny tensors (bench/tiny_model.py), the control plane
 #   --first: the first sync to fresh workers (started anew for each one)
 #            instead of the steady state
 #   --wall: each push's process, start to exit, instead of its sync time
+#   --repeat N: each push makes N syncs from one trainer (wtx push --repeat)
+#            and its figure is the median of syncs 2-N, a training loop's
+#            steady state, instead of its one sync
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old=$1; shift
 new=
 [ $# -gt 0 ] && [ "${1#-}" = "$1" ] && { new=$1; shift; }
-backend=shm size=1G tiny= workers=1 rounds=4 first= wall= extra=()
+backend=shm size=1G tiny= workers=1 rounds=4 first= wall= repeat= extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --backend) backend=$2; shift 2 ;;
@@ -25,6 +29,7 @@ while [ $# -gt 0 ]; do
     --wall) wall=1; shift ;;
     --workers) workers=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "bench/ab.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -83,8 +88,13 @@ stop() { # SIDE
 }
 push() { # SIDE: one sync, its seconds (--wall: the process's)
   local t0=$(date +%s%N) s
-  s=$("$tmp/wtx-$1" push --workers "$(cat "$tmp/ws-$1")" --backend "$backend" \
-      "${extra[@]}" "$model" | sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1)
+  if [ -n "$repeat" ]; then
+    s=$("$tmp/wtx-$1" push --workers "$(cat "$tmp/ws-$1")" --backend "$backend" \
+        --repeat "$repeat" "${extra[@]}" "$model" | sed -nE 's/.* median ([0-9.e-]+) s.*/\1/p')
+  else
+    s=$("$tmp/wtx-$1" push --workers "$(cat "$tmp/ws-$1")" --backend "$backend" \
+        "${extra[@]}" "$model" | sed -nE 's/.* in ([0-9.]+) s .*/\1/p' | head -1)
+  fi
   [ -n "$wall" ] && s=$(awk -v ns=$(($(date +%s%N) - t0)) 'BEGIN { printf "%.4f", ns / 1e9 }')
   echo "$s"
 }
@@ -104,6 +114,7 @@ fi
 what="synthetic:$size"
 [ -n "$tiny" ] && what="$tiny tiny tensors"
 [ -n "$wall" ] && syncs="$syncs, each push's process start to exit"
+[ -n "$repeat" ] && syncs="$rounds pushes each after two warm-up syncs; each figure the median of a push's syncs 2-$repeat"
 echo "# $backend, $workers worker(s), $what ${extra[*]}, $syncs, alternating"
 echo "old ($old):${t[old]} s"
 echo "new (${new:-working tree}):${t[new]} s"
