@@ -194,6 +194,17 @@ echo "## the baselines again, at the end of the run: each ratio above is only as
 echo "# steady as the baseline it divides by"
 again=$("$bin/bench/memcpy_baseline" "$bytes")
 sock_end=$("$bin/bench/socket_baseline" "$bytes" | awk '{print $2}')
-echo "warm memcpy: start $base_warm GB/s, end $(echo "$again" | awk '/warm/ {print $2}') GB/s;" \
+warm_end=$(echo "$again" | awk '/warm/ {print $2}')
+pack_end=$(echo "$again" | awk '/^pack_hashed_gbps/ {print $2}')
+echo "warm memcpy: start $base_warm GB/s, end $warm_end GB/s;" \
   "loopback TCP stream: start $sock GB/s, end $sock_end GB/s;" \
-  "the trainer's pack, hashed: start $pack_hashed GB/s, end $(echo "$again" | awk '/^pack_hashed_gbps/ {print $2}') GB/s"
+  "the trainer's pack, hashed: start $pack_hashed GB/s, end $pack_end GB/s"
+# A baseline whose start is far below its end (a slow stretch of the
+# machine when it ran) makes every ratio over it look better than it is.
+for b in "warm memcpy:$base_warm:$warm_end" "loopback TCP stream:$sock:$sock_end"; do
+  IFS=: read -r name start end <<<"$b"
+  awk -v s="$start" -v e="$end" 'BEGIN {exit !(s < 0.8 * e)}' &&
+    echo "WARNING: $name ran $(ratio "$end" "$start")x faster at the end than at the start:" \
+      "the ratios above that divide by it overstate wtx; run the bench again"
+done
+true
