@@ -55,16 +55,20 @@ class TorchModuleSource:
         self._module = module
 
     @cached_property
-    def metadata(self) -> list[ParamMeta]:
-        metas = []
-        gathers = False  # a parameter's type has full_tensor (a DTensor)
+    def _taken(self) -> tuple[list[ParamMeta], bool]:
+        """metadata, and whether none of its parameters is gathered (no
+        DTensor type among them)."""
+        metas, plain = [], True
         for name, p in self._module.named_parameters():
-            gathers = gathers or callable(getattr(type(p), "full_tensor", None))
+            plain = plain and not _gathered(type(p))
             mesh = getattr(p, "device_mesh", None)
             owners = tuple(mesh.mesh.flatten().tolist()) if mesh is not None else None
             metas.append(ParamMeta(name, p.dtype, tuple(p.shape), owners=owners))
-        self._plain = not gathers
-        return metas
+        return metas, plain
+
+    @property
+    def metadata(self) -> list[ParamMeta]:
+        return self._taken[0]
 
     def owned_names(self, rank: int) -> list[str]:
         return owned_names(_Plain(self.metadata), rank)
@@ -73,16 +77,22 @@ class TorchModuleSource:
         # Without a DTensor when metadata was taken (which a pass must match
         # anyway), a pass is named_parameters() itself, with no step of ours
         # per tensor (40k tensors: 8 ms a pass).
-        if self.metadata is not None and self._plain:
+        if self._taken[1]:
             yield from self._module.named_parameters()
             return
-        gathers: dict[type, bool] = {}  # per type: a DTensor's full_tensor
+        gathers: dict[type, bool] = {}  # per type
         for name, p in self._module.named_parameters():
             kind = type(p)
             gather = gathers.get(kind)
             if gather is None:
-                gather = gathers[kind] = callable(getattr(kind, "full_tensor", None))
+                gather = gathers[kind] = _gathered(kind)
             yield name, p.full_tensor() if gather else p
+
+
+def _gathered(kind: type) -> bool:
+    """Whether a parameter of this type is sent gathered: a DTensor's type,
+    which has full_tensor()."""
+    return callable(getattr(kind, "full_tensor", None))
 
 
 class DictSource:
@@ -234,12 +244,11 @@ class CSource:
         # described as it is, so the engine reports how it disagrees.
         base, size = C.addressof(self._arr), C.sizeof(_capi.TensorMeta)
         self._meta_at = [base + i * size for i in range(self.n)]
-        self._expect = [(m.name, self._arr[i].dtype, m.shape, self._arr[i].nbytes)
-                        for i, m in enumerate(self.metas)]
-        # The fast case of _next_batch: (name, dtype, shape) of each. torch's
-        # dtypes are singletons, so `is` compares them; a metadata dtype of
+        # The last field, metadata's own dtype, is for _next_batch's fast
+        # case: torch's dtypes are singletons, so `is` compares them; one of
         # another kind (numpy's, a name) is never a tensor's: never fast.
-        self._fast = [(m.name, m.dtype, m.shape) for m in self.metas]
+        self._expect = [(m.name, self._arr[i].dtype, m.shape, self._arr[i].nbytes, m.dtype)
+                        for i, m in enumerate(self.metas)]
         self._wire_of: dict[Any, int] = {}
         self._holds = bool(getattr(source, "holds_tensors", False))
         self._tensor, self._param = _torch_types()
@@ -293,7 +302,7 @@ class CSource:
             held = self._held[key] = []  # the last batch's copies go
             tensors, in_place, i = self._iters[key], self._in_place[key], self._pos[key]
             tensor_t, param_t, holds = self._tensor, self._param, self._holds
-            fast, meta_at, n = self._fast, self._meta_at, self.n
+            expect, meta_at, n = self._expect, self._meta_at, self.n
             m_out: list[int] = []
             d_out: list[int] = []
             k_out: list[int] = []
@@ -310,22 +319,20 @@ class CSource:
                 # host, exactly as metadata describes it (same name, dtype
                 # object and shape: so the same bytes too).
                 if ((cls is param_t or (holds and cls is tensor_t)) and i < n
-                        and tensor.is_cpu and tensor.is_contiguous()):
-                    want = fast[i]
-                    if name == want[0] and tensor.dtype is want[1] and tensor.shape == want[2]:
-                        in_place.append(tensor)
-                        m_out.append(meta_at[i])
-                        d_out.append(tensor.data_ptr())
-                        k_out.append(OWN_HOST)
-                        i += 1
-                        continue
-                if (isinstance(tensor, tensor_t) and tensor.is_cpu and tensor.is_contiguous()
-                        and (holds or isinstance(tensor, param_t))):
-                    in_place.append(tensor)  # the common case: sent from its own memory
-                    addr, nbytes, kind = tensor.data_ptr(), tensor.nbytes, OWN_HOST
+                        and tensor.is_cpu and tensor.is_contiguous()
+                        and name == expect[i][0] and tensor.dtype is expect[i][4]
+                        and tensor.shape == expect[i][2]):
+                    in_place.append(tensor)
+                    meta, addr, kind = meta_at[i], tensor.data_ptr(), OWN_HOST
                 else:
-                    addr, nbytes, kind = self._view(name, tensor, held, in_place)
-                m_out.append(self._meta(i, name, tensor, nbytes, held))
+                    if (isinstance(tensor, tensor_t) and tensor.is_cpu
+                            and tensor.is_contiguous() and (holds or isinstance(tensor, param_t))):
+                        in_place.append(tensor)  # sent from its own memory
+                        addr, nbytes, kind = tensor.data_ptr(), tensor.nbytes, OWN_HOST
+                    else:
+                        addr, nbytes, kind = self._view(name, tensor, held, in_place)
+                    meta = self._meta(i, name, tensor, nbytes, held)
+                m_out.append(meta)
                 d_out.append(addr)
                 k_out.append(kind)
                 i += 1
