@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "bench/pair.h"
 #include "common/clock.h"
 #include "common/hash.h"
 
@@ -55,42 +56,45 @@ static double fresh_copy(const char *src, size_t n, int ahead, double *present) 
   return t;
 }
 
-/* Seconds to pack n bytes of src into ring (RING bytes) in PIECE pieces,
- * hashing each after its copy into h when h is not NULL. */
-static double pack(char *ring, const char *src, size_t n, XXH3_state_t *h) {
+/* The trainer's pack: n bytes of src into ring (RING bytes) in PIECE
+ * pieces, each hashed after its copy into h unless h is NULL. */
+typedef struct packing {
+  char *ring;
+  const char *src;
+  size_t n;
+  XXH3_state_t *h;
+} packing;
+
+/* One pack; its seconds. */
+static double pack(void *arg) {
+  const packing *p = arg;
   double t0 = wtx_clock_s();
-  if (h != NULL) XXH3_64bits_reset(h);
-  for (size_t o = 0; o < n; o += PIECE) {
-    size_t k = n - o < PIECE ? n - o : PIECE;
-    char *d = ring + o % RING;
-    memcpy(d, src + o, k);
-    if (h != NULL) XXH3_64bits_update(h, d, k);
+  if (p->h != NULL) XXH3_64bits_reset(p->h);
+  for (size_t o = 0; o < p->n; o += PIECE) {
+    size_t k = p->n - o < PIECE ? p->n - o : PIECE;
+    char *d = p->ring + o % RING;
+    memcpy(d, p->src + o, k);
+    if (p->h != NULL) XXH3_64bits_update(p->h, d, k);
   }
-  if (h != NULL && XXH3_64bits_digest(h) == 1) puts("");
   return wtx_clock_s() - t0;
 }
 
 /* Prints the best of ROUNDS packs of n bytes, plain and hashed, in GB/s. */
 static int pack_rates(const char *src, size_t n) {
-  char *ring = malloc(RING);
+  packing p = {malloc(RING), src, n, NULL};
   XXH3_state_t *h = XXH3_createState();
-  if (ring == NULL || h == NULL) {
-    free(ring);
-    XXH3_freeState(h);
-    return 1;
-  }
-  memset(ring, 0, RING);
-  double plain = 1e30, hashed = 1e30;
-  for (int r = 0; r < ROUNDS; r++) {
-    double s = pack(ring, src, n, NULL);
-    if (s < plain) plain = s;
-    s = pack(ring, src, n, h);
-    if (s < hashed) hashed = s;
-  }
+  int rc = 1;
+  if (p.ring == NULL || h == NULL) goto fail;
+  memset(p.ring, 0, RING);
+  double plain = wtx__bench_best_s(pack, &p, 0, ROUNDS);
+  p.h = h;
+  double hashed = wtx__bench_best_s(pack, &p, 0, ROUNDS);
   printf("pack_gbps %.3f\npack_hashed_gbps %.3f\n", n / plain / 1e9, n / hashed / 1e9);
-  free(ring);
+  rc = 0;
+fail:
+  free(p.ring);
   XXH3_freeState(h);
-  return 0;
+  return rc;
 }
 
 int main(int argc, char **argv) {
