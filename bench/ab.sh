@@ -14,6 +14,8 @@
 #   --repeat N: each push makes N syncs from one trainer (wtx push --repeat)
 #            and its figure is the median of syncs 2-N, a training loop's
 #            steady state, instead of its one sync
+# Unless --first, it also prints each side's workers' CPU (utime + stime)
+# per sync of the measured pushes, every sync of each counted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old=$1; shift
@@ -105,9 +107,17 @@ if [ -n "$first" ]; then
   done
   syncs="the first sync to fresh workers, $rounds each"
 else
-  for side in old new; do start "$side"; push "$side" >/dev/null; push "$side" >/dev/null; done
+  # The workers' CPU (utime + stime, all of a side's workers) over the
+  # measured pushes, so that a change's cost on the worker shows as well.
+  ticks() { local p n=0; for p in ${side_pids[$1]}; do n=$((n + $(awk '{print $14 + $15}' /proc/"$p"/stat))); done; echo $n; }
+  declare -A cpu
+  for side in old new; do start "$side"; push "$side" >/dev/null; push "$side" >/dev/null; cpu[$side]=0; done
   for _ in $(seq "$rounds"); do
-    for side in old new; do t[$side]="${t[$side]:-} $(push "$side")"; done
+    for side in old new; do
+      c0=$(ticks "$side")
+      t[$side]="${t[$side]:-} $(push "$side")"
+      cpu[$side]=$((cpu[$side] + $(ticks "$side") - c0))
+    done
   done
   syncs="syncs 3-$((rounds + 2))"
 fi
@@ -118,3 +128,10 @@ what="synthetic:$size"
 echo "# $backend, $workers worker(s), $what ${extra[*]}, $syncs, alternating"
 echo "old ($old):${t[old]} s"
 echo "new (${new:-working tree}):${t[new]} s"
+if [ -z "$first" ]; then  # per sync: a push makes --repeat syncs, else one
+  n=$((rounds * ${repeat:-1}))
+  for side in old new; do
+    awk -v c="${cpu[$side]}" -v hz="$(getconf CLK_TCK)" -v n=$n -v s=$side \
+      'BEGIN {printf "%s: the workers'"'"' CPU %.4f s per sync\n", s, c / hz / n}'
+  done
+fi
