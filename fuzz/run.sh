@@ -25,7 +25,7 @@ build() {  # name sources... -- libs...
     { cat "$tmp/$name.build"; echo "FAIL: $name does not build"; exit 1; }
 }
 
-build requests fuzz/fuzz_requests.c common/text.c common/tensor.c common/error.c common/copy.c \
+build requests fuzz/fuzz_requests.c common/text.c common/tensor.c common/error.c common/copy.c common/copy_xxh3.c \
   transport/rx.c transport/wire.c "${pb[@]}" -- -lprotobuf-c -lxxhash -lunistring
 build tcp_frame fuzz/fuzz_tcp_frame.c transport/tcp_frame.c --
 build safetensors fuzz/fuzz_safetensors.c common/safetensors.c common/strmap.c common/arena.c \
