@@ -38,12 +38,15 @@
 
 typedef struct pool pool;
 
+/* data starts on a 64-byte line: a receive streams whole aligned lines
+ * into it while hashing them (wtx__copy_hash), which needs the tensor's
+ * first byte at a line's start. */
 typedef struct blob {
   atomic_int refs;
   uint64_t len;
   pool *pool;        /* where it returns when unreferenced */
   struct blob *next; /* in the pool */
-  uint8_t data[];
+  _Alignas(64) uint8_t data[];
 } blob;
 
 /* The free buffers of one length: a version's tensor of that length
@@ -132,7 +135,8 @@ static blob *blob_new(pool *p, uint64_t len) {
     m->free = b->next;
     m->n--;
   } else {
-    b = malloc(sizeof *b + (len ? len : 1));
+    size_t size = sizeof *b + (len ? len : 1);
+    b = aligned_alloc(_Alignof(blob), (size + _Alignof(blob) - 1) & ~(_Alignof(blob) - 1));
     if (b == NULL) return NULL;
     b->len = len;
     b->pool = p;

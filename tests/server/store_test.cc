@@ -109,6 +109,18 @@ TEST_F(StoreTest, TheNextUpdateStagesIntoTheBuffersOfTheVersionBeforeLast) {
   wtx_store_release(s_, &v);
 }
 
+// A tensor above the slab size starts on a 64-byte line, fresh or reused,
+// whatever its length: the receive streams whole aligned lines into it
+// while hashing them (wtx__copy_hash), and falls back to slower stores
+// where the first byte is not at a line's start.
+TEST_F(StoreTest, LargeTensorsStartOnA64ByteLine) {
+  for (const char *v : {"v1", "v2", "v3"}) {
+    std::vector<uint8_t *> d =
+        Publish(v, {{"a", (1 << 20) + 3, 1}, {"b", 5000, 2}, {"c", (3 << 20) + 17, 3}});
+    for (uint8_t *p : d) EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(p) % 64) << v;
+  }
+}
+
 // The pool holds the version before last between updates; an update that
 // stages fewer tensors of a length than the pool holds gives the rest back.
 TEST_F(StoreTest, EachPublishLeavesTheVersionBeforeLastInThePool) {
