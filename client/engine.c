@@ -11,6 +11,7 @@
 #include "client/fanout.h"
 #include "client/source.h"
 #include "common/clock.h"
+#include "common/copy.h"
 #include "common/hash.h"
 #include "common/layout.h"
 #include "transport/transport.h"
@@ -325,20 +326,11 @@ static int cursor_end(cursor *c) {
   return r < 0 ? fail(c->t, r, "source: iteration failed at its end") : 0;
 }
 
-/* Bytes copied and then hashed at a time: small enough that the hash reads
- * what the copy just wrote from L2, not the model's memory a second time. */
-#define HASH_PIECE ((size_t)256 << 10)
-
-/* Copies n bytes from src to dst, hashing them into h (may be NULL) in one
- * pass over the source. */
-static void copy_hashing(uint8_t *dst, const uint8_t *src, size_t n, XXH3_state_t *h) {
-  for (size_t o = 0; o < n;) {
-    size_t k = n - o < HASH_PIECE ? n - o : HASH_PIECE;
-    memcpy(dst + o, src + o, k);
-    if (h != NULL) XXH3_64bits_update(h, dst + o, k);
-    o += k;
-  }
-}
+/* A tensor of at most this many bytes, taken whole in one piece, is copied
+ * and then hashed at once from L1: XXH3's streaming state (its reset,
+ * update and digest) costs more than such a tensor's bytes. Larger ones
+ * are hashed while they are copied (wtx__copy_hash). */
+#define ONE_MAX ((size_t)16 << 10)
 
 /* Where a chunk's bytes go: into buf; or, for a backend that sends from
  * the caller's memory (iov not NULL), named in iov in order, each piece in
@@ -373,7 +365,7 @@ static int take(pack_out *out, uint64_t used, const wtx__tensor_data *d, uint64_
   }
   const uint8_t *src = d->host + off;
   if (out->iov == NULL || !d->stays) {
-    copy_hashing(out->buf + used, src, k, h);
+    wtx__copy_hash(out->buf + used, src, k, h, 0); /* the workers read it next */
     src = out->buf + used;
   } else if (h != NULL) {
     XXH3_64bits_update(h, src, k);
@@ -395,10 +387,7 @@ static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
     if (rc != 0) return rc;
     uint64_t k = c->metas[i].nbytes - off;
     if (k > ch->bytes - used) k = ch->bytes - used;
-    /* A tensor taken whole in one piece is hashed at once, from the cache
-     * its copy just read it into; the streaming state's reset, update and
-     * digest cost more than a tiny tensor's bytes. */
-    int one = verify && off == 0 && k == c->metas[i].nbytes && k <= HASH_PIECE;
+    int one = verify && off == 0 && k == c->metas[i].nbytes && k <= ONE_MAX;
     if (off == 0 && verify && !one) XXH3_64bits_reset(c->h);
     rc = take(out, used, &c->d, off, (size_t)k, verify && !one ? c->h : NULL);
     if (rc != 0) return fail(c->t, rc, "%s: cannot take '%s' from device memory",

@@ -274,9 +274,10 @@ static void hash_piece(wtx_rx *rx, const uint8_t *src, size_t k) {
   }
 }
 
-/* Advances past len bytes, hashing them when verifying: from host (a copy
- * of them, contiguous) or, when NULL, where they were written in place. */
-static int advance(wtx_rx *rx, size_t len, const uint8_t *host) {
+/* Advances past len bytes, hashing them when verifying (unless hashed:
+ * they are in rx->h already): from host (a copy of them, contiguous) or,
+ * when NULL, where they were written in place. */
+static int advance(wtx_rx *rx, size_t len, const uint8_t *host, int hashed) {
   if (len > rx->left) {
     wtx_rx_errorf(rx, "chunk carries more than its %llu bytes",
                   (unsigned long long)rx->chunk);
@@ -290,7 +291,7 @@ static int advance(wtx_rx *rx, size_t len, const uint8_t *host) {
     }
     uint64_t left = rx->t[rx->cur].nbytes - rx->pos;
     size_t k = len < left ? len : (size_t)left;
-    if (rx->verify) hash_piece(rx, host ? host : rx->t[rx->cur].dst + rx->pos, k);
+    if (rx->verify && !hashed) hash_piece(rx, host ? host : rx->t[rx->cur].dst + rx->pos, k);
     if (host != NULL) host += k;
     rx->pos += k;
     len -= k;
@@ -308,7 +309,7 @@ static int host_refused(wtx_rx *rx) {
 
 int wtx_rx_commit(wtx_rx *rx, size_t len) {
   if (rx->device) return host_refused(rx);
-  return advance(rx, len, NULL);
+  return advance(rx, len, NULL, 0);
 }
 
 int wtx_rx_commit_device(wtx_rx *rx, size_t len, const uint8_t *host) {
@@ -317,8 +318,17 @@ int wtx_rx_commit_device(wtx_rx *rx, size_t len, const uint8_t *host) {
                                  : "device commit into host staging");
     return WTX_EPROTO;
   }
-  return advance(rx, len, host);
+  return advance(rx, len, host, 0);
 }
+
+/* Pieces (and whole tensors) from this size on are copied with
+ * non-temporal stores, hashed in the same pass (wtx__copy_hash): the
+ * staging is not read again soon. Smaller ones go through memcpy and are
+ * hashed from their destination, in cache. (Streaming stores: 1 GB into a
+ * model's staging over shm, one worker, steady state, bench/ab.sh 48d530c
+ * f84e396 --rounds 12: median 0.234 s with memcpy, 0.210 s streamed; best
+ * 0.214 and 0.168 s.) */
+#define STREAM_MIN ((size_t)64 << 10)
 
 /* Copies the whole tensors at the front of data (len bytes) into place,
  * each hashed at once; returns the bytes taken. 40k tiny tensors arrive
@@ -328,9 +338,13 @@ static size_t whole_tensors(wtx_rx *rx, const uint8_t *data, size_t len) {
   while (rx->cur < rx->n && rx->pos == 0) {
     const wtx_rx_tensor *t = &rx->t[rx->cur];
     if (t->nbytes == 0 || t->nbytes > len - done || t->nbytes > rx->left) break;
-    memcpy(t->dst, data + done, t->nbytes);
-    if (rx->verify) rx->digests[rx->cur] = XXH3_64bits(t->dst, t->nbytes);
-    rx->whole = 1; /* its digest is set (unused unless verifying) */
+    if (t->nbytes < STREAM_MIN) {
+      memcpy(t->dst, data + done, t->nbytes);
+      if (rx->verify) rx->digests[rx->cur] = XXH3_64bits(t->dst, t->nbytes);
+      rx->whole = 1; /* its digest is set (unused unless verifying) */
+    } else { /* rx->h is fresh: complete_filled takes its digest */
+      wtx__copy_hash(t->dst, data + done, t->nbytes, rx->verify ? rx->h : NULL, 1);
+    }
     rx->pos = t->nbytes;
     done += t->nbytes;
     rx->left -= t->nbytes;
@@ -338,14 +352,6 @@ static size_t whole_tensors(wtx_rx *rx, const uint8_t *data, size_t len) {
   }
   return done;
 }
-
-/* Pieces from this size on are copied with wtx__copy_stream (non-temporal
- * stores: common/copy.h) and hashed from their source; smaller ones go
- * through memcpy and are hashed from their destination, in cache. (1 GB
- * into a model's staging over shm, one worker, steady state, bench/ab.sh
- * 48d530c f84e396 --rounds 12: median 0.234 s with memcpy, 0.210 s with
- * the streaming copy; best 0.214 and 0.168 s.) */
-#define STREAM_MIN ((size_t)64 << 10)
 
 int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len) {
   if (rx->device) return host_refused(rx);
@@ -363,9 +369,9 @@ int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len) {
     }
     size_t k = len < room ? len : room;
     int rc;
-    if (k >= STREAM_MIN) { /* dst is not in cache after it: hash data */
-      wtx__copy_stream(dst, data, k);
-      rc = advance(rx, k, data);
+    if (k >= STREAM_MIN) {
+      wtx__copy_hash(dst, data, k, rx->verify ? rx->h : NULL, 1);
+      rc = advance(rx, k, NULL, 1);
     } else {
       memcpy(dst, data, k);
       rc = wtx_rx_commit(rx, k);

@@ -4,8 +4,8 @@
  * it in the chunk's ShmUpdateInfo; the worker opens the object (once, while
  * the trainer keeps using it; only "/wtx-..." objects of its own user), maps
  * it read-only and copies the chunk once, straight into the model's staging
- * memory (non-temporal stores: see wtx_rx_bytes), hashing each piece from
- * the mapping right after copying it, while it is in cache.
+ * memory (non-temporal stores: see wtx_rx_bytes), hashing what it copies in
+ * the same pass (wtx__copy_hash).
  *
  * Trainer half: one object of num_buffers x buffer_size bytes; buffer k is
  * the range [k * buffer_size, +buffer_size). The bytes are in place once
@@ -28,8 +28,7 @@
 /* Regions a worker reads: named by the project's prefix and owned by the
  * worker's own user (docs/security.md). */
 #define REGION_PREFIX "/wtx-"
-/* Bytes copied at a time: the assembler hashes each piece right after
- * copying it, while it is still in L2, and cancel is checked between. */
+/* Bytes copied (and hashed) at a time; cancel is checked between. */
 #define PIECE ((size_t)256 << 10)
 
 typedef struct shm_worker {
