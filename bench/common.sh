@@ -14,6 +14,8 @@ base_warm=$(echo "$baseline" | awk '/warm/ {print $2}')
 base_pieces=$(echo "$baseline" | awk '/pieces/ {print $2}')
 pack=$(echo "$baseline" | awk '/^pack_gbps/ {print $2}')
 pack_hashed=$(echo "$baseline" | awk '/^pack_hashed_gbps/ {print $2}')
+pack_twopass=$(echo "$baseline" | awk '/^pack_twopass_gbps/ {print $2}')
+pack_kernel=$(echo "$baseline" | awk '/^pack_kernel/ {print $2}')
 tmp=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT

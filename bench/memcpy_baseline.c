@@ -3,11 +3,12 @@
  * (page faults included, as a worker's staging memory is fresh each sync),
  * from warm to warm in one call, and from warm to warm in 256 KiB pieces
  * (the warm ones the best of three). Then the trainer's pack, as the shm
- * backend's packing thread runs it (client/engine.c, copy_hashing): the
- * warm source copied in 256 KiB pieces into a ring of 4 x 4 MiB, once
- * plain and once hashing each piece (XXH3) right after its copy; their
- * ratio is what checksums add to a sync whose critical path is that
- * thread (bench/run.sh, checksums).
+ * backend's packing thread runs it (client/engine.c, take): the warm
+ * source copied in 256 KiB pieces into a ring of 4 x 4 MiB, once plain,
+ * once hashing (XXH3) in the same pass (wtx__copy_hash) and once hashing
+ * each piece right after its copy (two passes, the engine's way before);
+ * hashed / plain is what checksums add to a sync whose critical path is
+ * that thread (bench/run.sh, checksums).
  * One large call lets glibc use non-temporal stores, which skip reading
  * the destination's lines before writing them; pieces below glibc's
  * threshold (set from the cache size) do not get them, which is why the
@@ -25,6 +26,7 @@
 
 #include "bench/pair.h"
 #include "common/clock.h"
+#include "common/copy.h"
 #include "common/hash.h"
 
 #define PIECE ((size_t)256 << 10)
@@ -57,12 +59,15 @@ static double fresh_copy(const char *src, size_t n, int ahead, double *present) 
 }
 
 /* The trainer's pack: n bytes of src into ring (RING bytes) in PIECE
- * pieces, each hashed after its copy into h unless h is NULL. */
+ * pieces, each hashed into h unless h is NULL: in the same pass
+ * (wtx__copy_hash, as client/engine.c does) or, twopass, after its copy,
+ * from L2 (as the engine did before the fused kernels). */
 typedef struct packing {
   char *ring;
   const char *src;
   size_t n;
   XXH3_state_t *h;
+  int twopass;
 } packing;
 
 /* One pack; its seconds. */
@@ -72,16 +77,22 @@ static double pack(void *arg) {
   if (p->h != NULL) XXH3_64bits_reset(p->h);
   for (size_t o = 0; o < p->n; o += PIECE) {
     size_t k = p->n - o < PIECE ? p->n - o : PIECE;
-    char *d = p->ring + o % RING;
-    memcpy(d, p->src + o, k);
-    if (p->h != NULL) XXH3_64bits_update(p->h, d, k);
+    uint8_t *d = (uint8_t *)p->ring + o % RING;
+    const uint8_t *s = (const uint8_t *)p->src + o;
+    if (!p->twopass) {
+      wtx__copy_hash(d, s, k, p->h, 0);
+      continue;
+    }
+    memcpy(d, s, k);
+    XXH3_64bits_update(p->h, d, k);
   }
   return wtx_clock_s() - t0;
 }
 
-/* Prints the best of ROUNDS packs of n bytes, plain and hashed, in GB/s. */
+/* Prints the best of ROUNDS packs of n bytes, plain, hashed and hashed in
+ * two passes, in GB/s, and the fused kernel's name. */
 static int pack_rates(const char *src, size_t n) {
-  packing p = {malloc(RING), src, n, NULL};
+  packing p = {malloc(RING), src, n, NULL, 0};
   XXH3_state_t *h = XXH3_createState();
   int rc = 1;
   if (p.ring == NULL || h == NULL) goto fail;
@@ -89,7 +100,10 @@ static int pack_rates(const char *src, size_t n) {
   double plain = wtx__bench_best_s(pack, &p, 0, ROUNDS);
   p.h = h;
   double hashed = wtx__bench_best_s(pack, &p, 0, ROUNDS);
-  printf("pack_gbps %.3f\npack_hashed_gbps %.3f\n", n / plain / 1e9, n / hashed / 1e9);
+  p.twopass = 1;
+  double twopass = wtx__bench_best_s(pack, &p, 0, ROUNDS);
+  printf("pack_gbps %.3f\npack_hashed_gbps %.3f\npack_twopass_gbps %.3f\npack_kernel %s\n",
+         n / plain / 1e9, n / hashed / 1e9, n / twopass / 1e9, wtx__copy_hash_isa());
   rc = 0;
 fail:
   free(p.ring);

@@ -7,8 +7,8 @@
  * One process, two threads, chunks of BUF bytes (SIZE in all) from a
  * shared mapping into warm memory: a "trainer" hashes chunk k+1 (XXH3,
  * from memory) while a "worker" copies chunk k with non-temporal stores
- * and hashes each 256 KiB piece right after copying it, as wtx's
- * assembler does; chunk k+1 is announced once chunk k is done, as the
+ * in 256 KiB pieces, hashing them in the same pass (wtx__copy_hash), as
+ * wtx's assembler does; chunk k+1 is announced once chunk k is done, as the
  * engine waits for each chunk's answer. No control plane. Prints GB/s with
  * checksums and without, each the best of three after one warm-up.
  * usage: onecopy_baseline BYTES [BUF_MIB]   (default 4 MiB) */
@@ -58,8 +58,7 @@ static void *worker(void *arg) {
     if (p->hash) XXH3_64bits_reset(st);
     for (size_t o = off; o < end; o += PIECE) {
       size_t m = end - o < PIECE ? end - o : PIECE;
-      wtx__copy_stream(p->dst + o, p->src + o, m);
-      if (p->hash) XXH3_64bits_update(st, p->src + o, m);
+      wtx__copy_hash(p->dst + o, p->src + o, m, p->hash ? st : NULL, 1);
     }
     if (p->hash) (void)XXH3_64bits_digest(st);
     atomic_store(&p->done, k + 1);

@@ -18,7 +18,8 @@
 #   tcp            the same vs one raw loopback TCP stream (bench/socket_baseline),
 #                  and the chain of three vs the same chain in plain C
 #   checksums      shm and tcp, 1 worker, XXH3 on vs off; and the trainer's
-#                  pack alone, hashed vs plain (bench/memcpy_baseline)
+#                  pack alone, hashed (in the copy's pass, and after it) vs
+#                  plain (bench/memcpy_baseline)
 #   CPU            shm, 1 worker: CPU seconds per sync on each side, and the
 #                  shortest sync the machine's cores allow for them
 #   memory         peak RSS of a worker and of the trainer vs the model
@@ -38,8 +39,9 @@ ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
 
 echo "# wtx benchmark  $(date -u +%F)  $(nproc) cores  $(free -g | awk '/Mem:/ {print $2}') GiB  quick=$quick"
 echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s, warm in 256 KiB pieces $base_pieces GB/s"
-echo "baseline the trainer's pack, one thread, 256 KiB pieces into a 4 x 4 MiB ring: $pack GB/s," \
-  "each piece hashed after its copy $pack_hashed GB/s"
+echo "baseline the trainer's pack, one thread, 256 KiB pieces into a 4 x 4 MiB ring: $pack GB/s;" \
+  "hashed while copied ($pack_kernel kernel, as the engine does) $pack_hashed GB/s;" \
+  "each piece hashed after its copy, from L2 (two passes) $pack_twopass GB/s"
 sock=$("$bin/bench/socket_baseline" "$bytes" | awk '{print $2}')
 sock_lowat=$("$bin/bench/socket_baseline" "$bytes" lowat | awk '{print $2}')
 echo "baseline loopback TCP stream: $sock GB/s; with its receiver woken a MiB at a time (SO_RCVLOWAT," \
@@ -146,7 +148,8 @@ for backend in shm tcp; do
   [ $backend = shm ] && shm_off=$off
 done
 echo "the trainer's pack alone (baseline above): hashed / plain = $(ratio "$pack" "$pack_hashed")," \
-  "what checksums add where that one thread is a sync's critical path"
+  "what checksums add where that one thread is a sync's critical path" \
+  "(two passes: $(ratio "$pack" "$pack_twopass"))"
 g=$(echo "$bytes / $shm_off / 1000000000" | bc -l | xargs printf "%.2f")
 echo "shm, checksums off: $g GB/s = $(ratio "$g" "$pipe") x the two-copy pipeline baseline"
 
