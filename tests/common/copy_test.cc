@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern "C" {
@@ -101,6 +102,44 @@ TEST_P(CopyHash, WithoutAStateItOnlyCopies) {
   EXPECT_EQ(0, memcmp(dst.data() + 3, src.data() + 1, 4000));
   EXPECT_EQ(0, dst[2]);
   EXPECT_EQ(0, dst[4003]);
+}
+
+// The kernels keep the call in progress in a thread-local context: threads
+// copying and hashing at once (a trainer's packing thread and its workers'
+// receives, in one process under test) each get their own bytes and digest.
+TEST_P(CopyHash, ThreadsAtOnceEachGetTheirOwnBytesAndDigest) {
+  const size_t n = 1 << 20, kThreads = 4;
+  std::vector<std::vector<uint8_t>> src(kThreads), dst(kThreads);
+  std::vector<uint64_t> got(kThreads), want(kThreads);
+  for (size_t t = 0; t < kThreads; t++) {
+    Rng rng{t + 1};
+    src[t].resize(n);
+    for (auto &b : src[t]) b = static_cast<uint8_t>(rng.next());
+    dst[t].assign(n + 64, 0);
+    want[t] = XXH3_64bits(src[t].data() + t, n - 64);
+  }
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < kThreads; t++)
+    threads.emplace_back([&, t] {
+      XXH3_state_t *h = XXH3_createState();
+      for (int round = 0; round < 8; round++) {
+        XXH3_64bits_reset(h);
+        Rng rng{t * 100 + round};
+        for (size_t o = 0; o < n - 64;) {
+          size_t k = std::min(n - 64 - o, 1 + rng.below(40000));
+          wtx__copy_hash(dst[t].data() + 3 * t + o, src[t].data() + t + o, k, h, round % 2);
+          o += k;
+        }
+        got[t] = XXH3_64bits_digest(h);
+        if (got[t] != want[t]) break;
+      }
+      XXH3_freeState(h);
+    });
+  for (auto &th : threads) th.join();
+  for (size_t t = 0; t < kThreads; t++) {
+    EXPECT_EQ(want[t], got[t]) << "thread " << t;
+    EXPECT_EQ(0, memcmp(dst[t].data() + 3 * t, src[t].data() + t, n - 64)) << "thread " << t;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CopyHash, ::testing::Values("avx512", "avx2", "portable"));
