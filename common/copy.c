@@ -47,7 +47,7 @@ static const kernel kernels[] = {
 
 static int usable(const kernel *k) {
   if (k->store == NULL) return 1;
-  if (!wtx__copy_xxh3_built || wtx__copy_xxh3_state_size != sizeof(XXH3_state_t)) return 0;
+  if (wtx__copy_xxh3_state_size != sizeof(XXH3_state_t)) return 0; /* 0: none built */
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
   if (strcmp(k->isa, "avx512") == 0) return __builtin_cpu_supports("avx512f");
@@ -68,14 +68,12 @@ static const kernel *current(void) {
   return &kernels[c - 1];
 }
 
-/* Below this, XXH3's update only buffers what it is given: copy, then add. */
-#define FUSED_MIN 256
 /* Copied, then hashed, at a time without a kernel: the hash reads what the
  * copy just read or wrote from L2. */
 #define PIECE ((size_t)256 << 10)
 
 void wtx__copy_hash(uint8_t *dst, const uint8_t *src, size_t n, XXH3_state_t *h, int stream) {
-  const kernel *k = h != NULL && n >= FUSED_MIN ? current() : NULL;
+  const kernel *k = h != NULL ? current() : NULL;
   if (k != NULL && k->store != NULL) {
     (stream ? k->stream : k->store)(dst, src, n, h);
     return;

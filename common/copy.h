@@ -32,7 +32,7 @@ void wtx__copy_hash(uint8_t *dst, const uint8_t *src, size_t n, XXH3_state_t *h,
  * then hash). */
 const char *wtx__copy_hash_isa(void);
 
-/* For tests and benchmarks: makes wtx__copy_hash use the kernel named isa
+/* For tests: makes wtx__copy_hash use the kernel named isa
  * (as above). 0; WTX_ENOTSUP where this CPU or build lacks it; WTX_EINVAL
  * for another name. Call it before copies start, not during them. */
 int wtx__copy_hash_use(const char *isa);

@@ -68,7 +68,7 @@ typedef struct stripe {
   uint8_t b[64];
 } stripe;
 
-#define STRIPE_FN(name, target, acc512, store)                                      \
+#define STRIPE_FN(name, target, acc512, put, stream)                                \
   XXH_FORCE_INLINE target void name(void *XXH_RESTRICT acc, const void *XXH_RESTRICT in, \
                                     const void *XXH_RESTRICT secret) {             \
     if (!caller_stripe(in)) {                                                     \
@@ -76,36 +76,26 @@ typedef struct stripe {
       return;                                                                     \
     }                                                                             \
     stripe v;                                                                     \
-    store((uint8_t *)in + fuse.delta, v.b, (const uint8_t *)in);                  \
+    put((uint8_t *)in + fuse.delta, v.b, (const uint8_t *)in, stream);            \
     acc512(acc, v.b, secret);                                                     \
   }
 
-/* Each loads the stripe at s into v and stores it at d. */
-XXH_FORCE_INLINE XXH_TARGET_AVX512 void store512(uint8_t *d, uint8_t *v, const uint8_t *s) {
+/* Each loads the stripe at s into v and stores it at d: non-temporal when
+ * stream (a constant where it is inlined) and d starts a line. */
+XXH_FORCE_INLINE XXH_TARGET_AVX512 void put512(uint8_t *d, uint8_t *v, const uint8_t *s,
+                                               int stream) {
   __m512i x = _mm512_loadu_si512(s);
   _mm512_storeu_si512(v, x);
-  _mm512_storeu_si512(d, x);
-}
-XXH_FORCE_INLINE XXH_TARGET_AVX512 void stream512(uint8_t *d, uint8_t *v, const uint8_t *s) {
-  __m512i x = _mm512_loadu_si512(s);
-  _mm512_storeu_si512(v, x);
-  if (((uintptr_t)d & 63) == 0) _mm512_stream_si512((void *)d, x);
+  if (stream && ((uintptr_t)d & 63) == 0) _mm512_stream_si512((void *)d, x);
   else _mm512_storeu_si512(d, x);
 }
-XXH_FORCE_INLINE XXH_TARGET_AVX2 void store256(uint8_t *d, uint8_t *v, const uint8_t *s) {
+XXH_FORCE_INLINE XXH_TARGET_AVX2 void put256(uint8_t *d, uint8_t *v, const uint8_t *s,
+                                             int stream) {
   __m256i a = _mm256_loadu_si256((const __m256i *)s);
   __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
   _mm256_storeu_si256((__m256i *)v, a);
   _mm256_storeu_si256((__m256i *)(v + 32), b);
-  _mm256_storeu_si256((__m256i *)d, a);
-  _mm256_storeu_si256((__m256i *)(d + 32), b);
-}
-XXH_FORCE_INLINE XXH_TARGET_AVX2 void stream256(uint8_t *d, uint8_t *v, const uint8_t *s) {
-  __m256i a = _mm256_loadu_si256((const __m256i *)s);
-  __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
-  _mm256_storeu_si256((__m256i *)v, a);
-  _mm256_storeu_si256((__m256i *)(v + 32), b);
-  if (((uintptr_t)d & 63) == 0) {
+  if (stream && ((uintptr_t)d & 63) == 0) {
     _mm256_stream_si256((__m256i *)d, a);
     _mm256_stream_si256((__m256i *)(d + 32), b);
   } else {
@@ -114,10 +104,10 @@ XXH_FORCE_INLINE XXH_TARGET_AVX2 void stream256(uint8_t *d, uint8_t *v, const ui
   }
 }
 
-STRIPE_FN(acc_store512, XXH_TARGET_AVX512, XXH3_accumulate_512_avx512, store512)
-STRIPE_FN(acc_stream512, XXH_TARGET_AVX512, XXH3_accumulate_512_avx512, stream512)
-STRIPE_FN(acc_store256, XXH_TARGET_AVX2, XXH3_accumulate_512_avx2, store256)
-STRIPE_FN(acc_stream256, XXH_TARGET_AVX2, XXH3_accumulate_512_avx2, stream256)
+STRIPE_FN(acc_store512, XXH_TARGET_AVX512, XXH3_accumulate_512_avx512, put512, 0)
+STRIPE_FN(acc_stream512, XXH_TARGET_AVX512, XXH3_accumulate_512_avx512, put512, 1)
+STRIPE_FN(acc_store256, XXH_TARGET_AVX2, XXH3_accumulate_512_avx2, put256, 0)
+STRIPE_FN(acc_stream256, XXH_TARGET_AVX2, XXH3_accumulate_512_avx2, put256, 1)
 
 /* Runs before and after a kernel's update: sets the context up, then
  * copies what the update did not store (all of it when it stored none). */
@@ -139,28 +129,24 @@ static void finish(uint8_t *dst, const uint8_t *src, size_t n) {
 
 /* One kernel per width and store kind: the stripe function must be a
  * constant for XXH3_update to inline it, as in xxh_x86dispatch.c. */
-#define KERNEL(name, target, acc, scramble, fence)                                  \
+#define KERNEL(name, target, acc, scramble, stream)                                 \
   target void name(uint8_t *dst, const uint8_t *src, size_t n, void *state) {     \
     begin(dst, src, n);                                                          \
     XXH3_update((XXH3_state_t *)state, src, n, acc, scramble);                   \
-    fence;                                                                       \
+    if (stream) _mm_sfence(); /* the stores are visible before anyone is told */ \
     finish(dst, src, n);                                                         \
   }
 
-KERNEL(wtx__copy_xxh3_avx512, XXH_TARGET_AVX512, acc_store512, XXH3_scrambleAcc_avx512, (void)0)
-KERNEL(wtx__copy_xxh3_avx512_stream, XXH_TARGET_AVX512, acc_stream512, XXH3_scrambleAcc_avx512,
-       _mm_sfence())
-KERNEL(wtx__copy_xxh3_avx2, XXH_TARGET_AVX2, acc_store256, XXH3_scrambleAcc_avx2, (void)0)
-KERNEL(wtx__copy_xxh3_avx2_stream, XXH_TARGET_AVX2, acc_stream256, XXH3_scrambleAcc_avx2,
-       _mm_sfence())
+KERNEL(wtx__copy_xxh3_avx512, XXH_TARGET_AVX512, acc_store512, XXH3_scrambleAcc_avx512, 0)
+KERNEL(wtx__copy_xxh3_avx512_stream, XXH_TARGET_AVX512, acc_stream512, XXH3_scrambleAcc_avx512, 1)
+KERNEL(wtx__copy_xxh3_avx2, XXH_TARGET_AVX2, acc_store256, XXH3_scrambleAcc_avx2, 0)
+KERNEL(wtx__copy_xxh3_avx2_stream, XXH_TARGET_AVX2, acc_stream256, XXH3_scrambleAcc_avx2, 1)
 
 const size_t wtx__copy_xxh3_state_size = sizeof(XXH3_state_t);
-const int wtx__copy_xxh3_built = 1;
 
 #else /* no kernels: copy.c copies, then hashes */
 
 const size_t wtx__copy_xxh3_state_size = 0;
-const int wtx__copy_xxh3_built = 0;
 
 #define NONE(name) \
   void name(uint8_t *dst, const uint8_t *src, size_t n, void *state) { \

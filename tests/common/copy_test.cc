@@ -95,15 +95,6 @@ TEST_P(CopyHash, SameBytesAndDigestAsCopyThenHashInAnyPieces) {
   XXH3_freeState(h);
 }
 
-TEST_P(CopyHash, WithoutAStateItOnlyCopies) {
-  std::vector<uint8_t> src(5000), dst(5000, 0);
-  for (size_t i = 0; i < src.size(); i++) src[i] = static_cast<uint8_t>(i * 7 + 1);
-  wtx__copy_hash(dst.data() + 3, src.data() + 1, 4000, nullptr, 1);
-  EXPECT_EQ(0, memcmp(dst.data() + 3, src.data() + 1, 4000));
-  EXPECT_EQ(0, dst[2]);
-  EXPECT_EQ(0, dst[4003]);
-}
-
 // The kernels keep the call in progress in a thread-local context: threads
 // copying and hashing at once (a trainer's packing thread and its workers'
 // receives, in one process under test) each get their own bytes and digest.
@@ -145,6 +136,19 @@ TEST_P(CopyHash, ThreadsAtOnceEachGetTheirOwnBytesAndDigest) {
 INSTANTIATE_TEST_SUITE_P(Kernels, CopyHash, ::testing::Values("avx512", "avx2", "portable"));
 
 }  // namespace
+
+// Without a state no kernel runs: it copies, streaming or not.
+TEST(CopyHashWithoutState, ItOnlyCopies) {
+  std::vector<uint8_t> src(5000), dst(5000, 0);
+  for (size_t i = 0; i < src.size(); i++) src[i] = static_cast<uint8_t>(i * 7 + 1);
+  for (int stream = 0; stream < 2; stream++) {
+    std::fill(dst.begin(), dst.end(), 0);
+    wtx__copy_hash(dst.data() + 3, src.data() + 1, 4000, nullptr, stream);
+    EXPECT_EQ(0, memcmp(dst.data() + 3, src.data() + 1, 4000)) << stream;
+    EXPECT_EQ(0, dst[2]);
+    EXPECT_EQ(0, dst[4003]);
+  }
+}
 
 TEST(CopyHashUse, RefusesAnUnknownKernelAndKeepsTheOne) {
   const char *before = wtx__copy_hash_isa();
