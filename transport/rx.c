@@ -330,21 +330,20 @@ int wtx_rx_commit_device(wtx_rx *rx, size_t len, const uint8_t *host) {
  * 0.214 and 0.168 s.) */
 #define STREAM_MIN ((size_t)64 << 10)
 
-/* Copies the whole tensors at the front of data (len bytes) into place,
- * each hashed at once; returns the bytes taken. 40k tiny tensors arrive
- * this way, without a call per step of the general path below. */
+/* Copies the whole tensors under STREAM_MIN at the front of data (len
+ * bytes) into place, each hashed at once; returns the bytes taken. 40k tiny
+ * tensors arrive this way, without a call per step of the general path
+ * below, which takes larger ones. */
 static size_t whole_tensors(wtx_rx *rx, const uint8_t *data, size_t len) {
   size_t done = 0;
   while (rx->cur < rx->n && rx->pos == 0) {
     const wtx_rx_tensor *t = &rx->t[rx->cur];
-    if (t->nbytes == 0 || t->nbytes > len - done || t->nbytes > rx->left) break;
-    if (t->nbytes < STREAM_MIN) {
-      memcpy(t->dst, data + done, t->nbytes);
-      if (rx->verify) rx->digests[rx->cur] = XXH3_64bits(t->dst, t->nbytes);
-      rx->whole = 1; /* its digest is set (unused unless verifying) */
-    } else { /* rx->h is fresh: complete_filled takes its digest */
-      wtx__copy_hash(t->dst, data + done, t->nbytes, rx->verify ? rx->h : NULL, 1);
-    }
+    if (t->nbytes == 0 || t->nbytes >= STREAM_MIN || t->nbytes > len - done ||
+        t->nbytes > rx->left)
+      break;
+    memcpy(t->dst, data + done, t->nbytes);
+    if (rx->verify) rx->digests[rx->cur] = XXH3_64bits(t->dst, t->nbytes);
+    rx->whole = 1; /* its digest is set (unused unless verifying) */
     rx->pos = t->nbytes;
     done += t->nbytes;
     rx->left -= t->nbytes;
