@@ -17,6 +17,7 @@
 #                  shared memory (bench/onecopy_baseline)
 #   tcp            the same vs one raw loopback TCP stream (bench/socket_baseline),
 #                  and the chain of three vs the same chain in plain C
+#                  (relays that read and write, and relays that splice)
 #   checksums      shm and tcp, 1 worker, XXH3 on vs off; and the trainer's
 #                  pack alone, hashed (in the copy's pass, and after it) vs
 #                  plain (bench/memcpy_baseline)
@@ -49,6 +50,9 @@ echo "baseline loopback TCP stream: $sock GB/s; with its receiver woken a MiB at
 chain3=$("$bin/bench/socket_baseline" "$bytes" chain 3 | awk '{print $2}')
 echo "baseline the tcp chain's shape in plain C (a sender, two relays that read a MiB and write it on," \
   "a last receiver; a thread each): $chain3 GB/s to each = $(ratio "$chain3" "$sock") x the one stream"
+chain3s=$("$bin/bench/socket_baseline" "$bytes" chain 3 splice | awk '{print $2}')
+echo "baseline the same chain with relays that splice the stream through pipes (the kernel copies each" \
+  "byte once on a relay, not twice): $chain3s GB/s to each = $(ratio "$chain3s" "$sock") x the one stream"
 pipe=$("$bin/bench/pipeline_baseline" "$bytes" | awk '{print $2}')
 echo "baseline two copies pipelined through a 4 x 4 MiB ring, one process: $pipe GB/s"
 adopt=$("$bin/bench/adopt_baseline" "$bytes" | awk '{print $2}')

@@ -8,9 +8,15 @@
  * With "chain N", the tcp chain's shape in plain C: the sender, N - 1
  * relays that each read a MiB and write it on, and a last receiver, a
  * thread each; it prints the GB/s each receiver got, which against the one
- * stream is what the machine's cores allow a relay chain.
- * usage: socket_baseline BYTES [lowat | chain N] */
+ * stream is what the machine's cores allow a relay chain. With "splice"
+ * after N, each relay moves the stream through pipes instead of its own
+ * buffer: splice from the socket into a pipe, tee into a second pipe,
+ * splice that on downstream and read the first into its buffer, so the
+ * kernel copies each byte once on a relay (into the buffer), not twice.
+ * usage: socket_baseline BYTES [lowat | chain N [splice]] */
+/* splice, tee and F_SETPIPE_SZ: _GNU_SOURCE, which the build defines */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -28,7 +34,7 @@
 #define MAX_HOPS 8
 
 static size_t total;
-static int lowat, hops = 1;
+static int lowat, hops = 1, use_splice;
 static int lfds[MAX_HOPS], ports[MAX_HOPS]; /* receiver i listens on lfds[i] */
 static size_t got[MAX_HOPS];
 
@@ -81,6 +87,21 @@ static void *sender(void *arg) {
   return NULL;
 }
 
+/* A relay's piece through pipes a and b (blocking): up to PIECE bytes
+ * from fd into a, teed into b and spliced on to down, then read out of a
+ * into buf. The bytes it moved, 0 at the stream's end. */
+static ssize_t splice_piece(int fd, int down, const int a[2], const int b[2], char *buf) {
+  ssize_t r = splice(fd, NULL, a[1], NULL, PIECE, SPLICE_F_MOVE);
+  if (r <= 0) return r;
+  for (ssize_t t = 0, n; t < r; t += n)
+    if ((n = tee(a[0], b[1], (size_t)(r - t), 0)) <= 0) exit(1);
+  for (ssize_t s = 0, n; s < r; s += n)
+    if ((n = splice(b[0], NULL, down, NULL, (size_t)(r - s), SPLICE_F_MOVE)) <= 0) exit(1);
+  for (ssize_t g = 0, n; g < r; g += n)
+    if ((n = read(a[0], buf + g, (size_t)(r - g))) <= 0) exit(1);
+  return r;
+}
+
 /* Receiver i: takes the stream on lfds[i], writes each read on to the
  * next receiver unless it is the last, and counts in got[i]. */
 static void *receiver(void *arg) {
@@ -91,8 +112,17 @@ static void *receiver(void *arg) {
   if (lowat) setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want);
   char *buf = malloc(PIECE);
   got[i] = 0;
-  for (ssize_t r; buf != NULL && (r = read(fd, buf, PIECE)) > 0; got[i] += (size_t)r)
-    if (down >= 0) write_all(down, buf, (size_t)r);
+  int a[2], b[2], piped = down >= 0 && use_splice;
+  /* tee leaves a's bytes in place, so b takes a whole piece at once. */
+  if (piped && (pipe(a) != 0 || pipe(b) != 0 || fcntl(a[1], F_SETPIPE_SZ, PIECE) < 0 ||
+                fcntl(b[1], F_SETPIPE_SZ, PIECE) < 0))
+    exit(1);
+  for (ssize_t r; buf != NULL; got[i] += (size_t)r) {
+    r = piped ? splice_piece(fd, down, a, b, buf) : read(fd, buf, PIECE);
+    if (r <= 0) break;
+    if (down >= 0 && !piped) write_all(down, buf, (size_t)r);
+  }
+  for (int k = 0; piped && k < 2; k++) close(a[k]), close(b[k]);
   if (down >= 0) close(down);
   close(fd);
   free(buf);
@@ -121,13 +151,15 @@ int main(int argc, char **argv) {
   total = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)1 << 30;
   lowat = argc > 2 && strcmp(argv[2], "lowat") == 0;
   if (argc > 3 && strcmp(argv[2], "chain") == 0) hops = atoi(argv[3]);
+  use_splice = argc > 4 && strcmp(argv[4], "splice") == 0;
   if (hops < 1 || hops > MAX_HOPS) return 2;
   for (int i = 0; i < hops; i++)
     if (listen_on(&lfds[i], &ports[i]) != 0) return 1;
   double best = wtx__bench_best_s(stream_once, NULL, 0, 3); /* as wtx's figures */
   if (best < 0) return 1;
   if (hops > 1)
-    printf("socket_chain%d_gbps %.3f\n", hops, total / best / 1e9);
+    printf("socket_chain%d%s_gbps %.3f\n", hops, use_splice ? "_splice" : "",
+           total / best / 1e9);
   else
     printf("socket_stream_gbps %.3f\n", total / best / 1e9);
   return 0;
