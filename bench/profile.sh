@@ -6,23 +6,29 @@
 # its --metrics-listen histogram). The "where the time goes" sections of bench/results/*.md
 # come from this.
 # Usage: bench/profile.sh [--backend shm|tcp] [--tiny N | --size 1G]
-#                         [--syncs N | --first] [--hz F] [-- extra wtx push flags]
+#                         [--syncs N | --first] [--trainer-syncs M] [--hz F]
+#                         [-- extra wtx push flags]
 #   --tiny N: N tiny tensors (bench/tiny_model.py), the control plane
 #   --syncs N: the worker is recorded over N syncs (default 1), the trainer
 #              over the last; --hz F: samples per second (default 5000)
+#   --trainer-syncs M: that last push makes M syncs from one trainer (wtx
+#              push --repeat M), a training loop's steady state, and the
+#              trainer's section also gives the CPU of its sync loop per
+#              sync (its process start left out); the worker's counts them
 #   --first: the first sync to a fresh worker instead (no warm-up; one sync)
 #   PROFILE_TOP=N in the environment: symbols printed per side (default 15)
 #   PROFILE_KEEP=DIR: perf's data is kept there (worker.data, trainer.data),
 #              for perf report --children and the call graphs
 set -euo pipefail
 cd "$(dirname "$0")/.."
-backend=shm size=1G tiny= syncs=1 hz=5000 first= extra=()
+backend=shm size=1G tiny= syncs=1 tsyncs=1 hz=5000 first= extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --backend) backend=$2; shift 2 ;;
     --size) size=$2; shift 2 ;;
     --tiny) tiny=$2; shift 2 ;;
     --syncs) syncs=$2; shift 2 ;;
+    --trainer-syncs) tsyncs=$2; shift 2 ;;
     --hz) hz=$2; shift 2 ;;
     --first) first=1; syncs=1; shift ;;
     --) shift; extra=("$@"); break ;;
@@ -59,7 +65,9 @@ perf record -F "$hz" -g -p "$wp" -o "$tmp/worker.data" 2>/dev/null &
 pp=$!
 sleep 0.5
 for _ in $(seq $((syncs - 1))); do "${push[@]}" | head -1; done
-perf record -F "$hz" -g -o "$tmp/trainer.data" "${push[@]}" 2>/dev/null | head -1
+perf record -F "$hz" -g -o "$tmp/trainer.data" "${push[@]}" --repeat "$tsyncs" 2>/dev/null |
+  tail -1 # reads to the end: no SIGPIPE for the push
+syncs=$((syncs - 1 + tsyncs)) # the worker's recording saw them all
 sleep 0.2
 kill -INT "$pp"
 wait "$pp" 2>/dev/null || true
@@ -75,6 +83,11 @@ for side in worker trainer; do
   else
     echo "== trainer (the last push, process start to exit): $n samples at $hz Hz =" \
       "$(echo "$n / $hz" | bc -l | xargs printf '%.3f') s of CPU"
+    loop=$(perf report -i "$tmp/trainer.data" --children --stdio --sort sym 2>/dev/null |
+      awk '$NF == "push_sync" && $1 ~ /%$/ && !done { sub("%", "", $1); print $1; done = 1 }')
+    [ "$tsyncs" -gt 1 ] && [ -n "$loop" ] &&
+      echo "   its sync loop (push_sync, on the calling thread): $(echo "$loop / 100 * $n / $hz / $tsyncs" |
+        bc -l | xargs printf '%.4f') s of CPU per sync over its $tsyncs syncs"
   fi
   perf report -i "$tmp/$side.data" --no-children --stdio --sort sym 2>/dev/null |
     grep -E '^ +[0-9]' | awk "NR <= ${PROFILE_TOP:-15}" # reads to the end: no SIGPIPE under pipefail
