@@ -13,8 +13,9 @@
 #              over the last; --hz F: samples per second (default 5000)
 #   --trainer-syncs M: that last push makes M syncs from one trainer (wtx
 #              push --repeat M), a training loop's steady state, and the
-#              trainer's section also gives the CPU of its sync loop per
-#              sync (its process start left out); the worker's counts them
+#              trainer's section also gives the CPU of its sync loop (the
+#              calling thread's, its process start left out) per sync; the
+#              worker's section counts them with the others
 #   --first: the first sync to a fresh worker instead (no warm-up; one sync)
 #   PROFILE_TOP=N in the environment: symbols printed per side (default 15)
 #   PROFILE_KEEP=DIR: perf's data is kept there (worker.data, trainer.data),
@@ -86,7 +87,7 @@ for side in worker trainer; do
     loop=$(perf report -i "$tmp/trainer.data" --children --stdio --sort sym 2>/dev/null |
       awk '$NF == "push_sync" && $1 ~ /%$/ && !done { sub("%", "", $1); print $1; done = 1 }')
     [ "$tsyncs" -gt 1 ] && [ -n "$loop" ] &&
-      echo "   its sync loop (push_sync, on the calling thread): $(echo "$loop / 100 * $n / $hz / $tsyncs" |
+      echo "   its sync loop on the calling thread (push_sync; threads of its backend, as tcp's writer, not counted): $(echo "$loop / 100 * $n / $hz / $tsyncs" |
         bc -l | xargs printf '%.4f') s of CPU per sync over its $tsyncs syncs"
   fi
   perf report -i "$tmp/$side.data" --no-children --stdio --sort sym 2>/dev/null |
