@@ -36,6 +36,10 @@ while [ $# -gt 0 ]; do
     *) echo "bench/profile.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+if [ -n "$first" ] && [ "$tsyncs" != 1 ]; then
+  echo "bench/profile.sh: --first profiles one sync; --trainer-syncs is for the steady state" >&2
+  exit 2
+fi
 command -v perf >/dev/null || { echo "bench/profile.sh: needs perf (linux-perf)" >&2; exit 1; }
 scripts/setup.sh >/dev/null
 opt=(-c opt --copt=-fno-omit-frame-pointer)
@@ -68,25 +72,27 @@ sleep 0.5
 for _ in $(seq $((syncs - 1))); do "${push[@]}" | head -1; done
 perf record -F "$hz" -g -o "$tmp/trainer.data" "${push[@]}" --repeat "$tsyncs" 2>/dev/null |
   tail -1 # reads to the end: no SIGPIPE for the push
-syncs=$((syncs - 1 + tsyncs)) # the worker's recording saw them all
+recorded=$((syncs - 1 + tsyncs)) # the syncs the worker's recording saw
 sleep 0.2
 kill -INT "$pp"
 wait "$pp" 2>/dev/null || true
 op_sums >"$tmp/ops.after"
 echo "== worker: time in each operation's handler per sync (its metrics)"
 join <(sort "$tmp/ops.before") <(sort "$tmp/ops.after") |
-  awk -v n="$syncs" '$3 > $2 { printf "    %-12s %.5f s\n", $1, ($3 - $2) / n }'
+  awk -v n="$recorded" '$3 > $2 { printf "    %-12s %.5f s\n", $1, ($3 - $2) / n }'
 for side in worker trainer; do
   n=$(perf script -i "$tmp/$side.data" 2>/dev/null | grep -c cpu-clock || true)
   if [ "$side" = worker ]; then
-    echo "== worker: $n samples at $hz Hz over $syncs sync(s) =" \
-      "$(echo "$n / $hz / $syncs" | bc -l | xargs printf '%.4f') s of CPU per sync"
+    echo "== worker: $n samples at $hz Hz over $recorded sync(s) =" \
+      "$(echo "$n / $hz / $recorded" | bc -l | xargs printf '%.4f') s of CPU per sync"
   else
     echo "== trainer (the last push, process start to exit): $n samples at $hz Hz =" \
       "$(echo "$n / $hz" | bc -l | xargs printf '%.3f') s of CPU"
-    loop=$(perf report -i "$tmp/trainer.data" --children --stdio --sort sym 2>/dev/null |
+    loop=
+    [ "$tsyncs" -gt 1 ] && loop=$(perf report -i "$tmp/trainer.data" --children --stdio \
+      --sort sym 2>/dev/null |
       awk '$NF == "push_sync" && $1 ~ /%$/ && !done { sub("%", "", $1); print $1; done = 1 }')
-    [ "$tsyncs" -gt 1 ] && [ -n "$loop" ] &&
+    [ -n "$loop" ] &&
       echo "   its sync loop on the calling thread (push_sync; threads of its backend, as tcp's writer, not counted): $(echo "$loop / 100 * $n / $hz / $tsyncs" |
         bc -l | xargs printf '%.4f') s of CPU per sync over its $tsyncs syncs"
   fi

@@ -113,7 +113,8 @@ static void *receiver(void *arg) {
   char *buf = malloc(PIECE);
   got[i] = 0;
   int a[2], b[2], piped = down >= 0 && use_splice;
-  /* tee leaves a's bytes in place, so b takes a whole piece at once. */
+  /* Each pipe holds a whole piece: tee gives b a reference to every page
+   * in a and leaves them there for the read. */
   if (piped && (pipe(a) != 0 || pipe(b) != 0 || fcntl(a[1], F_SETPIPE_SZ, PIECE) < 0 ||
                 fcntl(b[1], F_SETPIPE_SZ, PIECE) < 0))
     exit(1);
