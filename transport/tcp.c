@@ -49,6 +49,13 @@
  * it lands, while it is still in L2 (1 MiB pieces hashed from further out:
  * a 1 GB sync 0.52 s -> 0.41 s with 128 KiB, bench machine). */
 #define PIECE (128u << 10)
+/* Bytes the trainer sends at a time, each piece hashed right after its
+ * sendmsg, from L2 (1 MiB on the smaller of the bench machines). Fewer
+ * calls per byte than PIECE: each sendmsg also runs loopback's receive
+ * path and the wake-up of the worker, and 128 KiB pieces cost the trainer
+ * a tenth more CPU per sync (bench/results/2026-12-01-c-kernels.md, round
+ * fifteen). The worker keeps PIECE: larger receives did not help it. */
+#define SEND_PIECE (512u << 10)
 /* A tensor with less than this left is received through the worker's
  * bounce buffer, a piece of the chunk at a time, and copied out by the
  * assembler: one recv per tiny tensor cost a system call each (40k of
@@ -644,7 +651,7 @@ static int send_then_hash(int fd, const struct iovec *win, size_t m, hasher *hs,
   return rc;
 }
 
-/* Sends the n pieces of iov, PIECE bytes at a time, each hashed right
+/* Sends the n pieces of iov, SEND_PIECE bytes at a time, each hashed right
  * after it goes, while it is in cache. (Hashing first read each piece
  * from memory in the hash instead: 1 GB over tcp to one worker, from one
  * trainer, 0.21-0.23 s of the trainer's CPU per sync without checksums,
@@ -656,12 +663,12 @@ static int write_hashing(int fd, const struct iovec *iov, size_t n, hasher *hs,
   for (size_t i = 0; i < n; i++) {
     const uint8_t *p = iov[i].iov_base;
     for (size_t left = iov[i].iov_len; left > 0;) {
-      size_t k = left < PIECE - bytes ? left : PIECE - bytes;
+      size_t k = left < SEND_PIECE - bytes ? left : SEND_PIECE - bytes;
       win[m++] = (struct iovec){.iov_base = (void *)p, .iov_len = k};
       bytes += k;
       p += k;
       left -= k;
-      if (bytes == PIECE || m == 64) {
+      if (bytes == SEND_PIECE || m == 64) {
         int rc = send_then_hash(fd, win, m, hs, ws, why);
         if (rc != 0) return rc;
         m = bytes = 0;
