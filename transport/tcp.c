@@ -11,7 +11,7 @@
  * checksum_trailer, the checksums of the tensors ending in the chunk: the
  * trainer hashes each piece right after it sends it, so it reads its
  * tensors once (they were a second pass before the UpdateWeights calls). A
- * relaying worker receives each piece (128 KiB at most) straight into model
+ * relaying worker receives each piece (512 KiB at most) straight into model
  * memory and forwards it downstream before reading the next: cut-through,
  * so the chain adds a piece of latency per hop, not a chunk; the trailer
  * is checked by each worker and forwarded as it came.
@@ -50,11 +50,13 @@
  * a 1 GB sync 0.52 s -> 0.41 s with 128 KiB, bench machine). */
 #define PIECE (128u << 10)
 /* Bytes the trainer sends at a time, each piece hashed right after its
- * sendmsg, from L2 (1 MiB on the smaller of the bench machines). Fewer
- * calls per byte than PIECE: each sendmsg also runs loopback's receive
- * path and the wake-up of the worker, and 128 KiB pieces cost the trainer
- * a tenth more CPU per sync (bench/results/2026-12-01-c-kernels.md, round
- * fifteen). The worker keeps PIECE: larger receives did not help it. */
+ * sendmsg, from L2 (1 MiB on the smaller of the bench machines), and a
+ * relay receives and forwards at a time. Fewer calls per byte than PIECE:
+ * each sendmsg also runs loopback's receive path and the wake-up of the
+ * reader, and 128 KiB pieces cost the trainer a sixth of a sync to one
+ * worker and the chain's workers a tenth of their CPU
+ * (bench/results/2026-12-01-c-kernels.md, round fifteen). The last worker
+ * keeps PIECE: larger receives did not help it. */
 #define SEND_PIECE (512u << 10)
 /* A tensor with less than this left is received through the worker's
  * bounce buffer, a piece of the chunk at a time, and copied out by the
@@ -543,7 +545,8 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
     uint8_t *dst;
     size_t room = wtx_rx_next(rx, &dst);
     if (room == 0) break;
-    size_t k = room < PIECE ? room : PIECE;
+    size_t piece = w->down >= 0 ? SEND_PIECE : PIECE;
+    size_t k = room < piece ? room : piece;
     int bounced = room < SMALL && (w->bounce != NULL || (w->bounce = malloc(PIECE)) != NULL);
     if (bounced) { /* the chunk's next piece, whatever tensors it holds */
       uint64_t left = wtx_rx_remaining(rx);
