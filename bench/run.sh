@@ -17,7 +17,10 @@
 #                  shared memory (bench/onecopy_baseline)
 #   tcp            the same vs one raw loopback TCP stream (bench/socket_baseline),
 #                  and the chain of three vs the same chain in plain C
-#                  (relays that read and write, and relays that splice)
+#                  (relays that read and write, and relays that splice);
+#                  and both again with the bytes sent from and received
+#                  into model-sized memory, as wtx moves them, unhashed
+#                  (socket_baseline ... model): what the goals cost here
 #   checksums      shm and tcp, 1 worker, XXH3 on vs off; and the trainer's
 #                  pack alone, hashed (in the copy's pass, and after it) vs
 #                  plain (bench/memcpy_baseline)
@@ -53,6 +56,12 @@ echo "baseline the tcp chain's shape in plain C (a sender, two relays that read 
 chain3s=$("$bin/bench/socket_baseline" "$bytes" chain 3 splice | awk '{print $2}')
 echo "baseline the same chain with relays that splice the stream through pipes (the kernel copies each" \
   "byte once on a relay, not twice): $chain3s GB/s to each = $(ratio "$chain3s" "$sock") x the one stream"
+sock_model=$("$bin/bench/socket_baseline" "$bytes" lowat model | awk '{print $2}')
+chain3m=$("$bin/bench/socket_baseline" "$bytes" chain 3 model | awk '{print $2}')
+echo "baseline the stream woken a MiB at a time and the read-and-write chain again, sent from and received" \
+  "into memory of the model's size (each side's own, reused), as wtx's bytes go, unhashed:" \
+  "$sock_model GB/s = $(ratio "$sock_model" "$sock_lowat") x the stream from cache;" \
+  "the chain $chain3m GB/s to each = $(ratio "$chain3m" "$sock_model") x that stream"
 pipe=$("$bin/bench/pipeline_baseline" "$bytes" | awk '{print $2}')
 echo "baseline two copies pipelined through a 4 x 4 MiB ring, one process: $pipe GB/s"
 adopt=$("$bin/bench/adopt_baseline" "$bytes" | awk '{print $2}')
@@ -131,8 +140,11 @@ g=$(for _ in 1 2 3; do "$bin/client/wtx" push --workers "$w1" --backend shm "syn
 row "shm (per process)" 1 "$g" shm
 
 echo "tcp, 1 worker: $tcp1 GB/s = $(ratio "$tcp1" "$sock_lowat") x the stream whose receiver is woken a MiB at a time"
+echo "tcp, 1 worker: $tcp1 GB/s = $(ratio "$tcp1" "$sock_model") x that stream from and into model-sized memory"
 echo "tcp, chain of 3: $(ratio "$tcp3" "$tcp1") x one worker's rate; plain C's chain $(ratio "$chain3" "$sock") x its" \
   "one stream; wtx's chain $(ratio "$tcp3" "$chain3") x plain C's"
+echo "tcp, chain of 3, in model-sized memory: plain C's chain $(ratio "$chain3m" "$tcp1") x wtx's one worker;" \
+  "wtx's chain $(ratio "$tcp3" "$chain3m") x plain C's"
 echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$adopt") x the one-copy ceiling (adopting sealed pages)"
 echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$onecopy") x the one-copy ceiling (copying from shared tensors);" \
   "that ceiling is $(ratio "$onecopy" "$base_warm") x the warm memcpy"

@@ -13,7 +13,14 @@
  * buffer: splice from the socket into a pipe, tee into a second pipe,
  * splice that on downstream and read the first into its buffer, so the
  * kernel copies each byte once on a relay (into the buffer), not twice.
- * usage: socket_baseline BYTES [lowat | chain N [splice]] */
+ * With "model" (after the rest), the same streams carry a model's bytes
+ * as wtx does: the sender writes from a buffer of BYTES and every receiver
+ * reads into its own buffer of BYTES (relays write on from there), each
+ * touched before the clock starts and reused, as a worker reuses its
+ * spare version; the 1 MiB buffer above stays in cache, these come from
+ * and go to memory. Nothing is hashed: the ceiling for wtx's work on this
+ * machine without checksums.
+ * usage: socket_baseline BYTES [lowat | chain N [splice]] [model] */
 /* splice, tee and F_SETPIPE_SZ: _GNU_SOURCE, which the build defines */
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -34,7 +41,8 @@
 #define MAX_HOPS 8
 
 static size_t total;
-static int lowat, hops = 1, use_splice;
+static int lowat, hops = 1, use_splice, use_model;
+static char *model[MAX_HOPS + 1]; /* with "model": the sender's, then each receiver's */
 static int lfds[MAX_HOPS], ports[MAX_HOPS]; /* receiver i listens on lfds[i] */
 static size_t got[MAX_HOPS];
 
@@ -76,10 +84,10 @@ static void write_all(int fd, const char *p, size_t n) {
 static void *sender(void *arg) {
   (void)arg;
   int fd = dial(0);
-  char *buf = calloc(1, PIECE);
-  for (size_t sent = 0; buf != NULL && sent < total;) {
+  char *buf = use_model ? NULL : calloc(1, PIECE);
+  for (size_t sent = 0; (use_model || buf != NULL) && sent < total;) {
     size_t k = total - sent < PIECE ? total - sent : PIECE;
-    write_all(fd, buf, k);
+    write_all(fd, use_model ? model[hops] + sent : buf, k);
     sent += k;
   }
   close(fd);
@@ -119,9 +127,15 @@ static void *receiver(void *arg) {
                 fcntl(b[1], F_SETPIPE_SZ, PIECE) < 0))
     exit(1);
   for (ssize_t r; buf != NULL; got[i] += (size_t)r) {
-    r = piped ? splice_piece(fd, down, a, b, buf) : read(fd, buf, PIECE);
+    char *to = buf;
+    size_t room = PIECE;
+    if (use_model) { /* the next bytes of this receiver's model */
+      to = model[i] + got[i];
+      room = total - got[i] < PIECE ? total - got[i] : PIECE;
+    }
+    r = room == 0 ? 0 : piped ? splice_piece(fd, down, a, b, to) : read(fd, to, room);
     if (r <= 0) break;
-    if (down >= 0 && !piped) write_all(down, buf, (size_t)r);
+    if (down >= 0 && !piped) write_all(down, to, (size_t)r);
   }
   for (int k = 0; piped && k < 2; k++) close(a[k]), close(b[k]);
   if (down >= 0) close(down);
@@ -148,20 +162,35 @@ static double stream_once(void *arg) {
   return dt;
 }
 
+/* With "model": every model buffer allocated and touched; nonzero on failure. */
+static int make_models(void) {
+  for (int i = 0; i <= hops; i++) {
+    if ((model[i] = malloc(total)) == NULL) return 1;
+    memset(model[i], i + 1, total);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   total = argc > 1 ? strtoull(argv[1], NULL, 10) : (size_t)1 << 30;
-  lowat = argc > 2 && strcmp(argv[2], "lowat") == 0;
-  if (argc > 3 && strcmp(argv[2], "chain") == 0) hops = atoi(argv[3]);
-  use_splice = argc > 4 && strcmp(argv[4], "splice") == 0;
-  if (hops < 1 || hops > MAX_HOPS) return 2;
+  for (int a = 2; a < argc; a++) {
+    if (strcmp(argv[a], "lowat") == 0) lowat = 1;
+    else if (strcmp(argv[a], "chain") == 0 && a + 1 < argc) hops = atoi(argv[++a]);
+    else if (strcmp(argv[a], "splice") == 0) use_splice = 1;
+    else if (strcmp(argv[a], "model") == 0) use_model = 1;
+    else return 2;
+  }
+  if (hops < 1 || hops > MAX_HOPS || total == 0) return 2;
+  if (use_model && make_models() != 0) return 1;
   for (int i = 0; i < hops; i++)
     if (listen_on(&lfds[i], &ports[i]) != 0) return 1;
   double best = wtx__bench_best_s(stream_once, NULL, 0, 3); /* as wtx's figures */
   if (best < 0) return 1;
+  const char *m = use_model ? "_model" : "";
   if (hops > 1)
-    printf("socket_chain%d%s_gbps %.3f\n", hops, use_splice ? "_splice" : "",
+    printf("socket_chain%d%s%s_gbps %.3f\n", hops, use_splice ? "_splice" : "", m,
            total / best / 1e9);
   else
-    printf("socket_stream_gbps %.3f\n", total / best / 1e9);
+    printf("socket_stream%s_gbps %.3f\n", m, total / best / 1e9);
   return 0;
 }
