@@ -81,13 +81,19 @@ static void write_all(int fd, const char *p, size_t n) {
     if ((w = write(fd, p, n)) <= 0) exit(1);
 }
 
+/* Where side's bytes at off come from or go: with "model", its own model
+ * buffer there; else its one hot buffer, over and over. */
+static char *bytes_at(int side, char *buf, size_t off) {
+  return use_model ? model[side] + off : buf;
+}
+
 static void *sender(void *arg) {
   (void)arg;
   int fd = dial(0);
-  char *buf = use_model ? NULL : calloc(1, PIECE);
-  for (size_t sent = 0; (use_model || buf != NULL) && sent < total;) {
+  char *buf = calloc(1, PIECE);
+  for (size_t sent = 0; buf != NULL && sent < total;) {
     size_t k = total - sent < PIECE ? total - sent : PIECE;
-    write_all(fd, use_model ? model[hops] + sent : buf, k);
+    write_all(fd, bytes_at(hops, buf, sent), k);
     sent += k;
   }
   close(fd);
@@ -127,12 +133,8 @@ static void *receiver(void *arg) {
                 fcntl(b[1], F_SETPIPE_SZ, PIECE) < 0))
     exit(1);
   for (ssize_t r; buf != NULL; got[i] += (size_t)r) {
-    char *to = buf;
-    size_t room = PIECE;
-    if (use_model) { /* the next bytes of this receiver's model */
-      to = model[i] + got[i];
-      room = total - got[i] < PIECE ? total - got[i] : PIECE;
-    }
+    char *to = bytes_at(i, buf, got[i]);
+    size_t room = use_model && total - got[i] < PIECE ? total - got[i] : PIECE;
     r = room == 0 ? 0 : piped ? splice_piece(fd, down, a, b, to) : read(fd, to, room);
     if (r <= 0) break;
     if (down >= 0 && !piped) write_all(down, to, (size_t)r);

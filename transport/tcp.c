@@ -541,11 +541,11 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
     return worker_fail(w, rx, rc, "relay chunk %llu downstream: %s",
                        (unsigned long long)w->seq, why);
   uint64_t got = 0;
+  const size_t piece = w->down >= 0 ? SEND_PIECE : PIECE; /* a relay's, the last's */
   for (;;) {
     uint8_t *dst;
     size_t room = wtx_rx_next(rx, &dst);
     if (room == 0) break;
-    size_t piece = w->down >= 0 ? SEND_PIECE : PIECE;
     size_t k = room < piece ? room : piece;
     int bounced = room < SMALL && (w->bounce != NULL || (w->bounce = malloc(PIECE)) != NULL);
     if (bounced) { /* the chunk's next piece, whatever tensors it holds */
