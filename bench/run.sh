@@ -24,8 +24,9 @@
 #   checksums      shm and tcp, 1 worker, XXH3 on vs off; and the trainer's
 #                  pack alone, hashed (in the copy's pass, and after it) vs
 #                  plain (bench/memcpy_baseline)
-#   CPU            shm, 1 worker: CPU seconds per sync on each side, and the
-#                  shortest sync the machine's cores allow for them
+#   CPU            shm and tcp, 1 and 3 workers: CPU seconds per sync on each
+#                  side, the shortest sync the machine's cores allow for
+#                  them, and the ceilings that puts on the goals' ratios
 #   memory         peak RSS of a worker and of the trainer vs the model
 #   scaling        shm, 1 worker, time per size
 # Usage: bench/run.sh [--quick]   (--quick: 256M and small N, under a minute)
@@ -115,8 +116,8 @@ echo "# (wtx push --repeat 5), as a training loop makes them; 'per process': the
 echo "# best of three syncs from a trainer process each (runs A-W's method) to the"
 echo "# worker the rows above left in its steady state"
 start_worker 0 a; w1=$addr; w1pid=${pids[-1]}
-start_worker 0 b; w3="$w1,$addr"
-start_worker 0 c; w3="$w3,$addr"
+start_worker 0 b; w3="$w1,$addr"; w3pids="$w1pid ${pids[-1]}"
+start_worker 0 c; w3="$w3,$addr"; w3pids="$w3pids ${pids[-1]}"
 max() { sort -g | tail -1; }
 row() {  # LABEL WORKERS GB/S BACKEND
   local ref=$base_warm; [ "$4" = tcp ] && ref=$sock
@@ -170,24 +171,43 @@ g=$(echo "$bytes / $shm_off / 1000000000" | bc -l | xargs printf "%.2f")
 echo "shm, checksums off: $g GB/s = $(ratio "$g" "$pipe") x the two-copy pipeline baseline"
 
 echo
-echo "## CPU: shm, 1 worker, $size, per sync of one trainer's syncs 2-5"
+echo "## CPU per sync, $size, one trainer's syncs 2-5: the shortest sync the cores allow"
 # The trainer's from its own count (wtx push --repeat: getrusage around
-# syncs 2-5); the worker's from /proc (utime + stime) around that push less
-# around a push of one sync, which leaves out each trainer's first sync.
-wticks() { awk '{print $14 + $15}' /proc/"$w1pid"/stat; }
-t0=$(wticks)
-"$bin/client/wtx" push --workers "$w1" --backend shm "synthetic:$size" >/dev/null
-t1=$(wticks)
-out=$("$bin/client/wtx" push --workers "$w1" --backend shm --repeat 5 "synthetic:$size")
-t2=$(wticks)
-cw=$(echo "($t2 - $t1 - ($t1 - $t0)) / $(getconf CLK_TCK) / 4" | bc -l)
-ct=$(echo "$out" | sed -nE 's/.*its CPU ([0-9.e-]+) s per sync/\1/p')
-best=$(echo "$out" | sed -nE 's/^syncs 2-5 of this trainer: best ([0-9.e-]+) s.*/\1/p')
-floor=$(echo "($cw + $ct) / $(nproc)" | bc -l)
-printf "worker %.3f s, trainer %.3f s of CPU: %.3f s on %d cores, so no sync in under %.3f s\n" \
-  "$cw" "$ct" "$(echo "$cw + $ct" | bc -l)" "$(nproc)" "$floor"
-printf "that floor is %.2f x a warm memcpy of the bytes; syncs 2-5 took %s s at best (%.2f x the floor)\n" \
-  "$(echo "$bytes / $floor / 1000000000 / $base_warm" | bc -l)" "$best" "$(echo "$best / $floor" | bc -l)"
+# syncs 2-5); the workers' from /proc (utime + stime, summed over them)
+# around that push less around a push of one sync, which leaves out each
+# trainer's first sync. floor: the CPU of all of them over nproc, the
+# shortest sync these cores allow for that work however it is scheduled.
+wticks() { local t=0 p; for p in $1; do t=$((t + $(awk '{print $14 + $15}' /proc/"$p"/stat))); done; echo $t; }
+# cpu_row BACKEND N ADDRS PIDS: prints the row, sets best_s and floor_s.
+cpu_row() {
+  local t0 t1 t2 out cw ct
+  t0=$(wticks "$4")
+  "$bin/client/wtx" push --workers "$3" --backend "$1" "synthetic:$size" >/dev/null
+  t1=$(wticks "$4")
+  out=$("$bin/client/wtx" push --workers "$3" --backend "$1" --repeat 5 "synthetic:$size")
+  t2=$(wticks "$4")
+  cw=$(echo "($t2 - $t1 - ($t1 - $t0)) / $(getconf CLK_TCK) / 4" | bc -l)
+  ct=$(echo "$out" | sed -nE 's/.*its CPU ([0-9.e-]+) s per sync/\1/p')
+  read -r best_s med_s < <(echo "$out" |
+    sed -nE 's/^syncs 2-5 of this trainer: best ([0-9.e-]+) s, median ([0-9.e-]+) s.*/\1 \2/p')
+  floor_s=$(echo "($cw + $ct) / $(nproc)" | bc -l)
+  printf "%-8s %-8s %10.3f %10.3f %10.3f %10.3f %10.3f %14.2f\n" "$1" "$2" "$cw" "$ct" "$floor_s" \
+    "$best_s" "$med_s" "$(echo "$med_s / $floor_s" | bc -l)"
+}
+# The CPU is each sync's average, so the median sync is set against it.
+printf "%-8s %-8s %10s %10s %10s %10s %10s %14s\n" backend workers "workers s" "trainer s" \
+  "floor s" "best s" "median s" "median / floor"
+cpu_row shm 1 "$w1" "$w1pid"; shm1_med=$med_s; shm1_floor=$floor_s
+cpu_row shm 3 "$w3" "$w3pids"; shm3_floor=$floor_s
+cpu_row tcp 1 "$w1" "$w1pid"; tcp1_med=$med_s
+cpu_row tcp 3 "$w3" "$w3pids"; tcp3_floor=$floor_s
+echo "# with $(nproc) cores, the CPU each side spends per byte caps these ratios (the goals in brackets):"
+echo "shm, 1 worker: the floor is $(ratio "$bytes / $shm1_floor / 1000000000" "$base_warm") x a warm" \
+  "memcpy of the bytes (0.7x)"
+echo "shm, 3 workers: the floor allows at most $(ratio "3 * $shm1_med" "$shm3_floor") x the bytes per" \
+  "second one worker's median sync delivers (1.5x)"
+echo "tcp, chain of 3: the floor allows at most $(ratio "$tcp1_med" "$tcp3_floor") x the rate of one" \
+  "worker's median sync (0.6x)"
 
 echo
 echo "## memory: peak RSS after the syncs above vs the model ($size)"
