@@ -11,10 +11,11 @@
  * checksum_trailer, the checksums of the tensors ending in the chunk: the
  * trainer hashes each piece right after it sends it, so it reads its
  * tensors once (they were a second pass before the UpdateWeights calls). A
- * relaying worker receives each piece (512 KiB at most) straight into model
- * memory and forwards it downstream before reading the next: cut-through,
- * so the chain adds a piece of latency per hop, not a chunk; the trailer
- * is checked by each worker and forwarded as it came.
+ * worker receives each piece into a buffer of its own that stays in L2, a
+ * relay forwards it downstream from there, and the assembler copies it
+ * into model memory, hashing it on the way, before the next is read:
+ * cut-through, so the chain adds a piece of latency per hop, not a chunk;
+ * the trailer is checked by each worker and forwarded as it came.
  *
  * A chunk (its header, the relay's accept and every byte) and a connect
  * each have one deadline, the session's timeout_ms, however the peer
@@ -45,9 +46,15 @@
 #include "transport/tcp_frame.h"
 #include "transport/transport.h"
 
-/* Bytes received at a time: the assembler hashes each piece right after
- * it lands, while it is still in L2 (1 MiB pieces hashed from further out:
- * a 1 GB sync 0.52 s -> 0.41 s with 128 KiB, bench machine). */
+/* Bytes the last worker receives at a time, into its piece buffer, from
+ * which the assembler copies them out while they are in L2 (1 MiB pieces,
+ * hashed from further out: a 1 GB sync 0.52 s -> 0.41 s with 128 KiB,
+ * bench machine). A receive straight into model memory instead made the
+ * kernel's copy write lines it first read from DRAM; through the buffer
+ * they go out with non-temporal stores (wtx_rx_bytes), and the workers'
+ * CPU per sync fell by a fifth with one worker and a tenth in a chain of
+ * three (bench/results/2026-12-02-c-kernels.md). Tiny tensors come the
+ * same way, many in one recv. */
 #define PIECE (128u << 10)
 /* Bytes the trainer sends at a time, each piece hashed right after its
  * sendmsg, from L2 (1 MiB on the smaller of the bench machines), and a
@@ -58,11 +65,6 @@
  * (bench/results/2026-12-01-c-kernels.md, round fifteen). The last worker
  * keeps PIECE: larger receives did not help it. */
 #define SEND_PIECE (512u << 10)
-/* A tensor with less than this left is received through the worker's
- * bounce buffer, a piece of the chunk at a time, and copied out by the
- * assembler: one recv per tiny tensor cost a system call each (40k of
- * them for an MoE model's 40k small tensors). */
-#define SMALL (16u << 10)
 
 /* ---- sockets with deadlines ---- */
 
@@ -366,7 +368,8 @@ typedef struct tcp_worker {
   int relay_port;              /* the relay listener's port; 0: any */
   uint64_t seq;
   int broken;
-  uint8_t *bounce; /* PIECE bytes for small tensors, on first need */
+  size_t piece;    /* bytes received at a time: SEND_PIECE on a relay, else PIECE */
+  uint8_t *bounce; /* piece bytes, each piece received into it */
   char upstream[300];
   char broke_why[400];
 } tcp_worker;
@@ -397,9 +400,11 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   tcp_worker *w = calloc(1, sizeof *w);
   if (w == NULL) return WTX_ENOMEM;
   w->up = w->lfd = w->down = -1;
+  w->piece = ti->relay ? SEND_PIECE : PIECE;
+  w->bounce = malloc(w->piece);
   w->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (w->cancel_fd < 0) {
-    free(w);
+  if (w->bounce == NULL || w->cancel_fd < 0) {
+    tcp_worker_destroy(w);
     return WTX_ENOMEM;
   }
   w->wire = *wire;
@@ -540,23 +545,14 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
   if (w->down >= 0 && (rc = write_full(w->down, f, sizeof f, to, &why)) != 0)
     return worker_fail(w, rx, rc, "relay chunk %llu downstream: %s",
                        (unsigned long long)w->seq, why);
-  uint64_t got = 0;
-  const size_t piece = w->down >= 0 ? SEND_PIECE : PIECE; /* a relay's, the last's */
-  for (;;) {
-    uint8_t *dst;
-    size_t room = wtx_rx_next(rx, &dst);
-    if (room == 0) break;
-    size_t k = room < piece ? room : piece;
-    int bounced = room < SMALL && (w->bounce != NULL || (w->bounce = malloc(PIECE)) != NULL);
-    if (bounced) { /* the chunk's next piece, whatever tensors it holds */
-      uint64_t left = wtx_rx_remaining(rx);
-      k = left < PIECE ? (size_t)left : PIECE;
-      dst = w->bounce;
-    }
+  /* The chunk's pieces, whatever tensors each holds. */
+  for (uint64_t got = 0; got < remaining;) {
+    size_t k = remaining - got < w->piece ? (size_t)(remaining - got) : w->piece;
+    uint8_t *dst = w->bounce;
     /* The rest of the chunk, which a relay does not wait for: it passes
      * each piece on as it comes (waiting for a MiB made a chain of three
      * slower, bench/results/2026-12-01-epyc.md). */
-    uint64_t after = w->down < 0 && remaining - got > k ? remaining - got - k : 0;
+    uint64_t after = w->down < 0 ? remaining - got - k : 0;
     if ((rc = read_more(w->up, dst, k, after, to, &why)) != 0)
       return worker_fail(w, rx, rc, "chunk %llu from %s after %llu of %llu "
                          "bytes: %s", (unsigned long long)w->seq, w->upstream,
@@ -565,8 +561,7 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
     if (w->down >= 0 && (rc = write_full(w->down, dst, k, to, &why)) != 0)
       return worker_fail(w, rx, rc, "relay chunk %llu downstream: %s",
                          (unsigned long long)w->seq, why);
-    rc = bounced ? wtx_rx_bytes(rx, dst, k) : wtx_rx_commit(rx, k);
-    if (rc != 0) return rc;
+    if ((rc = wtx_rx_bytes(rx, dst, k)) != 0) return rc;
     got += k;
   }
   if (w->trailer && (rc = receive_trailer(w, rx, to)) != 0) return rc;
