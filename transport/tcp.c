@@ -54,7 +54,11 @@
  * they go out with non-temporal stores (wtx_rx_bytes), and the workers'
  * CPU per sync fell by a fifth with one worker and a tenth in a chain of
  * three (bench/results/2026-12-02-c-kernels.md). Tiny tensors come the
- * same way, many in one recv. */
+ * same way, many in one recv. The buffer starts on a page: the kernel
+ * copies with rep movsb, which on AMD Zen 3 runs at a fifteenth of its
+ * speed where the destination lies 1-31 bytes past the source modulo 4
+ * KiB, and malloc's buffers, 16 bytes into a page, made a chain of three
+ * take 1.6-2.0 s a sync instead of 1.0 (same report). */
 #define PIECE (128u << 10)
 /* Bytes the trainer sends at a time, each piece hashed right after its
  * sendmsg, from L2 (1 MiB on the smaller of the bench machines), and a
@@ -401,7 +405,7 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   if (w == NULL) return WTX_ENOMEM;
   w->up = w->lfd = w->down = -1;
   w->piece = ti->relay ? SEND_PIECE : PIECE;
-  w->bounce = malloc(w->piece);
+  w->bounce = aligned_alloc(4096, w->piece); /* see PIECE: the kernel's copy into it */
   w->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (w->bounce == NULL || w->cancel_fd < 0) {
     tcp_worker_destroy(w);
