@@ -18,6 +18,7 @@
 # per sync of the measured pushes, every sync of each counted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 old=$1; shift
 new=
 [ $# -gt 0 ] && [ "${1#-}" = "$1" ] && { new=$1; shift; }
@@ -109,7 +110,8 @@ if [ -n "$first" ]; then
 else
   # The workers' CPU (utime + stime, all of a side's workers) over the
   # measured pushes, so that a change's cost on the worker shows as well.
-  ticks() { local p n=0; for p in ${side_pids[$1]}; do n=$((n + $(awk '{print $14 + $15}' /proc/"$p"/stat))); done; echo $n; }
+  # shellcheck disable=SC2086 # a side's pids, one word each
+  ticks() { cpu_ticks ${side_pids[$1]}; }
   declare -A cpu
   for side in old new; do start "$side"; push "$side" >/dev/null; push "$side" >/dev/null; cpu[$side]=0; done
   for _ in $(seq "$rounds"); do

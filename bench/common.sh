@@ -4,6 +4,7 @@
 # and start_ms to the milliseconds from exec to serving (its port file
 # written); not in a subshell: the workers belong to this shell and its EXIT
 # trap.
+. bench/lib.sh
 bazel build -c opt //server:wtx-worker //client:wtx //bench:memcpy_baseline 2>&1 |
   grep -E '^(ERROR|FAILED)' && exit 1
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)

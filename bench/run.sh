@@ -177,15 +177,15 @@ echo "## CPU per sync, $size, one trainer's syncs 2-5: the shortest sync the cor
 # around that push less around a push of one sync, which leaves out each
 # trainer's first sync. floor: the CPU of all of them over nproc, the
 # shortest sync these cores allow for that work however it is scheduled.
-wticks() { local t=0 p; for p in $1; do t=$((t + $(awk '{print $14 + $15}' /proc/"$p"/stat))); done; echo $t; }
-# cpu_row BACKEND N ADDRS PIDS: prints the row, sets best_s and floor_s.
+# cpu_row BACKEND N ADDRS PIDS: prints the row, sets best_s, med_s and floor_s.
 cpu_row() {
   local t0 t1 t2 out cw ct
-  t0=$(wticks "$4")
+  # shellcheck disable=SC2086 # PIDS: one word each
+  t0=$(cpu_ticks $4)
   "$bin/client/wtx" push --workers "$3" --backend "$1" "synthetic:$size" >/dev/null
-  t1=$(wticks "$4")
+  t1=$(cpu_ticks $4)
   out=$("$bin/client/wtx" push --workers "$3" --backend "$1" --repeat 5 "synthetic:$size")
-  t2=$(wticks "$4")
+  t2=$(cpu_ticks $4)
   cw=$(echo "($t2 - $t1 - ($t1 - $t0)) / $(getconf CLK_TCK) / 4" | bc -l)
   ct=$(echo "$out" | sed -nE 's/.*its CPU ([0-9.e-]+) s per sync/\1/p')
   read -r best_s med_s < <(echo "$out" |

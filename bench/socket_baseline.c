@@ -42,7 +42,7 @@
 
 static size_t total;
 static int lowat, hops = 1, use_splice, use_model;
-static char *model[MAX_HOPS + 1]; /* with "model": the sender's, then each receiver's */
+static char *model[MAX_HOPS + 1]; /* with "model": receiver i's at i, the sender's at hops */
 static int lfds[MAX_HOPS], ports[MAX_HOPS]; /* receiver i listens on lfds[i] */
 static size_t got[MAX_HOPS];
 

@@ -79,9 +79,10 @@ typedef struct wtx_rx wtx_rx;
  * within the call, so the checksum covers what dst got unless data is
  * changed and changed back meanwhile. */
 int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len);
-/* Where the next bytes go, so a backend can receive in place (a socket read
- * straight into model memory): *dst and the bytes left in that tensor, or 0
- * when the chunk is complete. Follow with wtx_rx_commit. */
+/* Where the next bytes go, so a backend can write them in place (a copy
+ * from the GPU straight into model memory, transport/gpu_out.c): *dst and
+ * the bytes left in that tensor, or 0 when the chunk is complete. Follow
+ * with wtx_rx_commit. */
 size_t wtx_rx_next(wtx_rx *rx, uint8_t **dst);
 /* Marks len bytes written in place at the pointer wtx_rx_next gave. */
 int wtx_rx_commit(wtx_rx *rx, size_t len);
