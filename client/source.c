@@ -9,6 +9,7 @@
 #include "client/source.h"
 #include "common/hash.h"
 #include "common/safetensors.h"
+#include "common/strmap.h"
 #include "cuda/cuda.h"
 
 struct wtx_source {
@@ -221,23 +222,6 @@ static table *table_new(size_t n, size_t name_bytes) {
   return t;
 }
 
-/* Names must be unique: a sorted copy shows duplicates side by side. */
-static int cmp_name(const void *a, const void *b) {
-  return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-static const char *duplicate_name(const wtx_tensor_meta *m, size_t n) {
-  const char **names = malloc((n ? n : 1) * sizeof *names);
-  if (names == NULL) return NULL;
-  for (size_t i = 0; i < n; i++) names[i] = m[i].name;
-  qsort(names, n, sizeof *names, cmp_name);
-  const char *dup = NULL;
-  for (size_t i = 1; i < n && dup == NULL; i++)
-    if (strcmp(names[i - 1], names[i]) == 0) dup = names[i];
-  free(names);
-  return dup;
-}
-
 static const wtx_source_ops table_ops_memory = {
     .name = "memory",
     .metadata = table_metadata,
@@ -256,10 +240,14 @@ static const wtx_source_ops table_ops_safetensors = {
     .destroy = table_destroy,
 };
 
-static int table_finish(table *t, const wtx_source_ops *ops, wtx_source **out,
+/* Names must be unique; unique says they are known to be (one safetensors
+ * file, whose reader refused a name twice), else they are checked, in
+ * O(n). */
+static int table_finish(table *t, const wtx_source_ops *ops, int unique, wtx_source **out,
                         char *err, size_t errlen) {
-  const char *dup = duplicate_name(t->metas, t->n);
   int rc = 0;
+  const char *dup =
+      unique ? NULL : wtx__strmap_first_duplicate(t->metas, t->n, sizeof *t->metas, &rc);
   if (dup != NULL) {
     snprintf(err, errlen, "parameter '%s' appears twice", dup);
     rc = WTX_EINVAL;
@@ -315,7 +303,7 @@ int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
     }
     t->n++;
   }
-  return table_finish(t, &table_ops_memory, out, err, errlen);
+  return table_finish(t, &table_ops_memory, 0, out, err, errlen);
 }
 
 int wtx_source_safetensors(const char *const *paths, size_t n, wtx_source **out,
@@ -357,7 +345,7 @@ int wtx_source_safetensors(const char *const *paths, size_t n, wtx_source **out,
       p += strlen(st->meta.name) + 1;
       t->data[t->n++] = st->data;
     }
-  return table_finish(t, &table_ops_safetensors, out, err, errlen);
+  return table_finish(t, &table_ops_safetensors, n == 1, out, err, errlen);
 }
 
 /* ---- synthetic ---- */

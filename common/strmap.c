@@ -91,7 +91,8 @@ void wtx__strmap_destroy(wtx__strmap *m) {
   free(m);
 }
 
-int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value, const char **stored) {
+/* Adds key (copied into the item unless borrowed) unless present. */
+static int add(wtx__strmap *m, const char *key, size_t value, int borrow, const char **stored) {
   size_t len = strlen(key);
   unsigned hashv = 0;
   HASH_VALUE(key, len, hashv);
@@ -101,15 +102,43 @@ int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value, const char **
   if (m->head != NULL && m->head->hh.tbl->num_items >= m->head->hh.tbl->num_buckets)
     grow(m, (size_t)m->head->hh.tbl->num_buckets * 2);
   /* On failure below the piece stays unused in the arena until clear. */
-  it = wtx__arena_alloc(&m->arena, sizeof *it + len + 1);
+  it = wtx__arena_alloc(&m->arena, sizeof *it + (borrow ? 0 : len + 1));
   if (it == NULL) return WTX_ENOMEM;
   it->value = value;
-  memcpy(it->key, key, len + 1);
+  if (!borrow) key = memcpy(it->key, key, len + 1);
   int nomem = 0;
-  HASH_ADD_KEYPTR_BYHASHVALUE(hh, m->head, it->key, len, hashv, it);
+  HASH_ADD_KEYPTR_BYHASHVALUE(hh, m->head, key, len, hashv, it);
   if (nomem) return WTX_ENOMEM;
-  if (stored != NULL) *stored = it->key;
+  if (stored != NULL) *stored = key;
   return 0;
+}
+
+int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value, const char **stored) {
+  return add(m, key, value, 0, stored);
+}
+
+int wtx__strmap_add_borrowed(wtx__strmap *m, const char *key, size_t value) {
+  return add(m, key, value, 1, NULL);
+}
+
+static const char *name_at(const void *names, size_t stride, size_t i) {
+  return *(const char *const *)((const char *)names + i * stride);
+}
+
+const char *wtx__strmap_first_duplicate(const void *names, size_t n, size_t stride, int *rc) {
+  wtx__strmap *m = NULL;
+  const char *dup = NULL;
+  if ((*rc = wtx__strmap_create(&m)) != 0) return NULL;
+  wtx__strmap_reserve(m, n);
+  for (size_t i = 0; i < n && *rc == 0 && dup == NULL; i++) {
+    if (i + 8 < n) wtx__strmap_prefetch(m, name_at(names, stride, i + 8));
+    if ((*rc = add(m, name_at(names, stride, i), i, 1, NULL)) == WTX_EEXIST) {
+      dup = name_at(names, stride, i);
+      *rc = 0;
+    }
+  }
+  wtx__strmap_destroy(m);
+  return dup;
 }
 
 void wtx__strmap_prefetch(const wtx__strmap *m, const char *key) {

@@ -140,6 +140,8 @@ TEST_F(SafetensorsTest, MalformedHeadersNameTheProblem) {
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
        "\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0,
        "'a' appears twice in the header"},
+      {"{\"__metadata__\":{},\"__metadata__\":{}}", 0,
+       "'__metadata__' appears twice in the header"},
       {"{\"a\":1}", 0, "tensor 'a': needs dtype"},
       {"{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\"}}", 0, "tensor 'a': dtype appears twice"},
       {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4,

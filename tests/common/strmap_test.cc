@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "wtx/error.h"
 
@@ -40,6 +41,54 @@ TEST(StrmapTest, KeysAreCopied) {
   EXPECT_EQ(1, wtx__strmap_get(m, "layer.0.weight", nullptr));
   EXPECT_EQ(0, wtx__strmap_get(m, key, nullptr));
   wtx__strmap_destroy(m);
+}
+
+TEST(StrmapTest, BorrowedKeysShareTheTableWithCopiedOnes) {
+  wtx__strmap *m = nullptr;
+  ASSERT_EQ(0, wtx__strmap_create(&m));
+  std::string kept = "layer.0.weight";
+  ASSERT_EQ(0, wtx__strmap_add_borrowed(m, kept.c_str(), 4));
+  EXPECT_EQ(WTX_EEXIST, wtx__strmap_add_borrowed(m, "layer.0.weight", 5));
+  EXPECT_EQ(WTX_EEXIST, wtx__strmap_add(m, "layer.0.weight", 5, nullptr));  // one table
+  ASSERT_EQ(0, wtx__strmap_add(m, "layer.1.weight", 6, nullptr));
+  size_t v = 0;
+  ASSERT_EQ(1, wtx__strmap_get(m, "layer.0.weight", &v));
+  EXPECT_EQ(4u, v);
+  ASSERT_EQ(1, wtx__strmap_get(m, "layer.1.weight", &v));
+  EXPECT_EQ(6u, v);
+  wtx__strmap_clear(m);  // the caller's key outlives the map's use of it
+  EXPECT_EQ(0, wtx__strmap_get(m, kept.c_str(), nullptr));
+  ASSERT_EQ(0, wtx__strmap_add_borrowed(m, kept.c_str(), 7));
+  wtx__strmap_destroy(m);
+  EXPECT_EQ("layer.0.weight", kept);  // and the map never wrote to it
+}
+
+// The first name seen a second time, read through a stride as the callers
+// read tensor tables: NULL when every name is new, in O(n).
+TEST(StrmapTest, FindsTheFirstDuplicateName) {
+  struct entry {
+    const char *name;  // first, as in wtx_tensor_meta
+    double other;
+  };
+  std::vector<std::string> names;
+  for (size_t i = 0; i < 40000; i++)
+    names.push_back("model.layers." + std::to_string(i / 100) + ".experts." +
+                    std::to_string(i % 100) + ".w");
+  std::vector<entry> es;
+  for (const auto &n : names) es.push_back({n.c_str(), 0});
+  int rc = -1;
+  EXPECT_EQ(nullptr, wtx__strmap_first_duplicate(es.data(), es.size(), sizeof(entry), &rc));
+  EXPECT_EQ(0, rc);
+  std::string again = names[123], later = names[7];
+  es[30000].name = again.c_str();  // the first name seen twice
+  es[35000].name = later.c_str();
+  const char *dup = wtx__strmap_first_duplicate(es.data(), es.size(), sizeof(entry), &rc);
+  EXPECT_EQ(0, rc);
+  EXPECT_EQ(again.c_str(), dup);  // the second occurrence, the caller's pointer
+  EXPECT_EQ(nullptr, wtx__strmap_first_duplicate(es.data(), 0, sizeof(entry), &rc));
+  EXPECT_EQ(0, rc);
+  const char *bare[] = {"", "a", ""};  // a plain array of names; "" is a name
+  EXPECT_EQ(bare[2], wtx__strmap_first_duplicate(bare, 3, sizeof bare[0], &rc));
 }
 
 TEST(StrmapTest, HoldsAHundredThousandNamesAndClears) {
