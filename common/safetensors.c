@@ -340,8 +340,10 @@ static int parse(wtx_st_file *f, const char *path, char *err, size_t errlen) {
    * exactly the tensors found, borrowing their names from f->strings. A
    * table filled while parsing could only be sized from the header's
    * length (twice the buckets 40k tiny tensors need) and copied every
-   * name: the first open of bench/tiny_model.py's 40k-tensor file in a
-   * process took 32 ms (median of 12), now 27; yajl alone takes 13.5. */
+   * name, and was a sixth of `wtx push`'s CPU for bench/tiny_model.py's
+   * 40k tensors; with client/source.c no longer sorting the names again,
+   * that push took 78 ms instead of 95 (medians of 15, bench/ab.sh
+   * --tiny 40000 --wall; bench/results/2026-12-03-c-kernels.md). */
   const char *dup = rc == 0 ? wtx__strmap_first_duplicate(f->tensors, f->n,
                                                             sizeof *f->tensors, &rc)
                             : NULL;
