@@ -349,8 +349,11 @@ static int parse(wtx_st_file *f, const char *path, char *err, size_t errlen) {
                             : NULL;
   if (dup != NULL)
     rc = fail(err, errlen, WTX_EINVAL, "%s: '%s' appears twice in the header", path, dup);
+  else if (rc == WTX_ENOMEM)
+    rc = fail(err, errlen, rc, "%s: out of memory reading the header", path);
   return rc != 0 ? rc : check_layout(f, path, p.data, p.data_len, err, errlen);
 }
+
 /* Hands f out when rc (its parse) is 0, else closes it. */
 static int parsed(wtx_st_file *f, int rc, wtx_st_file **out, char *err, size_t errlen) {
   if (rc != 0) {
