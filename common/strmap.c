@@ -91,7 +91,9 @@ void wtx__strmap_destroy(wtx__strmap *m) {
   free(m);
 }
 
-/* Adds key (copied into the item unless borrowed) unless present. */
+/* Adds key unless present: copied into the item, or with borrow the
+ * caller's own string, which must outlive the map (first_duplicate's
+ * names, read through once and never kept). */
 static int add(wtx__strmap *m, const char *key, size_t value, int borrow, const char **stored) {
   size_t len = strlen(key);
   unsigned hashv = 0;
@@ -115,10 +117,6 @@ static int add(wtx__strmap *m, const char *key, size_t value, int borrow, const 
 
 int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value, const char **stored) {
   return add(m, key, value, 0, stored);
-}
-
-int wtx__strmap_add_borrowed(wtx__strmap *m, const char *key, size_t value) {
-  return add(m, key, value, 1, NULL);
 }
 
 static const char *name_at(const void *names, size_t stride, size_t i) {

@@ -43,26 +43,6 @@ TEST(StrmapTest, KeysAreCopied) {
   wtx__strmap_destroy(m);
 }
 
-TEST(StrmapTest, BorrowedKeysShareTheTableWithCopiedOnes) {
-  wtx__strmap *m = nullptr;
-  ASSERT_EQ(0, wtx__strmap_create(&m));
-  std::string kept = "layer.0.weight";
-  ASSERT_EQ(0, wtx__strmap_add_borrowed(m, kept.c_str(), 4));
-  EXPECT_EQ(WTX_EEXIST, wtx__strmap_add_borrowed(m, "layer.0.weight", 5));
-  EXPECT_EQ(WTX_EEXIST, wtx__strmap_add(m, "layer.0.weight", 5, nullptr));  // one table
-  ASSERT_EQ(0, wtx__strmap_add(m, "layer.1.weight", 6, nullptr));
-  size_t v = 0;
-  ASSERT_EQ(1, wtx__strmap_get(m, "layer.0.weight", &v));
-  EXPECT_EQ(4u, v);
-  ASSERT_EQ(1, wtx__strmap_get(m, "layer.1.weight", &v));
-  EXPECT_EQ(6u, v);
-  wtx__strmap_clear(m);  // the caller's key outlives the map's use of it
-  EXPECT_EQ(0, wtx__strmap_get(m, kept.c_str(), nullptr));
-  ASSERT_EQ(0, wtx__strmap_add_borrowed(m, kept.c_str(), 7));
-  wtx__strmap_destroy(m);
-  EXPECT_EQ("layer.0.weight", kept);  // and the map never wrote to it
-}
-
 // The first name seen a second time, read through a stride as the callers
 // read tensor tables: NULL when every name is new, in O(n).
 TEST(StrmapTest, FindsTheFirstDuplicateName) {
