@@ -104,12 +104,11 @@ for _ in 1 2; do "$bin/client/wtx" push --workers "$addr" "$tmp/tiny$n.safetenso
 # Seven pushes, each its own process, and their median: one figure of a
 # process this short is mostly noise on a shared VM (fifteen pushes of one
 # build took 64-96 ms in one A/B: bench/ab.sh OLD --tiny 40000 --wall).
-e2e=$(for _ in 1 2 3 4 5 6 7; do
+mapfile -t e2e < <(for _ in 1 2 3 4 5 6 7; do
   w0=$(date +%s%N)
   "$bin/client/wtx" push --workers "$addr" "$tmp/tiny$n.safetensors" >/dev/null
   echo $(( ($(date +%s%N) - w0) / 1000000 ))
-done | sort -n | tr '\n' ' ')
-read -r -a e2e <<<"$e2e"
+done | sort -n)
 echo "wtx push of $n tiny tensors, end to end (process start to exit, steady state):" \
   "median ${e2e[3]} ms of 7 (${e2e[0]}-${e2e[6]} ms)"
 kill "${pids[-1]}" 2>/dev/null || true
