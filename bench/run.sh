@@ -103,7 +103,8 @@ start_worker 0 "e2e"
 for _ in 1 2; do "$bin/client/wtx" push --workers "$addr" "$tmp/tiny$n.safetensors" >/dev/null; done
 # Seven pushes, each its own process, and their median: one figure of a
 # process this short is mostly noise on a shared VM (fifteen pushes of one
-# build took 64-96 ms in one A/B: bench/ab.sh OLD --tiny 40000 --wall).
+# build took 64-96 ms in one A/B: bench/ab.sh OLD --tiny 40000 --wall
+# --rounds 15).
 mapfile -t e2e < <(for _ in 1 2 3 4 5 6 7; do
   w0=$(date +%s%N)
   "$bin/client/wtx" push --workers "$addr" "$tmp/tiny$n.safetensors" >/dev/null

@@ -343,7 +343,7 @@ static int parse(wtx_st_file *f, const char *path, char *err, size_t errlen) {
    * name, and was a sixth of `wtx push`'s CPU for bench/tiny_model.py's
    * 40k tensors; with client/source.c no longer sorting the names again,
    * that push took 78 ms instead of 95 (medians of 15, bench/ab.sh
-   * --tiny 40000 --wall; bench/results/2026-12-03-c-kernels.md). */
+   * --tiny 40000 --wall --rounds 15; bench/results/2026-12-03-c-kernels.md). */
   const char *dup = rc == 0 ? wtx__strmap_first_duplicate(f->tensors, f->n,
                                                             sizeof *f->tensors, &rc)
                             : NULL;
