@@ -1,0 +1,220 @@
+/* The sharded transfer plan: which trainer rank sends which bytes of which
+ * tensor to which worker, made once from what each side holds.
+ *
+ * A trainer spread over many ranks (FSDP, tensor or expert parallel, a
+ * pipeline's stages) owns each parameter in pieces; an inference worker
+ * running tensor-parallel holds slices of it. Sending every byte through one
+ * rank to every worker caps a sync at one link and makes each worker stage
+ * the whole model. The plan instead pairs every byte a worker holds with one
+ * rank that owns it, so each rank sends only what it owns and each worker
+ * receives only its slices (resharding in flight: any trainer layout to any
+ * worker layout).
+ *
+ * The inputs follow vLLM's ParamMeta (distributed/weight_transfer/base.py):
+ *  - a parameter's owners are trainer ranks laid out row-major on a mesh;
+ *    each mesh axis either replicates the tensor or shards one of its dims
+ *    the way torch.chunk splits (pieces of ceil(n / k); trailing pieces may
+ *    be short or empty), outer axis first when two axes shard one dim;
+ *  - a worker declares, per parameter, nothing, all of it, or slices
+ *    [start, start + length) of one dim (the whole extent of the others):
+ *    a column-parallel rank's Shard(0) slice, a row-parallel rank's Shard(1)
+ *    slice, the q, k and v slices a fused qkv parameter loads, the whole
+ *    tensors of the experts it hosts.
+ *
+ * The plan is a pure function of those inputs: every trainer rank and every
+ * worker computes the same one, and the digest proves it (wtx_plan_digest).
+ * A piece is the box where one owner's part meets one worker slice; its
+ * bytes travel packed, row-major within the box (wtx_box_copy gathers them
+ * from the owner's local tensor and scatters them into the worker's slice).
+ * Where several ranks own the same bytes (a Replicate axis), the plan gives
+ * each piece to the candidate furthest below its fair share (the bytes of
+ * every piece it could send, split evenly among that piece's candidates),
+ * largest pieces first, so no rank sends more than its fair share plus about
+ * one piece.
+ *
+ * Everything is checked before a plan exists, and a refusal names the
+ * parameter: owners out of range or twice, a mesh that does not cover its
+ * owners, a placement past the tensor's dims, a parameter with no owner, a
+ * slice out of range, slices of one worker that overlap. */
+#ifndef WTX_TRANSPORT_PLAN_H
+#define WTX_TRANSPORT_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wtx/error.h"
+#include "wtx/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Placement of a mesh axis: replicated, or Shard(dim) for dim >= 0. */
+#define WTX_PLACEMENT_REPLICATE (-1)
+/* Most axes a parameter's mesh may have. */
+#define WTX_MAX_MESH_DIMS 8
+/* Most trainer ranks and most workers one plan spans. */
+#define WTX_MAX_PLAN_RANKS 65536
+#define WTX_MAX_PLAN_WORKERS 65536
+
+/* Which trainer ranks own a parameter, and how. All arrays are borrowed
+ * for the call that takes them. */
+typedef struct wtx_ownership {
+  /* Global trainer ranks in mesh order (row-major), distinct. NULL: every
+   * rank owns the whole parameter (vLLM's owners=None). Non-NULL with
+   * n_owners 0: no rank owns it, which the plan refuses. */
+  const uint32_t *owners;
+  size_t n_owners;
+  /* The mesh over owners; NULL (mesh_ndim 0): one axis of n_owners. */
+  const uint32_t *mesh_shape;
+  size_t mesh_ndim;
+  /* One per mesh axis: WTX_PLACEMENT_REPLICATE or a tensor dim. NULL:
+   * replicated on every axis. */
+  const int32_t *placements;
+} wtx_ownership;
+
+/* Part of a parameter a worker holds. */
+#define WTX_SLICE_WHOLE (-1)
+typedef struct wtx_slice {
+  uint32_t param; /* index into the plan's metadata */
+  /* WTX_SLICE_WHOLE: all of it (start and length unused); else the dim
+   * sliced: [start, start + length) of it, 1 <= length. */
+  int32_t dim;
+  uint64_t start, length;
+} wtx_slice;
+
+/* A box of a tensor: [lo[d], lo[d] + len[d]) along each of ndim dims. */
+typedef struct wtx_box {
+  size_t ndim;
+  uint64_t lo[WTX_MAX_DIMS], len[WTX_MAX_DIMS];
+} wtx_box;
+
+/* Elements of a box (1 for a scalar's). */
+uint64_t wtx_box_elements(const wtx_box *b);
+
+/* torch.chunk(n, k)'s piece i: [*start, *start + *len), empty (len 0) past
+ * the pieces torch.chunk makes. k >= 1. */
+void wtx_chunk_range(uint64_t n, uint32_t k, uint32_t i, uint64_t *start,
+                     uint64_t *len);
+
+/* Checks o for m against n_ranks trainer ranks: WTX_EINVAL naming the
+ * parameter and the field otherwise (an orphan, an owner out of range or
+ * twice, a mesh whose product is not the owners' count, a placement past
+ * the tensor's dims or below WTX_PLACEMENT_REPLICATE). */
+int wtx_ownership_check(const wtx_tensor_meta *m, const wtx_ownership *o,
+                        uint32_t n_ranks, char *err, size_t errlen);
+
+/* The box the owner at position pos (0 <= pos < n_owners; a rank when
+ * owners is NULL) holds of m, under a checked ownership. */
+void wtx_ownership_box(const wtx_tensor_meta *m, const wtx_ownership *o,
+                       size_t pos, wtx_box *out);
+
+/* The box a slice covers of m (a checked slice). */
+void wtx_slice_box(const wtx_tensor_meta *m, const wtx_slice *s, wtx_box *out);
+
+/* Copies the elements of box part from src, a row-major tensor holding box
+ * src_box, into dst, a row-major tensor holding box dst_box; part lies in
+ * both. elsize bytes per element. src_box or dst_box NULL: packed, a
+ * row-major tensor holding exactly part (the wire's form of a piece). */
+void wtx_box_copy(void *dst, const wtx_box *dst_box, const void *src,
+                  const wtx_box *src_box, const wtx_box *part, size_t elsize);
+
+/* What a plan is made from; every pointer is borrowed for the call. */
+typedef struct wtx_plan_input {
+  const wtx_tensor_meta *metas; /* the parameters, in metadata order */
+  /* n entries, one per parameter; NULL: every rank owns every parameter. */
+  const wtx_ownership *owners;
+  size_t n;
+  uint32_t n_ranks;   /* trainer ranks, 1..WTX_MAX_PLAN_RANKS */
+  uint32_t n_workers; /* 1..WTX_MAX_PLAN_WORKERS */
+  /* Per worker w: needs[w][0..n_needs[w]), in any order (a parameter a
+   * worker names in no slice is not sent to it). */
+  const wtx_slice *const *needs;
+  const size_t *n_needs;
+} wtx_plan_input;
+
+/* One piece: the bytes of the box where the part of param owned by the
+ * owner at position owner meets slice slice of worker (an index into
+ * needs[worker]), sent by rank. */
+typedef struct wtx_piece {
+  uint32_t param, owner, rank, worker, slice;
+} wtx_piece;
+
+typedef struct wtx_plan wtx_plan;
+
+/* Checks in and makes its plan. On error (WTX_EINVAL naming the parameter
+ * or worker, WTX_ENOMEM) err says why and nothing is made. *out is the
+ * caller's until wtx_plan_destroy; it borrows nothing of in. */
+int wtx_plan_make(const wtx_plan_input *in, wtx_plan **out, char *err,
+                  size_t errlen);
+void wtx_plan_destroy(wtx_plan *p);
+
+/* Every piece, sorted by rank, then worker, then param, then slice: a
+ * rank's sends to one worker are one run, in metadata order, which is the
+ * order its bytes take on that link. Owned by p. */
+size_t wtx_plan_pieces(const wtx_plan *p, const wtx_piece **pieces);
+/* The pieces rank sends: [*first, *first + *n) of wtx_plan_pieces. */
+void wtx_plan_rank_pieces(const wtx_plan *p, uint32_t rank, size_t *first,
+                          size_t *n);
+/* The pieces worker receives, as indices into wtx_plan_pieces, sorted by
+ * rank, then param, then slice; *idx owned by p. */
+void wtx_plan_worker_pieces(const wtx_plan *p, uint32_t worker,
+                            const uint32_t **idx, size_t *n);
+/* A piece's box in the full tensor, and its bytes. */
+void wtx_plan_piece_box(const wtx_plan *p, const wtx_piece *piece, wtx_box *out);
+uint64_t wtx_plan_piece_bytes(const wtx_plan *p, const wtx_piece *piece);
+/* Bytes rank sends, and bytes worker receives, in all. */
+uint64_t wtx_plan_rank_bytes(const wtx_plan *p, uint32_t rank);
+uint64_t wtx_plan_worker_bytes(const wtx_plan *p, uint32_t worker);
+/* The plan's identity: XXH3-64 over its inputs (the parameter table's
+ * identity, every ownership, every worker's slices) and every piece. Two
+ * sides with the same digest move the same bytes the same way. */
+uint64_t wtx_plan_digest(const wtx_plan *p);
+
+/* ---- a tensor-parallel worker's slices, from rules ---- */
+
+typedef enum wtx_shard_kind {
+  WTX_SHARD_WHOLE = 0,  /* the whole tensor (replicated over the TP ranks) */
+  WTX_SHARD_DIM = 1,    /* a torch.chunk slice of dim, in units */
+  WTX_SHARD_EXPERT = 2, /* whole, on the rank that hosts its expert */
+  WTX_SHARD_SKIP = 3,   /* nothing */
+} wtx_shard_kind;
+
+/* One rule: parameters whose name matches pattern (fnmatch(3), no flags)
+ * are held as kind says. WTX_SHARD_DIM splits dim in units of unit
+ * entries (a head's rows; 0 or 1: single entries): with U units and tp_size
+ * ranks, rank r holds torch.chunk(U, tp_size)'s piece r when U >=
+ * tp_size, else the one unit r * U / tp_size (ranks share it, as vLLM
+ * replicates KV heads when there are fewer than ranks). WTX_SHARD_EXPERT
+ * takes the expert's index from the number after "experts." in the name;
+ * with E experts (the largest index matched, plus one) rank r hosts
+ * torch.chunk(E, tp_size)'s piece r, as vLLM's expert parallelism does.
+ * A parameter no rule matches is held whole. */
+typedef struct wtx_shard_rule {
+  const char *pattern;
+  wtx_shard_kind kind;
+  uint32_t dim;
+  uint64_t unit;
+} wtx_shard_rule;
+
+/* The slices tp_rank of tp_size holds of metas[0..n) under rules (first
+ * match wins): *out (malloc'd, the caller frees it) gets *n_out of them, in
+ * metadata order, each param's index in metas. WTX_EINVAL naming the
+ * parameter (a dim past its dims, a dim not divisible into units, an
+ * expert rule on a name without "experts.N"), or naming tp_rank/tp_size. */
+int wtx_shard_slices(const wtx_tensor_meta *metas, size_t n,
+                     const wtx_shard_rule *rules, size_t n_rules,
+                     uint32_t tp_rank, uint32_t tp_size, wtx_slice **out,
+                     size_t *n_out, char *err, size_t errlen);
+
+/* Parses a rule file: one rule a line, "PATTERN KIND", KIND one of
+ * "whole", "skip", "expert", "dim D" or "dim D unit U"; blank lines and
+ * lines starting with # are skipped. *rules (malloc'd, patterns inside
+ * the same block) is the caller's to free(). WTX_EINVAL naming the line. */
+int wtx_shard_rules_parse(const char *text, wtx_shard_rule **rules,
+                          size_t *n_rules, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_TRANSPORT_PLAN_H */
