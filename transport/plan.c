@@ -27,11 +27,6 @@ struct wtx_plan {
   uint64_t digest;
 };
 
-/* A piece to be given to one of several owners (a Replicate axis). */
-typedef struct pending {
-  uint64_t bytes;
-  size_t piece; /* its entry in pieces, rank to be set */
-} pending;
 
 static const wtx_ownership *own_of(const wtx_plan *p, size_t i) {
   return p->own != NULL ? &p->own[i] : NULL;
@@ -106,9 +101,9 @@ static int check_slice(const wtx_plan_input *in, uint32_t w, size_t k, char *err
   return 0;
 }
 
-static const wtx_slice *cmp_base;
-static int by_param_dim_start(const void *a, const void *b) {
-  const wtx_slice *x = &cmp_base[*(const size_t *)a], *y = &cmp_base[*(const size_t *)b];
+static int by_param_dim_start(const void *a, const void *b, void *arg) {
+  const wtx_slice *base = arg;
+  const wtx_slice *x = &base[*(const size_t *)a], *y = &base[*(const size_t *)b];
   if (x->param != y->param) return x->param < y->param ? -1 : 1;
   if (x->dim != y->dim) return x->dim < y->dim ? -1 : 1;
   return x->start < y->start ? -1 : x->start > y->start;
@@ -121,8 +116,7 @@ static int check_overlaps(const wtx_plan_input *in, uint32_t w, size_t *order, c
                           size_t errlen) {
   size_t k = in->n_needs[w];
   for (size_t i = 0; i < k; i++) order[i] = i;
-  cmp_base = in->needs[w];
-  qsort(order, k, sizeof *order, by_param_dim_start);
+  if (k > 1) qsort_r(order, k, sizeof *order, by_param_dim_start, (void *)in->needs[w]);
   for (size_t i = 1; i < k; i++) {
     const wtx_slice *a = &in->needs[w][order[i - 1]], *b = &in->needs[w][order[i]];
     if (a->param != b->param) continue;
@@ -176,8 +170,9 @@ static int box_meet(const wtx_box *a, const wtx_box *b, wtx_box *out) {
 
 typedef struct builder {
   wtx_piece *pieces;
-  size_t n, cap;
-  pending *pend;
+  uint64_t *bytes; /* per piece */
+  size_t n, cap, cap_bytes;
+  size_t *pend;    /* pieces to give one of several owners (a Replicate axis) */
   size_t n_pend, cap_pend;
 } builder;
 
@@ -238,16 +233,19 @@ static int plan_param(const wtx_plan *p, size_t i, const size_t *wants, size_t n
       const wtx_slice *s = &p->slices[wants[j]];
       wtx_slice_box(&p->metas[i], s, &sl);
       if (!box_meet(&own, &sl, &part) || wtx_box_elements(&part) == 0) continue;
-      if (grow((void **)&b->pieces, &b->cap, b->n + 1, sizeof *b->pieces) != 0) return WTX_ENOMEM;
+      if (grow((void **)&b->pieces, &b->cap, b->n + 1, sizeof *b->pieces) != 0 ||
+          grow((void **)&b->bytes, &b->cap_bytes, b->n + 1, sizeof *b->bytes) != 0)
+        return WTX_ENOMEM;
       uint32_t w = worker_of(p, wants[j]);
       b->pieces[b->n] = (wtx_piece){.param = (uint32_t)i, .owner = (uint32_t)pos,
                                     .rank = o->owners ? o->owners[pos] : (uint32_t)pos,
                                     .worker = w,
                                     .slice = (uint32_t)(wants[j] - p->slice_first[w])};
+      b->bytes[b->n] = wtx_box_elements(&part) * elsize;
       if (k > 1) {
         if (grow((void **)&b->pend, &b->cap_pend, b->n_pend + 1, sizeof *b->pend) != 0)
           return WTX_ENOMEM;
-        b->pend[b->n_pend++] = (pending){wtx_box_elements(&part) * elsize, b->n};
+        b->pend[b->n_pend++] = b->n;
       }
       b->n++;
     }
@@ -255,10 +253,11 @@ static int plan_param(const wtx_plan *p, size_t i, const size_t *wants, size_t n
   return 0;
 }
 
-static int by_bytes_desc(const void *a, const void *b) {
-  const pending *x = a, *y = b;
-  if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
-  return x->piece < y->piece ? -1 : x->piece > y->piece; /* metadata order */
+static int by_bytes_desc(const void *a, const void *b, void *arg) {
+  const uint64_t *bytes = arg;
+  size_t x = *(const size_t *)a, y = *(const size_t *)b;
+  if (bytes[x] != bytes[y]) return bytes[x] > bytes[y] ? -1 : 1;
+  return x < y ? -1 : x > y; /* metadata order */
 }
 
 /* The owner positions that hold the same part as the representative pos:
@@ -284,19 +283,20 @@ static void candidates(const wtx_ownership *o, size_t pos, uint32_t *out, size_t
  * share, largest first (plan.h). Shares are binary64 sums in one fixed
  * order, so every side that runs this code picks the same ranks. */
 static int balance(wtx_plan *p, builder *b) {
-  qsort(b->pend, b->n_pend, sizeof *b->pend, by_bytes_desc);
+  if (b->n_pend > 1) qsort_r(b->pend, b->n_pend, sizeof *b->pend, by_bytes_desc, b->bytes);
   uint64_t *load = calloc(p->n_ranks, sizeof *load);
   double *fair = calloc(p->n_ranks, sizeof *fair);
   uint32_t *cand = malloc(p->n_ranks * sizeof *cand);
   int rc = load == NULL || fair == NULL || cand == NULL ? WTX_ENOMEM : 0;
   const wtx_ownership every = {.owners = NULL, .n_owners = p->n_ranks};
   for (size_t i = 0; i < b->n_pend && rc == 0; i++) {
-    wtx_piece *pc = &b->pieces[b->pend[i].piece];
+    wtx_piece *pc = &b->pieces[b->pend[i]];
+    uint64_t bytes = b->bytes[b->pend[i]];
     const wtx_ownership *o = own_of(p, pc->param);
     if (o == NULL || o->owners == NULL) o = &every;
     size_t k, best = 0;
     candidates(o, pc->owner, cand, &k);
-    double share = (double)b->pend[i].bytes / (double)k, lowest = 0;
+    double share = (double)bytes / (double)k, lowest = 0;
     for (size_t j = 0; j < k; j++) {
       uint32_t r = o->owners ? o->owners[cand[j]] : cand[j];
       fair[r] += share;
@@ -308,7 +308,7 @@ static int balance(wtx_plan *p, builder *b) {
     }
     pc->owner = cand[best];
     pc->rank = o->owners ? o->owners[cand[best]] : cand[best];
-    load[pc->rank] += b->pend[i].bytes;
+    load[pc->rank] += bytes;
   }
   free(load);
   free(fair);
@@ -347,13 +347,12 @@ static int index_pieces(wtx_plan *p, builder *b) {
   if (rc != 0) return rc;
   p->n_pieces = b->n;
   size_t *at = p->worker_first;
-  for (size_t i = 0; i < b->n; i++) {
-    const wtx_piece *pc = &p->pieces[i];
-    uint64_t bytes = wtx_plan_piece_bytes(p, pc);
+  for (size_t i = 0; i < b->n; i++) { /* totals need no order: the builder's */
+    const wtx_piece *pc = &b->pieces[i];
     p->rank_first[pc->rank + 1]++;
     at[pc->worker + 1]++;
-    p->rank_bytes[pc->rank] += bytes;
-    p->worker_bytes[pc->worker] += bytes;
+    p->rank_bytes[pc->rank] += b->bytes[i];
+    p->worker_bytes[pc->worker] += b->bytes[i];
   }
   for (uint32_t r = 0; r < p->n_ranks; r++) p->rank_first[r + 1] += p->rank_first[r];
   for (uint32_t w = 0; w < p->n_workers; w++) at[w + 1] += at[w];
@@ -383,9 +382,9 @@ static void put(hasher *h, uint64_t v, size_t bytes) {
   h->used += bytes;
 }
 
-static uint64_t digest(const wtx_plan *p, uint64_t table) {
+static int digest(wtx_plan *p, uint64_t table) {
   hasher h = {.h = XXH3_createState()};
-  if (h.h == NULL) return 0;
+  if (h.h == NULL) return WTX_ENOMEM;
   XXH3_64bits_reset(h.h);
   put(&h, 0x316e616c702d7874ULL, 8); /* "txp-lan1": the encoding's version */
   put(&h, table, 8);
@@ -423,9 +422,9 @@ static uint64_t digest(const wtx_plan *p, uint64_t table) {
     put(&h, pc->slice, 4);
   }
   XXH3_64bits_update(h.h, h.buf, h.used);
-  uint64_t v = XXH3_64bits_digest(h.h);
+  p->digest = XXH3_64bits_digest(h.h);
   XXH3_freeState(h.h);
-  return v;
+  return 0;
 }
 
 /* ---- making the plan ---- */
@@ -493,8 +492,9 @@ static int build(wtx_plan *p, const wtx_plan_input *in, char *err, size_t errlen
   free(want);
   free(first);
   free(b.pieces);
+  free(b.bytes);
   free(b.pend);
-  if (rc == 0) p->digest = digest(p, wtx__layout_xxh3(in->metas, in->n));
+  if (rc == 0) rc = digest(p, wtx__layout_xxh3(in->metas, in->n));
   return rc;
 }
 
