@@ -89,6 +89,30 @@ static grpc_status_code list_params(wtx_rpc_ctx *ctx, const wtx_store_view *v,
 }
 
 /* The session's part of GetWeightInfo, copied under its lock. */
+/* The shard rules a trainer plans this worker's parts from. */
+static void describe_shard(wtx_rpc_ctx *ctx, const wtx__session_config *c,
+                           Wtx__V1__GetWeightInfoResponse *resp) {
+  if (c->shard_rules == NULL) return;
+  Wtx__V1__ShardSpec *sp = wtx_rpc_ctx_alloc(ctx, sizeof *sp);
+  Wtx__V1__ShardRule **rp = wtx_rpc_ctx_alloc(ctx, (c->n_shard_rules + 1) * sizeof *rp);
+  Wtx__V1__ShardRule *r = wtx_rpc_ctx_alloc(ctx, (c->n_shard_rules + 1) * sizeof *r);
+  if (sp == NULL || rp == NULL || r == NULL) return;
+  wtx__v1__shard_spec__init(sp);
+  sp->tp_rank = c->tp_rank;
+  sp->tp_size = c->tp_size;
+  for (size_t k = 0; k < c->n_shard_rules; k++) {
+    wtx__v1__shard_rule__init(&r[k]);
+    r[k].pattern = (char *)c->shard_rules[k].pattern;
+    r[k].kind = (Wtx__V1__ShardKind)c->shard_rules[k].kind;
+    r[k].dim = c->shard_rules[k].dim;
+    r[k].unit = c->shard_rules[k].unit;
+    rp[k] = &r[k];
+  }
+  sp->n_rules = c->n_shard_rules;
+  sp->rules = rp;
+  resp->shard = sp;
+}
+
 static void describe_session(wtx_rpc_ctx *ctx, wtx_session *s,
                              Wtx__V1__GetWeightInfoResponse *resp) {
   pthread_mutex_lock(&s->mu);
@@ -99,6 +123,7 @@ static void describe_session(wtx_rpc_ctx *ctx, wtx_session *s,
     resp->active_target = (Wtx__V1__UpdateTarget)s->target;
   pthread_mutex_unlock(&s->mu);
   resp->paused = atomic_load(&s->paused);
+  describe_shard(ctx, &s->cfg, resp);
 }
 
 grpc_status_code wtx__handle_info(wtx_rpc_ctx *ctx,

@@ -72,6 +72,13 @@ static const char usage[] =
     "  --metrics-listen H:P   serve GET /metrics (Prometheus text format) there\n"
     "                         [WTX_METRICS_LISTEN] (default: no metrics)\n"
     "\n"
+    "Tensor-parallel ranks (docs/data-plane.md, \"Sharded workers\"):\n"
+    "  --shard-rules FILE     hold only this rank's parts of the model: one rule\n"
+    "                         a line, 'PATTERN whole|skip|expert E|dim D [unit U]'\n"
+    "                         [WTX_SHARD_RULES] (default: whole tensors)\n"
+    "  --tp-rank N, --tp-size N   this rank's place [WTX_TP_RANK, WTX_TP_SIZE]\n"
+    "                         (default 0 of 1)\n"
+    "\n"
     "Sidecar bridge into a stock vLLM (docs/vllm.md):\n"
     "  --vllm-url URL         vLLM's HTTP server (started with\n"
     "                         VLLM_SERVER_DEV_MODE=1): every published version is\n"
@@ -163,7 +170,7 @@ typedef struct flags {
   const char *token_file, *tls_cert, *tls_key, *tls_client_ca, *reflection;
   const char *max_calls, *max_model_bytes, *max_params, *allow_upstream;
   const char *vllm_url, *vllm_dir, *vllm_pause_mode, *vllm_timeout, *metrics_listen;
-  const char *relay_port;
+  const char *relay_port, *shard_rules, *tp_rank, *tp_size;
   int vllm_disk;
 } flags;
 
@@ -196,6 +203,9 @@ static const struct option longopts[] = {
     {"vllm-disk", no_argument, NULL, 'X'},
     {"metrics-listen", required_argument, NULL, 'O'},
     {"relay-port", required_argument, NULL, 'R'},
+    {"shard-rules", required_argument, NULL, 'S'},
+    {"tp-rank", required_argument, NULL, 'Q'},
+    {"tp-size", required_argument, NULL, 'Z'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -227,6 +237,9 @@ static int parse_flags(int argc, char **argv, flags *f) {
       .vllm_timeout = env_or("WTX_VLLM_TIMEOUT_MS", STR(WTX_DEFAULT_TIMEOUT_MS)),
       .metrics_listen = env_or("WTX_METRICS_LISTEN", NULL),
       .relay_port = env_or("WTX_RELAY_PORT", "0"),
+      .shard_rules = env_or("WTX_SHARD_RULES", NULL),
+      .tp_rank = env_or("WTX_TP_RANK", "0"),
+      .tp_size = env_or("WTX_TP_SIZE", "1"),
   };
   const char **slot[128] = {
       ['l'] = &f->listen, ['w'] = &f->world, ['d'] = &f->watchdog,
@@ -237,7 +250,8 @@ static int parse_flags(int argc, char **argv, flags *f) {
       ['c'] = &f->max_calls, ['B'] = &f->max_model_bytes, ['N'] = &f->max_params,
       ['U'] = &f->allow_upstream, ['V'] = &f->vllm_url, ['D'] = &f->vllm_dir,
       ['M'] = &f->vllm_pause_mode, ['T'] = &f->vllm_timeout, ['O'] = &f->metrics_listen,
-      ['R'] = &f->relay_port,
+      ['R'] = &f->relay_port, ['S'] = &f->shard_rules, ['Q'] = &f->tp_rank,
+      ['Z'] = &f->tp_size,
   };
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -262,9 +276,11 @@ static int parse_flags(int argc, char **argv, flags *f) {
   return 0;
 }
 
-/* The whole of a PEM file named by a flag; an unreadable one is an error
- * naming the flag, never a silent fall back to plaintext. */
-static int read_pem(const char *flag, const char *path, char **out) {
+/* The whole of a file named by a flag (a PEM, the shard rules); an
+ * unreadable one is an error naming the flag, never a silent fall back to
+ * plaintext or whole tensors. An empty one is an error where empty may
+ * not be (a PEM). */
+static int read_file(const char *flag, const char *path, int may_be_empty, char **out) {
   *out = NULL;
   if (path == NULL) return 0;
   FILE *f = fopen(path, "rb");
@@ -276,11 +292,15 @@ static int read_pem(const char *flag, const char *path, char **out) {
     *out = NULL;
   }
   if (f != NULL) fclose(f);
-  if (*out != NULL && n > 0) return 0;
+  if (*out != NULL && (n > 0 || may_be_empty)) return 0;
   free(*out);
   *out = NULL;
   fprintf(stderr, "wtx-worker: %s: cannot read %s\n", flag, path);
   return -1;
+}
+
+static int read_pem(const char *flag, const char *path, char **out) {
+  return read_file(flag, path, 0, out);
 }
 
 static int parse_reflection(const char *s, wtx_reflection *out) {
@@ -367,6 +387,20 @@ static int options_from_flags(const flags *f, wtx_worker_options *o,
   return vllm_from_flags(f, o);
 }
 
+/* A tensor-parallel rank's shard rules (read here; *text freed by the
+ * caller) and place. */
+static int shard_from_flags(const flags *f, wtx_worker_options *o, char **text) {
+  int64_t rank, size;
+  if (parse_i64("--tp-rank", f->tp_rank, 0, 1 << 20, &rank) != 0 ||
+      parse_i64("--tp-size", f->tp_size, 1, 1 << 20, &size) != 0 ||
+      read_file("--shard-rules", f->shard_rules, 1, text) != 0)
+    return -1;
+  o->shard_rules = *text;
+  o->tp_rank = (uint32_t)rank;
+  o->tp_size = (uint32_t)size;
+  return 0;
+}
+
 /* Writes the bound port to path atomically (temp file, rename). */
 static int write_port_file(const char *path, int port) {
   char tmp[4096];
@@ -401,15 +435,17 @@ int main(int argc, char **argv) {
   wtx_worker_options opts = WTX_WORKER_OPTIONS_INIT;
   daemon_t d;
   memset(&d, 0, sizeof d);
-  char *pems[3] = {NULL, NULL, NULL};
+  char *pems[3] = {NULL, NULL, NULL}, *rules = NULL;
   if (options_from_flags(&f, &opts, &d.grace_ms) != 0 ||
-      security_from_flags(&f, &opts, pems) != 0) {
+      security_from_flags(&f, &opts, pems) != 0 || shard_from_flags(&f, &opts, &rules) != 0) {
     for (int i = 0; i < 3; i++) free(pems[i]);
+    free(rules);
     return 2;
   }
   char err[512] = "";
   int rc = wtx_worker_start(&opts, &d.w, err, sizeof err);
   for (int i = 0; i < 3; i++) free(pems[i]); /* copied or used by start */
+  free(rules);
   if (rc != 0) {
     fprintf(stderr, "wtx-worker: %s\n", err);
     return 1;

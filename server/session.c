@@ -425,6 +425,78 @@ static int model_check_one(wtx_session *s, const wtx_tensor_meta *meta, char *er
   return m->check(s->cfg.model, s->target, meta, err, errlen);
 }
 
+/* The box a ParamMeta's part covers (the whole tensor without one) into
+ * *box, and the whole tensor into *full: WTX_EINVAL when the part does not
+ * fit its shape. */
+static int part_box(const Wtx__V1__ParamMeta *pm, const wtx_tensor_meta *meta, size_t i,
+                    wtx_tensor_meta *full, wtx_box *box, char *err, size_t errlen) {
+  const Wtx__V1__TensorPart *pt = pm->part;
+  *full = *meta;
+  box->ndim = meta->ndim;
+  for (size_t d = 0; d < meta->ndim; d++) {
+    box->lo[d] = 0;
+    box->len[d] = meta->shape[d];
+  }
+  if (pt == NULL) return 0;
+  char why[1400];
+  if (pt->n_full_shape != meta->ndim || pt->n_offset != meta->ndim) {
+    snprintf(err, errlen, "update_info.params[%zu].part: full_shape and offset need %zu "
+             "entries each, as shape", i, meta->ndim);
+    return WTX_EINVAL;
+  }
+  if (wtx_tensor_meta_set(full, meta->name, meta->dtype, pt->full_shape, pt->n_full_shape, why,
+                          sizeof why) != 0) {
+    snprintf(err, errlen, "update_info.params[%zu].part.full_%s", i, why);
+    return WTX_EINVAL;
+  }
+  for (size_t d = 0; d < meta->ndim; d++) {
+    box->lo[d] = pt->offset[d];
+    if (pt->offset[d] > full->shape[d] || meta->shape[d] > full->shape[d] - pt->offset[d]) {
+      snprintf(err, errlen, "update_info.params[%zu].part: dim %zu [%llu, +%llu) is past the "
+               "full shape's %llu", i, d, (unsigned long long)pt->offset[d],
+               (unsigned long long)meta->shape[d], (unsigned long long)full->shape[d]);
+      return WTX_EINVAL;
+    }
+  }
+  return 0;
+}
+
+/* A tensor-parallel worker takes exactly the part its rules give it of each
+ * tensor; any other worker takes whole tensors only. */
+static int check_part(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
+                      const wtx_tensor_meta *meta, char *err, size_t errlen) {
+  const wtx__session_config *c = &s->cfg;
+  if (c->shard_rules == NULL && pm->part == NULL) return 0;
+  if (c->shard_rules == NULL) {
+    snprintf(err, errlen, "update_info.params[%zu].part: this worker holds whole tensors "
+             "(it has no shard rules)", i);
+    return WTX_EINVAL;
+  }
+  wtx_tensor_meta full;
+  wtx_box got, want;
+  wtx_slice sl;
+  int rc = part_box(pm, meta, i, &full, &got, err, errlen);
+  if (rc != 0) return rc;
+  rc = wtx_shard_slice_of(&full, c->shard_rules, c->n_shard_rules, c->tp_rank, c->tp_size, 0,
+                          &sl, err, errlen);
+  if (rc < 0) return rc;
+  if (rc == 0) {
+    snprintf(err, errlen, "update_info.params[%zu]: '%s' is not held by tensor-parallel rank "
+             "%u of %u (its shard rules)", i, meta->name, c->tp_rank, c->tp_size);
+    return WTX_EINVAL;
+  }
+  wtx_slice_box(&full, &sl, &want);
+  for (size_t d = 0; d < want.ndim; d++) {
+    if (got.lo[d] == want.lo[d] && got.len[d] == want.len[d]) continue;
+    snprintf(err, errlen, "update_info.params[%zu].part: '%s' on tensor-parallel rank %u of %u "
+             "is [%llu, +%llu) of dim %zu, not [%llu, +%llu)", i, meta->name, c->tp_rank,
+             c->tp_size, (unsigned long long)want.lo[d], (unsigned long long)want.len[d], d,
+             (unsigned long long)got.lo[d], (unsigned long long)got.len[d]);
+    return WTX_EINVAL;
+  }
+  return 0;
+}
+
 /* Validates one ParamMeta into meta (no byte has moved yet). */
 static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
                       wtx_tensor_meta *meta, char *err, size_t errlen) {
@@ -439,7 +511,8 @@ static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
     snprintf(err, errlen, "update_info.params[%zu].name: not valid UTF-8", i);
     return WTX_EINVAL;
   }
-  return model_check_one(s, meta, err, errlen);
+  rc = check_part(s, pm, i, meta, err, errlen);
+  return rc != 0 ? rc : model_check_one(s, meta, err, errlen);
 }
 
 /* One UpdateWeights call's chunk: its validated tensors and where their

@@ -15,6 +15,7 @@
 
 #include "common/layout.h"
 #include "server/metrics.h"
+#include "transport/plan.h"
 #include "transport/rx.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 #include "wtx/worker.h"
@@ -51,6 +52,14 @@ typedef struct wtx__session_config {
   void *on_commit_user;
   /* Where the session counts and times (NULL: no metrics). */
   wtx__metrics *metrics;
+  /* A tensor-parallel rank's parts (wtx_worker_options.shard_rules,
+   * parsed, each expert rule with its count): every tensor of an update
+   * must be exactly the part these rules give this rank (ParamMeta.part),
+   * and GetWeightInfo announces them. NULL: whole tensors only. The rules
+   * outlive the session. */
+  const wtx_shard_rule *shard_rules;
+  size_t n_shard_rules;
+  uint32_t tp_rank, tp_size;
   /* The version an engine this worker feeds says it serves (may be NULL):
    * GetWeightInfoResponse.serving_version. */
   int (*serving_version)(void *user, char *out, size_t len);

@@ -38,6 +38,7 @@ struct wtx_worker {
   wtx_worker_env env;
   wtx__netallow *allow_upstream;
   char *cuda_device; /* the option's copy, or NULL */
+  wtx_shard_rule *shard_rules; /* parsed shard_rules, or NULL */
   int port;
   int drained;
   pthread_mutex_t mu;
@@ -308,6 +309,36 @@ static int cuda_device(wtx_worker *w, const char *ordinal, char *err, size_t err
   return w->cuda_device != NULL ? 0 : WTX_ENOMEM;
 }
 
+/* Parses and checks the shard rules of a tensor-parallel rank. */
+static int open_shard(wtx_worker *w, const wtx_worker_options *opts, wtx__session_config *cfg,
+                      char *err, size_t errlen) {
+  if (opts->shard_rules == NULL) return 0;
+  if (opts->model_spec != NULL || opts->vllm_url != NULL) {
+    snprintf(err, errlen, "shard rules: not with %s, which describes whole tensors",
+             opts->model_spec != NULL ? "a model spec" : "a vLLM sidecar");
+    return WTX_EINVAL;
+  }
+  if (opts->tp_size == 0 || opts->tp_rank >= opts->tp_size) {
+    snprintf(err, errlen, "shard rules: tp_rank %u is not below tp_size %u", opts->tp_rank,
+             opts->tp_size);
+    return WTX_EINVAL;
+  }
+  size_t n;
+  int rc = wtx_shard_rules_parse(opts->shard_rules, &w->shard_rules, &n, err, errlen);
+  for (size_t k = 0; rc == 0 && k < n; k++) {
+    if (w->shard_rules[k].kind != WTX_SHARD_EXPERT || w->shard_rules[k].unit > 0) continue;
+    snprintf(err, errlen, "shard rules: the expert rule '%s' needs the model's expert count "
+             "('expert E'), so the worker can check which experts it hosts",
+             w->shard_rules[k].pattern);
+    rc = WTX_EINVAL;
+  }
+  cfg->shard_rules = w->shard_rules;
+  cfg->n_shard_rules = n;
+  cfg->tp_rank = opts->tp_rank;
+  cfg->tp_size = opts->tp_size;
+  return rc;
+}
+
 int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err,
                      size_t errlen) {
   *out = NULL;
@@ -341,6 +372,7 @@ int wtx_worker_start(const wtx_worker_options *opts, wtx_worker **out, char *err
   w->env.relay_port = opts->relay_port;
   w->env.max_model_bytes = opts->max_model_bytes;
   if (rc == 0) rc = cuda_device(w, opts->cuda_device, err, errlen);
+  if (rc == 0) rc = open_shard(w, opts, &cfg, err, errlen);
   w->host_pause = opts->on_pause;
   w->host_resume = opts->on_resume;
   w->host = opts->host;
@@ -402,6 +434,7 @@ void wtx_worker_destroy(wtx_worker *w) {
   wtx__auth_destroy(w->auth);
   wtx__netallow_destroy(w->allow_upstream);
   free(w->cuda_device);
+  free(w->shard_rules);
   pthread_mutex_destroy(&w->mu);
   free(w);
 }

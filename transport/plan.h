@@ -181,15 +181,16 @@ typedef enum wtx_shard_kind {
 } wtx_shard_kind;
 
 /* One rule: parameters whose name matches pattern (fnmatch(3), no flags)
- * are held as kind says. WTX_SHARD_DIM splits dim in units of unit
- * entries (a head's rows; 0 or 1: single entries): with U units and tp_size
- * ranks, rank r holds torch.chunk(U, tp_size)'s piece r when U >=
- * tp_size, else the one unit r * U / tp_size (ranks share it, as vLLM
- * replicates KV heads when there are fewer than ranks). WTX_SHARD_EXPERT
- * takes the expert's index from the number after "experts." in the name;
- * with E experts (the largest index matched, plus one) rank r hosts
- * torch.chunk(E, tp_size)'s piece r, as vLLM's expert parallelism does.
- * A parameter no rule matches is held whole. */
+ * are held as kind says (wtx.v1.ShardRule, whose values these are).
+ * WTX_SHARD_DIM splits dim in units of unit entries (a head's rows; 0 or 1:
+ * single entries): with U units and tp_size ranks, rank r holds
+ * torch.chunk(U, tp_size)'s piece r when U >= tp_size, else the one unit
+ * r * U / tp_size (ranks share it, as vLLM replicates KV heads when there
+ * are fewer than ranks). WTX_SHARD_EXPERT takes the expert's index from the
+ * number after "experts." in the name; with E experts (unit when set, else
+ * the largest index the rule matches in the metadata, plus one) rank r
+ * hosts torch.chunk(E, tp_size)'s piece r, as vLLM's expert parallelism
+ * does. A parameter no rule matches is held whole. */
 typedef struct wtx_shard_rule {
   const char *pattern;
   wtx_shard_kind kind;
@@ -197,20 +198,29 @@ typedef struct wtx_shard_rule {
   uint64_t unit;
 } wtx_shard_rule;
 
-/* The slices tp_rank of tp_size holds of metas[0..n) under rules (first
- * match wins): *out (malloc'd, the caller frees it) gets *n_out of them, in
- * metadata order, each param's index in metas. WTX_EINVAL naming the
- * parameter (a dim past its dims, a dim not divisible into units, an
- * expert rule on a name without "experts.N"), or naming tp_rank/tp_size. */
+/* What tp_rank of tp_size holds of m under rules (first match wins): 1
+ * with *out set (param 0), 0 when it holds nothing of m, or WTX_EINVAL
+ * naming the parameter (a dim past its dims, a dim not divisible into
+ * units, an expert rule on a name without "experts.N" or an expert past
+ * the count) or tp_rank/tp_size. experts: E for expert rules without a
+ * count (0: such a rule is an error). */
+int wtx_shard_slice_of(const wtx_tensor_meta *m, const wtx_shard_rule *rules, size_t n_rules,
+                       uint32_t tp_rank, uint32_t tp_size, uint64_t experts, wtx_slice *out,
+                       char *err, size_t errlen);
+
+/* wtx_shard_slice_of over metas[0..n), each slice's param its index in
+ * metas, E for count-less expert rules found in metas: *out (malloc'd, the
+ * caller frees it) gets *n_out slices, in metadata order. */
 int wtx_shard_slices(const wtx_tensor_meta *metas, size_t n,
                      const wtx_shard_rule *rules, size_t n_rules,
                      uint32_t tp_rank, uint32_t tp_size, wtx_slice **out,
                      size_t *n_out, char *err, size_t errlen);
 
 /* Parses a rule file: one rule a line, "PATTERN KIND", KIND one of
- * "whole", "skip", "expert", "dim D" or "dim D unit U"; blank lines and
- * lines starting with # are skipped. *rules (malloc'd, patterns inside
- * the same block) is the caller's to free(). WTX_EINVAL naming the line. */
+ * "whole", "skip", "expert", "expert E", "dim D" or "dim D unit U"; blank
+ * lines and lines starting with # are skipped. *rules (malloc'd, patterns
+ * inside the same block) is the caller's to free(). WTX_EINVAL naming the
+ * line. */
 int wtx_shard_rules_parse(const char *text, wtx_shard_rule **rules,
                           size_t *n_rules, char *err, size_t errlen);
 

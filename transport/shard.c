@@ -212,45 +212,67 @@ static int dim_slice(const wtx_tensor_meta *m, const wtx_shard_rule *r, uint32_t
   return 0;
 }
 
+static int check_tp(uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+  if (tp_size > 0 && tp_rank < tp_size) return 0;
+  snprintf(err, errlen, "tp_rank %u is not below tp_size %u", tp_rank, tp_size);
+  return WTX_EINVAL;
+}
+
+static int expert_slice(const wtx_tensor_meta *m, const wtx_shard_rule *r, uint32_t tp_rank,
+                        uint32_t tp_size, uint64_t experts, char *err, size_t errlen) {
+  uint64_t e, start, len, count = r->unit > 0 ? r->unit : experts;
+  if (!expert_of(m->name, &e))
+    return fail(err, errlen, m->name, "an expert rule matches a name without experts.N");
+  if (e >= count) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "rule '%s': expert %llu of %llu experts", r->pattern,
+             (unsigned long long)e, (unsigned long long)count);
+    return fail(err, errlen, m->name, msg);
+  }
+  wtx_chunk_range(count, tp_size, tp_rank, &start, &len);
+  return e >= start && e < start + len;
+}
+
+int wtx_shard_slice_of(const wtx_tensor_meta *m, const wtx_shard_rule *rules, size_t n_rules,
+                       uint32_t tp_rank, uint32_t tp_size, uint64_t experts, wtx_slice *out,
+                       char *err, size_t errlen) {
+  int rc = check_tp(tp_rank, tp_size, err, errlen);
+  if (rc != 0) return rc;
+  const wtx_shard_rule *r = match(rules, n_rules, m->name);
+  *out = (wtx_slice){.param = 0, .dim = WTX_SLICE_WHOLE};
+  if (r == NULL || r->kind == WTX_SHARD_WHOLE) return 1;
+  if (r->kind == WTX_SHARD_EXPERT) return expert_slice(m, r, tp_rank, tp_size, experts, err, errlen);
+  if (r->kind != WTX_SHARD_DIM) return 0;
+  rc = dim_slice(m, r, tp_rank, tp_size, out, err, errlen);
+  return rc != 0 ? rc : out->length > 0;
+}
+
 int wtx_shard_slices(const wtx_tensor_meta *metas, size_t n, const wtx_shard_rule *rules,
                      size_t n_rules, uint32_t tp_rank, uint32_t tp_size, wtx_slice **out,
                      size_t *n_out, char *err, size_t errlen) {
   *out = NULL;
   *n_out = 0;
-  if (tp_size == 0 || tp_rank >= tp_size) {
-    snprintf(err, errlen, "tp_rank %u is not below tp_size %u", tp_rank, tp_size);
-    return WTX_EINVAL;
-  }
+  int rc = check_tp(tp_rank, tp_size, err, errlen);
+  if (rc != 0) return rc;
   uint64_t experts = 0, e;
   for (size_t i = 0; i < n; i++) {
     const wtx_shard_rule *r = match(rules, n_rules, metas[i].name);
-    if (r == NULL || r->kind != WTX_SHARD_EXPERT) continue;
-    if (!expert_of(metas[i].name, &e))
-      return fail(err, errlen, metas[i].name, "an expert rule matches a name without experts.N");
-    if (e + 1 > experts) experts = e + 1;
+    if (r != NULL && r->kind == WTX_SHARD_EXPERT && r->unit == 0 &&
+        expert_of(metas[i].name, &e) && e + 1 > experts)
+      experts = e + 1;
   }
   wtx_slice *s = malloc((n > 0 ? n : 1) * sizeof *s);
   if (s == NULL) return WTX_ENOMEM;
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
-    const wtx_shard_rule *r = match(rules, n_rules, metas[i].name);
-    wtx_slice *sl = &s[k];
-    *sl = (wtx_slice){.param = (uint32_t)i, .dim = WTX_SLICE_WHOLE};
-    if (r == NULL || r->kind == WTX_SHARD_WHOLE) {
-      k++;
-    } else if (r->kind == WTX_SHARD_EXPERT) {
-      uint64_t start, len;
-      expert_of(metas[i].name, &e);
-      wtx_chunk_range(experts, tp_size, tp_rank, &start, &len);
-      k += e >= start && e < start + len;
-    } else if (r->kind == WTX_SHARD_DIM) {
-      int rc = dim_slice(&metas[i], r, tp_rank, tp_size, sl, err, errlen);
-      if (rc != 0) {
-        free(s);
-        return rc;
-      }
-      k += sl->length > 0;
+    rc = wtx_shard_slice_of(&metas[i], rules, n_rules, tp_rank, tp_size, experts, &s[k], err,
+                            errlen);
+    if (rc < 0) {
+      free(s);
+      return rc;
     }
+    s[k].param = (uint32_t)i;
+    k += rc;
   }
   *out = s;
   *n_out = k;
@@ -265,8 +287,14 @@ static int parse_rule(char *line, wtx_shard_rule *r) {
   char *rest = strtok_r(NULL, "", &save), *end;
   if (strcmp(kind, "whole") == 0) r->kind = WTX_SHARD_WHOLE;
   else if (strcmp(kind, "skip") == 0) r->kind = WTX_SHARD_SKIP;
-  else if (strcmp(kind, "expert") == 0) r->kind = WTX_SHARD_EXPERT;
-  else if (strcmp(kind, "dim") == 0 && rest != NULL) {
+  else if (strcmp(kind, "expert") == 0) {
+    r->kind = WTX_SHARD_EXPERT;
+    if (rest != NULL && rest[strspn(rest, " \t")] != '\0') {
+      r->unit = strtoull(rest, &end, 10);
+      if (end == rest || r->unit == 0) return -1;
+      rest = end;
+    }
+  } else if (strcmp(kind, "dim") == 0 && rest != NULL) {
     r->kind = WTX_SHARD_DIM;
     unsigned long d = strtoul(rest, &end, 10);
     if (end == rest || d >= WTX_MAX_DIMS) return -1;
@@ -305,7 +333,7 @@ int wtx_shard_rules_parse(const char *text, wtx_shard_rule **rules, size_t *n_ru
     if (*line == '\0' || *line == '#') continue;
     if (parse_rule(line, &r[k]) != 0) {
       snprintf(err, errlen,
-               "shard rules line %zu: expected 'PATTERN whole|skip|expert|dim D [unit U]'",
+               "shard rules line %zu: expected 'PATTERN whole|skip|expert [E]|dim D [unit U]'",
                lineno);
       free(r);
       return WTX_EINVAL;

@@ -263,6 +263,17 @@ typedef struct wtx_worker_options {
    * "3"), for a process that knows its own (a vLLM rank); NULL:
    * WTX_CUDA_DEVICE from the environment, else "0". Copied. */
   const char *cuda_device;
+  /* A tensor-parallel rank that holds only its parts of the model: the
+   * text of a shard rule file, one rule a line, "PATTERN whole|skip|
+   * expert E|dim D [unit U]" (docs/data-plane.md, "Sharded workers"), and
+   * this rank's place, tp_rank of tp_size. Every update then sends it
+   * exactly its parts (wtx.v1.ParamMeta.part) and it refuses any other
+   * tensor; it stages and publishes those parts only, so its memory grows
+   * with its share of the model. GetWeightInfo announces the rules, from
+   * which a trainer plans. NULL: whole tensors. Not with model_spec or
+   * vllm_url, which describe whole tensors. Copied. */
+  const char *shard_rules;
+  uint32_t tp_rank, tp_size;
 } wtx_worker_options;
 
 /* Every field at its default; set the ones you need after it. */

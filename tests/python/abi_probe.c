@@ -56,7 +56,8 @@ int main(void) {
   F(wtx_worker_options, vllm_pause_mode); F(wtx_worker_options, vllm_disk);
   F(wtx_worker_options, vllm_timeout_ms); F(wtx_worker_options, metrics_listen);
   F(wtx_worker_options, relay_port);
-  F(wtx_worker_options, cuda_device); END();
+  F(wtx_worker_options, cuda_device); F(wtx_worker_options, shard_rules);
+  F(wtx_worker_options, tp_rank); F(wtx_worker_options, tp_size); END();
   printf("}\n");
   return 0;
 }

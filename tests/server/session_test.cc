@@ -135,7 +135,8 @@ class SessionTest : public ::testing::Test {
   // One chunk holding whole tensors; corrupt flips a byte after hashing;
   // range (when given) names them by position instead of by params.
   int Update(const std::vector<Tensor> &ts, bool corrupt = false,
-             const Wtx__V1__ParamRange *range = nullptr) {
+             const Wtx__V1__ParamRange *range = nullptr,
+             const std::vector<Wtx__V1__TensorPart *> *parts = nullptr) {
     size_t total = 0;
     for (auto &t : ts) total += t.data.size();
     int fd = shm_open(region_.c_str(), O_RDWR | O_CREAT, 0600);
@@ -158,6 +159,7 @@ class SessionTest : public ::testing::Test {
       shapes[i] = ts[i].data.size() / 4;
       pm[i].shape = &shapes[i];
       pm[i].n_shape = 1;
+      pm[i].part = parts != nullptr ? (*parts)[i] : nullptr;
       pmp[i] = &pm[i];
     }
     if (corrupt && total > 0) buf[total / 2] ^= 0x40;
@@ -1300,6 +1302,115 @@ TEST_F(SessionTest, AnUpdateBeyondTheWorkersLimitsIsResourceExhausted) {
   ASSERT_EQ(0, Start(main, 1)) << st_.message;  // a hint, not a limit of its own
   ASSERT_EQ(0, Update({T("a", 16, 4), T("b", 8, 5)})) << st_.message;
   ASSERT_EQ(0, Finish("fits again")) << st_.message;
+}
+
+// A tensor-parallel rank (wtx_worker_options.shard_rules) takes exactly
+// its parts, announces its rules, and refuses anything else by name before
+// any byte moves, keeping what it published.
+struct Part {
+  uint64_t full, offset;
+  Wtx__V1__TensorPart msg;
+  Part(uint64_t f, uint64_t o) : full(f), offset(o) {
+    wtx__v1__tensor_part__init(&msg);
+    msg.n_full_shape = msg.n_offset = 1;
+    msg.full_shape = &full;
+    msg.offset = &offset;
+  }
+};
+
+TEST_F(SessionTest, ATensorParallelRankTakesExactlyItsPartsAndAnnouncesItsRules) {
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.shard_rules = "w dim 0\n# experts, in blocks\n*.experts.* expert 4\ns skip\n";
+  o.tp_rank = 1;
+  o.tp_size = 2;
+  Restart(o);
+  Wtx__V1__GetWeightInfoResponse *info = nullptr;
+  ASSERT_EQ(0, Info(&info)) << st_.message;
+  ASSERT_NE(nullptr, info->shard);
+  EXPECT_EQ(1u, info->shard->tp_rank);
+  EXPECT_EQ(2u, info->shard->tp_size);
+  ASSERT_EQ(3u, info->shard->n_rules);
+  EXPECT_STREQ("w", info->shard->rules[0]->pattern);
+  EXPECT_EQ(WTX__V1__SHARD_KIND__SHARD_KIND_DIM, info->shard->rules[0]->kind);
+  EXPECT_EQ(4u, info->shard->rules[1]->unit);
+  protobuf_c_message_free_unpacked(&info->base, nullptr);
+  // "a" matches no rule (whole); "w" is cut in two, rank 1 holding floats
+  // [8, 16); experts 2-3 of 4 are rank 1's, whole.
+  ASSERT_EQ(0, Init()) << st_.message;
+  Part mine(16, 8), theirs(16, 0), past(16, 12);
+  std::vector<Wtx__V1__TensorPart *> p = {nullptr, &mine.msg, nullptr};
+  ASSERT_EQ(0, Start());
+  ASSERT_EQ(0, Update({T("a", 4, 1), T("w", 8, 3), T("m.experts.3.w", 4, 5)}, false, nullptr, &p))
+      << st_.message;
+  ASSERT_EQ(0, Finish("v2")) << st_.message;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+  EXPECT_EQ("v2", Published(&now));
+  ASSERT_EQ(3u, now.size());
+  EXPECT_EQ("w", now[1].first);
+  EXPECT_EQ(T("w", 8, 3).data, now[1].second);  // 8 of the 16 floats
+  v1_ = now;
+  struct Case {
+    Tensor t;
+    Wtx__V1__TensorPart *part;
+    const char *says;
+  } cases[] = {
+      {T("w", 16, 1), nullptr, "'w' on tensor-parallel rank 1 of 2 is [8, +8) of dim 0, not [0, +16)"},
+      {T("w", 8, 1), &theirs.msg, "is [8, +8) of dim 0, not [0, +8)"},
+      {T("w", 8, 1), &past.msg, "part: dim 0 [12, +8) is past the full shape's 16"},
+      {T("s", 4, 1), nullptr, "'s' is not held by tensor-parallel rank 1 of 2"},
+      {T("m.experts.0.w", 4, 1), nullptr, "'m.experts.0.w' is not held"},
+      {T("m.experts.9.w", 4, 1), nullptr, "expert 9 of 4 experts"},
+  };
+  for (const Case &c : cases) {
+    ASSERT_EQ(0, Start());
+    std::vector<Wtx__V1__TensorPart *> one = {c.part};
+    EXPECT_NE(0, Update({c.t}, false, nullptr, &one)) << c.says;
+    EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code) << c.says;
+    EXPECT_NE(std::string::npos, std::string(st_.message).find(c.says)) << st_.message;
+    Abort();
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> after;
+    EXPECT_EQ("v2", Published(&after));
+    EXPECT_EQ(v1_, after);
+  }
+}
+
+TEST_F(SessionTest, AWorkerWithoutShardRulesRefusesParts) {
+  PublishV1();
+  Part half(16, 0);
+  std::vector<Wtx__V1__TensorPart *> p = {&half.msg};
+  ASSERT_EQ(0, Start());
+  EXPECT_NE(0, Update({T("a", 8, 1)}, false, nullptr, &p));
+  EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code);
+  EXPECT_NE(std::string::npos, std::string(st_.message).find("holds whole tensors")) << st_.message;
+  Abort();
+  ExpectV1Intact();
+}
+
+TEST_F(SessionTest, ShardRulesAreCheckedWhenTheWorkerStarts) {
+  struct Case {
+    const char *rules;
+    uint32_t rank, size;
+    const char *model_spec;
+    const char *says;
+  } cases[] = {
+      {"*.experts.* expert\n", 0, 2, nullptr, "needs the model's expert count"},
+      {"w dim 0\n", 2, 2, nullptr, "tp_rank 2 is not below tp_size 2"},
+      {"w dims 0\n", 0, 2, nullptr, "shard rules line 1"},
+      {"w dim 0\n", 0, 2, "/nonexistent.safetensors", "not with a model spec"},
+  };
+  for (const Case &c : cases) {
+    wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+    o.listen = "127.0.0.1:0";
+    o.shard_rules = c.rules;
+    o.tp_rank = c.rank;
+    o.tp_size = c.size;
+    o.model_spec = c.model_spec;
+    wtx_worker *w = nullptr;
+    char err[512] = "";
+    EXPECT_EQ(WTX_EINVAL, wtx_worker_start(&o, &w, err, sizeof err)) << c.rules;
+    EXPECT_NE(nullptr, strstr(err, c.says)) << err;
+    EXPECT_EQ(nullptr, w);
+  }
 }
 
 TEST_F(SessionTest, NamesAndVersionsMustBeUtf8) {

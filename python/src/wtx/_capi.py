@@ -131,7 +131,8 @@ class WorkerOptions(C.Structure):
                 ("vllm_dir", C.c_char_p), ("vllm_pause_mode", C.c_char_p),
                 ("vllm_disk", C.c_int), ("vllm_timeout_ms", C.c_int64),
                 ("metrics_listen", C.c_char_p), ("relay_port", C.c_int),
-                ("cuda_device", C.c_char_p)]
+                ("cuda_device", C.c_char_p), ("shard_rules", C.c_char_p),
+                ("tp_rank", C.c_uint32), ("tp_size", C.c_uint32)]
 
 
 # wtx_control_ops

@@ -490,7 +490,8 @@ def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = N
           on_resume: Callable[[], None] | None = None, watchdog_ms: int = 0,
           max_model_bytes: int = 0, max_params: int = 0, allow_upstream: str | None = None,
           reflection: str = "open", world_size: int = 1,
-          cuda_device: int | None = None) -> Server:
+          cuda_device: int | None = None, shard_rules: str | None = None,
+          tp_rank: int = 0, tp_size: int = 1) -> Server:
     """Hosts a wtx worker for ``model`` (a ``torch.nn.Module``) on ``listen``
     ("host:port"; port 0 picks one, see ``Server.port``). Trainers push
     with ``TrainerEngine`` or ``wtx push``; inspect with grpcurl. Options
@@ -502,7 +503,13 @@ def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = N
     GPU backends (cuda_ipc, nccl) receive on ``cuda_device`` (default: the
     device ``model`` is on, else ``WTX_CUDA_DEVICE``, else 0). A model on a
     GPU is staged on that GPU (device to device, no host copy); a model on
-    the CPU is staged in host memory."""
+    the CPU is staged in host memory.
+
+    A tensor-parallel rank holds only its parts: ``shard_rules`` is the text
+    of a rule file (as ``wtx-worker --shard-rules``: one rule a line,
+    "PATTERN whole|skip|expert E|dim D [unit U]"), ``tp_rank`` of ``tp_size``
+    its place. Trainers then send it exactly those parts, and ``model``'s
+    parameters of those names are loaded with the parts' shapes."""
     if reflection not in _REFLECTION:
         raise ValueError(f"reflection: one of {', '.join(_REFLECTION)}, got {reflection!r}")
     on_gpu = _cuda_index(model)
@@ -519,7 +526,9 @@ def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = N
         tls_key_pem=tls_key, tls_client_ca_pem=tls_client_ca,
         reflection=_REFLECTION[reflection], max_model_bytes=max_model_bytes,
         max_params=max_params, allow_upstream=allow_upstream.encode() if allow_upstream else None,
-        cuda_device=str(cuda_device).encode() if cuda_device is not None else None)
+        cuda_device=str(cuda_device).encode() if cuda_device is not None else None,
+        shard_rules=shard_rules.encode() if shard_rules is not None else None,
+        tp_rank=tp_rank, tp_size=tp_size)
     worker = C.c_void_p()
     err = C.create_string_buffer(_capi.ERRBUF)
     rc = _capi.worker_start(C.byref(opts), C.byref(worker), err, _capi.ERRBUF)
