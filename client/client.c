@@ -13,6 +13,7 @@
 
 typedef struct replica {
   wtx_rpc_channel *ch;
+  size_t index; /* the worker's number in messages: its place in the user's list */
   char session_id[64];
   uint64_t update_id;
   uint64_t table_xxh3; /* from StartWeightUpdate: the table it may name by range */
@@ -30,6 +31,7 @@ struct wtx_client {
   int err_replica;
   int err_status;
   wtx__control *ctl; /* a control plane of the caller's: one replica, no channel */
+  int borrowed;      /* the channels are another client's (wtx__client_subset) */
 };
 
 #define CONTROL_TARGET "the caller's control plane"
@@ -48,7 +50,7 @@ static void seterr(wtx_client *c, int replica_ix, int status, const char *fmt, .
 /* Records replica i's failed call. */
 static int call_failed(wtx_client *c, size_t i, const char *method, int rc,
                        const wtx_rpc_status *st) {
-  seterr(c, (int)i, st->code, "worker %zu (%s): %s: %s: %s", i,
+  seterr(c, (int)i, st->code, "worker %zu (%s): %s: %s: %s", c->r[i].index,
          wtx_rpc_channel_target(c->r[i].ch), method, wtx_rpc_code_name(st->code),
          st->message[0] ? st->message : wtx_strerror(rc));
   return rc;
@@ -115,6 +117,7 @@ static int open_channels(wtx_client *c, const char *const *targets, size_t n,
       snprintf(err, errlen, "worker %zu (%s): %s", i, targets[i], wtx_strerror(rc));
       return rc;
     }
+    c->r[i].index = i;
     c->n++;
   }
   return 0;
@@ -185,7 +188,7 @@ void wtx_client_destroy(wtx_client *c) {
       wtx_rpc_unary_wait(c->r[i].pending, &m, NULL);
       if (m != NULL) protobuf_c_message_free_unpacked(m, NULL);
     }
-    wtx_rpc_channel_destroy(c->r[i].ch);
+    if (!c->borrowed) wtx_rpc_channel_destroy(c->r[i].ch);
   }
   free(c->r);
   free(c->auth);
@@ -313,10 +316,10 @@ static int fan_end(fanout *f) {
     if (rc == 0) continue;
     failed++;
     if (first != 0 && !(consequential(cause_code) && !consequential(c->err_status))) {
-      list_add(others, sizeof others, i);
+      list_add(others, sizeof others, c->r[i].index);
       continue;
     }
-    if (first != 0) list_add(others, sizeof others, cause);
+    if (first != 0) list_add(others, sizeof others, c->r[cause].index);
     first = rc;
     cause = i;
     cause_code = c->err_status;
@@ -332,6 +335,40 @@ static int fan_end(fanout *f) {
 static int each_replica(fanout *f) {
   fan_begin(f);
   return fan_end(f);
+}
+
+int wtx__client_subset(wtx_client *c, const size_t *which, size_t n, wtx_client **out) {
+  *out = NULL;
+  if (c->ctl != NULL || n == 0) return WTX_EINVAL;
+  wtx_client *s = calloc(1, sizeof *s);
+  if (s == NULL || (s->r = calloc(n, sizeof *s->r)) == NULL ||
+      (c->auth != NULL && (s->auth = strdup(c->auth)) == NULL)) {
+    if (s != NULL) free(s->r);
+    free(s);
+    return WTX_ENOMEM;
+  }
+  for (size_t k = 0; k < n; k++) {
+    s->r[k].ch = c->r[which[k]].ch;
+    s->r[k].index = c->r[which[k]].index;
+  }
+  s->n = n;
+  s->timeout_ms = c->timeout_ms;
+  s->retries = c->retries;
+  s->err_replica = -1;
+  s->borrowed = 1;
+  *out = s;
+  return 0;
+}
+
+int wtx__client_shard(wtx_client *c, size_t i, Wtx__V1__GetWeightInfoResponse **info) {
+  *info = NULL;
+  if (c->ctl != NULL) return 0;
+  Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
+  ProtobufCMessage *m = NULL;
+  int rc = call(c, i, wtx__v1__weight_transfer__get_weight_info__method, &req.base, &m,
+                c->retries);
+  if (rc == 0) *info = (Wtx__V1__GetWeightInfoResponse *)m;
+  return rc;
 }
 
 int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info) {
@@ -514,31 +551,39 @@ static void take_label(fanout *f, size_t i, const ProtobufCMessage *m) {
   snprintf(a->out, a->len, "%s", *(char *const *)((const char *)m + fd->offset));
 }
 
-int wtx__client_finish(wtx_client *c, const char *version, char *published,
-                       size_t publen) {
+int wtx__client_prepare(wtx_client *c, const char *version) {
+  if (c->ctl != NULL) return 0; /* vLLM's finish prepares and publishes in one call */
+  Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
+  prep.weight_version = (char *)(version ? version : "");
+  fanout p = {wtx__v1__weight_transfer__prepare_weight_update__method, session_fill, NULL,
+              &prep.base, c, NULL, 0};
+  return each_replica(&p);
+}
+
+int wtx__client_commit(wtx_client *c, const char *version, char *published, size_t publen) {
   if (published != NULL && publen > 0) published[0] = '\0';
-  if (c->ctl != NULL) { /* vLLM's finish prepares and publishes in one call */
+  if (c->ctl != NULL) {
     char why[1024];
     int rc = wtx__control_finish(c->ctl, version, why, sizeof why);
     if (rc == 0 && published != NULL) snprintf(published, publen, "%s", version ? version : "");
     return rc != 0 ? control_failed(c, "finish_weight_update", rc, why) : 0;
   }
-  /* Phase 1: every replica prepares; a failure anywhere leaves every
-   * replica unpublished (the caller aborts them all). */
-  Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
-  prep.weight_version = (char *)(version ? version : "");
-  fanout p = {wtx__v1__weight_transfer__prepare_weight_update__method, session_fill, NULL,
-              &prep.base, c, NULL, 0};
-  int rc = each_replica(&p);
-  if (rc != 0) return rc;
-  /* Phase 2: a prepared update cannot fail to publish; a lost answer is
-   * asked again (a repeated Finish answers the same). */
+  /* A prepared update cannot fail to publish; a lost answer is asked
+   * again (a repeated Finish answers the same). */
   Wtx__V1__FinishWeightUpdateRequest req = WTX__V1__FINISH_WEIGHT_UPDATE_REQUEST__INIT;
   req.weight_version = "";
   label_arg a = {"weight_version", published, publen};
   fanout f = {wtx__v1__weight_transfer__finish_weight_update__method, session_fill,
               take_label, &req.base, c, &a, c->retries > 3 ? c->retries : 3};
   return each_replica(&f);
+}
+
+int wtx__client_finish(wtx_client *c, const char *version, char *published,
+                       size_t publen) {
+  /* Phase 1: every replica prepares; a failure anywhere leaves every
+   * replica unpublished (the caller aborts them all). Phase 2: publish. */
+  int rc = wtx__client_prepare(c, version);
+  return rc != 0 ? rc : wtx__client_commit(c, version, published, publen);
 }
 
 /* text cut to fit len (with its NUL) at a character boundary: the schema

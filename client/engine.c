@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/engine.h"
 #include "client/fanout.h"
 #include "client/source.h"
 #include "common/clock.h"
@@ -36,6 +37,13 @@ struct wtx_trainer {
   uint64_t total;
   uint64_t table_xxh3;
   uint64_t *xxh3;
+  /* Where each tensor lies in its parameter (NULL: every one whole), for
+   * the ParamMeta of a sync to tensor-parallel workers. */
+  Wtx__V1__TensorPart *const *parts;
+  /* Set when the workers are tensor-parallel: every sync goes through it
+   * (sharded.c), and the fields above are unused. */
+  wtx__sharded *sh;
+  int sums_sent; /* the last sync landed with checksums: t->xxh3 holds them */
   char err[1600];
 };
 
@@ -50,6 +58,12 @@ static int fail(wtx_trainer *t, int rc, const char *fmt, ...) {
 }
 
 const char *wtx_trainer_last_error(const wtx_trainer *t) { return t->err; }
+
+int wtx__trainer_fail(wtx_trainer *t, int rc, const char *msg) { return fail(t, rc, "%s", msg); }
+
+void wtx__trainer_set_parts(wtx_trainer *t, Wtx__V1__TensorPart *const *parts) {
+  t->parts = parts;
+}
 
 /* ---- rendezvous ---- */
 
@@ -236,6 +250,28 @@ static int trainer_metadata(wtx_trainer *t) {
 int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
                      wtx_source *source, wtx_trainer **out, char *err,
                      size_t errlen) {
+  wtx__sharded *sh = NULL;
+  *out = NULL;
+  if (cfg != NULL && cfg->rank == 0 && client != NULL && source != NULL) {
+    int rc = wtx__sharded_create(cfg, client, source, &sh, err, errlen);
+    if (rc != 0) return rc;
+  }
+  if (sh == NULL) return wtx__trainer_init_plain(cfg, client, source, out, err, errlen);
+  wtx_trainer *t = calloc(1, sizeof *t);
+  if (t == NULL) {
+    wtx__sharded_destroy(sh);
+    return WTX_ENOMEM;
+  }
+  t->client = client;
+  t->source = source;
+  t->sh = sh;
+  *out = t;
+  return 0;
+}
+
+int wtx__trainer_init_plain(const wtx_trainer_config *cfg, wtx_client *client,
+                            wtx_source *source, wtx_trainer **out, char *err,
+                            size_t errlen) {
   *out = NULL;
   if (cfg == NULL || source == NULL || (cfg->rank == 0 && client == NULL)) {
     snprintf(err, errlen, "trainer_init: a config, a source and (on rank 0) a "
@@ -264,6 +300,7 @@ int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
 
 void wtx_trainer_shutdown(wtx_trainer *t) {
   if (t == NULL) return;
+  wtx__sharded_destroy(t->sh);
   if (t->self != NULL) t->tt->destroy(t->self);
   free(t->chunks);
   free(t->xxh3);
@@ -523,6 +560,7 @@ static int sync_messages(sync_state *s) {
     s->pm[i].dtype = (Wtx__V1__DType)s->t->metas[i].dtype;
     s->pm[i].n_shape = s->t->metas[i].ndim;
     s->pm[i].shape = (uint64_t *)s->t->metas[i].shape;
+    s->pm[i].part = s->t->parts != NULL ? s->t->parts[i] : NULL;
     s->pmp[i] = &s->pm[i];
   }
   return 0;
@@ -649,8 +687,9 @@ static int sync_begin(sync_state *s, int *lost) {
   return rc != 0 ? rc : sync_messages(s);
 }
 
-/* Steps 1-5 on rank 0: start, every chunk, finish. */
-static int sync_run(sync_state *s, char *version, size_t vlen) {
+/* Steps 1-5 on rank 0: start, every chunk, finish (with commit 0: every
+ * replica prepared, not published). */
+static int sync_run(sync_state *s, int commit, char *version, size_t vlen) {
   wtx_trainer *t = s->t;
   int lost = 0;
   int rc = sync_begin(s, &lost);
@@ -670,36 +709,27 @@ static int sync_run(sync_state *s, char *version, size_t vlen) {
     if (s->o->progress != NULL) s->o->progress(s->o->progress_arg, done, s->t->total);
   }
   if (rc == 0) rc = cursor_end(&s->c);
-  if (rc == 0 && (rc = wtx__client_finish(t->client, s->o->version, version, vlen)) != 0)
+  if (rc == 0 && (rc = commit ? wtx__client_finish(t->client, s->o->version, version, vlen)
+                              : wtx__client_prepare(t->client, s->o->version)) != 0)
     fail(t, rc, "%s", wtx_client_last_error(t->client));
   return rc;
 }
 
-int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
-                             wtx_send_result *result) {
-  wtx_send_options o = WTX_SEND_OPTIONS_INIT;
-  if (opts != NULL) o = *opts;
-  t->err[0] = '\0';
-  if (o.version != NULL && strlen(o.version) > WTX_MAX_VERSION_BYTES)
-    return fail(t, WTX_EINVAL, "version: %zu bytes, at most %d", strlen(o.version),
-                WTX_MAX_VERSION_BYTES);
-  if (t->rank != 0) {
-    const wtx_tensor_meta *metas;
-    size_t n;
-    int rc = source_table(t, &metas, &n);
-    return rc != 0 ? rc : iterate_only(t, metas, n);
-  }
+/* One sync on rank 0, published (commit) or prepared. */
+static int send_run(wtx_trainer *t, const wtx_send_options *o, int commit,
+                    wtx_send_result *result) {
   double t0 = wtx_clock_s();
   int rc = trainer_metadata(t);
   if (rc != 0) return rc;
-  sync_state s = {.t = t, .o = &o};
+  sync_state s = {.t = t, .o = o};
   char version[WTX_MAX_VERSION_BYTES + 1] = "";
-  rc = sync_run(&s, version, sizeof version);
+  t->sums_sent = 0;
+  rc = sync_run(&s, commit, version, sizeof version);
+  t->sums_sent = rc == 0 && s.verify;
   if (rc != 0) {
     /* Keep every replica's previous weights; a broken stream means the
      * sessions must be initialized again. */
-    wtx__client_abort(t->client, t->err);
-    t->ready = 0;
+    wtx__trainer_abort(t, t->err);
   } else if (result != NULL) {
     *result = (wtx_send_result){.bytes = t->total, .params = t->n, .chunks = t->n_chunks,
                                 .seconds = wtx_clock_s() - t0,
@@ -709,4 +739,53 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
   }
   sync_release(&s);
   return rc;
+}
+
+static int check_version(wtx_trainer *t, const wtx_send_options *o) {
+  if (o->version == NULL || strlen(o->version) <= WTX_MAX_VERSION_BYTES) return 0;
+  return fail(t, WTX_EINVAL, "version: %zu bytes, at most %d", strlen(o->version),
+              WTX_MAX_VERSION_BYTES);
+}
+
+int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
+                             wtx_send_result *result) {
+  wtx_send_options o = WTX_SEND_OPTIONS_INIT;
+  if (opts != NULL) o = *opts;
+  t->err[0] = '\0';
+  int rc = check_version(t, &o);
+  if (rc != 0) return rc;
+  if (t->sh != NULL) return wtx__sharded_send(t->sh, &o, result, t->err, sizeof t->err);
+  if (t->rank != 0) {
+    const wtx_tensor_meta *metas;
+    size_t n;
+    rc = source_table(t, &metas, &n);
+    return rc != 0 ? rc : iterate_only(t, metas, n);
+  }
+  return send_run(t, &o, 1, result);
+}
+
+int wtx_trainer_verify(wtx_trainer *t) {
+  t->err[0] = '\0';
+  if (t->sh != NULL) return wtx__sharded_verify(t->sh, t->err, sizeof t->err);
+  if (!t->sums_sent)
+    return fail(t, WTX_ESTATE, "verify: this trainer has sent no sync with checksums");
+  int rc = wtx_client_verify(t->client, t->source, t->xxh3);
+  return rc != 0 ? fail(t, rc, "%s", wtx_client_last_error(t->client)) : 0;
+}
+
+int wtx__trainer_send_prepared(wtx_trainer *t, const wtx_send_options *opts,
+                               wtx_send_result *result) {
+  t->err[0] = '\0';
+  int rc = check_version(t, opts);
+  return rc != 0 ? rc : send_run(t, opts, 0, result);
+}
+
+int wtx__trainer_commit(wtx_trainer *t, const char *version, char *published, size_t len) {
+  int rc = wtx__client_commit(t->client, version, published, len);
+  return rc != 0 ? fail(t, rc, "%s", wtx_client_last_error(t->client)) : 0;
+}
+
+void wtx__trainer_abort(wtx_trainer *t, const char *reason) {
+  wtx__client_abort(t->client, reason);
+  t->ready = 0;
 }

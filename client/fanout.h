@@ -53,6 +53,21 @@ int wtx__client_update_wait(wtx_client *c);
  * receives replica 0's label. */
 int wtx__client_finish(wtx_client *c, const char *version, char *published,
                        size_t publen);
+/* The two phases of wtx__client_finish, for a trainer that publishes
+ * several clients' updates together (a sharded sync: every group of
+ * workers prepared before any publishes). commit takes the version
+ * prepare was given. */
+int wtx__client_prepare(wtx_client *c, const char *version);
+int wtx__client_commit(wtx_client *c, const char *version, char *published, size_t publen);
+/* A client of replicas which[0..n) of c, sharing c's channels (c must
+ * outlive it) and naming each worker by its number in c. *out is the
+ * caller's until wtx_client_destroy. WTX_EINVAL for a caller's control
+ * plane. */
+int wtx__client_subset(wtx_client *c, const size_t *which, size_t n, wtx_client **out);
+/* GetWeightInfo (no parameters) of replica i, for its shard spec: *info
+ * is the caller's (protobuf_c_message_free_unpacked). A caller's control
+ * plane answers 0 with *info NULL. */
+int wtx__client_shard(wtx_client *c, size_t i, Wtx__V1__GetWeightInfoResponse **info);
 /* AbortWeightUpdate on every replica with an open session (best effort:
  * all are tried; returns the first failure). */
 int wtx__client_abort(wtx_client *c, const char *reason);

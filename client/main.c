@@ -349,7 +349,7 @@ static int parse_push(int argc, char **argv, push_args *a) {
 }
 
 /* One sync from tr and its summary line (and the comparison, --verify). */
-static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl, wtx_source *src,
+static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl,
                      double *seconds) {
   progress pr = {wtx_clock_s(), isatty(2)};
   wtx_send_options so = WTX_SEND_OPTIONS_INIT;
@@ -371,11 +371,11 @@ static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl, wtx_so
          nw, a->cfg.backend, res.direct ? " (direct)" : "", res.seconds,
          res.bytes / res.seconds / 1e9, res.version);
   fflush(stdout);
-  if (a->verify && res.xxh3 == NULL) {
+  if (a->verify && (rc = wtx_trainer_verify(tr)) == WTX_ESTATE) {
     fprintf(stderr, "wtx push: --verify needs checksums (drop --no-checksum)\n");
     rc = WTX_EINVAL;
-  } else if (a->verify && (rc = wtx_client_verify(cl, src, res.xxh3)) != 0) {
-    fprintf(stderr, "wtx push: verify failed: %s\n", wtx_client_last_error(cl));
+  } else if (a->verify && rc != 0) {
+    fprintf(stderr, "wtx push: verify failed: %s\n", wtx_trainer_last_error(tr));
   } else if (a->verify) {
     printf("verified: %zu checksums equal on %zu worker(s)\n", res.params, nw);
   }
@@ -416,7 +416,7 @@ static int push_sync(const push_args *a, wtx_client *cl, wtx_source *src) {
   if (s == NULL) rc = WTX_ENOMEM;
   for (unsigned i = 0; rc == 0 && i < n; i++) {
     if (i == 1) cpu0 = cpu_s();
-    rc = push_once(a, tr, cl, src, &s[i]);
+    rc = push_once(a, tr, cl, &s[i]);
   }
   if (rc == 0 && n > 1) steady_line(s + 1, n - 1, (cpu_s() - cpu0) / (n - 1));
   free(s);

@@ -247,6 +247,11 @@ typedef struct wtx_send_result {
  * sends nothing. opts and result may be NULL. */
 int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
                              wtx_send_result *result);
+/* Compares every replica's published checksums with those of the last sync
+ * t sent (a sync with checksums; for tensor-parallel workers, each one's
+ * parts): 0 when all match, WTX_ECHECKSUM naming the first difference,
+ * WTX_ESTATE when t has sent no such sync. */
+int wtx_trainer_verify(wtx_trainer *t);
 /* The last failure's message, owned by t, valid until the next call on t. */
 const char *wtx_trainer_last_error(const wtx_trainer *t);
 /* Releases the backend and frees t (the workers keep their weights). */

@@ -1,0 +1,58 @@
+/* What the trainer engine (engine.c) offers the sharded sync (sharded.c)
+ * beyond the public wtx_trainer API (wtx/client.h). Internal. */
+#ifndef WTX_CLIENT_ENGINE_H
+#define WTX_CLIENT_ENGINE_H
+
+#include "wtx/client.h"
+#include "wtx/v1/weight_transfer.pb-c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* wtx_trainer_init without looking for tensor-parallel workers: one stream
+ * of source's tensors to every replica of client. */
+int wtx__trainer_init_plain(const wtx_trainer_config *cfg, wtx_client *client,
+                            wtx_source *source, wtx_trainer **out, char *err, size_t errlen);
+/* parts[i] (NULL: the whole tensor) is where source tensor i lies in its
+ * parameter: the first sync's ParamMeta carries it. parts (n of the
+ * source's tensors) and what it points to outlive t. */
+void wtx__trainer_set_parts(wtx_trainer *t, Wtx__V1__TensorPart *const *parts);
+/* One sync up to publishing: start, every chunk, then every replica
+ * prepared under version (NULL or "": the workers number it). On failure
+ * every replica of t is aborted, as wtx_trainer_send_weights does. result
+ * as wtx_trainer_send_weights's, less the version. */
+int wtx__trainer_send_prepared(wtx_trainer *t, const wtx_send_options *opts,
+                               wtx_send_result *result);
+/* Publishes what send_prepared prepared (version: the one it was given);
+ * published receives replica 0's label. */
+int wtx__trainer_commit(wtx_trainer *t, const char *version, char *published, size_t len);
+/* Aborts every replica's update (their previous weights stay); the next
+ * sync initializes the sessions again. */
+void wtx__trainer_abort(wtx_trainer *t, const char *reason);
+/* t's source pass is checked and driven by t; wtx__trainer_fail records a
+ * failure message on t (as wtx_trainer_last_error reports it). */
+int wtx__trainer_fail(wtx_trainer *t, int rc, const char *msg);
+
+/* ---- sharded.c: a sync to tensor-parallel workers ---- */
+
+typedef struct wtx__sharded wtx__sharded;
+
+/* Whether any replica of client announces shard rules (GetWeightInfo
+ * .shard); if so, makes the sharded sync: one group per distinct set of
+ * parts, each with its own engine over the group's replicas, fed from one
+ * pass over source. *out NULL: no replica is sharded. */
+int wtx__sharded_create(const wtx_trainer_config *cfg, wtx_client *client, wtx_source *source,
+                        wtx__sharded **out, char *err, size_t errlen);
+/* One sync to every group: all prepared, then all published; any failure
+ * aborts every group. err receives the failure. */
+int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *opts, wtx_send_result *result,
+                      char *err, size_t errlen);
+/* wtx_trainer_verify of every group's engine; err names the group. */
+int wtx__sharded_verify(wtx__sharded *sh, char *err, size_t errlen);
+void wtx__sharded_destroy(wtx__sharded *sh);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_CLIENT_ENGINE_H */

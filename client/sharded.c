@@ -1,0 +1,632 @@
+/* A sync to tensor-parallel workers (engine.h): each worker receives only
+ * its parts of the model.
+ *
+ * Workers that hold the same parts (the replicas of one tensor-parallel
+ * rank) form a group, and each group gets an engine of its own over a
+ * source of those parts, so the data plane, the chunk plan and the checks
+ * are the ones every sync uses. The groups run at once, one thread each,
+ * fed from one pass over the trainer's source: the pass advances to the
+ * next tensor when every group has taken what it needs of the current one
+ * (a tensor may be a collective all ranks join, so it is yielded once).
+ * Every group prepares before any publishes; a failure anywhere aborts
+ * them all. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/engine.h"
+#include "client/fanout.h"
+#include "client/source.h"
+#include "common/clock.h"
+#include "transport/plan.h"
+
+#define NONE SIZE_MAX
+
+/* ---- one pass over the trainer's source, shared by the groups ---- */
+
+typedef struct shared_pass {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  wtx_source *source;
+  const wtx_tensor_meta *metas;
+  size_t n;
+  void *iter;
+  size_t pos;            /* the tensor held (NONE before the first) */
+  wtx__tensor_data data; /* where it is */
+  int advancing;         /* a group is pulling the next tensor */
+  int rc;                /* the pass failed: every group stops */
+  char err[600];
+  size_t *want;          /* per group: the tensor it waits for, NONE when done */
+  size_t groups;
+  int64_t wait_ms;       /* bound on waiting for the other groups */
+} shared_pass;
+
+/* Whether no group still reads the tensor held. */
+static int all_past(const shared_pass *sp) {
+  for (size_t g = 0; g < sp->groups; g++)
+    if (sp->pos != NONE && sp->want[g] <= sp->pos) return 0;
+  return 1;
+}
+
+/* Pulls the next tensor of the pass, outside the lock, and checks it
+ * against the source's metadata. Caller holds mu; returns holding it. */
+static void advance(shared_pass *sp) {
+  size_t i = sp->pos == NONE ? 0 : sp->pos + 1;
+  sp->advancing = 1;
+  pthread_mutex_unlock(&sp->mu);
+  wtx_tensor_meta m;
+  wtx__tensor_data d;
+  int r = i < sp->n ? wtx__source_next(sp->source, sp->iter, 1, &m, &d) : 0;
+  pthread_mutex_lock(&sp->mu);
+  sp->advancing = 0;
+  if (r <= 0) {
+    sp->rc = r < 0 ? r : WTX_EINVAL;
+    snprintf(sp->err, sizeof sp->err, "source: iteration %s at parameter %zu",
+             r < 0 ? "failed" : "ended early", i);
+  } else if (strcmp(m.name, sp->metas[i].name) != 0 ||
+             !wtx_tensor_meta_same_layout(&m, &sp->metas[i])) {
+    sp->rc = WTX_EINVAL;
+    snprintf(sp->err, sizeof sp->err, "source: parameter %zu is '%s' in the iteration but "
+             "'%s' in metadata(), or its dtype or shape differ", i, m.name, sp->metas[i].name);
+  } else {
+    sp->pos = i;
+    sp->data = d;
+  }
+  pthread_cond_broadcast(&sp->cv);
+}
+
+static void deadline_in(struct timespec *ts, int64_t ms) {
+  clock_gettime(CLOCK_REALTIME, ts);
+  ts->tv_sec += ms / 1000;
+  ts->tv_nsec += (ms % 1000) * 1000000L;
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+/* Group g's turn at tensor i (i ascending per group): *out valid until g
+ * asks for another or is done. */
+static int pass_get(shared_pass *sp, size_t g, size_t i, wtx__tensor_data *out, char *err,
+                    size_t errlen) {
+  struct timespec until;
+  deadline_in(&until, sp->wait_ms);
+  pthread_mutex_lock(&sp->mu);
+  sp->want[g] = i;
+  pthread_cond_broadcast(&sp->cv);
+  int rc = 0;
+  while (sp->rc == 0 && (sp->pos == NONE || sp->pos < i)) {
+    if (!sp->advancing && all_past(sp)) {
+      advance(sp);
+    } else if (pthread_cond_timedwait(&sp->cv, &sp->mu, &until) == ETIMEDOUT) {
+      rc = WTX_ETIMEDOUT;
+      snprintf(err, errlen, "another group of workers did not move past parameter %zu "
+               "within %lld ms", sp->pos, (long long)sp->wait_ms);
+      break;
+    }
+  }
+  if (rc == 0 && sp->rc != 0) {
+    rc = sp->rc;
+    snprintf(err, errlen, "%s", sp->err);
+  } else if (rc == 0) {
+    *out = sp->data; /* pos == i: parts of one tensor come together */
+  }
+  pthread_mutex_unlock(&sp->mu);
+  return rc;
+}
+
+static void pass_done(shared_pass *sp, size_t g) {
+  pthread_mutex_lock(&sp->mu);
+  sp->want[g] = NONE;
+  pthread_cond_broadcast(&sp->cv);
+  pthread_mutex_unlock(&sp->mu);
+}
+
+/* After every group: the rest of the pass (each yield may be a collective
+ * the other ranks join), which must then end. */
+static int pass_finish(shared_pass *sp, char *err, size_t errlen) {
+  pthread_mutex_lock(&sp->mu);
+  while (sp->rc == 0 && (sp->pos == NONE ? 0 : sp->pos + 1) < sp->n) advance(sp);
+  int rc = sp->rc;
+  if (rc != 0) snprintf(err, errlen, "%s", sp->err);
+  pthread_mutex_unlock(&sp->mu);
+  wtx_tensor_meta m;
+  wtx__tensor_data d;
+  if (rc == 0 && wtx__source_next(sp->source, sp->iter, 0, &m, &d) != 0) {
+    snprintf(err, errlen, "source: iteration goes on past the %zu parameters of metadata()",
+             sp->n);
+    rc = WTX_EINVAL;
+  }
+  return rc;
+}
+
+/* ---- a group's source: its parts of each tensor ---- */
+
+typedef struct part_src {
+  shared_pass *sp;
+  size_t g;
+  size_t n;
+  wtx_tensor_meta *metas; /* each part as a tensor: the parameter's name, the part's shape */
+  uint32_t *param;        /* its parameter */
+  wtx_box *box;           /* where it lies there */
+  wtx_tensor_meta *full;  /* the parameters (the trainer source's metadata) */
+  uint8_t *scratch;       /* a part gathered from strided rows */
+  size_t next;
+  char err[600];
+} part_src;
+
+static int part_metadata(void *self, const wtx_tensor_meta **metas, size_t *n) {
+  part_src *p = self;
+  *metas = p->metas;
+  *n = p->n;
+  return 0;
+}
+
+static int part_open(void *self, void **iter) {
+  part_src *p = self;
+  p->next = 0;
+  *iter = p;
+  return 0;
+}
+
+/* Where part k's bytes start when they are contiguous in the whole tensor
+ * (every dim outside the part's first cut one is whole): 1 with *off. */
+static int contiguous(const part_src *p, size_t k, uint64_t *off) {
+  const wtx_tensor_meta *f = &p->full[p->param[k]];
+  const wtx_box *b = &p->box[k];
+  size_t d = 0;
+  while (d < b->ndim && b->len[d] == 1) d++; /* leading single rows */
+  for (size_t e = d + 1; e < b->ndim; e++)
+    if (b->len[e] != f->shape[e]) return 0;
+  uint64_t elems = 0;
+  for (size_t e = 0; e < b->ndim; e++) elems = elems * f->shape[e] + b->lo[e];
+  *off = elems * wtx_dtype_size(f->dtype);
+  return 1;
+}
+
+static int part_next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
+  part_src *p = self;
+  (void)iter;
+  if (p->next == p->n) return 0;
+  size_t k = p->next++;
+  wtx__tensor_data d;
+  int rc = pass_get(p->sp, p->g, p->param[k], &d, p->err, sizeof p->err);
+  if (rc != 0) return rc;
+  *meta = p->metas[k];
+  uint64_t off;
+  if (contiguous(p, k, &off)) {
+    *data = d.host + off;
+    return d.stays ? 2 : 1;
+  }
+  const wtx_tensor_meta *f = &p->full[p->param[k]];
+  wtx_box whole = {.ndim = f->ndim};
+  for (size_t e = 0; e < f->ndim; e++) whole.len[e] = f->shape[e];
+  wtx_box_copy(p->scratch, NULL, d.host, &whole, &p->box[k], wtx_dtype_size(f->dtype));
+  *data = p->scratch;
+  return 1;
+}
+
+static void part_close(void *self, void *iter) {
+  part_src *p = self;
+  (void)iter;
+  pass_done(p->sp, p->g);
+}
+
+static void part_destroy(void *self) {
+  part_src *p = self;
+  free(p->metas);
+  free(p->param);
+  free(p->box);
+  free(p->scratch);
+  free(p);
+}
+
+static const wtx_source_ops part_ops = {
+    .name = "parts",
+    .metadata = part_metadata,
+    .open = part_open,
+    .next = part_next,
+    .close = part_close,
+    .destroy = part_destroy,
+};
+
+/* The source of the parts slices[0..n) name (params index full). */
+static int part_src_create(shared_pass *sp, size_t g, const wtx_tensor_meta *full,
+                           const wtx_slice *slices, size_t n, wtx_source **out, char *err,
+                           size_t errlen) {
+  part_src *p = calloc(1, sizeof *p);
+  int rc = WTX_ENOMEM;
+  if (p == NULL) return rc;
+  *p = (part_src){.sp = sp, .g = g, .n = n, .full = (wtx_tensor_meta *)full};
+  p->metas = calloc(n + 1, sizeof *p->metas);
+  p->param = calloc(n + 1, sizeof *p->param);
+  p->box = calloc(n + 1, sizeof *p->box);
+  if (p->metas == NULL || p->param == NULL || p->box == NULL) goto fail;
+  uint64_t most = 0;
+  for (size_t k = 0; k < n; k++) {
+    const wtx_tensor_meta *f = &full[slices[k].param];
+    p->param[k] = slices[k].param;
+    wtx_slice_box(f, &slices[k], &p->box[k]);
+    rc = wtx_tensor_meta_set(&p->metas[k], f->name, f->dtype, p->box[k].len, f->ndim, err,
+                             errlen);
+    if (rc != 0) goto fail;
+    if (p->metas[k].nbytes > most) most = p->metas[k].nbytes;
+  }
+  rc = WTX_ENOMEM;
+  if ((p->scratch = malloc(most + 1)) == NULL) goto fail;
+  rc = wtx_source_create(&part_ops, p, out);
+  if (rc == 0) return 0;
+fail:
+  part_destroy(p);
+  return rc;
+}
+
+/* ---- the groups ---- */
+
+typedef struct group {
+  size_t *which;     /* the user's replicas in it */
+  size_t n_which;
+  wtx_slice *slices; /* their parts (params index the source's metadata) */
+  size_t n_slices;
+  uint32_t tp_rank, tp_size;
+  wtx_client *client;
+  wtx_source *source;
+  wtx_trainer *t;
+  Wtx__V1__TensorPart *part_msgs; /* per part; whole ones unused */
+  Wtx__V1__TensorPart **parts;    /* per part, NULL when whole */
+  uint64_t *pool;                 /* the messages' full_shape and offset */
+  /* one sync */
+  pthread_t thread;
+  const wtx_send_options *o;
+  wtx_send_result res;
+  int rc;
+  struct wtx__sharded *sh;
+  size_t ix;
+} group;
+
+struct wtx__sharded {
+  group *g;
+  size_t n;
+  shared_pass sp;
+  wtx_source *source;
+  /* progress summed over the groups */
+  pthread_mutex_t mu;
+  uint64_t done, total;
+  const wtx_send_options *o;
+};
+
+/* The ParamMeta.part of every part that is not the whole tensor. */
+static int group_parts(group *gr, const wtx_tensor_meta *full) {
+  size_t n = gr->n_slices;
+  gr->part_msgs = calloc(n + 1, sizeof *gr->part_msgs);
+  gr->parts = calloc(n + 1, sizeof *gr->parts);
+  gr->pool = calloc(2 * WTX_MAX_DIMS * (n + 1), sizeof *gr->pool);
+  if (gr->part_msgs == NULL || gr->parts == NULL || gr->pool == NULL) return WTX_ENOMEM;
+  for (size_t k = 0; k < n; k++) {
+    const wtx_slice *s = &gr->slices[k];
+    if (s->dim == WTX_SLICE_WHOLE) continue;
+    const wtx_tensor_meta *f = &full[s->param];
+    uint64_t *shape = &gr->pool[2 * WTX_MAX_DIMS * k], *offset = shape + WTX_MAX_DIMS;
+    wtx_box b;
+    wtx_slice_box(f, s, &b);
+    memcpy(shape, f->shape, f->ndim * sizeof *shape);
+    memcpy(offset, b.lo, f->ndim * sizeof *offset);
+    Wtx__V1__TensorPart *m = &gr->part_msgs[k];
+    wtx__v1__tensor_part__init(m);
+    m->n_full_shape = m->n_offset = f->ndim;
+    m->full_shape = shape;
+    m->offset = offset;
+    gr->parts[k] = m;
+  }
+  return 0;
+}
+
+/* Replica i's parts, from the shard rules it announced (none: whole). */
+static int replica_slices(const Wtx__V1__ShardSpec *spec, const wtx_tensor_meta *metas,
+                          size_t n, size_t i, wtx_slice **out, size_t *n_out, char *err,
+                          size_t errlen) {
+  if (spec == NULL) {
+    *out = malloc((n + 1) * sizeof **out);
+    if (*out == NULL) return WTX_ENOMEM;
+    for (size_t k = 0; k < n; k++) (*out)[k] = (wtx_slice){.param = (uint32_t)k, .dim = -1};
+    *n_out = n;
+    return 0;
+  }
+  wtx_shard_rule *rules = calloc(spec->n_rules + 1, sizeof *rules);
+  if (rules == NULL) return WTX_ENOMEM;
+  for (size_t k = 0; k < spec->n_rules; k++)
+    rules[k] = (wtx_shard_rule){.pattern = spec->rules[k]->pattern,
+                                .kind = (wtx_shard_kind)spec->rules[k]->kind,
+                                .dim = spec->rules[k]->dim, .unit = spec->rules[k]->unit};
+  char why[600];
+  int rc = wtx_shard_slices(metas, n, rules, spec->n_rules, spec->tp_rank, spec->tp_size, out,
+                            n_out, why, sizeof why);
+  if (rc != 0) snprintf(err, errlen, "worker %zu's shard rules: %s", i, why);
+  free(rules);
+  return rc;
+}
+
+static int same_slices(const group *gr, const wtx_slice *s, size_t n) {
+  return gr->n_slices == n && memcmp(gr->slices, s, n * sizeof *s) == 0;
+}
+
+/* Puts replica i, holding slices s (taken), in its group. */
+static int join_group(wtx__sharded *sh, size_t i, const Wtx__V1__ShardSpec *spec, wtx_slice *s,
+                      size_t n) {
+  size_t g = 0;
+  while (g < sh->n && !same_slices(&sh->g[g], s, n)) g++;
+  group *gr = &sh->g[g];
+  if (g == sh->n) {
+    sh->n++;
+    *gr = (group){.slices = s, .n_slices = n, .tp_rank = spec ? spec->tp_rank : 0,
+                  .tp_size = spec ? spec->tp_size : 1, .sh = sh, .ix = g};
+    s = NULL;
+  }
+  free(s);
+  size_t *w = realloc(gr->which, (gr->n_which + 1) * sizeof *w);
+  if (w == NULL) return WTX_ENOMEM;
+  gr->which = w;
+  gr->which[gr->n_which++] = i;
+  return 0;
+}
+
+/* The tcp address group g's trainer listens on: the configured one, its
+ * port moved up by g when it is fixed (each group has a listener). */
+static void group_address(const char *base, size_t g, char *out, size_t len) {
+  const char *colon = base != NULL ? strrchr(base, ':') : NULL;
+  long port = colon != NULL ? strtol(colon + 1, NULL, 10) : 0;
+  if (base == NULL || colon == NULL || port == 0) {
+    snprintf(out, len, "%s", base != NULL ? base : "");
+    return;
+  }
+  snprintf(out, len, "%.*s:%ld", (int)(colon - base), base, port + (long)g);
+}
+
+/* Group g's client, source and engine (its replicas' rendezvous). */
+static int group_open(wtx__sharded *sh, size_t g, const wtx_trainer_config *cfg,
+                      wtx_client *client, const wtx_tensor_meta *full, char *err,
+                      size_t errlen) {
+  group *gr = &sh->g[g];
+  int rc = group_parts(gr, full);
+  if (rc == 0) rc = part_src_create(&sh->sp, g, full, gr->slices, gr->n_slices, &gr->source,
+                                    err, errlen);
+  if (rc == 0) rc = wtx__client_subset(client, gr->which, gr->n_which, &gr->client);
+  if (rc != 0) {
+    if (err[0] == '\0') snprintf(err, errlen, "%s", wtx_strerror(rc));
+    return rc;
+  }
+  char addr[300];
+  group_address(cfg->data_address, g, addr, sizeof addr);
+  wtx_trainer_config c = *cfg;
+  c.data_address = addr[0] ? addr : NULL;
+  char why[1400] = "";
+  rc = wtx__trainer_init_plain(&c, gr->client, gr->source, &gr->t, why, sizeof why);
+  if (rc != 0) {
+    snprintf(err, errlen, "tensor-parallel rank %u of %u: %s", gr->tp_rank, gr->tp_size, why);
+    return rc;
+  }
+  wtx__trainer_set_parts(gr->t, gr->parts);
+  return 0;
+}
+
+static int pass_init(wtx__sharded *sh, wtx_source *source, const wtx_tensor_meta *metas,
+                     size_t n, const wtx_trainer_config *cfg) {
+  shared_pass *sp = &sh->sp;
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_mutex_init(&sp->mu, NULL);
+  pthread_cond_init(&sp->cv, &a);
+  pthread_condattr_destroy(&a);
+  sp->source = source;
+  sp->metas = metas;
+  sp->n = n;
+  sp->groups = sh->n;
+  /* A group waits for the slowest while it packs and sends a chunk, each
+   * step bounded by the data plane's timeout. */
+  sp->wait_ms = 2 * (int64_t)(cfg->timeout_ms ? cfg->timeout_ms : WTX_DEFAULT_TIMEOUT_MS);
+  sp->want = calloc(sh->n + 1, sizeof *sp->want);
+  return sp->want != NULL ? 0 : WTX_ENOMEM;
+}
+
+/* Every replica's shard spec, or *any 0 when none announces one. */
+static int read_specs(wtx_client *client, Wtx__V1__GetWeightInfoResponse **info, int *any,
+                      char *err, size_t errlen) {
+  *any = 0;
+  for (size_t i = 0; i < wtx_client_size(client); i++) {
+    int rc = wtx__client_shard(client, i, &info[i]);
+    if (rc != 0) {
+      snprintf(err, errlen, "%s", wtx_client_last_error(client));
+      return rc;
+    }
+    *any |= info[i] != NULL && info[i]->shard != NULL;
+  }
+  return 0;
+}
+
+static int make_groups(wtx__sharded *sh, wtx_client *client,
+                       Wtx__V1__GetWeightInfoResponse **info, const wtx_tensor_meta *metas,
+                       size_t n, char *err, size_t errlen) {
+  for (size_t i = 0; i < wtx_client_size(client); i++) {
+    wtx_slice *s;
+    size_t k;
+    const Wtx__V1__ShardSpec *spec = info[i] != NULL ? info[i]->shard : NULL;
+    int rc = replica_slices(spec, metas, n, i, &s, &k, err, errlen);
+    if (rc == 0) rc = join_group(sh, i, spec, s, k);
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
+int wtx__sharded_create(const wtx_trainer_config *cfg, wtx_client *client, wtx_source *source,
+                        wtx__sharded **out, char *err, size_t errlen) {
+  *out = NULL;
+  size_t r = wtx_client_size(client), n = 0;
+  const wtx_tensor_meta *metas = NULL;
+  Wtx__V1__GetWeightInfoResponse **info = calloc(r + 1, sizeof *info);
+  wtx__sharded *sh = calloc(1, sizeof *sh);
+  int any = 0, rc = info && sh && (sh->g = calloc(r + 1, sizeof *sh->g)) ? 0 : WTX_ENOMEM;
+  if (rc == 0) rc = read_specs(client, info, &any, err, errlen);
+  if (rc == 0 && any && (rc = wtx_source_metadata(source, &metas, &n)) != 0)
+    snprintf(err, errlen, "source: metadata() failed");
+  if (rc == 0 && any) rc = make_groups(sh, client, info, metas, n, err, errlen);
+  if (rc == 0 && any) rc = pass_init(sh, source, metas, n, cfg);
+  pthread_mutex_init(&sh->mu, NULL);
+  for (size_t g = 0; rc == 0 && any && g < sh->n; g++)
+    rc = group_open(sh, g, cfg, client, metas, err, errlen);
+  for (size_t i = 0; info != NULL && i < r; i++)
+    if (info[i] != NULL) protobuf_c_message_free_unpacked(&info[i]->base, NULL);
+  free(info);
+  sh->source = source;
+  if (rc != 0 || !any) {
+    wtx__sharded_destroy(sh);
+    return rc;
+  }
+  *out = sh;
+  return 0;
+}
+
+void wtx__sharded_destroy(wtx__sharded *sh) {
+  if (sh == NULL) return;
+  for (size_t g = 0; sh->g != NULL && g < sh->n; g++) {
+    group *gr = &sh->g[g];
+    wtx_trainer_shutdown(gr->t);
+    if (gr->source != NULL) wtx_source_destroy(gr->source);
+    if (gr->client != NULL) wtx_client_destroy(gr->client);
+    free(gr->which);
+    free(gr->slices);
+    free(gr->part_msgs);
+    free(gr->parts);
+    free(gr->pool);
+  }
+  if (sh->sp.want != NULL) {
+    pthread_mutex_destroy(&sh->sp.mu);
+    pthread_cond_destroy(&sh->sp.cv);
+  }
+  free(sh->sp.want);
+  pthread_mutex_destroy(&sh->mu);
+  free(sh->g);
+  free(sh);
+}
+
+/* ---- one sync ---- */
+
+static void group_progress(void *arg, uint64_t done, uint64_t total) {
+  group *gr = arg;
+  wtx__sharded *sh = gr->sh;
+  (void)total;
+  pthread_mutex_lock(&sh->mu);
+  sh->done += done - gr->res.bytes; /* res.bytes holds the group's last figure meanwhile */
+  gr->res.bytes = done;
+  uint64_t all = sh->done;
+  pthread_mutex_unlock(&sh->mu);
+  sh->o->progress(sh->o->progress_arg, all, sh->total);
+}
+
+static void *run_group(void *arg) {
+  group *gr = arg;
+  wtx_send_options o = *gr->sh->o;
+  if (o.progress != NULL) {
+    o.progress = group_progress;
+    o.progress_arg = gr;
+  }
+  gr->res = (wtx_send_result){0};
+  gr->rc = wtx__trainer_send_prepared(gr->t, &o, &gr->res);
+  pass_done(&gr->sh->sp, gr->ix);
+  return NULL;
+}
+
+/* The first group that failed, named by its workers, into err. */
+static int first_failure(wtx__sharded *sh, char *err, size_t errlen) {
+  for (size_t g = 0; g < sh->n; g++) {
+    group *gr = &sh->g[g];
+    if (gr->rc == 0) continue;
+    snprintf(err, errlen, "tensor-parallel rank %u of %u: %s", gr->tp_rank, gr->tp_size,
+             wtx_trainer_last_error(gr->t));
+    return gr->rc;
+  }
+  return 0;
+}
+
+static void abort_all(wtx__sharded *sh, const char *why) {
+  for (size_t g = 0; g < sh->n; g++)
+    if (sh->g[g].rc == 0) wtx__trainer_abort(sh->g[g].t, why);
+}
+
+/* Every group's sync to prepared, at once, from one pass. */
+static int run_groups(wtx__sharded *sh, char *err, size_t errlen) {
+  shared_pass *sp = &sh->sp;
+  int rc = wtx_source_open(sh->source, &sp->iter);
+  if (rc != 0) {
+    snprintf(err, errlen, "source: cannot start a pass");
+    return rc;
+  }
+  sp->pos = NONE;
+  sp->rc = 0;
+  for (size_t g = 0; g < sh->n; g++) sp->want[g] = 0;
+  size_t started = 0;
+  for (; started < sh->n; started++)
+    if (pthread_create(&sh->g[started].thread, NULL, run_group, &sh->g[started]) != 0) break;
+  for (size_t g = started; g < sh->n; g++) {
+    sh->g[g].rc = WTX_ENOMEM;
+    wtx__trainer_fail(sh->g[g].t, WTX_ENOMEM, "cannot start a thread");
+    pass_done(sp, g);
+  }
+  for (size_t g = 0; g < started; g++) pthread_join(sh->g[g].thread, NULL);
+  rc = first_failure(sh, err, errlen);
+  if (rc == 0) rc = pass_finish(sp, err, errlen);
+  wtx_source_close(sh->source, sp->iter);
+  if (rc != 0) abort_all(sh, err);
+  return rc;
+}
+
+int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_result *result,
+                      char *err, size_t errlen) {
+  double t0 = wtx_clock_s();
+  sh->o = o;
+  sh->done = 0;
+  sh->total = 0;
+  for (size_t g = 0; g < sh->n; g++)
+    for (size_t k = 0; k < sh->g[g].n_slices; k++) {
+      wtx_tensor_meta f = sh->sp.metas[sh->g[g].slices[k].param];
+      wtx_box b;
+      wtx_slice_box(&f, &sh->g[g].slices[k], &b);
+      sh->total += wtx_box_elements(&b) * wtx_dtype_size(f.dtype);
+    }
+  int rc = run_groups(sh, err, errlen);
+  if (rc != 0) return rc;
+  char version[WTX_MAX_VERSION_BYTES + 1] = "", label[WTX_MAX_VERSION_BYTES + 1];
+  wtx_send_result sum = {0};
+  for (size_t g = 0; g < sh->n; g++) {
+    group *gr = &sh->g[g];
+    if ((rc = wtx__trainer_commit(gr->t, o->version, label, sizeof label)) != 0) {
+      snprintf(err, errlen, "tensor-parallel rank %u of %u: %s", gr->tp_rank, gr->tp_size,
+               wtx_trainer_last_error(gr->t));
+      return rc;
+    }
+    if (g == 0) snprintf(version, sizeof version, "%s", label);
+    sum.bytes += gr->res.bytes;
+    sum.params += gr->res.params;
+    sum.chunks += gr->res.chunks;
+  }
+  if (result != NULL) {
+    *result = sum;
+    result->seconds = wtx_clock_s() - t0;
+    snprintf(result->version, sizeof result->version, "%s", version);
+  }
+  return 0;
+}
+
+int wtx__sharded_verify(wtx__sharded *sh, char *err, size_t errlen) {
+  for (size_t g = 0; g < sh->n; g++) {
+    int rc = wtx_trainer_verify(sh->g[g].t);
+    if (rc == 0) continue;
+    snprintf(err, errlen, "tensor-parallel rank %u of %u: %s", sh->g[g].tp_rank,
+             sh->g[g].tp_size, wtx_trainer_last_error(sh->g[g].t));
+    return rc;
+  }
+  return 0;
+}
