@@ -603,6 +603,29 @@ TEST(Plan, ShardRulesGiveTensorParallelSlices) {
   ASSERT_EQ(3u, per[3].size());
 }
 
+TEST(Plan, AnExpertRuleWithItsCountChecksOneTensorAlone) {
+  wtx_shard_rule *r;
+  size_t nr;
+  char err[256];
+  ASSERT_EQ(0, wtx_shard_rules_parse("*.experts.* expert 8\n", &r, &nr, err, sizeof err)) << err;
+  EXPECT_EQ(8u, r[0].unit);
+  wtx_tensor_meta m{};
+  uint64_t shape[] = {4};
+  wtx_slice s;
+  ASSERT_EQ(0, wtx_tensor_meta_set(&m, "l.experts.5.w", WTX_DTYPE_FLOAT32, shape, 1, err,
+                                   sizeof err));
+  EXPECT_EQ(1, wtx_shard_slice_of(&m, r, nr, 2, 4, 0, &s, err, sizeof err));  // 4-5 on rank 2
+  EXPECT_EQ(WTX_SLICE_WHOLE, s.dim);
+  EXPECT_EQ(0, wtx_shard_slice_of(&m, r, nr, 1, 4, 0, &s, err, sizeof err));
+  ASSERT_EQ(0, wtx_tensor_meta_set(&m, "l.experts.8.w", WTX_DTYPE_FLOAT32, shape, 1, err,
+                                   sizeof err));
+  EXPECT_EQ(WTX_EINVAL, wtx_shard_slice_of(&m, r, nr, 0, 4, 0, &s, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "expert 8 of 8 experts")) << err;
+  free(r);
+  EXPECT_EQ(WTX_EINVAL, wtx_shard_rules_parse("x expert 0\n", &r, &nr, err, sizeof err));
+  EXPECT_EQ(nullptr, r);
+}
+
 TEST(Plan, ShardRulesRefuseWhatTheyCannotSay) {
   wtx_shard_rule *r;
   size_t nr;
