@@ -29,6 +29,9 @@
 #                  them, and the ceilings that puts on the goals' ratios
 #   memory         peak RSS of a worker and of the trainer vs the model
 #   scaling        shm, 1 worker, time per size
+#   tensor-parallel two workers of ranks 0 and 1 of 2 vs two whole ones
+#                  (bench/sharded.sh): bytes, peak memory, sync time; and
+#                  the planner at Qwen3-235B scale (bench/plan_scale)
 # Usage: bench/run.sh [--quick]   (--quick: 256M and small N, under a minute)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -234,6 +237,10 @@ for s in $sizes; do
   printf "%-6s %10s %12s\n" "$s" "$t" "$(ratio "$t" "$gib")"
   kill "${pids[-1]}" 2>/dev/null || true
 done
+
+echo
+echo "## tensor-parallel workers (bench/sharded.sh): each of two ranks vs a whole worker"
+bench/sharded.sh "$size" | tail -n +2
 
 echo
 echo "## the baselines again, at the end of the run: each ratio above is only as"
