@@ -492,6 +492,49 @@ class ContractTest(unittest.TestCase):
             e.shutdown()
             c.close()
 
+    def test_tensor_parallel_hosts_receive_only_their_slices(self):
+        # Two hosts of tensor-parallel ranks 0 and 1 of 2 hold modules with
+        # their slices' shapes (as a TP inference rank's parameters are);
+        # the trainer's engine sends each exactly its slices, from the full
+        # weights, in one sync.
+        import wtx
+
+        full = {"col.weight": torch.arange(32, dtype=torch.float32).reshape(8, 4),
+                "row.weight": torch.arange(32, dtype=torch.bfloat16).reshape(4, 8) / 7,
+                "norm.weight": torch.full((4,), 3.0)}
+        rules = "col.weight dim 0\nrow.weight dim 1\n"
+
+        class Rank(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.col = torch.nn.Linear(4, 4, bias=False)
+                self.row = torch.nn.Linear(4, 4, bias=False).to(torch.bfloat16)
+                self.norm = torch.nn.Module()
+                self.norm.weight = torch.nn.Parameter(torch.zeros(4))
+
+        ranks = [Rank(), Rank()]
+        servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
+                   for r, m in enumerate(ranks)]
+        try:
+            c = wtx.WorkerClient([s.address for s in servers])
+            e = wtx.TrainerEngine.trainer_init({"rank": 0}, client=c,
+                                               source=wtx.DictSource(full))
+            r = e.send_weights(version="tp-1")
+            e.shutdown()
+            c.close()
+            self.assertEqual("tp-1", r["version"])
+            self.assertEqual(sum(t.numel() * t.element_size() for t in full.values())
+                             + full["norm.weight"].numel() * 4, r["bytes"])  # norm: both
+            for rank, m in enumerate(ranks):
+                self.assertTrue(torch.equal(m.col.weight.detach(),
+                                            full["col.weight"].chunk(2, 0)[rank]), rank)
+                self.assertTrue(torch.equal(m.row.weight.detach(),
+                                            full["row.weight"].chunk(2, 1)[rank]), rank)
+                self.assertTrue(torch.equal(m.norm.weight.detach(), full["norm.weight"]))
+        finally:
+            for s in servers:
+                s.close()
+
     def test_a_served_module_receives_every_kind_of_tensor_bit_exact(self):
         # The host stages a chunk's small tensors in one buffer, in order,
         # each at a 16-byte boundary, and makes each one's view (from its
