@@ -679,6 +679,11 @@ static void copy_summary(const Wtx__V1__GetWeightInfoResponse *r, wtx_weight_inf
   out->active_target = r->active_target;
   out->draft_num_params = r->draft_num_params;
   out->draft_total_bytes = r->draft_total_bytes;
+  if (r->shard != NULL) {
+    out->tp_rank = r->shard->tp_rank;
+    out->tp_size = r->shard->tp_size;
+    out->n_shard_rules = r->shard->n_rules;
+  }
 }
 
 int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,

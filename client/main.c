@@ -475,6 +475,9 @@ static void print_info(const char *target, const wtx_weight_info *info) {
          (unsigned long long)info->generation, info->num_params,
          (unsigned long long)info->total_bytes, wtx_session_state_name(info->state),
          info->backend[0] ? info->backend : "-", info->paused ? "  paused" : "");
+  if (info->tp_size > 0)
+    printf("  tensor-parallel rank %u of %u, %zu shard rule(s): holds only its parts\n",
+           info->tp_rank, info->tp_size, info->n_shard_rules);
   for (size_t j = 0; j < info->n_params; j++) {
     const wtx_param_info *p = &info->params[j];
     char sum[24] = "-";

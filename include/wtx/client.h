@@ -135,6 +135,11 @@ typedef struct wtx_weight_info {
    * owned by the struct until wtx_weight_info_free. */
   wtx_param_info *params;
   size_t n_params;
+  /* A tensor-parallel worker (its shard rules, GetWeightInfoResponse.shard):
+   * rank tp_rank of tp_size, under n_shard_rules rules; tp_size 0: it holds
+   * whole tensors. */
+  uint32_t tp_rank, tp_size;
+  size_t n_shard_rules;
 } wtx_weight_info;
 
 /* GetWeightInfo of replica i (retried per options) into *out; free it with

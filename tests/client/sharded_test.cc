@@ -132,6 +132,11 @@ class ShardedTest : public EngineTest {
     wtx_weight_info info;
     EXPECT_EQ(0, wtx_client_weight_info(c, 0, 1, &info)) << wtx_client_last_error(c);
     EXPECT_EQ(v, info.version);
+    EXPECT_EQ(r < 0 ? 0u : 2u, info.tp_size);  // the rules it announces
+    if (r >= 0) {
+      EXPECT_EQ(static_cast<uint32_t>(r), info.tp_rank);
+      EXPECT_EQ(9u, info.n_shard_rules);
+    }
     std::map<std::string, const wtx_param_info *> got;
     for (size_t i = 0; i < info.n_params; i++) got[info.params[i].meta.name] = &info.params[i];
     size_t held = 0;
