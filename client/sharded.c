@@ -518,12 +518,13 @@ static void group_progress(void *arg, uint64_t done, uint64_t total) {
   group *gr = arg;
   wtx__sharded *sh = gr->sh;
   (void)total;
+  /* The caller's callback sees one sum at a time, from whichever group's
+   * thread, never two calls at once. */
   pthread_mutex_lock(&sh->mu);
   sh->done += done - gr->res.bytes; /* res.bytes holds the group's last figure meanwhile */
   gr->res.bytes = done;
-  uint64_t all = sh->done;
+  sh->o->progress(sh->o->progress_arg, sh->done, sh->total);
   pthread_mutex_unlock(&sh->mu);
-  sh->o->progress(sh->o->progress_arg, all, sh->total);
 }
 
 static void *run_group(void *arg) {

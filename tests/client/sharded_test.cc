@@ -114,6 +114,20 @@ bool Expected(const Tensor &x, int r, std::vector<uint8_t> *out, std::vector<uin
   return true;
 }
 
+// Progress as the caller sees it: one sum over every group, never going
+// back, ending at the total.
+struct Progress {
+  uint64_t done = 0, total = 0;
+  int calls = 0, backwards = 0;
+  static void Fn(void *arg, uint64_t done, uint64_t total) {
+    auto *p = static_cast<Progress *>(arg);
+    p->backwards += done < p->done;
+    p->done = done;
+    p->total = total;
+    p->calls++;
+  }
+};
+
 class ShardedTest : public EngineTest {
  protected:
   Worker SpawnRank(int r, std::vector<std::string> extra = {}) {
@@ -176,7 +190,12 @@ TEST_P(ShardedTest, EachTensorParallelWorkerReceivesOnlyItsPartsAndAReplicaTheWh
     Llama model(step);
     wtx_source *src = model.Source();
     std::string v = "step-" + std::to_string(step), err;
-    ASSERT_EQ(0, Push(c, src, v.c_str(), 4096, 2, 60000, &err)) << err;
+    Progress pr;
+    ASSERT_EQ(0, Push(c, src, v.c_str(), 4096, 2, 60000, &err, nullptr, Progress::Fn, &pr))
+        << err;
+    EXPECT_GT(pr.calls, 2);
+    EXPECT_EQ(0, pr.backwards);
+    EXPECT_EQ(pr.total, pr.done);
     for (int i : {0, 3}) {
       uint64_t b = ExpectHolds(ws[i], 0, model, v);
       EXPECT_LE(b * 100, model.total * 55) << "rank 0 holds over 0.55x the model";
