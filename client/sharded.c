@@ -78,8 +78,9 @@ static void advance(shared_pass *sp) {
   pthread_cond_broadcast(&sp->cv);
 }
 
+/* A deadline ms from now on the clock the pass's condition waits on. */
 static void deadline_in(struct timespec *ts, int64_t ms) {
-  clock_gettime(CLOCK_REALTIME, ts);
+  clock_gettime(CLOCK_MONOTONIC, ts);
   ts->tv_sec += ms / 1000;
   ts->tv_nsec += (ms % 1000) * 1000000L;
   if (ts->tv_nsec >= 1000000000L) {
@@ -235,8 +236,8 @@ static const wtx_source_ops part_ops = {
 
 /* The source of the parts slices[0..n) name (params index full). */
 static int part_src_create(shared_pass *sp, size_t g, const wtx_tensor_meta *full,
-                           const wtx_slice *slices, size_t n, wtx_source **out, char *err,
-                           size_t errlen) {
+                           const wtx_slice *slices, size_t n, wtx_source **out,
+                           part_src **self, char *err, size_t errlen) {
   part_src *p = calloc(1, sizeof *p);
   int rc = WTX_ENOMEM;
   if (p == NULL) return rc;
@@ -258,7 +259,10 @@ static int part_src_create(shared_pass *sp, size_t g, const wtx_tensor_meta *ful
   rc = WTX_ENOMEM;
   if ((p->scratch = malloc(most + 1)) == NULL) goto fail;
   rc = wtx_source_create(&part_ops, p, out);
-  if (rc == 0) return 0;
+  if (rc == 0) {
+    *self = p;
+    return 0;
+  }
 fail:
   part_destroy(p);
   return rc;
@@ -274,6 +278,7 @@ typedef struct group {
   uint32_t tp_rank, tp_size;
   wtx_client *client;
   wtx_source *source;
+  part_src *parts_src; /* source's state: why its pass failed */
   wtx_trainer *t;
   Wtx__V1__TensorPart *part_msgs; /* per part; whole ones unused */
   Wtx__V1__TensorPart **parts;    /* per part, NULL when whole */
@@ -392,7 +397,7 @@ static int group_open(wtx__sharded *sh, size_t g, const wtx_trainer_config *cfg,
   group *gr = &sh->g[g];
   int rc = group_parts(gr, full);
   if (rc == 0) rc = part_src_create(&sh->sp, g, full, gr->slices, gr->n_slices, &gr->source,
-                                    err, errlen);
+                                    &gr->parts_src, err, errlen);
   if (rc == 0) rc = wtx__client_subset(client, gr->which, gr->n_which, &gr->client);
   if (rc != 0) {
     if (err[0] == '\0') snprintf(err, errlen, "%s", wtx_strerror(rc));
@@ -535,21 +540,39 @@ static void *run_group(void *arg) {
     o.progress_arg = gr;
   }
   gr->res = (wtx_send_result){0};
+  gr->parts_src->err[0] = '\0';
   gr->rc = wtx__trainer_send_prepared(gr->t, &o, &gr->res);
   pass_done(&gr->sh->sp, gr->ix);
   return NULL;
 }
 
-/* The first group that failed, named by its workers, into err. */
+/* Group g's failure: its engine's message, and why its pass failed. */
+static int group_failure(const group *gr, char *err, size_t errlen) {
+  const char *why = gr->parts_src->err;
+  snprintf(err, errlen, "tensor-parallel rank %u of %u: %s%s%s%s", gr->tp_rank, gr->tp_size,
+           wtx_trainer_last_error(gr->t), why[0] ? " (" : "", why, why[0] ? ")" : "");
+  return gr->rc;
+}
+
+/* The first group that failed, into err; when it failed waiting for
+ * another group, that group's own failure follows (the stuck worker). */
 static int first_failure(wtx__sharded *sh, char *err, size_t errlen) {
+  const group *first = NULL, *cause = NULL;
   for (size_t g = 0; g < sh->n; g++) {
-    group *gr = &sh->g[g];
+    const group *gr = &sh->g[g];
     if (gr->rc == 0) continue;
-    snprintf(err, errlen, "tensor-parallel rank %u of %u: %s", gr->tp_rank, gr->tp_size,
-             wtx_trainer_last_error(gr->t));
-    return gr->rc;
+    if (first == NULL) first = gr;
+    if (cause == NULL && gr->parts_src->err[0] == '\0') cause = gr;
   }
-  return 0;
+  if (first == NULL) return 0;
+  int rc = group_failure(first, err, errlen);
+  size_t used = strlen(err);
+  if (cause != NULL && cause != first && used + 32 < errlen) {
+    snprintf(err + used, errlen - used, "; it waited for ");
+    used = strlen(err);
+    group_failure(cause, err + used, errlen - used);
+  }
+  return rc;
 }
 
 static void abort_all(wtx__sharded *sh, const char *why) {
