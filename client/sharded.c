@@ -340,6 +340,12 @@ static int replica_slices(const Wtx__V1__ShardSpec *spec, const wtx_tensor_meta 
     *n_out = n;
     return 0;
   }
+  for (size_t k = 0; k < spec->n_rules; k++) {
+    if ((unsigned)spec->rules[k]->kind <= WTX__V1__SHARD_KIND__SHARD_KIND_SKIP) continue;
+    snprintf(err, errlen, "worker %zu's shard rules: rule %zu has kind %d, which this trainer "
+             "does not know", i, k, (int)spec->rules[k]->kind);
+    return WTX_EINVAL;
+  }
   wtx_shard_rule *rules = calloc(spec->n_rules + 1, sizeof *rules);
   if (rules == NULL) return WTX_ENOMEM;
   for (size_t k = 0; k < spec->n_rules; k++)
@@ -473,8 +479,14 @@ int wtx__sharded_create(const wtx_trainer_config *cfg, wtx_client *client, wtx_s
   const wtx_tensor_meta *metas = NULL;
   Wtx__V1__GetWeightInfoResponse **info = calloc(r + 1, sizeof *info);
   wtx__sharded *sh = calloc(1, sizeof *sh);
-  int any = 0, rc = info && sh && (sh->g = calloc(r + 1, sizeof *sh->g)) ? 0 : WTX_ENOMEM;
-  if (rc == 0) rc = read_specs(client, info, &any, err, errlen);
+  if (info == NULL || sh == NULL || (sh->g = calloc(r + 1, sizeof *sh->g)) == NULL) {
+    free(info);
+    if (sh != NULL) free(sh->g);
+    free(sh);
+    snprintf(err, errlen, "out of memory");
+    return WTX_ENOMEM;
+  }
+  int any = 0, rc = read_specs(client, info, &any, err, errlen);
   if (rc == 0 && any && (rc = wtx_source_metadata(source, &metas, &n)) != 0)
     snprintf(err, errlen, "source: metadata() failed");
   if (rc == 0 && any) rc = make_groups(sh, client, info, metas, n, err, errlen);
