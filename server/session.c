@@ -432,11 +432,7 @@ static int part_box(const Wtx__V1__ParamMeta *pm, const wtx_tensor_meta *meta, s
                     wtx_tensor_meta *full, wtx_box *box, char *err, size_t errlen) {
   const Wtx__V1__TensorPart *pt = pm->part;
   *full = *meta;
-  box->ndim = meta->ndim;
-  for (size_t d = 0; d < meta->ndim; d++) {
-    box->lo[d] = 0;
-    box->len[d] = meta->shape[d];
-  }
+  wtx_box_whole(meta, box);
   if (pt == NULL) return 0;
   char why[1400];
   if (pt->n_full_shape != meta->ndim || pt->n_offset != meta->ndim) {
@@ -486,15 +482,14 @@ static int check_part(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
     return WTX_EINVAL;
   }
   wtx_slice_box(&full, &sl, &want);
-  for (size_t d = 0; d < want.ndim; d++) {
-    if (got.lo[d] == want.lo[d] && got.len[d] == want.len[d]) continue;
-    snprintf(err, errlen, "update_info.params[%zu].part: '%s' on tensor-parallel rank %u of %u "
-             "is [%llu, +%llu) of dim %zu, not [%llu, +%llu)", i, meta->name, c->tp_rank,
-             c->tp_size, (unsigned long long)want.lo[d], (unsigned long long)want.len[d], d,
-             (unsigned long long)got.lo[d], (unsigned long long)got.len[d]);
-    return WTX_EINVAL;
-  }
-  return 0;
+  if (wtx_box_equal(&got, &want)) return 0;
+  size_t d = 0;
+  while (got.lo[d] == want.lo[d] && got.len[d] == want.len[d]) d++; /* the dim that differs */
+  snprintf(err, errlen, "update_info.params[%zu].part: '%s' on tensor-parallel rank %u of %u "
+           "is [%llu, +%llu) of dim %zu, not [%llu, +%llu)", i, meta->name, c->tp_rank,
+           c->tp_size, (unsigned long long)want.lo[d], (unsigned long long)want.len[d], d,
+           (unsigned long long)got.lo[d], (unsigned long long)got.len[d]);
+  return WTX_EINVAL;
 }
 
 /* Validates one ParamMeta into meta (no byte has moved yet). */

@@ -32,10 +32,6 @@ static const wtx_ownership *own_of(const wtx_plan *p, size_t i) {
   return p->own != NULL ? &p->own[i] : NULL;
 }
 
-static uint32_t axis_size(const wtx_ownership *o, size_t a) {
-  return o->mesh_ndim > 0 ? o->mesh_shape[a] : (uint32_t)o->n_owners;
-}
-
 static int replicated_axis(const wtx_ownership *o, size_t a) {
   return o->placements == NULL || o->placements[a] < 0;
 }
@@ -50,7 +46,7 @@ static int copy_ownership(wtx_plan *p, const wtx_plan_input *in, char *err, size
     int rc = wtx_ownership_check(&in->metas[i], o, in->n_ranks, err, errlen);
     if (rc != 0) return rc;
     u32 += o->n_owners + o->mesh_ndim;
-    i32 += o->placements != NULL ? (o->mesh_ndim > 0 ? o->mesh_ndim : 1) : 0;
+    i32 += o->placements != NULL ? wtx__mesh_axes(o) : 0;
   }
   p->own = malloc(in->n * sizeof *p->own);
   p->own_pool = malloc((u32 + 1) * sizeof *p->own_pool);
@@ -68,7 +64,7 @@ static int copy_ownership(wtx_plan *p, const wtx_plan_input *in, char *err, size
     c->mesh_shape = o->mesh_ndim > 0 ? memcpy(u, o->mesh_shape, o->mesh_ndim * sizeof *u) : NULL;
     u += o->mesh_ndim;
     if (o->placements == NULL) continue;
-    size_t axes = o->mesh_ndim > 0 ? o->mesh_ndim : 1;
+    size_t axes = wtx__mesh_axes(o);
     c->placements = memcpy(s, o->placements, axes * sizeof *s);
     s += axes;
   }
@@ -190,9 +186,9 @@ static int grow(void **v, size_t *cap, size_t need, size_t size) {
 /* Whether the owner at pos is the first of its replicas: 0 on every
  * Replicate axis. The owners it stands for differ from it only there. */
 static int representative(const wtx_ownership *o, size_t pos) {
-  size_t axes = o->mesh_ndim > 0 ? o->mesh_ndim : 1;
+  size_t axes = wtx__mesh_axes(o);
   for (size_t a = axes; a-- > 0;) {
-    uint32_t size = axis_size(o, a);
+    uint32_t size = wtx__mesh_axis(o, a);
     if (replicated_axis(o, a) && pos % size != 0) return 0;
     pos /= size;
   }
@@ -200,9 +196,9 @@ static int representative(const wtx_ownership *o, size_t pos) {
 }
 
 static size_t replicas(const wtx_ownership *o) {
-  size_t axes = o->mesh_ndim > 0 ? o->mesh_ndim : 1, k = 1;
+  size_t axes = wtx__mesh_axes(o), k = 1;
   for (size_t a = 0; a < axes; a++)
-    if (replicated_axis(o, a)) k *= axis_size(o, a);
+    if (replicated_axis(o, a)) k *= wtx__mesh_axis(o, a);
   return k;
 }
 
@@ -263,17 +259,17 @@ static int by_bytes_desc(const void *a, const void *b, void *arg) {
 /* The owner positions that hold the same part as the representative pos:
  * pos moved along every Replicate axis. *n_out of them into out. */
 static void candidates(const wtx_ownership *o, size_t pos, uint32_t *out, size_t *n_out) {
-  size_t axes = o->mesh_ndim > 0 ? o->mesh_ndim : 1, stride[WTX_MAX_MESH_DIMS], s = 1;
+  size_t axes = wtx__mesh_axes(o), stride[WTX_MAX_MESH_DIMS], s = 1;
   for (size_t a = axes; a-- > 0;) {
     stride[a] = s;
-    s *= axis_size(o, a);
+    s *= wtx__mesh_axis(o, a);
   }
   size_t n = 1;
   out[0] = (uint32_t)pos;
   for (size_t a = 0; a < axes; a++) {
     if (!replicated_axis(o, a)) continue;
     size_t have = n;
-    for (uint32_t c = 1; c < axis_size(o, a); c++)
+    for (uint32_t c = 1; c < wtx__mesh_axis(o, a); c++)
       for (size_t j = 0; j < have; j++) out[n++] = (uint32_t)(out[j] + c * stride[a]);
   }
   *n_out = n;
@@ -396,7 +392,7 @@ static int digest(wtx_plan *p, uint64_t table) {
       put(&h, UINT32_MAX, 4);
       continue;
     }
-    size_t axes = o->mesh_ndim > 0 ? o->mesh_ndim : 1;
+    size_t axes = wtx__mesh_axes(o);
     put(&h, o->n_owners, 4);
     for (size_t j = 0; j < o->n_owners; j++) put(&h, o->owners[j], 4);
     put(&h, o->mesh_ndim, 4);

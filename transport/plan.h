@@ -91,11 +91,29 @@ typedef struct wtx_box {
 
 /* Elements of a box (1 for a scalar's). */
 uint64_t wtx_box_elements(const wtx_box *b);
+/* The box of the whole of m. */
+void wtx_box_whole(const wtx_tensor_meta *m, wtx_box *out);
+/* 1 when a and b are the same box. */
+int wtx_box_equal(const wtx_box *a, const wtx_box *b);
+/* Whether part's elements are one contiguous run in a row-major tensor
+ * holding box outer (every dim after part's first of more than one entry
+ * is whole in outer): 1 with *elem, the run's first element's offset in
+ * outer; else 0. part lies in outer. */
+int wtx_box_contiguous(const wtx_box *outer, const wtx_box *part, uint64_t *elem);
 
 /* torch.chunk(n, k)'s piece i: [*start, *start + *len), empty (len 0) past
  * the pieces torch.chunk makes. k >= 1. */
 void wtx_chunk_range(uint64_t n, uint32_t k, uint32_t i, uint64_t *start,
                      uint64_t *len);
+
+/* A mesh's axes (one when mesh_ndim is 0: the owners in a row) and the
+ * size of axis a. */
+static inline size_t wtx__mesh_axes(const wtx_ownership *o) {
+  return o->mesh_ndim > 0 ? o->mesh_ndim : 1;
+}
+static inline uint32_t wtx__mesh_axis(const wtx_ownership *o, size_t a) {
+  return o->mesh_ndim > 0 ? o->mesh_shape[a] : (uint32_t)o->n_owners;
+}
 
 /* Checks o for m against n_ranks trainer ranks: WTX_EINVAL naming the
  * parameter and the field otherwise (an orphan, an owner out of range or
@@ -202,7 +220,7 @@ typedef struct wtx_shard_rule {
  * with *out set (param 0), 0 when it holds nothing of m, or WTX_EINVAL
  * naming the parameter (a dim past its dims, a dim not divisible into
  * units, an expert rule on a name without "experts.N" or an expert past
- * the count) or tp_rank/tp_size. experts: E for expert rules without a
+ * the count, a rule of a kind not in wtx_shard_kind) or tp_rank/tp_size. experts: E for expert rules without a
  * count (0: such a rule is an error). */
 int wtx_shard_slice_of(const wtx_tensor_meta *m, const wtx_shard_rule *rules, size_t n_rules,
                        uint32_t tp_rank, uint32_t tp_size, uint64_t experts, wtx_slice *out,

@@ -13,6 +13,38 @@ uint64_t wtx_box_elements(const wtx_box *b) {
   return e;
 }
 
+void wtx_box_whole(const wtx_tensor_meta *m, wtx_box *out) {
+  out->ndim = m->ndim;
+  for (size_t d = 0; d < m->ndim; d++) {
+    out->lo[d] = 0;
+    out->len[d] = m->shape[d];
+  }
+}
+
+int wtx_box_equal(const wtx_box *a, const wtx_box *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (size_t d = 0; d < a->ndim; d++)
+    if (a->lo[d] != b->lo[d] || a->len[d] != b->len[d]) return 0;
+  return 1;
+}
+
+/* Offset in elements of element idx (absolute coordinates) in a row-major
+ * tensor holding box b. */
+static uint64_t offset_in(const wtx_box *b, const uint64_t *idx) {
+  uint64_t off = 0;
+  for (size_t d = 0; d < b->ndim; d++) off = off * b->len[d] + (idx[d] - b->lo[d]);
+  return off;
+}
+
+int wtx_box_contiguous(const wtx_box *outer, const wtx_box *part, uint64_t *elem) {
+  size_t d = 0;
+  while (d < part->ndim && part->len[d] == 1) d++; /* leading single rows */
+  for (size_t e = d + 1; e < part->ndim; e++)
+    if (part->len[e] != outer->len[e]) return 0;
+  *elem = offset_in(outer, part->lo);
+  return 1;
+}
+
 void wtx_chunk_range(uint64_t n, uint32_t k, uint32_t i, uint64_t *start, uint64_t *len) {
   uint64_t size = n / k + (n % k != 0); /* torch.chunk: ceil(n / k) each */
   uint64_t lo = size * i;
@@ -71,7 +103,7 @@ static int check_mesh(const wtx_tensor_meta *m, const wtx_ownership *o, char *er
     snprintf(msg, sizeof msg, "mesh_shape: does not cover its %zu owners", o->n_owners);
     return fail(err, errlen, m->name, msg);
   }
-  size_t axes = o->mesh_ndim > 0 ? o->mesh_ndim : 1;
+  size_t axes = wtx__mesh_axes(o);
   for (size_t a = 0; o->placements != NULL && a < axes; a++) {
     int32_t p = o->placements[a];
     if (p < WTX_PLACEMENT_REPLICATE || (p >= 0 && (size_t)p >= m->ndim)) {
@@ -96,48 +128,30 @@ int wtx_ownership_check(const wtx_tensor_meta *m, const wtx_ownership *o, uint32
 
 void wtx_ownership_box(const wtx_tensor_meta *m, const wtx_ownership *o, size_t pos,
                        wtx_box *out) {
-  out->ndim = m->ndim;
-  for (size_t d = 0; d < m->ndim; d++) {
-    out->lo[d] = 0;
-    out->len[d] = m->shape[d];
-  }
+  wtx_box_whole(m, out);
   if (o == NULL || o->owners == NULL || o->placements == NULL) return;
-  size_t axes = o->mesh_ndim > 0 ? o->mesh_ndim : 1;
+  size_t axes = wtx__mesh_axes(o);
   uint32_t coord[WTX_MAX_MESH_DIMS];
   for (size_t a = axes; a-- > 0;) { /* row-major: the last axis varies fastest */
-    uint32_t size = o->mesh_ndim > 0 ? o->mesh_shape[a] : (uint32_t)o->n_owners;
-    coord[a] = (uint32_t)(pos % size);
-    pos /= size;
+    coord[a] = (uint32_t)(pos % wtx__mesh_axis(o, a));
+    pos /= wtx__mesh_axis(o, a);
   }
   for (size_t a = 0; a < axes; a++) { /* outer axis first */
     int32_t d = o->placements[a];
     if (d < 0) continue;
-    uint32_t size = o->mesh_ndim > 0 ? o->mesh_shape[a] : (uint32_t)o->n_owners;
     uint64_t start, len;
-    wtx_chunk_range(out->len[d], size, coord[a], &start, &len);
+    wtx_chunk_range(out->len[d], wtx__mesh_axis(o, a), coord[a], &start, &len);
     out->lo[d] += start;
     out->len[d] = len;
   }
 }
 
 void wtx_slice_box(const wtx_tensor_meta *m, const wtx_slice *s, wtx_box *out) {
-  out->ndim = m->ndim;
-  for (size_t d = 0; d < m->ndim; d++) {
-    out->lo[d] = 0;
-    out->len[d] = m->shape[d];
-  }
+  wtx_box_whole(m, out);
   if (s->dim >= 0) {
     out->lo[s->dim] = s->start;
     out->len[s->dim] = s->length;
   }
-}
-
-/* Offset in elements of element idx (absolute coordinates) in a row-major
- * tensor holding box b. */
-static uint64_t offset_in(const wtx_box *b, const uint64_t *idx) {
-  uint64_t off = 0;
-  for (size_t d = 0; d < b->ndim; d++) off = off * b->len[d] + (idx[d] - b->lo[d]);
-  return off;
 }
 
 void wtx_box_copy(void *dst, const wtx_box *dst_box, const void *src, const wtx_box *src_box,
@@ -242,7 +256,13 @@ int wtx_shard_slice_of(const wtx_tensor_meta *m, const wtx_shard_rule *rules, si
   *out = (wtx_slice){.param = 0, .dim = WTX_SLICE_WHOLE};
   if (r == NULL || r->kind == WTX_SHARD_WHOLE) return 1;
   if (r->kind == WTX_SHARD_EXPERT) return expert_slice(m, r, tp_rank, tp_size, experts, err, errlen);
-  if (r->kind != WTX_SHARD_DIM) return 0;
+  if (r->kind == WTX_SHARD_SKIP) return 0;
+  if (r->kind != WTX_SHARD_DIM) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "rule '%s' has kind %d, not one of wtx_shard_kind", r->pattern,
+             (int)r->kind);
+    return fail(err, errlen, m->name, msg);
+  }
   rc = dim_slice(m, r, tp_rank, tp_size, out, err, errlen);
   return rc != 0 ? rc : out->length > 0;
 }

@@ -131,12 +131,6 @@ std::vector<uint8_t> BoxBytes(size_t i, const wtx_tensor_meta &m, const wtx_box 
   return out;
 }
 
-bool SameBox(const wtx_box &a, const wtx_box &b) {
-  for (size_t d = 0; d < a.ndim; d++)
-    if (a.lo[d] != b.lo[d] || a.len[d] != b.len[d]) return false;
-  return a.ndim == b.ndim;
-}
-
 bool Inside(const wtx_box &in, const wtx_box &out) {
   for (size_t d = 0; d < in.ndim; d++)
     if (in.lo[d] < out.lo[d] || in.lo[d] + in.len[d] > out.lo[d] + out.len[d]) return false;
@@ -419,7 +413,7 @@ TEST(Plan, PropertyRandomLayoutsDeliverExactlyOnceAndBalance) {
       for (size_t p = 0; p < owners; p++) {
         wtx_box other;
         wtx_ownership_box(&m.metas[pieces[k].param], &o, p, &other);
-        if (SameBox(other, mine)) could.push_back(o.owners ? o.owners[p] : p);
+        if (wtx_box_equal(&other, &mine)) could.push_back(o.owners ? o.owners[p] : p);
       }
       for (uint32_t r : could) fair[r] += static_cast<double>(b) / could.size();
     }
@@ -557,6 +551,17 @@ TEST(Plan, BoxCopyGathersAndScatters) {
             into);
 }
 
+TEST(Plan, ABoxIsContiguousWhenEveryDimAfterItsFirstCutIsWhole) {
+  wtx_box outer{3, {0, 0, 0}, {4, 6, 5}};
+  uint64_t at = 0;
+  wtx_box rows{3, {1, 0, 0}, {2, 6, 5}}, row{3, {2, 3, 0}, {1, 2, 5}}, cols{3, {0, 0, 1}, {4, 6, 2}};
+  EXPECT_EQ(1, wtx_box_contiguous(&outer, &rows, &at));
+  EXPECT_EQ(30u, at);
+  EXPECT_EQ(1, wtx_box_contiguous(&outer, &row, &at));  // one row, columns 3-4 of it
+  EXPECT_EQ(2u * 30 + 3 * 5, at);
+  EXPECT_EQ(0, wtx_box_contiguous(&outer, &cols, &at));
+}
+
 TEST(Plan, ShardRulesGiveTensorParallelSlices) {
   const char *text =
       "*.k_proj.weight dim 0 unit 4\n"
@@ -642,6 +647,11 @@ TEST(Plan, ShardRulesRefuseWhatTheyCannotSay) {
   EXPECT_EQ(WTX_EINVAL, wtx_shard_slices(&m, 1, r, nr, 0, 2, &s, &n, err, sizeof err));
   EXPECT_NE(nullptr, strstr(err, "'x.w': rule '*.w' slices dim 1 of a 1-D tensor")) << err;
   EXPECT_EQ(WTX_EINVAL, wtx_shard_slices(&m, 1, r, nr, 2, 2, &s, &n, err, sizeof err));
+  // A kind from a newer peer is refused, not read as "skip".
+  r[0].kind = static_cast<wtx_shard_kind>(7);
+  wtx_slice one;
+  EXPECT_EQ(WTX_EINVAL, wtx_shard_slice_of(&m, r, nr, 0, 2, 0, &one, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "has kind 7")) << err;
   free(r);
 }
 
