@@ -153,6 +153,10 @@ typedef struct part_src {
   wtx_tensor_meta *metas; /* each part as a tensor: the parameter's name, the part's shape */
   uint32_t *param;        /* its parameter */
   wtx_box *box;           /* where it lies there */
+  /* Its ParamMeta.part (NULL when whole), the messages and their
+   * full_shape and offset arrays. */
+  Wtx__V1__TensorPart **parts, *part_msgs;
+  uint64_t *pool;
   wtx_tensor_meta *full;  /* the parameters (the trainer source's metadata) */
   uint8_t *scratch;       /* a part gathered from strided rows */
   size_t next;
@@ -173,21 +177,6 @@ static int part_open(void *self, void **iter) {
   return 0;
 }
 
-/* Where part k's bytes start when they are contiguous in the whole tensor
- * (every dim outside the part's first cut one is whole): 1 with *off. */
-static int contiguous(const part_src *p, size_t k, uint64_t *off) {
-  const wtx_tensor_meta *f = &p->full[p->param[k]];
-  const wtx_box *b = &p->box[k];
-  size_t d = 0;
-  while (d < b->ndim && b->len[d] == 1) d++; /* leading single rows */
-  for (size_t e = d + 1; e < b->ndim; e++)
-    if (b->len[e] != f->shape[e]) return 0;
-  uint64_t elems = 0;
-  for (size_t e = 0; e < b->ndim; e++) elems = elems * f->shape[e] + b->lo[e];
-  *off = elems * wtx_dtype_size(f->dtype);
-  return 1;
-}
-
 static int part_next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
   part_src *p = self;
   (void)iter;
@@ -197,15 +186,16 @@ static int part_next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_
   int rc = pass_get(p->sp, p->g, p->param[k], &d, p->err, sizeof p->err);
   if (rc != 0) return rc;
   *meta = p->metas[k];
-  uint64_t off;
-  if (contiguous(p, k, &off)) {
-    *data = d.host + off;
+  const wtx_tensor_meta *f = &p->full[p->param[k]];
+  size_t elsize = wtx_dtype_size(f->dtype);
+  wtx_box whole;
+  wtx_box_whole(f, &whole);
+  uint64_t at;
+  if (wtx_box_contiguous(&whole, &p->box[k], &at)) { /* rows of it: sent from where they are */
+    *data = d.host + at * elsize;
     return d.stays ? 2 : 1;
   }
-  const wtx_tensor_meta *f = &p->full[p->param[k]];
-  wtx_box whole = {.ndim = f->ndim};
-  for (size_t e = 0; e < f->ndim; e++) whole.len[e] = f->shape[e];
-  wtx_box_copy(p->scratch, NULL, d.host, &whole, &p->box[k], wtx_dtype_size(f->dtype));
+  wtx_box_copy(p->scratch, NULL, d.host, &whole, &p->box[k], elsize);
   *data = p->scratch;
   return 1;
 }
@@ -221,6 +211,9 @@ static void part_destroy(void *self) {
   free(p->metas);
   free(p->param);
   free(p->box);
+  free(p->parts);
+  free(p->part_msgs);
+  free(p->pool);
   free(p->scratch);
   free(p);
 }
@@ -234,6 +227,19 @@ static const wtx_source_ops part_ops = {
     .destroy = part_destroy,
 };
 
+/* Part k's ParamMeta.part: f's shape, the part's first element. */
+static void part_msg(part_src *p, size_t k, const wtx_tensor_meta *f) {
+  uint64_t *shape = &p->pool[2 * WTX_MAX_DIMS * k], *offset = shape + WTX_MAX_DIMS;
+  memcpy(shape, f->shape, f->ndim * sizeof *shape);
+  memcpy(offset, p->box[k].lo, f->ndim * sizeof *offset);
+  Wtx__V1__TensorPart *m = &p->part_msgs[k];
+  wtx__v1__tensor_part__init(m);
+  m->n_full_shape = m->n_offset = f->ndim;
+  m->full_shape = shape;
+  m->offset = offset;
+  p->parts[k] = m;
+}
+
 /* The source of the parts slices[0..n) name (params index full). */
 static int part_src_create(shared_pass *sp, size_t g, const wtx_tensor_meta *full,
                            const wtx_slice *slices, size_t n, wtx_source **out,
@@ -245,7 +251,10 @@ static int part_src_create(shared_pass *sp, size_t g, const wtx_tensor_meta *ful
   p->metas = calloc(n + 1, sizeof *p->metas);
   p->param = calloc(n + 1, sizeof *p->param);
   p->box = calloc(n + 1, sizeof *p->box);
-  if (p->metas == NULL || p->param == NULL || p->box == NULL) goto fail;
+  p->parts = calloc(n + 1, sizeof *p->parts);
+  p->part_msgs = calloc(n + 1, sizeof *p->part_msgs);
+  p->pool = calloc(2 * WTX_MAX_DIMS * (n + 1), sizeof *p->pool);
+  if (!p->metas || !p->param || !p->box || !p->parts || !p->part_msgs || !p->pool) goto fail;
   uint64_t most = 0;
   for (size_t k = 0; k < n; k++) {
     const wtx_tensor_meta *f = &full[slices[k].param];
@@ -255,6 +264,7 @@ static int part_src_create(shared_pass *sp, size_t g, const wtx_tensor_meta *ful
                              errlen);
     if (rc != 0) goto fail;
     if (p->metas[k].nbytes > most) most = p->metas[k].nbytes;
+    if (slices[k].dim != WTX_SLICE_WHOLE) part_msg(p, k, f);
   }
   rc = WTX_ENOMEM;
   if ((p->scratch = malloc(most + 1)) == NULL) goto fail;
@@ -278,11 +288,8 @@ typedef struct group {
   uint32_t tp_rank, tp_size;
   wtx_client *client;
   wtx_source *source;
-  part_src *parts_src; /* source's state: why its pass failed */
+  part_src *parts_src; /* source's state: its parts' messages, why its pass failed */
   wtx_trainer *t;
-  Wtx__V1__TensorPart *part_msgs; /* per part; whole ones unused */
-  Wtx__V1__TensorPart **parts;    /* per part, NULL when whole */
-  uint64_t *pool;                 /* the messages' full_shape and offset */
   /* one sync */
   pthread_t thread;
   const wtx_send_options *o;
@@ -303,58 +310,21 @@ struct wtx__sharded {
   const wtx_send_options *o;
 };
 
-/* The ParamMeta.part of every part that is not the whole tensor. */
-static int group_parts(group *gr, const wtx_tensor_meta *full) {
-  size_t n = gr->n_slices;
-  gr->part_msgs = calloc(n + 1, sizeof *gr->part_msgs);
-  gr->parts = calloc(n + 1, sizeof *gr->parts);
-  gr->pool = calloc(2 * WTX_MAX_DIMS * (n + 1), sizeof *gr->pool);
-  if (gr->part_msgs == NULL || gr->parts == NULL || gr->pool == NULL) return WTX_ENOMEM;
-  for (size_t k = 0; k < n; k++) {
-    const wtx_slice *s = &gr->slices[k];
-    if (s->dim == WTX_SLICE_WHOLE) continue;
-    const wtx_tensor_meta *f = &full[s->param];
-    uint64_t *shape = &gr->pool[2 * WTX_MAX_DIMS * k], *offset = shape + WTX_MAX_DIMS;
-    wtx_box b;
-    wtx_slice_box(f, s, &b);
-    memcpy(shape, f->shape, f->ndim * sizeof *shape);
-    memcpy(offset, b.lo, f->ndim * sizeof *offset);
-    Wtx__V1__TensorPart *m = &gr->part_msgs[k];
-    wtx__v1__tensor_part__init(m);
-    m->n_full_shape = m->n_offset = f->ndim;
-    m->full_shape = shape;
-    m->offset = offset;
-    gr->parts[k] = m;
-  }
-  return 0;
-}
-
 /* Replica i's parts, from the shard rules it announced (none: whole). */
 static int replica_slices(const Wtx__V1__ShardSpec *spec, const wtx_tensor_meta *metas,
                           size_t n, size_t i, wtx_slice **out, size_t *n_out, char *err,
                           size_t errlen) {
-  if (spec == NULL) {
-    *out = malloc((n + 1) * sizeof **out);
-    if (*out == NULL) return WTX_ENOMEM;
-    for (size_t k = 0; k < n; k++) (*out)[k] = (wtx_slice){.param = (uint32_t)k, .dim = -1};
-    *n_out = n;
-    return 0;
-  }
-  for (size_t k = 0; k < spec->n_rules; k++) {
-    if ((unsigned)spec->rules[k]->kind <= WTX__V1__SHARD_KIND__SHARD_KIND_SKIP) continue;
-    snprintf(err, errlen, "worker %zu's shard rules: rule %zu has kind %d, which this trainer "
-             "does not know", i, k, (int)spec->rules[k]->kind);
-    return WTX_EINVAL;
-  }
-  wtx_shard_rule *rules = calloc(spec->n_rules + 1, sizeof *rules);
+  /* No rules: rank 0 of 1, every tensor whole. */
+  size_t nr = spec != NULL ? spec->n_rules : 0;
+  wtx_shard_rule *rules = calloc(nr + 1, sizeof *rules);
   if (rules == NULL) return WTX_ENOMEM;
-  for (size_t k = 0; k < spec->n_rules; k++)
+  for (size_t k = 0; k < nr; k++)
     rules[k] = (wtx_shard_rule){.pattern = spec->rules[k]->pattern,
                                 .kind = (wtx_shard_kind)spec->rules[k]->kind,
                                 .dim = spec->rules[k]->dim, .unit = spec->rules[k]->unit};
   char why[600];
-  int rc = wtx_shard_slices(metas, n, rules, spec->n_rules, spec->tp_rank, spec->tp_size, out,
-                            n_out, why, sizeof why);
+  int rc = wtx_shard_slices(metas, n, rules, nr, spec ? spec->tp_rank : 0,
+                            spec ? spec->tp_size : 1, out, n_out, why, sizeof why);
   if (rc != 0) snprintf(err, errlen, "worker %zu's shard rules: %s", i, why);
   free(rules);
   return rc;
@@ -401,9 +371,8 @@ static int group_open(wtx__sharded *sh, size_t g, const wtx_trainer_config *cfg,
                       wtx_client *client, const wtx_tensor_meta *full, char *err,
                       size_t errlen) {
   group *gr = &sh->g[g];
-  int rc = group_parts(gr, full);
-  if (rc == 0) rc = part_src_create(&sh->sp, g, full, gr->slices, gr->n_slices, &gr->source,
-                                    &gr->parts_src, err, errlen);
+  int rc = part_src_create(&sh->sp, g, full, gr->slices, gr->n_slices, &gr->source,
+                           &gr->parts_src, err, errlen);
   if (rc == 0) rc = wtx__client_subset(client, gr->which, gr->n_which, &gr->client);
   if (rc != 0) {
     if (err[0] == '\0') snprintf(err, errlen, "%s", wtx_strerror(rc));
@@ -419,7 +388,7 @@ static int group_open(wtx__sharded *sh, size_t g, const wtx_trainer_config *cfg,
     snprintf(err, errlen, "tensor-parallel rank %u of %u: %s", gr->tp_rank, gr->tp_size, why);
     return rc;
   }
-  wtx__trainer_set_parts(gr->t, gr->parts);
+  wtx__trainer_set_parts(gr->t, gr->parts_src->parts);
   return 0;
 }
 
@@ -515,9 +484,6 @@ void wtx__sharded_destroy(wtx__sharded *sh) {
     if (gr->client != NULL) wtx_client_destroy(gr->client);
     free(gr->which);
     free(gr->slices);
-    free(gr->part_msgs);
-    free(gr->parts);
-    free(gr->pool);
   }
   if (sh->sp.want != NULL) {
     pthread_mutex_destroy(&sh->sp.mu);
