@@ -360,14 +360,38 @@ int wtx__client_subset(wtx_client *c, const size_t *which, size_t n, wtx_client 
   return 0;
 }
 
-int wtx__client_shard(wtx_client *c, size_t i, Wtx__V1__GetWeightInfoResponse **info) {
-  *info = NULL;
+typedef struct shards_arg {
+  Wtx__V1__ShardSpec **specs;
+  int nomem;
+} shards_arg;
+
+/* Replica i's shard spec, copied out of its answer (freed after take). */
+static void take_shard(fanout *f, size_t i, const ProtobufCMessage *m) {
+  const Wtx__V1__ShardSpec *spec = ((const Wtx__V1__GetWeightInfoResponse *)m)->shard;
+  shards_arg *a = f->arg;
+  if (spec == NULL) return;
+  size_t len = wtx__v1__shard_spec__get_packed_size(spec);
+  uint8_t *buf = malloc(len + 1);
+  if (buf != NULL) {
+    wtx__v1__shard_spec__pack(spec, buf);
+    a->specs[i] = wtx__v1__shard_spec__unpack(NULL, len, buf);
+  }
+  a->nomem |= a->specs[i] == NULL;
+  free(buf);
+}
+
+int wtx__client_shards(wtx_client *c, Wtx__V1__ShardSpec **specs) {
+  for (size_t i = 0; i < c->n; i++) specs[i] = NULL;
   if (c->ctl != NULL) return 0;
   Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
-  ProtobufCMessage *m = NULL;
-  int rc = call(c, i, wtx__v1__weight_transfer__get_weight_info__method, &req.base, &m,
-                c->retries);
-  if (rc == 0) *info = (Wtx__V1__GetWeightInfoResponse *)m;
+  shards_arg a = {specs, 0};
+  fanout f = {wtx__v1__weight_transfer__get_weight_info__method, NULL, take_shard, &req.base,
+              c, &a, c->retries};
+  int rc = each_replica(&f);
+  if (rc == 0 && a.nomem) {
+    seterr(c, -1, 8 /* RESOURCE_EXHAUSTED */, "out of memory reading the shard rules");
+    rc = WTX_ENOMEM;
+  }
   return rc;
 }
 

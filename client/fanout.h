@@ -64,10 +64,11 @@ int wtx__client_commit(wtx_client *c, const char *version, char *published, size
  * caller's until wtx_client_destroy. WTX_EINVAL for a caller's control
  * plane. */
 int wtx__client_subset(wtx_client *c, const size_t *which, size_t n, wtx_client **out);
-/* GetWeightInfo (no parameters) of replica i, for its shard spec: *info
- * is the caller's (protobuf_c_message_free_unpacked). A caller's control
- * plane answers 0 with *info NULL. */
-int wtx__client_shard(wtx_client *c, size_t i, Wtx__V1__GetWeightInfoResponse **info);
+/* Every replica's shard spec (GetWeightInfoResponse.shard), asked of all
+ * at once: specs[i] (wtx_client_size entries) is replica i's, NULL when it
+ * has none, each the caller's (protobuf_c_message_free_unpacked). A
+ * caller's control plane answers 0 with none. */
+int wtx__client_shards(wtx_client *c, Wtx__V1__ShardSpec **specs);
 /* AbortWeightUpdate on every replica with an open session (best effort:
  * all are tried; returns the first failure). */
 int wtx__client_abort(wtx_client *c, const char *reason);

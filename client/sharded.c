@@ -412,28 +412,23 @@ static int pass_init(wtx__sharded *sh, wtx_source *source, const wtx_tensor_meta
   return sp->want != NULL ? 0 : WTX_ENOMEM;
 }
 
-/* Every replica's shard spec, or *any 0 when none announces one. */
-static int read_specs(wtx_client *client, Wtx__V1__GetWeightInfoResponse **info, int *any,
-                      char *err, size_t errlen) {
+/* Every replica's shard spec, asked of all at once; *any 0 when none
+ * announces one. */
+static int read_specs(wtx_client *client, Wtx__V1__ShardSpec **specs, int *any, char *err,
+                      size_t errlen) {
   *any = 0;
-  for (size_t i = 0; i < wtx_client_size(client); i++) {
-    int rc = wtx__client_shard(client, i, &info[i]);
-    if (rc != 0) {
-      snprintf(err, errlen, "%s", wtx_client_last_error(client));
-      return rc;
-    }
-    *any |= info[i] != NULL && info[i]->shard != NULL;
-  }
-  return 0;
+  int rc = wtx__client_shards(client, specs);
+  if (rc != 0) snprintf(err, errlen, "%s", wtx_client_last_error(client));
+  for (size_t i = 0; rc == 0 && i < wtx_client_size(client); i++) *any |= specs[i] != NULL;
+  return rc;
 }
 
-static int make_groups(wtx__sharded *sh, wtx_client *client,
-                       Wtx__V1__GetWeightInfoResponse **info, const wtx_tensor_meta *metas,
-                       size_t n, char *err, size_t errlen) {
+static int make_groups(wtx__sharded *sh, wtx_client *client, Wtx__V1__ShardSpec **specs,
+                       const wtx_tensor_meta *metas, size_t n, char *err, size_t errlen) {
   for (size_t i = 0; i < wtx_client_size(client); i++) {
     wtx_slice *s;
     size_t k;
-    const Wtx__V1__ShardSpec *spec = info[i] != NULL ? info[i]->shard : NULL;
+    const Wtx__V1__ShardSpec *spec = specs[i];
     int rc = replica_slices(spec, metas, n, i, &s, &k, err, errlen);
     if (rc == 0) rc = join_group(sh, i, spec, s, k);
     if (rc != 0) return rc;
@@ -446,7 +441,7 @@ int wtx__sharded_create(const wtx_trainer_config *cfg, wtx_client *client, wtx_s
   *out = NULL;
   size_t r = wtx_client_size(client), n = 0;
   const wtx_tensor_meta *metas = NULL;
-  Wtx__V1__GetWeightInfoResponse **info = calloc(r + 1, sizeof *info);
+  Wtx__V1__ShardSpec **info = calloc(r + 1, sizeof *info);
   wtx__sharded *sh = calloc(1, sizeof *sh);
   if (info == NULL || sh == NULL || (sh->g = calloc(r + 1, sizeof *sh->g)) == NULL) {
     free(info);
