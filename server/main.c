@@ -299,10 +299,6 @@ static int read_file(const char *flag, const char *path, int may_be_empty, char 
   return -1;
 }
 
-static int read_pem(const char *flag, const char *path, char **out) {
-  return read_file(flag, path, 0, out);
-}
-
 static int parse_reflection(const char *s, wtx_reflection *out) {
   static const char *const names[] = {"open", "token", "off"};
   for (int i = 0; i < 3; i++)
@@ -322,9 +318,9 @@ static int security_from_flags(const flags *f, wtx_worker_options *o, char *pems
       parse_i64("--max-calls", f->max_calls, 1, 1 << 20, &max_calls) != 0 ||
       parse_i64("--max-model-bytes", f->max_model_bytes, 0, INT64_MAX, &max_bytes) != 0 ||
       parse_i64("--max-params", f->max_params, 0, INT64_MAX, &max_params) != 0 ||
-      read_pem("--tls-cert", f->tls_cert, &pems[0]) != 0 ||
-      read_pem("--tls-key", f->tls_key, &pems[1]) != 0 ||
-      read_pem("--tls-client-ca", f->tls_client_ca, &pems[2]) != 0)
+      read_file("--tls-cert", f->tls_cert, 0, &pems[0]) != 0 ||
+      read_file("--tls-key", f->tls_key, 0, &pems[1]) != 0 ||
+      read_file("--tls-client-ca", f->tls_client_ca, 0, &pems[2]) != 0)
     return -1;
   o->max_calls = (int)max_calls;
   o->max_model_bytes = (uint64_t)max_bytes;
