@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include <yajl/yajl_gen.h>
 
 #include "common/clock.h"
 #include "transport/plan.h"
@@ -406,35 +407,48 @@ typedef struct opts {
   double link_gbit, backend_gbit; /* backend 0: not given */
 } opts;
 
+/* The figures as one flat JSON object (yajl's generator), keys prefixed
+ * by the model's id; g NULL: no --json. */
 typedef struct json {
-  FILE *f;
+  yajl_gen g;
   const char *prefix;
-  int first;
 } json;
 
 static void jkey(json *j, const char *key) {
-  fprintf(j->f, "%s\n  \"%s%s%s\": ", j->first ? "" : ",", j->prefix ? j->prefix : "",
-          j->prefix ? "_" : "", key);
-  j->first = 0;
+  char k[128];
+  snprintf(k, sizeof k, "%s%s%s", j->prefix ? j->prefix : "", j->prefix ? "_" : "", key);
+  yajl_gen_string(j->g, (const unsigned char *)k, strlen(k));
 }
 
 static void jnum(json *j, const char *key, double v) {
-  if (j->f == NULL) return;
+  if (j->g == NULL) return;
   jkey(j, key);
-  fprintf(j->f, "%.15g", v);
+  yajl_gen_double(j->g, v);
 }
 
 static void ju64(json *j, const char *key, uint64_t v) {
-  if (j->f == NULL) return;
+  if (j->g == NULL) return;
   jkey(j, key);
-  fprintf(j->f, "%" PRIu64, v);
+  yajl_gen_integer(j->g, (long long)v); /* counts and bytes, all below 2^63 */
 }
 
-/* s holds no quote or backslash (names and hex written here). */
 static void jstr(json *j, const char *key, const char *s) {
-  if (j->f == NULL) return;
+  if (j->g == NULL) return;
   jkey(j, key);
-  fprintf(j->f, "\"%s\"", s);
+  yajl_gen_string(j->g, (const unsigned char *)s, strlen(s));
+}
+
+/* Writes the object to path: 0, or -1 when the file cannot be written. */
+static int json_write(json *j, const char *path) {
+  const unsigned char *buf;
+  size_t len;
+  yajl_gen_map_close(j->g);
+  yajl_gen_get_buf(j->g, &buf, &len);
+  FILE *f = fopen(path, "w");
+  int ok = f != NULL && fwrite(buf, 1, len, f) == len && fputc('\n', f) != EOF;
+  if (f != NULL && fclose(f) != 0) ok = 0;
+  if (!ok) perror(path);
+  return ok ? 0 : -1;
 }
 
 static const char *goal(int met) { return met ? "goal met" : "goal NOT met"; }
@@ -590,21 +604,21 @@ int main(int argc, char **argv) {
                     "[--backend-gbit N] [--json FILE]\n");
     return 2;
   }
-  json j = {.first = 1};
-  if (o.json != NULL && (j.f = fopen(o.json, "w")) == NULL) {
-    perror(o.json);
-    return 2;
+  json j = {0};
+  if (o.json != NULL) {
+    if ((j.g = yajl_gen_alloc(NULL)) == NULL) return 1;
+    yajl_gen_config(j.g, yajl_gen_beautify, 1);
+    yajl_gen_map_open(j.g);
   }
-  if (j.f != NULL) fputs("{", j.f);
   int rc = 0, ran = 0;
   for (size_t i = 0; i < sizeof LAYOUTS / sizeof LAYOUTS[0]; i++) {
     if (strcmp(o.model, "all") != 0 && strcmp(o.model, LAYOUTS[i].flag) != 0) continue;
     if (ran++ > 0) printf("\n");
     if (run_model(&LAYOUTS[i], &o, &j) != 0) rc = 1;
   }
-  if (j.f != NULL) {
-    fputs("\n}\n", j.f);
-    if (fclose(j.f) != 0) rc = 1;
+  if (j.g != NULL) {
+    if (json_write(&j, o.json) != 0) rc = 1;
+    yajl_gen_free(j.g);
   }
   if (ran == 0) fprintf(stderr, "plan_scale: no model '%s'\n", o.model);
   return ran == 0 ? 2 : rc;
