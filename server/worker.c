@@ -318,20 +318,12 @@ static int open_shard(wtx_worker *w, const wtx_worker_options *opts, wtx__sessio
              opts->model_spec != NULL ? "a model spec" : "a vLLM sidecar");
     return WTX_EINVAL;
   }
-  if (opts->tp_size == 0 || opts->tp_rank >= opts->tp_size) {
-    snprintf(err, errlen, "shard rules: tp_rank %u is not below tp_size %u", opts->tp_rank,
-             opts->tp_size);
-    return WTX_EINVAL;
-  }
-  size_t n;
+  size_t n = 0;
   int rc = wtx_shard_rules_parse(opts->shard_rules, &w->shard_rules, &n, err, errlen);
-  for (size_t k = 0; rc == 0 && k < n; k++) {
-    if (w->shard_rules[k].kind != WTX_SHARD_EXPERT || w->shard_rules[k].unit > 0) continue;
-    snprintf(err, errlen, "shard rules: the expert rule '%s' needs the model's expert count "
-             "('expert E'), so the worker can check which experts it hosts",
-             w->shard_rules[k].pattern);
-    rc = WTX_EINVAL;
-  }
+  char why[512];
+  if (rc == 0 && (rc = wtx_shard_rules_check(w->shard_rules, n, opts->tp_rank, opts->tp_size,
+                                             why, sizeof why)) != 0)
+    snprintf(err, errlen, "shard rules: %s", why);
   cfg->shard_rules = w->shard_rules;
   cfg->n_shard_rules = n;
   cfg->tp_rank = opts->tp_rank;

@@ -234,6 +234,12 @@ int wtx_shard_slices(const wtx_tensor_meta *metas, size_t n,
                      uint32_t tp_rank, uint32_t tp_size, wtx_slice **out,
                      size_t *n_out, char *err, size_t errlen);
 
+/* Checks rules for a worker that decides each tensor alone (the session):
+ * tp_rank below tp_size, and every expert rule with its expert count.
+ * WTX_EINVAL naming the rule otherwise. */
+int wtx_shard_rules_check(const wtx_shard_rule *rules, size_t n_rules, uint32_t tp_rank,
+                          uint32_t tp_size, char *err, size_t errlen);
+
 /* Parses a rule file: one rule a line, "PATTERN KIND", KIND one of
  * "whole", "skip", "expert", "expert E", "dim D" or "dim D unit U"; blank
  * lines and lines starting with # are skipped. *rules (malloc'd, patterns

@@ -267,6 +267,18 @@ int wtx_shard_slice_of(const wtx_tensor_meta *m, const wtx_shard_rule *rules, si
   return rc != 0 ? rc : out->length > 0;
 }
 
+int wtx_shard_rules_check(const wtx_shard_rule *rules, size_t n_rules, uint32_t tp_rank,
+                          uint32_t tp_size, char *err, size_t errlen) {
+  int rc = check_tp(tp_rank, tp_size, err, errlen);
+  for (size_t k = 0; rc == 0 && k < n_rules; k++) {
+    if (rules[k].kind != WTX_SHARD_EXPERT || rules[k].unit > 0) continue;
+    snprintf(err, errlen, "the expert rule '%s' needs the model's expert count ('expert E'), "
+             "so the worker can check which experts it hosts", rules[k].pattern);
+    rc = WTX_EINVAL;
+  }
+  return rc;
+}
+
 int wtx_shard_slices(const wtx_tensor_meta *metas, size_t n, const wtx_shard_rule *rules,
                      size_t n_rules, uint32_t tp_rank, uint32_t tp_size, wtx_slice **out,
                      size_t *n_out, char *err, size_t errlen) {
