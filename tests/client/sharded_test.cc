@@ -139,6 +139,17 @@ class ShardedTest : public EngineTest {
     return Spawn(args);
   }
 
+  // A trainer over c and src for the backend under test, 4 KiB buffers;
+  // nullptr (and a failure recorded) when it cannot start.
+  wtx_trainer *Trainer(wtx_client *c, wtx_source *src, uint32_t timeout_ms) {
+    std::string backend = GetParam();
+    wtx_trainer_config cfg = Config(backend, 4096, 2, timeout_ms);
+    wtx_trainer *t = nullptr;
+    char e[2048] = "";
+    EXPECT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
+    return t;
+  }
+
   // Every published tensor of w (rank r of 2, or -1: whole) against what
   // the rank should hold of model; returns the bytes it holds.
   uint64_t ExpectHolds(const Worker &w, int r, const Llama &model, const std::string &v) {
@@ -242,11 +253,8 @@ TEST_P(ShardedTest, VerifyComparesEveryWorkersPartsWithWhatWasSent) {
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1);
   wtx_client *c = Client({r0, r1});
   wtx_source *src = model.Source();
-  std::string backend = GetParam();
-  wtx_trainer_config cfg = Config(backend, 4096, 2, 60000);
-  wtx_trainer *t = nullptr;
-  char e[2048] = "";
-  ASSERT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
+  wtx_trainer *t = Trainer(c, src, 60000);
+  ASSERT_NE(nullptr, t);
   EXPECT_EQ(WTX_ESTATE, wtx_trainer_verify(t));  // nothing sent yet
   ASSERT_EQ(0, wtx_trainer_send_weights(t, nullptr, nullptr)) << wtx_trainer_last_error(t);
   EXPECT_EQ(0, wtx_trainer_verify(t)) << wtx_trainer_last_error(t);
@@ -276,20 +284,15 @@ TEST_P(ShardedTest, AStuckGroupEndsTheSyncWithinItsBoundAndNothingIsPublished) {
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1);
   wtx_client *c = Client({r0, r1}, 3000);
   wtx_source *src = model.Source(), *src2 = next.Source();
-  std::string backend = GetParam();
-  wtx_trainer_config cfg = Config(backend, 4096, 2, 500);
-  wtx_trainer *t = nullptr;
-  char e[2048] = "";
-  ASSERT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
-  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
-  so.version = "v1";
-  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, nullptr)) << wtx_trainer_last_error(t);
-  wtx_trainer_shutdown(t);
-  ASSERT_EQ(0, wtx_trainer_init(&cfg, c, src2, &t, e, sizeof e)) << e;
+  std::string err;
+  ASSERT_EQ(0, Push(c, src, "v1", 4096, 2, 500, &err)) << err;
+  wtx_trainer *t = Trainer(c, src2, 500);
+  ASSERT_NE(nullptr, t);
   kill(r1.pid, SIGSTOP);
+  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
   so.version = "v2";
   EXPECT_NE(0, wtx_trainer_send_weights(t, &so, nullptr));
-  std::string err = wtx_trainer_last_error(t);
+  err = wtx_trainer_last_error(t);
   EXPECT_NE(std::string::npos, err.find("another group of workers did not move past")) << err;
   EXPECT_NE(std::string::npos, err.find("it waited for tensor-parallel rank 1 of 2: worker 1"))
       << err;
