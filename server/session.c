@@ -796,7 +796,7 @@ static int loaded_each(wtx_session *s, chunk *c, size_t done, int verified) {
  * Caller holds mu. */
 static int chunk_loaded(wtx_session *s, chunk *c) {
   size_t done = wtx__rx_completed(s->rx);
-  int verified = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+  int verified = wtx__rx_whole_sums(s->rx);
   int rc = s->cfg.model_ops->loaded_chunk != NULL ? loaded_chunk(s, c, done, verified)
                                                   : loaded_each(s, c, done, verified);
   if (rc != 0) return rc;

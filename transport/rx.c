@@ -18,6 +18,8 @@ struct wtx_rx {
   uint64_t left;   /* bytes of the chunk still to come */
   uint64_t chunk;  /* bytes of the chunk */
   int verify;
+  int span;        /* checksums per tensor touched, of its bytes in the chunk */
+  int span_used;   /* an update had a span chunk: no whole-tensor digests */
   int device;      /* dst is device memory */
   uint64_t stream; /* the chunk's offset in the update's stream */
   XXH3_state_t *h; /* hash of t[cur] so far, when it arrives in pieces */
@@ -57,6 +59,7 @@ void wtx__rx_reset(wtx_rx *rx) {
   rx->n = 0;
   rx->left = rx->chunk = 0;
   rx->stream = 0;
+  rx->span_used = 0;
   rx->err[0] = '\0';
 }
 
@@ -160,6 +163,7 @@ int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
   rx->stream += rx->chunk - rx->left; /* the previous chunk's bytes */
   rx->left = rx->chunk = chunk_bytes;
   rx->whole = 0;
+  rx->span = 0;
   rx->verify = (flags & WTX__RX_VERIFY) != 0;
   rx->device = (flags & WTX__RX_DEVICE) != 0;
   rx->completed = 0;
@@ -187,6 +191,18 @@ int wtx_rx_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n) {
 }
 
 uint64_t wtx_rx_remaining(const wtx_rx *rx) { return rx->left; }
+
+int wtx_rx_span_checksums(wtx_rx *rx) {
+  if (rx->left != rx->chunk) {
+    wtx_rx_errorf(rx, "span checksums asked for after the chunk's first byte");
+    return WTX_EPROTO;
+  }
+  rx->span = rx->span_used = 1;
+  if (rx->pos > 0) XXH3_64bits_reset(rx->h); /* the tensor's earlier bytes were checked */
+  return 0;
+}
+
+int wtx__rx_whole_sums(const wtx_rx *rx) { return rx->verify && !rx->span_used; }
 
 /* Fresh staging (a worker's first syncs allocate it as they go) takes a
  * page fault per page where a copy first writes it. Asking the kernel to
@@ -400,13 +416,15 @@ int wtx__rx_end(wtx_rx *rx) {
     return WTX_EPROTO;
   }
   if (rx->verify) {
-    if (rx->n_expected != rx->completed) {
-      wtx_rx_errorf(rx,
-                    "chunk completes %zu tensors but carries %zu checksums",
-                    rx->completed, rx->n_expected);
+    /* With span checksums the tensor left incomplete has one too. */
+    size_t sums = rx->completed + (rx->span && rx->cur < rx->n);
+    if (sums > rx->completed) rx->digests[rx->cur] = XXH3_64bits_digest(rx->h);
+    if (rx->n_expected != sums) {
+      wtx_rx_errorf(rx, "chunk %s %zu tensors but carries %zu checksums",
+                    rx->span ? "touches" : "completes", sums, rx->n_expected);
       return WTX_EPROTO;
     }
-    for (size_t i = 0; i < rx->completed; i++) {
+    for (size_t i = 0; i < sums; i++) {
       if (rx->digests[i] != rx->expected[i]) {
         /* The hash of what arrived is never echoed: it says something of
          * bytes the caller may not own. */

@@ -355,6 +355,13 @@ static int accept_peer(int lfd, const uint8_t *token, size_t len, const waitspec
 
 /* ---- worker half ---- */
 
+/* A connection chunks arrive on: the upstream, or a sender's. */
+typedef struct inlet {
+  int fd;
+  uint64_t seq; /* chunks it has carried */
+  char addr[300];
+} inlet;
+
 typedef struct tcp_worker {
   wtx_wire_params wire;
   uint8_t token[WTX__TCP_TOKEN_MAX];
@@ -364,24 +371,27 @@ typedef struct tcp_worker {
   uint8_t *tbuf; /* the last trailer's values, as received */
   uint64_t *sums; /* and decoded */
   size_t tcap;    /* values both hold */
-  int up;      /* connection to the upstream */
+  /* in[0]: the upstream; in[k]: sender k (sender_addresses[k-1]) */
+  inlet *in;
+  size_t n_in;
+  uint32_t index; /* worker_index, said after each hello when n_in > 1 */
   int lfd;     /* relay listener, -1 when last in the chain */
   int down;    /* relay connection, accepted at the first chunk */
   int cancel_fd; /* eventfd: written by cancel, ends every wait */
   const wtx__netallow *allow; /* where connect may go; NULL: anywhere */
   int relay_port;              /* the relay listener's port; 0: any */
-  uint64_t seq;
   int broken;
   size_t piece;    /* bytes received at a time: SEND_PIECE on a relay, else PIECE */
   uint8_t *bounce; /* piece bytes, each piece received into it */
-  char upstream[300];
   char broke_why[400];
 } tcp_worker;
 
 static void tcp_worker_destroy(void *self) {
   tcp_worker *w = self;
   if (w == NULL) return;
-  if (w->up >= 0) close(w->up);
+  for (size_t i = 0; w->in != NULL && i < w->n_in; i++)
+    if (w->in[i].fd >= 0) close(w->in[i].fd);
+  free(w->in);
   if (w->lfd >= 0) close(w->lfd);
   if (w->down >= 0) close(w->down);
   if (w->cancel_fd >= 0) close(w->cancel_fd);
@@ -389,6 +399,35 @@ static void tcp_worker_destroy(void *self) {
   free(w->sums);
   free(w->bounce);
   free(w);
+}
+
+/* The init fields of many senders that need no network to check. */
+static int check_senders(const Wtx__V1__TcpInitInfo *ti, const wtx_wire_params *wire,
+                         char *err, size_t errlen) {
+  size_t n = ti->n_sender_addresses;
+  if (n == 0) return 0;
+  if (n >= WTX_MAX_SENDERS) {
+    snprintf(err, errlen, "init_info.tcp.sender_addresses: %zu senders besides the "
+             "upstream, at most %d in all", n, WTX_MAX_SENDERS);
+    return WTX_EINVAL;
+  }
+  if (ti->relay) {
+    snprintf(err, errlen, "init_info.tcp.relay: a worker fed by several senders "
+             "(sender_addresses) connects to each and relays nothing");
+    return WTX_EINVAL;
+  }
+  if (!ti->checksum_trailer &&
+      wire->checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64) {
+    snprintf(err, errlen, "init_info.tcp.checksum_trailer: needed with several senders "
+             "(sender_addresses): each sender hashes the bytes it sends");
+    return WTX_EINVAL;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (ti->sender_addresses[i][0] == '\0') {
+      snprintf(err, errlen, "init_info.tcp.sender_addresses[%zu]: empty", i);
+      return WTX_EINVAL;
+    }
+  return 0;
 }
 
 /* Validates the handshake and allocates; no network (that is connect). */
@@ -401,16 +440,26 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
              ti->data_token.len, WTX__TCP_TOKEN_MIN, WTX__TCP_TOKEN_MAX);
     return WTX_EINVAL;
   }
+  int rc = check_senders(ti, wire, err, errlen);
+  if (rc != 0) return rc;
   tcp_worker *w = calloc(1, sizeof *w);
   if (w == NULL) return WTX_ENOMEM;
-  w->up = w->lfd = w->down = -1;
+  w->lfd = w->down = -1;
   w->piece = ti->relay ? SEND_PIECE : PIECE;
   w->bounce = aligned_alloc(4096, w->piece); /* see PIECE: the kernel's copy into it */
   w->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (w->bounce == NULL || w->cancel_fd < 0) {
+  w->n_in = 1 + ti->n_sender_addresses;
+  w->in = calloc(w->n_in, sizeof *w->in);
+  if (w->bounce == NULL || w->cancel_fd < 0 || w->in == NULL) {
     tcp_worker_destroy(w);
     return WTX_ENOMEM;
   }
+  for (size_t i = 0; i < w->n_in; i++) {
+    w->in[i].fd = -1;
+    snprintf(w->in[i].addr, sizeof w->in[i].addr, "%s",
+             i == 0 ? ti->upstream_address : ti->sender_addresses[i - 1]);
+  }
+  w->index = ti->worker_index;
   w->wire = *wire;
   w->allow = env != NULL ? env->allow_upstream : NULL;
   w->relay_port = env != NULL ? env->relay_port : 0;
@@ -419,25 +468,39 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
                wire->checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   w->token_len = ti->data_token.len;
   memcpy(w->token, ti->data_token.data, w->token_len);
-  snprintf(w->upstream, sizeof w->upstream, "%s", ti->upstream_address);
   *self = w;
   return 0;
 }
 
-/* Joins the chain: connects upstream, says hello, listens for the relay. */
+/* Connects to one inlet and says hello; with several senders the hello is
+ * followed by this worker's index. */
+static int open_inlet(tcp_worker *w, inlet *in, const waitspec *ws, char *err,
+                      size_t errlen) {
+  int rc = connect_to(in->addr, w->allow, ws, &in->fd, err, errlen);
+  const char *why = "";
+  if (rc == 0 && (rc = send_hello(in->fd, w->token, w->token_len, ws, &why)) == 0 &&
+      w->n_in > 1) {
+    uint8_t who[WTX__TCP_WHO_BYTES];
+    wtx__tcp_who_encode(who, w->index);
+    rc = write_full(in->fd, who, sizeof who, ws, &why);
+  }
+  if (rc != 0 && why[0] != '\0') snprintf(err, errlen, "tcp: hello to %s: %s", in->addr, why);
+  return rc;
+}
+
+/* Joins the chain: connects upstream (and to every other sender), says
+ * hello, listens for the relay. */
 static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, char *err,
                               size_t errlen) {
   tcp_worker *w = self;
   waitspec ws = within(w->wire.timeout_ms, w->cancel_fd);
-  int rc = connect_to(w->upstream, w->allow, &ws, &w->up, err, errlen);
-  const char *why = "";
-  if (rc == 0 && (rc = send_hello(w->up, w->token, w->token_len, &ws, &why)) != 0)
-    snprintf(err, errlen, "tcp: hello to %s: %s", w->upstream, why);
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i < w->n_in; i++) rc = open_inlet(w, &w->in[i], &ws, err, errlen);
   if (addrlen > 0) data_address[0] = '\0';
   if (rc == 0 && w->relay) {
     /* Relay on the interface the upstream reached us through. */
     char local[300], host[256], port[32];
-    sock_name(w->up, 1, local, sizeof local);
+    sock_name(w->in[0].fd, 1, local, sizeof local);
     wtx__split_hostport(local, host, sizeof host, port, sizeof port);
     char addr[300];
     snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, w->relay_port);
@@ -458,10 +521,13 @@ static void tcp_worker_cancel(void *self) {
 static void worker_break(tcp_worker *w, const char *why) {
   if (!w->broken) snprintf(w->broke_why, sizeof w->broke_why, "%s", why);
   w->broken = 1;
-  if (w->up >= 0) close(w->up);
+  for (size_t i = 0; i < w->n_in; i++) {
+    if (w->in[i].fd >= 0) close(w->in[i].fd);
+    w->in[i].fd = -1;
+  }
   if (w->down >= 0) close(w->down);
   if (w->lfd >= 0) close(w->lfd);
-  w->up = w->down = w->lfd = -1;
+  w->down = w->lfd = -1;
 }
 
 static void tcp_worker_reset(void *self) {
@@ -481,20 +547,20 @@ static int worker_fail(tcp_worker *w, wtx_rx *rx, int rc, const char *fmt, ...) 
   return rc;
 }
 
-/* The checksum trailer after chunk w->seq's bytes: read, relayed, and
+/* The checksum trailer after the chunk's bytes on in: read, relayed, and
  * handed to rx. */
-static int receive_trailer(tcp_worker *w, wtx_rx *rx, const waitspec *to) {
+static int receive_trailer(tcp_worker *w, inlet *in, wtx_rx *rx, const waitspec *to) {
   uint8_t h[WTX__TCP_TRAILER_HEAD_BYTES];
   const char *why = "";
   char bad[200];
   uint32_t n = 0;
-  int rc = read_full(w->up, h, sizeof h, to, &why);
+  int rc = read_full(in->fd, h, sizeof h, to, &why);
   if (rc != 0)
     return worker_fail(w, rx, rc, "chunk %llu checksums from %s: %s",
-                       (unsigned long long)w->seq, w->upstream, why);
-  if ((rc = wtx__tcp_trailer_check(h, w->seq, WTX_MAX_CHUNK_PARAMS, &n, bad, sizeof bad)) != 0)
-    return worker_fail(w, rx, rc, "chunk %llu from %s: %s", (unsigned long long)w->seq,
-                       w->upstream, bad);
+                       (unsigned long long)in->seq, in->addr, why);
+  if ((rc = wtx__tcp_trailer_check(h, in->seq, WTX_MAX_CHUNK_PARAMS, &n, bad, sizeof bad)) != 0)
+    return worker_fail(w, rx, rc, "chunk %llu from %s: %s", (unsigned long long)in->seq,
+                       in->addr, bad);
   if (n > w->tcap) {
     uint8_t *b = realloc(w->tbuf, (size_t)n * 8);
     if (b != NULL) w->tbuf = b;
@@ -503,15 +569,76 @@ static int receive_trailer(tcp_worker *w, wtx_rx *rx, const waitspec *to) {
     w->sums = v;
     w->tcap = n;
   }
-  if ((rc = read_full(w->up, w->tbuf, (size_t)n * 8, to, &why)) != 0)
+  if ((rc = read_full(in->fd, w->tbuf, (size_t)n * 8, to, &why)) != 0)
     return worker_fail(w, rx, rc, "chunk %llu checksums from %s: %s",
-                       (unsigned long long)w->seq, w->upstream, why);
+                       (unsigned long long)in->seq, in->addr, why);
   struct iovec v[2] = {{h, sizeof h}, {w->tbuf, (size_t)n * 8}};
   if (w->down >= 0 && (rc = write_iov_full(w->down, v, 2, to, &why)) != 0)
     return worker_fail(w, rx, rc, "relay chunk %llu checksums downstream: %s",
-                       (unsigned long long)w->seq, why);
+                       (unsigned long long)in->seq, why);
   wtx__tcp_trailer_get_sums(w->tbuf, w->sums, n);
   return wtx_rx_checksums(rx, w->sums, n);
+}
+
+/* The inlet UpdateInfo names (tcp.sender), or NULL with rx's error set. */
+static inlet *chunk_inlet(tcp_worker *w, const Wtx__V1__UpdateInfo *info, wtx_rx *rx) {
+  uint32_t k = info->tcp != NULL ? info->tcp->sender : 0;
+  if (k < w->n_in) return &w->in[k];
+  wtx_rx_errorf(rx, "update_info.tcp.sender: %u, but this session has %zu sender%s", k,
+                w->n_in, w->n_in == 1 ? "" : "s");
+  return NULL;
+}
+
+/* A chunk's header from in, checked against what UpdateWeights announced,
+ * and passed on to the relay. */
+static int receive_header(tcp_worker *w, inlet *in, const Wtx__V1__UpdateInfo *info,
+                          wtx_rx *rx, const waitspec *to) {
+  const char *why = "";
+  uint8_t f[WTX__TCP_FRAME_BYTES];
+  int rc = read_full(in->fd, f, sizeof f, to, &why);
+  if (rc != 0)
+    return worker_fail(w, rx, rc, "chunk %llu header from %s: %s",
+                       (unsigned long long)in->seq, in->addr, why);
+  wtx__tcp_frame want = {in->seq, info->first_param_offset, wtx_rx_remaining(rx)};
+  char bad[300];
+  if ((rc = wtx__tcp_frame_check(f, &want, bad, sizeof bad)) != 0)
+    return worker_fail(w, rx, rc, "chunk %llu from %s: %s", (unsigned long long)in->seq,
+                       in->addr, bad);
+  if (w->lfd >= 0 && w->down < 0) {
+    char err[300];
+    rc = accept_peer(w->lfd, w->token, w->token_len, to, &w->down, err, sizeof err);
+    if (rc != 0) return worker_fail(w, rx, rc, "relay: %s", err + 5);
+  }
+  if (w->down >= 0 && (rc = write_full(w->down, f, sizeof f, to, &why)) != 0)
+    return worker_fail(w, rx, rc, "relay chunk %llu downstream: %s",
+                       (unsigned long long)in->seq, why);
+  return 0;
+}
+
+/* The chunk's bytes from in, piece by piece, whatever tensors each holds. */
+static int receive_bytes(tcp_worker *w, inlet *in, wtx_rx *rx, const waitspec *to) {
+  const char *why = "";
+  uint64_t remaining = wtx_rx_remaining(rx);
+  for (uint64_t got = 0; got < remaining;) {
+    size_t k = remaining - got < w->piece ? (size_t)(remaining - got) : w->piece;
+    uint8_t *dst = w->bounce;
+    /* The rest of the chunk, which a relay does not wait for: it passes
+     * each piece on as it comes (waiting for a MiB made a chain of three
+     * slower, bench/results/2026-12-01-epyc.md). */
+    uint64_t after = w->down < 0 ? remaining - got - k : 0;
+    int rc = read_more(in->fd, dst, k, after, to, &why);
+    if (rc != 0)
+      return worker_fail(w, rx, rc, "chunk %llu from %s after %llu of %llu "
+                         "bytes: %s", (unsigned long long)in->seq, in->addr,
+                         (unsigned long long)got, (unsigned long long)remaining,
+                         why);
+    if (w->down >= 0 && (rc = write_full(w->down, dst, k, to, &why)) != 0)
+      return worker_fail(w, rx, rc, "relay chunk %llu downstream: %s",
+                         (unsigned long long)in->seq, why);
+    if ((rc = wtx_rx_bytes(rx, dst, k)) != 0) return rc;
+    got += k;
+  }
+  return 0;
 }
 
 static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
@@ -526,50 +653,17 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
     return worker_fail(w, rx, WTX_EINVAL, "update_info.xxh3_64: must be empty, this "
                        "session's checksums follow each chunk's bytes "
                        "(init_info.tcp.checksum_trailer)");
+  inlet *in = chunk_inlet(w, info, rx);
+  if (in == NULL) return WTX_EINVAL;
+  /* Each sender hashes only what it sends: a checksum per tensor touched. */
+  int rc = w->n_in > 1 && w->trailer ? wtx_rx_span_checksums(rx) : 0;
   /* One deadline for the whole chunk, header, relay accept and bytes. */
   waitspec ws = within(w->wire.timeout_ms, w->cancel_fd);
-  const waitspec *to = &ws;
-  const char *why = "";
-  uint8_t f[WTX__TCP_FRAME_BYTES];
-  int rc = read_full(w->up, f, sizeof f, to, &why);
-  if (rc != 0)
-    return worker_fail(w, rx, rc, "chunk %llu header from %s: %s",
-                       (unsigned long long)w->seq, w->upstream, why);
-  uint64_t remaining = wtx_rx_remaining(rx);
-  wtx__tcp_frame want = {w->seq, info->first_param_offset, remaining};
-  char bad[300];
-  if ((rc = wtx__tcp_frame_check(f, &want, bad, sizeof bad)) != 0)
-    return worker_fail(w, rx, rc, "chunk %llu from %s: %s", (unsigned long long)w->seq,
-                       w->upstream, bad);
-  if (w->lfd >= 0 && w->down < 0) {
-    char err[300];
-    rc = accept_peer(w->lfd, w->token, w->token_len, to, &w->down, err, sizeof err);
-    if (rc != 0) return worker_fail(w, rx, rc, "relay: %s", err + 5);
-  }
-  if (w->down >= 0 && (rc = write_full(w->down, f, sizeof f, to, &why)) != 0)
-    return worker_fail(w, rx, rc, "relay chunk %llu downstream: %s",
-                       (unsigned long long)w->seq, why);
-  /* The chunk's pieces, whatever tensors each holds. */
-  for (uint64_t got = 0; got < remaining;) {
-    size_t k = remaining - got < w->piece ? (size_t)(remaining - got) : w->piece;
-    uint8_t *dst = w->bounce;
-    /* The rest of the chunk, which a relay does not wait for: it passes
-     * each piece on as it comes (waiting for a MiB made a chain of three
-     * slower, bench/results/2026-12-01-epyc.md). */
-    uint64_t after = w->down < 0 ? remaining - got - k : 0;
-    if ((rc = read_more(w->up, dst, k, after, to, &why)) != 0)
-      return worker_fail(w, rx, rc, "chunk %llu from %s after %llu of %llu "
-                         "bytes: %s", (unsigned long long)w->seq, w->upstream,
-                         (unsigned long long)got, (unsigned long long)remaining,
-                         why);
-    if (w->down >= 0 && (rc = write_full(w->down, dst, k, to, &why)) != 0)
-      return worker_fail(w, rx, rc, "relay chunk %llu downstream: %s",
-                         (unsigned long long)w->seq, why);
-    if ((rc = wtx_rx_bytes(rx, dst, k)) != 0) return rc;
-    got += k;
-  }
-  if (w->trailer && (rc = receive_trailer(w, rx, to)) != 0) return rc;
-  w->seq++;
+  if (rc != 0 || (rc = receive_header(w, in, info, rx, &ws)) != 0 ||
+      (rc = receive_bytes(w, in, rx, &ws)) != 0)
+    return rc;
+  if (w->trailer && (rc = receive_trailer(w, in, rx, &ws)) != 0) return rc;
+  in->seq++;
   return 0;
 }
 

@@ -9,6 +9,7 @@
 static const char hello_magic[4] = {'W', 'T', 'X', 'H'};
 static const char frame_magic[4] = {'W', 'T', 'X', 'C'};
 static const char trailer_magic[4] = {'W', 'T', 'X', 'S'};
+static const char who_magic[4] = {'W', 'T', 'X', 'W'};
 enum { VERSION = 1 };
 
 static void put64(uint8_t *p, uint64_t v) {
@@ -39,6 +40,17 @@ int wtx__tcp_hello_check(const uint8_t *h, const uint8_t *token, size_t len) {
   int ok = memcmp(h, hello_magic, 4) == 0 && get32(h + 4) == VERSION &&
            get32(h + 8) == len && memcmp(h + 12, token, len) == 0;
   return ok ? 0 : WTX_EAUTH;
+}
+
+void wtx__tcp_who_encode(uint8_t *w, uint32_t index) {
+  memcpy(w, who_magic, 4);
+  put32(w + 4, index);
+}
+
+int wtx__tcp_who_decode(const uint8_t *w, uint32_t *index) {
+  if (memcmp(w, who_magic, 4) != 0) return WTX_EPROTO;
+  *index = get32(w + 4);
+  return 0;
 }
 
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr) {

@@ -2,6 +2,8 @@
  * functions so they are tested on their own:
  *  - the hello every data connection opens with: "WTXH", version, token
  *    length, the session's data_token (zero-padded to WTX__TCP_TOKEN_MAX);
+ *  - with several senders (TcpInitInfo.sender_addresses), after the hello
+ *    on each sender's connection: "WTXW", the worker's index (4 bytes);
  *  - the 32-byte frame header before each chunk: "WTXC", version, chunk
  *    sequence, first_param_offset, chunk_bytes;
  *  - with TcpInitInfo.checksum_trailer, the trailer after each chunk's
@@ -23,6 +25,7 @@ extern "C" {
 #define WTX__TCP_HELLO_BYTES (12 + WTX__TCP_TOKEN_MAX)
 #define WTX__TCP_FRAME_BYTES 32
 #define WTX__TCP_TRAILER_HEAD_BYTES 16
+#define WTX__TCP_WHO_BYTES 8
 
 /* What a frame header says of the chunk that follows it. */
 typedef struct wtx__tcp_frame {
@@ -36,6 +39,11 @@ void wtx__tcp_hello_encode(uint8_t *h, const uint8_t *token, size_t len);
 /* 0 when h is a hello of this version carrying exactly token, else
  * WTX_EAUTH (a peer that is not ours: nothing of it is echoed). */
 int wtx__tcp_hello_check(const uint8_t *h, const uint8_t *token, size_t len);
+
+/* w: WTX__TCP_WHO_BYTES. */
+void wtx__tcp_who_encode(uint8_t *w, uint32_t index);
+/* The worker's index from a "WTXW" record: WTX_EPROTO when it is not one. */
+int wtx__tcp_who_decode(const uint8_t *w, uint32_t *index);
 
 /* f: WTX__TCP_FRAME_BYTES. */
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr);

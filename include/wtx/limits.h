@@ -41,6 +41,9 @@
 #define WTX_DEFAULT_MAX_MESSAGE_BYTES (64 << 20)
 /* Replicas one wtx_client drives. */
 #define WTX_MAX_WORKERS 256
+/* Trainer ranks that may feed one worker at once (tcp's many senders,
+ * TcpInitInfo.sender_addresses): each holds a connection and a thread. */
+#define WTX_MAX_SENDERS 1024
 /* wtx-worker --max-calls: gRPC calls served at once. */
 #define WTX_DEFAULT_MAX_CALLS 256
 

@@ -1,0 +1,235 @@
+// The tcp backend's worker half fed by several senders (TcpInitInfo.
+// sender_addresses): it connects to each, says hello and its index, takes
+// each chunk from the connection its UpdateInfo names, and checks each
+// sender's checksum of the bytes that sender sent. The senders here are the
+// test's own, written from the wire records of tcp_frame.h, so that every
+// way one can misbehave (a wrong checksum, dying mid-chunk) is reached.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/rx.h"
+#include "transport/tcp_frame.h"
+
+namespace {
+
+const uint8_t kToken[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+// One sender rank's data port: accepts the worker, checks its hello and
+// index, then writes what the test tells it to.
+class Sender {
+ public:
+  Sender() {
+    lfd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(0, bind(lfd_, reinterpret_cast<sockaddr *>(&a), sizeof a));
+    socklen_t len = sizeof a;
+    getsockname(lfd_, reinterpret_cast<sockaddr *>(&a), &len);
+    EXPECT_EQ(0, listen(lfd_, 4));
+    addr_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~Sender() {
+    if (fd_ >= 0) close(fd_);
+    close(lfd_);
+  }
+  const std::string &addr() const { return addr_; }
+  // Accepts the worker; its index, or -1 when its hello is not ours.
+  int Accept() {
+    fd_ = accept(lfd_, nullptr, nullptr);
+    uint8_t h[WTX__TCP_HELLO_BYTES], who[WTX__TCP_WHO_BYTES];
+    uint32_t index = 0;
+    if (!ReadAll(h, sizeof h) || wtx__tcp_hello_check(h, kToken, sizeof kToken) != 0 ||
+        !ReadAll(who, sizeof who) || wtx__tcp_who_decode(who, &index) != 0)
+      return -1;
+    return static_cast<int>(index);
+  }
+  // Chunk seq: header, bytes, and a trailer with one checksum per tensor
+  // span the chunk touches (spans: their lengths, in order).
+  void Chunk(uint64_t seq, uint64_t first_offset, const uint8_t *p,
+             const std::vector<size_t> &spans, bool corrupt_sum = false) {
+    size_t bytes = 0;
+    for (size_t s : spans) bytes += s;
+    uint8_t f[WTX__TCP_FRAME_BYTES];
+    wtx__tcp_frame fr = {seq, first_offset, bytes};
+    wtx__tcp_frame_encode(f, &fr);
+    Write(f, sizeof f);
+    Write(p, bytes);
+    std::vector<uint64_t> sums;
+    for (size_t s : spans) {
+      sums.push_back(XXH3_64bits(p, s) ^ (corrupt_sum ? 1 : 0));
+      p += s;
+    }
+    std::vector<uint8_t> t(WTX__TCP_TRAILER_HEAD_BYTES + 8 * sums.size());
+    wtx__tcp_trailer_encode(t.data(), seq, static_cast<uint32_t>(sums.size()));
+    wtx__tcp_trailer_put_sums(t.data() + WTX__TCP_TRAILER_HEAD_BYTES, sums.data(),
+                              sums.size());
+    Write(t.data(), t.size());
+  }
+  void Write(const void *p, size_t n) { ASSERT_EQ(static_cast<ssize_t>(n), write(fd_, p, n)); }
+  void Die() {
+    close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  bool ReadAll(uint8_t *p, size_t n) {
+    while (n > 0) {
+      ssize_t r = read(fd_, p, n);
+      if (r <= 0) return false;
+      p += r;
+      n -= static_cast<size_t>(r);
+    }
+    return true;
+  }
+  int lfd_ = -1, fd_ = -1;
+  std::string addr_;
+};
+
+class TcpManyTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(0, wtx__rx_create(&rx_)); }
+  void TearDown() override {
+    if (w_ != nullptr) wtx_tcp_worker_transport.destroy(w_);
+    wtx__rx_destroy(rx_);
+  }
+  // Initializes the worker half over upstream s[0] and senders s[1..], and
+  // connects while the senders accept; each sender's Accept answer in who.
+  int Init(std::vector<Sender *> s, uint32_t index, std::vector<int> *who,
+           bool relay = false, bool trailer = true) {
+    std::vector<const char *> addrs;
+    for (size_t i = 1; i < s.size(); i++) addrs.push_back(s[i]->addr().c_str());
+    Wtx__V1__TcpInitInfo ti = WTX__V1__TCP_INIT_INFO__INIT;
+    ti.upstream_address = const_cast<char *>(s[0]->addr().c_str());
+    ti.data_token.data = const_cast<uint8_t *>(kToken);
+    ti.data_token.len = sizeof kToken;
+    ti.checksum_trailer = trailer;
+    ti.relay = relay;
+    ti.n_sender_addresses = addrs.size();
+    ti.sender_addresses = const_cast<char **>(addrs.data());
+    ti.worker_index = index;
+    Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+    ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
+    ii.tcp = &ti;
+    int rc = wtx_tcp_worker_transport.init(&ii, &wire_, nullptr, &w_, err_, sizeof err_);
+    if (rc != 0) return rc;
+    std::vector<std::thread> accepts;
+    who->assign(s.size(), -1);
+    for (size_t i = 0; i < s.size(); i++)
+      accepts.emplace_back([&, i] { (*who)[i] = s[i]->Accept(); });
+    char data[64];
+    rc = wtx_tcp_worker_transport.connect(w_, data, sizeof data, err_, sizeof err_);
+    for (auto &t : accepts) t.join();
+    return rc;
+  }
+  // Receives one chunk from sender k: tensors [first, first+n) of t_,
+  // first_offset into the first, bytes long.
+  int Receive(uint32_t k, size_t first, size_t n, uint64_t first_offset, uint64_t bytes) {
+    Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
+    tu.sender = k;
+    Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+    ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
+    ui.tcp = &tu;
+    ui.first_param_offset = first_offset;
+    ui.chunk_bytes = bytes;
+    int rc = wtx__rx_begin(rx_, &t_[first], n, first_offset, bytes, WTX__RX_VERIFY);
+    if (rc == 0) rc = wtx_tcp_worker_transport.receive(w_, &ui, rx_);
+    if (rc == 0) rc = wtx__rx_end(rx_);
+    error_ = wtx__rx_error(rx_);
+    return rc;
+  }
+
+  wtx_wire_params wire_{1, 1 << 20, 1, WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
+                        5000};
+  void *w_ = nullptr;
+  wtx_rx *rx_ = nullptr;
+  std::vector<wtx_rx_tensor> t_;
+  char err_[512] = "";
+  std::string error_;
+};
+
+// The stream of one worker: a (100 bytes) from rank 0; b (300 bytes) split
+// 120 from rank 1 and 180 from rank 2; c (50) from rank 2.
+TEST_F(TcpManyTest, EachSendersBytesLandWhereThePlanPutsThem) {
+  Sender r0, r1, r2;
+  std::vector<int> who;
+  ASSERT_EQ(0, Init({&r0, &r1, &r2}, 7, &who)) << err_;
+  EXPECT_EQ((std::vector<int>{7, 7, 7}), who) << "each sender learns which worker it feeds";
+  std::vector<uint8_t> src(450), a(100), b(300), c(50);
+  for (size_t i = 0; i < src.size(); i++) src[i] = static_cast<uint8_t>(i * 13 + 1);
+  t_ = {{"a", 100, a.data()}, {"b", 300, b.data()}, {"c", 50, c.data()}};
+  // Each sender writes ahead of the worker's reading, as real ranks do.
+  r0.Chunk(0, 0, src.data(), {100});
+  r1.Chunk(0, 0, src.data() + 100, {120});
+  r2.Chunk(0, 120, src.data() + 220, {180, 50});
+  ASSERT_EQ(0, Receive(0, 0, 1, 0, 100)) << error_;
+  ASSERT_EQ(0, Receive(1, 1, 1, 0, 120)) << error_;
+  ASSERT_EQ(0, Receive(2, 1, 2, 120, 230)) << error_;
+  EXPECT_EQ(0, memcmp(a.data(), src.data(), 100));
+  EXPECT_EQ(0, memcmp(b.data(), src.data() + 100, 300));
+  EXPECT_EQ(0, memcmp(c.data(), src.data() + 400, 50));
+  EXPECT_FALSE(wtx__rx_whole_sums(rx_)) << "span sums are not the tensors' own";
+}
+
+TEST_F(TcpManyTest, ASendersWrongChecksumNamesTheTensor) {
+  Sender r0, r1;
+  std::vector<int> who;
+  ASSERT_EQ(0, Init({&r0, &r1}, 0, &who)) << err_;
+  std::vector<uint8_t> src(64, 9), a(64);
+  t_ = {{"a", 64, a.data()}};
+  r0.Chunk(0, 0, src.data(), {32});
+  r1.Chunk(0, 32, src.data() + 32, {32}, /*corrupt_sum=*/true);
+  ASSERT_EQ(0, Receive(0, 0, 1, 0, 32)) << error_;
+  EXPECT_EQ(WTX_ECHECKSUM, Receive(1, 0, 1, 32, 32));
+  EXPECT_NE(std::string::npos, error_.find("'a'")) << error_;
+}
+
+TEST_F(TcpManyTest, ASenderThatDiesMidChunkIsNamedAndTheStreamBreaks) {
+  Sender r0, r1;
+  std::vector<int> who;
+  ASSERT_EQ(0, Init({&r0, &r1}, 0, &who)) << err_;
+  std::vector<uint8_t> src(4096, 5), a(4096);
+  t_ = {{"a", 4096, a.data()}};
+  uint8_t f[WTX__TCP_FRAME_BYTES];
+  wtx__tcp_frame fr = {0, 0, 4096};
+  wtx__tcp_frame_encode(f, &fr);
+  r1.Write(f, sizeof f);
+  r1.Write(src.data(), 1000);
+  r1.Die();
+  EXPECT_EQ(WTX_EIO, Receive(1, 0, 1, 0, 4096));
+  EXPECT_NE(std::string::npos, error_.find(r1.addr())) << error_;
+  EXPECT_NE(std::string::npos, error_.find("after 0 of 4096")) << error_;
+  // Every connection is dropped: the other senders see the failure at once.
+  EXPECT_EQ(WTX_ESTATE, Receive(0, 0, 1, 0, 4096));
+}
+
+TEST_F(TcpManyTest, AChunkFromASenderTheSessionDoesNotHaveIsRefused) {
+  Sender r0, r1;
+  std::vector<int> who;
+  ASSERT_EQ(0, Init({&r0, &r1}, 0, &who)) << err_;
+  std::vector<uint8_t> a(8);
+  t_ = {{"a", 8, a.data()}};
+  EXPECT_EQ(WTX_EINVAL, Receive(2, 0, 1, 0, 8));
+  EXPECT_NE(std::string::npos, error_.find("update_info.tcp.sender: 2")) << error_;
+}
+
+TEST_F(TcpManyTest, InitRefusesARelayOrMissingTrailerWithSeveralSenders) {
+  Sender r0, r1;
+  std::vector<int> who;
+  EXPECT_EQ(WTX_EINVAL, Init({&r0, &r1}, 0, &who, /*relay=*/true));
+  EXPECT_NE(std::string::npos, std::string(err_).find("init_info.tcp.relay")) << err_;
+  EXPECT_EQ(WTX_EINVAL, Init({&r0, &r1}, 0, &who, false, /*trailer=*/false));
+  EXPECT_NE(std::string::npos, std::string(err_).find("init_info.tcp.checksum_trailer"))
+      << err_;
+}
+
+}  // namespace
