@@ -43,6 +43,9 @@ struct wtx_trainer {
   /* Set when the workers are tensor-parallel: every sync goes through it
    * (sharded.c), and the fields above are unused. */
   wtx__sharded *sh;
+  /* Set when the trainer's ranks each send what they own (many.c): every
+   * sync goes through it. */
+  wtx__many *many;
   int sums_sent; /* the last sync landed with checksums: t->xxh3 holds them */
   char err[1600];
 };
@@ -247,11 +250,30 @@ static int trainer_metadata(wtx_trainer *t) {
   return rc != 0 ? rc : trainer_table(t, metas, n);
 }
 
+/* A trainer of many senders: every sync goes through many.c. */
+static int many_init(const wtx_trainer_config *cfg, wtx_client *client, wtx_source *source,
+                     wtx_trainer **out, char *err, size_t errlen) {
+  wtx_trainer *t = calloc(1, sizeof *t);
+  if (t == NULL) return WTX_ENOMEM;
+  wtx_transports_register_builtin();
+  int rc = wtx__many_create(cfg, client, source, &t->many, err, errlen);
+  if (rc != 0) {
+    free(t);
+    return rc;
+  }
+  t->rank = cfg->rank;
+  t->client = client;
+  t->source = source;
+  *out = t;
+  return 0;
+}
+
 int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
                      wtx_source *source, wtx_trainer **out, char *err,
                      size_t errlen) {
   wtx__sharded *sh = NULL;
   *out = NULL;
+  if (cfg != NULL && cfg->world > 1) return many_init(cfg, client, source, out, err, errlen);
   if (cfg != NULL && cfg->rank == 0 && client != NULL && source != NULL) {
     int rc = wtx__sharded_create(cfg, client, source, &sh, err, errlen);
     if (rc != 0) return rc;
@@ -301,6 +323,7 @@ int wtx__trainer_init_plain(const wtx_trainer_config *cfg, wtx_client *client,
 void wtx_trainer_shutdown(wtx_trainer *t) {
   if (t == NULL) return;
   wtx__sharded_destroy(t->sh);
+  wtx__many_destroy(t->many);
   if (t->self != NULL) t->tt->destroy(t->self);
   free(t->chunks);
   free(t->xxh3);
@@ -755,6 +778,7 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
   int rc = check_version(t, &o);
   if (rc != 0) return rc;
   if (t->sh != NULL) return wtx__sharded_send(t->sh, &o, result, t->err, sizeof t->err);
+  if (t->many != NULL) return wtx__many_send(t->many, &o, result, t->err, sizeof t->err);
   if (t->rank != 0) {
     const wtx_tensor_meta *metas;
     size_t n;
@@ -767,6 +791,9 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
 int wtx_trainer_verify(wtx_trainer *t) {
   t->err[0] = '\0';
   if (t->sh != NULL) return wtx__sharded_verify(t->sh, t->err, sizeof t->err);
+  if (t->many != NULL)
+    return fail(t, WTX_ENOTSUP, "verify: with many senders no rank sees a whole tensor, "
+                "and the workers keep no whole-tensor checksums to compare");
   if (!t->sums_sent)
     return fail(t, WTX_ESTATE, "verify: this trainer has sent no sync with checksums");
   int rc = wtx_client_verify(t->client, t->source, t->xxh3);

@@ -3,6 +3,7 @@
 #ifndef WTX_CLIENT_ENGINE_H
 #define WTX_CLIENT_ENGINE_H
 
+#include "transport/plan.h"
 #include "wtx/client.h"
 #include "wtx/v1/weight_transfer.pb-c.h"
 
@@ -51,6 +52,26 @@ int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *opts, wtx_send_r
 /* wtx_trainer_verify of every group's engine; err names the group. */
 int wtx__sharded_verify(wtx__sharded *sh, char *err, size_t errlen);
 void wtx__sharded_destroy(wtx__sharded *sh);
+/* Replica i's parts of metas[0..n), from the shard rules it announced
+ * (spec NULL: every tensor whole): *out (malloc'd, the caller's) gets *n_out
+ * slices in metadata order. */
+int wtx__replica_slices(const Wtx__V1__ShardSpec *spec, const wtx_tensor_meta *metas, size_t n,
+                        size_t i, wtx_slice **out, size_t *n_out, char *err, size_t errlen);
+
+/* ---- many.c: a sync from many trainer ranks ---- */
+
+typedef struct wtx__many wtx__many;
+
+/* Every rank's part of the rendezvous (wtx_trainer_config.world > 1):
+ * the plan from source's metadata and ownership and every worker's parts,
+ * this rank's data port, and (rank 0) the workers' sessions. */
+int wtx__many_create(const wtx_trainer_config *cfg, wtx_client *client, wtx_source *source,
+                     wtx__many **out, char *err, size_t errlen);
+/* One sync: every rank sends its chunks; rank 0 also drives the workers
+ * and publishes on all or none. err receives the failure. */
+int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *result,
+                   char *err, size_t errlen);
+void wtx__many_destroy(wtx__many *m);
 
 #ifdef __cplusplus
 }

@@ -310,8 +310,7 @@ struct wtx__sharded {
   const wtx_send_options *o;
 };
 
-/* Replica i's parts, from the shard rules it announced (none: whole). */
-static int replica_slices(const Wtx__V1__ShardSpec *spec, const wtx_tensor_meta *metas,
+int wtx__replica_slices(const Wtx__V1__ShardSpec *spec, const wtx_tensor_meta *metas,
                           size_t n, size_t i, wtx_slice **out, size_t *n_out, char *err,
                           size_t errlen) {
   /* No rules: rank 0 of 1, every tensor whole. */
@@ -429,7 +428,7 @@ static int make_groups(wtx__sharded *sh, wtx_client *client, Wtx__V1__ShardSpec 
     wtx_slice *s;
     size_t k;
     const Wtx__V1__ShardSpec *spec = specs[i];
-    int rc = replica_slices(spec, metas, n, i, &s, &k, err, errlen);
+    int rc = wtx__replica_slices(spec, metas, n, i, &s, &k, err, errlen);
     if (rc == 0) rc = join_group(sh, i, spec, s, k);
     if (rc != 0) return rc;
   }

@@ -11,6 +11,7 @@
 #include "common/safetensors.h"
 #include "common/strmap.h"
 #include "cuda/cuda.h"
+#include "transport/plan.h"
 
 struct wtx_source {
   const wtx_source_ops *ops;
@@ -44,6 +45,12 @@ void wtx_source_destroy(wtx_source *s) {
 }
 
 const char *wtx_source_name(const wtx_source *s) { return s->ops->name; }
+
+int wtx_source_ownership(wtx_source *s, const wtx_ownership **owners, size_t *n) {
+  *owners = NULL;
+  *n = 0;
+  return s->ops->ownership != NULL ? s->ops->ownership(s->self, owners, n) : 0;
+}
 
 int wtx_source_metadata(wtx_source *s, const wtx_tensor_meta **metas, size_t *n) {
   return s->ops->metadata(s->self, metas, n);
@@ -161,6 +168,11 @@ typedef struct table {
   char *names; /* storage of the metas' names */
   wtx_st_file **files;
   size_t n_files;
+  /* An owned table (wtx_source_memory_owned): the ranks' ownership, and
+   * what this rank holds of each tensor (shape: its part's; nbytes 0:
+   * nothing, which a pass skips). */
+  const wtx_ownership *own;
+  wtx_tensor_meta *local;
 } table;
 
 static int table_metadata(void *self, const wtx_tensor_meta **metas, size_t *n) {
@@ -191,8 +203,10 @@ static int table_next(void *self, void *iter, wtx_tensor_meta *meta,
   table *t = self;
   size_t *pos = iter;
   if (*pos >= t->n) return 0;
+  while (t->local != NULL && *pos < t->n && t->local[*pos].nbytes == 0) (*pos)++;
+  if (*pos >= t->n) return 0;
   size_t i = (*pos)++;
-  *meta = t->metas[i];
+  *meta = t->local != NULL ? t->local[i] : t->metas[i];
   *data = t->data[i];
   return t->device != NULL && t->device[i] && t->metas[i].nbytes > 0 ? 3 : 2;
 }
@@ -205,6 +219,7 @@ static void table_destroy(void *self) {
   free(t->data);
   free(t->device);
   free(t->names);
+  free(t->local);
   free(t);
 }
 
@@ -257,8 +272,10 @@ static int table_finish(table *t, const wtx_source_ops *ops, int unique, wtx_sou
   return rc;
 }
 
-int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
-                      wtx_source **out, char *err, size_t errlen) {
+/* wtx_source_memory; null_ok: data may be NULL (an owned table's tensors
+ * a rank holds nothing of, checked by the caller). */
+static int memory_source(const wtx_memory_tensor *tensors, size_t n, int null_ok,
+                         wtx_source **out, char *err, size_t errlen) {
   *out = NULL;
   size_t name_bytes = 0;
   for (size_t i = 0; i < n; i++) name_bytes += strlen(tensors[i].name) + 1;
@@ -271,7 +288,7 @@ int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
     char why[1400];
     int rc = wtx_tensor_meta_set(pm, m->name, m->dtype, m->shape, m->ndim, why,
                                  sizeof why);
-    if (rc == 0 && pm->nbytes > 0 && m->data == NULL) {
+    if (rc == 0 && pm->nbytes > 0 && m->data == NULL && !null_ok) {
       snprintf(why, sizeof why, "data: NULL for %llu bytes",
                (unsigned long long)pm->nbytes);
       rc = WTX_EINVAL;
@@ -304,6 +321,75 @@ int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
     t->n++;
   }
   return table_finish(t, &table_ops_memory, 0, out, err, errlen);
+}
+
+int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
+                      wtx_source **out, char *err, size_t errlen) {
+  return memory_source(tensors, n, 0, out, err, errlen);
+}
+
+static int table_ownership(void *self, const wtx_ownership **owners, size_t *n) {
+  table *t = self;
+  *owners = t->own;
+  *n = t->own != NULL ? t->n : 0;
+  return 0;
+}
+
+static const wtx_source_ops table_ops_owned = {
+    .name = "memory",
+    .metadata = table_metadata,
+    .open = open_pos,
+    .next = table_next,
+    .close = close_pos,
+    .destroy = table_destroy,
+    .ownership = table_ownership,
+};
+
+/* What rank holds of m under o (checked): *local with the part's shape,
+ * nbytes 0 when nothing. */
+static void owned_part(const wtx_tensor_meta *m, const wtx_ownership *o, uint32_t rank,
+                       wtx_tensor_meta *local) {
+  *local = *m;
+  size_t pos = rank;
+  if (o->owners != NULL)
+    for (pos = 0; pos < o->n_owners && o->owners[pos] != rank; pos++) {
+    }
+  if (o->owners != NULL && pos == o->n_owners) {
+    local->nbytes = 0;
+    return;
+  }
+  wtx_box b;
+  wtx_ownership_box(m, o, pos, &b);
+  for (size_t d = 0; d < m->ndim; d++) local->shape[d] = b.len[d];
+  local->nbytes = wtx_box_elements(&b) * wtx_dtype_size(m->dtype);
+}
+
+int wtx_source_memory_owned(const wtx_memory_tensor *tensors, const wtx_ownership *owners,
+                            size_t n, uint32_t rank, wtx_source **out, char *err,
+                            size_t errlen) {
+  *out = NULL;
+  wtx_source *full = NULL;
+  int rc = memory_source(tensors, n, 1, &full, err, errlen);
+  if (rc != 0) return rc;
+  table *t = full->self;
+  t->local = calloc(n ? n : 1, sizeof *t->local);
+  if (t->local == NULL) rc = WTX_ENOMEM;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    /* Any rank may be named: the world is not known here. */
+    rc = wtx_ownership_check(&t->metas[i], &owners[i], UINT32_MAX, err, errlen);
+    if (rc == 0) owned_part(&t->metas[i], &owners[i], rank, &t->local[i]);
+    if (rc == 0 && t->local[i].nbytes > 0 && t->data[i] == NULL) {
+      snprintf(err, errlen, "tensor '%s' (index %zu): data NULL, but rank %u owns %llu "
+               "bytes of it", t->metas[i].name, i, rank,
+               (unsigned long long)t->local[i].nbytes);
+      rc = WTX_EINVAL;
+    }
+  }
+  t->own = owners;
+  full->ops = &table_ops_owned;
+  if (rc == 0) *out = full;
+  else wtx_source_destroy(full);
+  return rc;
 }
 
 int wtx_source_safetensors(const char *const *paths, size_t n, wtx_source **out,

@@ -43,35 +43,19 @@
 #include <stdint.h>
 
 #include "wtx/error.h"
+#include "wtx/source.h"
 #include "wtx/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Placement of a mesh axis: replicated, or Shard(dim) for dim >= 0. */
-#define WTX_PLACEMENT_REPLICATE (-1)
-/* Most axes a parameter's mesh may have. */
-#define WTX_MAX_MESH_DIMS 8
 /* Most trainer ranks and most workers one plan spans. */
 #define WTX_MAX_PLAN_RANKS 65536
 #define WTX_MAX_PLAN_WORKERS 65536
 
-/* Which trainer ranks own a parameter, and how. All arrays are borrowed
- * for the call that takes them. */
-typedef struct wtx_ownership {
-  /* Global trainer ranks in mesh order (row-major), distinct. NULL: every
-   * rank owns the whole parameter (vLLM's owners=None). Non-NULL with
-   * n_owners 0: no rank owns it, which the plan refuses. */
-  const uint32_t *owners;
-  size_t n_owners;
-  /* The mesh over owners; NULL (mesh_ndim 0): one axis of n_owners. */
-  const uint32_t *mesh_shape;
-  size_t mesh_ndim;
-  /* One per mesh axis: WTX_PLACEMENT_REPLICATE or a tensor dim. NULL:
-   * replicated on every axis. */
-  const int32_t *placements;
-} wtx_ownership;
+/* wtx_ownership (wtx/source.h): which trainer ranks own a parameter; the
+ * plan borrows each for the call that takes it. */
 
 /* Part of a parameter a worker holds. */
 #define WTX_SLICE_WHOLE (-1)

@@ -19,7 +19,7 @@ struct wtx_rx {
   uint64_t chunk;  /* bytes of the chunk */
   int verify;
   int span;        /* checksums per tensor touched, of its bytes in the chunk */
-  int span_used;   /* an update had a span chunk: no whole-tensor digests */
+  uint64_t *wholes; /* span chunks: per tensor, its whole XXH3, read back */
   int device;      /* dst is device memory */
   uint64_t stream; /* the chunk's offset in the update's stream */
   XXH3_state_t *h; /* hash of t[cur] so far, when it arrives in pieces */
@@ -59,7 +59,6 @@ void wtx__rx_reset(wtx_rx *rx) {
   rx->n = 0;
   rx->left = rx->chunk = 0;
   rx->stream = 0;
-  rx->span_used = 0;
   rx->err[0] = '\0';
 }
 
@@ -68,6 +67,7 @@ void wtx__rx_destroy(wtx_rx *rx) {
   wtx__rx_reset(rx);
   XXH3_freeState(rx->h);
   free(rx->digests);
+  free(rx->wholes);
   free(rx->carried);
   free(rx);
 }
@@ -97,6 +97,10 @@ static void complete_filled(wtx_rx *rx) {
       rx->digests[rx->cur] = XXH3_64bits_digest(rx->h);
       XXH3_64bits_reset(rx->h);
     }
+    /* No sender hashed the whole tensor: the model's checksum of it is
+     * read back from the staging its bytes just went to. */
+    if (rx->span && rx->verify && !rx->device)
+      rx->wholes[rx->cur] = XXH3_64bits(rx->t[rx->cur].dst, rx->t[rx->cur].nbytes);
     rx->whole = 0;
     rx->completed++;
     rx->cur++;
@@ -155,6 +159,8 @@ int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
   uint64_t *d = realloc(rx->digests, n * sizeof *d);
   if (d == NULL) return WTX_ENOMEM;
   rx->digests = d;
+  if ((d = realloc(rx->wholes, n * sizeof *d)) == NULL) return WTX_ENOMEM;
+  rx->wholes = d;
   rx->t = tensors;
   rx->n = n;
   rx->cur = 0;
@@ -197,12 +203,12 @@ int wtx_rx_span_checksums(wtx_rx *rx) {
     wtx_rx_errorf(rx, "span checksums asked for after the chunk's first byte");
     return WTX_EPROTO;
   }
-  rx->span = rx->span_used = 1;
+  rx->span = 1;
   if (rx->pos > 0) XXH3_64bits_reset(rx->h); /* the tensor's earlier bytes were checked */
   return 0;
 }
 
-int wtx__rx_whole_sums(const wtx_rx *rx) { return rx->verify && !rx->span_used; }
+int wtx__rx_whole_sums(const wtx_rx *rx) { return rx->verify && !(rx->span && rx->device); }
 
 /* Fresh staging (a worker's first syncs allocate it as they go) takes a
  * page fault per page where a copy first writes it. Asking the kernel to
@@ -401,10 +407,12 @@ int wtx_rx_bytes(wtx_rx *rx, const uint8_t *data, size_t len) {
 size_t wtx__rx_completed(const wtx_rx *rx) { return rx->completed; }
 
 uint64_t wtx__rx_checksum(const wtx_rx *rx, size_t i) {
-  return rx->digests[i];
+  return rx->span ? rx->wholes[i] : rx->digests[i];
 }
 
-const uint64_t *wtx__rx_checksums(const wtx_rx *rx) { return rx->digests; }
+const uint64_t *wtx__rx_checksums(const wtx_rx *rx) {
+  return rx->span ? rx->wholes : rx->digests;
+}
 
 int wtx__rx_end(wtx_rx *rx) {
   if (rx->left > 0) {

@@ -54,9 +54,9 @@ void wtx__rx_reset(wtx_rx *rx);
 /* Whether a tensor is left incomplete, and which. */
 const char *wtx__rx_incomplete(const wtx_rx *rx, uint64_t *have,
                                uint64_t *want);
-/* Whether the completed tensors' checksums are of whole tensors: the
- * update verifies and had no chunk with span checksums
- * (wtx_rx_span_checksums). */
+/* Whether the completed tensors' checksums (wtx__rx_checksums) are
+ * their whole XXH3: the chunk verifies, and its sums are not span sums
+ * over device staging, which is not read back. */
 int wtx__rx_whole_sums(const wtx_rx *rx);
 /* Ends the chunk: checks every expected byte arrived and every checksum
  * matched (WTX_ECHECKSUM names the tensor). */

@@ -44,6 +44,7 @@
 #include "common/hash.h"
 #include "common/text.h"
 #include "transport/tcp_frame.h"
+#include "transport/tcp_rank.h"
 #include "transport/transport.h"
 
 /* Bytes the last worker receives at a time, into its piece buffer, from
@@ -472,11 +473,23 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   return 0;
 }
 
+/* How often a refused sender is asked again while the init lasts. */
+#define RETRY_MS 50
+
 /* Connects to one inlet and says hello; with several senders the hello is
  * followed by this worker's index. */
 static int open_inlet(tcp_worker *w, inlet *in, const waitspec *ws, char *err,
                       size_t errlen) {
   int rc = connect_to(in->addr, w->allow, ws, &in->fd, err, errlen);
+  /* A rank other than the one that drives the session may not listen yet
+   * (every rank starts at once): it is asked again until the deadline. */
+  while (rc == WTX_EUNAVAIL && errno == ECONNREFUSED && in != &w->in[0]) {
+    waitspec pause = within(RETRY_MS, ws->cancel_fd);
+    if (pause.until > ws->until) pause.until = ws->until;
+    int wrc = wait_fd(ws->cancel_fd, POLLIN, &pause); /* the cancel, or the pause ending */
+    if (wrc != WTX_ETIMEDOUT || wtx_clock_ms() >= ws->until) break;
+    rc = connect_to(in->addr, w->allow, ws, &in->fd, err, errlen);
+  }
   const char *why = "";
   if (rc == 0 && (rc = send_hello(in->fd, w->token, w->token_len, ws, &why)) == 0 &&
       w->n_in > 1) {
@@ -996,3 +1009,205 @@ const wtx_trainer_transport wtx_tcp_trainer_transport = {
     .complete = tcp_trainer_complete,
     .destroy = tcp_trainer_destroy,
 };
+
+/* ---- a trainer rank of many senders (tcp_rank.h) ---- */
+
+struct wtx__tcp_rank {
+  uint8_t token[WTX__TCP_TOKEN_MAX];
+  size_t token_len;
+  uint32_t timeout_ms;
+  int lfd;
+  int cancel_fd;
+  size_t n_workers;
+  int *fd;       /* per worker; -1: not connected */
+  uint64_t *seq; /* per worker: chunks its connection has carried */
+  XXH3_state_t **h; /* per worker, for its chunks' span sums */
+  uint64_t **sums;  /* per worker, the trailer's values */
+  size_t *sums_cap;
+};
+
+void wtx__tcp_rank_destroy(wtx__tcp_rank *r) {
+  if (r == NULL) return;
+  wtx__tcp_rank_reset(r);
+  for (size_t w = 0; r->h != NULL && w < r->n_workers; w++) {
+    if (r->h[w] != NULL) XXH3_freeState(r->h[w]);
+    free(r->sums[w]);
+  }
+  if (r->lfd >= 0) close(r->lfd);
+  if (r->cancel_fd >= 0) close(r->cancel_fd);
+  free(r->fd);
+  free(r->seq);
+  free(r->h);
+  free(r->sums);
+  free(r->sums_cap);
+  free(r);
+}
+
+static int rank_alloc(wtx__tcp_rank *r) {
+  size_t n = r->n_workers;
+  r->fd = malloc(n * sizeof *r->fd);
+  r->seq = calloc(n, sizeof *r->seq);
+  r->h = calloc(n, sizeof *r->h);
+  r->sums = calloc(n, sizeof *r->sums);
+  r->sums_cap = calloc(n, sizeof *r->sums_cap);
+  if (r->fd == NULL || r->seq == NULL || r->h == NULL || r->sums == NULL || r->sums_cap == NULL)
+    return WTX_ENOMEM;
+  for (size_t w = 0; w < n; w++) {
+    r->fd[w] = -1;
+    if ((r->h[w] = XXH3_createState()) == NULL) return WTX_ENOMEM;
+  }
+  return 0;
+}
+
+int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_len,
+                         size_t n_workers, uint32_t timeout_ms, wtx__tcp_rank **out,
+                         char *bound, size_t blen, char *err, size_t errlen) {
+  if (token_len < WTX__TCP_TOKEN_MIN || token_len > WTX__TCP_TOKEN_MAX || n_workers == 0) {
+    snprintf(err, errlen, "tcp: the session token must be %d..%d bytes", WTX__TCP_TOKEN_MIN,
+             WTX__TCP_TOKEN_MAX);
+    return WTX_EINVAL;
+  }
+  wtx__tcp_rank *r = calloc(1, sizeof *r);
+  if (r == NULL) return WTX_ENOMEM;
+  r->lfd = -1;
+  r->n_workers = n_workers;
+  r->timeout_ms = timeout_ms;
+  r->token_len = token_len;
+  memcpy(r->token, token, token_len);
+  r->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  int rc = r->cancel_fd < 0 ? WTX_ENOMEM : rank_alloc(r);
+  if (rc == 0) rc = listen_on(addr, &r->lfd, bound, blen, err, errlen);
+  if (rc == 0 && listen(r->lfd, WTX_MAX_WORKERS) != 0) rc = WTX_EIO; /* every worker at once */
+  if (rc != 0) {
+    if (rc == WTX_ENOMEM) snprintf(err, errlen, "tcp: out of memory");
+    wtx__tcp_rank_destroy(r);
+    return rc;
+  }
+  *out = r;
+  return 0;
+}
+
+/* The worker a fresh connection says it is (hello, then who), within
+ * HELLO_MS: its index, or -1 for a peer that is not one of ours. */
+static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws) {
+  uint8_t h[WTX__TCP_HELLO_BYTES], who[WTX__TCP_WHO_BYTES];
+  const char *why = "";
+  uint32_t index = 0;
+  waitspec hello = within(HELLO_MS, ws->cancel_fd);
+  if (hello.until > ws->until) hello.until = ws->until;
+  if (read_full(fd, h, sizeof h, &hello, &why) != 0 ||
+      wtx__tcp_hello_check(h, r->token, r->token_len) != 0 ||
+      read_full(fd, who, sizeof who, &hello, &why) != 0 ||
+      wtx__tcp_who_decode(who, &index) != 0 || index >= r->n_workers || r->fd[index] >= 0)
+    return -1;
+  return index;
+}
+
+static size_t rank_missing(const wtx__tcp_rank *r) {
+  size_t n = 0;
+  for (size_t w = 0; w < r->n_workers; w++) n += r->fd[w] < 0;
+  return n;
+}
+
+int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
+  waitspec ws = within(r->timeout_ms, r->cancel_fd);
+  for (size_t missing = rank_missing(r); missing > 0;) {
+    int rc = wait_fd(r->lfd, POLLIN, &ws);
+    if (rc != 0) {
+      snprintf(err, errlen, "tcp: %zu of %zu workers did not connect to this rank's data "
+               "port %s", missing, r->n_workers, rc == WTX_ECANCELED ? "(cancelled)"
+               : "within the timeout");
+      return rc;
+    }
+    int fd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) continue; /* EINTR, ECONNABORTED, ...: wait again */
+    int64_t w = read_worker(r, fd, &ws);
+    if (w < 0) {
+      close(fd); /* not our peer, or silent */
+      continue;
+    }
+    tune(fd);
+    r->fd[w] = fd;
+    r->seq[w] = 0; /* a new session numbers its chunks afresh */
+    missing--;
+  }
+  return 0;
+}
+
+int wtx__tcp_rank_connected(wtx__tcp_rank *r) {
+  for (size_t w = 0; w < r->n_workers; w++) {
+    /* Workers never write on these: readable means closed or reset. */
+    struct pollfd p = {.fd = r->fd[w], .events = POLLIN | POLLRDHUP};
+    if (r->fd[w] < 0 || poll(&p, 1, 0) != 0) return 0;
+  }
+  return 1;
+}
+
+void wtx__tcp_rank_reset(wtx__tcp_rank *r) {
+  for (size_t w = 0; r->fd != NULL && w < r->n_workers; w++) {
+    if (r->fd[w] >= 0) close(r->fd[w]);
+    r->fd[w] = -1;
+  }
+  uint64_t v;
+  ssize_t got = r->cancel_fd >= 0 ? read(r->cancel_fd, &v, sizeof v) : 0;
+  (void)got; /* a cancel is spent by the reset */
+}
+
+void wtx__tcp_rank_cancel(wtx__tcp_rank *r) {
+  uint64_t one = 1;
+  ssize_t w = write(r->cancel_fd, &one, sizeof one);
+  (void)w;
+}
+
+/* The trailer of a span-summed chunk: one value per span. */
+static int rank_trailer(wtx__tcp_rank *r, size_t w, uint64_t seq, const uint64_t *sums,
+                        size_t n, const waitspec *ws, const char **why) {
+  size_t len = WTX__TCP_TRAILER_HEAD_BYTES + n * 8;
+  uint8_t *b = malloc(len);
+  if (b == NULL) {
+    *why = "out of memory";
+    return WTX_ENOMEM;
+  }
+  wtx__tcp_trailer_encode(b, seq, (uint32_t)n);
+  wtx__tcp_trailer_put_sums(b + WTX__TCP_TRAILER_HEAD_BYTES, sums, n);
+  int rc = write_full(r->fd[w], b, len, ws, why);
+  free(b);
+  return rc;
+}
+
+int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t first_offset, uint64_t bytes,
+                        const struct iovec *iov, size_t n, const uint64_t *ends,
+                        size_t n_ends, int sums, char *err, size_t errlen) {
+  if (w >= r->n_workers || r->fd[w] < 0 || (sums && (n_ends == 0 || ends[n_ends - 1] != bytes))) {
+    snprintf(err, errlen, "tcp: worker %zu is not connected to this rank, or the chunk's "
+             "spans do not end at its end", w);
+    return WTX_ESTATE;
+  }
+  if (sums && n_ends > r->sums_cap[w]) {
+    uint64_t *s = realloc(r->sums[w], n_ends * sizeof *s);
+    if (s == NULL) return WTX_ENOMEM;
+    r->sums[w] = s;
+    r->sums_cap[w] = n_ends;
+  }
+  uint64_t seq = r->seq[w];
+  uint8_t f[WTX__TCP_FRAME_BYTES];
+  wtx__tcp_frame_encode(f, &(wtx__tcp_frame){seq, first_offset, bytes});
+  waitspec ws = within(r->timeout_ms, r->cancel_fd); /* the whole chunk */
+  const char *why = "";
+  int rc = write_full(r->fd[w], f, sizeof f, &ws, &why);
+  if (rc == 0 && !sums) rc = write_iov_full(r->fd[w], iov, n, &ws, &why);
+  if (rc == 0 && sums) {
+    XXH3_64bits_reset(r->h[w]); /* each span is hashed on its own */
+    wtx_chunk_sums cs = {.ends = ends, .n = n_ends, .out = r->sums[w]};
+    hasher hs = {.h = r->h[w], .cs = &cs};
+    rc = write_hashing(r->fd[w], iov, n, &hs, &ws, &why);
+    if (rc == 0) rc = rank_trailer(r, w, seq, r->sums[w], n_ends, &ws, &why);
+  }
+  if (rc != 0) {
+    snprintf(err, errlen, "tcp: sending chunk %llu to worker %zu: %s",
+             (unsigned long long)seq, w, why);
+    return rc;
+  }
+  r->seq[w]++;
+  return 0;
+}

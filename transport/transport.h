@@ -112,8 +112,9 @@ int wtx_rx_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n);
 /* For a backend whose chunks come from several senders (tcp's many
  * senders): this chunk's checksums are one per tensor it touches, of that
  * tensor's bytes within the chunk, as each sender hashes only what it
- * sends. Before the chunk's first byte (else WTX_EPROTO). The model is
- * then given no whole-tensor checksums for the update. */
+ * sends. Before the chunk's first byte (else WTX_EPROTO). The whole
+ * XXH3 of each tensor the chunk completes is then read back from its host
+ * staging for the model (none for device staging). */
 int wtx_rx_span_checksums(wtx_rx *rx);
 /* Records a detail message for the error the backend is about to return. */
 void wtx_rx_errorf(wtx_rx *rx, const char *fmt, ...)

@@ -174,7 +174,9 @@ typedef enum wtx_checksum {
 /* What a trainer rank brings to the rendezvous: the backend and the wire
  * parameters every worker of the session agrees to. */
 typedef struct wtx_trainer_config {
-  uint32_t rank;            /* 0 sends; other ranks only iterate their source */
+  /* 0 sends; other ranks only iterate their source (with world > 1:
+   * every rank sends what it owns) */
+  uint32_t rank;
   /* A registered trainer backend: "shm" (same host), "tcp", "cuda_ipc"
    * (same node, GPU), "nccl" (GPU); NULL: "shm". */
   const char *backend;
@@ -198,6 +200,22 @@ typedef struct wtx_trainer_config {
    * their region (one without room uses its buffer; the trainer cannot
    * tell, and the result's direct stays 0). shm and tcp ignore it. */
   int direct;
+  /* Many senders (tcp only): the trainer's ranks, each sending the bytes
+   * it owns (wtx_source_ops.ownership) straight to the workers that hold
+   * them, on a plan made at init (docs/data-plane.md, "Many senders").
+   * 0 or 1: rank 0 sends every byte. With world > 1, every rank calls
+   * wtx_trainer_init, then each wtx_trainer_send_weights, together (each
+   * bounded by timeout_ms), each with a client of the same workers and a
+   * source with the same metadata and ownership; rank 0 drives the
+   * workers' sessions. */
+  uint32_t world;
+  /* With world > 1: the data port of every rank, world "host:port"
+   * entries, the same list on every rank; rank r listens on entry r, and
+   * the workers connect to each. Only read during init. */
+  const char *const *rank_addresses;
+  /* With world > 1: a secret the same on every rank (16..64 bytes), which
+   * every data connection presents. Copied. */
+  const char *session_token;
 } wtx_trainer_config;
 
 /* Every field at its default; set the ones you need after it. */

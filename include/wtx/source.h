@@ -26,6 +26,31 @@
 extern "C" {
 #endif
 
+/* Placement of a mesh axis (wtx_ownership): replicated, or Shard(dim) for
+ * dim >= 0. */
+#define WTX_PLACEMENT_REPLICATE (-1)
+/* Most axes a parameter's mesh may have. */
+#define WTX_MAX_MESH_DIMS 8
+
+/* Which trainer ranks own a parameter, and how (vLLM 0.33's ParamMeta
+ * owners, mesh_shape and placements): the owners lie row-major on a mesh,
+ * and each mesh axis either replicates the tensor or shards one of its dims
+ * as torch.chunk splits, outer axis first when two axes shard one dim. All
+ * arrays are borrowed (see where a wtx_ownership is taken). */
+typedef struct wtx_ownership {
+  /* Global trainer ranks in mesh order (row-major), distinct. NULL: every
+   * rank owns the whole parameter (vLLM's owners=None). Non-NULL with
+   * n_owners 0: no rank owns it, which a plan refuses by name. */
+  const uint32_t *owners;
+  size_t n_owners;
+  /* The mesh over owners; NULL (mesh_ndim 0): one axis of n_owners. */
+  const uint32_t *mesh_shape;
+  size_t mesh_ndim;
+  /* One per mesh axis: WTX_PLACEMENT_REPLICATE or a tensor dim. NULL:
+   * replicated on every axis. */
+  const int32_t *placements;
+} wtx_ownership;
+
 /* A source implementation. self is the implementation's state. */
 typedef struct wtx_source_ops {
   const char *name; /* "memory", "safetensors", "synthetic", ... */
@@ -63,6 +88,15 @@ typedef struct wtx_source_ops {
    * one tensor at a time (wtx_source_next). */
   int (*next_batch)(void *self, void *iter, size_t max, const wtx_tensor_meta **metas,
                     const uint8_t **data, int *kinds);
+  /* Optional, for a trainer spread over ranks (wtx_trainer_config.world):
+   * how the ranks own each parameter, *owners one entry per metadata
+   * entry, owned by self and unchanged until destroy. A source with it is
+   * this rank's: metadata gives every parameter's full shape, and a pass
+   * yields only the parameters this rank owns, each as this rank's part of
+   * it (the box wtx_ownership gives it, row-major; meta.shape the part's),
+   * in metadata order, and never a part of no elements. NULL: every rank
+   * owns every parameter whole. */
+  int (*ownership)(void *self, const wtx_ownership **owners, size_t *n);
 } wtx_source_ops;
 
 typedef struct wtx_source wtx_source;
@@ -80,6 +114,8 @@ int wtx_source_open(wtx_source *s, void **iter);
 int wtx_source_next(wtx_source *s, void *iter, wtx_tensor_meta *meta,
                     const uint8_t **data);
 void wtx_source_close(wtx_source *s, void *iter);
+/* ops->ownership's answer; *owners NULL when the source has none. */
+int wtx_source_ownership(wtx_source *s, const wtx_ownership **owners, size_t *n);
 /* Sum of the parameters' bytes (from metadata). */
 int wtx_source_total_bytes(wtx_source *s, uint64_t *out);
 
@@ -108,6 +144,18 @@ typedef struct wtx_memory_tensor {
  * source is WTX_EUNAVAIL, saying why. err names the tensor. */
 int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
                       wtx_source **out, char *err, size_t errlen);
+
+/* A trainer rank's tensors: tensors[i].shape is parameter i's full shape
+ * and tensors[i].data this rank's part of it (row-major over the box
+ * owners[i] gives rank; NULL where it owns no element of it). owners (n
+ * entries) and what they point to are borrowed and must outlive the
+ * source; the rest as wtx_source_memory. Refuses an ownership that is not
+ * valid for rank (wtx_ownership.owners past a rank named, twice, a mesh
+ * that does not cover the owners, a placement past the dims), naming the
+ * tensor. */
+int wtx_source_memory_owned(const wtx_memory_tensor *tensors, const wtx_ownership *owners,
+                            size_t n, uint32_t rank, wtx_source **out, char *err,
+                            size_t errlen);
 
 /* One or more safetensors files, mapped read-only; parameters in file order,
  * then by data offset. A name in two files is an error naming both. */

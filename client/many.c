@@ -1,0 +1,670 @@
+/* A sync from many trainer ranks (engine.h, wtx_trainer_config.world): every
+ * rank sends the bytes it owns straight to the workers that hold them, over
+ * tcp's many senders (transport/tcp_rank.h), on a plan made once at init.
+ *
+ * Each worker's stream is its parts of the model in metadata order, the
+ * same stream a single sender would send it. The plan (transport/plan.h)
+ * cuts each part into pieces, one per owning rank; a piece must be one
+ * contiguous run of the worker's part (a trainer sharding the dim a worker
+ * slices, or an outer one), so the stream is a sequence of runs, each from
+ * one rank, and a chunk never spans two ranks. Every rank computes the same
+ * streams from the same inputs. Rank 0 drives the workers' sessions: per
+ * chunk it sends UpdateWeights naming the chunk's sender, and the worker
+ * reads that sender's connection; the senders write their chunks in stream
+ * order, each ahead of the worker's reading as far as its socket allows.
+ * So rank 0 moves no byte it does not own, and no rank waits on another
+ * but through the workers. All workers prepare before any publishes; a
+ * failure anywhere (a rank that dies closes its connections, and its
+ * worker's UpdateWeights fails at once) aborts every worker's update. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/engine.h"
+#include "client/fanout.h"
+#include "client/source.h"
+#include "common/clock.h"
+#include "transport/plan.h"
+#include "transport/tcp_rank.h"
+#include "transport/transport.h"
+
+/* A run of a worker's stream: bytes [off, off + len) of piece `piece`
+ * (packed, row-major in its box), landing in worker tensor `tensor`. */
+typedef struct seg {
+  uint32_t piece, tensor;
+  uint64_t off, len;
+} seg;
+
+/* A chunk: segs [seg0, seg0 + nseg), all from rank `sender`, touching
+ * worker tensors [first, first + count). */
+typedef struct mchunk {
+  uint32_t sender;
+  size_t first, count, seg0, nseg;
+  uint64_t first_offset, bytes;
+} mchunk;
+
+/* One worker's stream and the ParamMeta of its tensors. */
+typedef struct wstream {
+  size_t nt;
+  Wtx__V1__ParamMeta *pm;
+  Wtx__V1__ParamMeta **pmp;
+  Wtx__V1__TensorPart *part;
+  uint64_t *dims; /* storage of pm's shapes and part's full shapes and offsets */
+  seg *segs;
+  size_t nseg;
+  mchunk *chunks;
+  size_t nchunks;
+} wstream;
+
+struct wtx__many {
+  uint32_t rank, world;
+  wtx_client *client;
+  size_t n_workers;
+  wtx_client **one; /* rank 0: a client of each worker alone */
+  wtx_source *source;
+  const wtx_tensor_meta *metas;
+  size_t n;
+  const wtx_ownership *own;
+  wtx_plan *plan;
+  wstream *ws;
+  wtx__tcp_rank *tcp;
+  wtx_wire_params wire;
+  uint8_t token[64];
+  size_t token_len;
+  char **addrs; /* world data addresses */
+  int ready;    /* rank 0: the workers' sessions are initialized */
+  /* this sync: where this rank's part of each parameter is */
+  const uint8_t **local;
+  uint8_t **copies; /* parts the source did not keep (freed after the sync) */
+  void *iter;       /* the sync's pass, open until its bytes are sent */
+};
+
+/* ---- the streams: a pure function of the plan ---- */
+
+/* Worker w's tensor k: its part of parameter s->param, as ParamMeta. */
+static void part_meta(wtx__many *m, wstream *st, size_t k, const wtx_slice *s) {
+  const wtx_tensor_meta *full = &m->metas[s->param];
+  wtx_box b;
+  wtx_slice_box(full, s, &b);
+  uint64_t *d = &st->dims[k * 3 * WTX_MAX_DIMS];
+  Wtx__V1__ParamMeta *pm = &st->pm[k];
+  wtx__v1__param_meta__init(pm);
+  pm->name = (char *)full->name;
+  pm->dtype = full->dtype;
+  pm->n_shape = full->ndim;
+  pm->shape = d;
+  memcpy(d, b.len, full->ndim * sizeof *d);
+  st->pmp[k] = pm;
+  if (s->dim == WTX_SLICE_WHOLE) return;
+  Wtx__V1__TensorPart *pt = &st->part[k];
+  wtx__v1__tensor_part__init(pt);
+  pt->n_full_shape = pt->n_offset = full->ndim;
+  pt->full_shape = memcpy(d + WTX_MAX_DIMS, full->shape, full->ndim * sizeof *d);
+  pt->offset = memcpy(d + 2 * WTX_MAX_DIMS, b.lo, full->ndim * sizeof *d);
+  pm->part = pt;
+}
+
+static int seg_order(const void *a, const void *b) {
+  const seg *x = a, *y = b;
+  if (x->tensor != y->tensor) return x->tensor < y->tensor ? -1 : 1;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Worker w's pieces as runs of its stream, in stream order: WTX_ENOTSUP
+ * naming the parameter where a piece is not one run of the worker's part. */
+static int stream_segs(wtx__many *m, uint32_t w, wstream *st, const wtx_slice *sl,
+                       char *err, size_t errlen) {
+  const wtx_piece *pieces;
+  const uint32_t *idx;
+  size_t n;
+  wtx_plan_pieces(m->plan, &pieces);
+  wtx_plan_worker_pieces(m->plan, w, &idx, &n);
+  st->segs = calloc(n ? n : 1, sizeof *st->segs);
+  if (st->segs == NULL) return WTX_ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    const wtx_piece *p = &pieces[idx[i]];
+    const wtx_tensor_meta *full = &m->metas[p->param];
+    wtx_box part, box;
+    uint64_t elem;
+    wtx_slice_box(full, &sl[p->slice], &part);
+    wtx_plan_piece_box(m->plan, p, &box);
+    if (!wtx_box_contiguous(&part, &box, &elem)) {
+      snprintf(err, errlen, "many senders: '%s': rank %u's piece for worker %u is not one "
+               "run of the worker's part (the trainer shards a dim inside the one the "
+               "worker slices); not supported yet", full->name, p->rank, w);
+      return WTX_ENOTSUP;
+    }
+    st->segs[st->nseg++] = (seg){idx[i], p->slice, elem * wtx_dtype_size(full->dtype),
+                                 wtx_plan_piece_bytes(m->plan, p)};
+  }
+  qsort(st->segs, st->nseg, sizeof *st->segs, seg_order);
+  return 0;
+}
+
+/* Appends bytes [from, from + len) of run s to the open chunk c, as out's
+ * next seg. */
+static void chunk_add(mchunk *c, const seg *s, uint64_t from, uint64_t len, seg *out,
+                      size_t *nout) {
+  if (c->nseg == 0) {
+    c->first = s->tensor;
+    c->first_offset = s->off + from;
+  }
+  c->count = s->tensor - c->first + 1;
+  c->bytes += len;
+  out[(*nout)++] = (seg){s->piece, s->tensor, from, len};
+  c->nseg++;
+}
+
+/* Whether run s (from sender) cannot join chunk c. */
+static int chunk_full(const mchunk *c, uint32_t sender, const seg *s, uint64_t max) {
+  return c == NULL || c->sender != sender || c->bytes == max ||
+         s->tensor - c->first + 1 > WTX_MAX_CHUNK_PARAMS;
+}
+
+/* Cuts the stream's runs into chunks: a chunk ends where the sender
+ * changes, at max bytes, or at WTX_MAX_CHUNK_PARAMS tensors. The runs
+ * become the chunks' segs (off: into the piece). */
+static int stream_chunks(wtx__many *m, wstream *st, uint64_t max) {
+  const wtx_piece *pieces;
+  wtx_plan_pieces(m->plan, &pieces);
+  size_t cap = 1, nout = 0; /* every run yields at most len / max + 1 segs */
+  for (size_t i = 0; i < st->nseg; i++) cap += st->segs[i].len / max + 1;
+  seg *out = malloc(cap * sizeof *out);
+  st->chunks = calloc(cap, sizeof *st->chunks);
+  if (out == NULL || st->chunks == NULL) {
+    free(out);
+    return WTX_ENOMEM;
+  }
+  mchunk *c = NULL;
+  for (size_t i = 0; i < st->nseg; i++) {
+    const seg *s = &st->segs[i];
+    uint32_t sender = pieces[s->piece].rank;
+    for (uint64_t done = 0; done < s->len;) {
+      if (chunk_full(c, sender, s, max)) {
+        c = &st->chunks[st->nchunks++];
+        *c = (mchunk){.sender = sender, .seg0 = nout};
+      }
+      uint64_t k = s->len - done < max - c->bytes ? s->len - done : max - c->bytes;
+      chunk_add(c, s, done, k, out, &nout);
+      done += k;
+    }
+  }
+  free(st->segs);
+  st->segs = out;
+  st->nseg = nout;
+  return 0;
+}
+
+/* Worker w's stream: its tensors (slices sl, n_sl of them, metadata
+ * order), their ParamMeta, and its chunks. */
+static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_sl,
+                       char *err, size_t errlen) {
+  wstream *st = &m->ws[w];
+  st->nt = n_sl;
+  st->pm = calloc(n_sl + 1, sizeof *st->pm);
+  st->pmp = calloc(n_sl + 1, sizeof *st->pmp);
+  st->part = calloc(n_sl + 1, sizeof *st->part);
+  st->dims = calloc((n_sl + 1) * 3 * WTX_MAX_DIMS, sizeof *st->dims);
+  if (st->pm == NULL || st->pmp == NULL || st->part == NULL || st->dims == NULL)
+    return WTX_ENOMEM;
+  for (size_t k = 0; k < n_sl; k++) part_meta(m, st, k, &sl[k]);
+  int rc = stream_segs(m, w, st, sl, err, errlen);
+  return rc != 0 ? rc : stream_chunks(m, st, m->wire.buffer_size);
+}
+
+static void stream_free(wstream *st) {
+  free(st->pm);
+  free(st->pmp);
+  free(st->part);
+  free(st->dims);
+  free(st->segs);
+  free(st->chunks);
+}
+/* ---- the rendezvous ---- */
+
+/* Ends the sync's pass and frees its copies. */
+static void pass_release(wtx__many *m) {
+  if (m->iter != NULL) wtx_source_close(m->source, m->iter);
+  m->iter = NULL;
+  for (size_t i = 0; i < m->n; i++) {
+    free(m->copies[i]);
+    m->copies[i] = NULL;
+    m->local[i] = NULL;
+  }
+}
+
+void wtx__many_destroy(wtx__many *m) {
+  if (m == NULL) return;
+  if (m->local != NULL && m->copies != NULL) pass_release(m);
+  for (size_t w = 0; m->ws != NULL && w < m->n_workers; w++) stream_free(&m->ws[w]);
+  for (size_t w = 0; m->one != NULL && w < m->n_workers; w++) wtx_client_destroy(m->one[w]);
+  for (uint32_t r = 0; m->addrs != NULL && r < m->world; r++) free(m->addrs[r]);
+  wtx__tcp_rank_destroy(m->tcp);
+  wtx_plan_destroy(m->plan);
+  free(m->ws);
+  free(m->one);
+  free(m->addrs);
+  free(m->local);
+  free(m->copies);
+  free(m);
+}
+
+/* The config's fields for many senders, checked and copied. */
+static int many_config(wtx__many *m, const wtx_trainer_config *cfg, char *err, size_t errlen) {
+  const char *tok = cfg->session_token;
+  size_t tl = tok != NULL ? strlen(tok) : 0;
+  if (cfg->backend != NULL && strcmp(cfg->backend, "tcp") != 0) {
+    snprintf(err, errlen, "trainer_init: world %u: many senders run over tcp, not %s",
+             cfg->world, cfg->backend);
+    return WTX_EINVAL;
+  }
+  if (cfg->rank >= cfg->world || cfg->rank_addresses == NULL || tl < 16 || tl > 64) {
+    snprintf(err, errlen, "trainer_init: world %u needs rank below it (%u), rank_addresses "
+             "(one per rank) and a session_token of 16..64 bytes (%zu)", cfg->world,
+             cfg->rank, tl);
+    return WTX_EINVAL;
+  }
+  m->token_len = tl;
+  memcpy(m->token, tok, tl);
+  m->addrs = calloc(cfg->world, sizeof *m->addrs);
+  for (uint32_t r = 0; m->addrs != NULL && r < cfg->world; r++)
+    if ((m->addrs[r] = strdup(cfg->rank_addresses[r])) == NULL) return WTX_ENOMEM;
+  if (m->addrs == NULL) return WTX_ENOMEM;
+  Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+  Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
+  pk.packed = 1;
+  pk.buffer_size_bytes = cfg->buffer_size ? cfg->buffer_size : WTX_DEFAULT_BUFFER_SIZE;
+  pk.num_buffers = 1;
+  ii.packing = &pk;
+  ii.checksum = (Wtx__V1__ChecksumAlgorithm)cfg->checksum;
+  ii.timeout_ms = cfg->timeout_ms;
+  return wtx_wire_params_from_init(&ii, WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
+                                   &m->wire, err, errlen);
+}
+
+/* Every worker's parts, then the plan over them (refusing an orphan, an
+ * ownership past the world, ... by name), then the workers' streams. */
+static int many_plan(wtx__many *m, char *err, size_t errlen) {
+  size_t nw = m->n_workers;
+  Wtx__V1__ShardSpec **specs = calloc(nw, sizeof *specs);
+  wtx_slice **needs = calloc(nw, sizeof *needs);
+  size_t *n_needs = calloc(nw, sizeof *n_needs);
+  int rc = specs && needs && n_needs ? wtx__client_shards(m->client, specs) : WTX_ENOMEM;
+  if (rc != 0 && rc != WTX_ENOMEM) snprintf(err, errlen, "%s", wtx_client_last_error(m->client));
+  for (size_t w = 0; rc == 0 && w < nw; w++)
+    rc = wtx__replica_slices(specs[w], m->metas, m->n, w, &needs[w], &n_needs[w], err, errlen);
+  if (rc == 0) {
+    wtx_plan_input in = {.metas = m->metas, .owners = m->own, .n = m->n, .n_ranks = m->world,
+                         .n_workers = (uint32_t)nw, .needs = (const wtx_slice *const *)needs,
+                         .n_needs = n_needs};
+    rc = wtx_plan_make(&in, &m->plan, err, errlen);
+  }
+  for (size_t w = 0; rc == 0 && w < nw; w++)
+    rc = stream_make(m, (uint32_t)w, needs[w], n_needs[w], err, errlen);
+  for (size_t w = 0; w < nw; w++) {
+    if (specs != NULL && specs[w] != NULL) protobuf_c_message_free_unpacked(&specs[w]->base, NULL);
+    if (needs != NULL) free(needs[w]);
+  }
+  free(specs);
+  free(needs);
+  free(n_needs);
+  return rc;
+}
+
+/* Rank 0: every worker's session, connected to every rank. */
+static int many_sessions(wtx__many *m, char *err, size_t errlen) {
+  int rc = 0;
+  size_t started = 0;
+  while (rc == 0 && started < m->n_workers) {
+    Wtx__V1__TcpInitInfo ti = WTX__V1__TCP_INIT_INFO__INIT;
+    Wtx__V1__PackingParams pk;
+    Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
+    wtx_wire_params_to_init(&m->wire, &pk, &ii);
+    ti.upstream_address = m->addrs[0];
+    ti.n_sender_addresses = m->world - 1;
+    ti.sender_addresses = &m->addrs[1];
+    ti.data_token = (ProtobufCBinaryData){m->token_len, m->token};
+    ti.checksum_trailer = 1;
+    ti.worker_index = (uint32_t)started;
+    ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
+    ii.tcp = &ti;
+    rc = wtx__client_init_start(m->client, started, &ii);
+    started += rc == 0; /* every call in flight is waited for */
+  }
+  int arc = rc == 0 ? wtx__tcp_rank_accept(m->tcp, err, errlen) : 0;
+  for (size_t w = 0; w < started; w++) {
+    int wrc = wtx__client_init_wait(m->client, w, NULL);
+    if (wrc != 0 && rc == 0) rc = wrc;
+  }
+  if (rc != 0) snprintf(err, errlen, "%s", wtx_client_last_error(m->client));
+  else rc = arc;
+  m->ready = rc == 0;
+  return rc;
+}
+
+/* Rank 0: a client of each worker alone, for its chunks' calls. */
+static int many_clients(wtx__many *m) {
+  m->one = calloc(m->n_workers, sizeof *m->one);
+  if (m->one == NULL) return WTX_ENOMEM;
+  for (size_t w = 0; w < m->n_workers; w++) {
+    int rc = wtx__client_subset(m->client, &w, 1, &m->one[w]);
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
+static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, size_t errlen) {
+  int rc = many_config(m, cfg, err, errlen);
+  if (rc == 0) rc = wtx_source_metadata(m->source, &m->metas, &m->n);
+  size_t n_own = 0;
+  if (rc == 0) rc = wtx_source_ownership(m->source, &m->own, &n_own);
+  if (rc == 0 && m->own != NULL && n_own != m->n) {
+    snprintf(err, errlen, "trainer_init: the source's ownership has %zu entries, its "
+             "metadata %zu", n_own, m->n);
+    rc = WTX_EINVAL;
+  }
+  if (rc == 0) rc = many_plan(m, err, errlen);
+  m->local = rc == 0 ? calloc(m->n + 1, sizeof *m->local) : NULL;
+  m->copies = m->local != NULL ? calloc(m->n + 1, sizeof *m->copies) : NULL;
+  if (rc == 0 && m->copies == NULL) rc = WTX_ENOMEM;
+  char bound[300];
+  if (rc == 0)
+    rc = wtx__tcp_rank_listen(m->addrs[m->rank], m->token, m->token_len, m->n_workers,
+                              m->wire.timeout_ms, &m->tcp, bound, sizeof bound, err, errlen);
+  if (rc == 0 && m->rank == 0 && (rc = many_clients(m)) == 0) rc = many_sessions(m, err, errlen);
+  if (rc == 0 && m->rank != 0) rc = wtx__tcp_rank_accept(m->tcp, err, errlen);
+  return rc;
+}
+
+int wtx__many_create(const wtx_trainer_config *cfg, wtx_client *client, wtx_source *source,
+                     wtx__many **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (client == NULL || source == NULL || wtx_client_size(client) == 0) {
+    snprintf(err, errlen, "trainer_init: many senders need a client of the workers and a "
+             "source on every rank");
+    return WTX_EINVAL;
+  }
+  wtx__many *m = calloc(1, sizeof *m);
+  if (m == NULL) return WTX_ENOMEM;
+  m->rank = cfg->rank;
+  m->world = cfg->world;
+  m->client = client;
+  m->n_workers = wtx_client_size(client);
+  m->source = source;
+  m->ws = calloc(m->n_workers, sizeof *m->ws);
+  int rc = m->ws != NULL ? many_open(m, cfg, err, errlen) : WTX_ENOMEM;
+  if (rc != 0) {
+    if (rc == WTX_ENOMEM && err[0] == '\0') snprintf(err, errlen, "trainer_init: out of memory");
+    wtx__many_destroy(m);
+    return rc;
+  }
+  *out = m;
+  return 0;
+}
+
+/* ---- one sync ---- */
+
+/* The box this rank owns of parameter i: 1 with *box, 0 when none. */
+static int rank_box(const wtx__many *m, size_t i, wtx_box *box) {
+  const wtx_tensor_meta *full = &m->metas[i];
+  if (m->own == NULL) {
+    wtx_box_whole(full, box);
+    return 1;
+  }
+  const wtx_ownership *o = &m->own[i];
+  size_t pos = m->rank;
+  if (o->owners != NULL)
+    for (pos = 0; pos < o->n_owners && o->owners[pos] != m->rank; pos++) {
+    }
+  if (o->owners != NULL && pos == o->n_owners) return 0;
+  wtx_ownership_box(full, o, pos, box);
+  return wtx_box_elements(box) > 0;
+}
+
+/* A yielded tensor against this rank's part of parameter i. */
+static int check_yield(const wtx__many *m, size_t i, const wtx_tensor_meta *got, char *err,
+                       size_t errlen) {
+  wtx_box box;
+  int owns = rank_box(m, i, &box);
+  int same = owns && got->dtype == m->metas[i].dtype && got->ndim == box.ndim;
+  for (size_t d = 0; same && d < box.ndim; d++) same = got->shape[d] == box.len[d];
+  if (same) return 0;
+  snprintf(err, errlen, "rank %u's pass: '%s' is not this rank's part of it (%s)", m->rank,
+           got->name, owns ? "dtype or shape differ from its ownership's box"
+                           : "the ownership gives this rank none of it");
+  return WTX_EINVAL;
+}
+
+
+/* One pass over this rank's source: where its part of each parameter is
+ * (local[i]), kept until the sync ends (copied when the source keeps it
+ * only until its next call). Every part the rank owns must come. */
+static int many_pass(wtx__many *m, char *err, size_t errlen) {
+  void *iter = NULL;
+  int rc = wtx_source_open(m->source, &iter);
+  for (size_t i = 0; rc == 0;) {
+    wtx_tensor_meta meta;
+    wtx__tensor_data d;
+    int r = wtx__source_next(m->source, iter, 1, &meta, &d);
+    if (r <= 0) {
+      rc = r;
+      break;
+    }
+    while (i < m->n && strcmp(m->metas[i].name, meta.name) != 0) i++;
+    if (i == m->n) {
+      snprintf(err, errlen, "rank %u's pass: '%s' is not in the metadata, or out of its "
+               "order", m->rank, meta.name);
+      rc = WTX_EINVAL;
+    } else if ((rc = check_yield(m, i, &meta, err, errlen)) == 0 && !d.stays) {
+      if ((m->copies[i] = malloc(meta.nbytes)) == NULL) rc = WTX_ENOMEM;
+      else memcpy(m->copies[i], d.host, meta.nbytes);
+    }
+    if (rc == 0) m->local[i] = m->copies[i] != NULL ? m->copies[i] : d.host;
+    i++;
+  }
+  m->iter = iter; /* what the pass yielded stays valid until it is closed */
+  wtx_box box;
+  for (size_t i = 0; rc == 0 && i < m->n; i++)
+    if (m->local[i] == NULL && rank_box(m, i, &box)) {
+      snprintf(err, errlen, "rank %u's pass did not yield its part of '%s'", m->rank,
+               m->metas[i].name);
+      rc = WTX_EINVAL;
+    }
+  return rc;
+}
+
+/* What one worker's thread does in a sync. */
+typedef struct wjob {
+  wtx__many *m;
+  uint32_t w;
+  int control; /* rank 0's UpdateWeights calls, else this rank's bytes */
+  int rc;
+  uint64_t bytes;
+  size_t chunks;
+  char err[800];
+} wjob;
+
+/* Where piece p's packed bytes are: in this rank's part when they are one
+ * run of it, else gathered into *buf (kept for the piece's next segs). */
+static const uint8_t *piece_bytes(wtx__many *m, uint32_t p, uint8_t **buf, uint32_t *held) {
+  const wtx_piece *pieces;
+  wtx_plan_pieces(m->plan, &pieces);
+  const wtx_tensor_meta *full = &m->metas[pieces[p].param];
+  size_t es = wtx_dtype_size(full->dtype);
+  wtx_box own, box;
+  uint64_t elem;
+  rank_box(m, pieces[p].param, &own);
+  wtx_plan_piece_box(m->plan, &pieces[p], &box);
+  const uint8_t *local = m->local[pieces[p].param];
+  if (wtx_box_contiguous(&own, &box, &elem)) return local + elem * es;
+  if (*held == p && *buf != NULL) return *buf;
+  free(*buf);
+  if ((*buf = malloc(wtx_box_elements(&box) * es)) == NULL) return NULL;
+  wtx_box_copy(*buf, NULL, local, &own, &box, es);
+  *held = p;
+  return *buf;
+}
+
+/* Chunk c's bytes to worker j->w: its segs as iov, the spans' ends. */
+static int send_chunk(wjob *j, const wstream *st, const mchunk *c, struct iovec *iov,
+                      uint64_t *ends, uint8_t **buf, uint32_t *held) {
+  size_t n_ends = 0;
+  uint64_t at = 0;
+  for (size_t k = 0; k < c->nseg; k++) {
+    const seg *s = &st->segs[c->seg0 + k];
+    if (k > 0 && s->tensor != st->segs[c->seg0 + k - 1].tensor) ends[n_ends++] = at;
+    const uint8_t *p = piece_bytes(j->m, s->piece, buf, held);
+    if (p == NULL) return WTX_ENOMEM;
+    iov[k] = (struct iovec){(void *)(p + s->off), s->len};
+    at += s->len;
+  }
+  ends[n_ends++] = at;
+  int sums = j->m->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+  return wtx__tcp_rank_chunk(j->m->tcp, j->w, c->first_offset, c->bytes, iov, c->nseg, ends,
+                             n_ends, sums, j->err, sizeof j->err);
+}
+
+/* This rank's chunks to one worker, in stream order. */
+static int send_data(wjob *j) {
+  const wstream *st = &j->m->ws[j->w];
+  size_t most = 1;
+  for (size_t i = 0; i < st->nchunks; i++)
+    if (st->chunks[i].nseg > most) most = st->chunks[i].nseg;
+  struct iovec *iov = malloc(most * sizeof *iov);
+  uint64_t *ends = malloc((most + 1) * sizeof *ends);
+  uint8_t *buf = NULL;
+  uint32_t held = UINT32_MAX;
+  int rc = iov != NULL && ends != NULL ? 0 : WTX_ENOMEM;
+  for (size_t i = 0; rc == 0 && i < st->nchunks; i++) {
+    const mchunk *c = &st->chunks[i];
+    if (c->sender != j->m->rank) continue;
+    rc = send_chunk(j, st, c, iov, ends, &buf, &held);
+    j->bytes += rc == 0 ? c->bytes : 0;
+    j->chunks += rc == 0;
+  }
+  free(iov);
+  free(ends);
+  free(buf);
+  return rc;
+}
+
+/* Rank 0: every chunk's UpdateWeights to one worker, in stream order. */
+static int send_control(wjob *j) {
+  const wstream *st = &j->m->ws[j->w];
+  wtx_client *one = j->m->one[j->w];
+  Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
+  ui.tcp = &tu;
+  for (size_t i = 0; i < st->nchunks; i++) {
+    const mchunk *c = &st->chunks[i];
+    tu.sender = c->sender;
+    ui.params = &st->pmp[c->first];
+    ui.n_params = c->count;
+    ui.first_param_offset = c->first_offset;
+    ui.chunk_bytes = c->bytes;
+    int rc = wtx__client_update_start(one, &ui);
+    if (rc == 0) rc = wtx__client_update_wait(one);
+    if (rc != 0) {
+      snprintf(j->err, sizeof j->err, "%s (chunk %zu of %zu, from rank %u)",
+               wtx_client_last_error(one), i, st->nchunks, c->sender);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+static void *run_job(void *arg) {
+  wjob *j = arg;
+  j->rc = j->control ? send_control(j) : send_data(j);
+  /* Once one worker's part fails the sync is lost: end the rest now. */
+  if (j->rc != 0) wtx__tcp_rank_cancel(j->m->tcp);
+  return NULL;
+}
+
+/* Runs the sync's jobs, one thread each; the first failure into err. */
+static int run_jobs(wtx__many *m, wjob *jobs, size_t n, char *err, size_t errlen) {
+  pthread_t *th = calloc(n, sizeof *th);
+  if (th == NULL) return WTX_ENOMEM;
+  size_t started = 0;
+  for (; started < n; started++)
+    if (pthread_create(&th[started], NULL, run_job, &jobs[started]) != 0) break;
+  for (size_t i = 0; i < started; i++) pthread_join(th[i], NULL);
+  free(th);
+  int rc = started == n ? 0 : WTX_ENOMEM;
+  /* The telling failure: a worker's refusal over the data plane's echo of it. */
+  for (int pass = 0; pass < 2 && rc == 0; pass++)
+    for (size_t i = 0; i < n && rc == 0; i++)
+      if (jobs[i].rc != 0 && (pass == 1 || jobs[i].control)) {
+        rc = jobs[i].rc;
+        snprintf(err, errlen, "%s", jobs[i].err);
+      }
+  (void)m;
+  return rc;
+}
+
+/* The connections this sync needs: rank 0 initializes the workers'
+ * sessions again after a failed sync (they connect to every rank anew);
+ * the other ranks take those connections when theirs were closed. */
+static int many_connect(wtx__many *m, char *err, size_t errlen) {
+  if (m->rank == 0) {
+    if (m->ready) return 0;
+    wtx__tcp_rank_reset(m->tcp);
+    return many_sessions(m, err, errlen);
+  }
+  if (wtx__tcp_rank_connected(m->tcp)) return 0;
+  wtx__tcp_rank_reset(m->tcp);
+  return wtx__tcp_rank_accept(m->tcp, err, errlen);
+}
+
+/* The sync's threads: per worker, this rank's bytes, and on rank 0 the
+ * calls that receive them. */
+static int many_move(wtx__many *m, wtx_send_result *r, char *err, size_t errlen) {
+  size_t nw = m->n_workers, n = m->rank == 0 ? 2 * nw : nw;
+  wjob *jobs = calloc(n, sizeof *jobs);
+  if (jobs == NULL) return WTX_ENOMEM;
+  for (size_t i = 0; i < n; i++)
+    jobs[i] = (wjob){.m = m, .w = (uint32_t)(i % nw), .control = i >= nw};
+  int rc = run_jobs(m, jobs, n, err, errlen);
+  for (size_t i = 0; i < nw; i++) {
+    r->bytes += jobs[i].bytes;
+    r->chunks += jobs[i].chunks;
+  }
+  free(jobs);
+  return rc;
+}
+
+/* Rank 0: every worker prepared, then every one published. */
+static int many_publish(wtx__many *m, const wtx_send_options *o, wtx_send_result *r,
+                        char *err, size_t errlen) {
+  const char *v = o->version != NULL ? o->version : "";
+  int rc = wtx__client_prepare(m->client, v);
+  if (rc == 0) rc = wtx__client_commit(m->client, v, r->version, sizeof r->version);
+  if (rc != 0) snprintf(err, errlen, "%s", wtx_client_last_error(m->client));
+  return rc;
+}
+
+int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *result,
+                   char *err, size_t errlen) {
+  wtx_send_result r = {0};
+  int64_t t0 = wtx_clock_ms();
+  int rc = many_connect(m, err, errlen);
+  if (rc == 0 && m->rank == 0 && (rc = wtx__client_start(m->client, opts->target)) != 0)
+    snprintf(err, errlen, "%s", wtx_client_last_error(m->client));
+  if (rc == 0) rc = many_pass(m, err, errlen);
+  if (rc == 0) rc = many_move(m, &r, err, errlen);
+  if (rc == 0 && m->rank == 0) rc = many_publish(m, opts, &r, err, errlen);
+  pass_release(m);
+  if (rc != 0 && m->rank == 0) {
+    /* Every worker keeps its previous weights; the next sync starts over. */
+    wtx__client_abort(m->client, err);
+    m->ready = 0;
+  }
+  if (rc != 0) wtx__tcp_rank_reset(m->tcp);
+  r.params = m->n;
+  r.seconds = (double)(wtx_clock_ms() - t0) / 1000.0;
+  if (rc == 0 && opts->progress != NULL) opts->progress(opts->progress_arg, r.bytes, r.bytes);
+  if (result != NULL) *result = r;
+  return rc;
+}

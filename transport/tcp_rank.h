@@ -1,0 +1,51 @@
+/* A trainer rank's half of tcp's many senders (TcpInitInfo.sender_addresses,
+ * docs/data-plane.md "tcp with many senders"): the rank listens on its data
+ * port, takes one connection from each worker it feeds (the who record after
+ * the hello says which), and writes on each the chunks the plan gives it,
+ * each followed by one checksum per tensor span, since no rank sees a whole
+ * tensor. Internal to wtx (client/many.c). */
+#ifndef WTX_TRANSPORT_TCP_RANK_H
+#define WTX_TRANSPORT_TCP_RANK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct wtx__tcp_rank wtx__tcp_rank;
+
+/* Listens on addr ("host:port"; port 0: one the system picks) for
+ * n_workers workers presenting token (16..64 bytes, copied); bound
+ * receives the address listened on. Every later wait is bounded by
+ * timeout_ms. *out is the caller's until destroy. */
+int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_len,
+                         size_t n_workers, uint32_t timeout_ms, wtx__tcp_rank **out,
+                         char *bound, size_t blen, char *err, size_t errlen);
+/* Accepts a connection from every worker not connected, within the
+ * timeout; a peer without the token, or naming a worker out of range or
+ * connected already, is dropped. */
+int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen);
+/* Whether every worker's connection is still open (a worker whose update
+ * was aborted closes it: its next session connects again). Never blocks. */
+int wtx__tcp_rank_connected(wtx__tcp_rank *r);
+/* Closes every connection, for workers that will connect again. */
+void wtx__tcp_rank_reset(wtx__tcp_rank *r);
+/* One chunk to worker w, on its connection's next sequence number: the
+ * header, the n pieces of iov (bytes in all), then, when sums is set, the
+ * trailer with the XXH3-64 of each span [ends[i-1], ends[i]) of the chunk
+ * (ends[-1] is 0; ends[n_ends-1] is bytes). Calls for distinct w may run
+ * at once. */
+int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t first_offset, uint64_t bytes,
+                        const struct iovec *iov, size_t n, const uint64_t *ends,
+                        size_t n_ends, int sums, char *err, size_t errlen);
+/* From any thread: every accept or chunk running now returns at once. */
+void wtx__tcp_rank_cancel(wtx__tcp_rank *r);
+void wtx__tcp_rank_destroy(wtx__tcp_rank *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_TRANSPORT_TCP_RANK_H */
