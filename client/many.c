@@ -168,8 +168,10 @@ static int chunk_full(const mchunk *c, uint32_t sender, const seg *s, uint64_t m
 static int stream_chunks(wtx__many *m, wstream *st, uint64_t max) {
   const wtx_piece *pieces;
   wtx_plan_pieces(m->plan, &pieces);
-  size_t cap = 1, nout = 0; /* every run yields at most len / max + 1 segs */
-  for (size_t i = 0; i < st->nseg; i++) cap += st->segs[i].len / max + 1;
+  /* A run yields at most len / max + 2 segs: the rest of an open chunk,
+   * whole chunks, and a start of one. */
+  size_t cap = 1, nout = 0;
+  for (size_t i = 0; i < st->nseg; i++) cap += st->segs[i].len / max + 2;
   seg *out = malloc(cap * sizeof *out);
   st->chunks = calloc(cap, sizeof *st->chunks);
   if (out == NULL || st->chunks == NULL) {
@@ -329,16 +331,19 @@ static int many_sessions(wtx__many *m, char *err, size_t errlen) {
     ti.worker_index = (uint32_t)started;
     ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
     ii.tcp = &ti;
-    rc = wtx__client_init_start(m->client, started, &ii);
+    rc = wtx__client_init_start(m->one[started], 0, &ii);
+    if (rc != 0) snprintf(err, errlen, "%s", wtx_client_last_error(m->one[started]));
     started += rc == 0; /* every call in flight is waited for */
   }
   int arc = rc == 0 ? wtx__tcp_rank_accept(m->tcp, err, errlen) : 0;
   for (size_t w = 0; w < started; w++) {
-    int wrc = wtx__client_init_wait(m->client, w, NULL);
-    if (wrc != 0 && rc == 0) rc = wrc;
+    int wrc = wtx__client_init_wait(m->one[w], 0, NULL);
+    if (wrc != 0 && rc == 0) {
+      rc = wrc;
+      snprintf(err, errlen, "%s", wtx_client_last_error(m->one[w]));
+    }
   }
-  if (rc != 0) snprintf(err, errlen, "%s", wtx_client_last_error(m->client));
-  else rc = arc;
+  if (rc == 0) rc = arc;
   m->ready = rc == 0;
   return rc;
 }
@@ -635,14 +640,40 @@ static int many_move(wtx__many *m, wtx_send_result *r, char *err, size_t errlen)
   return rc;
 }
 
+/* Rank 0: an update started on every worker (each its own client, whose
+ * session it holds). */
+static int many_start(wtx__many *m, int target, char *err, size_t errlen) {
+  for (size_t w = 0; w < m->n_workers; w++) wtx__client_start_begin(m->one[w], target, 0);
+  int rc = 0;
+  for (size_t w = 0; w < m->n_workers; w++) {
+    int wrc = wtx__client_start_end(m->one[w]);
+    if (wrc != 0 && rc == 0) {
+      rc = wrc;
+      snprintf(err, errlen, "%s", wtx_client_last_error(m->one[w]));
+    }
+  }
+  return rc;
+}
+
 /* Rank 0: every worker prepared, then every one published. */
 static int many_publish(wtx__many *m, const wtx_send_options *o, wtx_send_result *r,
                         char *err, size_t errlen) {
   const char *v = o->version != NULL ? o->version : "";
-  int rc = wtx__client_prepare(m->client, v);
-  if (rc == 0) rc = wtx__client_commit(m->client, v, r->version, sizeof r->version);
-  if (rc != 0) snprintf(err, errlen, "%s", wtx_client_last_error(m->client));
+  int rc = 0;
+  size_t w = 0;
+  for (; rc == 0 && w < m->n_workers; w++) rc = wtx__client_prepare(m->one[w], v);
+  for (size_t k = 0; rc == 0 && k < m->n_workers; k++) {
+    w = k + 1;
+    rc = wtx__client_commit(m->one[k], v, k == 0 ? r->version : NULL,
+                            k == 0 ? sizeof r->version : 0);
+  }
+  if (rc != 0) snprintf(err, errlen, "%s", wtx_client_last_error(m->one[w - 1]));
   return rc;
+}
+
+/* Rank 0: every worker's update aborted, its previous weights staying. */
+static void many_abort(wtx__many *m, const char *reason) {
+  for (size_t w = 0; w < m->n_workers; w++) wtx__client_abort(m->one[w], reason);
 }
 
 int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *result,
@@ -650,15 +681,14 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   wtx_send_result r = {0};
   int64_t t0 = wtx_clock_ms();
   int rc = many_connect(m, err, errlen);
-  if (rc == 0 && m->rank == 0 && (rc = wtx__client_start(m->client, opts->target)) != 0)
-    snprintf(err, errlen, "%s", wtx_client_last_error(m->client));
+  if (rc == 0 && m->rank == 0) rc = many_start(m, opts->target, err, errlen);
   if (rc == 0) rc = many_pass(m, err, errlen);
   if (rc == 0) rc = many_move(m, &r, err, errlen);
   if (rc == 0 && m->rank == 0) rc = many_publish(m, opts, &r, err, errlen);
   pass_release(m);
   if (rc != 0 && m->rank == 0) {
     /* Every worker keeps its previous weights; the next sync starts over. */
-    wtx__client_abort(m->client, err);
+    many_abort(m, err);
     m->ready = 0;
   }
   if (rc != 0) wtx__tcp_rank_reset(m->tcp);

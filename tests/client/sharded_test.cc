@@ -11,108 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "tests/client/harness.h"
+#include "tests/client/llama.h"
 
 namespace {
 
-using wtxtest::EngineTest;
+using wtxtest::Llama;
+using wtxtest::Tensor;
 using wtxtest::Worker;
-
-struct Tensor {
-  std::string name;
-  int dtype;
-  std::vector<uint64_t> shape;
-  std::vector<uint8_t> data;
-  size_t Elsize() const { return wtx_dtype_size(dtype); }
-};
-
-// embed, two layers of attention and MLP, four experts, lm_head; bf16 but
-// a float32 norm and an int8 scale.
-struct Llama {
-  std::vector<Tensor> t;
-  std::vector<wtx_memory_tensor> mem;
-  uint64_t total = 0;
-
-  explicit Llama(uint8_t seed) {
-    Add("model.embed_tokens.weight", WTX_DTYPE_BFLOAT16, {96, 32}, seed);
-    for (int l = 0; l < 2; l++) {
-      std::string p = "model.layers." + std::to_string(l) + ".";
-      Add(p + "self_attn.q_proj.weight", WTX_DTYPE_BFLOAT16, {32, 32}, seed);
-      Add(p + "self_attn.k_proj.weight", WTX_DTYPE_BFLOAT16, {16, 32}, seed);
-      Add(p + "self_attn.v_proj.weight", WTX_DTYPE_BFLOAT16, {16, 32}, seed);
-      Add(p + "self_attn.o_proj.weight", WTX_DTYPE_BFLOAT16, {32, 32}, seed);
-      Add(p + "mlp.up_proj.weight", WTX_DTYPE_BFLOAT16, {64, 32}, seed);
-      Add(p + "mlp.down_proj.weight", WTX_DTYPE_BFLOAT16, {32, 64}, seed);
-      Add(p + "input_layernorm.weight", WTX_DTYPE_FLOAT32, {32}, seed);
-      for (int e = 0; e < 4; e++)
-        Add(p + "mlp.experts." + std::to_string(e) + ".w1", WTX_DTYPE_BFLOAT16, {8, 32}, seed);
-    }
-    Add("model.scale", WTX_DTYPE_INT8, {3, 5}, seed);
-    Add("lm_head.weight", WTX_DTYPE_BFLOAT16, {96, 32}, seed);
-    for (Tensor &x : t)
-      mem.push_back({x.name.c_str(), x.dtype, x.shape.data(), x.shape.size(), x.data.data(), 0});
-  }
-  void Add(const std::string &name, int dtype, std::vector<uint64_t> shape, uint8_t seed) {
-    Tensor x{name, dtype, shape, {}};
-    uint64_t n = x.Elsize();
-    for (uint64_t d : shape) n *= d;
-    for (uint64_t i = 0; i < n; i++)
-      x.data.push_back(static_cast<uint8_t>((i * 131 + t.size() * 7) ^ seed));
-    total += n;
-    t.push_back(std::move(x));
-  }
-  wtx_source *Source() {
-    wtx_source *s = nullptr;
-    char e[256];
-    EXPECT_EQ(0, wtx_source_memory(mem.data(), mem.size(), &s, e, sizeof e)) << e;
-    return s;
-  }
-};
-
-const char kRules[] =
-    "# attention: heads of 8 rows; MLP; experts; vocabulary\n"
-    "*.q_proj.weight dim 0 unit 8\n"
-    "*.k_proj.weight dim 0 unit 8\n"
-    "*.v_proj.weight dim 0 unit 8\n"
-    "*.o_proj.weight dim 1 unit 8\n"
-    "*.up_proj.weight dim 0\n"
-    "*.down_proj.weight dim 1\n"
-    "*.experts.* expert 4\n"
-    "model.embed_tokens.weight dim 0\n"
-    "lm_head.weight dim 0\n";
-
-// What tensor-parallel rank r of 2 holds of x under kRules, computed here
-// element by element: nothing (empty optional via found=false), or the
-// bytes of rows/columns [lo, lo + len) of dim, or the whole tensor.
-bool Expected(const Tensor &x, int r, std::vector<uint8_t> *out, std::vector<uint64_t> *shape) {
-  auto has = [&](const char *s) { return x.name.find(s) != std::string::npos; };
-  int dim = -1;
-  if (has("q_proj") || has("k_proj") || has("v_proj") || has("up_proj") || has("embed") ||
-      has("lm_head"))
-    dim = 0;
-  if (has("o_proj") || has("down_proj")) dim = 1;
-  if (has("experts.")) {
-    int e = x.name[x.name.find("experts.") + 8] - '0';
-    if (e / 2 != r) return false;  // experts 0-1 on rank 0, 2-3 on rank 1
-  }
-  *shape = x.shape;
-  if (dim < 0) {
-    *out = x.data;
-    return true;
-  }
-  uint64_t half = x.shape[dim] / 2, lo = half * r;  // every cut dim here is even
-  (*shape)[dim] = half;
-  out->clear();
-  uint64_t rows = x.shape[0], cols = x.shape.size() > 1 ? x.shape[1] : 1;
-  for (uint64_t i = 0; i < rows; i++)
-    for (uint64_t j = 0; j < cols; j++) {
-      uint64_t at = dim == 0 ? i : j;
-      if (at < lo || at >= lo + half) continue;
-      const uint8_t *e = &x.data[(i * cols + j) * x.Elsize()];
-      out->insert(out->end(), e, e + x.Elsize());
-    }
-  return true;
-}
 
 // Progress as the caller sees it: one sum over every group, never going
 // back, ending at the total.
@@ -128,17 +33,8 @@ struct Progress {
   }
 };
 
-class ShardedTest : public EngineTest {
+class ShardedTest : public wtxtest::ShardedFixture {
  protected:
-  Worker SpawnRank(int r, std::vector<std::string> extra = {}) {
-    std::string rules = dir_ + "/rules";
-    std::ofstream(rules) << kRules;
-    std::vector<std::string> args = {"--shard-rules", rules, "--tp-rank", std::to_string(r),
-                                     "--tp-size", "2"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return Spawn(args);
-  }
-
   // A trainer over c and src for the backend under test, 4 KiB buffers;
   // nullptr (and a failure recorded) when it cannot start.
   wtx_trainer *Trainer(wtx_client *c, wtx_source *src, uint32_t timeout_ms) {
@@ -150,47 +46,6 @@ class ShardedTest : public EngineTest {
     return t;
   }
 
-  // Every published tensor of w (rank r of 2, or -1: whole) against what
-  // the rank should hold of model; returns the bytes it holds.
-  uint64_t ExpectHolds(const Worker &w, int r, const Llama &model, const std::string &v) {
-    wtx_client *c = Client({w});
-    wtx_weight_info info;
-    EXPECT_EQ(0, wtx_client_weight_info(c, 0, 1, &info)) << wtx_client_last_error(c);
-    EXPECT_EQ(v, info.version);
-    EXPECT_EQ(r < 0 ? 0u : 2u, info.tp_size);  // the rules it announces
-    if (r >= 0) {
-      EXPECT_EQ(static_cast<uint32_t>(r), info.tp_rank);
-      EXPECT_EQ(9u, info.n_shard_rules);
-    }
-    std::map<std::string, const wtx_param_info *> got;
-    for (size_t i = 0; i < info.n_params; i++) got[info.params[i].meta.name] = &info.params[i];
-    size_t held = 0;
-    for (const Tensor &x : model.t) {
-      std::vector<uint8_t> bytes;
-      std::vector<uint64_t> shape;
-      bool holds = r < 0 ? (bytes = x.data, shape = x.shape, true) : Expected(x, r, &bytes, &shape);
-      auto it = got.find(x.name);
-      if (!holds) {
-        EXPECT_TRUE(it == got.end()) << x.name << " is not rank " << r << "'s";
-        continue;
-      }
-      held++;
-      if (it == got.end()) {
-        ADD_FAILURE() << x.name << " missing on rank " << r;
-        continue;
-      }
-      const wtx_param_info *p = it->second;
-      EXPECT_EQ(shape, std::vector<uint64_t>(p->meta.shape, p->meta.shape + p->meta.ndim))
-          << x.name;
-      EXPECT_EQ(1, p->has_xxh3);
-      EXPECT_EQ(XXH3_64bits(bytes.data(), bytes.size()), p->xxh3) << x.name << " rank " << r;
-    }
-    EXPECT_EQ(held, info.num_params);
-    uint64_t total = info.total_bytes;
-    wtx_weight_info_free(&info);
-    wtx_client_destroy(c);
-    return total;
-  }
 };
 
 TEST_P(ShardedTest, EachTensorParallelWorkerReceivesOnlyItsPartsAndAReplicaTheWhole) {

@@ -1,0 +1,126 @@
+// One trainer rank of many_test, as a process of its own (so a test can
+// kill it mid-sync): it holds only its part of the Llama model of llama.h,
+// under wtxtest::OwnersOf, and syncs it to the workers when told.
+//
+//   many_rank RANK WORLD RANK_ADDRESSES(comma) WORKERS(comma) TOKEN TIMEOUT_MS
+//
+// It initializes its trainer, prints "ready" (or "fail RC MESSAGE"), then
+// takes one command a line on stdin:
+//   sync SEED VERSION [STALL_MS]  its part of Llama(SEED), sent as VERSION
+//                                 (after STALL_MS, a rank that is late);
+//                                 prints "ok BYTES" or "fail RC MESSAGE".
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/client/llama.h"
+#include "transport/plan.h"
+
+namespace {
+
+std::vector<std::string> Split(const std::string &s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string x; std::getline(in, x, ',');) out.push_back(x);
+  return out;
+}
+
+// This rank's part of every tensor of model, into parts (the source's
+// memory, rewritten in place for each sync).
+void FillParts(const wtxtest::Llama &model, uint32_t rank,
+               std::vector<std::vector<uint8_t>> *parts) {
+  parts->resize(model.t.size());
+  for (size_t i = 0; i < model.t.size(); i++) {
+    const wtxtest::Tensor &x = model.t[i];
+    wtx_ownership o = wtxtest::OwnersOf(x.name);
+    size_t pos = 0;
+    while (pos < o.n_owners && o.owners[pos] != rank) pos++;
+    if (pos == o.n_owners) continue;
+    wtx_tensor_meta m;
+    char why[256];
+    wtx_tensor_meta_set(&m, x.name.c_str(), x.dtype, x.shape.data(), x.shape.size(), why,
+                        sizeof why);
+    wtx_box whole, mine;
+    wtx_box_whole(&m, &whole);
+    wtx_ownership_box(&m, &o, pos, &mine);
+    (*parts)[i].resize(wtx_box_elements(&mine) * x.Elsize());
+    wtx_box_copy((*parts)[i].data(), nullptr, x.data.data(), &whole, &mine, x.Elsize());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc != 7) {
+    std::fprintf(stderr, "usage: many_rank RANK WORLD RANKS WORKERS TOKEN TIMEOUT_MS\n");
+    return 2;
+  }
+  uint32_t rank = std::stoul(argv[1]), world = std::stoul(argv[2]);
+  std::vector<std::string> ranks = Split(argv[3]), workers = Split(argv[4]);
+  std::vector<const char *> ra, wa;
+  for (auto &r : ranks) ra.push_back(r.c_str());
+  for (auto &w : workers) wa.push_back(w.c_str());
+  wtxtest::Llama model(1);
+  std::vector<std::vector<uint8_t>> parts;
+  FillParts(model, rank, &parts);
+  std::vector<wtx_ownership> owners;
+  std::vector<wtx_memory_tensor> mem = model.mem;
+  for (size_t i = 0; i < mem.size(); i++) {
+    owners.push_back(wtxtest::OwnersOf(model.t[i].name));
+    mem[i].data = parts[i].empty() ? nullptr : parts[i].data();
+  }
+  char err[2048] = "";
+  wtx_source *src = nullptr;
+  wtx_client *c = nullptr;
+  wtx_trainer *t = nullptr;
+  wtx_client_options co = WTX_CLIENT_OPTIONS_INIT;
+  co.timeout_ms = 60000;
+  wtx_trainer_config cfg = WTX_TRAINER_CONFIG_INIT;
+  cfg.backend = "tcp";
+  cfg.rank = rank;
+  cfg.world = world;
+  cfg.rank_addresses = ra.data();
+  cfg.session_token = argv[5];
+  cfg.timeout_ms = std::stoul(argv[6]);
+  cfg.buffer_size = 4096;  // many chunks, and tensors cut across them
+  cfg.checksum = WTX_CHECKSUM_XXH3_64;
+  int rc = wtx_source_memory_owned(mem.data(), owners.data(), mem.size(), rank, &src, err,
+                                   sizeof err);
+  if (rc == 0) rc = wtx_client_create(wa.data(), wa.size(), &co, &c, err, sizeof err);
+  if (rc == 0) rc = wtx_trainer_init(&cfg, c, src, &t, err, sizeof err);
+  if (rc != 0) {
+    std::printf("fail %d %s\n", rc, err);
+    return 1;
+  }
+  std::printf("ready\n");
+  std::fflush(stdout);
+  for (std::string line; std::getline(std::cin, line);) {
+    std::stringstream in(line);
+    std::string cmd, version;
+    int seed = 0, stall = 0;
+    in >> cmd >> seed >> version >> stall;
+    if (cmd != "sync") continue;
+    wtxtest::Llama next(static_cast<uint8_t>(seed));
+    std::vector<std::vector<uint8_t>> fresh;
+    FillParts(next, rank, &fresh);
+    for (size_t i = 0; i < parts.size(); i++)
+      if (!parts[i].empty()) std::memcpy(parts[i].data(), fresh[i].data(), parts[i].size());
+    if (stall > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stall));
+    wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+    so.version = version.c_str();
+    wtx_send_result res;
+    rc = wtx_trainer_send_weights(t, &so, &res);
+    if (rc == 0) std::printf("ok %llu\n", static_cast<unsigned long long>(res.bytes));
+    else std::printf("fail %d %s\n", rc, wtx_trainer_last_error(t));
+    std::fflush(stdout);
+  }
+  wtx_trainer_shutdown(t);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+  return 0;
+}

@@ -1,0 +1,242 @@
+// Many senders (client/many.c): four trainer ranks, each a process holding
+// only its part of a Llama-shaped model (tests/client/many_rank.cc), sync it
+// over tcp to two tensor-parallel wtx-worker processes and a whole replica.
+// Every worker's tensors are checked against hashes the test computes from
+// the full tensors by itself; no byte is relayed; a rank killed mid-sync
+// leaves every worker on its version and the next sync lands.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/client/llama.h"
+
+namespace {
+
+using wtxtest::Llama;
+using wtxtest::Worker;
+
+const char kToken[] = "many-test-session-token";
+
+// A trainer rank's process: its stdin and stdout.
+struct Rank {
+  pid_t pid = -1;
+  FILE *in = nullptr, *out = nullptr;
+};
+
+class ManyTest : public wtxtest::ShardedFixture {
+ protected:
+  void SetUp() override {
+    ShardedFixture::SetUp();
+    backend_ = "tcp";
+    for (int r = 0; r < 4; r++) ports_.push_back(FreePort());
+  }
+  void TearDown() override {
+    for (Rank &r : ranks_) Kill(r);
+    ShardedFixture::TearDown();
+  }
+
+  static int FreePort() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
+    close(fd);
+    return ntohs(a.sin_port);
+  }
+  std::string RankAddr(int r) const { return "127.0.0.1:" + std::to_string(ports_[r]); }
+
+  // Starts rank r of 4 against workers ws; it answers "ready" once its
+  // trainer is initialized.
+  Rank Start(int r, const std::vector<Worker> &ws, int timeout_ms = 5000) {
+    std::string ranks, workers;
+    for (int k = 0; k < 4; k++) ranks += (k ? "," : "") + RankAddr(k);
+    for (const Worker &w : ws) workers += (workers.empty() ? "" : ",") + w.addr();
+    std::vector<std::string> args = {"tests/client/many_rank", std::to_string(r), "4", ranks,
+                                     workers, kToken, std::to_string(timeout_ms)};
+    int to[2], from[2];
+    EXPECT_EQ(0, pipe2(to, O_CLOEXEC));
+    EXPECT_EQ(0, pipe2(from, O_CLOEXEC));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+    std::vector<char *> argv;
+    for (auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+    argv.push_back(nullptr);
+    Rank k;
+    EXPECT_EQ(0, posix_spawn(&k.pid, argv[0], &fa, nullptr, argv.data(), environ));
+    posix_spawn_file_actions_destroy(&fa);
+    close(to[0]);
+    close(from[1]);
+    k.in = fdopen(to[1], "w");
+    k.out = fdopen(from[0], "r");
+    ranks_.push_back(k);
+    return k;
+  }
+  // The rank's next line, waiting at most 60 s ("" when none came).
+  static std::string Line(Rank &k) {
+    pollfd p = {fileno(k.out), POLLIN, 0};
+    char buf[4096];
+    if (poll(&p, 1, 60000) != 1 || fgets(buf, sizeof buf, k.out) == nullptr) return "";
+    std::string s(buf);
+    if (!s.empty() && s.back() == '\n') s.pop_back();
+    return s;
+  }
+  static void Say(Rank &k, const std::string &cmd) {
+    fprintf(k.in, "%s\n", cmd.c_str());
+    fflush(k.in);
+  }
+  static void Kill(Rank &k) {
+    if (k.pid <= 0) return;
+    kill(k.pid, SIGKILL);
+    int st;
+    waitpid(k.pid, &st, 0);
+    fclose(k.in);
+    fclose(k.out);
+    k.pid = -1;
+  }
+  // Starts ranks 0..3 and waits for every one to be ready.
+  void StartAll(const std::vector<Worker> &ws) {
+    for (int r = 0; r < 4; r++) Start(r, ws);
+    for (int r = 0; r < 4; r++) ASSERT_EQ("ready", Line(ranks_[r])) << "rank " << r;
+  }
+  // One sync on every rank; each rank's answer.
+  std::vector<std::string> SyncAll(int seed, const std::string &v, int stalled = -1) {
+    std::vector<std::string> got;
+    for (int r = 0; r < 4; r++)
+      Say(ranks_[r], "sync " + std::to_string(seed) + " " + v +
+                         (r == stalled ? " 3000" : ""));
+    for (int r = 0; r < 4; r++) got.push_back(Line(ranks_[r]));
+    return got;
+  }
+  // Bytes a rank's "ok BYTES" says it sent.
+  static uint64_t Sent(const std::string &line) {
+    EXPECT_EQ(0u, line.rfind("ok ", 0)) << line;
+    return line.size() > 3 ? std::stoull(line.substr(3)) : 0;
+  }
+
+  std::vector<int> ports_;
+  std::vector<Rank> ranks_;
+};
+
+TEST_F(ManyTest, EveryRankSendsItsOwnBytesStraightToTheWorkersThatHoldThem) {
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  StartAll({r0, r1, whole});
+  for (int seed = 1; seed <= 2; seed++) {
+    Llama model(static_cast<uint8_t>(seed));
+    std::string v = "v" + std::to_string(seed);
+    std::vector<std::string> got = SyncAll(seed, v);
+    uint64_t sent = 0;
+    for (int r = 0; r < 4; r++) sent += Sent(got[r]);
+    uint64_t held = ExpectHolds(r0, 0, model, v) + ExpectHolds(r1, 1, model, v);
+    EXPECT_LE(held * 100, 2 * model.total * 55) << "a TP worker holds over 0.55x the model";
+    held += ExpectHolds(whole, -1, model, v);
+    EXPECT_EQ(held, sent) << "every byte a worker holds was sent once, by one rank";
+    EXPECT_LT(Sent(got[0]), model.total) << "rank 0 sends only what it owns";
+    EXPECT_GT(Sent(got[3]), 0u) << "a rank that owns bytes sends them";
+  }
+}
+
+TEST_F(ManyTest, ARankKilledMidSyncLeavesEveryWorkerOnItsVersionAndTheNextSyncLands) {
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  std::vector<Worker> ws = {r0, r1, whole};
+  StartAll(ws);
+  for (const std::string &line : SyncAll(1, "v1")) ASSERT_EQ(0u, line.rfind("ok", 0)) << line;
+  // Rank 2 stalls before it sends; killed meanwhile, its connections close.
+  for (int r = 0; r < 4; r++) Say(ranks_[r], std::string("sync 2 v2") + (r == 2 ? " 3000" : ""));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Kill(ranks_[2]);
+  std::string err = Line(ranks_[0]);
+  EXPECT_EQ(0u, err.rfind("fail", 0)) << err;
+  EXPECT_NE(std::string::npos, err.find(RankAddr(2))) << "the error names the dead rank: " << err;
+  for (int r : {1, 3}) Line(ranks_[r]);  // each answers, one way or the other
+  Llama one(1), two(2);
+  ExpectHolds(r0, 0, one, "v1");
+  ExpectHolds(r1, 1, one, "v1");
+  ExpectHolds(whole, -1, one, "v1");
+  // Rank 2 comes back; the next sync lands everywhere.
+  ranks_[2] = Start(2, ws);
+  ranks_.pop_back();
+  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 2 v2");
+  ASSERT_EQ("ready", Line(ranks_[2]));
+  Say(ranks_[2], "sync 2 v2");
+  for (int r = 0; r < 4; r++) EXPECT_EQ(0u, Line(ranks_[r]).rfind("ok", 0)) << "rank " << r;
+  ExpectHolds(r0, 0, two, "v2");
+  ExpectHolds(r1, 1, two, "v2");
+  ExpectHolds(whole, -1, two, "v2");
+}
+
+// Refused at init, before any byte moves, naming the parameter.
+class ManyInitTest : public ManyTest {
+ protected:
+  int Init(const std::vector<Worker> &ws, std::vector<wtx_ownership> owners, std::string *err,
+           const char *backend = "tcp") {
+    Llama model(1);
+    std::vector<const char *> ra;
+    std::vector<std::string> addrs = {RankAddr(0), RankAddr(1)};
+    for (auto &a : addrs) ra.push_back(a.c_str());
+    std::vector<wtx_memory_tensor> mem = model.mem;  // rank 0 given every byte
+    char e[2048] = "";
+    wtx_source *src = nullptr;
+    int rc = wtx_source_memory_owned(mem.data(), owners.data(), mem.size(), 0, &src, e,
+                                     sizeof e);
+    wtx_client *c = Client(ws);
+    wtx_trainer_config cfg = WTX_TRAINER_CONFIG_INIT;
+    cfg.backend = backend;
+    cfg.world = 2;
+    cfg.rank_addresses = ra.data();
+    cfg.session_token = kToken;
+    wtx_trainer *t = nullptr;
+    if (rc == 0) rc = wtx_trainer_init(&cfg, c, src, &t, e, sizeof e);
+    *err = e;
+    wtx_trainer_shutdown(t);
+    wtx_client_destroy(c);
+    wtx_source_destroy(src);
+    return rc;
+  }
+  static std::vector<wtx_ownership> Owners(const Llama &model, uint32_t n_ranks) {
+    static const uint32_t both[] = {0, 1};
+    static const int32_t shard0[] = {0};
+    std::vector<wtx_ownership> o(model.t.size(), wtx_ownership{both, n_ranks, nullptr, 0, shard0});
+    return o;
+  }
+};
+
+TEST_F(ManyInitTest, AnOrphanParameterIsRefusedByName) {
+  Worker r0 = SpawnRank(0);
+  Llama model(1);
+  std::vector<wtx_ownership> o = Owners(model, 2);
+  o[3].n_owners = 0;  // no rank owns it
+  std::string err;
+  EXPECT_EQ(WTX_EINVAL, Init({r0}, o, &err));
+  EXPECT_NE(std::string::npos, err.find(model.t[3].name)) << err;
+}
+
+TEST_F(ManyInitTest, APieceThatIsNotOneRunOfTheWorkersPartIsRefusedByName) {
+  Worker r0 = SpawnRank(0);
+  Llama model(1);
+  std::vector<wtx_ownership> o = Owners(model, 2);
+  static const int32_t shard1[] = {1};
+  o[1].placements = shard1;  // q_proj's columns split, the worker's rows sliced
+  std::string err;
+  EXPECT_EQ(WTX_ENOTSUP, Init({r0}, o, &err));
+  EXPECT_NE(std::string::npos, err.find("'" + model.t[1].name + "'")) << err;
+}
+
+TEST_F(ManyInitTest, ManySendersNeedTcp) {
+  Worker r0 = SpawnRank(0);
+  Llama model(1);
+  std::string err;
+  EXPECT_EQ(WTX_EINVAL, Init({r0}, Owners(model, 2), &err, "shm"));
+  EXPECT_NE(std::string::npos, err.find("tcp")) << err;
+}
+
+}  // namespace
