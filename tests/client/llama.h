@@ -56,8 +56,13 @@ struct Llama {
     Tensor x{name, dtype, shape, {}};
     uint64_t n = x.Elsize();
     for (uint64_t d : shape) n *= d;
-    for (uint64_t i = 0; i < n; i++)
-      x.data.push_back(static_cast<uint8_t>((i * 131 + t.size() * 7) ^ seed));
+    // No period: a part sent from the wrong offset never hashes the same.
+    for (uint64_t i = 0; i < n; i++) {
+      uint32_t h = static_cast<uint32_t>(i + 1) * 2654435761u ^
+                   static_cast<uint32_t>(t.size() * 40503u + seed * 97u);
+      h ^= h >> 15;
+      x.data.push_back(static_cast<uint8_t>(h >> 7));
+    }
     total += n;
     t.push_back(std::move(x));
   }
