@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/fsdp.h"
 #include "client/on_gpu.h"
 #include "common/clock.h"
 #include "wtx/client.h"
@@ -52,6 +53,13 @@ static const char usage[] =
 
     "  --verify             then compare every worker's checksums with ours\n"
     "                       (turns --checksum on)\n"
+    "  --world N --rank R   many senders (tcp): this process is rank R of N,\n"
+    "                       holding only its FSDP part of SOURCE (dim 0 of every\n"
+    "                       tensor split over the ranks) and sending it straight\n"
+    "                       to the workers; start all N ranks together\n"
+    "  --rank-addresses A,B,...  the N ranks' data ports, the same on every rank\n"
+    "  --session-token T    a secret shared by the N ranks, 16..64 bytes\n"
+    "                       (default: $WTX_SESSION_TOKEN)\n"
     "  --repeat N           N syncs, one after the other, from this one trainer\n"
     "                       (its buffers and connections kept, as a training\n"
     "                       loop's are), one summary line each; 1.." STR(MAX_REPEAT) "\n"
@@ -159,6 +167,8 @@ typedef struct push_args {
   uint64_t seed;
   int verify, draft, on_gpu;
   unsigned repeat; /* syncs from this one trainer (--repeat; 0: one) */
+  char *rank_list;  /* --rank-addresses, split in place into ranks */
+  const char *ranks[WTX_MAX_SENDERS];
 } push_args;
 
 static int open_source(int argc, char **argv, const push_args *a, wtx_source **src) {
@@ -260,6 +270,21 @@ done:
   return rc == 0 ? 0 : -1;
 }
 
+/* --world: *src becomes this rank's FSDP part of it (*held owns the
+ * copies); the full source goes. */
+static int to_part(const push_args *a, wtx_source **src, wtx__fsdp **held) {
+  char err[1024] = "";
+  wtx_source *part = NULL;
+  int rc = wtx__fsdp_part(*src, a->cfg.rank, a->cfg.world, &part, held, err, sizeof err);
+  if (rc != 0) {
+    fprintf(stderr, "wtx push: --world: %s\n", err);
+    return -1;
+  }
+  wtx_source_destroy(*src);
+  *src = part;
+  return 0;
+}
+
 static const struct option push_longopts[] = {
     {"workers", required_argument, NULL, 'w'},
     {"backend", required_argument, NULL, 'b'},
@@ -277,6 +302,10 @@ static const struct option push_longopts[] = {
     {"timeout-ms", required_argument, NULL, 't'},
     {"verify", no_argument, NULL, 'c'},
     {"repeat", required_argument, NULL, 'r'},
+    {"world", required_argument, NULL, 'W'},
+    {"rank", required_argument, NULL, 'k'},
+    {"rank-addresses", required_argument, NULL, 'A'},
+    {"session-token", required_argument, NULL, 'S'},
     CRED_LONGOPTS,
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -312,8 +341,31 @@ static int push_option(int c, const char *arg, push_args *a) {
       if (parse_size(arg, &v) != 0 || v < 1 || v > MAX_REPEAT) return 1;
       a->repeat = (unsigned)v;
       return 0;
+    case 'W':
+    case 'k':
+      if (parse_size(arg, &v) != 0 || v >= WTX_MAX_SENDERS) return 1;
+      *(c == 'W' ? &cfg->world : &cfg->rank) = (uint32_t)v;
+      return 0;
+    case 'A': return (a->rank_list = strdup(arg)) == NULL;
+    case 'S': cfg->session_token = arg; return 0;
     default: return cred_option(c, arg, &a->cr) != 0;
   }
+}
+
+/* --world N: the N rank addresses, and the session token. */
+static int parse_ranks(push_args *a) {
+  uint32_t n = 0;
+  for (char *save = NULL, *p = a->rank_list ? strtok_r(a->rank_list, ",", &save) : NULL;
+       p != NULL && n < WTX_MAX_SENDERS; p = strtok_r(NULL, ",", &save))
+    a->ranks[n++] = p;
+  if (n != a->cfg.world || a->cfg.rank >= n) {
+    fprintf(stderr, "wtx push: --world %u needs --rank below it and --rank-addresses "
+            "with %u entries (%u given)\n", a->cfg.world, a->cfg.world, n);
+    return -1;
+  }
+  a->cfg.rank_addresses = a->ranks;
+  if (a->cfg.session_token == NULL) a->cfg.session_token = getenv("WTX_SESSION_TOKEN");
+  return 0;
 }
 
 /* Parses push's flags: 0 to go on, else the exit status (help: 0 via -1). */
@@ -342,6 +394,7 @@ static int parse_push(int argc, char **argv, push_args *a) {
     fprintf(stderr, "wtx push: --version names one sync; drop it or --repeat\n");
     return 2;
   }
+  if (a->cfg.world > 1 && parse_ranks(a) != 0) return 2;
   /* --verify needs checksums: on unless --no-checksum said otherwise. */
   if (a->verify && a->cfg.checksum == WTX_CHECKSUM_DEFAULT)
     a->cfg.checksum = WTX_CHECKSUM_XXH3_64;
@@ -434,12 +487,17 @@ static int cmd_push(int argc, char **argv) {
   wtx__on_gpu *held = NULL;
   wtx_client *cl = NULL;
   int rc = 2;
+  wtx__fsdp *part = NULL;
   if (open_source(argc - optind, argv + optind, &a, &src) != 0) return 2;
+  if (a.cfg.world > 1 && to_part(&a, &src, &part) != 0) goto done;
   if ((!a.on_gpu || to_gpu(&src, &host, &held) == 0) &&
       make_client(a.workers, &a.cr, a.cfg.timeout_ms, &cl) == 0)
     rc = push_sync(&a, cl, src) == 0 ? 0 : 1;
+done:
   wtx_client_destroy(cl);
   wtx_source_destroy(src);
+  wtx__fsdp_free(part);
+  free(a.rank_list);
   wtx__on_gpu_free(held);
   wtx_source_destroy(host);
   return rc;

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Many senders against rank 0 alone, in one run: the same synthetic model,
+# held by a trainer of 4 ranks (FSDP: dim 0 of every tensor split over them,
+# wtx push --world 4, one process per rank), synced over tcp to two workers
+# of tensor-parallel ranks 0 and 1 of 2; then the whole model synced by one
+# process (rank 0 sending every byte) to the same workers. Per way: the
+# bytes each trainer link carries, and the third sync's wall time (rank 0's:
+# it answers for the sync). On loopback every link shares this machine's
+# cores, so the wall time here shows the cost of the protocol, not the
+# links' gain; the bytes per link are what a cluster's NICs would carry.
+# Usage: bench/many.sh [SIZE]   (default 1G; run.sh --quick passes 256M)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+size=${1:-1G}
+. bench/common.sh
+ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
+cat >"$tmp/rules" <<'RULES'
+*.q_proj.weight dim 0
+*.k_proj.weight dim 0
+*.v_proj.weight dim 0
+*.o_proj.weight dim 1
+*.up_proj.weight dim 0
+*.down_proj.weight dim 1
+model.embed_tokens.weight dim 0
+RULES
+start_tp() {
+  "$bin/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$tmp/p$2" --log-level warn \
+    --shard-rules "$tmp/rules" --tp-rank "$1" --tp-size 2 2>"$tmp/w$2.log" &
+  pids+=($!)
+  for _ in $(seq 1000); do [ -s "$tmp/p$2" ] && break; sleep 0.01; done
+  addr="127.0.0.1:$(cat "$tmp/p$2")"
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+bytes_all() { sed -nE 's/^pushed [0-9]+ params, ([0-9]+) bytes.*/\1/p'; }
+
+start_tp 0 t0; t0=$addr
+start_tp 1 t1; t1=$addr
+ranks=""
+for r in 0 1 2 3; do ranks+="${ranks:+,}127.0.0.1:$(free_port)"; done
+export WTX_SESSION_TOKEN=bench-many-session-token-0123
+for r in 0 1 2 3; do
+  "$bin/client/wtx" push --workers "$t0,$t1" --backend tcp --world 4 --rank "$r" \
+    --rank-addresses "$ranks" --repeat 3 "synthetic:$size" >"$tmp/rank$r.out" &
+  rpids+=($!)
+done
+for p in "${rpids[@]}"; do wait "$p"; done
+many_s=$(sync_s_all <"$tmp/rank0.out" | tail -1)
+one=$("$bin/client/wtx" push --workers "$t0,$t1" --backend tcp --repeat 3 "synthetic:$size")
+one_s=$(echo "$one" | sync_s_all | tail -1)
+one_b=$(echo "$one" | bytes_all | tail -1)
+
+echo "# many senders vs rank 0 alone  $(date -u +%F)  $(nproc) cores  model synthetic:$size"
+echo "# to 2 tensor-parallel workers over tcp; the third sync of each trainer"
+printf "%-22s %14s %14s %10s\n" way "busiest link B" "vs rank 0" "sync s"
+most=0
+for r in 0 1 2 3; do
+  b=$(bytes_all <"$tmp/rank$r.out" | tail -1)
+  printf "%-22s %14s %14s %10s\n" "4 ranks: rank $r" "$b" "$(ratio "$b" "$one_b")" \
+    "$(sync_s_all <"$tmp/rank$r.out" | tail -1)"
+  [ "$b" -gt "$most" ] && most=$b
+done
+printf "%-22s %14s %14s %10s\n" "rank 0 alone" "$one_b" 1.00 "$one_s"
+echo "many senders: the busiest trainer link carries $(ratio "$most" "$one_b") x rank 0's;" \
+  "the sync takes $(ratio "$many_s" "$one_s") x rank 0's (loopback, $(nproc) cores)"

@@ -1,0 +1,23 @@
+/* wtx push --world N --rank R: this rank's FSDP part of a source, as FSDP2
+ * shards a model: dim 0 of every tensor split over the N ranks as
+ * torch.chunk splits (a scalar replicated), each rank holding only its
+ * part. So one process per rank, each given the same source, stands for a
+ * sharded trainer (bench/many.sh, a smoke test of a cluster). CLI only. */
+#ifndef WTX_CLIENT_FSDP_H
+#define WTX_CLIENT_FSDP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wtx/source.h"
+
+typedef struct wtx__fsdp wtx__fsdp;
+
+/* An owned memory source (*out, the caller's) over copies of rank's parts
+ * of full's tensors, which *held owns (free with wtx__fsdp_free after
+ * destroying *out); full stays the caller's and may go once this returns. */
+int wtx__fsdp_part(wtx_source *full, uint32_t rank, uint32_t world, wtx_source **out,
+                   wtx__fsdp **held, char *err, size_t errlen);
+void wtx__fsdp_free(wtx__fsdp *f);
+
+#endif /* WTX_CLIENT_FSDP_H */
