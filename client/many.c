@@ -329,6 +329,7 @@ static int many_sessions(wtx__many *m, char *err, size_t errlen) {
     ti.data_token = (ProtobufCBinaryData){m->token_len, m->token};
     ti.checksum_trailer = 1;
     ti.worker_index = (uint32_t)started;
+    ti.plan_digest = wtx_plan_digest(m->plan);
     ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
     ii.tcp = &ti;
     rc = wtx__client_init_start(m->one[started], 0, &ii);
@@ -375,8 +376,9 @@ static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, siz
   if (rc == 0 && m->copies == NULL) rc = WTX_ENOMEM;
   char bound[300];
   if (rc == 0)
-    rc = wtx__tcp_rank_listen(m->addrs[m->rank], m->token, m->token_len, m->n_workers,
-                              m->wire.timeout_ms, &m->tcp, bound, sizeof bound, err, errlen);
+    rc = wtx__tcp_rank_listen(m->addrs[m->rank], m->token, m->token_len,
+                              wtx_plan_digest(m->plan), m->n_workers, m->wire.timeout_ms,
+                              &m->tcp, bound, sizeof bound, err, errlen);
   if (rc == 0 && m->rank == 0 && (rc = many_clients(m)) == 0) rc = many_sessions(m, err, errlen);
   if (rc == 0 && m->rank != 0) rc = wtx__tcp_rank_accept(m->tcp, err, errlen);
   return rc;

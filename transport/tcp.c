@@ -376,6 +376,7 @@ typedef struct tcp_worker {
   inlet *in;
   size_t n_in;
   uint32_t index; /* worker_index, said after each hello when n_in > 1 */
+  uint64_t plan_digest; /* rank 0's, which every sender must share */
   int lfd;     /* relay listener, -1 when last in the chain */
   int down;    /* relay connection, accepted at the first chunk */
   int cancel_fd; /* eventfd: written by cancel, ends every wait */
@@ -461,6 +462,7 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
              i == 0 ? ti->upstream_address : ti->sender_addresses[i - 1]);
   }
   w->index = ti->worker_index;
+  w->plan_digest = ti->plan_digest;
   w->wire = *wire;
   w->allow = env != NULL ? env->allow_upstream : NULL;
   w->relay_port = env != NULL ? env->relay_port : 0;
@@ -471,6 +473,30 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   memcpy(w->token, ti->data_token.data, w->token_len);
   *self = w;
   return 0;
+}
+
+/* With several senders: tells the sender which worker this is and rank
+ * 0's plan, and takes its own plan back; they must be the same. */
+static int agree_plan(tcp_worker *w, inlet *in, const waitspec *ws, const char **why,
+                      char *err, size_t errlen) {
+  uint8_t who[WTX__TCP_WHO_BYTES], plan[WTX__TCP_PLAN_BYTES];
+  uint64_t theirs = 0;
+  wtx__tcp_who_encode(who, w->index, w->plan_digest);
+  int rc = write_full(in->fd, who, sizeof who, ws, why);
+  if (rc == 0) rc = read_full(in->fd, plan, sizeof plan, ws, why);
+  if (rc == 0 && wtx__tcp_plan_decode(plan, &theirs) != 0) {
+    *why = "its answer to the who record is not one";
+    rc = WTX_EPROTO;
+  }
+  if (rc == 0 && theirs != w->plan_digest) {
+    *why = "";
+    snprintf(err, errlen, "tcp: sender %s planned this sync differently from rank 0 (plan "
+             "digest %016llx, rank 0's %016llx): its metadata, ownership or view of the "
+             "workers differ", in->addr, (unsigned long long)theirs,
+             (unsigned long long)w->plan_digest);
+    rc = WTX_EINVAL;
+  }
+  return rc;
 }
 
 /* How often a refused sender is asked again while the init lasts. */
@@ -492,11 +518,8 @@ static int open_inlet(tcp_worker *w, inlet *in, const waitspec *ws, char *err,
   }
   const char *why = "";
   if (rc == 0 && (rc = send_hello(in->fd, w->token, w->token_len, ws, &why)) == 0 &&
-      w->n_in > 1) {
-    uint8_t who[WTX__TCP_WHO_BYTES];
-    wtx__tcp_who_encode(who, w->index);
-    rc = write_full(in->fd, who, sizeof who, ws, &why);
-  }
+      w->n_in > 1)
+    rc = agree_plan(w, in, ws, &why, err, errlen);
   if (rc != 0 && why[0] != '\0') snprintf(err, errlen, "tcp: hello to %s: %s", in->addr, why);
   return rc;
 }
@@ -1024,6 +1047,7 @@ struct wtx__tcp_rank {
   XXH3_state_t **h; /* per worker, for its chunks' span sums */
   uint64_t **sums;  /* per worker, the trailer's values */
   size_t *sums_cap;
+  uint64_t digest;  /* this rank's plan, which rank 0's must equal */
 };
 
 void wtx__tcp_rank_destroy(wtx__tcp_rank *r) {
@@ -1060,8 +1084,9 @@ static int rank_alloc(wtx__tcp_rank *r) {
 }
 
 int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_len,
-                         size_t n_workers, uint32_t timeout_ms, wtx__tcp_rank **out,
-                         char *bound, size_t blen, char *err, size_t errlen) {
+                         uint64_t plan_digest, size_t n_workers, uint32_t timeout_ms,
+                         wtx__tcp_rank **out, char *bound, size_t blen, char *err,
+                         size_t errlen) {
   if (token_len < WTX__TCP_TOKEN_MIN || token_len > WTX__TCP_TOKEN_MAX || n_workers == 0) {
     snprintf(err, errlen, "tcp: the session token must be %d..%d bytes", WTX__TCP_TOKEN_MIN,
              WTX__TCP_TOKEN_MAX);
@@ -1074,6 +1099,7 @@ int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_le
   r->timeout_ms = timeout_ms;
   r->token_len = token_len;
   memcpy(r->token, token, token_len);
+  r->digest = plan_digest;
   r->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   int rc = r->cancel_fd < 0 ? WTX_ENOMEM : rank_alloc(r);
   if (rc == 0) rc = listen_on(addr, &r->lfd, bound, blen, err, errlen);
@@ -1089,8 +1115,8 @@ int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_le
 
 /* The worker a fresh connection says it is (hello, then who), within
  * HELLO_MS: its index, or -1 for a peer that is not one of ours. */
-static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws) {
-  uint8_t h[WTX__TCP_HELLO_BYTES], who[WTX__TCP_WHO_BYTES];
+static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws, uint64_t *theirs) {
+  uint8_t h[WTX__TCP_HELLO_BYTES], who[WTX__TCP_WHO_BYTES], plan[WTX__TCP_PLAN_BYTES];
   const char *why = "";
   uint32_t index = 0;
   waitspec hello = within(HELLO_MS, ws->cancel_fd);
@@ -1098,9 +1124,13 @@ static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws) {
   if (read_full(fd, h, sizeof h, &hello, &why) != 0 ||
       wtx__tcp_hello_check(h, r->token, r->token_len) != 0 ||
       read_full(fd, who, sizeof who, &hello, &why) != 0 ||
-      wtx__tcp_who_decode(who, &index) != 0 || index >= r->n_workers || r->fd[index] >= 0)
+      wtx__tcp_who_decode(who, &index, theirs) != 0 || index >= r->n_workers ||
+      r->fd[index] >= 0)
     return -1;
-  return index;
+  /* Answered either way, so the worker can name a plan that differs. */
+  wtx__tcp_plan_encode(plan, r->digest);
+  if (write_full(fd, plan, sizeof plan, &hello, &why) != 0) return -1;
+  return *theirs == r->digest ? (int64_t)index : -2;
 }
 
 static size_t rank_missing(const wtx__tcp_rank *r) {
@@ -1121,7 +1151,16 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
     }
     int fd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) continue; /* EINTR, ECONNABORTED, ...: wait again */
-    int64_t w = read_worker(r, fd, &ws);
+    uint64_t theirs = 0;
+    int64_t w = read_worker(r, fd, &ws, &theirs);
+    if (w == -2) {
+      close(fd);
+      snprintf(err, errlen, "tcp: a worker brings rank 0's plan (digest %016llx), and this "
+               "rank's differs (%016llx): its metadata, ownership or view of the workers "
+               "differ from rank 0's", (unsigned long long)theirs,
+               (unsigned long long)r->digest);
+      return WTX_EINVAL;
+    }
     if (w < 0) {
       close(fd); /* not our peer, or silent */
       continue;

@@ -10,6 +10,7 @@ static const char hello_magic[4] = {'W', 'T', 'X', 'H'};
 static const char frame_magic[4] = {'W', 'T', 'X', 'C'};
 static const char trailer_magic[4] = {'W', 'T', 'X', 'S'};
 static const char who_magic[4] = {'W', 'T', 'X', 'W'};
+static const char plan_magic[4] = {'W', 'T', 'X', 'P'};
 enum { VERSION = 1 };
 
 static void put64(uint8_t *p, uint64_t v) {
@@ -42,14 +43,28 @@ int wtx__tcp_hello_check(const uint8_t *h, const uint8_t *token, size_t len) {
   return ok ? 0 : WTX_EAUTH;
 }
 
-void wtx__tcp_who_encode(uint8_t *w, uint32_t index) {
+void wtx__tcp_who_encode(uint8_t *w, uint32_t index, uint64_t digest) {
   memcpy(w, who_magic, 4);
   put32(w + 4, index);
+  put64(w + 8, digest);
 }
 
-int wtx__tcp_who_decode(const uint8_t *w, uint32_t *index) {
+int wtx__tcp_who_decode(const uint8_t *w, uint32_t *index, uint64_t *digest) {
   if (memcmp(w, who_magic, 4) != 0) return WTX_EPROTO;
   *index = get32(w + 4);
+  *digest = get64(w + 8);
+  return 0;
+}
+
+void wtx__tcp_plan_encode(uint8_t *p, uint64_t digest) {
+  memcpy(p, plan_magic, 4);
+  put32(p + 4, 0);
+  put64(p + 8, digest);
+}
+
+int wtx__tcp_plan_decode(const uint8_t *p, uint64_t *digest) {
+  if (memcmp(p, plan_magic, 4) != 0 || get32(p + 4) != 0) return WTX_EPROTO;
+  *digest = get64(p + 8);
   return 0;
 }
 

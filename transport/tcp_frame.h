@@ -3,7 +3,9 @@
  *  - the hello every data connection opens with: "WTXH", version, token
  *    length, the session's data_token (zero-padded to WTX__TCP_TOKEN_MAX);
  *  - with several senders (TcpInitInfo.sender_addresses), after the hello
- *    on each sender's connection: "WTXW", the worker's index (4 bytes);
+ *    on each sender's connection: "WTXW", the worker's index (4 bytes),
+ *    rank 0's plan digest (8); the sender answers "WTXP", 4 zero bytes,
+ *    its own plan digest (8);
  *  - the 32-byte frame header before each chunk: "WTXC", version, chunk
  *    sequence, first_param_offset, chunk_bytes;
  *  - with TcpInitInfo.checksum_trailer, the trailer after each chunk's
@@ -25,7 +27,8 @@ extern "C" {
 #define WTX__TCP_HELLO_BYTES (12 + WTX__TCP_TOKEN_MAX)
 #define WTX__TCP_FRAME_BYTES 32
 #define WTX__TCP_TRAILER_HEAD_BYTES 16
-#define WTX__TCP_WHO_BYTES 8
+#define WTX__TCP_WHO_BYTES 16
+#define WTX__TCP_PLAN_BYTES 16
 
 /* What a frame header says of the chunk that follows it. */
 typedef struct wtx__tcp_frame {
@@ -41,9 +44,13 @@ void wtx__tcp_hello_encode(uint8_t *h, const uint8_t *token, size_t len);
 int wtx__tcp_hello_check(const uint8_t *h, const uint8_t *token, size_t len);
 
 /* w: WTX__TCP_WHO_BYTES. */
-void wtx__tcp_who_encode(uint8_t *w, uint32_t index);
-/* The worker's index from a "WTXW" record: WTX_EPROTO when it is not one. */
-int wtx__tcp_who_decode(const uint8_t *w, uint32_t *index);
+void wtx__tcp_who_encode(uint8_t *w, uint32_t index, uint64_t digest);
+/* A "WTXW" record's worker index and plan digest: WTX_EPROTO when it is
+ * not one. */
+int wtx__tcp_who_decode(const uint8_t *w, uint32_t *index, uint64_t *digest);
+/* p: WTX__TCP_PLAN_BYTES, a sender's answer to the who record. */
+void wtx__tcp_plan_encode(uint8_t *p, uint64_t digest);
+int wtx__tcp_plan_decode(const uint8_t *p, uint64_t *digest);
 
 /* f: WTX__TCP_FRAME_BYTES. */
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr);

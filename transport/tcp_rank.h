@@ -18,15 +18,18 @@ extern "C" {
 typedef struct wtx__tcp_rank wtx__tcp_rank;
 
 /* Listens on addr ("host:port"; port 0: one the system picks) for
- * n_workers workers presenting token (16..64 bytes, copied); bound
- * receives the address listened on. Every later wait is bounded by
- * timeout_ms. *out is the caller's until destroy. */
+ * n_workers workers presenting token (16..64 bytes, copied) and rank 0's
+ * plan, which must be plan_digest (this rank's); bound receives the
+ * address listened on. Every later wait is bounded by timeout_ms. *out is
+ * the caller's until destroy. */
 int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_len,
-                         size_t n_workers, uint32_t timeout_ms, wtx__tcp_rank **out,
-                         char *bound, size_t blen, char *err, size_t errlen);
+                         uint64_t plan_digest, size_t n_workers, uint32_t timeout_ms,
+                         wtx__tcp_rank **out, char *bound, size_t blen, char *err,
+                         size_t errlen);
 /* Accepts a connection from every worker not connected, within the
- * timeout; a peer without the token, or naming a worker out of range or
- * connected already, is dropped. */
+ * timeout, answering each with this rank's plan digest; a peer without the
+ * token, or naming a worker out of range or connected already, is dropped.
+ * A worker bringing another plan of rank 0's fails it (WTX_EINVAL). */
 int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen);
 /* Whether every worker's connection is still open (a worker whose update
  * was aborted closes it: its next session connects again). Never blocks. */

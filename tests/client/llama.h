@@ -124,9 +124,12 @@ inline bool Expected(const Tensor &x, int r, std::vector<uint8_t> *out, std::vec
 // FSDP), layer 1 is replicated on ranks 2 and 3 (the plan splits its bytes
 // between them), the int8 scale is rank 3's, and lm_head is Shard(0) over
 // all four. Arrays live as long as the program.
-inline wtx_ownership OwnersOf(const std::string &name) {
-  static const uint32_t r0[] = {0}, r01[] = {0, 1}, r23[] = {2, 3}, r3[] = {3},
+// other: a rank that believes the scale is rank 2's, not rank 3's (its plan
+// differs from the others').
+inline wtx_ownership OwnersOf(const std::string &name, bool other = false) {
+  static const uint32_t r0[] = {0}, r01[] = {0, 1}, r23[] = {2, 3}, r3[] = {3}, r2[] = {2},
                         all[] = {0, 1, 2, 3};
+  if (other && name == "model.scale") return {r2, 1, nullptr, 0, nullptr};
   static const int32_t shard0[] = {0}, repl[] = {WTX_PLACEMENT_REPLICATE};
   if (name.find("embed") != std::string::npos) return {r0, 1, nullptr, 0, nullptr};
   if (name.find("layers.0.") != std::string::npos) return {r01, 2, nullptr, 0, shard0};

@@ -2,8 +2,10 @@
 // kill it mid-sync): it holds only its part of the Llama model of llama.h,
 // under wtxtest::OwnersOf, and syncs it to the workers when told.
 //
-//   many_rank RANK WORLD RANK_ADDRESSES(comma) WORKERS(comma) TOKEN TIMEOUT_MS
+//   many_rank RANK WORLD RANK_ADDRESSES(comma) WORKERS(comma) TOKEN TIMEOUT_MS [other]
 //
+// "other": this rank believes another ownership than the rest (OwnersOf's
+// other), so its plan differs.
 // It initializes its trainer, prints "ready" (or "fail RC MESSAGE"), then
 // takes one command a line on stdin:
 //   sync SEED VERSION [STALL_MS]  its part of Llama(SEED), sent as VERSION
@@ -32,12 +34,14 @@ std::vector<std::string> Split(const std::string &s) {
 
 // This rank's part of every tensor of model, into parts (the source's
 // memory, rewritten in place for each sync).
+bool g_other = false;
+
 void FillParts(const wtxtest::Llama &model, uint32_t rank,
                std::vector<std::vector<uint8_t>> *parts) {
   parts->resize(model.t.size());
   for (size_t i = 0; i < model.t.size(); i++) {
     const wtxtest::Tensor &x = model.t[i];
-    wtx_ownership o = wtxtest::OwnersOf(x.name);
+    wtx_ownership o = wtxtest::OwnersOf(x.name, g_other);
     size_t pos = 0;
     while (pos < o.n_owners && o.owners[pos] != rank) pos++;
     if (pos == o.n_owners) continue;
@@ -56,7 +60,8 @@ void FillParts(const wtxtest::Llama &model, uint32_t rank,
 }  // namespace
 
 int main(int argc, char **argv) {
-  if (argc != 7) {
+  g_other = argc == 8 && std::string(argv[7]) == "other";
+  if (argc != 7 && !g_other) {
     std::fprintf(stderr, "usage: many_rank RANK WORLD RANKS WORKERS TOKEN TIMEOUT_MS\n");
     return 2;
   }
@@ -71,7 +76,7 @@ int main(int argc, char **argv) {
   std::vector<wtx_ownership> owners;
   std::vector<wtx_memory_tensor> mem = model.mem;
   for (size_t i = 0; i < mem.size(); i++) {
-    owners.push_back(wtxtest::OwnersOf(model.t[i].name));
+    owners.push_back(wtxtest::OwnersOf(model.t[i].name, g_other));
     mem[i].data = parts[i].empty() ? nullptr : parts[i].data();
   }
   char err[2048] = "";

@@ -55,12 +55,13 @@ class ManyTest : public wtxtest::ShardedFixture {
 
   // Starts rank r of 4 against workers ws; it answers "ready" once its
   // trainer is initialized.
-  Rank Start(int r, const std::vector<Worker> &ws, int timeout_ms = 5000) {
+  Rank Start(int r, const std::vector<Worker> &ws, int timeout_ms = 5000, bool other = false) {
     std::string ranks, workers;
     for (int k = 0; k < 4; k++) ranks += (k ? "," : "") + RankAddr(k);
     for (const Worker &w : ws) workers += (workers.empty() ? "" : ",") + w.addr();
     std::vector<std::string> args = {"tests/client/many_rank", std::to_string(r), "4", ranks,
                                      workers, kToken, std::to_string(timeout_ms)};
+    if (other) args.push_back("other");
     int to[2], from[2];
     EXPECT_EQ(0, pipe2(to, O_CLOEXEC));
     EXPECT_EQ(0, pipe2(from, O_CLOEXEC));
@@ -172,6 +173,20 @@ TEST_F(ManyTest, ARankKilledMidSyncLeavesEveryWorkerOnItsVersionAndTheNextSyncLa
   ExpectHolds(r0, 0, two, "v2");
   ExpectHolds(r1, 1, two, "v2");
   ExpectHolds(whole, -1, two, "v2");
+}
+
+// A rank whose metadata or ownership differs from rank 0's plans
+// differently: the init fails on rank 0 naming that rank, and on that rank
+// saying its plan differs, before any byte moves.
+TEST_F(ManyTest, ARankThatPlansDifferentlyFailsTheInitOnBothSides) {
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  std::vector<Worker> ws = {r0, r1, whole};
+  for (int r = 0; r < 4; r++) Start(r, ws, 5000, r == 2);
+  std::string zero = Line(ranks_[0]), two = Line(ranks_[2]);
+  EXPECT_EQ(0u, zero.rfind("fail", 0)) << zero;
+  EXPECT_NE(std::string::npos, zero.find("sender " + RankAddr(2) + " planned")) << zero;
+  EXPECT_EQ(0u, two.rfind("fail", 0)) << two;
+  EXPECT_NE(std::string::npos, two.find("this rank's differs")) << two;
 }
 
 // Refused at init, before any byte moves, naming the parameter.

@@ -22,6 +22,7 @@
 namespace {
 
 const uint8_t kToken[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+const uint64_t kPlan = 0x1234567890abcdefull;  // rank 0's plan digest
 
 // One sender rank's data port: accepts the worker, checks its hello and
 // index, then writes what the test tells it to.
@@ -43,15 +44,19 @@ class Sender {
     close(lfd_);
   }
   const std::string &addr() const { return addr_; }
-  // Accepts the worker; its index, or -1 when its hello is not ours.
-  int Accept() {
+  // Accepts the worker and answers with plan; its index, or -1 when its
+  // hello is not ours or it brings another plan.
+  int Accept(uint64_t plan = kPlan) {
     fd_ = accept(lfd_, nullptr, nullptr);
-    uint8_t h[WTX__TCP_HELLO_BYTES], who[WTX__TCP_WHO_BYTES];
+    uint8_t h[WTX__TCP_HELLO_BYTES], who[WTX__TCP_WHO_BYTES], p[WTX__TCP_PLAN_BYTES];
     uint32_t index = 0;
+    uint64_t theirs = 0;
     if (!ReadAll(h, sizeof h) || wtx__tcp_hello_check(h, kToken, sizeof kToken) != 0 ||
-        !ReadAll(who, sizeof who) || wtx__tcp_who_decode(who, &index) != 0)
+        !ReadAll(who, sizeof who) || wtx__tcp_who_decode(who, &index, &theirs) != 0)
       return -1;
-    return static_cast<int>(index);
+    wtx__tcp_plan_encode(p, plan);
+    Write(p, sizeof p);
+    return theirs == kPlan ? static_cast<int>(index) : -1;
   }
   // Chunk seq: header, bytes, and a trailer with one checksum per tensor
   // span the chunk touches (spans: their lengths, in order).
@@ -105,7 +110,7 @@ class TcpManyTest : public ::testing::Test {
   // Initializes the worker half over upstream s[0] and senders s[1..], and
   // connects while the senders accept; each sender's Accept answer in who.
   int Init(std::vector<Sender *> s, uint32_t index, std::vector<int> *who,
-           bool relay = false, bool trailer = true) {
+           bool relay = false, bool trailer = true, uint64_t last_plan = kPlan) {
     std::vector<const char *> addrs;
     for (size_t i = 1; i < s.size(); i++) addrs.push_back(s[i]->addr().c_str());
     Wtx__V1__TcpInitInfo ti = WTX__V1__TCP_INIT_INFO__INIT;
@@ -117,6 +122,7 @@ class TcpManyTest : public ::testing::Test {
     ti.n_sender_addresses = addrs.size();
     ti.sender_addresses = const_cast<char **>(addrs.data());
     ti.worker_index = index;
+    ti.plan_digest = kPlan;
     Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
     ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
     ii.tcp = &ti;
@@ -125,7 +131,8 @@ class TcpManyTest : public ::testing::Test {
     std::vector<std::thread> accepts;
     who->assign(s.size(), -1);
     for (size_t i = 0; i < s.size(); i++)
-      accepts.emplace_back([&, i] { (*who)[i] = s[i]->Accept(); });
+      accepts.emplace_back(
+          [&, i] { (*who)[i] = s[i]->Accept(i + 1 == s.size() ? last_plan : kPlan); });
     char data[64];
     rc = wtx_tcp_worker_transport.connect(w_, data, sizeof data, err_, sizeof err_);
     for (auto &t : accepts) t.join();
@@ -233,6 +240,14 @@ TEST_F(TcpManyTest, InitRefusesARelayOrMissingTrailerWithSeveralSenders) {
   EXPECT_NE(std::string::npos, std::string(err_).find("init_info.tcp.relay")) << err_;
   EXPECT_EQ(WTX_EINVAL, Init({&r0, &r1}, 0, &who, false, /*trailer=*/false));
   EXPECT_NE(std::string::npos, std::string(err_).find("init_info.tcp.checksum_trailer"))
+      << err_;
+}
+
+TEST_F(TcpManyTest, ASenderThatPlannedDifferentlyFailsTheInitByItsAddress) {
+  Sender r0, r1;
+  std::vector<int> who;
+  EXPECT_EQ(WTX_EINVAL, Init({&r0, &r1}, 0, &who, false, true, kPlan + 1));
+  EXPECT_NE(std::string::npos, std::string(err_).find("sender " + r1.addr() + " planned"))
       << err_;
 }
 
