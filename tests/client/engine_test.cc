@@ -244,7 +244,7 @@ struct TestSource {
   }
   static void Close(void *, void *iter) { delete static_cast<size_t *>(iter); }
   static wtx_source_ops Ops(const char *name) {
-    return {name, Metadata, Open, S::Next, Close, nullptr, nullptr};
+    return {name, Metadata, Open, S::Next, Close, nullptr, nullptr, nullptr};
   }
 };
 
@@ -970,7 +970,8 @@ struct SwitchingSource {
 };
 const wtx_source_ops kSwitchingOps = {"switching", SwitchingSource::Metadata,
                                       SwitchingSource::Open, SwitchingSource::Next,
-                                      SwitchingSource::Close, SwitchingSource::Destroy, nullptr};
+                                      SwitchingSource::Close, SwitchingSource::Destroy, nullptr,
+                                      nullptr};
 
 // One trainer plans its syncs once from its source's table; a source that
 // answers another table (a new array) is planned anew, and the workers get

@@ -189,6 +189,7 @@ const wtx_source_ops kBatchedOps = {
       }
       return b->too_many ? (int)max + 1 : (int)k;
     },
+    .ownership = nullptr,
 };
 
 TEST(Source, ABatchedSourceIsTakenOneTensorAtATimeInFewCalls) {

@@ -535,6 +535,97 @@ class ContractTest(unittest.TestCase):
             for s in servers:
                 s.close()
 
+    def test_two_trainer_ranks_each_send_their_own_parts_to_tensor_parallel_hosts(self):
+        # Many senders: two TrainerEngine ranks, each holding only its half
+        # of dim 0 of every tensor (vLLM's ParamMeta ownership, iter_local),
+        # sync to two hosts of tensor-parallel ranks 0 and 1 of 2. Each rank
+        # sends only its own bytes; each host ends with exactly its slices.
+        import socket
+        import threading
+
+        import wtx
+        from wtx.sources import ParamMeta
+
+        full = {"col.weight": torch.arange(32, dtype=torch.float32).reshape(8, 4),
+                "row.weight": torch.arange(32, dtype=torch.bfloat16).reshape(4, 8) / 7,
+                "norm.weight": torch.full((4,), 3.0)}
+        rules = "col.weight dim 0\nrow.weight dim 1\n"
+
+        class Shard0:
+            dim = 0
+
+        class RankSource:
+            def __init__(self, rank):
+                self.rank = rank
+
+            @property
+            def metadata(self):
+                return [ParamMeta(n, t.dtype, tuple(t.shape), owners=(0, 1),
+                                  placements=(Shard0(),)) for n, t in full.items()]
+
+            def iter_local(self):
+                for n, t in full.items():
+                    yield n, t.chunk(2, 0)[self.rank].contiguous()
+
+            def iter_full(self):
+                raise AssertionError("many senders never gather")
+
+        class Rank(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.col = torch.nn.Linear(4, 4, bias=False)
+                self.row = torch.nn.Linear(4, 4, bias=False).to(torch.bfloat16)
+                self.norm = torch.nn.Module()
+                self.norm.weight = torch.nn.Parameter(torch.zeros(4))
+
+        def port():
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
+
+        ranks = [Rank(), Rank()]
+        servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
+                   for r, m in enumerate(ranks)]
+        addrs = [f"127.0.0.1:{port()}" for _ in range(2)]
+        results, errors = [None, None], []
+
+        def rank(r):
+            try:
+                c = wtx.WorkerClient([s.address for s in servers])
+                e = wtx.TrainerEngine.trainer_init(
+                    {"rank": r, "transport": "tcp", "world_size": 2, "rank_addresses": addrs,
+                     "session_token": "python-many-senders-token"},
+                    client=c, source=RankSource(r))
+                results[r] = e.send_weights(version="m-1")
+                e.shutdown()
+                c.close()
+            except BaseException as ex:  # noqa: BLE001 (reported below)
+                errors.append(ex)
+
+        try:
+            threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            self.assertEqual([], errors)
+            self.assertEqual("m-1", results[0]["version"])
+            total = sum(t.numel() * t.element_size() for t in full.values())
+            # Every byte a host holds, sent once, by the rank that owns it
+            # (the norm, whole on both hosts, counts twice).
+            self.assertEqual(total + full["norm.weight"].numel() * 4,
+                             results[0]["bytes"] + results[1]["bytes"])
+            self.assertLess(results[0]["bytes"], total)
+            for r, m in enumerate(ranks):
+                self.assertTrue(torch.equal(m.col.weight.detach(),
+                                            full["col.weight"].chunk(2, 0)[r]), r)
+                self.assertTrue(torch.equal(m.row.weight.detach(),
+                                            full["row.weight"].chunk(2, 1)[r]), r)
+                self.assertTrue(torch.equal(m.norm.weight.detach(), full["norm.weight"]))
+        finally:
+            for s in servers:
+                s.close()
+
     def test_a_served_module_receives_every_kind_of_tensor_bit_exact(self):
         # The host stages a chunk's small tensors in one buffer, in order,
         # each at a 16-byte boundary, and makes each one's view (from its

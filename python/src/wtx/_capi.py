@@ -41,7 +41,8 @@ class TrainerConfig(C.Structure):
     _fields_ = [("rank", C.c_uint32), ("backend", C.c_char_p), ("unpacked", C.c_int),
                 ("buffer_size", C.c_uint64), ("num_buffers", C.c_uint32),
                 ("checksum", C.c_int), ("timeout_ms", C.c_uint32),
-                ("data_address", C.c_char_p), ("direct", C.c_int)]
+                ("data_address", C.c_char_p), ("direct", C.c_int), ("world", C.c_uint32),
+                ("rank_addresses", C.POINTER(C.c_char_p)), ("session_token", C.c_char_p)]
 
 
 PROGRESS = C.CFUNCTYPE(None, C.c_void_p, C.c_uint64, C.c_uint64)
@@ -71,10 +72,23 @@ SRC_NEXT_BATCH = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p, C.c_size_t, C.c_vo
                              C.c_void_p, C.c_void_p)
 
 
+class Ownership(C.Structure):
+    """wtx_ownership: which trainer ranks own a parameter, and how."""
+    _fields_ = [("owners", C.POINTER(C.c_uint32)), ("n_owners", C.c_size_t),
+                ("mesh_shape", C.POINTER(C.c_uint32)), ("mesh_ndim", C.c_size_t),
+                ("placements", C.POINTER(C.c_int32))]
+
+
+PLACEMENT_REPLICATE = -1
+# wtx_source_ops.ownership: an array of Ownership, one per metadata entry.
+SRC_OWNERSHIP = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(C.POINTER(Ownership)),
+                            C.POINTER(C.c_size_t))
+
+
 class SourceOps(C.Structure):
     _fields_ = [("name", C.c_char_p), ("metadata", SRC_METADATA), ("open", SRC_OPEN),
                 ("next", SRC_NEXT), ("close", SRC_CLOSE), ("destroy", SRC_DESTROY),
-                ("next_batch", SRC_NEXT_BATCH)]
+                ("next_batch", SRC_NEXT_BATCH), ("ownership", SRC_OWNERSHIP)]
 
 
 # wtx_model_ops
@@ -151,6 +165,7 @@ class ControlOps(C.Structure):
 STRUCTS = {"wtx_control_ops": ControlOps, "wtx_tensor_meta": TensorMeta, "wtx_client_options": ClientOptions,
            "wtx_trainer_config": TrainerConfig, "wtx_send_options": SendOptions,
            "wtx_send_result": SendResult, "wtx_source_ops": SourceOps,
+           "wtx_ownership": Ownership,
            "wtx_model_ops": ModelOps, "wtx_worker_options": WorkerOptions}
 
 P = C.c_void_p

@@ -61,9 +61,9 @@ class TorchModuleSource:
         metas, plain = [], True
         for name, p in self._module.named_parameters():
             plain = plain and not _gathered(type(p))
-            mesh = getattr(p, "device_mesh", None)
-            owners = tuple(mesh.mesh.flatten().tolist()) if mesh is not None else None
-            metas.append(ParamMeta(name, p.dtype, tuple(p.shape), owners=owners))
+            owners, mesh_shape, placements = _layout(p)
+            metas.append(ParamMeta(name, p.dtype, tuple(p.shape), owners=owners,
+                                   mesh_shape=mesh_shape, placements=placements))
         return metas, plain
 
     @property
@@ -87,6 +87,68 @@ class TorchModuleSource:
             if gather is None:
                 gather = gathers[kind] = _gathered(kind)
             yield name, p.full_tensor() if gather else p
+
+
+    def iter_local(self) -> Iterator[tuple[str, Any]]:
+        """This rank's part of each parameter it owns (a DTensor's
+        ``to_local()``, as its placements say), for many senders: no
+        gather."""
+        for name, p in self._module.named_parameters():
+            if getattr(p, "device_mesh", None) is None:
+                yield name, p
+            elif p.device_mesh.get_coordinate() is not None:
+                yield name, p.to_local()
+
+
+def _layout(p: Any) -> tuple[Any, Any, Any]:
+    """(owners, mesh_shape, placements) of a DTensor as vLLM's ModuleSource
+    declares them (placements None when not all plain Shard / Replicate), or
+    three Nones for a plain tensor."""
+    mesh = getattr(p, "device_mesh", None)
+    if mesh is None:
+        return None, None, None
+    grid = mesh.mesh
+    placements = []
+    for pl in getattr(p, "placements", ()):
+        kind = type(pl).__name__
+        if kind not in ("Shard", "Replicate"):
+            return tuple(grid.flatten().tolist()), tuple(grid.shape), None
+        placements.append(pl)
+    return tuple(grid.flatten().tolist()), tuple(grid.shape), tuple(placements)
+
+
+def placement_code(p: Any) -> int:
+    """A placement as wtx_ownership holds it: Shard(dim) (vLLM's or torch's:
+    anything with an int ``dim``) as dim, anything else as replicated."""
+    dim = getattr(p, "dim", None)
+    return int(dim) if isinstance(dim, int) else _capi.PLACEMENT_REPLICATE
+
+
+def ownership_array(metadata: list[Any]) -> tuple[Any, list]:
+    """The ownership of every parameter as a C array of wtx_ownership, and
+    the buffers it points to (kept alive by the caller)."""
+    arr = (_capi.Ownership * max(len(metadata), 1))()
+    keep: list = []
+    for i, m in enumerate(metadata):
+        owners = getattr(m, "owners", None)
+        if owners is None:
+            continue
+        o = (C.c_uint32 * max(len(owners), 1))(*owners)
+        keep.append(o)
+        arr[i].owners = C.cast(o, C.POINTER(C.c_uint32))
+        arr[i].n_owners = len(owners)
+        mesh = getattr(m, "mesh_shape", None)
+        if mesh is not None:
+            ms = (C.c_uint32 * len(mesh))(*mesh)
+            keep.append(ms)
+            arr[i].mesh_shape = C.cast(ms, C.POINTER(C.c_uint32))
+            arr[i].mesh_ndim = len(mesh)
+        placements = getattr(m, "placements", None)
+        if placements is not None:
+            pl = (C.c_int32 * max(len(placements), 1))(*[placement_code(p) for p in placements])
+            keep.append(pl)
+            arr[i].placements = C.cast(pl, C.POINTER(C.c_int32))
+    return arr, keep
 
 
 def _gathered(kind: type) -> bool:
@@ -218,11 +280,17 @@ class CSource:
     the bytes never pass through Python). Keeps every callback and buffer
     alive as long as the C source lives."""
 
-    def __init__(self, source: Any, rank: int = 0) -> None:
+    def __init__(self, source: Any, rank: int = 0, world: int = 1) -> None:
         self.source = source
         metadata = list(source.metadata)
+        # Many senders (world > 1): the whole table, with its ownership, and
+        # a pass of this rank's parts (iter_local).
+        self._local = world > 1
+        if self._local and not callable(getattr(source, "iter_local", None)):
+            raise ValueError("world_size > 1: the source must yield this rank's parts "
+                             "(iter_local), as vLLM's ModuleSource and TorchModuleSource do")
         names = set(owned_names(source, rank))
-        self.metas = [m for m in metadata if m.name in names]
+        self.metas = metadata if self._local else [m for m in metadata if m.name in names]
         self.n = len(self.metas)
         self._arr = (_capi.TensorMeta * max(self.n, 1))()
         self._names = []
@@ -261,10 +329,13 @@ class CSource:
         self._in_place: dict[int, list] = {}
         self._next_iter = 1
         self.error: BaseException | None = None
+        self._own, self._own_keep = ownership_array(self.metas) if self._local else (None, [])
         self._ops = _capi.SourceOps(b"python", _capi.SRC_METADATA(self._metadata),
                                     _capi.SRC_OPEN(self._open), _capi.SRC_NEXT(),
                                     _capi.SRC_CLOSE(self._close), _capi.SRC_DESTROY(self._destroy),
-                                    _capi.SRC_NEXT_BATCH(self._next_batch))
+                                    _capi.SRC_NEXT_BATCH(self._next_batch),
+                                    _capi.SRC_OWNERSHIP(self._ownership) if self._local
+                                    else _capi.SRC_OWNERSHIP())
         self.c = C.c_void_p()
         rc = _capi.source_create(C.byref(self._ops), None, C.byref(self.c))
         if rc != 0:
@@ -280,11 +351,17 @@ class CSource:
         n[0] = self.n
         return 0
 
+    def _ownership(self, _self, owners, n) -> int:
+        owners[0] = C.cast(self._own, C.POINTER(_capi.Ownership))
+        n[0] = self.n
+        return 0
+
     def _open(self, _self, it) -> int:
         try:
             key = self._next_iter
             self._next_iter += 1
-            self._iters[key] = iter(self.source.iter_full())
+            passes = self.source.iter_local if self._local else self.source.iter_full
+            self._iters[key] = iter(passes())
             self._pos[key] = 0
             self._in_place[key] = []
             it[0] = key

@@ -53,6 +53,13 @@ class WtxTrainerInitInfo:
     data_address: str | None = None
     direct: bool = False
     rank: int = field(default=0, kw_only=True)
+    # Many senders (tcp): world_size ranks, each sending the parts it owns
+    # (the source's iter_local) straight to the workers; rank_addresses[r]
+    # is rank r's data port, the same list on every rank, and
+    # session_token (16..64 bytes) a secret they share.
+    world_size: int = field(default=1, kw_only=True)
+    rank_addresses: list[str] | None = field(default=None, kw_only=True)
+    session_token: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -61,6 +68,11 @@ class WtxTrainerInitInfo:
             raise ValueError(f"checksum: None, 'none' or 'xxh3_64', got {self.checksum!r}")
         if self.rank < 0:
             raise ValueError(f"rank: must be >= 0, got {self.rank}")
+        if self.world_size > 1 and (self.rank >= self.world_size or self.transport != "tcp"
+                                    or len(self.rank_addresses or ()) != self.world_size
+                                    or not self.session_token):
+            raise ValueError(f"world_size {self.world_size}: needs transport 'tcp', rank below "
+                             "it, rank_addresses with one entry per rank and a session_token")
 
     @classmethod
     def from_any(cls, info: "WtxTrainerInitInfo | dict[str, Any]") -> "WtxTrainerInitInfo":
@@ -112,10 +124,12 @@ class TrainerEngine:
         if source is None:
             raise ValueError("source: a WeightSource is needed (TorchModuleSource, "
                              "SafetensorsSource, DictSource, vLLM's ModuleSource, ...)")
-        _check_ownership(source, info.rank)
+        many = info.world_size > 1
+        if not many:
+            _check_ownership(source, info.rank)
         self = cls()
         self.rank = info.rank
-        self.is_sender = info.rank == 0
+        self.is_sender = info.rank == 0 or many
         self._source = source
         if self.is_sender:
             if isinstance(client, WorkerClient):
@@ -129,14 +143,18 @@ class TrainerEngine:
                                 f"{type(client).__name__}")
         c_src = source._c if isinstance(source, SafetensorsSource) else None
         if c_src is None:
-            self._csource = CSource(source, info.rank)
+            self._csource = CSource(source, info.rank, info.world_size)
             c_src = self._csource.c
         cfg = _capi.TrainerConfig(rank=info.rank, backend=info.transport.encode(),
                                   unpacked=0 if info.packed else 1,
                                   buffer_size=info.buffer_size, num_buffers=info.num_buffers,
                                   checksum=_CHECKSUMS[info.checksum], timeout_ms=info.timeout_ms,
                                   data_address=info.data_address.encode() if info.data_address else None,
-                                  direct=1 if info.direct else 0)
+                                  direct=1 if info.direct else 0, world=info.world_size)
+        if many:
+            self._ranks = (C.c_char_p * info.world_size)(*[a.encode() for a in info.rank_addresses])
+            cfg.rank_addresses = C.cast(self._ranks, C.POINTER(C.c_char_p))
+            cfg.session_token = info.session_token.encode()
         err = C.create_string_buffer(_capi.ERRBUF)
         rc = _capi.trainer_init(C.byref(cfg), self._client, c_src, C.byref(self._trainer), err,
                                 _capi.ERRBUF)
