@@ -32,6 +32,10 @@
 #   tensor-parallel two workers of ranks 0 and 1 of 2 vs two whole ones
 #                  (bench/sharded.sh): bytes, peak memory, sync time; and
 #                  the planner at Qwen3-235B scale (bench/plan_scale)
+#   many senders   4 FSDP ranks vs rank 0 alone to two TP workers on loopback
+#                  (bench/many.sh: bytes per trainer link, sync time); and on
+#                  a simulated cluster of rate-limited namespaces, 4 ranks to
+#                  4 TP workers (bench/cluster.sh; root only, else skipped)
 # Usage: bench/run.sh [--quick]   (--quick: 256M and small N, under a minute)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -241,6 +245,13 @@ done
 echo
 echo "## tensor-parallel workers (bench/sharded.sh): each of two ranks vs a whole worker"
 bench/sharded.sh "$size" | tail -n +2
+
+echo
+echo "## many senders (bench/many.sh): 4 trainer ranks vs rank 0 alone, loopback"
+bench/many.sh "$size" | tail -n +2
+echo
+echo "## many senders on a simulated cluster (bench/cluster.sh): links the limit"
+if [ $quick = 1 ]; then bench/cluster.sh 32M; else bench/cluster.sh 128M; fi
 
 echo
 echo "## the baselines again, at the end of the run: each ratio above is only as"
