@@ -30,7 +30,16 @@ start_tp() {
   for _ in $(seq 1000); do [ -s "$tmp/p$2" ] && break; sleep 0.01; done
   addr="127.0.0.1:$(cat "$tmp/p$2")"
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A port free now, below the ephemeral range, so no port-0 listener or
+# connection takes it before the rank listens.
+free_port() {
+  python3 -c 'import random, socket
+while True:
+    p = random.randrange(20000, 32000)
+    try:
+        socket.socket().bind(("127.0.0.1", p)); print(p); break
+    except OSError: pass'
+}
 bytes_all() { sed -nE 's/^pushed [0-9]+ params, ([0-9]+) bytes.*/\1/p'; }
 
 start_tp 0 t0; t0=$addr

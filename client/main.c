@@ -303,7 +303,7 @@ static const struct option push_longopts[] = {
     {"verify", no_argument, NULL, 'c'},
     {"repeat", required_argument, NULL, 'r'},
     {"world", required_argument, NULL, 'W'},
-    {"rank", required_argument, NULL, 'k'},
+    {"rank", required_argument, NULL, 'P'},
     {"rank-addresses", required_argument, NULL, 'A'},
     {"session-token", required_argument, NULL, 'S'},
     CRED_LONGOPTS,
@@ -342,7 +342,7 @@ static int push_option(int c, const char *arg, push_args *a) {
       a->repeat = (unsigned)v;
       return 0;
     case 'W':
-    case 'k':
+    case 'P':
       if (parse_size(arg, &v) != 0 || v >= WTX_MAX_SENDERS) return 1;
       *(c == 'W' ? &cfg->world : &cfg->rank) = (uint32_t)v;
       return 0;

@@ -1141,8 +1141,10 @@ static size_t rank_missing(const wtx__tcp_rank *r) {
 
 int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
   waitspec ws = within(r->timeout_ms, r->cancel_fd);
+  int differs = 0;
   for (size_t missing = rank_missing(r); missing > 0;) {
     int rc = wait_fd(r->lfd, POLLIN, &ws);
+    if (rc != 0 && differs) return WTX_EINVAL; /* that is the news, not the rest */
     if (rc != 0) {
       snprintf(err, errlen, "tcp: %zu of %zu workers did not connect to this rank's data "
                "port %s", missing, r->n_workers, rc == WTX_ECANCELED ? "(cancelled)"
@@ -1154,12 +1156,16 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
     uint64_t theirs = 0;
     int64_t w = read_worker(r, fd, &ws, &theirs);
     if (w == -2) {
+      /* Every worker is answered before this fails, so that each names
+       * this rank's plan in its own error rather than a reset. */
       close(fd);
       snprintf(err, errlen, "tcp: a worker brings rank 0's plan (digest %016llx), and this "
                "rank's differs (%016llx): its metadata, ownership or view of the workers "
                "differ from rank 0's", (unsigned long long)theirs,
                (unsigned long long)r->digest);
-      return WTX_EINVAL;
+      differs = 1;
+      missing--;
+      continue;
     }
     if (w < 0) {
       close(fd); /* not our peer, or silent */
@@ -1170,7 +1176,7 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
     r->seq[w] = 0; /* a new session numbers its chunks afresh */
     missing--;
   }
-  return 0;
+  return differs ? WTX_EINVAL : 0;
 }
 
 int wtx__tcp_rank_connected(wtx__tcp_rank *r) {

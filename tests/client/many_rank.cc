@@ -100,6 +100,9 @@ int main(int argc, char **argv) {
   if (rc == 0) rc = wtx_trainer_init(&cfg, c, src, &t, err, sizeof err);
   if (rc != 0) {
     std::printf("fail %d %s\n", rc, err);
+    std::fflush(stdout);
+    wtx_client_destroy(c);
+    wtx_source_destroy(src);
     return 1;
   }
   std::printf("ready\n");

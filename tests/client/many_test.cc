@@ -40,16 +40,22 @@ class ManyTest : public wtxtest::ShardedFixture {
     ShardedFixture::TearDown();
   }
 
+  // A port free now, below the kernel's ephemeral range (32768 on), so
+  // that no connection or port-0 listener of the test takes it before the
+  // rank listens on it.
   static int FreePort() {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len);
-    close(fd);
-    return ntohs(a.sin_port);
+    static unsigned seed = static_cast<unsigned>(getpid());
+    for (;;) {
+      int port = 20000 + static_cast<int>(rand_r(&seed) % 12000);
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      int ok = bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0;
+      close(fd);
+      if (ok) return port;
+    }
   }
   std::string RankAddr(int r) const { return "127.0.0.1:" + std::to_string(ports_[r]); }
 

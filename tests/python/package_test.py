@@ -578,10 +578,16 @@ class ContractTest(unittest.TestCase):
                 self.norm = torch.nn.Module()
                 self.norm.weight = torch.nn.Parameter(torch.zeros(4))
 
-        def port():
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                return s.getsockname()[1]
+        def port():  # free now, below the ephemeral range (no port-0 bind takes it)
+            import random
+            while True:
+                p = random.randrange(20000, 32000)
+                with socket.socket() as s:
+                    try:
+                        s.bind(("127.0.0.1", p))
+                        return p
+                    except OSError:
+                        pass
 
         ranks = [Rank(), Rank()]
         servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
