@@ -44,10 +44,9 @@ typedef struct mchunk {
   uint64_t first_offset, bytes;
 } mchunk;
 
-/* One worker's stream and the ParamMeta of its tensors: tensor k of the
- * stream is slice (k + start) % nt of the worker's. */
+/* One worker's stream and the ParamMeta of its tensors. */
 typedef struct wstream {
-  size_t nt, start;
+  size_t nt;
   Wtx__V1__ParamMeta *pm;
   Wtx__V1__ParamMeta **pmp;
   Wtx__V1__TensorPart *part;
@@ -136,8 +135,7 @@ static int stream_segs(wtx__many *m, uint32_t w, wstream *st, const wtx_slice *s
                "worker slices); not supported yet", full->name, p->rank, w);
       return WTX_ENOTSUP;
     }
-    st->segs[st->nseg++] = (seg){idx[i], (uint32_t)((p->slice + st->nt - st->start) % st->nt),
-                                 elem * wtx_dtype_size(full->dtype),
+    st->segs[st->nseg++] = (seg){idx[i], p->slice, elem * wtx_dtype_size(full->dtype),
                                  wtx_plan_piece_bytes(m->plan, p)};
   }
   qsort(st->segs, st->nseg, sizeof *st->segs, seg_order);
@@ -212,12 +210,7 @@ static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_s
   st->dims = calloc((n_sl + 1) * 3 * WTX_MAX_DIMS, sizeof *st->dims);
   if (st->pm == NULL || st->pmp == NULL || st->part == NULL || st->dims == NULL)
     return WTX_ENOMEM;
-  /* Worker w's stream starts w / n of the way into its parts, and wraps:
-   * a part that several ranks own comes from them in turn, first rank
-   * first, and workers that took their parts in the same order would all
-   * ask the same rank at once. */
-  st->start = n_sl > 0 ? (size_t)w * n_sl / m->n_workers : 0;
-  for (size_t k = 0; k < n_sl; k++) part_meta(m, st, k, &sl[(k + st->start) % n_sl]);
+  for (size_t k = 0; k < n_sl; k++) part_meta(m, st, k, &sl[k]);
   int rc = stream_segs(m, w, st, sl, err, errlen);
   return rc != 0 ? rc : stream_chunks(m, st, m->wire.buffer_size);
 }
