@@ -170,6 +170,8 @@ typedef struct builder {
   size_t n, cap, cap_bytes;
   size_t *pend;    /* pieces to give one of several owners (a Replicate axis) */
   size_t n_pend, cap_pend;
+  wtx_box *boxes;  /* the slice boxes of the parameter being planned */
+  size_t cap_boxes;
 } builder;
 
 static int grow(void **v, size_t *cap, size_t need, size_t size) {
@@ -221,14 +223,17 @@ static int plan_param(const wtx_plan *p, size_t i, const size_t *wants, size_t n
   const wtx_ownership *o = own_of(p, i);
   if (o == NULL || o->owners == NULL) o = &every;
   size_t k = replicas(o), elsize = wtx_dtype_size(p->metas[i].dtype);
+  /* Each wanting slice's box, once for every owner. */
+  if (grow((void **)&b->boxes, &b->cap_boxes, n_wants, sizeof *b->boxes) != 0)
+    return WTX_ENOMEM;
+  for (size_t j = 0; j < n_wants; j++)
+    wtx_slice_box(&p->metas[i], &p->slices[wants[j]], &b->boxes[j]);
   for (size_t pos = 0; pos < o->n_owners; pos++) {
     if (!representative(o, pos)) continue;
-    wtx_box own, sl, part;
+    wtx_box own, part;
     wtx_ownership_box(&p->metas[i], o, pos, &own);
     for (size_t j = 0; j < n_wants; j++) {
-      const wtx_slice *s = &p->slices[wants[j]];
-      wtx_slice_box(&p->metas[i], s, &sl);
-      if (!box_meet(&own, &sl, &part) || wtx_box_elements(&part) == 0) continue;
+      if (!box_meet(&own, &b->boxes[j], &part) || wtx_box_elements(&part) == 0) continue;
       if (grow((void **)&b->pieces, &b->cap, b->n + 1, sizeof *b->pieces) != 0 ||
           grow((void **)&b->bytes, &b->cap_bytes, b->n + 1, sizeof *b->bytes) != 0)
         return WTX_ENOMEM;
@@ -312,34 +317,52 @@ static int balance(wtx_plan *p, builder *b) {
   return rc;
 }
 
-/* Stable counting sort of src into dst by key(piece). */
-static int sort_by(wtx_piece *dst, const wtx_piece *src, size_t n, uint32_t buckets,
-                   int by_rank) {
-  size_t *at = calloc((size_t)buckets + 1, sizeof *at);
-  if (at == NULL) return WTX_ENOMEM;
-  for (size_t i = 0; i < n; i++) at[(by_rank ? src[i].rank : src[i].worker) + 1]++;
-  for (uint32_t k = 0; k < buckets; k++) at[k + 1] += at[k];
-  for (size_t i = 0; i < n; i++) dst[at[by_rank ? src[i].rank : src[i].worker]++] = src[i];
+/* One stable counting-sort pass of n pieces from `from` into `to` by the
+ * key KEY(pc), in [0, buckets); at has buckets + 1 entries. */
+#define SCATTER(to, from, n, at, buckets, KEY)                                   \
+  do {                                                                           \
+    memset(at, 0, ((buckets) + 1) * sizeof *(at));                               \
+    for (size_t i_ = 0; i_ < (n); i_++) (at)[KEY(&(from)[i_]) + 1]++;            \
+    for (size_t k_ = 0; k_ < (buckets); k_++) (at)[k_ + 1] += (at)[k_];          \
+    for (size_t i_ = 0; i_ < (n); i_++) (to)[(at)[KEY(&(from)[i_])]++] = (from)[i_]; \
+  } while (0)
+#define BY_WORKER(pc) ((pc)->worker)
+#define BY_RANK(pc) ((pc)->rank)
+#define BY_BOTH(pc) ((size_t)(pc)->rank * workers + (pc)->worker)
+
+/* Stable counting sort of src into dst by (rank, worker): one pass when the
+ * keys fit a table, else by worker into a copy, then by rank. */
+#define ONE_PASS_KEYS ((size_t)1 << 22)
+static int sort_pieces(const wtx_plan *p, wtx_piece *dst, const wtx_piece *src, size_t n) {
+  size_t workers = p->n_workers, keys = (size_t)p->n_ranks * workers;
+  int one = keys <= ONE_PASS_KEYS;
+  size_t buckets = one ? keys : (p->n_ranks > workers ? p->n_ranks : workers);
+  size_t *at = malloc((buckets + 1) * sizeof *at);
+  wtx_piece *tmp = one ? NULL : malloc((n + 1) * sizeof *tmp);
+  int rc = at == NULL || (!one && tmp == NULL) ? WTX_ENOMEM : 0;
+  if (rc == 0 && one) SCATTER(dst, src, n, at, keys, BY_BOTH);
+  if (rc == 0 && !one) {
+    SCATTER(tmp, src, n, at, workers, BY_WORKER);
+    SCATTER(dst, tmp, n, at, (size_t)p->n_ranks, BY_RANK);
+  }
   free(at);
-  return 0;
+  free(tmp);
+  return rc;
 }
 
 /* pieces by rank, then worker (each run in param and slice order, as made),
  * and the per-worker index by worker, then rank. */
 static int index_pieces(wtx_plan *p, builder *b) {
-  wtx_piece *tmp = malloc((b->n + 1) * sizeof *tmp);
   p->pieces = malloc((b->n + 1) * sizeof *p->pieces);
   p->rank_first = calloc((size_t)p->n_ranks + 1, sizeof *p->rank_first);
   p->worker_first = calloc((size_t)p->n_workers + 1, sizeof *p->worker_first);
   p->worker_idx = malloc((b->n + 1) * sizeof *p->worker_idx);
   p->rank_bytes = calloc(p->n_ranks, sizeof *p->rank_bytes);
   p->worker_bytes = calloc(p->n_workers, sizeof *p->worker_bytes);
-  int rc = tmp && p->pieces && p->rank_first && p->worker_first && p->worker_idx &&
+  int rc = p->pieces && p->rank_first && p->worker_first && p->worker_idx &&
                    p->rank_bytes && p->worker_bytes
                ? 0 : WTX_ENOMEM;
-  if (rc == 0) rc = sort_by(tmp, b->pieces, b->n, p->n_workers, 0);
-  if (rc == 0) rc = sort_by(p->pieces, tmp, b->n, p->n_ranks, 1);
-  free(tmp);
+  if (rc == 0) rc = sort_pieces(p, p->pieces, b->pieces, b->n);
   if (rc != 0) return rc;
   p->n_pieces = b->n;
   size_t *at = p->worker_first;
@@ -490,6 +513,7 @@ static int build(wtx_plan *p, const wtx_plan_input *in, char *err, size_t errlen
   free(b.pieces);
   free(b.bytes);
   free(b.pend);
+  free(b.boxes);
   if (rc == 0) rc = digest(p, wtx__layout_xxh3(in->metas, in->n));
   return rc;
 }
