@@ -25,6 +25,7 @@
 #include "client/fanout.h"
 #include "client/source.h"
 #include "common/clock.h"
+#include "common/layout.h"
 #include "transport/plan.h"
 #include "transport/tcp_rank.h"
 #include "transport/transport.h"
@@ -47,6 +48,7 @@ typedef struct mchunk {
 /* One worker's stream and the ParamMeta of its tensors. */
 typedef struct wstream {
   size_t nt;
+  uint64_t table; /* the tensors' table (wtx__layout_xxh3), as the worker keeps it */
   Wtx__V1__ParamMeta *pm;
   Wtx__V1__ParamMeta **pmp;
   Wtx__V1__TensorPart *part;
@@ -198,6 +200,22 @@ static int stream_chunks(wtx__many *m, wstream *st, uint64_t max) {
   return 0;
 }
 
+/* The stream's table as a worker records it once the update lands: its
+ * tensors in order, as their ParamMeta say. A later sync to a worker that
+ * announces it names tensors by position (UpdateInfo.layout). */
+static int stream_table(wstream *st) {
+  wtx_tensor_meta *t = calloc(st->nt + 1, sizeof *t);
+  if (t == NULL) return WTX_ENOMEM;
+  char why[256];
+  for (size_t k = 0; k < st->nt; k++) {
+    const Wtx__V1__ParamMeta *pm = &st->pm[k];
+    wtx_tensor_meta_set(&t[k], pm->name, pm->dtype, pm->shape, pm->n_shape, why, sizeof why);
+  }
+  st->table = wtx__layout_xxh3(t, st->nt);
+  free(t);
+  return 0;
+}
+
 /* Worker w's stream: its tensors (slices sl, n_sl of them, metadata
  * order), their ParamMeta, and its chunks. */
 static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_sl,
@@ -211,7 +229,8 @@ static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_s
   if (st->pm == NULL || st->pmp == NULL || st->part == NULL || st->dims == NULL)
     return WTX_ENOMEM;
   for (size_t k = 0; k < n_sl; k++) part_meta(m, st, k, &sl[k]);
-  int rc = stream_segs(m, w, st, sl, err, errlen);
+  int rc = stream_table(st);
+  if (rc == 0) rc = stream_segs(m, w, st, sl, err, errlen);
   return rc != 0 ? rc : stream_chunks(m, st, m->wire.buffer_size);
 }
 
@@ -562,13 +581,21 @@ static int send_control(wjob *j) {
   wtx_client *one = j->m->one[j->w];
   Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
   Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  Wtx__V1__ParamRange range = WTX__V1__PARAM_RANGE__INIT;
   ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
   ui.tcp = &tu;
+  /* After the first sync the worker holds this stream's table: chunks
+   * name their tensors by position, with no per-tensor metadata. */
+  int by_range = st->table != 0 && wtx__client_table(one) == st->table;
+  range.table_xxh3 = st->table;
   for (size_t i = 0; i < st->nchunks; i++) {
     const mchunk *c = &st->chunks[i];
     tu.sender = c->sender;
-    ui.params = &st->pmp[c->first];
-    ui.n_params = c->count;
+    range.first = (uint32_t)c->first;
+    range.count = (uint32_t)c->count;
+    ui.layout = by_range ? &range : NULL;
+    ui.params = by_range ? NULL : &st->pmp[c->first];
+    ui.n_params = by_range ? 0 : c->count;
     ui.first_param_offset = c->first_offset;
     ui.chunk_bytes = c->bytes;
     int rc = wtx__client_update_start(one, &ui);
