@@ -55,15 +55,8 @@ done
 # function's subshell: $! is then the process the trap stops.)
 in_ns() { local h=$1; shift; ip netns exec "wtx-$h" "$@"; }
 tx_bytes() { in_ns "$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
-cat >"$tmp/rules" <<'RULES'
-*.q_proj.weight dim 0
-*.k_proj.weight dim 0
-*.v_proj.weight dim 0
-*.o_proj.weight dim 1
-*.up_proj.weight dim 0
-*.down_proj.weight dim 1
-model.embed_tokens.weight dim 0
-RULES
+. bench/lib.sh
+tp_rules "$tmp/rules"
 workers=""
 for k in 0 1 2 3; do
   h=w$k; eval "a=\$ip_$h"

@@ -45,3 +45,13 @@ bench_run() {
     gbps_all | tail -1)
   printf "%-9s %-8s %10s %10.2f\n" "$1" "$3" "$gbps" "$(echo "$gbps / $base" | bc -l)"
 }
+# start_tp RANK INDEX: a worker of tensor-parallel rank RANK of 2 (rules in
+# $tmp/rules, written here); sets addr.
+start_tp() {
+  [ -s "$tmp/rules" ] || tp_rules "$tmp/rules"
+  "$bin/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$tmp/p$2" --log-level warn \
+    --shard-rules "$tmp/rules" --tp-rank "$1" --tp-size 2 2>"$tmp/w$2.log" &
+  pids+=($!)
+  for _ in $(seq 1000); do [ -s "$tmp/p$2" ] && break; sleep 0.01; done
+  addr="127.0.0.1:$(cat "$tmp/p$2")"
+}

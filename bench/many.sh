@@ -14,22 +14,6 @@ cd "$(dirname "$0")/.."
 size=${1:-1G}
 . bench/common.sh
 ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
-cat >"$tmp/rules" <<'RULES'
-*.q_proj.weight dim 0
-*.k_proj.weight dim 0
-*.v_proj.weight dim 0
-*.o_proj.weight dim 1
-*.up_proj.weight dim 0
-*.down_proj.weight dim 1
-model.embed_tokens.weight dim 0
-RULES
-start_tp() {
-  "$bin/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$tmp/p$2" --log-level warn \
-    --shard-rules "$tmp/rules" --tp-rank "$1" --tp-size 2 2>"$tmp/w$2.log" &
-  pids+=($!)
-  for _ in $(seq 1000); do [ -s "$tmp/p$2" ] && break; sleep 0.01; done
-  addr="127.0.0.1:$(cat "$tmp/p$2")"
-}
 # A port free now, below the ephemeral range, so no port-0 listener or
 # connection takes it before the rank listens.
 free_port() {

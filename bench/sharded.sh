@@ -13,23 +13,6 @@ size=${1:-1G}
 . bench/common.sh
 bazel build -c opt //bench:plan_scale 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
 ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
-cat >"$tmp/rules" <<'EOF'
-*.q_proj.weight dim 0
-*.k_proj.weight dim 0
-*.v_proj.weight dim 0
-*.o_proj.weight dim 1
-*.up_proj.weight dim 0
-*.down_proj.weight dim 1
-model.embed_tokens.weight dim 0
-EOF
-# start_tp RANK INDEX: a worker of tensor-parallel rank RANK of 2.
-start_tp() {
-  "$bin/server/wtx-worker" --listen 127.0.0.1:0 --port-file "$tmp/p$2" --log-level warn \
-    --shard-rules "$tmp/rules" --tp-rank "$1" --tp-size 2 2>"$tmp/w$2.log" &
-  pids+=($!)
-  for _ in $(seq 1000); do [ -s "$tmp/p$2" ] && break; sleep 0.01; done
-  addr="127.0.0.1:$(cat "$tmp/p$2")"
-}
 worker_bytes() { "$bin/client/wtx" info "$1" | sed -nE 's/.* bytes ([0-9]+) .*/\1/p'; }
 hwm_mib() { echo $(( $(awk '/VmHWM/ {print $2}' /proc/"$1"/status) / 1024 )); }
 

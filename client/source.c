@@ -237,6 +237,13 @@ static table *table_new(size_t n, size_t name_bytes) {
   return t;
 }
 
+static int table_ownership(void *self, const wtx_ownership **owners, size_t *n) {
+  table *t = self;
+  *owners = t->own;
+  *n = t->own != NULL ? t->n : 0;
+  return 0;
+}
+
 static const wtx_source_ops table_ops_memory = {
     .name = "memory",
     .metadata = table_metadata,
@@ -244,6 +251,7 @@ static const wtx_source_ops table_ops_memory = {
     .next = table_next,
     .close = close_pos,
     .destroy = table_destroy,
+    .ownership = table_ownership, /* none unless wtx_source_memory_owned */
 };
 
 static const wtx_source_ops table_ops_safetensors = {
@@ -328,22 +336,6 @@ int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
   return memory_source(tensors, n, 0, out, err, errlen);
 }
 
-static int table_ownership(void *self, const wtx_ownership **owners, size_t *n) {
-  table *t = self;
-  *owners = t->own;
-  *n = t->own != NULL ? t->n : 0;
-  return 0;
-}
-
-static const wtx_source_ops table_ops_owned = {
-    .name = "memory",
-    .metadata = table_metadata,
-    .open = open_pos,
-    .next = table_next,
-    .close = close_pos,
-    .destroy = table_destroy,
-    .ownership = table_ownership,
-};
 
 /* What rank holds of m under o (checked): *local with the part's shape,
  * nbytes 0 when nothing. */
@@ -386,7 +378,6 @@ int wtx_source_memory_owned(const wtx_memory_tensor *tensors, const wtx_ownershi
     }
   }
   t->own = owners;
-  full->ops = &table_ops_owned;
   if (rc == 0) *out = full;
   else wtx_source_destroy(full);
   return rc;

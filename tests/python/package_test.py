@@ -30,6 +30,26 @@ def tiny_llama(seed: int):
     return LlamaForCausalLM(cfg).eval()
 
 
+def tp_weights():
+    """The full weights of the tensor-parallel tests and the rules that
+    split them over two hosts (col by rows, row by columns, norm whole)."""
+    full = {"col.weight": torch.arange(32, dtype=torch.float32).reshape(8, 4),
+            "row.weight": torch.arange(32, dtype=torch.bfloat16).reshape(4, 8) / 7,
+            "norm.weight": torch.full((4,), 3.0)}
+    return full, "col.weight dim 0\nrow.weight dim 1\n"
+
+
+class TpRank(torch.nn.Module):
+    """A tensor-parallel host's module: its slices' shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.col = torch.nn.Linear(4, 4, bias=False)
+        self.row = torch.nn.Linear(4, 4, bias=False).to(torch.bfloat16)
+        self.norm = torch.nn.Module()
+        self.norm.weight = torch.nn.Parameter(torch.zeros(4))
+
+
 class Host:
     """A wtx_host.py process: a tiny Llama of its own seed, served."""
 
@@ -499,20 +519,10 @@ class ContractTest(unittest.TestCase):
         # weights, in one sync.
         import wtx
 
-        full = {"col.weight": torch.arange(32, dtype=torch.float32).reshape(8, 4),
-                "row.weight": torch.arange(32, dtype=torch.bfloat16).reshape(4, 8) / 7,
-                "norm.weight": torch.full((4,), 3.0)}
-        rules = "col.weight dim 0\nrow.weight dim 1\n"
+        full, rules = tp_weights()
 
-        class Rank(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.col = torch.nn.Linear(4, 4, bias=False)
-                self.row = torch.nn.Linear(4, 4, bias=False).to(torch.bfloat16)
-                self.norm = torch.nn.Module()
-                self.norm.weight = torch.nn.Parameter(torch.zeros(4))
 
-        ranks = [Rank(), Rank()]
+        ranks = [TpRank(), TpRank()]
         servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
                    for r, m in enumerate(ranks)]
         try:
@@ -546,10 +556,7 @@ class ContractTest(unittest.TestCase):
         import wtx
         from wtx.sources import ParamMeta
 
-        full = {"col.weight": torch.arange(32, dtype=torch.float32).reshape(8, 4),
-                "row.weight": torch.arange(32, dtype=torch.bfloat16).reshape(4, 8) / 7,
-                "norm.weight": torch.full((4,), 3.0)}
-        rules = "col.weight dim 0\nrow.weight dim 1\n"
+        full, rules = tp_weights()
 
         class Shard0:
             dim = 0
@@ -570,13 +577,6 @@ class ContractTest(unittest.TestCase):
             def iter_full(self):
                 raise AssertionError("many senders never gather")
 
-        class Rank(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.col = torch.nn.Linear(4, 4, bias=False)
-                self.row = torch.nn.Linear(4, 4, bias=False).to(torch.bfloat16)
-                self.norm = torch.nn.Module()
-                self.norm.weight = torch.nn.Parameter(torch.zeros(4))
 
         def port():  # free now, below the ephemeral range (no port-0 bind takes it)
             import random
@@ -589,7 +589,7 @@ class ContractTest(unittest.TestCase):
                     except OSError:
                         pass
 
-        ranks = [Rank(), Rank()]
+        ranks = [TpRank(), TpRank()]
         servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
                    for r, m in enumerate(ranks)]
         addrs = [f"127.0.0.1:{port()}" for _ in range(2)]
