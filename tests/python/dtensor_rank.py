@@ -1,0 +1,48 @@
+"""One trainer rank of package_test's DTensor test, a process of its own:
+its module's weights are DTensors sharded Shard(0) over 2 ranks (gloo, on
+CPU), and TorchModuleSource hands wtx each rank's own part (to_local), so
+the sync gathers nothing.
+
+    dtensor_rank.py RANK INIT_FILE HOSTS(comma) RANK_ADDRESSES(comma)
+
+Prints the send_weights result as JSON."""
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+import wtx
+from package_test import tp_weights
+
+
+def main() -> None:
+    rank, init_file = int(sys.argv[1]), sys.argv[2]
+    hosts, addrs = sys.argv[3].split(","), sys.argv[4].split(",")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    full, _ = tp_weights()
+    model = torch.nn.Module()
+    model.col = torch.nn.Linear(4, 8, bias=False)
+    model.row = torch.nn.Linear(8, 4, bias=False).to(torch.bfloat16)
+    model.norm = torch.nn.Module()
+    model.norm.weight = torch.nn.Parameter(torch.zeros(4))
+    for name, p in list(model.named_parameters()):
+        owner, leaf = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
+        setattr(owner, leaf, torch.nn.Parameter(distribute_tensor(full[name], mesh, [Shard(0)])))
+    client = wtx.WorkerClient(hosts)
+    engine = wtx.TrainerEngine.trainer_init(
+        {"rank": rank, "transport": "tcp", "world_size": 2, "rank_addresses": addrs,
+         "session_token": "python-dtensor-session-token"},
+        client=client, source=wtx.TorchModuleSource(model))
+    result = engine.send_weights(version="dt-1")
+    engine.shutdown()
+    client.close()
+    print(json.dumps({"bytes": result["bytes"], "version": result["version"]}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
