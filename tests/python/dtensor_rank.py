@@ -3,9 +3,10 @@ its module's weights are DTensors sharded Shard(0) over 2 ranks (gloo, on
 CPU), and TorchModuleSource hands wtx each rank's own part (to_local), so
 the sync gathers nothing.
 
-    dtensor_rank.py RANK INIT_FILE HOSTS(comma) RANK_ADDRESSES(comma)
+    dtensor_rank.py RANK INIT_FILE HOSTS(comma) RANK_ADDRESSES(comma) [vllm]
 
-Prints the send_weights result as JSON."""
+"vllm": through vLLM's own trainer factory and ModuleSource instead of
+TorchModuleSource. Prints the send_weights result as JSON."""
 import json
 import sys
 
@@ -33,10 +34,19 @@ def main() -> None:
         owner, leaf = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
         setattr(owner, leaf, torch.nn.Parameter(distribute_tensor(full[name], mesh, [Shard(0)])))
     client = wtx.WorkerClient(hosts)
-    engine = wtx.TrainerEngine.trainer_init(
-        {"rank": rank, "transport": "tcp", "world_size": 2, "rank_addresses": addrs,
-         "session_token": "python-dtensor-session-token"},
-        client=client, source=wtx.TorchModuleSource(model))
+    info = wtx.WtxTrainerInitInfo(transport="tcp", rank=rank, world_size=2, timeout_ms=15000,
+                                  rank_addresses=addrs,
+                                  session_token="python-dtensor-session-token")
+    if sys.argv[5:] == ["vllm"]:
+        from vllm.distributed.weight_transfer.base import ModuleSource
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()  # registers "wtx", as vLLM does at start
+        engine = WeightTransferTrainerFactory.trainer_init(info, client=client,
+                                                           source=ModuleSource(model))
+    else:
+        engine = wtx.TrainerEngine.trainer_init(info, client=client,
+                                                source=wtx.TorchModuleSource(model))
     result = engine.send_weights(version="dt-1")
     engine.shutdown()
     client.close()

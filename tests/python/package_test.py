@@ -50,6 +50,45 @@ class TpRank(torch.nn.Module):
         self.norm.weight = torch.nn.Parameter(torch.zeros(4))
 
 
+def dtensor_sync(test, *extra: str) -> None:
+    """Two dtensor_rank.py processes (extra: its further arguments) sync to
+    two tensor-parallel hosts; each host must end with exactly its slices,
+    and the ranks' bytes must sum to what the hosts hold."""
+    import random
+    import wtx
+
+    full, rules = tp_weights()
+    ranks = [TpRank(), TpRank()]
+    servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
+               for r, m in enumerate(ranks)]
+    addrs = ",".join(f"127.0.0.1:{random.randrange(20000, 32000)}" for _ in range(2))
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            procs = [subprocess.Popen(
+                [sys.executable, os.path.join(os.path.dirname(__file__), "dtensor_rank.py"),
+                 str(r), os.path.join(d, "init"), ",".join(s.address for s in servers),
+                 addrs, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for r in range(2)]
+            outs = [p.communicate(timeout=120) for p in procs]
+        errs = "\n".join(f"rank {r}: {err[-1500:]}" for r, (_, err) in enumerate(outs))
+        for p in procs:
+            test.assertEqual(0, p.returncode, errs)
+        results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+        test.assertEqual("dt-1", results[0]["version"])
+        total = sum(t.numel() * t.element_size() for t in full.values())
+        test.assertEqual(total + full["norm.weight"].numel() * 4,
+                         results[0]["bytes"] + results[1]["bytes"])
+        for r, m in enumerate(ranks):
+            test.assertTrue(torch.equal(m.col.weight.detach(),
+                                        full["col.weight"].chunk(2, 0)[r]), r)
+            test.assertTrue(torch.equal(m.row.weight.detach(),
+                                        full["row.weight"].chunk(2, 1)[r]), r)
+            test.assertTrue(torch.equal(m.norm.weight.detach(), full["norm.weight"]))
+    finally:
+        for s in servers:
+            s.close()
+
+
 class Host:
     """A wtx_host.py process: a tiny Llama of its own seed, served."""
 
@@ -637,38 +676,7 @@ class ContractTest(unittest.TestCase):
         # 2-rank CPU mesh (gloo): TorchModuleSource declares their owners,
         # mesh and placements, and each rank sends its to_local() part to
         # the tensor-parallel hosts, which end with exactly their slices.
-        import random
-        import wtx
-
-        full, rules = tp_weights()
-        ranks = [TpRank(), TpRank()]
-        servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
-                   for r, m in enumerate(ranks)]
-        addrs = ",".join(f"127.0.0.1:{random.randrange(20000, 32000)}" for _ in range(2))
-        try:
-            with tempfile.TemporaryDirectory() as d:
-                procs = [subprocess.Popen(
-                    [sys.executable, os.path.join(os.path.dirname(__file__), "dtensor_rank.py"),
-                     str(r), os.path.join(d, "init"), ",".join(s.address for s in servers),
-                     addrs], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                    for r in range(2)]
-                outs = [p.communicate(timeout=120) for p in procs]
-            for p, (out, err) in zip(procs, outs):
-                self.assertEqual(0, p.returncode, err)
-            results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-            self.assertEqual("dt-1", results[0]["version"])
-            total = sum(t.numel() * t.element_size() for t in full.values())
-            self.assertEqual(total + full["norm.weight"].numel() * 4,
-                             results[0]["bytes"] + results[1]["bytes"])
-            for r, m in enumerate(ranks):
-                self.assertTrue(torch.equal(m.col.weight.detach(),
-                                            full["col.weight"].chunk(2, 0)[r]), r)
-                self.assertTrue(torch.equal(m.row.weight.detach(),
-                                            full["row.weight"].chunk(2, 1)[r]), r)
-                self.assertTrue(torch.equal(m.norm.weight.detach(), full["norm.weight"]))
-        finally:
-            for s in servers:
-                s.close()
+        dtensor_sync(self)
 
     def test_a_served_module_receives_every_kind_of_tensor_bit_exact(self):
         # The host stages a chunk's small tensors in one buffer, in order,

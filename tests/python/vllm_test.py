@@ -86,6 +86,15 @@ class TrainerSideTest(unittest.TestCase):
         client.close()
 
 
+class ShardedTrainerTest(unittest.TestCase):
+    def test_vllms_factory_and_module_source_send_each_ranks_dtensor_parts(self):
+        # vLLM's trainer factory with vLLM's ModuleSource over a module whose
+        # weights are DTensors (2 processes, gloo): each rank sends its own
+        # parts (many senders) to two tensor-parallel hosts.
+        from package_test import dtensor_sync
+        dtensor_sync(self, "vllm")
+
+
 class WorkerSideTest(unittest.TestCase):
     """vLLM's engine factory with backend "wtx", driven as vLLM's RL routes
     drive it: dicts in, weights loaded into the model."""

@@ -135,13 +135,18 @@ class WtxTrainerWeightTransferEngine(TrainerWeightTransferEngine[WtxTrainerInitI
     def trainer_init(cls, init_info: WtxTrainerInitInfo, *, client: Any,
                      source: Any = None) -> "WtxTrainerWeightTransferEngine":
         info = WtxTrainerInitInfo.from_any(init_info)
-        self = cls(client=client, source=source, is_sender=info.rank == 0, rank=info.rank)
+        # With many senders every rank sends its own parts, through a client
+        # of the workers of its own.
+        sender = info.rank == 0 or info.world_size > 1
+        self = cls(client=client, source=source, is_sender=sender, rank=info.rank)
         self._inner = TrainerEngine.trainer_init(info, client=client if self.is_sender else None,
                                                  source=source)
         return self
 
-    def send_weights(self, *, version: str | None = None) -> None:
-        self._inner.send_weights(version=version)
+    def send_weights(self, *, version: str | None = None) -> dict[str, Any]:
+        """vLLM's call; answers wtx's result as TrainerEngine.send_weights
+        does (vLLM ignores it)."""
+        return self._inner.send_weights(version=version)
 
     def shutdown(self) -> None:
         self._inner.shutdown()
