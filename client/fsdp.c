@@ -27,13 +27,13 @@ void wtx__fsdp_free(wtx__fsdp *f) {
 
 /* Copies rank's part of tensor m (its bytes at data) into f's slot i. */
 static int copy_part(wtx__fsdp *f, size_t i, const wtx_tensor_meta *m, const uint8_t *data,
-                     uint32_t rank) {
+                     uint32_t rank, uint32_t world) {
   static const int32_t shard0[] = {0};
-  f->own[i] = (wtx_ownership){.owners = f->ranks, .n_owners = f->own[i].n_owners,
+  f->own[i] = (wtx_ownership){.owners = f->ranks, .n_owners = world,
                               .placements = m->ndim > 0 ? shard0 : NULL};
   wtx_box whole, part;
   wtx_box_whole(m, &whole);
-  wtx_ownership_box(m, &f->own[i], rank, &part);
+  wtx_ownership_rank_box(m, &f->own[i], rank, &part);
   size_t es = wtx_dtype_size(m->dtype);
   uint64_t bytes = wtx_box_elements(&part) * es;
   f->mem[i] = (wtx_memory_tensor){m->name, m->dtype, m->shape, m->ndim, NULL, 0};
@@ -69,8 +69,7 @@ int wtx__fsdp_part(wtx_source *full, uint32_t rank, uint32_t world, wtx_source *
     const uint8_t *data;
     int r = wtx_source_next(full, iter, &m, &data);
     if (r <= 0) rc = r < 0 ? r : WTX_EPROTO; /* fewer tensors than its metadata */
-    f->own[i].n_owners = world;
-    if (rc == 0) rc = copy_part(f, i, &metas[i], data, rank);
+    if (rc == 0) rc = copy_part(f, i, &metas[i], data, rank, world);
   }
   if (iter != NULL) wtx_source_close(full, iter);
   if (rc == 0) rc = wtx_source_memory_owned(f->mem, f->own, n, rank, out, err, errlen);

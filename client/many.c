@@ -76,6 +76,10 @@ struct wtx__many {
   size_t token_len;
   char **addrs; /* world data addresses */
   int ready;    /* rank 0: the workers' sessions are initialized */
+  /* What this rank owns of each parameter, worked out once at init:
+   * owns[i] whether it is an owner, mine[i] its box. */
+  uint8_t *owns;
+  wtx_box *mine;
   /* this sync: where this rank's part of each parameter is */
   const uint8_t **local;
   uint8_t **copies; /* parts the source did not keep (freed after the sync) */
@@ -268,6 +272,8 @@ void wtx__many_destroy(wtx__many *m) {
   free(m->addrs);
   free(m->local);
   free(m->copies);
+  free(m->owns);
+  free(m->mine);
   free(m);
 }
 
@@ -379,6 +385,17 @@ static int many_clients(wtx__many *m) {
   return 0;
 }
 
+/* What this rank owns of each parameter (owns, mine). */
+static int many_mine(wtx__many *m) {
+  m->owns = malloc(m->n + 1);
+  m->mine = malloc((m->n + 1) * sizeof *m->mine);
+  if (m->owns == NULL || m->mine == NULL) return WTX_ENOMEM;
+  for (size_t i = 0; i < m->n; i++)
+    m->owns[i] = (uint8_t)wtx_ownership_rank_box(&m->metas[i], m->own ? &m->own[i] : NULL,
+                                                 m->rank, &m->mine[i]);
+  return 0;
+}
+
 static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, size_t errlen) {
   int rc = many_config(m, cfg, err, errlen);
   if (rc == 0) rc = wtx_source_metadata(m->source, &m->metas, &m->n);
@@ -390,6 +407,7 @@ static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, siz
     rc = WTX_EINVAL;
   }
   if (rc == 0) rc = many_plan(m, err, errlen);
+  if (rc == 0) rc = many_mine(m);
   m->local = rc == 0 ? calloc(m->n + 1, sizeof *m->local) : NULL;
   m->copies = m->local != NULL ? calloc(m->n + 1, sizeof *m->copies) : NULL;
   if (rc == 0 && m->copies == NULL) rc = WTX_ENOMEM;
@@ -431,30 +449,13 @@ int wtx__many_create(const wtx_trainer_config *cfg, wtx_client *client, wtx_sour
 
 /* ---- one sync ---- */
 
-/* The box this rank owns of parameter i: 1 with *box, 0 when none. */
-static int rank_box(const wtx__many *m, size_t i, wtx_box *box) {
-  const wtx_tensor_meta *full = &m->metas[i];
-  if (m->own == NULL) {
-    wtx_box_whole(full, box);
-    return 1;
-  }
-  const wtx_ownership *o = &m->own[i];
-  size_t pos = m->rank;
-  if (o->owners != NULL)
-    for (pos = 0; pos < o->n_owners && o->owners[pos] != m->rank; pos++) {
-    }
-  if (o->owners != NULL && pos == o->n_owners) return 0;
-  wtx_ownership_box(full, o, pos, box);
-  return wtx_box_elements(box) > 0;
-}
-
 /* A yielded tensor against this rank's part of parameter i. */
 static int check_yield(const wtx__many *m, size_t i, const wtx_tensor_meta *got, char *err,
                        size_t errlen) {
-  wtx_box box;
-  int owns = rank_box(m, i, &box);
-  int same = owns && got->dtype == m->metas[i].dtype && got->ndim == box.ndim;
-  for (size_t d = 0; same && d < box.ndim; d++) same = got->shape[d] == box.len[d];
+  const wtx_box *box = &m->mine[i];
+  int owns = m->owns[i];
+  int same = owns && got->dtype == m->metas[i].dtype && got->ndim == box->ndim;
+  for (size_t d = 0; same && d < box->ndim; d++) same = got->shape[d] == box->len[d];
   if (same) return 0;
   snprintf(err, errlen, "rank %u's pass: '%s' is not this rank's part of it (%s)", m->rank,
            got->name, owns ? "dtype or shape differ from its ownership's box"
@@ -490,9 +491,8 @@ static int many_pass(wtx__many *m, char *err, size_t errlen) {
     i++;
   }
   m->iter = iter; /* what the pass yielded stays valid until it is closed */
-  wtx_box box;
   for (size_t i = 0; rc == 0 && i < m->n; i++)
-    if (m->local[i] == NULL && rank_box(m, i, &box)) {
+    if (m->local[i] == NULL && m->owns[i] && wtx_box_elements(&m->mine[i]) > 0) {
       snprintf(err, errlen, "rank %u's pass did not yield its part of '%s'", m->rank,
                m->metas[i].name);
       rc = WTX_EINVAL;
@@ -514,20 +514,20 @@ typedef struct wjob {
 /* Where piece p's packed bytes are: in this rank's part when they are one
  * run of it, else gathered into *buf (kept for the piece's next segs). */
 static const uint8_t *piece_bytes(wtx__many *m, uint32_t p, uint8_t **buf, uint32_t *held) {
+  if (*held == p && *buf != NULL) return *buf; /* gathered for its earlier segs */
   const wtx_piece *pieces;
   wtx_plan_pieces(m->plan, &pieces);
-  const wtx_tensor_meta *full = &m->metas[pieces[p].param];
-  size_t es = wtx_dtype_size(full->dtype);
-  wtx_box own, box;
+  uint32_t i = pieces[p].param;
+  size_t es = wtx_dtype_size(m->metas[i].dtype);
+  const wtx_box *own = &m->mine[i];
+  wtx_box box;
   uint64_t elem;
-  rank_box(m, pieces[p].param, &own);
   wtx_plan_piece_box(m->plan, &pieces[p], &box);
-  const uint8_t *local = m->local[pieces[p].param];
-  if (wtx_box_contiguous(&own, &box, &elem)) return local + elem * es;
-  if (*held == p && *buf != NULL) return *buf;
+  const uint8_t *local = m->local[i];
+  if (wtx_box_contiguous(own, &box, &elem)) return local + elem * es;
   free(*buf);
   if ((*buf = malloc(wtx_box_elements(&box) * es)) == NULL) return NULL;
-  wtx_box_copy(*buf, NULL, local, &own, &box, es);
+  wtx_box_copy(*buf, NULL, local, own, &box, es);
   *held = p;
   return *buf;
 }

@@ -342,16 +342,11 @@ int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
 static void owned_part(const wtx_tensor_meta *m, const wtx_ownership *o, uint32_t rank,
                        wtx_tensor_meta *local) {
   *local = *m;
-  size_t pos = rank;
-  if (o->owners != NULL)
-    for (pos = 0; pos < o->n_owners && o->owners[pos] != rank; pos++) {
-    }
-  if (o->owners != NULL && pos == o->n_owners) {
+  wtx_box b;
+  if (!wtx_ownership_rank_box(m, o, rank, &b) || wtx_box_elements(&b) == 0) {
     local->nbytes = 0;
     return;
   }
-  wtx_box b;
-  wtx_ownership_box(m, o, pos, &b);
   for (size_t d = 0; d < m->ndim; d++) local->shape[d] = b.len[d];
   local->nbytes = wtx_box_elements(&b) * wtx_dtype_size(m->dtype);
 }

@@ -111,6 +111,13 @@ int wtx_ownership_check(const wtx_tensor_meta *m, const wtx_ownership *o,
 void wtx_ownership_box(const wtx_tensor_meta *m, const wtx_ownership *o,
                        size_t pos, wtx_box *out);
 
+/* The box trainer rank holds of m under a checked ownership o (NULL, or
+ * owners NULL: every rank, the whole tensor): 1 with *out when rank is one
+ * of its owners (the box may be empty: torch.chunk's trailing pieces), 0
+ * when it is not. */
+int wtx_ownership_rank_box(const wtx_tensor_meta *m, const wtx_ownership *o, uint32_t rank,
+                           wtx_box *out);
+
 /* The box a slice covers of m (a checked slice). */
 void wtx_slice_box(const wtx_tensor_meta *m, const wtx_slice *s, wtx_box *out);
 

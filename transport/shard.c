@@ -146,6 +146,18 @@ void wtx_ownership_box(const wtx_tensor_meta *m, const wtx_ownership *o, size_t 
   }
 }
 
+int wtx_ownership_rank_box(const wtx_tensor_meta *m, const wtx_ownership *o, uint32_t rank,
+                           wtx_box *out) {
+  size_t pos = rank;
+  if (o != NULL && o->owners != NULL) {
+    for (pos = 0; pos < o->n_owners && o->owners[pos] != rank; pos++) {
+    }
+    if (pos == o->n_owners) return 0;
+  }
+  wtx_ownership_box(m, o, pos, out);
+  return 1;
+}
+
 void wtx_slice_box(const wtx_tensor_meta *m, const wtx_slice *s, wtx_box *out) {
   wtx_box_whole(m, out);
   if (s->dim >= 0) {

@@ -42,16 +42,13 @@ void FillParts(const wtxtest::Llama &model, uint32_t rank,
   for (size_t i = 0; i < model.t.size(); i++) {
     const wtxtest::Tensor &x = model.t[i];
     wtx_ownership o = wtxtest::OwnersOf(x.name, g_other);
-    size_t pos = 0;
-    while (pos < o.n_owners && o.owners[pos] != rank) pos++;
-    if (pos == o.n_owners) continue;
     wtx_tensor_meta m;
     char why[256];
     wtx_tensor_meta_set(&m, x.name.c_str(), x.dtype, x.shape.data(), x.shape.size(), why,
                         sizeof why);
     wtx_box whole, mine;
     wtx_box_whole(&m, &whole);
-    wtx_ownership_box(&m, &o, pos, &mine);
+    if (!wtx_ownership_rank_box(&m, &o, rank, &mine)) continue;
     (*parts)[i].resize(wtx_box_elements(&mine) * x.Elsize());
     wtx_box_copy((*parts)[i].data(), nullptr, x.data.data(), &whole, &mine, x.Elsize());
   }
