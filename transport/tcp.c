@@ -812,41 +812,63 @@ static int write_hashing(int fd, const struct iovec *iov, size_t n, hasher *hs,
   return rc;
 }
 
-/* Chunk seq's checksum trailer, after its bytes. */
-static int write_trailer(tcp_trainer *t, uint64_t seq, const wtx_chunk_sums *cs,
-                         const waitspec *ws, const char **why) {
+/* Chunk seq's checksum trailer on fd, after its bytes, built in *buf
+ * (*cap bytes, grown as needed and kept for the next chunk). */
+static int write_trailer(int fd, uint8_t **buf, size_t *cap, uint64_t seq,
+                         const wtx_chunk_sums *cs, const waitspec *ws, const char **why) {
   size_t len = WTX__TCP_TRAILER_HEAD_BYTES + cs->n * 8;
-  if (len > t->trailer_cap) {
-    uint8_t *b = realloc(t->trailer, len);
+  if (len > *cap) {
+    uint8_t *b = realloc(*buf, len);
     if (b == NULL) {
       *why = "out of memory";
       return WTX_ENOMEM;
     }
-    t->trailer = b;
-    t->trailer_cap = len;
+    *buf = b;
+    *cap = len;
   }
-  wtx__tcp_trailer_encode(t->trailer, seq, (uint32_t)cs->n);
-  wtx__tcp_trailer_put_sums(t->trailer + WTX__TCP_TRAILER_HEAD_BYTES, cs->out, cs->n);
-  return write_full(t->fd, t->trailer, len, ws, why);
+  wtx__tcp_trailer_encode(*buf, seq, (uint32_t)cs->n);
+  wtx__tcp_trailer_put_sums(*buf + WTX__TCP_TRAILER_HEAD_BYTES, cs->out, cs->n);
+  return write_full(fd, *buf, len, ws, why);
 }
 
-/* Sends one chunk: header, bytes (hashed on the way when cs), trailer. */
-static int write_chunk(tcp_trainer *t, uint64_t seq, const wtx_chunk *c,
-                       const struct iovec *iov, size_t n, const wtx_chunk_sums *cs,
-                       const char **why) {
+/* Where a chunk goes and what sending it keeps: the connection, the hash
+ * state carried from chunk to chunk, and the trailer's buffer. */
+typedef struct outlet {
+  int fd;
+  XXH3_state_t *h;
+  uint8_t **trailer;
+  size_t *trailer_cap;
+} outlet;
+
+/* Sends one chunk, all by ws's deadline: header, bytes (hashed on the way
+ * when cs), trailer. A chunk that continues a tensor (first_offset > 0)
+ * continues its hash, unless each span is hashed on its own (spans: many
+ * senders). */
+static int send_chunk(const outlet *o, const wtx__tcp_frame *fr, const struct iovec *iov,
+                      size_t n, const wtx_chunk_sums *cs, int spans, const waitspec *ws,
+                      const char **why) {
   uint8_t f[WTX__TCP_FRAME_BYTES];
-  wtx__tcp_frame_encode(f, &(wtx__tcp_frame){seq, c->first_offset, c->bytes});
-  waitspec ws = within(t->wire.timeout_ms, -1); /* the whole chunk */
-  int rc = write_full(t->fd, f, sizeof f, &ws, why);
-  if (rc != 0 || cs == NULL) return rc != 0 ? rc : write_iov_full(t->fd, iov, n, &ws, why);
-  if (c->first_offset == 0) XXH3_64bits_reset(t->h); /* else: continues a tensor */
-  hasher hs = {.h = t->h, .cs = cs};
-  rc = write_hashing(t->fd, iov, n, &hs, &ws, why);
+  wtx__tcp_frame_encode(f, fr);
+  int rc = write_full(o->fd, f, sizeof f, ws, why);
+  if (rc != 0 || cs == NULL) return rc != 0 ? rc : write_iov_full(o->fd, iov, n, ws, why);
+  if (fr->first_offset == 0 || spans) XXH3_64bits_reset(o->h);
+  hasher hs = {.h = o->h, .cs = cs};
+  rc = write_hashing(o->fd, iov, n, &hs, ws, why);
   if (rc == 0 && hs.j != cs->n) {
     *why = "the chunk's tensor ends lie beyond its bytes";
     rc = WTX_EINVAL;
   }
-  return rc != 0 ? rc : write_trailer(t, seq, cs, &ws, why);
+  return rc != 0 ? rc : write_trailer(o->fd, o->trailer, o->trailer_cap, fr->seq, cs, ws, why);
+}
+
+/* The chain's chunk seq, from the trainer. */
+static int write_chunk(tcp_trainer *t, uint64_t seq, const wtx_chunk *c,
+                       const struct iovec *iov, size_t n, const wtx_chunk_sums *cs,
+                       const char **why) {
+  outlet o = {t->fd, t->h, &t->trailer, &t->trailer_cap};
+  waitspec ws = within(t->wire.timeout_ms, -1); /* the whole chunk */
+  return send_chunk(&o, &(wtx__tcp_frame){seq, c->first_offset, c->bytes}, iov, n, cs, 0, &ws,
+                    why);
 }
 
 static void *writer_main(void *arg) {
@@ -1035,6 +1057,17 @@ const wtx_trainer_transport wtx_tcp_trainer_transport = {
 
 /* ---- a trainer rank of many senders (tcp_rank.h) ---- */
 
+/* A worker's connection to this rank. */
+typedef struct rank_conn {
+  int fd;            /* -1: not connected */
+  uint64_t seq;      /* chunks it has carried */
+  XXH3_state_t *h;   /* for its chunks' span sums */
+  uint64_t *sums;    /* a chunk's span sums */
+  size_t sums_cap;
+  uint8_t *trailer;  /* and their trailer record */
+  size_t trailer_cap;
+} rank_conn;
+
 struct wtx__tcp_rank {
   uint8_t token[WTX__TCP_TOKEN_MAX];
   size_t token_len;
@@ -1042,43 +1075,30 @@ struct wtx__tcp_rank {
   int lfd;
   int cancel_fd;
   size_t n_workers;
-  int *fd;       /* per worker; -1: not connected */
-  uint64_t *seq; /* per worker: chunks its connection has carried */
-  XXH3_state_t **h; /* per worker, for its chunks' span sums */
-  uint64_t **sums;  /* per worker, the trailer's values */
-  size_t *sums_cap;
+  rank_conn *c;     /* per worker */
   uint64_t digest;  /* this rank's plan, which rank 0's must equal */
 };
 
 void wtx__tcp_rank_destroy(wtx__tcp_rank *r) {
   if (r == NULL) return;
   wtx__tcp_rank_reset(r);
-  for (size_t w = 0; r->h != NULL && w < r->n_workers; w++) {
-    if (r->h[w] != NULL) XXH3_freeState(r->h[w]);
-    free(r->sums[w]);
+  for (size_t w = 0; r->c != NULL && w < r->n_workers; w++) {
+    if (r->c[w].h != NULL) XXH3_freeState(r->c[w].h);
+    free(r->c[w].sums);
+    free(r->c[w].trailer);
   }
   if (r->lfd >= 0) close(r->lfd);
   if (r->cancel_fd >= 0) close(r->cancel_fd);
-  free(r->fd);
-  free(r->seq);
-  free(r->h);
-  free(r->sums);
-  free(r->sums_cap);
+  free(r->c);
   free(r);
 }
 
 static int rank_alloc(wtx__tcp_rank *r) {
-  size_t n = r->n_workers;
-  r->fd = malloc(n * sizeof *r->fd);
-  r->seq = calloc(n, sizeof *r->seq);
-  r->h = calloc(n, sizeof *r->h);
-  r->sums = calloc(n, sizeof *r->sums);
-  r->sums_cap = calloc(n, sizeof *r->sums_cap);
-  if (r->fd == NULL || r->seq == NULL || r->h == NULL || r->sums == NULL || r->sums_cap == NULL)
-    return WTX_ENOMEM;
-  for (size_t w = 0; w < n; w++) {
-    r->fd[w] = -1;
-    if ((r->h[w] = XXH3_createState()) == NULL) return WTX_ENOMEM;
+  r->c = calloc(r->n_workers, sizeof *r->c);
+  if (r->c == NULL) return WTX_ENOMEM;
+  for (size_t w = 0; w < r->n_workers; w++) {
+    r->c[w].fd = -1;
+    if ((r->c[w].h = XXH3_createState()) == NULL) return WTX_ENOMEM;
   }
   return 0;
 }
@@ -1125,7 +1145,7 @@ static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws, uint64_
       wtx__tcp_hello_check(h, r->token, r->token_len) != 0 ||
       read_full(fd, who, sizeof who, &hello, &why) != 0 ||
       wtx__tcp_who_decode(who, &index, theirs) != 0 || index >= r->n_workers ||
-      r->fd[index] >= 0)
+      r->c[index].fd >= 0)
     return -1;
   /* Answered either way, so the worker can name a plan that differs. */
   wtx__tcp_plan_encode(plan, r->digest);
@@ -1135,7 +1155,7 @@ static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws, uint64_
 
 static size_t rank_missing(const wtx__tcp_rank *r) {
   size_t n = 0;
-  for (size_t w = 0; w < r->n_workers; w++) n += r->fd[w] < 0;
+  for (size_t w = 0; w < r->n_workers; w++) n += r->c[w].fd < 0;
   return n;
 }
 
@@ -1172,8 +1192,8 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
       continue;
     }
     tune(fd);
-    r->fd[w] = fd;
-    r->seq[w] = 0; /* a new session numbers its chunks afresh */
+    r->c[w].fd = fd;
+    r->c[w].seq = 0; /* a new session numbers its chunks afresh */
     missing--;
   }
   return differs ? WTX_EINVAL : 0;
@@ -1182,16 +1202,16 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
 int wtx__tcp_rank_connected(wtx__tcp_rank *r) {
   for (size_t w = 0; w < r->n_workers; w++) {
     /* Workers never write on these: readable means closed or reset. */
-    struct pollfd p = {.fd = r->fd[w], .events = POLLIN | POLLRDHUP};
-    if (r->fd[w] < 0 || poll(&p, 1, 0) != 0) return 0;
+    struct pollfd p = {.fd = r->c[w].fd, .events = POLLIN | POLLRDHUP};
+    if (r->c[w].fd < 0 || poll(&p, 1, 0) != 0) return 0;
   }
   return 1;
 }
 
 void wtx__tcp_rank_reset(wtx__tcp_rank *r) {
-  for (size_t w = 0; r->fd != NULL && w < r->n_workers; w++) {
-    if (r->fd[w] >= 0) close(r->fd[w]);
-    r->fd[w] = -1;
+  for (size_t w = 0; r->c != NULL && w < r->n_workers; w++) {
+    if (r->c[w].fd >= 0) close(r->c[w].fd);
+    r->c[w].fd = -1;
   }
   uint64_t v;
   ssize_t got = r->cancel_fd >= 0 ? read(r->cancel_fd, &v, sizeof v) : 0;
@@ -1204,55 +1224,33 @@ void wtx__tcp_rank_cancel(wtx__tcp_rank *r) {
   (void)w;
 }
 
-/* The trailer of a span-summed chunk: one value per span. */
-static int rank_trailer(wtx__tcp_rank *r, size_t w, uint64_t seq, const uint64_t *sums,
-                        size_t n, const waitspec *ws, const char **why) {
-  size_t len = WTX__TCP_TRAILER_HEAD_BYTES + n * 8;
-  uint8_t *b = malloc(len);
-  if (b == NULL) {
-    *why = "out of memory";
-    return WTX_ENOMEM;
-  }
-  wtx__tcp_trailer_encode(b, seq, (uint32_t)n);
-  wtx__tcp_trailer_put_sums(b + WTX__TCP_TRAILER_HEAD_BYTES, sums, n);
-  int rc = write_full(r->fd[w], b, len, ws, why);
-  free(b);
-  return rc;
-}
-
 int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t first_offset, uint64_t bytes,
                         const struct iovec *iov, size_t n, const uint64_t *ends,
                         size_t n_ends, int sums, char *err, size_t errlen) {
-  if (w >= r->n_workers || r->fd[w] < 0 || (sums && (n_ends == 0 || ends[n_ends - 1] != bytes))) {
+  if (w >= r->n_workers || r->c[w].fd < 0 || (sums && (n_ends == 0 || ends[n_ends - 1] != bytes))) {
     snprintf(err, errlen, "tcp: worker %zu is not connected to this rank, or the chunk's "
              "spans do not end at its end", w);
     return WTX_ESTATE;
   }
-  if (sums && n_ends > r->sums_cap[w]) {
-    uint64_t *s = realloc(r->sums[w], n_ends * sizeof *s);
+  rank_conn *k = &r->c[w];
+  if (sums && n_ends > k->sums_cap) {
+    uint64_t *s = realloc(k->sums, n_ends * sizeof *s);
     if (s == NULL) return WTX_ENOMEM;
-    r->sums[w] = s;
-    r->sums_cap[w] = n_ends;
+    k->sums = s;
+    k->sums_cap = n_ends;
   }
-  uint64_t seq = r->seq[w];
-  uint8_t f[WTX__TCP_FRAME_BYTES];
-  wtx__tcp_frame_encode(f, &(wtx__tcp_frame){seq, first_offset, bytes});
+  uint64_t seq = k->seq;
+  outlet o = {k->fd, k->h, &k->trailer, &k->trailer_cap};
+  wtx_chunk_sums cs = {.ends = ends, .n = n_ends, .out = k->sums};
   waitspec ws = within(r->timeout_ms, r->cancel_fd); /* the whole chunk */
   const char *why = "";
-  int rc = write_full(r->fd[w], f, sizeof f, &ws, &why);
-  if (rc == 0 && !sums) rc = write_iov_full(r->fd[w], iov, n, &ws, &why);
-  if (rc == 0 && sums) {
-    XXH3_64bits_reset(r->h[w]); /* each span is hashed on its own */
-    wtx_chunk_sums cs = {.ends = ends, .n = n_ends, .out = r->sums[w]};
-    hasher hs = {.h = r->h[w], .cs = &cs};
-    rc = write_hashing(r->fd[w], iov, n, &hs, &ws, &why);
-    if (rc == 0) rc = rank_trailer(r, w, seq, r->sums[w], n_ends, &ws, &why);
-  }
+  int rc = send_chunk(&o, &(wtx__tcp_frame){seq, first_offset, bytes}, iov, n, sums ? &cs : NULL,
+                      1, &ws, &why);
   if (rc != 0) {
     snprintf(err, errlen, "tcp: sending chunk %llu to worker %zu: %s",
              (unsigned long long)seq, w, why);
     return rc;
   }
-  r->seq[w]++;
+  k->seq++;
   return 0;
 }
