@@ -8,16 +8,14 @@
 // other), so its plan differs.
 // It initializes its trainer, prints "ready" (or "fail RC MESSAGE"), then
 // takes one command a line on stdin:
-//   sync SEED VERSION [STALL_MS]  its part of Llama(SEED), sent as VERSION
-//                                 (after STALL_MS, a rank that is late);
-//                                 prints "ok BYTES" or "fail RC MESSAGE".
+//   sync SEED VERSION  its part of Llama(SEED), sent as VERSION; prints
+//                      "ok BYTES" or "fail RC MESSAGE".
 #include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tests/client/llama.h"
@@ -107,15 +105,14 @@ int main(int argc, char **argv) {
   for (std::string line; std::getline(std::cin, line);) {
     std::stringstream in(line);
     std::string cmd, version;
-    int seed = 0, stall = 0;
-    in >> cmd >> seed >> version >> stall;
+    int seed = 0;
+    in >> cmd >> seed >> version;
     if (cmd != "sync") continue;
     wtxtest::Llama next(static_cast<uint8_t>(seed));
     std::vector<std::vector<uint8_t>> fresh;
     FillParts(next, rank, &fresh);
     for (size_t i = 0; i < parts.size(); i++)
       if (!parts[i].empty()) std::memcpy(parts[i].data(), fresh[i].data(), parts[i].size());
-    if (stall > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stall));
     wtx_send_options so = WTX_SEND_OPTIONS_INIT;
     so.version = version.c_str();
     wtx_send_result res;

@@ -116,13 +116,25 @@ class ManyTest : public wtxtest::ShardedFixture {
     for (int r = 0; r < 4; r++) ASSERT_EQ("ready", Line(ranks_[r])) << "rank " << r;
   }
   // One sync on every rank; each rank's answer.
-  std::vector<std::string> SyncAll(int seed, const std::string &v, int stalled = -1) {
+  std::vector<std::string> SyncAll(int seed, const std::string &v) {
     std::vector<std::string> got;
-    for (int r = 0; r < 4; r++)
-      Say(ranks_[r], "sync " + std::to_string(seed) + " " + v +
-                         (r == stalled ? " 3000" : ""));
+    for (int r = 0; r < 4; r++) Say(ranks_[r], "sync " + std::to_string(seed) + " " + v);
     for (int r = 0; r < 4; r++) got.push_back(Line(ranks_[r]));
     return got;
+  }
+  // Waits (30 s at most) until w's session is receiving an update.
+  bool Updating(const Worker &w) {
+    wtx_client *c = Client({w});
+    bool updating = false;
+    for (int i = 0; i < 3000 && !updating; i++) {
+      wtx_weight_info info;
+      updating = wtx_client_weight_info(c, 0, 0, &info) == 0 &&
+                 info.state == WTX_SESSION_UPDATING;
+      wtx_weight_info_free(&info);
+      if (!updating) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    wtx_client_destroy(c);
+    return updating;
   }
   // Bytes a rank's "ok BYTES" says it sent.
   static uint64_t Sent(const std::string &line) {
@@ -157,9 +169,10 @@ TEST_F(ManyTest, ARankKilledMidSyncLeavesEveryWorkerOnItsVersionAndTheNextSyncLa
   std::vector<Worker> ws = {r0, r1, whole};
   StartAll(ws);
   for (const std::string &line : SyncAll(1, "v1")) ASSERT_EQ(0u, line.rfind("ok", 0)) << line;
-  // Rank 2 stalls before it sends; killed meanwhile, its connections close.
-  for (int r = 0; r < 4; r++) Say(ranks_[r], std::string("sync 2 v2") + (r == 2 ? " 3000" : ""));
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The sync starts without rank 2, which is killed once the workers
+  // receive: its connections close under them.
+  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 2 v2");
+  ASSERT_TRUE(Updating(r0));
   Kill(ranks_[2]);
   std::string err = Line(ranks_[0]);
   EXPECT_EQ(0u, err.rfind("fail", 0)) << err;
