@@ -50,6 +50,24 @@ class TpRank(torch.nn.Module):
         self.norm.weight = torch.nn.Parameter(torch.zeros(4))
 
 
+def expect_tp_slices(test, full, ranks) -> None:
+    """Each TpRank host r holds exactly its slices of full."""
+    for r, m in enumerate(ranks):
+        test.assertTrue(torch.equal(m.col.weight.detach(), full["col.weight"].chunk(2, 0)[r]), r)
+        test.assertTrue(torch.equal(m.row.weight.detach(), full["row.weight"].chunk(2, 1)[r]), r)
+        test.assertTrue(torch.equal(m.norm.weight.detach(), full["norm.weight"]), r)
+
+
+def expect_sent_once(test, full, results) -> None:
+    """Many senders: every byte the two hosts hold was sent once, by the
+    rank that owns it (the norm, whole on both hosts, counts twice), and
+    rank 0 sent less than the model."""
+    total = sum(t.numel() * t.element_size() for t in full.values())
+    test.assertEqual(total + full["norm.weight"].numel() * 4,
+                     results[0]["bytes"] + results[1]["bytes"])
+    test.assertLess(results[0]["bytes"], total)
+
+
 def dtensor_sync(test, *extra: str) -> None:
     """Two dtensor_rank.py processes (extra: its further arguments) sync to
     two tensor-parallel hosts; each host must end with exactly its slices,
@@ -75,15 +93,8 @@ def dtensor_sync(test, *extra: str) -> None:
             test.assertEqual(0, p.returncode, errs)
         results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
         test.assertEqual("dt-1", results[0]["version"])
-        total = sum(t.numel() * t.element_size() for t in full.values())
-        test.assertEqual(total + full["norm.weight"].numel() * 4,
-                         results[0]["bytes"] + results[1]["bytes"])
-        for r, m in enumerate(ranks):
-            test.assertTrue(torch.equal(m.col.weight.detach(),
-                                        full["col.weight"].chunk(2, 0)[r]), r)
-            test.assertTrue(torch.equal(m.row.weight.detach(),
-                                        full["row.weight"].chunk(2, 1)[r]), r)
-            test.assertTrue(torch.equal(m.norm.weight.detach(), full["norm.weight"]))
+        expect_sent_once(test, full, results)
+        expect_tp_slices(test, full, ranks)
     finally:
         for s in servers:
             s.close()
@@ -574,12 +585,7 @@ class ContractTest(unittest.TestCase):
             self.assertEqual("tp-1", r["version"])
             self.assertEqual(sum(t.numel() * t.element_size() for t in full.values())
                              + full["norm.weight"].numel() * 4, r["bytes"])  # norm: both
-            for rank, m in enumerate(ranks):
-                self.assertTrue(torch.equal(m.col.weight.detach(),
-                                            full["col.weight"].chunk(2, 0)[rank]), rank)
-                self.assertTrue(torch.equal(m.row.weight.detach(),
-                                            full["row.weight"].chunk(2, 1)[rank]), rank)
-                self.assertTrue(torch.equal(m.norm.weight.detach(), full["norm.weight"]))
+            expect_tp_slices(self, full, ranks)
         finally:
             for s in servers:
                 s.close()
@@ -655,18 +661,8 @@ class ContractTest(unittest.TestCase):
                 t.join(60)
             self.assertEqual([], errors)
             self.assertEqual("m-1", results[0]["version"])
-            total = sum(t.numel() * t.element_size() for t in full.values())
-            # Every byte a host holds, sent once, by the rank that owns it
-            # (the norm, whole on both hosts, counts twice).
-            self.assertEqual(total + full["norm.weight"].numel() * 4,
-                             results[0]["bytes"] + results[1]["bytes"])
-            self.assertLess(results[0]["bytes"], total)
-            for r, m in enumerate(ranks):
-                self.assertTrue(torch.equal(m.col.weight.detach(),
-                                            full["col.weight"].chunk(2, 0)[r]), r)
-                self.assertTrue(torch.equal(m.row.weight.detach(),
-                                            full["row.weight"].chunk(2, 1)[r]), r)
-                self.assertTrue(torch.equal(m.norm.weight.detach(), full["norm.weight"]))
+            expect_sent_once(self, full, results)
+            expect_tp_slices(self, full, ranks)
         finally:
             for s in servers:
                 s.close()
