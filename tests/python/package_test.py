@@ -395,6 +395,50 @@ class StandaloneWorkerTest(unittest.TestCase):
                 self.assertEqual(first, c.get_weight_info()[0]["weight_version"])
         c.close()
 
+    def test_an_unchanged_module_is_sent_without_a_pass_and_every_change_is_seen(self):
+        # After a pass whose every tensor went in place, a sync whose module
+        # registered nothing and whose parameters' storage stayed put is
+        # sent from the adapter's table, with no pass over the module; the
+        # bytes are read where they are, so an optimizer's in-place step
+        # arrives. A replaced parameter, or its storage moved, makes a pass.
+        import wtx
+        n = 1300  # more than one batch
+        m = torch.nn.ParameterList([torch.nn.Parameter(torch.full((3,), float(i)))
+                                    for i in range(n)])
+
+        class Counting(wtx.TorchModuleSource):
+            passes = 0
+
+            def iter_full(self):
+                Counting.passes += 1
+                yield from super().iter_full()
+
+        def sums():
+            return [xxhash.xxh3_64_intdigest(p.detach().numpy().tobytes()) for p in m]
+
+        c = wtx.WorkerClient([self.w.addr])
+        e = wtx.TrainerEngine.trainer_init({"rank": 0, "checksum": "xxh3_64"}, client=c,
+                                           source=Counting(m))
+        steps = [("first", None, 1),
+                 ("an in-place step", lambda: [p.add_(1) for p in m], 1),
+                 ("a parameter replaced", lambda: m.__setitem__(5, torch.nn.Parameter(
+                     torch.full((3,), -5.0))), 2),
+                 ("a storage moved", lambda: setattr(m[7], "data", torch.full((3,), 99.0)), 3),
+                 ("nothing", lambda: None, 3)]
+        for what, change, passes in steps:
+            with self.subTest(what):
+                if change is not None:
+                    with torch.no_grad():
+                        change()
+                r = e.send_weights(version=what)
+                self.assertEqual(passes, Counting.passes)
+                self.assertEqual(sums(), list(r["xxh3"]))
+                info = c.get_weight_info(include_params=True)[0]
+                self.assertEqual(what, info["weight_version"])
+                self.assertEqual(sums(), [int(p["xxh3_64"]) for p in info["params"]])
+        e.shutdown()
+        c.close()
+
     def test_a_module_source_sends_a_gathered_parameter_whole(self):
         # A parameter whose type has full_tensor (as a DTensor's has) is sent
         # as full_tensor() gives it, the others from their own memory.

@@ -89,6 +89,17 @@ class TorchModuleSource:
             yield name, p.full_tensor() if gather else p
 
 
+    def generation(self) -> int | None:
+        """While this returns the same number, a pass yields the same
+        parameter objects, by the same names, in the same order: it changes
+        whenever any module registers a parameter or a submodule (assigning
+        ``module.weight = Parameter(...)`` or a new layer), through torch's
+        global registration hooks. None (never the same) where a pass makes
+        tensors of its own (DTensors). An optimizer's in-place step keeps
+        it; ``del module.weight`` and ``_parameters`` edited by hand are not
+        seen (python/README.md)."""
+        return _registrations() if self._taken[1] else None
+
     def iter_local(self) -> Iterator[tuple[str, Any]]:
         """This rank's part of each parameter it owns (a DTensor's
         ``to_local()``, as its placements say), for many senders: no
@@ -98,6 +109,24 @@ class TorchModuleSource:
                 yield name, p
             elif p.device_mesh.get_coordinate() is not None:
                 yield name, p.to_local()
+
+
+_registered = [0]
+_hooks: list[Any] = []
+
+
+def _registrations() -> int:
+    """How many parameters and submodules any module has registered since
+    the first call (the hooks are installed then, once per process)."""
+    if not _hooks:
+        from torch.nn.modules import module as tm
+
+        def bump(*_: Any) -> None:
+            _registered[0] += 1
+
+        _hooks.append(tm.register_module_parameter_registration_hook(bump))
+        _hooks.append(tm.register_module_module_registration_hook(bump))
+    return _registered[0]
 
 
 def _layout(p: Any) -> tuple[Any, Any, Any]:
@@ -328,6 +357,13 @@ class CSource:
         self._held: dict[int, list] = {}
         self._in_place: dict[int, list] = {}
         self._next_iter = 1
+        # A pass replayed from a table (_replay): what the last pass handed
+        # the engine, kept when every tensor of it went in place as
+        # metadata describes it, for a source whose generation() says when
+        # its tensors may have changed. _rec: the pass being recorded.
+        self._generation = getattr(source, "generation", None)
+        self._table: tuple | None = None
+        self._rec: dict[int, tuple] = {}
         self.error: BaseException | None = None
         self._own, self._own_keep = ownership_array(self.metas) if self._local else (None, [])
         self._ops = _capi.SourceOps(b"python", _capi.SRC_METADATA(self._metadata),
@@ -360,15 +396,61 @@ class CSource:
         try:
             key = self._next_iter
             self._next_iter += 1
-            passes = self.source.iter_local if self._local else self.source.iter_full
-            self._iters[key] = iter(passes())
             self._pos[key] = 0
-            self._in_place[key] = []
+            gen = self._generation() if self._generation is not None else None
+            table = self._replay(gen)
+            if table is not None:
+                self._iters[key] = None  # next_batch answers from the table
+                self._in_place[key] = table[1]
+            else:
+                passes = self.source.iter_local if self._local else self.source.iter_full
+                self._iters[key] = iter(passes())
+                self._in_place[key] = []
+                if gen is not None:
+                    self._rec[key] = (gen, [], [], [], [True])
             it[0] = key
             return 0
         except BaseException as e:  # noqa: BLE001 (reported by the engine)
             self.error = e
             return _capi.EIO
+
+    def _replay(self, gen: Any) -> tuple | None:
+        """The last recorded pass, when this one would hand the engine the
+        same: the source's generation is the one it was recorded at, and
+        every tensor's storage is where it was (an optimizer's step writes
+        in place; ``p.data = ...`` moves it). One call per tensor, no pass
+        over the source."""
+        t = self._table
+        if t is None or gen is None or gen != t[0]:
+            return None
+        return t if [x.data_ptr() for x in t[1]] == t[2] else None
+
+    def _replayed(self, key: int, most: int, metas: int, data: int, kinds: int) -> int:
+        _gen, _tensors, _ptrs, arrays = self._table
+        i = self._pos[key]
+        k = min(most, self.n - i)
+        for arr, out, size in zip(arrays, (metas, data, kinds),
+                                  (C.sizeof(C.c_void_p), C.sizeof(C.c_void_p), C.sizeof(C.c_int))):
+            C.memmove(out, C.addressof(arr) + i * size, k * size)
+        self._pos[key] = i + k
+        return k
+
+    def _record(self, key: int, m_out: list, d_out: list, k_out: list, ended: bool) -> None:
+        """Adds a batch to the pass being recorded; at its end, a pass whose
+        every tensor went in place as metadata describes it becomes the
+        table the next pass may replay."""
+        gen, ms, ds, ks, ok = self._rec[key]
+        ms += m_out
+        ds += d_out
+        ks += k_out
+        if not ended:
+            return
+        del self._rec[key]
+        if ok[0] and len(ms) == self.n and gen == self._generation():
+            tensors = list(self._in_place[key])
+            self._table = (gen, tensors, [x.data_ptr() for x in tensors],
+                           ((C.c_void_p * max(self.n, 1))(*ms), (C.c_void_p * max(self.n, 1))(*ds),
+                            (C.c_int * max(self.n, 1))(*ks)))
 
     def _next_batch(self, _self, it, most, metas, data, kinds) -> int:
         """Up to most tensors of the pass into the engine's arrays; a batch
@@ -377,6 +459,9 @@ class CSource:
         key = it or 0
         try:
             held = self._held[key] = []  # the last batch's copies go
+            if self._iters[key] is None:
+                return self._replayed(key, most, metas, data, kinds)
+            rec = self._rec.get(key)
             tensors, in_place, i = self._iters[key], self._in_place[key], self._pos[key]
             tensor_t, param_t, holds = self._tensor, self._param, self._holds
             expect, meta_at, n = self._expect, self._meta_at, self.n
@@ -384,9 +469,11 @@ class CSource:
             d_out: list[int] = []
             k_out: list[int] = []
             k = 0
+            ended = False
             while k < most:
                 item = next(tensors, None)
                 if item is None:
+                    ended = True
                     break
                 name, tensor = item
                 k += 1
@@ -402,6 +489,8 @@ class CSource:
                     in_place.append(tensor)
                     meta, addr, kind = meta_at[i], tensor.data_ptr(), OWN_HOST
                 else:
+                    if rec is not None:
+                        rec[4][0] = False  # this pass is not replayed
                     if (isinstance(tensor, tensor_t) and tensor.is_cpu
                             and tensor.is_contiguous() and (holds or isinstance(tensor, param_t))):
                         in_place.append(tensor)  # sent from its own memory
@@ -416,6 +505,8 @@ class CSource:
                 if kind == COPY:
                     break
             self._pos[key] = i
+            if rec is not None:
+                self._record(key, m_out, d_out, k_out, ended)
             if k:
                 (C.c_void_p * k).from_address(metas)[:] = m_out
                 (C.c_void_p * k).from_address(data)[:] = d_out
@@ -475,10 +566,13 @@ class CSource:
         key = it or 0
         self._iters.pop(key, None)
         self._pos.pop(key, None)
+        self._rec.pop(key, None)
         self._held.pop(key, None)
         self._in_place.pop(key, None)
 
     def _destroy(self, _self) -> None:
+        self._table = None
+        self._rec.clear()
         self._iters.clear()
         self._held.clear()
         self._in_place.clear()
