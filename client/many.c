@@ -8,7 +8,9 @@
  * contiguous run of the worker's part (a trainer sharding the dim a worker
  * slices, or an outer one), so the stream is a sequence of runs, each from
  * one rank, and a chunk never spans two ranks. Every rank computes the same
- * streams from the same inputs. Rank 0 drives the workers' sessions: per
+ * streams from the same inputs, which rank 0 checks at init before any
+ * worker's session starts (wtx__tcp_rank_check names the first parameter
+ * where a rank differs). Rank 0 drives the workers' sessions: per
  * chunk it sends UpdateWeights naming the chunk's sender, and the worker
  * reads that sender's connection; the senders write their chunks in stream
  * order, each ahead of the worker's reading as far as its socket allows.
@@ -80,6 +82,7 @@ struct wtx__many {
    * owns[i] whether it is an owner, mine[i] its box. */
   uint8_t *owns;
   wtx_box *mine;
+  uint64_t *param_digests; /* to find where another rank's plan differs */
   /* this sync: where this rank's part of each parameter is */
   const uint8_t **local;
   uint8_t **copies; /* parts the source did not keep (freed after the sync) */
@@ -274,6 +277,7 @@ void wtx__many_destroy(wtx__many *m) {
   free(m->copies);
   free(m->owns);
   free(m->mine);
+  free(m->param_digests);
   free(m);
 }
 
@@ -396,6 +400,22 @@ static int many_mine(wtx__many *m) {
   return 0;
 }
 
+static void describe_param(void *arg, size_t i, char *buf, size_t len) {
+  const wtx__many *m = arg;
+  wtx_plan_param_describe(&m->metas[i], m->own != NULL ? &m->own[i] : NULL, buf, len);
+}
+
+/* Rank 0: every other rank planned this sync as rank 0 did, or the init
+ * fails naming the first parameter where one differs, before any worker's
+ * session starts. */
+static int many_check(wtx__many *m, const wtx__tcp_params *params, char *err, size_t errlen) {
+  int rc = 0;
+  for (uint32_t r = 1; rc == 0 && r < m->world; r++)
+    rc = wtx__tcp_rank_check(m->addrs[r], r, m->token, m->token_len, wtx_plan_digest(m->plan),
+                             params, m->wire.timeout_ms, err, errlen);
+  return rc;
+}
+
 static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, size_t errlen) {
   int rc = many_config(m, cfg, err, errlen);
   if (rc == 0) rc = wtx_source_metadata(m->source, &m->metas, &m->n);
@@ -411,11 +431,16 @@ static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, siz
   m->local = rc == 0 ? calloc(m->n + 1, sizeof *m->local) : NULL;
   m->copies = m->local != NULL ? calloc(m->n + 1, sizeof *m->copies) : NULL;
   if (rc == 0 && m->copies == NULL) rc = WTX_ENOMEM;
+  if (rc == 0 && (m->param_digests = malloc((m->n + 1) * sizeof *m->param_digests)) == NULL)
+    rc = WTX_ENOMEM;
+  if (rc == 0) rc = wtx_plan_param_digests(m->metas, m->own, m->n, m->param_digests);
+  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m};
   char bound[300];
   if (rc == 0)
     rc = wtx__tcp_rank_listen(m->addrs[m->rank], m->token, m->token_len,
-                              wtx_plan_digest(m->plan), m->n_workers, m->wire.timeout_ms,
-                              &m->tcp, bound, sizeof bound, err, errlen);
+                              wtx_plan_digest(m->plan), &params, m->n_workers,
+                              m->wire.timeout_ms, &m->tcp, bound, sizeof bound, err, errlen);
+  if (rc == 0 && m->rank == 0) rc = many_check(m, &params, err, errlen);
   if (rc == 0 && m->rank == 0 && (rc = many_clients(m)) == 0) rc = many_sessions(m, err, errlen);
   if (rc == 0 && m->rank != 0) rc = wtx__tcp_rank_accept(m->tcp, err, errlen);
   return rc;

@@ -401,6 +401,19 @@ static void put(hasher *h, uint64_t v, size_t bytes) {
   h->used += bytes;
 }
 
+static void put_ownership(hasher *h, const wtx_ownership *o) {
+  if (o == NULL || o->owners == NULL) { /* every rank, however it was said */
+    put(h, UINT32_MAX, 4);
+    return;
+  }
+  size_t axes = wtx__mesh_axes(o);
+  put(h, o->n_owners, 4);
+  for (size_t j = 0; j < o->n_owners; j++) put(h, o->owners[j], 4);
+  put(h, o->mesh_ndim, 4);
+  for (size_t a = 0; a < o->mesh_ndim; a++) put(h, o->mesh_shape[a], 4);
+  for (size_t a = 0; o->placements && a < axes; a++) put(h, (uint32_t)o->placements[a], 4);
+}
+
 static int digest(wtx_plan *p, uint64_t table) {
   hasher h = {.h = XXH3_createState()};
   if (h.h == NULL) return WTX_ENOMEM;
@@ -409,19 +422,7 @@ static int digest(wtx_plan *p, uint64_t table) {
   put(&h, table, 8);
   put(&h, p->n_ranks, 4);
   put(&h, p->n_workers, 4);
-  for (size_t i = 0; i < p->n; i++) {
-    const wtx_ownership *o = own_of(p, i);
-    if (o == NULL || o->owners == NULL) { /* every rank, however it was said */
-      put(&h, UINT32_MAX, 4);
-      continue;
-    }
-    size_t axes = wtx__mesh_axes(o);
-    put(&h, o->n_owners, 4);
-    for (size_t j = 0; j < o->n_owners; j++) put(&h, o->owners[j], 4);
-    put(&h, o->mesh_ndim, 4);
-    for (size_t a = 0; a < o->mesh_ndim; a++) put(&h, o->mesh_shape[a], 4);
-    for (size_t a = 0; o->placements && a < axes; a++) put(&h, (uint32_t)o->placements[a], 4);
-  }
+  for (size_t i = 0; i < p->n; i++) put_ownership(&h, own_of(p, i));
   for (uint32_t w = 0; w < p->n_workers; w++) {
     put(&h, p->slice_first[w + 1] - p->slice_first[w], 8);
     for (size_t k = p->slice_first[w]; k < p->slice_first[w + 1]; k++) {
@@ -444,6 +445,62 @@ static int digest(wtx_plan *p, uint64_t table) {
   p->digest = XXH3_64bits_digest(h.h);
   XXH3_freeState(h.h);
   return 0;
+}
+
+int wtx_plan_param_digests(const wtx_tensor_meta *metas, const wtx_ownership *own, size_t n,
+                           uint64_t *out) {
+  hasher h = {.h = XXH3_createState()};
+  if (h.h == NULL) return WTX_ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    const wtx_tensor_meta *m = &metas[i];
+    XXH3_64bits_reset(h.h);
+    XXH3_64bits_update(h.h, m->name, strlen(m->name) + 1);
+    h.used = 0;
+    put(&h, (uint32_t)m->dtype, 4);
+    put(&h, m->ndim, 4);
+    for (size_t d = 0; d < m->ndim; d++) put(&h, m->shape[d], 8);
+    put_ownership(&h, own != NULL ? &own[i] : NULL);
+    XXH3_64bits_update(h.h, h.buf, h.used);
+    out[i] = XXH3_64bits_digest(h.h);
+  }
+  XXH3_freeState(h.h);
+  return 0;
+}
+
+/* "[a, b, c]" of n values into buf at *at (cut at len). */
+static void list_into(char *buf, size_t len, size_t *at, const char *label,
+                      const uint64_t *u64, const uint32_t *u32, size_t n) {
+  int k = snprintf(buf + *at, len - *at, "%s[", label);
+  for (size_t j = 0; k >= 0 && *at + (size_t)k < len && j < n; j++) {
+    *at += (size_t)k;
+    k = snprintf(buf + *at, len - *at, "%s%llu", j ? ", " : "",
+                 (unsigned long long)(u64 != NULL ? u64[j] : u32[j]));
+  }
+  if (k >= 0 && *at + (size_t)k < len) *at += (size_t)k;
+  k = snprintf(buf + *at, len - *at, "]");
+  if (k >= 0 && *at + (size_t)k < len) *at += (size_t)k;
+}
+
+void wtx_plan_param_describe(const wtx_tensor_meta *m, const wtx_ownership *o, char *buf,
+                             size_t len) {
+  if (len == 0) return;
+  size_t at = 0;
+  int k = snprintf(buf, len, "'%s' %s ", m->name, wtx_dtype_name(m->dtype));
+  at = k >= 0 && (size_t)k < len ? (size_t)k : len - 1;
+  list_into(buf, len, &at, "", m->shape, NULL, m->ndim);
+  if (o == NULL || o->owners == NULL) {
+    snprintf(buf + at, len - at, ", owned by every rank");
+    return;
+  }
+  list_into(buf, len, &at, ", owners ", NULL, o->owners, o->n_owners);
+  if (o->mesh_ndim > 0) list_into(buf, len, &at, " mesh ", NULL, o->mesh_shape, o->mesh_ndim);
+  for (size_t a = 0; o->placements != NULL && a < wtx__mesh_axes(o); a++) {
+    k = o->placements[a] == WTX_PLACEMENT_REPLICATE
+            ? snprintf(buf + at, len - at, "%s%s", a ? ", " : " placements [", "R")
+            : snprintf(buf + at, len - at, "%s%d", a ? ", " : " placements [", o->placements[a]);
+    if (k >= 0 && at + (size_t)k < len) at += (size_t)k;
+  }
+  if (o->placements != NULL && wtx__mesh_axes(o) > 0) snprintf(buf + at, len - at, "]");
 }
 
 /* ---- making the plan ---- */

@@ -180,6 +180,17 @@ uint64_t wtx_plan_worker_bytes(const wtx_plan *p, uint32_t worker);
  * sides with the same digest move the same bytes the same way. */
 uint64_t wtx_plan_digest(const wtx_plan *p);
 
+/* What ranks whose plan digests differ compare to find where: each
+ * parameter's XXH3-64 of its name, dtype, shape and ownership (own may be
+ * NULL: every rank owns every parameter), n of them into out. WTX_ENOMEM. */
+int wtx_plan_param_digests(const wtx_tensor_meta *metas, const wtx_ownership *own, size_t n,
+                           uint64_t *out);
+/* Parameter m with ownership o (NULL: every rank) in words, into buf:
+ * "'name' BF16 [4096, 1024], owners [0, 1, 2, 3] mesh [4] placements [0]"
+ * (a placement is a tensor dim, or R for replicated); cut to len. */
+void wtx_plan_param_describe(const wtx_tensor_meta *m, const wtx_ownership *o, char *buf,
+                             size_t len);
+
 /* ---- a tensor-parallel worker's slices, from rules ---- */
 
 typedef enum wtx_shard_kind {

@@ -502,20 +502,30 @@ static int agree_plan(tcp_worker *w, inlet *in, const waitspec *ws, const char *
 /* How often a refused sender is asked again while the init lasts. */
 #define RETRY_MS 50
 
-/* Connects to one inlet and says hello; with several senders the hello is
- * followed by this worker's index. */
-static int open_inlet(tcp_worker *w, inlet *in, const waitspec *ws, char *err,
-                      size_t errlen) {
-  int rc = connect_to(in->addr, w->allow, ws, &in->fd, err, errlen);
-  /* A rank other than the one that drives the session may not listen yet
-   * (every rank starts at once): it is asked again until the deadline. */
-  while (rc == WTX_EUNAVAIL && errno == ECONNREFUSED && in != &w->in[0]) {
+/* connect_to a trainer rank, which may not listen yet (every rank starts
+ * at once): a refused connect is asked again until the deadline. */
+static int connect_rank(const char *addr, const wtx__netallow *allow, const waitspec *ws,
+                        int *fd, char *err, size_t errlen) {
+  int rc = connect_to(addr, allow, ws, fd, err, errlen);
+  while (rc == WTX_EUNAVAIL && errno == ECONNREFUSED) {
     waitspec pause = within(RETRY_MS, ws->cancel_fd);
     if (pause.until > ws->until) pause.until = ws->until;
-    int wrc = wait_fd(ws->cancel_fd, POLLIN, &pause); /* the cancel, or the pause ending */
+    /* the cancel, or the pause ending (poll without an fd when none) */
+    int wrc = ws->cancel_fd >= 0 ? wait_fd(ws->cancel_fd, POLLIN, &pause)
+                                 : (poll(NULL, 0, RETRY_MS), WTX_ETIMEDOUT);
     if (wrc != WTX_ETIMEDOUT || wtx_clock_ms() >= ws->until) break;
-    rc = connect_to(in->addr, w->allow, ws, &in->fd, err, errlen);
+    rc = connect_to(addr, allow, ws, fd, err, errlen);
   }
+  return rc;
+}
+
+/* Connects to one inlet and says hello; with several senders the hello is
+ * followed by this worker's index. Only the upstream, which drives the
+ * session, must listen already. */
+static int open_inlet(tcp_worker *w, inlet *in, const waitspec *ws, char *err,
+                      size_t errlen) {
+  int rc = in == &w->in[0] ? connect_to(in->addr, w->allow, ws, &in->fd, err, errlen)
+                           : connect_rank(in->addr, w->allow, ws, &in->fd, err, errlen);
   const char *why = "";
   if (rc == 0 && (rc = send_hello(in->fd, w->token, w->token_len, ws, &why)) == 0 &&
       w->n_in > 1)
@@ -1077,6 +1087,8 @@ struct wtx__tcp_rank {
   size_t n_workers;
   rank_conn *c;     /* per worker */
   uint64_t digest;  /* this rank's plan, which rank 0's must equal */
+  wtx__tcp_params params; /* to find where rank 0's plan differs */
+  char differs[1500];     /* where it does, once rank 0 checked */
 };
 
 void wtx__tcp_rank_destroy(wtx__tcp_rank *r) {
@@ -1104,9 +1116,9 @@ static int rank_alloc(wtx__tcp_rank *r) {
 }
 
 int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_len,
-                         uint64_t plan_digest, size_t n_workers, uint32_t timeout_ms,
-                         wtx__tcp_rank **out, char *bound, size_t blen, char *err,
-                         size_t errlen) {
+                         uint64_t plan_digest, const wtx__tcp_params *params,
+                         size_t n_workers, uint32_t timeout_ms, wtx__tcp_rank **out,
+                         char *bound, size_t blen, char *err, size_t errlen) {
   if (token_len < WTX__TCP_TOKEN_MIN || token_len > WTX__TCP_TOKEN_MAX || n_workers == 0) {
     snprintf(err, errlen, "tcp: the session token must be %d..%d bytes", WTX__TCP_TOKEN_MIN,
              WTX__TCP_TOKEN_MAX);
@@ -1120,6 +1132,7 @@ int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_le
   r->token_len = token_len;
   memcpy(r->token, token, token_len);
   r->digest = plan_digest;
+  r->params = *params;
   r->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   int rc = r->cancel_fd < 0 ? WTX_ENOMEM : rank_alloc(r);
   if (rc == 0) rc = listen_on(addr, &r->lfd, bound, blen, err, errlen);
@@ -1133,8 +1146,66 @@ int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_le
   return 0;
 }
 
-/* The worker a fresh connection says it is (hello, then who), within
- * HELLO_MS: its index, or -1 for a peer that is not one of ours. */
+/* The first of rank 0's parameter digests (count of them on fd) that
+ * differs from this rank's; past the shorter list when one is a prefix of
+ * the other; UINT64_MAX when all agree. */
+static int first_difference(wtx__tcp_rank *r, int fd, uint32_t count, const waitspec *ws,
+                            uint64_t *index) {
+  uint8_t raw[4096];
+  uint64_t v[sizeof raw / 8];
+  const char *why = "";
+  size_t n = r->params.n < count ? r->params.n : count;
+  for (size_t i = 0; i < n;) {
+    size_t k = n - i < sizeof raw / 8 ? n - i : sizeof raw / 8;
+    if (read_full(fd, raw, k * 8, ws, &why) != 0) return WTX_EIO;
+    wtx__tcp_trailer_get_sums(raw, v, k);
+    for (size_t j = 0; j < k; j++, i++)
+      if (v[j] != r->params.digests[i]) {
+        *index = i;
+        return 0;
+      }
+  }
+  *index = count != r->params.n ? n : UINT64_MAX;
+  return 0;
+}
+
+/* Rank 0 checking this rank's plan, whose digest (theirs) differs: where,
+ * answered to rank 0 and kept in r->differs for this rank's own error. */
+static void answer_rank0(wtx__tcp_rank *r, int fd, uint64_t theirs, const waitspec *ws) {
+  uint8_t head[WTX__TCP_TRAILER_HEAD_BYTES], d[WTX__TCP_DIFF_BYTES];
+  char text[WTX__TCP_DIFF_TEXT_MAX] = "";
+  const char *why = "";
+  uint32_t count = 0;
+  uint64_t at = UINT64_MAX;
+  snprintf(r->differs, sizeof r->differs, "tcp: rank 0's plan (digest %016llx) differs "
+           "from this rank's (%016llx)", (unsigned long long)theirs,
+           (unsigned long long)r->digest);
+  if (read_full(fd, head, sizeof head, ws, &why) != 0 ||
+      wtx__tcp_trailer_check(head, 0, UINT32_MAX, &count, text, sizeof text) != 0 ||
+      first_difference(r, fd, count, ws, &at) != 0)
+    return; /* rank 0 names no parameter, and neither does this rank */
+  size_t len = strlen(r->differs);
+  if (at < r->params.n) {
+    r->params.describe(r->params.arg, (size_t)at, text, sizeof text);
+    snprintf(r->differs + len, sizeof r->differs - len, ", first at parameter %llu: this "
+             "rank has %s", (unsigned long long)at, text);
+  } else if (at != UINT64_MAX) {
+    snprintf(text, sizeof text, "no parameter %llu (it has %zu)", (unsigned long long)at,
+             r->params.n);
+    snprintf(r->differs + len, sizeof r->differs - len, ": rank 0 has %u parameters, this "
+             "rank %zu", count, r->params.n);
+  } else {
+    snprintf(r->differs + len, sizeof r->differs - len, ", though every parameter's "
+             "metadata and ownership agree: their views of the workers' shard rules differ");
+  }
+  wtx__tcp_diff_encode(d, at, (uint32_t)strlen(text));
+  struct iovec v[2] = {{d, sizeof d}, {text, strlen(text)}};
+  (void)write_iov_full(fd, v, 2, ws, &why);
+}
+
+/* Who a fresh connection says it is (hello, then who), within HELLO_MS: a
+ * worker's index; -1 for a peer that is not one of ours; -2 for a worker
+ * bringing another plan; -3 for rank 0's check, agreeing, or -4 not. */
 static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws, uint64_t *theirs) {
   uint8_t h[WTX__TCP_HELLO_BYTES], who[WTX__TCP_WHO_BYTES], plan[WTX__TCP_PLAN_BYTES];
   const char *why = "";
@@ -1144,12 +1215,14 @@ static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws, uint64_
   if (read_full(fd, h, sizeof h, &hello, &why) != 0 ||
       wtx__tcp_hello_check(h, r->token, r->token_len) != 0 ||
       read_full(fd, who, sizeof who, &hello, &why) != 0 ||
-      wtx__tcp_who_decode(who, &index, theirs) != 0 || index >= r->n_workers ||
-      r->c[index].fd >= 0)
+      wtx__tcp_who_decode(who, &index, theirs) != 0 ||
+      (index != WTX__TCP_WHO_RANK0 && (index >= r->n_workers || r->c[index].fd >= 0)))
     return -1;
   /* Answered either way, so the worker can name a plan that differs. */
   wtx__tcp_plan_encode(plan, r->digest);
   if (write_full(fd, plan, sizeof plan, &hello, &why) != 0) return -1;
+  if (index == WTX__TCP_WHO_RANK0 && *theirs != r->digest) answer_rank0(r, fd, *theirs, ws);
+  if (index == WTX__TCP_WHO_RANK0) return *theirs == r->digest ? -3 : -4;
   return *theirs == r->digest ? (int64_t)index : -2;
 }
 
@@ -1175,6 +1248,12 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
     if (fd < 0) continue; /* EINTR, ECONNABORTED, ...: wait again */
     uint64_t theirs = 0;
     int64_t w = read_worker(r, fd, &ws, &theirs);
+    if (w == -4) {
+      /* Rank 0 knows too, and starts no worker's session. */
+      close(fd);
+      snprintf(err, errlen, "%s", r->differs);
+      return WTX_EINVAL;
+    }
     if (w == -2) {
       /* Every worker is answered before this fails, so that each names
        * this rank's plan in its own error rather than a reset. */
@@ -1253,4 +1332,68 @@ int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t first_offset, uint6
   }
   k->seq++;
   return 0;
+}
+
+/* Rank 0's side of the check where the digests differ: its parameters'
+ * digests out, the rank's first difference and text back, as err. */
+static int ask_difference(int fd, uint32_t rank, const char *addr, const wtx__tcp_params *p,
+                          const waitspec *ws, char *err, size_t errlen) {
+  uint8_t head[WTX__TCP_TRAILER_HEAD_BYTES], d[WTX__TCP_DIFF_BYTES];
+  uint8_t *list = malloc(p->n * 8 + 1);
+  char theirs[WTX__TCP_DIFF_TEXT_MAX + 1] = "", ours[WTX__TCP_DIFF_TEXT_MAX] = "";
+  const char *why = "";
+  uint64_t at = 0;
+  uint32_t len = 0;
+  if (list == NULL) return WTX_ENOMEM;
+  wtx__tcp_trailer_encode(head, 0, (uint32_t)p->n);
+  wtx__tcp_trailer_put_sums(list, p->digests, p->n);
+  struct iovec v[2] = {{head, sizeof head}, {list, p->n * 8}};
+  int rc = write_iov_full(fd, v, 2, ws, &why);
+  free(list);
+  if (rc == 0) rc = read_full(fd, d, sizeof d, ws, &why);
+  if (rc == 0 && wtx__tcp_diff_decode(d, &at, &len) != 0) rc = WTX_EPROTO;
+  if (rc == 0) rc = read_full(fd, theirs, len, ws, &why);
+  int n = snprintf(err, errlen, "many senders: rank %u (%s) planned this sync differently "
+                   "from rank 0", rank, addr);
+  size_t k = n > 0 && (size_t)n < errlen ? (size_t)n : errlen;
+  if (rc != 0 || k >= errlen) return WTX_EINVAL; /* it named nothing: the digests say enough */
+  if (at < p->n) {
+    p->describe(p->arg, (size_t)at, ours, sizeof ours);
+    snprintf(err + k, errlen - k, ", first at parameter %llu: rank 0 has %s; rank %u has %s",
+             (unsigned long long)at, ours, rank, theirs);
+  } else if (at != UINT64_MAX) {
+    snprintf(err + k, errlen - k, ": rank 0 has %zu parameters, and the first %llu agree; "
+             "rank %u has %s", p->n, (unsigned long long)at, rank, theirs);
+  } else {
+    snprintf(err + k, errlen - k, ", though every parameter's metadata and ownership "
+             "agree: their views of the workers' shard rules differ");
+  }
+  return WTX_EINVAL;
+}
+
+int wtx__tcp_rank_check(const char *addr, uint32_t rank, const uint8_t *token, size_t token_len,
+                        uint64_t plan_digest, const wtx__tcp_params *params,
+                        uint32_t timeout_ms, char *err, size_t errlen) {
+  waitspec ws = within(timeout_ms, -1);
+  uint8_t who[WTX__TCP_WHO_BYTES], plan[WTX__TCP_PLAN_BYTES];
+  const char *why = "";
+  uint64_t theirs = 0;
+  int fd = -1;
+  int rc = connect_rank(addr, NULL, &ws, &fd, err, errlen);
+  if (rc != 0) return rc;
+  wtx__tcp_who_encode(who, WTX__TCP_WHO_RANK0, plan_digest);
+  if ((rc = send_hello(fd, token, token_len, &ws, &why)) == 0 &&
+      (rc = write_full(fd, who, sizeof who, &ws, &why)) == 0 &&
+      (rc = read_full(fd, plan, sizeof plan, &ws, &why)) == 0 &&
+      wtx__tcp_plan_decode(plan, &theirs) != 0) {
+    why = "its answer is not a plan record";
+    rc = WTX_EPROTO;
+  }
+  if (rc != 0)
+    snprintf(err, errlen, "many senders: checking rank %u's plan at %s: %s", rank, addr,
+             why[0] ? why : "no answer with this session's token");
+  else if (theirs != plan_digest)
+    rc = ask_difference(fd, rank, addr, params, &ws, err, errlen);
+  close(fd);
+  return rc;
 }

@@ -11,6 +11,7 @@ static const char frame_magic[4] = {'W', 'T', 'X', 'C'};
 static const char trailer_magic[4] = {'W', 'T', 'X', 'S'};
 static const char who_magic[4] = {'W', 'T', 'X', 'W'};
 static const char plan_magic[4] = {'W', 'T', 'X', 'P'};
+static const char diff_magic[4] = {'W', 'T', 'X', 'D'};
 enum { VERSION = 1 };
 
 static void put64(uint8_t *p, uint64_t v) {
@@ -65,6 +66,19 @@ void wtx__tcp_plan_encode(uint8_t *p, uint64_t digest) {
 int wtx__tcp_plan_decode(const uint8_t *p, uint64_t *digest) {
   if (memcmp(p, plan_magic, 4) != 0 || get32(p + 4) != 0) return WTX_EPROTO;
   *digest = get64(p + 8);
+  return 0;
+}
+
+void wtx__tcp_diff_encode(uint8_t *d, uint64_t index, uint32_t text_len) {
+  memcpy(d, diff_magic, 4);
+  put32(d + 4, text_len);
+  put64(d + 8, index);
+}
+
+int wtx__tcp_diff_decode(const uint8_t *d, uint64_t *index, uint32_t *text_len) {
+  if (memcmp(d, diff_magic, 4) != 0 || get32(d + 4) > WTX__TCP_DIFF_TEXT_MAX) return WTX_EPROTO;
+  *text_len = get32(d + 4);
+  *index = get64(d + 8);
   return 0;
 }
 

@@ -5,7 +5,12 @@
  *  - with several senders (TcpInitInfo.sender_addresses), after the hello
  *    on each sender's connection: "WTXW", the worker's index (4 bytes),
  *    rank 0's plan digest (8); the sender answers "WTXP", 4 zero bytes,
- *    its own plan digest (8);
+ *    its own plan digest (8). Rank 0 checks every other rank the same
+ *    way at init, as worker index WTX__TCP_WHO_RANK0; where the digests
+ *    differ it then sends its parameters' digests (a trailer record of
+ *    sequence 0), and the rank answers "WTXD", the length of a text (4),
+ *    the index of the first parameter that differs (8), then the text:
+ *    that parameter as the rank sees it;
  *  - the 32-byte frame header before each chunk: "WTXC", version, chunk
  *    sequence, first_param_offset, chunk_bytes;
  *  - with TcpInitInfo.checksum_trailer, the trailer after each chunk's
@@ -29,6 +34,11 @@ extern "C" {
 #define WTX__TCP_TRAILER_HEAD_BYTES 16
 #define WTX__TCP_WHO_BYTES 16
 #define WTX__TCP_PLAN_BYTES 16
+#define WTX__TCP_DIFF_BYTES 16
+/* The who record's index when rank 0, not a worker, checks a rank's plan. */
+#define WTX__TCP_WHO_RANK0 UINT32_MAX
+/* The longest text a diff record carries. */
+#define WTX__TCP_DIFF_TEXT_MAX 1024
 
 /* What a frame header says of the chunk that follows it. */
 typedef struct wtx__tcp_frame {
@@ -51,6 +61,12 @@ int wtx__tcp_who_decode(const uint8_t *w, uint32_t *index, uint64_t *digest);
 /* p: WTX__TCP_PLAN_BYTES, a sender's answer to the who record. */
 void wtx__tcp_plan_encode(uint8_t *p, uint64_t digest);
 int wtx__tcp_plan_decode(const uint8_t *p, uint64_t *digest);
+
+/* d: WTX__TCP_DIFF_BYTES, a rank's answer to rank 0's parameter digests:
+ * the first index that differs and the length of the text after it. */
+void wtx__tcp_diff_encode(uint8_t *d, uint64_t index, uint32_t text_len);
+/* WTX_EPROTO when d is not one, or its text is over WTX__TCP_DIFF_TEXT_MAX. */
+int wtx__tcp_diff_decode(const uint8_t *d, uint64_t *index, uint32_t *text_len);
 
 /* f: WTX__TCP_FRAME_BYTES. */
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr);

@@ -17,19 +17,38 @@ extern "C" {
 
 typedef struct wtx__tcp_rank wtx__tcp_rank;
 
+/* What a rank's plan is made of, to find where two ranks' plans differ:
+ * each parameter's digest (wtx_plan_param_digests), and the parameter in
+ * words (wtx_plan_param_describe). The arrays outlive the rank. */
+typedef struct wtx__tcp_params {
+  const uint64_t *digests;
+  size_t n;
+  void (*describe)(void *arg, size_t i, char *buf, size_t len);
+  void *arg;
+} wtx__tcp_params;
+
 /* Listens on addr ("host:port"; port 0: one the system picks) for
  * n_workers workers presenting token (16..64 bytes, copied) and rank 0's
  * plan, which must be plan_digest (this rank's); bound receives the
  * address listened on. Every later wait is bounded by timeout_ms. *out is
  * the caller's until destroy. */
 int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_len,
-                         uint64_t plan_digest, size_t n_workers, uint32_t timeout_ms,
-                         wtx__tcp_rank **out, char *bound, size_t blen, char *err,
-                         size_t errlen);
+                         uint64_t plan_digest, const wtx__tcp_params *params,
+                         size_t n_workers, uint32_t timeout_ms, wtx__tcp_rank **out,
+                         char *bound, size_t blen, char *err, size_t errlen);
+/* Rank 0, at init, before any worker's session: whether the rank at addr
+ * (which may not listen yet: asked again until timeout_ms) planned as this
+ * one did. Where not, WTX_EINVAL, and err names the first parameter that
+ * differs as each rank sees it (or says their parameters agree and their
+ * views of the workers differ); that rank's accept fails the same way. */
+int wtx__tcp_rank_check(const char *addr, uint32_t rank, const uint8_t *token, size_t token_len,
+                        uint64_t plan_digest, const wtx__tcp_params *params,
+                        uint32_t timeout_ms, char *err, size_t errlen);
 /* Accepts a connection from every worker not connected, within the
  * timeout, answering each with this rank's plan digest; a peer without the
  * token, or naming a worker out of range or connected already, is dropped.
- * A worker bringing another plan of rank 0's fails it (WTX_EINVAL). */
+ * A worker bringing another plan of rank 0's fails it (WTX_EINVAL), as
+ * does rank 0's check finding the plans differ (err says where). */
 int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen);
 /* Whether every worker's connection is still open (a worker whose update
  * was aborted closes it: its next session connects again). Never blocks. */

@@ -195,17 +195,31 @@ TEST_F(ManyTest, ARankKilledMidSyncLeavesEveryWorkerOnItsVersionAndTheNextSyncLa
 }
 
 // A rank whose metadata or ownership differs from rank 0's plans
-// differently: the init fails on rank 0 naming that rank, and on that rank
-// saying its plan differs, before any byte moves.
-TEST_F(ManyTest, ARankThatPlansDifferentlyFailsTheInitOnBothSides) {
+// differently: the init fails on rank 0 naming that rank and the first
+// parameter where they differ, as each sees it, and on that rank naming
+// the same parameter, before any worker's session starts.
+TEST_F(ManyTest, ARankThatPlansDifferentlyFailsTheInitOnBothSidesNamingTheParameter) {
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   std::vector<Worker> ws = {r0, r1, whole};
   for (int r = 0; r < 4; r++) Start(r, ws, 5000, r == 2);
   std::string zero = Line(ranks_[0]), two = Line(ranks_[2]);
   EXPECT_EQ(0u, zero.rfind("fail", 0)) << zero;
-  EXPECT_NE(std::string::npos, zero.find("sender " + RankAddr(2) + " planned")) << zero;
+  EXPECT_NE(std::string::npos, zero.find("rank 2 (" + RankAddr(2) + ") planned")) << zero;
+  EXPECT_NE(std::string::npos, zero.find("rank 0 has 'model.scale' INT8 [3, 5], owners [3]; "
+                                         "rank 2 has 'model.scale' INT8 [3, 5], owners [2]"))
+      << zero;
   EXPECT_EQ(0u, two.rfind("fail", 0)) << two;
-  EXPECT_NE(std::string::npos, two.find("this rank's differs")) << two;
+  EXPECT_NE(std::string::npos, two.find("this rank has 'model.scale' INT8 [3, 5], owners [2]"))
+      << two;
+  for (const Worker &w : ws) {  // no worker's session was started
+    wtx_client *c = Client({w});
+    wtx_weight_info info;
+    EXPECT_EQ(0, wtx_client_weight_info(c, 0, 0, &info)) << wtx_client_last_error(c);
+    EXPECT_STREQ("", info.backend);
+    EXPECT_EQ(0u, info.generation);
+    wtx_weight_info_free(&info);
+    wtx_client_destroy(c);
+  }
 }
 
 // Refused at init, before any byte moves, naming the parameter.

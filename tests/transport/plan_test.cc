@@ -460,6 +460,48 @@ TEST(Plan, TheDigestIsTheSameForTheSameInputsAndChangesWithThem) {
   EXPECT_NE(make(2, 0), make(2, 1));
 }
 
+// What ranks whose plans differ compare: one digest per parameter, which
+// changes with its name, shape or ownership and nothing else's, and the
+// parameter in words.
+TEST(Plan, ParameterDigestsFindWhereTwoRanksDisagree) {
+  auto digests = [](const std::string &b, uint64_t rows, std::vector<int32_t> place) {
+    Model m;
+    m.Add("a", WTX_DTYPE_FLOAT32, {4, 4}, Sharded({0, 1}, {0}));
+    m.Add(b, WTX_DTYPE_BFLOAT16, {rows, 2}, Sharded({0, 1}, place));
+    Owned every;
+    every.every = true;
+    m.Add("c", WTX_DTYPE_FLOAT32, {4}, every);
+    std::vector<wtx_ownership> own;
+    for (size_t i = 0; i < m.metas.size(); i++) {
+      m.metas[i].name = m.names[i].c_str();
+      own.push_back(m.owned[i].View());
+    }
+    std::vector<uint64_t> d(3);
+    EXPECT_EQ(0, wtx_plan_param_digests(m.metas.data(), own.data(), 3, d.data()));
+    return d;
+  };
+  std::vector<uint64_t> base = digests("b", 6, {0});
+  EXPECT_EQ(base, digests("b", 6, {0}));
+  for (const auto &other : {digests("B", 6, {0}), digests("b", 8, {0}),
+                            digests("b", 6, {WTX_PLACEMENT_REPLICATE})}) {
+    EXPECT_EQ(base[0], other[0]);
+    EXPECT_NE(base[1], other[1]);
+    EXPECT_EQ(base[2], other[2]);
+  }
+  wtx_tensor_meta meta{};
+  uint64_t shape[] = {6, 2};
+  char err[256], buf[300];
+  ASSERT_EQ(0, wtx_tensor_meta_set(&meta, "w", WTX_DTYPE_BFLOAT16, shape, 2, err, sizeof err));
+  Owned o = Sharded({0, 1, 2, 3}, {WTX_PLACEMENT_REPLICATE, 1}, {2, 2});
+  wtx_ownership ov = o.View();
+  wtx_plan_param_describe(&meta, &ov, buf, sizeof buf);
+  EXPECT_STREQ("'w' BFLOAT16 [6, 2], owners [0, 1, 2, 3] mesh [2, 2] placements [R, 1]", buf);
+  wtx_plan_param_describe(&meta, nullptr, buf, sizeof buf);
+  EXPECT_STREQ("'w' BFLOAT16 [6, 2], owned by every rank", buf);
+  wtx_plan_param_describe(&meta, &ov, buf, 12);  // cut, never past the buffer
+  EXPECT_STREQ("'w' BFLOAT1", buf);
+}
+
 // Each refusal names the parameter and what is wrong, and makes no plan.
 void ExpectRefused(Model &m, const std::string &part) {
   wtx_plan *plan = reinterpret_cast<wtx_plan *>(1);

@@ -91,4 +91,19 @@ TEST(TcpFrame, ATrailerRoundTripsAndItsBadFieldsAreNamed) {
   EXPECT_STREQ("checksum trailer: no 'WTXS' magic (the stream is out of step)", err);
 }
 
+TEST(TcpFrame, ADiffRecordRoundTripsAndItsTextIsBounded) {
+  uint8_t d[WTX__TCP_DIFF_BYTES];
+  wtx__tcp_diff_encode(d, 70000, 41);
+  EXPECT_EQ(0, memcmp(d, "WTXD", 4));
+  uint64_t index = 0;
+  uint32_t len = 0;
+  ASSERT_EQ(0, wtx__tcp_diff_decode(d, &index, &len));
+  EXPECT_EQ(70000u, index);
+  EXPECT_EQ(41u, len);
+  wtx__tcp_diff_encode(d, UINT64_MAX, WTX__TCP_DIFF_TEXT_MAX + 1);  // a peer asking too much
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_diff_decode(d, &index, &len));
+  wtx__tcp_plan_encode(d, 7);  // another record where the diff belongs
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_diff_decode(d, &index, &len));
+}
+
 }  // namespace
