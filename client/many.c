@@ -22,12 +22,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/engine.h"
 #include "client/fanout.h"
 #include "client/source.h"
 #include "common/clock.h"
 #include "common/layout.h"
+#include "transport/nccl_rank.h"
 #include "transport/plan.h"
 #include "transport/tcp_rank.h"
 #include "transport/transport.h"
@@ -72,7 +74,15 @@ struct wtx__many {
   const wtx_ownership *own;
   wtx_plan *plan;
   wstream *ws;
-  wtx__tcp_rank *tcp;
+  wtx__tcp_rank *tcp; /* tcp: the workers' connections; nccl: rank 0's link */
+  /* nccl: the bytes go by ncclSend in one communicator of every rank and
+   * worker, which rank 0 names in the go it sends each sync on its links
+   * (links[r], rank 0 only) under a new generation whenever it made one. */
+  int nccl;
+  wtx__nccl_rank *gpu;
+  int *links;
+  uint64_t generation;
+  uint8_t id[WTX__NCCL_ID_BYTES];
   wtx_wire_params wire;
   uint8_t token[64];
   size_t token_len;
@@ -269,6 +279,10 @@ void wtx__many_destroy(wtx__many *m) {
   for (size_t w = 0; m->one != NULL && w < m->n_workers; w++) wtx_client_destroy(m->one[w]);
   for (uint32_t r = 0; m->addrs != NULL && r < m->world; r++) free(m->addrs[r]);
   wtx__tcp_rank_destroy(m->tcp);
+  wtx__nccl_rank_destroy(m->gpu);
+  for (uint32_t r = 0; m->links != NULL && r < m->world; r++)
+    if (m->links[r] >= 0) close(m->links[r]);
+  free(m->links);
   wtx_plan_destroy(m->plan);
   free(m->ws);
   free(m->one);
@@ -285,8 +299,9 @@ void wtx__many_destroy(wtx__many *m) {
 static int many_config(wtx__many *m, const wtx_trainer_config *cfg, char *err, size_t errlen) {
   const char *tok = cfg->session_token;
   size_t tl = tok != NULL ? strlen(tok) : 0;
-  if (cfg->backend != NULL && strcmp(cfg->backend, "tcp") != 0) {
-    snprintf(err, errlen, "trainer_init: world %u: many senders run over tcp, not %s",
+  m->nccl = cfg->backend != NULL && strcmp(cfg->backend, "nccl") == 0;
+  if (cfg->backend != NULL && strcmp(cfg->backend, "tcp") != 0 && !m->nccl) {
+    snprintf(err, errlen, "trainer_init: world %u: many senders run over tcp or nccl, not %s",
              cfg->world, cfg->backend);
     return WTX_EINVAL;
   }
@@ -310,8 +325,10 @@ static int many_config(wtx__many *m, const wtx_trainer_config *cfg, char *err, s
   ii.packing = &pk;
   ii.checksum = (Wtx__V1__ChecksumAlgorithm)cfg->checksum;
   ii.timeout_ms = cfg->timeout_ms;
-  return wtx_wire_params_from_init(&ii, WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
-                                   &m->wire, err, errlen);
+  int rc = wtx_wire_params_from_init(&ii, m->nccl ? WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE
+                                                  : WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
+                                     &m->wire, err, errlen);
+  return rc;
 }
 
 /* Every worker's parts, then the plan over them (refusing an orphan, an
@@ -343,12 +360,21 @@ static int many_plan(wtx__many *m, char *err, size_t errlen) {
   return rc;
 }
 
-/* Rank 0: every worker's session, connected to every rank. */
+static int many_check(wtx__many *m, char *err, size_t errlen);
+static int many_go(wtx__many *m, char *err, size_t errlen);
+
+/* Rank 0: every worker's session, connected to every rank (tcp), or
+ * joined with every rank in a new communicator (nccl). */
 static int many_sessions(wtx__many *m, char *err, size_t errlen) {
   int rc = 0;
   size_t started = 0;
+  if (m->nccl && (rc = wtx__nccl_rank_new_id(m->gpu, m->id, err, errlen)) == 0) {
+    m->generation++;
+    rc = many_go(m, err, errlen); /* the ranks join as the workers do */
+  }
   while (rc == 0 && started < m->n_workers) {
     Wtx__V1__TcpInitInfo ti = WTX__V1__TCP_INIT_INFO__INIT;
+    Wtx__V1__NcclInitInfo ni = WTX__V1__NCCL_INIT_INFO__INIT;
     Wtx__V1__PackingParams pk;
     Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
     wtx_wire_params_to_init(&m->wire, &pk, &ii);
@@ -359,13 +385,21 @@ static int many_sessions(wtx__many *m, char *err, size_t errlen) {
     ti.checksum_trailer = 1;
     ti.worker_index = (uint32_t)started;
     ti.plan_digest = wtx_plan_digest(m->plan);
-    ii.backend_case = WTX__V1__INIT_INFO__BACKEND_TCP;
-    ii.tcp = &ti;
+    ni.unique_id = (ProtobufCBinaryData){sizeof m->id, m->id};
+    ni.world_size = m->world + (uint32_t)m->n_workers;
+    ni.rank_offset = m->world + (uint32_t)started;
+    ni.senders = m->world;
+    ii.backend_case = m->nccl ? WTX__V1__INIT_INFO__BACKEND_NCCL : WTX__V1__INIT_INFO__BACKEND_TCP;
+    if (m->nccl) ii.nccl = &ni; /* one member of the backend oneof */
+    else ii.tcp = &ti;
     rc = wtx__client_init_start(m->one[started], 0, &ii);
     if (rc != 0) snprintf(err, errlen, "%s", wtx_client_last_error(m->one[started]));
     started += rc == 0; /* every call in flight is waited for */
   }
-  int arc = rc == 0 ? wtx__tcp_rank_accept(m->tcp, err, errlen) : 0;
+  int arc = rc != 0 ? 0
+            : m->nccl ? wtx__nccl_rank_join(m->gpu, m->id, (int)(m->world + m->n_workers), 0,
+                                            err, errlen)
+                      : wtx__tcp_rank_accept(m->tcp, err, errlen);
   for (size_t w = 0; w < started; w++) {
     int wrc = wtx__client_init_wait(m->one[w], 0, NULL);
     if (wrc != 0 && rc == 0) {
@@ -408,12 +442,67 @@ static void describe_param(void *arg, size_t i, char *buf, size_t len) {
 /* Rank 0: every other rank planned this sync as rank 0 did, or the init
  * fails naming the first parameter where one differs, before any worker's
  * session starts. */
-static int many_check(wtx__many *m, const wtx__tcp_params *params, char *err, size_t errlen) {
+static int many_check(wtx__many *m, char *err, size_t errlen) {
+  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl};
   int rc = 0;
-  for (uint32_t r = 1; rc == 0 && r < m->world; r++)
-    rc = wtx__tcp_rank_check(m->addrs[r], r, m->token, m->token_len, wtx_plan_digest(m->plan),
-                             params, m->wire.timeout_ms, err, errlen);
+  for (uint32_t r = 1; rc == 0 && r < m->world; r++) {
+    if (m->nccl && m->links[r] >= 0 && !wtx__tcp_link_alive(m->links[r])) {
+      close(m->links[r]); /* that rank is gone: link its successor */
+      m->links[r] = -1;
+    }
+    if (!m->nccl || m->links[r] < 0)
+      rc = wtx__tcp_rank_check(m->addrs[r], r, m->token, m->token_len, wtx_plan_digest(m->plan),
+                               &params, m->wire.timeout_ms, m->nccl ? &m->links[r] : NULL, err,
+                               errlen);
+  }
   return rc;
+}
+
+/* Rank 0, nccl: the sync's go to every other rank, on links checked (and
+ * made again) first. A link that fails is closed, and the next sync makes
+ * a new session. */
+static int many_go(wtx__many *m, char *err, size_t errlen) {
+  int rc = many_check(m, err, errlen);
+  for (uint32_t r = 1; rc == 0 && r < m->world; r++) {
+    rc = wtx__tcp_link_go(m->links[r], m->generation, m->id, sizeof m->id, m->wire.timeout_ms,
+                          err, errlen);
+    if (rc != 0) {
+      close(m->links[r]);
+      m->links[r] = -1;
+    }
+  }
+  return rc;
+}
+
+/* Another rank, nccl: rank 0's go, and the communicator it names joined
+ * when it is a new one (or this rank's failed). */
+static int many_take_go(wtx__many *m, char *err, size_t errlen) {
+  uint64_t gen = 0;
+  size_t len = 0;
+  int rc = wtx__tcp_rank_accept(m->tcp, err, errlen); /* rank 0's link, when it is gone */
+  if (rc == 0) rc = wtx__tcp_rank_go(m->tcp, &gen, m->id, sizeof m->id, &len, err, errlen);
+  if (rc == 0 && len != sizeof m->id) {
+    snprintf(err, errlen, "nccl: rank 0's go carries %zu bytes, not a communicator id", len);
+    rc = WTX_EPROTO;
+  }
+  if (rc != 0 || (gen == m->generation && wtx__nccl_rank_ready(m->gpu))) return rc;
+  if (gen == m->generation) {
+    /* Its communicator cannot be joined twice: this sync fails, so rank 0's
+     * does too, and rank 0 makes a new one for the next. */
+    snprintf(err, errlen, "nccl: this rank's communicator failed in an earlier sync, and rank "
+             "0 still names it (generation %llu)", (unsigned long long)gen);
+    return WTX_ESTATE;
+  }
+  m->generation = gen;
+  return wtx__nccl_rank_join(m->gpu, m->id, (int)(m->world + m->n_workers), (int)m->rank, err,
+                             errlen);
+}
+
+/* nccl: this rank's GPU side, and on rank 0 its links (none yet). */
+static int many_nccl_open(wtx__many *m, char *err, size_t errlen) {
+  if (m->rank == 0 && (m->links = malloc(m->world * sizeof *m->links)) == NULL) return WTX_ENOMEM;
+  for (uint32_t r = 0; m->links != NULL && r < m->world; r++) m->links[r] = -1;
+  return wtx__nccl_rank_open(m->wire.buffer_size, m->wire.timeout_ms, &m->gpu, err, errlen);
 }
 
 static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, size_t errlen) {
@@ -434,14 +523,18 @@ static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, siz
   if (rc == 0 && (m->param_digests = malloc((m->n + 1) * sizeof *m->param_digests)) == NULL)
     rc = WTX_ENOMEM;
   if (rc == 0) rc = wtx_plan_param_digests(m->metas, m->own, m->n, m->param_digests);
-  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m};
+  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl};
   char bound[300];
   if (rc == 0)
     rc = wtx__tcp_rank_listen(m->addrs[m->rank], m->token, m->token_len,
-                              wtx_plan_digest(m->plan), &params, m->n_workers,
+                              wtx_plan_digest(m->plan), &params, m->nccl ? 0 : m->n_workers,
                               m->wire.timeout_ms, &m->tcp, bound, sizeof bound, err, errlen);
-  if (rc == 0 && m->rank == 0) rc = many_check(m, &params, err, errlen);
-  if (rc == 0 && m->rank == 0 && (rc = many_clients(m)) == 0) rc = many_sessions(m, err, errlen);
+  if (rc == 0 && m->nccl) rc = many_nccl_open(m, err, errlen);
+  if (rc == 0 && m->rank == 0) rc = many_check(m, err, errlen);
+  /* nccl: every sync starts with a go, which names the communicator; the
+   * first sync's makes it, so the sessions start then, not here. */
+  if (rc == 0 && m->rank == 0 && (rc = many_clients(m)) == 0 && !m->nccl)
+    rc = many_sessions(m, err, errlen);
   if (rc == 0 && m->rank != 0) rc = wtx__tcp_rank_accept(m->tcp, err, errlen);
   return rc;
 }
@@ -572,28 +665,42 @@ static int send_chunk(wjob *j, const wstream *st, const mchunk *c, struct iovec 
   }
   ends[n_ends++] = at;
   int sums = j->m->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
+  if (j->m->nccl) /* worker w is NCCL rank world + w */
+    return wtx__nccl_rank_send(j->m->gpu, (int)(j->m->world + j->w), iov, c->nseg, c->bytes,
+                               ends, n_ends, sums, j->err, sizeof j->err);
   return wtx__tcp_rank_chunk(j->m->tcp, j->w, c->first_offset, c->bytes, iov, c->nseg, ends,
                              n_ends, sums, j->err, sizeof j->err);
 }
 
-/* This rank's chunks to one worker, in stream order. */
+/* This rank's chunks, in stream order: to worker j->w (tcp: a job per
+ * worker, each on its own connection); or with nccl to every worker in
+ * the one order all ranks and workers share, chunk index first, then
+ * worker: every rank's sends and every worker's receives are then in the
+ * same order, so no send waits on one that waits on it. */
 static int send_data(wjob *j) {
-  const wstream *st = &j->m->ws[j->w];
-  size_t most = 1;
-  for (size_t i = 0; i < st->nchunks; i++)
-    if (st->chunks[i].nseg > most) most = st->chunks[i].nseg;
+  wtx__many *m = j->m;
+  size_t w0 = m->nccl ? 0 : j->w, w1 = m->nccl ? m->n_workers : j->w + 1, most = 1, rounds = 0;
+  for (size_t w = w0; w < w1; w++) {
+    const wstream *st = &m->ws[w];
+    rounds = st->nchunks > rounds ? st->nchunks : rounds;
+    for (size_t i = 0; i < st->nchunks; i++)
+      if (st->chunks[i].nseg > most) most = st->chunks[i].nseg;
+  }
   struct iovec *iov = malloc(most * sizeof *iov);
   uint64_t *ends = malloc((most + 1) * sizeof *ends);
   uint8_t *buf = NULL;
   uint32_t held = UINT32_MAX;
   int rc = iov != NULL && ends != NULL ? 0 : WTX_ENOMEM;
-  for (size_t i = 0; rc == 0 && i < st->nchunks; i++) {
-    const mchunk *c = &st->chunks[i];
-    if (c->sender != j->m->rank) continue;
-    rc = send_chunk(j, st, c, iov, ends, &buf, &held);
-    j->bytes += rc == 0 ? c->bytes : 0;
-    j->chunks += rc == 0;
-  }
+  for (size_t i = 0; rc == 0 && i < rounds; i++)
+    for (size_t w = w0; rc == 0 && w < w1; w++) {
+      const wstream *st = &m->ws[w];
+      if (i >= st->nchunks || st->chunks[i].sender != m->rank) continue;
+      const mchunk *c = &st->chunks[i];
+      j->w = (uint32_t)w;
+      rc = send_chunk(j, st, c, iov, ends, &buf, &held);
+      j->bytes += rc == 0 ? c->bytes : 0;
+      j->chunks += rc == 0;
+    }
   free(iov);
   free(ends);
   free(buf);
@@ -605,17 +712,19 @@ static int send_control(wjob *j) {
   const wstream *st = &j->m->ws[j->w];
   wtx_client *one = j->m->one[j->w];
   Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
+  Wtx__V1__NcclUpdateInfo nu = WTX__V1__NCCL_UPDATE_INFO__INIT;
   Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
   Wtx__V1__ParamRange range = WTX__V1__PARAM_RANGE__INIT;
-  ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_TCP;
-  ui.tcp = &tu;
+  ui.backend_case = j->m->nccl ? WTX__V1__UPDATE_INFO__BACKEND_NCCL : WTX__V1__UPDATE_INFO__BACKEND_TCP;
+  if (j->m->nccl) ui.nccl = &nu;
+  else ui.tcp = &tu;
   /* After the first sync the worker holds this stream's table: chunks
    * name their tensors by position, with no per-tensor metadata. */
   int by_range = st->table != 0 && wtx__client_table(one) == st->table;
   range.table_xxh3 = st->table;
   for (size_t i = 0; i < st->nchunks; i++) {
     const mchunk *c = &st->chunks[i];
-    tu.sender = c->sender;
+    tu.sender = nu.sender = c->sender;
     range.first = (uint32_t)c->first;
     range.count = (uint32_t)c->count;
     ui.layout = by_range ? &range : NULL;
@@ -639,6 +748,7 @@ static void *run_job(void *arg) {
   j->rc = j->control ? send_control(j) : send_data(j);
   /* Once one worker's part fails the sync is lost: end the rest now. */
   if (j->rc != 0) wtx__tcp_rank_cancel(j->m->tcp);
+  if (j->rc != 0 && j->m->gpu != NULL) wtx__nccl_rank_cancel(j->m->gpu);
   return NULL;
 }
 
@@ -667,8 +777,13 @@ static int run_jobs(wtx__many *m, wjob *jobs, size_t n, char *err, size_t errlen
  * sessions again after a failed sync (they connect to every rank anew);
  * the other ranks take those connections when theirs were closed. */
 static int many_connect(wtx__many *m, char *err, size_t errlen) {
+  if (m->gpu != NULL) wtx__nccl_rank_rearm(m->gpu);
+  if (m->nccl && m->rank != 0) return many_take_go(m, err, errlen);
   if (m->rank == 0) {
-    if (m->ready) return 0;
+    /* nccl: a go each sync; a link that fails it makes a new session. */
+    if (m->ready && m->nccl && wtx__nccl_rank_ready(m->gpu) && many_go(m, err, errlen) == 0)
+      return 0;
+    if (m->ready && !m->nccl) return 0;
     wtx__tcp_rank_reset(m->tcp);
     return many_sessions(m, err, errlen);
   }
@@ -680,13 +795,14 @@ static int many_connect(wtx__many *m, char *err, size_t errlen) {
 /* The sync's threads: per worker, this rank's bytes, and on rank 0 the
  * calls that receive them. */
 static int many_move(wtx__many *m, wtx_send_result *r, char *err, size_t errlen) {
-  size_t nw = m->n_workers, n = m->rank == 0 ? 2 * nw : nw;
+  /* tcp: a data job per worker; nccl: one for all, in the shared order */
+  size_t nw = m->n_workers, nd = m->nccl ? 1 : nw, n = m->rank == 0 ? nd + nw : nd;
   wjob *jobs = calloc(n, sizeof *jobs);
   if (jobs == NULL) return WTX_ENOMEM;
   for (size_t i = 0; i < n; i++)
-    jobs[i] = (wjob){.m = m, .w = (uint32_t)(i % nw), .control = i >= nw};
+    jobs[i] = (wjob){.m = m, .w = (uint32_t)(i < nd ? i : i - nd), .control = i >= nd};
   int rc = run_jobs(m, jobs, n, err, errlen);
-  for (size_t i = 0; i < nw; i++) {
+  for (size_t i = 0; i < nd; i++) {
     r->bytes += jobs[i].bytes;
     r->chunks += jobs[i].chunks;
   }

@@ -91,6 +91,8 @@ int wtx__cuda_load(int with_nccl, const wtx_cuda **out, char *err, size_t errlen
       SYM(h, GetUniqueId, "ncclGetUniqueId");
       SYM(h, CommInitRankConfig, "ncclCommInitRankConfig");
       SYM(h, Broadcast, "ncclBroadcast");
+      SYM(h, Send, "ncclSend");
+      SYM(h, Recv, "ncclRecv");
       SYM(h, CommGetAsyncError, "ncclCommGetAsyncError");
       SYM(h, CommAbort, "ncclCommAbort");
       SYM(h, CommDestroy, "ncclCommDestroy");

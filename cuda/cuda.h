@@ -76,6 +76,10 @@ typedef struct wtx_cuda {
                             wtx_nccl_config *config);
   int (*Broadcast)(const void *send, void *recv, size_t count, int dtype,
                    int root, void *comm, void *stream);
+  /* Point to point (ncclSend / ncclRecv): on stream, matched in order per
+   * pair of ranks; many trainer ranks to many workers. */
+  int (*Send)(const void *send, size_t count, int dtype, int peer, void *comm, void *stream);
+  int (*Recv)(void *recv, size_t count, int dtype, int peer, void *comm, void *stream);
   int (*CommGetAsyncError)(void *comm, int *err);
   int (*CommAbort)(void *comm);
   int (*CommDestroy)(void *comm);

@@ -1089,6 +1089,8 @@ struct wtx__tcp_rank {
   uint64_t digest;  /* this rank's plan, which rank 0's must equal */
   wtx__tcp_params params; /* to find where rank 0's plan differs */
   char differs[1500];     /* where it does, once rank 0 checked */
+  int want_link;          /* rank 0's check stays open as the link */
+  int link;               /* rank 0's connection, -1: none */
 };
 
 void wtx__tcp_rank_destroy(wtx__tcp_rank *r) {
@@ -1100,13 +1102,14 @@ void wtx__tcp_rank_destroy(wtx__tcp_rank *r) {
     free(r->c[w].trailer);
   }
   if (r->lfd >= 0) close(r->lfd);
+  if (r->link >= 0) close(r->link);
   if (r->cancel_fd >= 0) close(r->cancel_fd);
   free(r->c);
   free(r);
 }
 
 static int rank_alloc(wtx__tcp_rank *r) {
-  r->c = calloc(r->n_workers, sizeof *r->c);
+  r->c = calloc(r->n_workers + 1, sizeof *r->c);
   if (r->c == NULL) return WTX_ENOMEM;
   for (size_t w = 0; w < r->n_workers; w++) {
     r->c[w].fd = -1;
@@ -1119,7 +1122,8 @@ int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_le
                          uint64_t plan_digest, const wtx__tcp_params *params,
                          size_t n_workers, uint32_t timeout_ms, wtx__tcp_rank **out,
                          char *bound, size_t blen, char *err, size_t errlen) {
-  if (token_len < WTX__TCP_TOKEN_MIN || token_len > WTX__TCP_TOKEN_MAX || n_workers == 0) {
+  if (token_len < WTX__TCP_TOKEN_MIN || token_len > WTX__TCP_TOKEN_MAX ||
+      (n_workers == 0 && !params->link)) {
     snprintf(err, errlen, "tcp: the session token must be %d..%d bytes", WTX__TCP_TOKEN_MIN,
              WTX__TCP_TOKEN_MAX);
     return WTX_EINVAL;
@@ -1133,6 +1137,8 @@ int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_le
   memcpy(r->token, token, token_len);
   r->digest = plan_digest;
   r->params = *params;
+  r->want_link = params->link;
+  r->link = -1;
   r->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   int rc = r->cancel_fd < 0 ? WTX_ENOMEM : rank_alloc(r);
   if (rc == 0) rc = listen_on(addr, &r->lfd, bound, blen, err, errlen);
@@ -1227,7 +1233,7 @@ static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws, uint64_
 }
 
 static size_t rank_missing(const wtx__tcp_rank *r) {
-  size_t n = 0;
+  size_t n = r->want_link && r->link < 0;
   for (size_t w = 0; w < r->n_workers; w++) n += r->c[w].fd < 0;
   return n;
 }
@@ -1239,9 +1245,13 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
     int rc = wait_fd(r->lfd, POLLIN, &ws);
     if (rc != 0 && differs) return WTX_EINVAL; /* that is the news, not the rest */
     if (rc != 0) {
-      snprintf(err, errlen, "tcp: %zu of %zu workers did not connect to this rank's data "
-               "port %s", missing, r->n_workers, rc == WTX_ECANCELED ? "(cancelled)"
-               : "within the timeout");
+      if (r->want_link && r->link < 0)
+        snprintf(err, errlen, "tcp: rank 0 did not link to this rank's port %s",
+                 rc == WTX_ECANCELED ? "(cancelled)" : "within the timeout");
+      else
+        snprintf(err, errlen, "tcp: %zu of %zu workers did not connect to this rank's data "
+                 "port %s", missing, r->n_workers, rc == WTX_ECANCELED ? "(cancelled)"
+                 : "within the timeout");
       return rc;
     }
     int fd = accept4(r->lfd, NULL, NULL, SOCK_CLOEXEC);
@@ -1264,6 +1274,12 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
                (unsigned long long)r->digest);
       differs = 1;
       missing--;
+      continue;
+    }
+    if (w == -3 && r->want_link) {
+      if (r->link >= 0) close(r->link); /* rank 0 linked again: the old one is done */
+      else missing--;
+      r->link = fd;
       continue;
     }
     if (w < 0) {
@@ -1373,7 +1389,7 @@ static int ask_difference(int fd, uint32_t rank, const char *addr, const wtx__tc
 
 int wtx__tcp_rank_check(const char *addr, uint32_t rank, const uint8_t *token, size_t token_len,
                         uint64_t plan_digest, const wtx__tcp_params *params,
-                        uint32_t timeout_ms, char *err, size_t errlen) {
+                        uint32_t timeout_ms, int *link, char *err, size_t errlen) {
   waitspec ws = within(timeout_ms, -1);
   uint8_t who[WTX__TCP_WHO_BYTES], plan[WTX__TCP_PLAN_BYTES];
   const char *why = "";
@@ -1394,6 +1410,47 @@ int wtx__tcp_rank_check(const char *addr, uint32_t rank, const uint8_t *token, s
              why[0] ? why : "no answer with this session's token");
   else if (theirs != plan_digest)
     rc = ask_difference(fd, rank, addr, params, &ws, err, errlen);
-  close(fd);
+  if (rc == 0 && link != NULL) *link = fd;
+  else close(fd);
+  return rc;
+}
+
+int wtx__tcp_link_alive(int link) {
+  /* Ranks never write on the link: readable means closed (a dead rank). */
+  struct pollfd p = {.fd = link, .events = POLLIN | POLLRDHUP};
+  return link >= 0 && poll(&p, 1, 0) == 0;
+}
+
+int wtx__tcp_link_go(int link, uint64_t generation, const uint8_t *payload, size_t len,
+                     uint32_t timeout_ms, char *err, size_t errlen) {
+  uint8_t g[WTX__TCP_GO_BYTES];
+  const char *why = "";
+  waitspec ws = within(timeout_ms, -1);
+  wtx__tcp_go_encode(g, generation, (uint32_t)len);
+  struct iovec v[2] = {{g, sizeof g}, {(void *)payload, len}};
+  int rc = write_iov_full(link, v, len > 0 ? 2 : 1, &ws, &why);
+  if (rc != 0) snprintf(err, errlen, "tcp: the go to a rank: %s", why);
+  return rc;
+}
+
+int wtx__tcp_rank_go(wtx__tcp_rank *r, uint64_t *generation, uint8_t *payload, size_t cap,
+                     size_t *len, char *err, size_t errlen) {
+  uint8_t g[WTX__TCP_GO_BYTES];
+  const char *why = "";
+  uint32_t n = 0;
+  waitspec ws = within(r->timeout_ms, r->cancel_fd);
+  int rc = r->link >= 0 ? read_full(r->link, g, sizeof g, &ws, &why) : WTX_ESTATE;
+  if (rc == 0 && (wtx__tcp_go_decode(g, generation, &n) != 0 || n > cap)) {
+    why = "not a go record";
+    rc = WTX_EPROTO;
+  }
+  if (rc == 0) rc = read_full(r->link, payload, n, &ws, &why);
+  if (rc == 0) {
+    *len = n;
+    return 0;
+  }
+  snprintf(err, errlen, "tcp: waiting for rank 0's go: %s", r->link < 0 ? "no link" : why);
+  if (r->link >= 0) close(r->link); /* rank 0 links again when it can */
+  r->link = -1;
   return rc;
 }

@@ -12,6 +12,7 @@ static const char trailer_magic[4] = {'W', 'T', 'X', 'S'};
 static const char who_magic[4] = {'W', 'T', 'X', 'W'};
 static const char plan_magic[4] = {'W', 'T', 'X', 'P'};
 static const char diff_magic[4] = {'W', 'T', 'X', 'D'};
+static const char go_magic[4] = {'W', 'T', 'X', 'G'};
 enum { VERSION = 1 };
 
 static void put64(uint8_t *p, uint64_t v) {
@@ -79,6 +80,19 @@ int wtx__tcp_diff_decode(const uint8_t *d, uint64_t *index, uint32_t *text_len) 
   if (memcmp(d, diff_magic, 4) != 0 || get32(d + 4) > WTX__TCP_DIFF_TEXT_MAX) return WTX_EPROTO;
   *text_len = get32(d + 4);
   *index = get64(d + 8);
+  return 0;
+}
+
+void wtx__tcp_go_encode(uint8_t *g, uint64_t generation, uint32_t payload_len) {
+  memcpy(g, go_magic, 4);
+  put32(g + 4, payload_len);
+  put64(g + 8, generation);
+}
+
+int wtx__tcp_go_decode(const uint8_t *g, uint64_t *generation, uint32_t *payload_len) {
+  if (memcmp(g, go_magic, 4) != 0 || get32(g + 4) > WTX__TCP_GO_PAYLOAD_MAX) return WTX_EPROTO;
+  *payload_len = get32(g + 4);
+  *generation = get64(g + 8);
   return 0;
 }
 

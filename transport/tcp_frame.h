@@ -10,7 +10,10 @@
  *    differ it then sends its parameters' digests (a trailer record of
  *    sequence 0), and the rank answers "WTXD", the length of a text (4),
  *    the index of the first parameter that differs (8), then the text:
- *    that parameter as the rank sees it;
+ *    that parameter as the rank sees it. Where the rank asked for it, the
+ *    check's connection stays open as rank 0's link, and each sync starts
+ *    with a go record on it: "WTXG", a payload's length (4), the session
+ *    generation (8), then the payload (nccl: the communicator's id);
  *  - the 32-byte frame header before each chunk: "WTXC", version, chunk
  *    sequence, first_param_offset, chunk_bytes;
  *  - with TcpInitInfo.checksum_trailer, the trailer after each chunk's
@@ -67,6 +70,13 @@ int wtx__tcp_plan_decode(const uint8_t *p, uint64_t *digest);
 void wtx__tcp_diff_encode(uint8_t *d, uint64_t index, uint32_t text_len);
 /* WTX_EPROTO when d is not one, or its text is over WTX__TCP_DIFF_TEXT_MAX. */
 int wtx__tcp_diff_decode(const uint8_t *d, uint64_t *index, uint32_t *text_len);
+
+#define WTX__TCP_GO_BYTES 16
+#define WTX__TCP_GO_PAYLOAD_MAX 1024
+/* g: WTX__TCP_GO_BYTES, then payload_len bytes of payload. */
+void wtx__tcp_go_encode(uint8_t *g, uint64_t generation, uint32_t payload_len);
+/* WTX_EPROTO when g is not one, or its payload is over WTX__TCP_GO_PAYLOAD_MAX. */
+int wtx__tcp_go_decode(const uint8_t *g, uint64_t *generation, uint32_t *payload_len);
 
 /* f: WTX__TCP_FRAME_BYTES. */
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr);

@@ -25,6 +25,11 @@ typedef struct wtx__tcp_params {
   size_t n;
   void (*describe)(void *arg, size_t i, char *buf, size_t len);
   void *arg;
+  /* 1: rank 0's check stays open as its link to this rank, which every
+   * sync starts with a go on (wtx__tcp_rank_go); accept then waits for it
+   * too. A backend whose workers never connect to the ranks (nccl) has
+   * only the link. */
+  int link;
 } wtx__tcp_params;
 
 /* Listens on addr ("host:port"; port 0: one the system picks) for
@@ -43,7 +48,20 @@ int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_le
  * views of the workers differ); that rank's accept fails the same way. */
 int wtx__tcp_rank_check(const char *addr, uint32_t rank, const uint8_t *token, size_t token_len,
                         uint64_t plan_digest, const wtx__tcp_params *params,
-                        uint32_t timeout_ms, char *err, size_t errlen);
+                        uint32_t timeout_ms, int *link, char *err, size_t errlen);
+/* Rank 0: whether link is still open at the rank's end (a rank that
+ * died closed it). Never blocks. */
+int wtx__tcp_link_alive(int link);
+/* Rank 0: a sync's go on link (the fd wtx__tcp_rank_check gave when the
+ * rank asked for a link): the session's generation and a payload of len
+ * bytes (at most 1024), within timeout_ms. */
+int wtx__tcp_link_go(int link, uint64_t generation, const uint8_t *payload, size_t len,
+                     uint32_t timeout_ms, char *err, size_t errlen);
+/* Another rank: waits (bounded, cancellable) for rank 0's next go;
+ * payload receives *len bytes, at most cap. On failure the link is closed,
+ * and accept waits for rank 0 to link again. */
+int wtx__tcp_rank_go(wtx__tcp_rank *r, uint64_t *generation, uint8_t *payload, size_t cap,
+                     size_t *len, char *err, size_t errlen);
 /* Accepts a connection from every worker not connected, within the
  * timeout, answering each with this rank's plan digest; a peer without the
  * token, or naming a worker out of range or connected already, is dropped.

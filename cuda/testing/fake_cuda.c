@@ -40,6 +40,12 @@
  *    and ncclCommGetAsyncError reports progress until they come or
  *    ncclCommAbort ends it. Two ranks on one GPU (same UUID) fail with
  *    ncclInvalidUsage and ncclGetLastError's "Duplicate GPU detected";
+ *  - ncclSend / ncclRecv enqueue a kernel each that starts once the work
+ *    before it on its stream is done, and runs until its peer's matching
+ *    call (the k-th send from A to B meets B's k-th receive from A) has
+ *    taken the bytes: a send nobody receives runs forever, as NCCL's
+ *    rendezvous does, so an order that deadlocks on a GPU deadlocks here.
+ *    Sizes that differ fail both (ncclInvalidArgument);
  *  - ncclBroadcast enqueues a kernel on the stream: a thread that runs
  *    until the bytes have crossed, with no timeout, and ends early only when
  *    the communicator is aborted or a peer process is gone (then the
@@ -638,6 +644,11 @@ typedef struct control {
   uint64_t posted; /* broadcasts posted by the root */
   int done;        /* ranks that copied the last one */
   size_t bytes;
+  /* Point to point, per (sender, receiver): sends posted, the last one's
+   * bytes, and sends the receiver took. */
+  uint64_t p2p_posted[MAX_RANKS][MAX_RANKS];
+  size_t p2p_bytes[MAX_RANKS][MAX_RANKS];
+  uint64_t p2p_taken[MAX_RANKS][MAX_RANKS];
 } control;
 
 typedef struct comm {
@@ -645,6 +656,7 @@ typedef struct comm {
   char name[64];
   int rank, nranks, device;
   uint64_t seq;
+  uint64_t sent[MAX_RANKS], received[MAX_RANKS]; /* point to point, per peer */
   atomic_int state;   /* NCCL_IN_PROGRESS while joining, then a result */
   atomic_int aborted; /* ncclCommAbort: every wait ends */
   atomic_int kernels; /* its broadcasts still running */
@@ -960,6 +972,159 @@ EXPORT int ncclBroadcast(const void *send, void *recv, size_t count, int dtype, 
   }
   pthread_detach(t);
   return OK;
+}
+
+typedef struct p2p {
+  comm *cm;
+  kernel *k;
+  stream *s;
+  void *buf; /* the double's view of the device buffer */
+  size_t count;
+  int peer, send;
+  uint64_t seq;
+} p2p;
+
+/* Waits, lock held, until cond (an expression over c) holds, the
+ * communicator is aborted or a peer is gone. */
+#define AWAIT(cm, c, cond)                                      \
+  do {                                                          \
+    while (!(cond) && rc == OK) {                               \
+      if (atomic_load(&(cm)->aborted)) rc = NCCL_SYSTEM;        \
+      else if (dead_peer(cm) >= 0) rc = NCCL_REMOTE;            \
+      else wait_a_little(c);                                    \
+    }                                                           \
+  } while (0)
+
+/* A send's "kernel": its bytes posted to the peer, then held until the
+ * peer's matching receive took them (NCCL's rendezvous: a send whose
+ * receive never comes runs forever). */
+static int p2p_send(p2p *x, const char *data_name) {
+  comm *cm = x->cm;
+  control *c = cm->ctl;
+  void *p = NULL;
+  size_t size = x->count;
+  if (map_shm(data_name, 1, &size, &p) != OK) return NCCL_SYSTEM;
+  if (x->count > 0) memcpy(p, x->buf, x->count);
+  munmap(p, x->count ? x->count : 1);
+  lock(c);
+  int rc = OK;
+  /* the peer took the send before this one (both ends are streams) */
+  AWAIT(cm, c, c->p2p_taken[cm->rank][x->peer] >= x->seq);
+  c->p2p_bytes[cm->rank][x->peer] = x->count;
+  if (rc == OK) c->p2p_posted[cm->rank][x->peer] = x->seq + 1;
+  pthread_cond_broadcast(&c->cv);
+  AWAIT(cm, c, c->p2p_taken[cm->rank][x->peer] >= x->seq + 1);
+  pthread_mutex_unlock(&c->mu);
+  shm_unlink(data_name);
+  return rc;
+}
+
+/* A receive's: waits for the peer's matching send, which must carry as
+ * many bytes (NCCL's sizes must match), and takes it. */
+static int p2p_recv(p2p *x, const char *data_name) {
+  comm *cm = x->cm;
+  control *c = cm->ctl;
+  lock(c);
+  int rc = OK;
+  AWAIT(cm, c, c->p2p_posted[x->peer][cm->rank] >= x->seq + 1);
+  size_t bytes = c->p2p_bytes[x->peer][cm->rank];
+  pthread_mutex_unlock(&c->mu);
+  if (rc == OK && bytes != x->count) rc = NCCL_INVALID;
+  void *p = NULL;
+  size_t size = 0;
+  if (rc == OK && map_shm(data_name, 0, &size, &p) != OK) rc = NCCL_SYSTEM;
+  if (rc != OK) return rc;
+  if (x->count > 0) memcpy(x->buf, p, x->count);
+  munmap(p, size ? size : 1);
+  lock(c);
+  c->p2p_taken[x->peer][cm->rank] = x->seq + 1;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return OK;
+}
+
+static void *p2p_kernel(void *arg) {
+  p2p *x = arg;
+  comm *cm = x->cm;
+  /* A kernel starts once the work queued before it on its stream is done. */
+  int rc = OK;
+  pthread_mutex_lock(&x->s->mu);
+  while (x->s->head->k != x->k && !atomic_load(&cm->aborted)) {
+    land(x->s, 0);
+    if (x->s->head->k != x->k) {
+      pthread_mutex_unlock(&x->s->mu);
+      sleep_ms(1);
+      pthread_mutex_lock(&x->s->mu);
+    }
+  }
+  pthread_mutex_unlock(&x->s->mu);
+  if (atomic_load(&cm->aborted)) rc = NCCL_SYSTEM;
+  char data_name[120];
+  int from = x->send ? cm->rank : x->peer, to = x->send ? x->peer : cm->rank;
+  snprintf(data_name, sizeof data_name, "%s-p%d-%d-%llu", cm->name, from, to,
+           (unsigned long long)x->seq);
+  if (rc == OK) rc = x->send ? p2p_send(x, data_name) : p2p_recv(x, data_name);
+  if (rc != OK && !atomic_load(&cm->aborted)) {
+    fail_with(cm, rc, rc == NCCL_INVALID ? "send and receive sizes differ"
+                                          : "point to point: a peer process is gone");
+    atomic_store(&cm->state, rc);
+  }
+  atomic_fetch_sub(&running_kernels, 1); /* before done: a waiter sees it gone */
+  pthread_mutex_lock(&x->s->mu);
+  x->k->result = rc;
+  atomic_store(&x->k->done, 1);
+  pthread_cond_broadcast(&x->s->cv);
+  pthread_mutex_unlock(&x->s->mu);
+  free(x);
+  atomic_fetch_sub(&cm->kernels, 1); /* last: an abort may free cm now */
+  return NULL;
+}
+
+static int p2p_enqueue(void *buf, size_t count, int peer, void *commp, void *sp, int send) {
+  comm *cm = commp;
+  if (cm == NULL || atomic_load(&cm->state) != OK || peer < 0 || peer >= cm->nranks ||
+      peer == cm->rank)
+    return NCCL_INVALID;
+  int on_device = 1;
+  void *view = reach(buf, count, &on_device);
+  if (view == NULL || !on_device) return NCCL_INVALID; /* device memory only */
+  p2p *x = calloc(1, sizeof *x);
+  op *o = calloc(1, sizeof *o);
+  kernel *k = calloc(1, sizeof *k);
+  if (x == NULL || o == NULL || k == NULL) {
+    free(x);
+    free(o);
+    free(k);
+    return NCCL_SYSTEM;
+  }
+  stream *s = sp != NULL ? sp : &legacy;
+  uint64_t seq = send ? cm->sent[peer]++ : cm->received[peer]++;
+  *x = (p2p){cm, k, s, view, count, peer, send, seq};
+  o->k = k;
+  enqueue(s, o);
+  atomic_fetch_add(&running_kernels, 1);
+  atomic_fetch_add(&cm->kernels, 1);
+  pthread_t t;
+  if (pthread_create(&t, NULL, p2p_kernel, x) != 0) {
+    atomic_fetch_sub(&running_kernels, 1);
+    atomic_fetch_sub(&cm->kernels, 1);
+    atomic_store(&k->done, 1);
+    free(x);
+    return NCCL_SYSTEM;
+  }
+  pthread_detach(t);
+  return OK;
+}
+
+/* dtype: bytes (ncclUint8) is all wtx uses, so count is bytes. */
+EXPORT int ncclSend(const void *send, size_t count, int dtype, int peer, void *commp, void *sp) {
+  (void)dtype;
+  return p2p_enqueue((void *)send, count, peer, commp, sp, 1);
+}
+
+EXPORT int ncclRecv(void *recv, size_t count, int dtype, int peer, void *commp, void *sp) {
+  (void)dtype;
+  return p2p_enqueue(recv, count, peer, commp, sp, 0);
 }
 
 /* Ends every wait of the communicator (init, kernels), then frees it. */

@@ -81,7 +81,8 @@ int main(int argc, char **argv) {
   wtx_client_options co = WTX_CLIENT_OPTIONS_INIT;
   co.timeout_ms = 60000;
   wtx_trainer_config cfg = WTX_TRAINER_CONFIG_INIT;
-  cfg.backend = "tcp";
+  const char *backend = getenv("WTX_MANY_BACKEND");  // the test's choice; tcp by default
+  cfg.backend = backend != nullptr ? backend : "tcp";
   cfg.rank = rank;
   cfg.world = world;
   cfg.rank_addresses = ra.data();

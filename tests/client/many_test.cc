@@ -62,6 +62,18 @@ class ManyTest : public wtxtest::ShardedFixture {
   // Starts rank r of 4 against workers ws; it answers "ready" once its
   // trainer is initialized.
   Rank Start(int r, const std::vector<Worker> &ws, int timeout_ms = 5000, bool other = false) {
+    // Over nccl each rank has a GPU of its own on the double (its UUID;
+    // the workers take GPUs 1.. by ordinal) and names the backend.
+    std::vector<std::string> env_s;
+    for (char **e = environ; *e != nullptr; e++) env_s.emplace_back(*e);
+    if (backend_ == "nccl") {
+      env_s.push_back("WTX_MANY_BACKEND=nccl");
+      env_s.push_back("WTX_CUDA_DEVICE=0");
+      env_s.push_back("WTX_FAKE_CUDA_UUID=" + std::string(31, 'a') + std::to_string(r));
+    }
+    std::vector<char *> envp;
+    for (auto &e : env_s) envp.push_back(const_cast<char *>(e.c_str()));
+    envp.push_back(nullptr);
     std::string ranks, workers;
     for (int k = 0; k < 4; k++) ranks += (k ? "," : "") + RankAddr(k);
     for (const Worker &w : ws) workers += (workers.empty() ? "" : ",") + w.addr();
@@ -79,7 +91,7 @@ class ManyTest : public wtxtest::ShardedFixture {
     for (auto &a : args) argv.push_back(const_cast<char *>(a.c_str()));
     argv.push_back(nullptr);
     Rank k;
-    EXPECT_EQ(0, posix_spawn(&k.pid, argv[0], &fa, nullptr, argv.data(), environ));
+    EXPECT_EQ(0, posix_spawn(&k.pid, argv[0], &fa, nullptr, argv.data(), envp.data()));
     posix_spawn_file_actions_destroy(&fa);
     close(to[0]);
     close(from[1]);
@@ -194,6 +206,51 @@ TEST_F(ManyTest, ARankKilledMidSyncLeavesEveryWorkerOnItsVersionAndTheNextSyncLa
   ExpectHolds(whole, -1, two, "v2");
 }
 
+// The same over nccl, on the TEST DOUBLE of CUDA and NCCL: one
+// communicator of the four ranks and the three workers, each chunk an
+// ncclSend from the rank that owns it to its worker, in an order every
+// rank and worker share (the double's sends, like NCCL's, wait for their
+// receives, so another order would deadlock), its span checksums a second
+// send. A rank killed mid-sync leaves every worker on its version, and the
+// next sync, in a new communicator, lands.
+TEST_F(ManyTest, OverNcclEveryRankSendsItsOwnBytesAndADeadRankCostsOneSync) {
+  backend_ = "nccl";
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  std::vector<Worker> ws = {r0, r1, whole};
+  StartAll(ws);
+  for (int seed = 1; seed <= 2; seed++) {
+    Llama model(static_cast<uint8_t>(seed));
+    std::string v = "v" + std::to_string(seed);
+    std::vector<std::string> got = SyncAll(seed, v);
+    uint64_t sent = 0;
+    for (int r = 0; r < 4; r++) sent += Sent(got[r]);
+    uint64_t held = ExpectHolds(r0, 0, model, v) + ExpectHolds(r1, 1, model, v) +
+                    ExpectHolds(whole, -1, model, v);
+    EXPECT_EQ(held, sent) << "every byte a worker holds was sent once, by one rank";
+    EXPECT_LT(Sent(got[0]), model.total) << "rank 0 sends only what it owns";
+  }
+  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 3 v3");
+  ASSERT_TRUE(Updating(r0));
+  Kill(ranks_[2]);
+  EXPECT_EQ(0u, Line(ranks_[0]).rfind("fail", 0));
+  for (int r : {1, 3}) Line(ranks_[r]);
+  Llama two(2), three(3);
+  ExpectHolds(r0, 0, two, "v2");
+  ExpectHolds(whole, -1, two, "v2");
+  ranks_[2] = Start(2, ws);
+  ranks_.pop_back();
+  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 3 v3");
+  ASSERT_EQ("ready", Line(ranks_[2]));
+  Say(ranks_[2], "sync 3 v3");
+  for (int r = 0; r < 4; r++) {
+    std::string line = Line(ranks_[r]);
+    EXPECT_EQ(0u, line.rfind("ok", 0)) << "rank " << r << ": " << line;
+  }
+  ExpectHolds(r0, 0, three, "v3");
+  ExpectHolds(r1, 1, three, "v3");
+  ExpectHolds(whole, -1, three, "v3");
+}
+
 // A rank whose metadata or ownership differs from rank 0's plans
 // differently: the init fails on rank 0 naming that rank and the first
 // parameter where they differ, as each sees it, and on that rank naming
@@ -286,5 +343,18 @@ TEST_F(ManyInitTest, ManySendersNeedTcp) {
   EXPECT_EQ(WTX_EINVAL, Init({r0}, Owners(model, 2), &err, "shm"));
   EXPECT_NE(std::string::npos, err.find("tcp")) << err;
 }
+
+// Every process of this test that loads CUDA (the ranks and workers over
+// nccl) loads the TEST DOUBLE instead of the real libraries.
+struct UseCudaDouble : ::testing::Environment {
+  void SetUp() override {
+    char cwd[4096];
+    ASSERT_NE(nullptr, getcwd(cwd, sizeof cwd));
+    std::string lib = std::string(cwd) + "/cuda/testing/libwtx_fake_cuda.so";
+    setenv("WTX_CUDART_LIB", lib.c_str(), 1);
+    setenv("WTX_NCCL_LIB", lib.c_str(), 1);
+  }
+};
+const auto *const kDouble = ::testing::AddGlobalTestEnvironment(new UseCudaDouble);
 
 }  // namespace

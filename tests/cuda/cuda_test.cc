@@ -288,6 +288,60 @@ TEST_F(CudaTest, ATimedOutBroadcastIsAbortedNotLeftRunning) {
   c_->CommAbort(root);
 }
 
+// The double's point to point, as NCCL's: a send runs until its peer's
+// receive takes the bytes (one nobody receives keeps its stream busy until
+// the communicator is aborted), sends meet receives in order per pair,
+// and sizes that differ fail both.
+TEST_F(CudaTest, ASendRunsUntilItsReceiveTakesItAndSizesMustMatch) {
+  wtx_nccl_id id = NewId(c_);
+  void *comm[2] = {nullptr, nullptr};
+  std::thread t([&] {
+    c_->SetDevice(1);
+    char e[400];
+    ASSERT_EQ(0, wtx__nccl_join(c_, &comm[1], 2, &id, 1, 10000, nullptr, e, sizeof e)) << e;
+  });
+  char e[400];
+  ASSERT_EQ(0, c_->SetDevice(0));
+  ASSERT_EQ(0, wtx__nccl_join(c_, &comm[0], 2, &id, 0, 10000, nullptr, e, sizeof e)) << e;
+  t.join();
+  std::vector<uint8_t> in(4096), out(4096);
+  for (size_t i = 0; i < in.size(); i++) in[i] = static_cast<uint8_t>(i * 7 + 1);
+  void *src = nullptr, *dst = nullptr, *s0 = nullptr, *s1 = nullptr;
+  ASSERT_EQ(0, c_->Malloc(&src, 4096));
+  ASSERT_EQ(0, c_->Malloc(&dst, 4096));
+  ASSERT_EQ(0, c_->StreamCreate(&s0));
+  ASSERT_EQ(0, c_->StreamCreate(&s1));
+  ASSERT_EQ(0, c_->Memcpy(src, in.data(), 4096, WTX_CUDA_H2D));
+  ASSERT_EQ(0, c_->StreamSynchronize(nullptr));
+  // Two sends, the second half first; the receives take them in order.
+  ASSERT_EQ(0, c_->Send(static_cast<uint8_t *>(src) + 2048, 2048, WTX_NCCL_UINT8, 1, comm[0], s0));
+  ASSERT_EQ(0, c_->Send(src, 2048, WTX_NCCL_UINT8, 1, comm[0], s0));
+  EXPECT_EQ(WTX_CUDA_NOT_READY, c_->StreamQuery(s0));  // no receive yet: still running
+  ASSERT_EQ(0, c_->Recv(static_cast<uint8_t *>(dst) + 2048, 2048, WTX_NCCL_UINT8, 0, comm[1], s1));
+  ASSERT_EQ(0, c_->Recv(dst, 2048, WTX_NCCL_UINT8, 0, comm[1], s1));
+  ASSERT_EQ(0, c_->StreamSynchronize(s1));
+  ASSERT_EQ(0, c_->StreamSynchronize(s0));
+  ASSERT_EQ(0, c_->Memcpy(out.data(), dst, 4096, WTX_CUDA_D2H));
+  EXPECT_TRUE(out == in);
+  // Sizes that differ: both sides' communicators report the error.
+  ASSERT_EQ(0, c_->Send(src, 100, WTX_NCCL_UINT8, 1, comm[0], s0));
+  ASSERT_EQ(0, c_->Recv(dst, 200, WTX_NCCL_UINT8, 0, comm[1], s1));
+  ASSERT_EQ(0, c_->StreamSynchronize(s1));
+  int async = 0;
+  ASSERT_EQ(0, c_->CommGetAsyncError(comm[1], &async));
+  EXPECT_NE(0, async);
+  // The send nobody took runs until its communicator is aborted.
+  EXPECT_EQ(WTX_CUDA_NOT_READY, c_->StreamQuery(s0));
+  EXPECT_EQ(1, running_());
+  c_->CommAbort(comm[0]);
+  c_->CommAbort(comm[1]);
+  EXPECT_EQ(0, running_());
+  c_->StreamDestroy(s0);
+  c_->StreamDestroy(s1);
+  c_->Free(src);
+  c_->Free(dst);
+}
+
 // A collective that failed on a peer may still end on the stream, with
 // whatever its buffer held: the worker reads NCCL's asynchronous error too,
 // and fails instead of delivering those bytes.
