@@ -53,10 +53,12 @@ class WtxTrainerInitInfo:
     data_address: str | None = None
     direct: bool = False
     rank: int = field(default=0, kw_only=True)
-    # Many senders (tcp): world_size ranks, each sending the parts it owns
-    # (the source's iter_local) straight to the workers; rank_addresses[r]
-    # is rank r's data port, the same list on every rank, and
-    # session_token (16..64 bytes) a secret they share.
+    # Many senders (tcp or nccl): world_size ranks, each sending the parts
+    # it owns (the source's iter_local) straight to the workers;
+    # rank_addresses[r] is rank r's data port (over nccl, where rank 0
+    # reaches it to check its plan and name each sync's communicator), the
+    # same list on every rank, and session_token (16..64 bytes) a secret
+    # they share.
     world_size: int = field(default=1, kw_only=True)
     rank_addresses: list[str] | None = field(default=None, kw_only=True)
     session_token: str | None = field(default=None, kw_only=True)
@@ -68,11 +70,13 @@ class WtxTrainerInitInfo:
             raise ValueError(f"checksum: None, 'none' or 'xxh3_64', got {self.checksum!r}")
         if self.rank < 0:
             raise ValueError(f"rank: must be >= 0, got {self.rank}")
-        if self.world_size > 1 and (self.rank >= self.world_size or self.transport != "tcp"
+        if self.world_size > 1 and (self.rank >= self.world_size
+                                    or self.transport not in ("tcp", "nccl")
                                     or len(self.rank_addresses or ()) != self.world_size
                                     or not self.session_token):
-            raise ValueError(f"world_size {self.world_size}: needs transport 'tcp', rank below "
-                             "it, rank_addresses with one entry per rank and a session_token")
+            raise ValueError(f"world_size {self.world_size}: needs transport 'tcp' or 'nccl', "
+                             "rank below it, rank_addresses with one entry per rank and a "
+                             "session_token")
 
     @classmethod
     def from_any(cls, info: "WtxTrainerInitInfo | dict[str, Any]") -> "WtxTrainerInitInfo":
