@@ -25,6 +25,7 @@ while True:
     except OSError: pass'
 }
 bytes_all() { sed -nE 's/^pushed [0-9]+ params, ([0-9]+) bytes.*/\1/p'; }
+control_all() { sed -nE 's/^pushed .* ([0-9]+) control bytes.*/\1/p'; }
 
 start_tp 0 t0; t0=$addr
 start_tp 1 t1; t1=$addr
@@ -55,3 +56,7 @@ done
 printf "%-22s %14s %14s %10s\n" "rank 0 alone" "$one_b" 1.00 "$one_s"
 echo "many senders: the busiest trainer link carries $(ratio "$most" "$one_b") x rank 0's;" \
   "the sync takes $(ratio "$many_s" "$one_s") x rank 0's (loopback, $(nproc) cores)"
+c1=$(control_all <"$tmp/rank0.out" | head -1)
+c2=$(control_all <"$tmp/rank0.out" | sed -n 2p)
+echo "control plane (rank 0's UpdateInfo to every worker): first sync $c1 B, second $c2 B" \
+  "($(ratio "$c2" "$c1") x: tensors named by position, no per-tensor metadata)"

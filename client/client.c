@@ -32,6 +32,7 @@ struct wtx_client {
   int err_status;
   wtx__control *ctl; /* a control plane of the caller's: one replica, no channel */
   int borrowed;      /* the channels are another client's (wtx__client_subset) */
+  uint64_t update_bytes; /* UpdateInfo bytes sent, over every replica */
 };
 
 #define CONTROL_TARGET "the caller's control plane"
@@ -530,6 +531,7 @@ static fanout update_fanout(wtx_client *c, Wtx__V1__UpdateWeightsRequest *req) {
 }
 
 int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
+  c->update_bytes += wtx__v1__update_info__get_packed_size(ui) * (c->ctl != NULL ? 1 : c->n);
   if (c->ctl != NULL) {
     int rc = wtx__control_begin(c->ctl, 1, &ui->base);
     return rc != 0 ? control_failed(c, "update_weights", rc, wtx_strerror(rc)) : 0;
@@ -546,6 +548,8 @@ int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
     }
   return 0;
 }
+
+uint64_t wtx__client_update_bytes(const wtx_client *c) { return c->update_bytes; }
 
 int wtx__client_update_wait(wtx_client *c) {
   if (c->ctl != NULL) {

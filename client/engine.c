@@ -744,6 +744,7 @@ static int send_run(wtx_trainer *t, const wtx_send_options *o, int commit,
   double t0 = wtx_clock_s();
   int rc = trainer_metadata(t);
   if (rc != 0) return rc;
+  uint64_t control0 = wtx__client_update_bytes(t->client);
   sync_state s = {.t = t, .o = o};
   char version[WTX_MAX_VERSION_BYTES + 1] = "";
   t->sums_sent = 0;
@@ -757,7 +758,8 @@ static int send_run(wtx_trainer *t, const wtx_send_options *o, int commit,
     *result = (wtx_send_result){.bytes = t->total, .params = t->n, .chunks = t->n_chunks,
                                 .seconds = wtx_clock_s() - t0,
                                 .xxh3 = s.verify ? t->xxh3 : NULL,
-                                .direct = t->tt->direct != NULL && t->tt->direct(t->self)};
+                                .direct = t->tt->direct != NULL && t->tt->direct(t->self),
+                                .control_bytes = wtx__client_update_bytes(t->client) - control0};
     snprintf(result->version, sizeof result->version, "%s", version);
   }
   sync_release(&s);

@@ -44,6 +44,10 @@ int wtx__client_update_refused(wtx_client *c);
  * flight (the data plane then moves the bytes), wait collects them all and
  * reports the most telling failure (a refusal over a broken stream). */
 int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui);
+/* The packed UpdateInfo bytes update_start has sent so far, over every
+ * replica: what the chunks cost the control plane (wtx_send_result.
+ * control_bytes is a sync's share). */
+uint64_t wtx__client_update_bytes(const wtx_client *c);
 int wtx__client_update_wait(wtx_client *c);
 /* Publishes the update on every replica or on none: PrepareWeightUpdate on
  * every replica first (a failure returns before any replica publishes; the

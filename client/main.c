@@ -420,9 +420,10 @@ static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl,
   }
   *seconds = res.seconds;
   printf("pushed %zu params, %llu bytes to %zu worker(s) over %s%s in %.4g s "
-         "(%.2f GB/s), version %s\n", res.params, (unsigned long long)res.bytes,
-         nw, a->cfg.backend, res.direct ? " (direct)" : "", res.seconds,
-         res.bytes / res.seconds / 1e9, res.version);
+         "(%.2f GB/s), %llu control bytes, version %s\n", res.params,
+         (unsigned long long)res.bytes, nw, a->cfg.backend, res.direct ? " (direct)" : "",
+         res.seconds, res.bytes / res.seconds / 1e9, (unsigned long long)res.control_bytes,
+         res.version);
   fflush(stdout);
   if (a->verify && (rc = wtx_trainer_verify(tr)) == WTX_ESTATE) {
     fprintf(stderr, "wtx push: --verify needs checksums (drop --no-checksum)\n");

@@ -846,10 +846,19 @@ static void many_abort(wtx__many *m, const char *reason) {
   for (size_t w = 0; w < m->n_workers; w++) wtx__client_abort(m->one[w], reason);
 }
 
+/* Rank 0: the UpdateInfo bytes sent to the workers so far (0 elsewhere). */
+static uint64_t many_control_bytes(const wtx__many *m) {
+  uint64_t n = 0;
+  for (size_t w = 0; m->one != NULL && w < m->n_workers; w++)
+    n += wtx__client_update_bytes(m->one[w]);
+  return n;
+}
+
 int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *result,
                    char *err, size_t errlen) {
   wtx_send_result r = {0};
   int64_t t0 = wtx_clock_ms();
+  uint64_t control0 = many_control_bytes(m);
   int rc = many_connect(m, err, errlen);
   if (rc == 0 && m->rank == 0) rc = many_start(m, opts->target, err, errlen);
   if (rc == 0) rc = many_pass(m, err, errlen);
@@ -864,6 +873,7 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   if (rc != 0) wtx__tcp_rank_reset(m->tcp);
   r.params = m->n;
   r.seconds = (double)(wtx_clock_ms() - t0) / 1000.0;
+  r.control_bytes = many_control_bytes(m) - control0;
   if (rc == 0 && opts->progress != NULL) opts->progress(opts->progress_arg, r.bytes, r.bytes);
   if (result != NULL) *result = r;
   return rc;

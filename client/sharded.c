@@ -607,6 +607,7 @@ int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_resu
     sum.bytes += gr->res.bytes;
     sum.params += gr->res.params;
     sum.chunks += gr->res.chunks;
+    sum.control_bytes += gr->res.control_bytes;
   }
   if (result != NULL) {
     *result = sum;

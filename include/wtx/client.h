@@ -259,6 +259,11 @@ typedef struct wtx_send_result {
    * (wtx_trainer_config.direct took effect); 0: through buffers (and
    * always 0 on the other backends). */
   int direct;
+  /* What the sync's chunks cost the control plane: the packed UpdateInfo
+   * of every UpdateWeights call, over every worker (gRPC's framing and the
+   * four-call frame around them aside). A sync after the first names its
+   * tensors by position and carries no per-tensor metadata. */
+  uint64_t control_bytes;
 } wtx_send_result;
 
 /* One weight sync: start, every chunk, finish. Returns when every replica

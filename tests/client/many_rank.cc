@@ -118,7 +118,9 @@ int main(int argc, char **argv) {
     so.version = version.c_str();
     wtx_send_result res;
     rc = wtx_trainer_send_weights(t, &so, &res);
-    if (rc == 0) std::printf("ok %llu\n", static_cast<unsigned long long>(res.bytes));
+    if (rc == 0)
+      std::printf("ok %llu %llu\n", static_cast<unsigned long long>(res.bytes),
+                  static_cast<unsigned long long>(res.control_bytes));
     else std::printf("fail %d %s\n", rc, wtx_trainer_last_error(t));
     std::fflush(stdout);
   }

@@ -148,10 +148,15 @@ class ManyTest : public wtxtest::ShardedFixture {
     wtx_client_destroy(c);
     return updating;
   }
-  // Bytes a rank's "ok BYTES" says it sent.
+  // Bytes a rank's "ok BYTES CONTROL" says it sent.
   static uint64_t Sent(const std::string &line) {
     EXPECT_EQ(0u, line.rfind("ok ", 0)) << line;
     return line.size() > 3 ? std::stoull(line.substr(3)) : 0;
+  }
+  // And the control plane's bytes (rank 0's UpdateInfo).
+  static uint64_t Control(const std::string &line) {
+    size_t sp = line.rfind(' ');
+    return sp != std::string::npos && sp > 3 ? std::stoull(line.substr(sp + 1)) : 0;
   }
 
   std::vector<int> ports_;
@@ -161,10 +166,17 @@ class ManyTest : public wtxtest::ShardedFixture {
 TEST_F(ManyTest, EveryRankSendsItsOwnBytesStraightToTheWorkersThatHoldThem) {
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   StartAll({r0, r1, whole});
+  uint64_t first_control = 0;
   for (int seed = 1; seed <= 2; seed++) {
     Llama model(static_cast<uint8_t>(seed));
     std::string v = "v" + std::to_string(seed);
     std::vector<std::string> got = SyncAll(seed, v);
+    // The second sync names tensors by position: no per-tensor metadata.
+    if (seed == 1) first_control = Control(got[0]);
+    if (seed == 2) {
+      EXPECT_LT(Control(got[0]) * 2, first_control) << got[0];
+    }
+    EXPECT_EQ(0u, Control(got[1])) << "only rank 0 calls the workers";
     uint64_t sent = 0;
     for (int r = 0; r < 4; r++) sent += Sent(got[r]);
     uint64_t held = ExpectHolds(r0, 0, model, v) + ExpectHolds(r1, 1, model, v);

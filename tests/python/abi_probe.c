@@ -30,7 +30,8 @@ int main(void) {
   F(wtx_send_options, progress); F(wtx_send_options, progress_arg); END();
   BEGIN(wtx_send_result); F(wtx_send_result, bytes); F(wtx_send_result, params);
   F(wtx_send_result, chunks); F(wtx_send_result, seconds); F(wtx_send_result, version);
-  F(wtx_send_result, xxh3); F(wtx_send_result, direct); END();
+  F(wtx_send_result, xxh3); F(wtx_send_result, direct); F(wtx_send_result, control_bytes);
+  END();
   BEGIN(wtx_ownership); F(wtx_ownership, owners); F(wtx_ownership, n_owners);
   F(wtx_ownership, mesh_shape); F(wtx_ownership, mesh_ndim); F(wtx_ownership, placements);
   END();

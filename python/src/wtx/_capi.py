@@ -56,7 +56,8 @@ class SendOptions(C.Structure):
 class SendResult(C.Structure):
     _fields_ = [("bytes", C.c_uint64), ("params", C.c_size_t), ("chunks", C.c_size_t),
                 ("seconds", C.c_double), ("version", C.c_char * (MAX_VERSION_BYTES + 1)),
-                ("xxh3", C.POINTER(C.c_uint64)), ("direct", C.c_int)]
+                ("xxh3", C.POINTER(C.c_uint64)), ("direct", C.c_int),
+                ("control_bytes", C.c_uint64)]
 
 
 # wtx_source_ops

@@ -195,7 +195,7 @@ class TrainerEngine:
             "bytes": res.bytes, "params": res.params, "chunks": res.chunks,
             "seconds": res.seconds, "version": res.version.decode(),
             "xxh3": res.xxh3[:res.params] if res.xxh3 else None,
-            "direct": bool(res.direct)}
+            "direct": bool(res.direct), "control_bytes": res.control_bytes}
         return self.last_result
 
     def shutdown(self) -> None:
