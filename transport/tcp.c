@@ -31,6 +31,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -356,11 +357,30 @@ static int accept_peer(int lfd, const uint8_t *token, size_t len, const waitspec
 
 /* ---- worker half ---- */
 
+/* With several senders a worker reads one sender's chunk at a time, in
+ * stream order, while the others keep sending: each connection is read
+ * ahead by a thread of its own into a ring, so that a sender's link stays
+ * busy while the worker takes another's chunk (a socket's buffer holds a
+ * few MiB, a fraction of a second on a datacenter link). The bytes are
+ * copied once from the ring into staging, as they were from the piece
+ * buffer. */
+typedef struct ahead {
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* bytes came, room was made, or it failed or stopped */
+  uint8_t *buf;
+  size_t cap, head, len; /* the ring: len bytes from head */
+  int stop_fd;           /* eventfd: written to end the reader */
+  int stop, rc;          /* stopped; the reader's failure (rc, why) */
+  char why[200];
+} ahead;
+
 /* A connection chunks arrive on: the upstream, or a sender's. */
 typedef struct inlet {
   int fd;
   uint64_t seq; /* chunks it has carried */
   char addr[300];
+  ahead *ra;    /* read ahead, with several senders */
 } inlet;
 
 typedef struct tcp_worker {
@@ -380,6 +400,7 @@ typedef struct tcp_worker {
   int lfd;     /* relay listener, -1 when last in the chain */
   int down;    /* relay connection, accepted at the first chunk */
   int cancel_fd; /* eventfd: written by cancel, ends every wait */
+  atomic_int cancelled; /* the same, for waits on a read-ahead */
   const wtx__netallow *allow; /* where connect may go; NULL: anywhere */
   int relay_port;              /* the relay listener's port; 0: any */
   int broken;
@@ -388,11 +409,165 @@ typedef struct tcp_worker {
   char broke_why[400];
 } tcp_worker;
 
+/* ---- reading ahead (several senders) ---- */
+
+/* The most bytes read ahead per sender: enough to keep a link busy for
+ * the time the worker spends on other senders' chunks, and a bound on
+ * what a worker holds beyond its model. */
+#define AHEAD_MAX ((size_t)32 << 20)
+
+/* The reader: fills the ring from fd while there is room, until it is
+ * stopped or the connection fails. */
+static void *ahead_main(void *arg) {
+  inlet *in = arg;
+  ahead *a = in->ra;
+  for (;;) {
+    pthread_mutex_lock(&a->mu);
+    while (a->len == a->cap && !a->stop) pthread_cond_wait(&a->cv, &a->mu);
+    size_t tail = (a->head + a->len) % a->cap, room = a->cap - a->len;
+    if (room > a->cap - tail) room = a->cap - tail;
+    int stop = a->stop;
+    pthread_mutex_unlock(&a->mu);
+    if (stop) return NULL;
+    struct pollfd p[2] = {{.fd = in->fd, .events = POLLIN}, {.fd = a->stop_fd, .events = POLLIN}};
+    if (poll(p, 2, -1) < 0 && errno != EINTR) break;
+    if (p[1].revents != 0) return NULL;
+    ssize_t r = recv(in->fd, a->buf + tail, room, MSG_DONTWAIT);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    pthread_mutex_lock(&a->mu);
+    if (r > 0) a->len += (size_t)r;
+    else {
+      a->rc = WTX_EIO;
+      snprintf(a->why, sizeof a->why, "%s", r == 0 ? "peer closed the connection" : strerror(errno));
+    }
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    if (r <= 0) return NULL;
+  }
+  pthread_mutex_lock(&a->mu);
+  a->rc = WTX_EIO;
+  snprintf(a->why, sizeof a->why, "poll: %s", strerror(errno));
+  pthread_cond_broadcast(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+  return NULL;
+}
+
+/* Ends in's reader and frees its ring (before its fd is closed). */
+static void ahead_stop(inlet *in) {
+  ahead *a = in->ra;
+  if (a == NULL) return;
+  uint64_t one = 1;
+  ssize_t wr = write(a->stop_fd, &one, sizeof one);
+  (void)wr;
+  pthread_mutex_lock(&a->mu);
+  a->stop = 1;
+  pthread_cond_broadcast(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+  pthread_join(a->th, NULL);
+  close(a->stop_fd);
+  pthread_mutex_destroy(&a->mu);
+  pthread_cond_destroy(&a->cv);
+  free(a->buf);
+  free(a);
+  in->ra = NULL;
+}
+
+/* Starts reading in ahead into a ring of cap bytes. */
+static int ahead_start(inlet *in, size_t cap) {
+  ahead *a = calloc(1, sizeof *a);
+  if (a == NULL || (a->buf = malloc(cap)) == NULL) {
+    free(a);
+    return WTX_ENOMEM;
+  }
+  a->cap = cap;
+  a->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&a->mu, NULL);
+  pthread_cond_init(&a->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  in->ra = a;
+  if (a->stop_fd < 0 || pthread_create(&a->th, NULL, ahead_main, in) != 0) {
+    if (a->stop_fd >= 0) close(a->stop_fd);
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->cv);
+    free(a->buf);
+    free(a);
+    in->ra = NULL;
+    return WTX_ENOMEM;
+  }
+  return 0;
+}
+
+/* Waits until a's ring holds a byte: 0, or the reader's failure, the
+ * deadline, or a cancel. Caller holds a->mu. */
+static int ahead_wait(const atomic_int *cancelled, ahead *a, const waitspec *ws,
+                      const char **why) {
+  while (a->len == 0) {
+    if (a->rc != 0) {
+      *why = a->why;
+      return a->rc;
+    }
+    if (atomic_load(cancelled)) {
+      *why = "cancelled";
+      return WTX_ECANCELED;
+    }
+    int64_t left = ws->until - wtx_clock_ms();
+    if (left <= 0) {
+      *why = "not all data within the timeout";
+      return WTX_ETIMEDOUT;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    /* cancel writes no condition: it is looked at every 20 ms */
+    int64_t ns = ts.tv_nsec + (left > 20 ? 20 : left) * 1000000;
+    ts.tv_sec += ns / 1000000000;
+    ts.tv_nsec = ns % 1000000000;
+    pthread_cond_timedwait(&a->cv, &a->mu, &ts);
+  }
+  return 0;
+}
+
+/* Takes len bytes of in's stream: from the ring into dst, or when dst is
+ * NULL into rx (copied and hashed as the assembler does). */
+static int ahead_take(tcp_worker *w, inlet *in, uint8_t *dst, wtx_rx *rx, uint64_t len,
+                      const waitspec *ws, const char **why) {
+  ahead *a = in->ra;
+  int rc = 0;
+  pthread_mutex_lock(&a->mu);
+  while (rc == 0 && len > 0 && (rc = ahead_wait(&w->cancelled, a, ws, why)) == 0) {
+    size_t k = a->len < a->cap - a->head ? a->len : a->cap - a->head;
+    if (k > len) k = (size_t)len;
+    const uint8_t *src = a->buf + a->head;
+    pthread_mutex_unlock(&a->mu); /* the reader only appends meanwhile */
+    if (dst != NULL) memcpy(dst, src, k);
+    else rc = wtx_rx_bytes(rx, src, k);
+    if (dst != NULL) dst += k;
+    pthread_mutex_lock(&a->mu);
+    a->head = (a->head + k) % a->cap;
+    a->len -= k;
+    len -= k;
+    pthread_cond_broadcast(&a->cv); /* room for the reader */
+  }
+  pthread_mutex_unlock(&a->mu);
+  return rc;
+}
+
+/* Reads len bytes of in's stream, from its read-ahead when it has one. */
+static int inlet_read(tcp_worker *w, inlet *in, void *buf, size_t len, const waitspec *ws,
+                      const char **why) {
+  return in->ra != NULL ? ahead_take(w, in, buf, NULL, len, ws, why)
+                        : read_full(in->fd, buf, len, ws, why);
+}
+
 static void tcp_worker_destroy(void *self) {
   tcp_worker *w = self;
   if (w == NULL) return;
-  for (size_t i = 0; w->in != NULL && i < w->n_in; i++)
+  for (size_t i = 0; w->in != NULL && i < w->n_in; i++) {
+    ahead_stop(&w->in[i]);
     if (w->in[i].fd >= 0) close(w->in[i].fd);
+  }
   free(w->in);
   if (w->lfd >= 0) close(w->lfd);
   if (w->down >= 0) close(w->down);
@@ -542,6 +717,10 @@ static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, ch
   waitspec ws = within(w->wire.timeout_ms, w->cancel_fd);
   int rc = 0;
   for (size_t i = 0; rc == 0 && i < w->n_in; i++) rc = open_inlet(w, &w->in[i], &ws, err, errlen);
+  /* Several senders: each read ahead (see ahead), up to a chunk or AHEAD_MAX. */
+  size_t cap = w->wire.buffer_size < AHEAD_MAX ? (size_t)w->wire.buffer_size : AHEAD_MAX;
+  for (size_t i = 0; rc == 0 && w->n_in > 1 && i < w->n_in; i++)
+    if ((rc = ahead_start(&w->in[i], cap)) != 0) snprintf(err, errlen, "tcp: out of memory");
   if (addrlen > 0) data_address[0] = '\0';
   if (rc == 0 && w->relay) {
     /* Relay on the interface the upstream reached us through. */
@@ -561,6 +740,7 @@ static void tcp_worker_cancel(void *self) {
   uint64_t one = 1;
   ssize_t r = write(w->cancel_fd, &one, sizeof one);
   (void)r; /* an eventfd at its maximum is already cancelled */
+  atomic_store(&w->cancelled, 1); /* a read-ahead's waits look at it */
 }
 
 /* The stream is out of step: close both sides so the peers fail now. */
@@ -568,6 +748,7 @@ static void worker_break(tcp_worker *w, const char *why) {
   if (!w->broken) snprintf(w->broke_why, sizeof w->broke_why, "%s", why);
   w->broken = 1;
   for (size_t i = 0; i < w->n_in; i++) {
+    ahead_stop(&w->in[i]); /* before its fd goes */
     if (w->in[i].fd >= 0) close(w->in[i].fd);
     w->in[i].fd = -1;
   }
@@ -600,7 +781,7 @@ static int receive_trailer(tcp_worker *w, inlet *in, wtx_rx *rx, const waitspec 
   const char *why = "";
   char bad[200];
   uint32_t n = 0;
-  int rc = read_full(in->fd, h, sizeof h, to, &why);
+  int rc = inlet_read(w, in, h, sizeof h, to, &why);
   if (rc != 0)
     return worker_fail(w, rx, rc, "chunk %llu checksums from %s: %s",
                        (unsigned long long)in->seq, in->addr, why);
@@ -615,7 +796,7 @@ static int receive_trailer(tcp_worker *w, inlet *in, wtx_rx *rx, const waitspec 
     w->sums = v;
     w->tcap = n;
   }
-  if ((rc = read_full(in->fd, w->tbuf, (size_t)n * 8, to, &why)) != 0)
+  if ((rc = inlet_read(w, in, w->tbuf, (size_t)n * 8, to, &why)) != 0)
     return worker_fail(w, rx, rc, "chunk %llu checksums from %s: %s",
                        (unsigned long long)in->seq, in->addr, why);
   struct iovec v[2] = {{h, sizeof h}, {w->tbuf, (size_t)n * 8}};
@@ -641,7 +822,7 @@ static int receive_header(tcp_worker *w, inlet *in, const Wtx__V1__UpdateInfo *i
                           wtx_rx *rx, const waitspec *to) {
   const char *why = "";
   uint8_t f[WTX__TCP_FRAME_BYTES];
-  int rc = read_full(in->fd, f, sizeof f, to, &why);
+  int rc = inlet_read(w, in, f, sizeof f, to, &why);
   if (rc != 0)
     return worker_fail(w, rx, rc, "chunk %llu header from %s: %s",
                        (unsigned long long)in->seq, in->addr, why);
@@ -665,6 +846,15 @@ static int receive_header(tcp_worker *w, inlet *in, const Wtx__V1__UpdateInfo *i
 static int receive_bytes(tcp_worker *w, inlet *in, wtx_rx *rx, const waitspec *to) {
   const char *why = "";
   uint64_t remaining = wtx_rx_remaining(rx);
+  if (in->ra != NULL) {
+    int rc = ahead_take(w, in, NULL, rx, remaining, to, &why);
+    if (rc != 0 && why[0] != '\0') /* else rx's own refusal, already said */
+      return worker_fail(w, rx, rc, "chunk %llu from %s after %llu of %llu bytes: %s",
+                         (unsigned long long)in->seq, in->addr,
+                         (unsigned long long)(remaining - wtx_rx_remaining(rx)),
+                         (unsigned long long)remaining, why);
+    return rc;
+  }
   for (uint64_t got = 0; got < remaining;) {
     size_t k = remaining - got < w->piece ? (size_t)(remaining - got) : w->piece;
     uint8_t *dst = w->bounce;
