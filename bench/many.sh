@@ -8,10 +8,13 @@
 # it answers for the sync). On loopback every link shares this machine's
 # cores, so the wall time here shows the cost of the protocol, not the
 # links' gain; the bytes per link are what a cluster's NICs would carry.
-# Usage: bench/many.sh [SIZE]   (default 1G; run.sh --quick passes 256M)
+# Usage: bench/many.sh [SIZE] [BACKEND]   (default 1G tcp; run.sh --quick
+# passes 256M; BACKEND shm: the same, each sender's bytes through a ring
+# in shared memory, against rank 0 alone over shm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-1G}
+backend=${2:-tcp}
 . bench/common.sh
 ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
 # A port free now, below the ephemeral range, so no port-0 listener or
@@ -33,18 +36,18 @@ ranks=""
 for r in 0 1 2 3; do ranks+="${ranks:+,}127.0.0.1:$(free_port)"; done
 export WTX_SESSION_TOKEN=bench-many-session-token-0123
 for r in 0 1 2 3; do
-  "$bin/client/wtx" push --workers "$t0,$t1" --backend tcp --world 4 --rank "$r" \
+  "$bin/client/wtx" push --workers "$t0,$t1" --backend "$backend" --world 4 --rank "$r" \
     --rank-addresses "$ranks" --repeat 3 "synthetic:$size" >"$tmp/rank$r.out" &
   rpids+=($!)
 done
 for p in "${rpids[@]}"; do wait "$p"; done
 many_s=$(sync_s_all <"$tmp/rank0.out" | tail -1)
-one=$("$bin/client/wtx" push --workers "$t0,$t1" --backend tcp --repeat 3 "synthetic:$size")
+one=$("$bin/client/wtx" push --workers "$t0,$t1" --backend "$backend" --repeat 3 "synthetic:$size")
 one_s=$(echo "$one" | sync_s_all | tail -1)
 one_b=$(echo "$one" | bytes_all | tail -1)
 
 echo "# many senders vs rank 0 alone  $(date -u +%F)  $(nproc) cores  model synthetic:$size"
-echo "# to 2 tensor-parallel workers over tcp; the third sync of each trainer"
+echo "# to 2 tensor-parallel workers over $backend; the third sync of each trainer"
 printf "%-22s %14s %14s %10s\n" way "busiest link B" "vs rank 0" "sync s"
 most=0
 for r in 0 1 2 3; do

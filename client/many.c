@@ -79,6 +79,7 @@ struct wtx__many {
    * worker, which rank 0 names in the go it sends each sync on its links
    * (links[r], rank 0 only) under a new generation whenever it made one. */
   int nccl;
+  int shm; /* tcp's protocol, each sender's bytes through the worker's ring */
   wtx__nccl_rank *gpu;
   int *links;
   uint64_t generation;
@@ -300,9 +301,10 @@ static int many_config(wtx__many *m, const wtx_trainer_config *cfg, char *err, s
   const char *tok = cfg->session_token;
   size_t tl = tok != NULL ? strlen(tok) : 0;
   m->nccl = cfg->backend != NULL && strcmp(cfg->backend, "nccl") == 0;
-  if (cfg->backend != NULL && strcmp(cfg->backend, "tcp") != 0 && !m->nccl) {
-    snprintf(err, errlen, "trainer_init: world %u: many senders run over tcp or nccl, not %s",
-             cfg->world, cfg->backend);
+  m->shm = cfg->backend != NULL && strcmp(cfg->backend, "shm") == 0;
+  if (cfg->backend != NULL && strcmp(cfg->backend, "tcp") != 0 && !m->nccl && !m->shm) {
+    snprintf(err, errlen, "trainer_init: world %u: many senders run over tcp, shm or nccl, "
+             "not %s", cfg->world, cfg->backend);
     return WTX_EINVAL;
   }
   if (cfg->rank >= cfg->world || cfg->rank_addresses == NULL || tl < 16 || tl > 64) {
@@ -385,6 +387,7 @@ static int many_sessions(wtx__many *m, char *err, size_t errlen) {
     ti.checksum_trailer = 1;
     ti.worker_index = (uint32_t)started;
     ti.plan_digest = wtx_plan_digest(m->plan);
+    ti.shm_ring = m->shm;
     ni.unique_id = (ProtobufCBinaryData){sizeof m->id, m->id};
     ni.world_size = m->world + (uint32_t)m->n_workers;
     ni.rank_offset = m->world + (uint32_t)started;
@@ -443,7 +446,7 @@ static void describe_param(void *arg, size_t i, char *buf, size_t len) {
  * fails naming the first parameter where one differs, before any worker's
  * session starts. */
 static int many_check(wtx__many *m, char *err, size_t errlen) {
-  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl};
+  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl, m->shm};
   int rc = 0;
   for (uint32_t r = 1; rc == 0 && r < m->world; r++) {
     if (m->nccl && m->links[r] >= 0 && !wtx__tcp_link_alive(m->links[r])) {
@@ -523,7 +526,7 @@ static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, siz
   if (rc == 0 && (m->param_digests = malloc((m->n + 1) * sizeof *m->param_digests)) == NULL)
     rc = WTX_ENOMEM;
   if (rc == 0) rc = wtx_plan_param_digests(m->metas, m->own, m->n, m->param_digests);
-  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl};
+  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl, m->shm};
   char bound[300];
   if (rc == 0)
     rc = wtx__tcp_rank_listen(m->addrs[m->rank], m->token, m->token_len,

@@ -44,6 +44,7 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/text.h"
+#include "transport/ring.h"
 #include "transport/tcp_frame.h"
 #include "transport/tcp_rank.h"
 #include "transport/transport.h"
@@ -381,6 +382,7 @@ typedef struct inlet {
   uint64_t seq; /* chunks it has carried */
   char addr[300];
   ahead *ra;    /* read ahead, with several senders */
+  wtx__ring *ring; /* or, with shm_ring, the ring this worker made for it */
 } inlet;
 
 typedef struct tcp_worker {
@@ -388,6 +390,7 @@ typedef struct tcp_worker {
   uint8_t token[WTX__TCP_TOKEN_MAX];
   size_t token_len;
   int relay;   /* whether a downstream worker follows */
+  int shm_ring; /* senders on this host: each sends through a ring */
   int trailer; /* checksums follow each chunk's bytes (checksum_trailer) */
   uint8_t *tbuf; /* the last trailer's values, as received */
   uint64_t *sums; /* and decoded */
@@ -557,8 +560,19 @@ static int ahead_take(tcp_worker *w, inlet *in, uint8_t *dst, wtx_rx *rx, uint64
 /* Reads len bytes of in's stream, from its read-ahead when it has one. */
 static int inlet_read(tcp_worker *w, inlet *in, void *buf, size_t len, const waitspec *ws,
                       const char **why) {
-  return in->ra != NULL ? ahead_take(w, in, buf, NULL, len, ws, why)
-                        : read_full(in->fd, buf, len, ws, why);
+  wtx__ring_wait rw = {ws->until, ws->cancel_fd, in->fd};
+  return in->ring != NULL ? wtx__ring_take(in->ring, buf, NULL, NULL, len, &rw, why)
+         : in->ra != NULL ? ahead_take(w, in, buf, NULL, len, ws, why)
+                          : read_full(in->fd, buf, len, ws, why);
+}
+
+static int rx_take(void *rx, const uint8_t *p, size_t k) { return wtx_rx_bytes(rx, p, k); }
+
+/* Gives the inlet's ring up: the sender's waits on it fail at once. */
+static void ring_drop(inlet *in) {
+  wtx__ring_close(in->ring);
+  wtx__ring_destroy(in->ring);
+  in->ring = NULL;
 }
 
 static void tcp_worker_destroy(void *self) {
@@ -566,6 +580,7 @@ static void tcp_worker_destroy(void *self) {
   if (w == NULL) return;
   for (size_t i = 0; w->in != NULL && i < w->n_in; i++) {
     ahead_stop(&w->in[i]);
+    ring_drop(&w->in[i]);
     if (w->in[i].fd >= 0) close(w->in[i].fd);
   }
   free(w->in);
@@ -593,6 +608,10 @@ static int check_senders(const Wtx__V1__TcpInitInfo *ti, const wtx_wire_params *
              "(sender_addresses) connects to each and relays nothing");
     return WTX_EINVAL;
   }
+  if (ti->shm_ring && wire->buffer_size > SIZE_MAX / 2) {
+    snprintf(err, errlen, "init_info.packing.buffer_size: too large for a ring");
+    return WTX_EINVAL;
+  }
   if (!ti->checksum_trailer &&
       wire->checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64) {
     snprintf(err, errlen, "init_info.tcp.checksum_trailer: needed with several senders "
@@ -618,6 +637,11 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
     return WTX_EINVAL;
   }
   int rc = check_senders(ti, wire, err, errlen);
+  if (rc == 0 && ti->shm_ring && ti->n_sender_addresses == 0) {
+    snprintf(err, errlen, "init_info.tcp.shm_ring: only with several senders "
+             "(sender_addresses)");
+    rc = WTX_EINVAL;
+  }
   if (rc != 0) return rc;
   tcp_worker *w = calloc(1, sizeof *w);
   if (w == NULL) return WTX_ENOMEM;
@@ -642,6 +666,7 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   w->allow = env != NULL ? env->allow_upstream : NULL;
   w->relay_port = env != NULL ? env->relay_port : 0;
   w->relay = ti->relay;
+  w->shm_ring = ti->shm_ring;
   w->trailer = ti->checksum_trailer &&
                wire->checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   w->token_len = ti->data_token.len;
@@ -671,6 +696,28 @@ static int agree_plan(tcp_worker *w, inlet *in, const waitspec *ws, const char *
              (unsigned long long)w->plan_digest);
     rc = WTX_EINVAL;
   }
+  return rc;
+}
+
+/* With shm_ring: a ring for the sender, its name sent, and unlinked once
+ * the sender said it opened it. */
+static int share_ring(tcp_worker *w, inlet *in, const waitspec *ws, const char **why,
+                      char *err, size_t errlen) {
+  char name[128];
+  size_t cap = w->wire.buffer_size < AHEAD_MAX ? (size_t)w->wire.buffer_size : AHEAD_MAX;
+  int rc = wtx__ring_create(cap, &in->ring, name, sizeof name, err, errlen);
+  if (rc != 0) return rc;
+  uint8_t r[WTX__TCP_RING_BYTES], ack = 0;
+  wtx__tcp_ring_encode(r, cap, (uint32_t)strlen(name));
+  struct iovec v[2] = {{r, sizeof r}, {name, strlen(name)}};
+  rc = write_iov_full(in->fd, v, 2, ws, why);
+  if (rc == 0) rc = read_full(in->fd, &ack, 1, ws, why);
+  wtx__ring_unlink(name); /* opened or not: no one else may */
+  if (rc == 0 && ack != 'A') {
+    *why = "it could not open this worker's ring (another user, or no shared memory)";
+    rc = WTX_EPERM;
+  }
+  if (rc != 0) ring_drop(in);
   return rc;
 }
 
@@ -705,6 +752,7 @@ static int open_inlet(tcp_worker *w, inlet *in, const waitspec *ws, char *err,
   if (rc == 0 && (rc = send_hello(in->fd, w->token, w->token_len, ws, &why)) == 0 &&
       w->n_in > 1)
     rc = agree_plan(w, in, ws, &why, err, errlen);
+  if (rc == 0 && w->shm_ring) rc = share_ring(w, in, ws, &why, err, errlen);
   if (rc != 0 && why[0] != '\0') snprintf(err, errlen, "tcp: hello to %s: %s", in->addr, why);
   return rc;
 }
@@ -719,7 +767,7 @@ static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, ch
   for (size_t i = 0; rc == 0 && i < w->n_in; i++) rc = open_inlet(w, &w->in[i], &ws, err, errlen);
   /* Several senders: each read ahead (see ahead), up to a chunk or AHEAD_MAX. */
   size_t cap = w->wire.buffer_size < AHEAD_MAX ? (size_t)w->wire.buffer_size : AHEAD_MAX;
-  for (size_t i = 0; rc == 0 && w->n_in > 1 && i < w->n_in; i++)
+  for (size_t i = 0; rc == 0 && w->n_in > 1 && !w->shm_ring && i < w->n_in; i++)
     if ((rc = ahead_start(&w->in[i], cap)) != 0) snprintf(err, errlen, "tcp: out of memory");
   if (addrlen > 0) data_address[0] = '\0';
   if (rc == 0 && w->relay) {
@@ -749,6 +797,7 @@ static void worker_break(tcp_worker *w, const char *why) {
   w->broken = 1;
   for (size_t i = 0; i < w->n_in; i++) {
     ahead_stop(&w->in[i]); /* before its fd goes */
+    ring_drop(&w->in[i]);
     if (w->in[i].fd >= 0) close(w->in[i].fd);
     w->in[i].fd = -1;
   }
@@ -846,8 +895,10 @@ static int receive_header(tcp_worker *w, inlet *in, const Wtx__V1__UpdateInfo *i
 static int receive_bytes(tcp_worker *w, inlet *in, wtx_rx *rx, const waitspec *to) {
   const char *why = "";
   uint64_t remaining = wtx_rx_remaining(rx);
-  if (in->ra != NULL) {
-    int rc = ahead_take(w, in, NULL, rx, remaining, to, &why);
+  if (in->ra != NULL || in->ring != NULL) {
+    wtx__ring_wait rw = {to->until, to->cancel_fd, in->fd};
+    int rc = in->ring != NULL ? wtx__ring_take(in->ring, NULL, rx_take, rx, remaining, &rw, &why)
+                              : ahead_take(w, in, NULL, rx, remaining, to, &why);
     if (rc != 0 && why[0] != '\0') /* else rx's own refusal, already said */
       return worker_fail(w, rx, rc, "chunk %llu from %s after %llu of %llu bytes: %s",
                          (unsigned long long)in->seq, in->addr,
@@ -973,12 +1024,33 @@ static void hash_span(hasher *hs, const uint8_t *p, size_t len) {
   }
 }
 
+/* Where a chunk goes and what sending it keeps: the connection (or, with
+ * a worker on this host that made one, its shared-memory ring, the
+ * connection then only saying the worker is alive), the hash state
+ * carried from chunk to chunk, and the trailer's buffer. */
+typedef struct outlet {
+  int fd;
+  wtx__ring *ring;
+  int cancel_fd; /* -1: none */
+  XXH3_state_t *h;
+  uint8_t **trailer;
+  size_t *trailer_cap;
+} outlet;
+
+/* Writes iov to the outlet by ws's deadline. */
+static int outlet_write(const outlet *o, const struct iovec *iov, size_t n, const waitspec *ws,
+                        const char **why) {
+  if (o->ring == NULL) return write_iov_full(o->fd, iov, n, ws, why);
+  wtx__ring_wait w = {ws->until, o->cancel_fd, o->fd};
+  return wtx__ring_put(o->ring, iov, n, &w, why);
+}
+
 /* Sends win's m pieces, then hashes them: the socket's copy reads them
  * from the model's memory, and the hash from the cache that copy left
  * them in. */
-static int send_then_hash(int fd, const struct iovec *win, size_t m, hasher *hs,
+static int send_then_hash(const outlet *o, const struct iovec *win, size_t m, hasher *hs,
                           const waitspec *ws, const char **why) {
-  int rc = write_iov_full(fd, win, m, ws, why);
+  int rc = outlet_write(o, win, m, ws, why);
   for (size_t i = 0; rc == 0 && i < m; i++) hash_span(hs, win[i].iov_base, win[i].iov_len);
   return rc;
 }
@@ -988,7 +1060,7 @@ static int send_then_hash(int fd, const struct iovec *win, size_t m, hasher *hs,
  * from memory in the hash instead: 1 GB over tcp to one worker, from one
  * trainer, 0.21-0.23 s of the trainer's CPU per sync without checksums,
  * 0.31-0.33 s with them.) */
-static int write_hashing(int fd, const struct iovec *iov, size_t n, hasher *hs,
+static int write_hashing(const outlet *o, const struct iovec *iov, size_t n, hasher *hs,
                          const waitspec *ws, const char **why) {
   struct iovec win[64];
   size_t m = 0, bytes = 0;
@@ -1001,21 +1073,23 @@ static int write_hashing(int fd, const struct iovec *iov, size_t n, hasher *hs,
       p += k;
       left -= k;
       if (bytes == SEND_PIECE || m == 64) {
-        int rc = send_then_hash(fd, win, m, hs, ws, why);
+        int rc = send_then_hash(o, win, m, hs, ws, why);
         if (rc != 0) return rc;
         m = bytes = 0;
       }
     }
   }
-  int rc = m > 0 ? send_then_hash(fd, win, m, hs, ws, why) : 0;
+  int rc = m > 0 ? send_then_hash(o, win, m, hs, ws, why) : 0;
   if (rc == 0) hash_span(hs, NULL, 0);
   return rc;
 }
 
 /* Chunk seq's checksum trailer on fd, after its bytes, built in *buf
  * (*cap bytes, grown as needed and kept for the next chunk). */
-static int write_trailer(int fd, uint8_t **buf, size_t *cap, uint64_t seq,
-                         const wtx_chunk_sums *cs, const waitspec *ws, const char **why) {
+static int write_trailer(const outlet *o, uint64_t seq, const wtx_chunk_sums *cs,
+                         const waitspec *ws, const char **why) {
+  uint8_t **buf = o->trailer;
+  size_t *cap = o->trailer_cap;
   size_t len = WTX__TCP_TRAILER_HEAD_BYTES + cs->n * 8;
   if (len > *cap) {
     uint8_t *b = realloc(*buf, len);
@@ -1028,17 +1102,10 @@ static int write_trailer(int fd, uint8_t **buf, size_t *cap, uint64_t seq,
   }
   wtx__tcp_trailer_encode(*buf, seq, (uint32_t)cs->n);
   wtx__tcp_trailer_put_sums(*buf + WTX__TCP_TRAILER_HEAD_BYTES, cs->out, cs->n);
-  return write_full(fd, *buf, len, ws, why);
+  struct iovec v = {*buf, len};
+  return outlet_write(o, &v, 1, ws, why);
 }
 
-/* Where a chunk goes and what sending it keeps: the connection, the hash
- * state carried from chunk to chunk, and the trailer's buffer. */
-typedef struct outlet {
-  int fd;
-  XXH3_state_t *h;
-  uint8_t **trailer;
-  size_t *trailer_cap;
-} outlet;
 
 /* Sends one chunk, all by ws's deadline: header, bytes (hashed on the way
  * when cs), trailer. A chunk that continues a tensor (first_offset > 0)
@@ -1049,23 +1116,24 @@ static int send_chunk(const outlet *o, const wtx__tcp_frame *fr, const struct io
                       const char **why) {
   uint8_t f[WTX__TCP_FRAME_BYTES];
   wtx__tcp_frame_encode(f, fr);
-  int rc = write_full(o->fd, f, sizeof f, ws, why);
-  if (rc != 0 || cs == NULL) return rc != 0 ? rc : write_iov_full(o->fd, iov, n, ws, why);
+  struct iovec head = {f, sizeof f};
+  int rc = outlet_write(o, &head, 1, ws, why);
+  if (rc != 0 || cs == NULL) return rc != 0 ? rc : outlet_write(o, iov, n, ws, why);
   if (fr->first_offset == 0 || spans) XXH3_64bits_reset(o->h);
   hasher hs = {.h = o->h, .cs = cs};
-  rc = write_hashing(o->fd, iov, n, &hs, ws, why);
+  rc = write_hashing(o, iov, n, &hs, ws, why);
   if (rc == 0 && hs.j != cs->n) {
     *why = "the chunk's tensor ends lie beyond its bytes";
     rc = WTX_EINVAL;
   }
-  return rc != 0 ? rc : write_trailer(o->fd, o->trailer, o->trailer_cap, fr->seq, cs, ws, why);
+  return rc != 0 ? rc : write_trailer(o, fr->seq, cs, ws, why);
 }
 
 /* The chain's chunk seq, from the trainer. */
 static int write_chunk(tcp_trainer *t, uint64_t seq, const wtx_chunk *c,
                        const struct iovec *iov, size_t n, const wtx_chunk_sums *cs,
                        const char **why) {
-  outlet o = {t->fd, t->h, &t->trailer, &t->trailer_cap};
+  outlet o = {t->fd, NULL, -1, t->h, &t->trailer, &t->trailer_cap};
   waitspec ws = within(t->wire.timeout_ms, -1); /* the whole chunk */
   return send_chunk(&o, &(wtx__tcp_frame){seq, c->first_offset, c->bytes}, iov, n, cs, 0, &ws,
                     why);
@@ -1266,6 +1334,7 @@ typedef struct rank_conn {
   size_t sums_cap;
   uint8_t *trailer;  /* and their trailer record */
   size_t trailer_cap;
+  wtx__ring *ring;   /* the worker's, when it made one (shm_ring) */
 } rank_conn;
 
 struct wtx__tcp_rank {
@@ -1280,6 +1349,7 @@ struct wtx__tcp_rank {
   wtx__tcp_params params; /* to find where rank 0's plan differs */
   char differs[1500];     /* where it does, once rank 0 checked */
   int want_link;          /* rank 0's check stays open as the link */
+  int shm_ring;           /* each worker sends a ring to write into */
   int link;               /* rank 0's connection, -1: none */
 };
 
@@ -1328,6 +1398,7 @@ int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_le
   r->digest = plan_digest;
   r->params = *params;
   r->want_link = params->link;
+  r->shm_ring = params->shm_ring;
   r->link = -1;
   r->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   int rc = r->cancel_fd < 0 ? WTX_ENOMEM : rank_alloc(r);
@@ -1422,6 +1493,31 @@ static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws, uint64_
   return *theirs == r->digest ? (int64_t)index : -2;
 }
 
+/* With shm_ring: the worker's ring record, the ring opened, 'A' answered
+ * (a refusal closes the connection instead). */
+static int take_ring(rank_conn *k, int fd, const waitspec *ws, char *err, size_t errlen) {
+  uint8_t rec[WTX__TCP_RING_BYTES];
+  char name[256] = "";
+  const char *why = "";
+  uint64_t cap = 0;
+  uint32_t n = 0;
+  int rc = read_full(fd, rec, sizeof rec, ws, &why);
+  if (rc == 0 && wtx__tcp_ring_decode(rec, &cap, &n) != 0) {
+    why = "not a ring record";
+    rc = WTX_EPROTO;
+  }
+  if (rc == 0) rc = read_full(fd, name, n, ws, &why);
+  if (rc != 0) {
+    snprintf(err, errlen, "tcp: a worker's ring: %s", why);
+    return rc;
+  }
+  wtx__ring_destroy(k->ring);
+  k->ring = NULL;
+  if ((rc = wtx__ring_open(name, &k->ring, err, errlen)) != 0) return rc;
+  uint8_t ack = 'A';
+  return write_full(fd, &ack, 1, ws, &why);
+}
+
 static size_t rank_missing(const wtx__tcp_rank *r) {
   size_t n = r->want_link && r->link < 0;
   for (size_t w = 0; w < r->n_workers; w++) n += r->c[w].fd < 0;
@@ -1476,6 +1572,10 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
       close(fd); /* not our peer, or silent */
       continue;
     }
+    if (r->shm_ring && take_ring(&r->c[w], fd, &ws, err, errlen) != 0) {
+      close(fd);
+      return WTX_EPERM;
+    }
     tune(fd);
     r->c[w].fd = fd;
     r->c[w].seq = 0; /* a new session numbers its chunks afresh */
@@ -1497,6 +1597,9 @@ void wtx__tcp_rank_reset(wtx__tcp_rank *r) {
   for (size_t w = 0; r->c != NULL && w < r->n_workers; w++) {
     if (r->c[w].fd >= 0) close(r->c[w].fd);
     r->c[w].fd = -1;
+    wtx__ring_close(r->c[w].ring);
+    wtx__ring_destroy(r->c[w].ring);
+    r->c[w].ring = NULL;
   }
   uint64_t v;
   ssize_t got = r->cancel_fd >= 0 ? read(r->cancel_fd, &v, sizeof v) : 0;
@@ -1525,7 +1628,7 @@ int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t first_offset, uint6
     k->sums_cap = n_ends;
   }
   uint64_t seq = k->seq;
-  outlet o = {k->fd, k->h, &k->trailer, &k->trailer_cap};
+  outlet o = {k->fd, k->ring, r->cancel_fd, k->h, &k->trailer, &k->trailer_cap};
   wtx_chunk_sums cs = {.ends = ends, .n = n_ends, .out = k->sums};
   waitspec ws = within(r->timeout_ms, r->cancel_fd); /* the whole chunk */
   const char *why = "";

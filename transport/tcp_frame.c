@@ -13,6 +13,7 @@ static const char who_magic[4] = {'W', 'T', 'X', 'W'};
 static const char plan_magic[4] = {'W', 'T', 'X', 'P'};
 static const char diff_magic[4] = {'W', 'T', 'X', 'D'};
 static const char go_magic[4] = {'W', 'T', 'X', 'G'};
+static const char ring_magic[4] = {'W', 'T', 'X', 'R'};
 enum { VERSION = 1 };
 
 static void put64(uint8_t *p, uint64_t v) {
@@ -80,6 +81,20 @@ int wtx__tcp_diff_decode(const uint8_t *d, uint64_t *index, uint32_t *text_len) 
   if (memcmp(d, diff_magic, 4) != 0 || get32(d + 4) > WTX__TCP_DIFF_TEXT_MAX) return WTX_EPROTO;
   *text_len = get32(d + 4);
   *index = get64(d + 8);
+  return 0;
+}
+
+void wtx__tcp_ring_encode(uint8_t *r, uint64_t cap, uint32_t name_len) {
+  memcpy(r, ring_magic, 4);
+  put32(r + 4, name_len);
+  put64(r + 8, cap);
+}
+
+int wtx__tcp_ring_decode(const uint8_t *r, uint64_t *cap, uint32_t *name_len) {
+  uint32_t n = get32(r + 4);
+  if (memcmp(r, ring_magic, 4) != 0 || n == 0 || n > 255) return WTX_EPROTO;
+  *name_len = n;
+  *cap = get64(r + 8);
   return 0;
 }
 

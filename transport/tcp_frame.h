@@ -71,6 +71,14 @@ void wtx__tcp_diff_encode(uint8_t *d, uint64_t index, uint32_t text_len);
 /* WTX_EPROTO when d is not one, or its text is over WTX__TCP_DIFF_TEXT_MAX. */
 int wtx__tcp_diff_decode(const uint8_t *d, uint64_t *index, uint32_t *text_len);
 
+/* r: WTX__TCP_RING_BYTES, then the ring's name (name_len bytes, at most
+ * 255): a worker's shared-memory ring for one sender (TcpInitInfo.
+ * shm_ring), which answers one byte, 'A', once it opened it. */
+#define WTX__TCP_RING_BYTES 16
+void wtx__tcp_ring_encode(uint8_t *r, uint64_t cap, uint32_t name_len);
+/* WTX_EPROTO when r is not one, or its name is empty or over 255. */
+int wtx__tcp_ring_decode(const uint8_t *r, uint64_t *cap, uint32_t *name_len);
+
 #define WTX__TCP_GO_BYTES 16
 #define WTX__TCP_GO_PAYLOAD_MAX 1024
 /* g: WTX__TCP_GO_BYTES, then payload_len bytes of payload. */

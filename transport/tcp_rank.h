@@ -30,6 +30,9 @@ typedef struct wtx__tcp_params {
    * too. A backend whose workers never connect to the ranks (nccl) has
    * only the link. */
   int link;
+  /* 1: every worker is on this host and sends a ring in shared memory
+   * after the who record (TcpInitInfo.shm_ring); chunks go through it. */
+  int shm_ring;
 } wtx__tcp_params;
 
 /* Listens on addr ("host:port"; port 0: one the system picks) for

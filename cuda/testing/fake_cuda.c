@@ -1010,8 +1010,10 @@ static int p2p_send(p2p *x, const char *data_name) {
   int rc = OK;
   /* the peer took the send before this one (both ends are streams) */
   AWAIT(cm, c, c->p2p_taken[cm->rank][x->peer] >= x->seq);
-  c->p2p_bytes[cm->rank][x->peer] = x->count;
-  if (rc == OK) c->p2p_posted[cm->rank][x->peer] = x->seq + 1;
+  if (rc == OK) { /* the peer took the one before: its size may change */
+    c->p2p_bytes[cm->rank][x->peer] = x->count;
+    c->p2p_posted[cm->rank][x->peer] = x->seq + 1;
+  }
   pthread_cond_broadcast(&c->cv);
   AWAIT(cm, c, c->p2p_taken[cm->rank][x->peer] >= x->seq + 1);
   pthread_mutex_unlock(&c->mu);

@@ -66,8 +66,8 @@ class ManyTest : public wtxtest::ShardedFixture {
     // the workers take GPUs 1.. by ordinal) and names the backend.
     std::vector<std::string> env_s;
     for (char **e = environ; *e != nullptr; e++) env_s.emplace_back(*e);
+    if (backend_ != "tcp") env_s.push_back("WTX_MANY_BACKEND=" + backend_);
     if (backend_ == "nccl") {
-      env_s.push_back("WTX_MANY_BACKEND=nccl");
       env_s.push_back("WTX_CUDA_DEVICE=0");
       env_s.push_back("WTX_FAKE_CUDA_UUID=" + std::string(31, 'a') + std::to_string(r));
     }
@@ -159,6 +159,10 @@ class ManyTest : public wtxtest::ShardedFixture {
     return sp != std::string::npos && sp > 3 ? std::stoull(line.substr(sp + 1)) : 0;
   }
 
+  // Two syncs land on every worker, sent once, by the owners; then a rank
+  // killed mid-sync leaves every worker on v2, and the next sync lands.
+  void SyncsLandAndADeadRankCostsOneSync();
+
   std::vector<int> ports_;
   std::vector<Rank> ranks_;
 };
@@ -227,6 +231,18 @@ TEST_F(ManyTest, ARankKilledMidSyncLeavesEveryWorkerOnItsVersionAndTheNextSyncLa
 // next sync, in a new communicator, lands.
 TEST_F(ManyTest, OverNcclEveryRankSendsItsOwnBytesAndADeadRankCostsOneSync) {
   backend_ = "nccl";
+  SyncsLandAndADeadRankCostsOneSync();
+}
+
+// The same on one host over shm: tcp's protocol, each sender's frames,
+// bytes and trailers through a ring in shared memory that its worker made
+// (the socket only says both sides are alive).
+TEST_F(ManyTest, OverShmEveryRankSendsItsOwnBytesAndADeadRankCostsOneSync) {
+  backend_ = "shm";
+  SyncsLandAndADeadRankCostsOneSync();
+}
+
+void ManyTest::SyncsLandAndADeadRankCostsOneSync() {
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   std::vector<Worker> ws = {r0, r1, whole};
   StartAll(ws);
@@ -348,12 +364,12 @@ TEST_F(ManyInitTest, APieceThatIsNotOneRunOfTheWorkersPartIsRefusedByName) {
   EXPECT_NE(std::string::npos, err.find("'" + model.t[1].name + "'")) << err;
 }
 
-TEST_F(ManyInitTest, ManySendersNeedTcp) {
+TEST_F(ManyInitTest, ManySendersRunOverTcpShmOrNccl) {
   Worker r0 = SpawnRank(0);
   Llama model(1);
   std::string err;
-  EXPECT_EQ(WTX_EINVAL, Init({r0}, Owners(model, 2), &err, "shm"));
-  EXPECT_NE(std::string::npos, err.find("tcp")) << err;
+  EXPECT_EQ(WTX_EINVAL, Init({r0}, Owners(model, 2), &err, "cuda_ipc"));
+  EXPECT_NE(std::string::npos, err.find("tcp, shm or nccl, not cuda_ipc")) << err;
 }
 
 // Every process of this test that loads CUDA (the ranks and workers over
