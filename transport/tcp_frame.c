@@ -46,69 +46,61 @@ int wtx__tcp_hello_check(const uint8_t *h, const uint8_t *token, size_t len) {
   return ok ? 0 : WTX_EAUTH;
 }
 
+/* The 16-byte records (who, plan, diff, ring, go): a magic, a 32-bit
+ * field and a 64-bit one. get16 is 0 when the magic is magic and the
+ * 32-bit field at most max32. */
+static void put16(uint8_t *r, const char *magic, uint32_t a, uint64_t b) {
+  memcpy(r, magic, 4);
+  put32(r + 4, a);
+  put64(r + 8, b);
+}
+
+static int get16(const uint8_t *r, const char *magic, uint32_t max32, uint32_t *a,
+                 uint64_t *b) {
+  if (memcmp(r, magic, 4) != 0 || get32(r + 4) > max32) return WTX_EPROTO;
+  *a = get32(r + 4);
+  *b = get64(r + 8);
+  return 0;
+}
+
 void wtx__tcp_who_encode(uint8_t *w, uint32_t index, uint64_t digest) {
-  memcpy(w, who_magic, 4);
-  put32(w + 4, index);
-  put64(w + 8, digest);
+  put16(w, who_magic, index, digest);
 }
 
 int wtx__tcp_who_decode(const uint8_t *w, uint32_t *index, uint64_t *digest) {
-  if (memcmp(w, who_magic, 4) != 0) return WTX_EPROTO;
-  *index = get32(w + 4);
-  *digest = get64(w + 8);
-  return 0;
+  return get16(w, who_magic, UINT32_MAX, index, digest);
 }
 
-void wtx__tcp_plan_encode(uint8_t *p, uint64_t digest) {
-  memcpy(p, plan_magic, 4);
-  put32(p + 4, 0);
-  put64(p + 8, digest);
-}
+void wtx__tcp_plan_encode(uint8_t *p, uint64_t digest) { put16(p, plan_magic, 0, digest); }
 
 int wtx__tcp_plan_decode(const uint8_t *p, uint64_t *digest) {
-  if (memcmp(p, plan_magic, 4) != 0 || get32(p + 4) != 0) return WTX_EPROTO;
-  *digest = get64(p + 8);
-  return 0;
+  uint32_t zero;
+  return get16(p, plan_magic, 0, &zero, digest);
 }
 
 void wtx__tcp_diff_encode(uint8_t *d, uint64_t index, uint32_t text_len) {
-  memcpy(d, diff_magic, 4);
-  put32(d + 4, text_len);
-  put64(d + 8, index);
+  put16(d, diff_magic, text_len, index);
 }
 
 int wtx__tcp_diff_decode(const uint8_t *d, uint64_t *index, uint32_t *text_len) {
-  if (memcmp(d, diff_magic, 4) != 0 || get32(d + 4) > WTX__TCP_DIFF_TEXT_MAX) return WTX_EPROTO;
-  *text_len = get32(d + 4);
-  *index = get64(d + 8);
-  return 0;
+  return get16(d, diff_magic, WTX__TCP_DIFF_TEXT_MAX, text_len, index);
 }
 
 void wtx__tcp_ring_encode(uint8_t *r, uint64_t cap, uint32_t name_len) {
-  memcpy(r, ring_magic, 4);
-  put32(r + 4, name_len);
-  put64(r + 8, cap);
+  put16(r, ring_magic, name_len, cap);
 }
 
 int wtx__tcp_ring_decode(const uint8_t *r, uint64_t *cap, uint32_t *name_len) {
-  uint32_t n = get32(r + 4);
-  if (memcmp(r, ring_magic, 4) != 0 || n == 0 || n > 255) return WTX_EPROTO;
-  *name_len = n;
-  *cap = get64(r + 8);
-  return 0;
+  int rc = get16(r, ring_magic, 255, name_len, cap);
+  return rc == 0 && *name_len == 0 ? WTX_EPROTO : rc;
 }
 
 void wtx__tcp_go_encode(uint8_t *g, uint64_t generation, uint32_t payload_len) {
-  memcpy(g, go_magic, 4);
-  put32(g + 4, payload_len);
-  put64(g + 8, generation);
+  put16(g, go_magic, payload_len, generation);
 }
 
 int wtx__tcp_go_decode(const uint8_t *g, uint64_t *generation, uint32_t *payload_len) {
-  if (memcmp(g, go_magic, 4) != 0 || get32(g + 4) > WTX__TCP_GO_PAYLOAD_MAX) return WTX_EPROTO;
-  *payload_len = get32(g + 4);
-  *generation = get64(g + 8);
-  return 0;
+  return get16(g, go_magic, WTX__TCP_GO_PAYLOAD_MAX, payload_len, generation);
 }
 
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr) {

@@ -849,6 +849,48 @@ EXPORT const char *ncclGetLastError(void *commp) {
   return commp != NULL ? ((comm *)commp)->last : last_error;
 }
 
+/* A kernel's end: a failure (not an abort's) recorded as the
+ * communicator's asynchronous error, then its result on its stream. The
+ * count of running kernels drops first, so a waiter sees it gone. */
+static void kernel_end(comm *cm, stream *s, kernel *k, int rc, const char *why) {
+  if (rc != OK && !atomic_load(&cm->aborted)) {
+    fail_with(cm, rc, why);
+    atomic_store(&cm->state, rc);
+  }
+  atomic_fetch_sub(&running_kernels, 1);
+  pthread_mutex_lock(&s->mu);
+  k->result = rc;
+  atomic_store(&k->done, 1);
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Queues a kernel on s (what follows it on s waits for it) and runs
+ * fn(arg) on a thread of its own; *slot (in arg) is the kernel's. On
+ * NCCL_SYSTEM nothing runs and arg is the caller's to free. */
+static int launch(comm *cm, stream *s, kernel **slot, void *(*fn)(void *), void *arg) {
+  op *o = calloc(1, sizeof *o);
+  kernel *k = calloc(1, sizeof *k);
+  if (o == NULL || k == NULL) {
+    free(o);
+    free(k);
+    return NCCL_SYSTEM;
+  }
+  *slot = o->k = k;
+  enqueue(s, o);
+  atomic_fetch_add(&running_kernels, 1);
+  atomic_fetch_add(&cm->kernels, 1);
+  pthread_t t;
+  if (pthread_create(&t, NULL, fn, arg) != 0) {
+    atomic_fetch_sub(&running_kernels, 1);
+    atomic_fetch_sub(&cm->kernels, 1);
+    atomic_store(&k->done, 1);
+    return NCCL_SYSTEM;
+  }
+  pthread_detach(t);
+  return OK;
+}
+
 typedef struct bcast {
   comm *cm;
   kernel *k;
@@ -920,16 +962,7 @@ static void *bcast_kernel(void *arg) {
   snprintf(data_name, sizeof data_name, "%s-%llu", b->cm->name, (unsigned long long)b->seq);
   int rc = b->cm->rank == b->root ? bcast_root(b, data_name) : bcast_leaf(b, data_name);
   comm *cm = b->cm;
-  if (rc != OK && !atomic_load(&cm->aborted)) {
-    fail_with(cm, rc, "broadcast: a peer process is gone");
-    atomic_store(&cm->state, rc);
-  }
-  pthread_mutex_lock(&b->s->mu);
-  b->k->result = rc;
-  atomic_store(&b->k->done, 1);
-  pthread_cond_broadcast(&b->s->cv);
-  pthread_mutex_unlock(&b->s->mu);
-  atomic_fetch_sub(&running_kernels, 1);
+  kernel_end(cm, b->s, b->k, rc, "broadcast: a peer process is gone");
   free(b);
   atomic_fetch_sub(&cm->kernels, 1); /* last: an abort may free cm now */
   return NULL;
@@ -948,30 +981,12 @@ EXPORT int ncclBroadcast(const void *send, void *recv, size_t count, int dtype, 
   recv = reach(recv, count, &on_device);
   if (recv == NULL || !on_device) return NCCL_INVALID;
   bcast *b = calloc(1, sizeof *b);
-  op *o = calloc(1, sizeof *o);
-  kernel *k = calloc(1, sizeof *k);
-  if (b == NULL || o == NULL || k == NULL) {
-    free(b);
-    free(o);
-    free(k);
-    return NCCL_SYSTEM;
-  }
+  if (b == NULL) return NCCL_SYSTEM;
   stream *s = sp != NULL ? sp : &legacy;
-  *b = (bcast){cm, k, s, send, recv, count, root, cm->seq++};
-  o->k = k;
-  enqueue(s, o);
-  atomic_fetch_add(&running_kernels, 1);
-  atomic_fetch_add(&cm->kernels, 1);
-  pthread_t t;
-  if (pthread_create(&t, NULL, bcast_kernel, b) != 0) {
-    atomic_fetch_sub(&running_kernels, 1);
-    atomic_fetch_sub(&cm->kernels, 1);
-    atomic_store(&k->done, 1);
-    free(b);
-    return NCCL_SYSTEM;
-  }
-  pthread_detach(t);
-  return OK;
+  *b = (bcast){cm, NULL, s, send, recv, count, root, cm->seq++};
+  int rc = launch(cm, s, &b->k, bcast_kernel, b);
+  if (rc != OK) free(b);
+  return rc;
 }
 
 typedef struct p2p {
@@ -1066,17 +1081,8 @@ static void *p2p_kernel(void *arg) {
   snprintf(data_name, sizeof data_name, "%s-p%d-%d-%llu", cm->name, from, to,
            (unsigned long long)x->seq);
   if (rc == OK) rc = x->send ? p2p_send(x, data_name) : p2p_recv(x, data_name);
-  if (rc != OK && !atomic_load(&cm->aborted)) {
-    fail_with(cm, rc, rc == NCCL_INVALID ? "send and receive sizes differ"
-                                          : "point to point: a peer process is gone");
-    atomic_store(&cm->state, rc);
-  }
-  atomic_fetch_sub(&running_kernels, 1); /* before done: a waiter sees it gone */
-  pthread_mutex_lock(&x->s->mu);
-  x->k->result = rc;
-  atomic_store(&x->k->done, 1);
-  pthread_cond_broadcast(&x->s->cv);
-  pthread_mutex_unlock(&x->s->mu);
+  kernel_end(cm, x->s, x->k, rc, rc == NCCL_INVALID ? "send and receive sizes differ"
+                                                     : "point to point: a peer process is gone");
   free(x);
   atomic_fetch_sub(&cm->kernels, 1); /* last: an abort may free cm now */
   return NULL;
@@ -1091,31 +1097,13 @@ static int p2p_enqueue(void *buf, size_t count, int peer, void *commp, void *sp,
   void *view = reach(buf, count, &on_device);
   if (view == NULL || !on_device) return NCCL_INVALID; /* device memory only */
   p2p *x = calloc(1, sizeof *x);
-  op *o = calloc(1, sizeof *o);
-  kernel *k = calloc(1, sizeof *k);
-  if (x == NULL || o == NULL || k == NULL) {
-    free(x);
-    free(o);
-    free(k);
-    return NCCL_SYSTEM;
-  }
+  if (x == NULL) return NCCL_SYSTEM;
   stream *s = sp != NULL ? sp : &legacy;
   uint64_t seq = send ? cm->sent[peer]++ : cm->received[peer]++;
-  *x = (p2p){cm, k, s, view, count, peer, send, seq};
-  o->k = k;
-  enqueue(s, o);
-  atomic_fetch_add(&running_kernels, 1);
-  atomic_fetch_add(&cm->kernels, 1);
-  pthread_t t;
-  if (pthread_create(&t, NULL, p2p_kernel, x) != 0) {
-    atomic_fetch_sub(&running_kernels, 1);
-    atomic_fetch_sub(&cm->kernels, 1);
-    atomic_store(&k->done, 1);
-    free(x);
-    return NCCL_SYSTEM;
-  }
-  pthread_detach(t);
-  return OK;
+  *x = (p2p){cm, NULL, s, view, count, peer, send, seq};
+  int rc = launch(cm, s, &x->k, p2p_kernel, x);
+  if (rc != OK) free(x);
+  return rc;
 }
 
 /* dtype: bytes (ncclUint8) is all wtx uses, so count is bytes. */

@@ -880,18 +880,9 @@ TEST_P(IpcOpensTest, EachBufferAndRegionIsOpenedOncePerSession) {
 INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, IpcOpensTest, ::testing::Values("cuda_ipc"),
                          [](const auto &info) { return std::string(info.param); });
 
-// Every process of this test (workers inherit the environment) loads the
-// double instead of the real libraries.
-struct UseCudaDouble : ::testing::Environment {
-  void SetUp() override {
-    char cwd[4096];
-    ASSERT_NE(nullptr, getcwd(cwd, sizeof cwd));
-    std::string lib = std::string(cwd) + "/cuda/testing/libwtx_fake_cuda.so";
-    setenv("WTX_CUDART_LIB", lib.c_str(), 1);
-    setenv("WTX_NCCL_LIB", lib.c_str(), 1);
-  }
-};
-const auto *const kDouble = ::testing::AddGlobalTestEnvironment(new UseCudaDouble);
+// Every process of this test (workers and ranks inherit the environment)
+// loads the TEST DOUBLE of CUDA and NCCL instead of the real libraries.
+const auto *const kDouble = ::testing::AddGlobalTestEnvironment(new wtxtest::UseCudaDouble);
 
 }  // namespace
 

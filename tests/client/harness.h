@@ -166,6 +166,19 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
   std::vector<Worker> workers_;
 };
 
+// Every process of a test that registers this environment (workers and
+// ranks inherit it) loads the TEST DOUBLE of CUDA and NCCL instead of the
+// real libraries.
+struct UseCudaDouble : ::testing::Environment {
+  void SetUp() override {
+    char cwd[4096];
+    ASSERT_NE(nullptr, getcwd(cwd, sizeof cwd));
+    std::string lib = std::string(cwd) + "/cuda/testing/libwtx_fake_cuda.so";
+    setenv("WTX_CUDART_LIB", lib.c_str(), 1);
+    setenv("WTX_NCCL_LIB", lib.c_str(), 1);
+  }
+};
+
 }  // namespace wtxtest
 
 #endif  // WTX_TESTS_CLIENT_HARNESS_H

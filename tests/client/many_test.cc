@@ -372,17 +372,8 @@ TEST_F(ManyInitTest, ManySendersRunOverTcpShmOrNccl) {
   EXPECT_NE(std::string::npos, err.find("tcp, shm or nccl, not cuda_ipc")) << err;
 }
 
-// Every process of this test that loads CUDA (the ranks and workers over
-// nccl) loads the TEST DOUBLE instead of the real libraries.
-struct UseCudaDouble : ::testing::Environment {
-  void SetUp() override {
-    char cwd[4096];
-    ASSERT_NE(nullptr, getcwd(cwd, sizeof cwd));
-    std::string lib = std::string(cwd) + "/cuda/testing/libwtx_fake_cuda.so";
-    setenv("WTX_CUDART_LIB", lib.c_str(), 1);
-    setenv("WTX_NCCL_LIB", lib.c_str(), 1);
-  }
-};
-const auto *const kDouble = ::testing::AddGlobalTestEnvironment(new UseCudaDouble);
+// Every process of this test (workers and ranks inherit the environment)
+// loads the TEST DOUBLE of CUDA and NCCL instead of the real libraries.
+const auto *const kDouble = ::testing::AddGlobalTestEnvironment(new wtxtest::UseCudaDouble);
 
 }  // namespace
