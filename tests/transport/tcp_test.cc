@@ -140,6 +140,20 @@ class TcpManyTest : public ::testing::Test {
   }
   // Receives one chunk from sender k: tensors [first, first+n) of t_,
   // first_offset into the first, bytes long.
+  // A session of senders r0 and r1 into tensor "a" (a's 4096 bytes), and
+  // r1 having sent chunk 0's header and its first `sent` bytes.
+  void PartOfAChunk(Sender &r0, Sender &r1, std::vector<uint8_t> &a, size_t sent) {
+    std::vector<int> who;
+    ASSERT_EQ(0, Init({&r0, &r1}, 0, &who)) << err_;
+    std::vector<uint8_t> src(a.size(), 5);
+    t_ = {{"a", a.size(), a.data()}};
+    uint8_t f[WTX__TCP_FRAME_BYTES];
+    wtx__tcp_frame fr = {0, 0, a.size()};
+    wtx__tcp_frame_encode(f, &fr);
+    r1.Write(f, sizeof f);
+    r1.Write(src.data(), sent);
+  }
+
   int Receive(uint32_t k, size_t first, size_t n, uint64_t first_offset, uint64_t bytes) {
     Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
     tu.sender = k;
@@ -206,15 +220,8 @@ TEST_F(TcpManyTest, ASendersWrongChecksumNamesTheTensor) {
 
 TEST_F(TcpManyTest, ASenderThatDiesMidChunkIsNamedAndTheStreamBreaks) {
   Sender r0, r1;
-  std::vector<int> who;
-  ASSERT_EQ(0, Init({&r0, &r1}, 0, &who)) << err_;
-  std::vector<uint8_t> src(4096, 5), a(4096);
-  t_ = {{"a", 4096, a.data()}};
-  uint8_t f[WTX__TCP_FRAME_BYTES];
-  wtx__tcp_frame fr = {0, 0, 4096};
-  wtx__tcp_frame_encode(f, &fr);
-  r1.Write(f, sizeof f);
-  r1.Write(src.data(), 1000);
+  std::vector<uint8_t> a(4096);
+  ASSERT_NO_FATAL_FAILURE(PartOfAChunk(r0, r1, a, 1000));
   r1.Die();
   EXPECT_EQ(WTX_EIO, Receive(1, 0, 1, 0, 4096));
   EXPECT_NE(std::string::npos, error_.find(r1.addr())) << error_;
@@ -228,15 +235,8 @@ TEST_F(TcpManyTest, ASenderThatDiesMidChunkIsNamedAndTheStreamBreaks) {
 // timeout, and the reader stops with the stream.
 TEST_F(TcpManyTest, ACancelEndsAReceiveWaitingOnASendersReadAhead) {
   Sender r0, r1;
-  std::vector<int> who;
-  ASSERT_EQ(0, Init({&r0, &r1}, 0, &who)) << err_;
-  std::vector<uint8_t> src(4096, 5), a(4096);
-  t_ = {{"a", 4096, a.data()}};
-  uint8_t f[WTX__TCP_FRAME_BYTES];
-  wtx__tcp_frame fr = {0, 0, 4096};
-  wtx__tcp_frame_encode(f, &fr);
-  r1.Write(f, sizeof f);
-  r1.Write(src.data(), 100);  // then nothing: the sender stalls
+  std::vector<uint8_t> a(4096);
+  ASSERT_NO_FATAL_FAILURE(PartOfAChunk(r0, r1, a, 100));  // then nothing: r1 stalls
   int rc = 0;
   std::thread t([&] { rc = Receive(1, 0, 1, 0, 4096); });
   wtx_tcp_worker_transport.cancel(w_);
