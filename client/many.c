@@ -47,6 +47,7 @@ typedef struct mchunk {
   uint32_t sender;
   size_t first, count, seg0, nseg;
   uint64_t first_offset, bytes;
+  uint64_t stream_offset; /* the bytes of the worker's stream before it */
 } mchunk;
 
 /* One worker's stream and the ParamMeta of its tensors. */
@@ -80,6 +81,7 @@ struct wtx__many {
    * (links[r], rank 0 only) under a new generation whenever it made one. */
   int nccl;
   int shm; /* tcp's protocol, each sender's bytes through the worker's ring */
+  int ipc; /* tcp's protocol, each sender's bytes into the worker's GPU region */
   wtx__nccl_rank *gpu;
   int *links;
   uint64_t generation;
@@ -204,8 +206,9 @@ static int stream_chunks(wtx__many *m, wstream *st, uint64_t max) {
     uint32_t sender = pieces[s->piece].rank;
     for (uint64_t done = 0; done < s->len;) {
       if (chunk_full(c, sender, s, max)) {
+        uint64_t at = c != NULL ? c->stream_offset + c->bytes : 0;
         c = &st->chunks[st->nchunks++];
-        *c = (mchunk){.sender = sender, .seg0 = nout};
+        *c = (mchunk){.sender = sender, .seg0 = nout, .stream_offset = at};
       }
       uint64_t k = s->len - done < max - c->bytes ? s->len - done : max - c->bytes;
       chunk_add(c, s, done, k, out, &nout);
@@ -302,9 +305,11 @@ static int many_config(wtx__many *m, const wtx_trainer_config *cfg, char *err, s
   size_t tl = tok != NULL ? strlen(tok) : 0;
   m->nccl = cfg->backend != NULL && strcmp(cfg->backend, "nccl") == 0;
   m->shm = cfg->backend != NULL && strcmp(cfg->backend, "shm") == 0;
-  if (cfg->backend != NULL && strcmp(cfg->backend, "tcp") != 0 && !m->nccl && !m->shm) {
-    snprintf(err, errlen, "trainer_init: world %u: many senders run over tcp, shm or nccl, "
-             "not %s", cfg->world, cfg->backend);
+  m->ipc = cfg->backend != NULL && strcmp(cfg->backend, "cuda_ipc") == 0;
+  if (cfg->backend != NULL && strcmp(cfg->backend, "tcp") != 0 && !m->nccl && !m->shm &&
+      !m->ipc) {
+    snprintf(err, errlen, "trainer_init: world %u: many senders run over tcp, shm, cuda_ipc "
+             "or nccl, not %s", cfg->world, cfg->backend);
     return WTX_EINVAL;
   }
   if (cfg->rank >= cfg->world || cfg->rank_addresses == NULL || tl < 16 || tl > 64) {
@@ -388,6 +393,10 @@ static int many_sessions(wtx__many *m, char *err, size_t errlen) {
     ti.worker_index = (uint32_t)started;
     ti.plan_digest = wtx_plan_digest(m->plan);
     ti.shm_ring = m->shm;
+    /* cuda_ipc: the worker's stream lands in a region of its size */
+    const wstream *st = &m->ws[started];
+    const mchunk *last = st->nchunks > 0 ? &st->chunks[st->nchunks - 1] : NULL;
+    ti.cuda_region_bytes = !m->ipc ? 0 : last != NULL ? last->stream_offset + last->bytes : 1;
     ni.unique_id = (ProtobufCBinaryData){sizeof m->id, m->id};
     ni.world_size = m->world + (uint32_t)m->n_workers;
     ni.rank_offset = m->world + (uint32_t)started;
@@ -446,7 +455,7 @@ static void describe_param(void *arg, size_t i, char *buf, size_t len) {
  * fails naming the first parameter where one differs, before any worker's
  * session starts. */
 static int many_check(wtx__many *m, char *err, size_t errlen) {
-  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl, m->shm};
+  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl, m->shm, m->ipc};
   int rc = 0;
   for (uint32_t r = 1; rc == 0 && r < m->world; r++) {
     if (m->nccl && m->links[r] >= 0 && !wtx__tcp_link_alive(m->links[r])) {
@@ -526,7 +535,7 @@ static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, siz
   if (rc == 0 && (m->param_digests = malloc((m->n + 1) * sizeof *m->param_digests)) == NULL)
     rc = WTX_ENOMEM;
   if (rc == 0) rc = wtx_plan_param_digests(m->metas, m->own, m->n, m->param_digests);
-  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl, m->shm};
+  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl, m->shm, m->ipc};
   char bound[300];
   if (rc == 0)
     rc = wtx__tcp_rank_listen(m->addrs[m->rank], m->token, m->token_len,
@@ -671,8 +680,8 @@ static int send_chunk(wjob *j, const wstream *st, const mchunk *c, struct iovec 
   if (j->m->nccl) /* worker w is NCCL rank world + w */
     return wtx__nccl_rank_send(j->m->gpu, (int)(j->m->world + j->w), iov, c->nseg, c->bytes,
                                ends, n_ends, sums, j->err, sizeof j->err);
-  return wtx__tcp_rank_chunk(j->m->tcp, j->w, c->first_offset, c->bytes, iov, c->nseg, ends,
-                             n_ends, sums, j->err, sizeof j->err);
+  return wtx__tcp_rank_chunk(j->m->tcp, j->w, c->stream_offset, c->first_offset, c->bytes, iov,
+                             c->nseg, ends, n_ends, sums, j->err, sizeof j->err);
 }
 
 /* This rank's chunks, in stream order: to worker j->w (tcp: a job per

@@ -44,6 +44,7 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/text.h"
+#include "transport/ipc_region.h"
 #include "transport/ring.h"
 #include "transport/tcp_frame.h"
 #include "transport/tcp_rank.h"
@@ -391,6 +392,11 @@ typedef struct tcp_worker {
   size_t token_len;
   int relay;   /* whether a downstream worker follows */
   int shm_ring; /* senders on this host: each sends through a ring */
+  /* Senders on this node: the bytes are in this region (cuda_region_bytes) */
+  wtx__ipc_region *region;
+  uint64_t region_bytes;
+  const char *cuda_device; /* the worker's --cuda-device (env), NULL: default */
+  uint64_t max_bytes;      /* --max-model-bytes */
   int trailer; /* checksums follow each chunk's bytes (checksum_trailer) */
   uint8_t *tbuf; /* the last trailer's values, as received */
   uint64_t *sums; /* and decoded */
@@ -583,6 +589,7 @@ static void tcp_worker_destroy(void *self) {
     ring_drop(&w->in[i]);
     if (w->in[i].fd >= 0) close(w->in[i].fd);
   }
+  wtx__ipc_region_free(w->region);
   free(w->in);
   if (w->lfd >= 0) close(w->lfd);
   if (w->down >= 0) close(w->down);
@@ -637,9 +644,13 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
     return WTX_EINVAL;
   }
   int rc = check_senders(ti, wire, err, errlen);
-  if (rc == 0 && ti->shm_ring && ti->n_sender_addresses == 0) {
-    snprintf(err, errlen, "init_info.tcp.shm_ring: only with several senders "
-             "(sender_addresses)");
+  if (rc == 0 && (ti->shm_ring || ti->cuda_region_bytes > 0) && ti->n_sender_addresses == 0) {
+    snprintf(err, errlen, "init_info.tcp.%s: only with several senders (sender_addresses)",
+             ti->shm_ring ? "shm_ring" : "cuda_region_bytes");
+    rc = WTX_EINVAL;
+  }
+  if (rc == 0 && ti->shm_ring && ti->cuda_region_bytes > 0) {
+    snprintf(err, errlen, "init_info.tcp.cuda_region_bytes: not with shm_ring");
     rc = WTX_EINVAL;
   }
   if (rc != 0) return rc;
@@ -667,6 +678,9 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   w->relay_port = env != NULL ? env->relay_port : 0;
   w->relay = ti->relay;
   w->shm_ring = ti->shm_ring;
+  w->region_bytes = ti->cuda_region_bytes;
+  w->cuda_device = env != NULL ? env->cuda_device : NULL;
+  w->max_bytes = env != NULL ? env->max_model_bytes : 0;
   w->trailer = ti->checksum_trailer &&
                wire->checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   w->token_len = ti->data_token.len;
@@ -721,6 +735,21 @@ static int share_ring(tcp_worker *w, inlet *in, const waitspec *ws, const char *
   return rc;
 }
 
+/* With cuda_region_bytes: the region's record to the sender, which says
+ * it opened it. */
+static int share_region(tcp_worker *w, inlet *in, const waitspec *ws, const char **why) {
+  uint8_t rec[4 + WTX__IPC_REGION_RECORD], ack = 0;
+  memcpy(rec, WTX__TCP_REGION_MAGIC, 4);
+  wtx__ipc_region_record(w->region, rec + 4);
+  int rc = write_full(in->fd, rec, sizeof rec, ws, why);
+  if (rc == 0) rc = read_full(in->fd, &ack, 1, ws, why);
+  if (rc == 0 && ack != 'A') {
+    *why = "it could not open this worker's receive region (not on this node?)";
+    rc = WTX_EUNAVAIL;
+  }
+  return rc;
+}
+
 /* How often a refused sender is asked again while the init lasts. */
 #define RETRY_MS 50
 
@@ -753,6 +782,7 @@ static int open_inlet(tcp_worker *w, inlet *in, const waitspec *ws, char *err,
       w->n_in > 1)
     rc = agree_plan(w, in, ws, &why, err, errlen);
   if (rc == 0 && w->shm_ring) rc = share_ring(w, in, ws, &why, err, errlen);
+  if (rc == 0 && w->region != NULL) rc = share_region(w, in, ws, &why);
   if (rc != 0 && why[0] != '\0') snprintf(err, errlen, "tcp: hello to %s: %s", in->addr, why);
   return rc;
 }
@@ -763,7 +793,10 @@ static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, ch
                               size_t errlen) {
   tcp_worker *w = self;
   waitspec ws = within(w->wire.timeout_ms, w->cancel_fd);
-  int rc = 0;
+  int rc = w->region_bytes > 0 && w->region == NULL
+               ? wtx__ipc_region_make(w->cuda_device, w->region_bytes, w->max_bytes,
+                                      w->wire.timeout_ms, &w->region, err, errlen)
+               : 0;
   for (size_t i = 0; rc == 0 && i < w->n_in; i++) rc = open_inlet(w, &w->in[i], &ws, err, errlen);
   /* Several senders: each read ahead (see ahead), up to a chunk or AHEAD_MAX. */
   size_t cap = w->wire.buffer_size < AHEAD_MAX ? (size_t)w->wire.buffer_size : AHEAD_MAX;
@@ -946,12 +979,26 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
   int rc = w->n_in > 1 && w->trailer ? wtx_rx_span_checksums(rx) : 0;
   /* One deadline for the whole chunk, header, relay accept and bytes. */
   waitspec ws = within(w->wire.timeout_ms, w->cancel_fd);
-  if (rc != 0 || (rc = receive_header(w, in, info, rx, &ws)) != 0 ||
-      (rc = receive_bytes(w, in, rx, &ws)) != 0)
-    return rc;
+  if (rc != 0 || (rc = receive_header(w, in, info, rx, &ws)) != 0) return rc;
+  /* With a region the chunk's bytes are there, written before the frame. */
+  rc = w->region != NULL ? wtx__ipc_region_out(w->region, wtx_rx_stream_offset(rx), rx)
+                         : receive_bytes(w, in, rx, &ws);
+  if (rc != 0) return rc;
   if (w->trailer && (rc = receive_trailer(w, in, rx, &ws)) != 0) return rc;
   in->seq++;
   return 0;
+}
+
+/* With a receive region (cuda_region_bytes), the chunks are on its GPU:
+ * a model that stages there, or adopts it, gets them device to device. */
+static int tcp_worker_device(void *self) {
+  tcp_worker *w = self;
+  return w->region != NULL ? wtx__ipc_region_device(w->region) : -1;
+}
+
+static int tcp_worker_region(void *self, uint8_t **base, uint64_t *bytes) {
+  tcp_worker *w = self;
+  return w->region != NULL ? wtx__ipc_region_get(w->region, base, bytes) : WTX_ENOENT;
 }
 
 const wtx_worker_transport wtx_tcp_worker_transport = {
@@ -966,6 +1013,8 @@ const wtx_worker_transport wtx_tcp_worker_transport = {
     .cancel = tcp_worker_cancel,
     .reset = tcp_worker_reset,
     .destroy = tcp_worker_destroy,
+    .device = tcp_worker_device,
+    .region = tcp_worker_region,
 };
 
 /* ---- trainer half ---- */
@@ -1035,6 +1084,10 @@ typedef struct outlet {
   XXH3_state_t *h;
   uint8_t **trailer;
   size_t *trailer_cap;
+  /* or a worker's receive region on its GPU: a chunk's bytes go there, at
+   * its offset in the stream, before its frame and trailer */
+  wtx__ipc_region *region;
+  uint64_t at;
 } outlet;
 
 /* Writes iov to the outlet by ws's deadline. */
@@ -1107,6 +1160,25 @@ static int write_trailer(const outlet *o, uint64_t seq, const wtx_chunk_sums *cs
 }
 
 
+/* A chunk into the worker's receive region, then its frame and trailer
+ * on the socket; each span hashed from the source, as sent. */
+static int send_to_region(const outlet *o, const wtx__tcp_frame *fr, struct iovec head,
+                          const struct iovec *iov, size_t n, const wtx_chunk_sums *cs,
+                          const waitspec *ws, const char **why) {
+  static _Thread_local char err[300];
+  int rc = wtx__ipc_region_put(o->region, o->at, iov, n, err, sizeof err);
+  if (rc != 0) {
+    *why = err;
+    return rc;
+  }
+  if ((rc = outlet_write(o, &head, 1, ws, why)) != 0 || cs == NULL) return rc;
+  XXH3_64bits_reset(o->h); /* spans: each sender hashes its own */
+  hasher hs = {.h = o->h, .cs = cs};
+  for (size_t i = 0; i < n; i++) hash_span(&hs, iov[i].iov_base, iov[i].iov_len);
+  hash_span(&hs, NULL, 0);
+  return write_trailer(o, fr->seq, cs, ws, why);
+}
+
 /* Sends one chunk, all by ws's deadline: header, bytes (hashed on the way
  * when cs), trailer. A chunk that continues a tensor (first_offset > 0)
  * continues its hash, unless each span is hashed on its own (spans: many
@@ -1117,6 +1189,7 @@ static int send_chunk(const outlet *o, const wtx__tcp_frame *fr, const struct io
   uint8_t f[WTX__TCP_FRAME_BYTES];
   wtx__tcp_frame_encode(f, fr);
   struct iovec head = {f, sizeof f};
+  if (o->region != NULL) return send_to_region(o, fr, head, iov, n, cs, ws, why);
   int rc = outlet_write(o, &head, 1, ws, why);
   if (rc != 0 || cs == NULL) return rc != 0 ? rc : outlet_write(o, iov, n, ws, why);
   if (fr->first_offset == 0 || spans) XXH3_64bits_reset(o->h);
@@ -1133,7 +1206,7 @@ static int send_chunk(const outlet *o, const wtx__tcp_frame *fr, const struct io
 static int write_chunk(tcp_trainer *t, uint64_t seq, const wtx_chunk *c,
                        const struct iovec *iov, size_t n, const wtx_chunk_sums *cs,
                        const char **why) {
-  outlet o = {t->fd, NULL, -1, t->h, &t->trailer, &t->trailer_cap};
+  outlet o = {t->fd, NULL, -1, t->h, &t->trailer, &t->trailer_cap, NULL, 0};
   waitspec ws = within(t->wire.timeout_ms, -1); /* the whole chunk */
   return send_chunk(&o, &(wtx__tcp_frame){seq, c->first_offset, c->bytes}, iov, n, cs, 0, &ws,
                     why);
@@ -1335,6 +1408,7 @@ typedef struct rank_conn {
   uint8_t *trailer;  /* and their trailer record */
   size_t trailer_cap;
   wtx__ring *ring;   /* the worker's, when it made one (shm_ring) */
+  wtx__ipc_region *region; /* the worker's receive region (cuda_region_bytes) */
 } rank_conn;
 
 struct wtx__tcp_rank {
@@ -1350,6 +1424,7 @@ struct wtx__tcp_rank {
   char differs[1500];     /* where it does, once rank 0 checked */
   int want_link;          /* rank 0's check stays open as the link */
   int shm_ring;           /* each worker sends a ring to write into */
+  int cuda_region;        /* each worker sends a receive region on its GPU */
   int link;               /* rank 0's connection, -1: none */
 };
 
@@ -1399,6 +1474,7 @@ int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_le
   r->params = *params;
   r->want_link = params->link;
   r->shm_ring = params->shm_ring;
+  r->cuda_region = params->cuda_region;
   r->link = -1;
   r->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   int rc = r->cancel_fd < 0 ? WTX_ENOMEM : rank_alloc(r);
@@ -1518,6 +1594,29 @@ static int take_ring(rank_conn *k, int fd, const waitspec *ws, char *err, size_t
   return write_full(fd, &ack, 1, ws, &why);
 }
 
+/* With cuda_region: the worker's region record, the region opened, 'A'
+ * answered (a refusal closes the connection instead). */
+static int take_region(const wtx__tcp_rank *r, rank_conn *k, int fd, const waitspec *ws,
+                       char *err, size_t errlen) {
+  uint8_t rec[4 + WTX__IPC_REGION_RECORD];
+  const char *why = "";
+  int rc = read_full(fd, rec, sizeof rec, ws, &why);
+  if (rc == 0 && memcmp(rec, WTX__TCP_REGION_MAGIC, 4) != 0) {
+    why = "not a region record";
+    rc = WTX_EPROTO;
+  }
+  if (rc != 0) {
+    snprintf(err, errlen, "tcp: a worker's receive region: %s", why);
+    return rc;
+  }
+  wtx__ipc_region_free(k->region);
+  k->region = NULL;
+  if ((rc = wtx__ipc_region_open(rec + 4, r->timeout_ms, &k->region, err, errlen)) != 0)
+    return rc;
+  uint8_t ack = 'A';
+  return write_full(fd, &ack, 1, ws, &why);
+}
+
 static size_t rank_missing(const wtx__tcp_rank *r) {
   size_t n = r->want_link && r->link < 0;
   for (size_t w = 0; w < r->n_workers; w++) n += r->c[w].fd < 0;
@@ -1576,6 +1675,11 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
       close(fd);
       return WTX_EPERM;
     }
+    int rrc = r->cuda_region ? take_region(r, &r->c[w], fd, &ws, err, errlen) : 0;
+    if (rrc != 0) {
+      close(fd);
+      return rrc;
+    }
     tune(fd);
     r->c[w].fd = fd;
     r->c[w].seq = 0; /* a new session numbers its chunks afresh */
@@ -1600,6 +1704,8 @@ void wtx__tcp_rank_reset(wtx__tcp_rank *r) {
     wtx__ring_close(r->c[w].ring);
     wtx__ring_destroy(r->c[w].ring);
     r->c[w].ring = NULL;
+    wtx__ipc_region_free(r->c[w].region);
+    r->c[w].region = NULL;
   }
   uint64_t v;
   ssize_t got = r->cancel_fd >= 0 ? read(r->cancel_fd, &v, sizeof v) : 0;
@@ -1612,9 +1718,10 @@ void wtx__tcp_rank_cancel(wtx__tcp_rank *r) {
   (void)w;
 }
 
-int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t first_offset, uint64_t bytes,
-                        const struct iovec *iov, size_t n, const uint64_t *ends,
-                        size_t n_ends, int sums, char *err, size_t errlen) {
+int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t stream_offset,
+                        uint64_t first_offset, uint64_t bytes, const struct iovec *iov,
+                        size_t n, const uint64_t *ends, size_t n_ends, int sums, char *err,
+                        size_t errlen) {
   if (w >= r->n_workers || r->c[w].fd < 0 || (sums && (n_ends == 0 || ends[n_ends - 1] != bytes))) {
     snprintf(err, errlen, "tcp: worker %zu is not connected to this rank, or the chunk's "
              "spans do not end at its end", w);
@@ -1628,7 +1735,8 @@ int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t first_offset, uint6
     k->sums_cap = n_ends;
   }
   uint64_t seq = k->seq;
-  outlet o = {k->fd, k->ring, r->cancel_fd, k->h, &k->trailer, &k->trailer_cap};
+  outlet o = {k->fd, k->ring, r->cancel_fd, k->h, &k->trailer, &k->trailer_cap, k->region,
+              stream_offset};
   wtx_chunk_sums cs = {.ends = ends, .n = n_ends, .out = k->sums};
   waitspec ws = within(r->timeout_ms, r->cancel_fd); /* the whole chunk */
   const char *why = "";

@@ -79,6 +79,11 @@ void wtx__tcp_ring_encode(uint8_t *r, uint64_t cap, uint32_t name_len);
 /* WTX_EPROTO when r is not one, or its name is empty or over 255. */
 int wtx__tcp_ring_decode(const uint8_t *r, uint64_t *cap, uint32_t *name_len);
 
+/* A worker's receive region for a sender (TcpInitInfo.cuda_region_bytes):
+ * "WTXI", then its record (ipc_region.h); the sender answers one byte,
+ * 'A', once it opened it. */
+#define WTX__TCP_REGION_MAGIC "WTXI"
+
 #define WTX__TCP_GO_BYTES 16
 #define WTX__TCP_GO_PAYLOAD_MAX 1024
 /* g: WTX__TCP_GO_BYTES, then payload_len bytes of payload. */

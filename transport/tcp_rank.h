@@ -33,6 +33,9 @@ typedef struct wtx__tcp_params {
   /* 1: every worker is on this host and sends a ring in shared memory
    * after the who record (TcpInitInfo.shm_ring); chunks go through it. */
   int shm_ring;
+  /* 1: every worker is on this node and sends a receive region on its GPU
+   * (TcpInitInfo.cuda_region_bytes); chunks' bytes go there. */
+  int cuda_region;
 } wtx__tcp_params;
 
 /* Listens on addr ("host:port"; port 0: one the system picks) for
@@ -76,14 +79,17 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen);
 int wtx__tcp_rank_connected(wtx__tcp_rank *r);
 /* Closes every connection, for workers that will connect again. */
 void wtx__tcp_rank_reset(wtx__tcp_rank *r);
-/* One chunk to worker w, on its connection's next sequence number: the
+/* One chunk to worker w, on its connection's next sequence number (its
+ * bytes at stream_offset of the worker's stream, where they go into the
+ * worker's receive region when it sent one): the
  * header, the n pieces of iov (bytes in all), then, when sums is set, the
  * trailer with the XXH3-64 of each span [ends[i-1], ends[i]) of the chunk
  * (ends[-1] is 0; ends[n_ends-1] is bytes). Calls for distinct w may run
  * at once. */
-int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t first_offset, uint64_t bytes,
-                        const struct iovec *iov, size_t n, const uint64_t *ends,
-                        size_t n_ends, int sums, char *err, size_t errlen);
+int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t stream_offset,
+                        uint64_t first_offset, uint64_t bytes, const struct iovec *iov,
+                        size_t n, const uint64_t *ends, size_t n_ends, int sums, char *err,
+                        size_t errlen);
 /* From any thread: every accept or chunk running now returns at once. */
 void wtx__tcp_rank_cancel(wtx__tcp_rank *r);
 void wtx__tcp_rank_destroy(wtx__tcp_rank *r);
