@@ -53,7 +53,7 @@ static const char usage[] =
 
     "  --verify             then compare every worker's checksums with ours\n"
     "                       (turns --checksum on)\n"
-    "  --world N --rank R   many senders (tcp, shm, nccl): this process is rank R of N,\n"
+    "  --world N --rank R   many senders (any backend): this process is rank R of N,\n"
     "                       holding only its FSDP part of SOURCE (dim 0 of every\n"
     "                       tensor split over the ranks) and sending it straight\n"
     "                       to the workers; start all N ranks together\n"

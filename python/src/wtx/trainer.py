@@ -53,7 +53,7 @@ class WtxTrainerInitInfo:
     data_address: str | None = None
     direct: bool = False
     rank: int = field(default=0, kw_only=True)
-    # Many senders (tcp, shm or nccl): world_size ranks, each sending the parts
+    # Many senders (any transport): world_size ranks, each sending the parts
     # it owns (the source's iter_local) straight to the workers;
     # rank_addresses[r] is rank r's data port (over nccl, where rank 0
     # reaches it to check its plan and name each sync's communicator), the
@@ -71,12 +71,10 @@ class WtxTrainerInitInfo:
         if self.rank < 0:
             raise ValueError(f"rank: must be >= 0, got {self.rank}")
         if self.world_size > 1 and (self.rank >= self.world_size
-                                    or self.transport not in ("tcp", "shm", "nccl")
                                     or len(self.rank_addresses or ()) != self.world_size
                                     or not self.session_token):
-            raise ValueError(f"world_size {self.world_size}: needs transport 'tcp', 'shm' or 'nccl', "
-                             "rank below it, rank_addresses with one entry per rank and a "
-                             "session_token")
+            raise ValueError(f"world_size {self.world_size}: needs a rank below it, "
+                             "rank_addresses with one entry per rank and a session_token")
 
     @classmethod
     def from_any(cls, info: "WtxTrainerInitInfo | dict[str, Any]") -> "WtxTrainerInitInfo":
