@@ -16,5 +16,5 @@ mv "$out" "$tmp/elsewhere"  # nothing may point back into the build tree
 cd "$tmp/elsewhere"
 env -u WTX_CUDART_LIB -u WTX_NCCL_LIB OUT="$tmp/out" ./device_check.sh --double
 summary=$tmp/out/device_check/summary.log
-grep -q "^device check: 7 passed, 0 failed, 0 skipped" "$summary" ||
+grep -q "^device check: 8 passed, 0 failed, 0 skipped" "$summary" ||
   { echo "FAIL: not every step passed"; exit 1; }

@@ -20,6 +20,11 @@
 #               costs a call and a wait), cuda_ipc from tensors on the trainer's
 #               GPU (wtx push --on-gpu), against a cudaMemcpy device-to-
 #               device copy of the same bytes, same run
+#   many        2 trainer processes (FSDP halves of one model, wtx push
+#               --world 2) to 2 tensor-parallel workers over cuda_ipc, each
+#               rank writing its halves straight into the workers' receive
+#               regions, against rank 0 alone to the same workers and a
+#               cudaMemcpy device to device of the same bytes, same run
 #   nccl        on one GPU: a clear error, not a hang (with 2+ GPUs: a push)
 # With --vllm, one step instead (under 3 minutes, its own run):
 #   vllm        `vllm serve` of a tiny Llama with --weight-transfer-config
@@ -279,6 +284,37 @@ throughput() {
       "$r" "$(echo "$r $base" | awk '{printf "%.2f", $1 / $2}')" "$line"
   done
 }
+# many: 2 ranks to 2 TP workers over cuda_ipc, then rank 0 alone; the
+# third sync of each, and the bytes every worker holds checked by the
+# workers' own checksums (on: span sums from each rank).
+many_check() {
+  local a b base p0 p1 ranks r one two
+  pids=()
+  trap stop_workers EXIT
+  echo '* dim 0' >"$out/rules"
+  start_worker "$out/m0" 0 "$root/server/wtx-worker" "--shard-rules $out/rules --tp-rank 0 --tp-size 2"; a=$addr
+  start_worker "$out/m1" 0 "$root/server/wtx-worker" "--shard-rules $out/rules --tp-rank 1 --tp-size 2"; b=$addr
+  base=$("$root/probe" d2d "$(numfmt --from=iec "$size")" | awk '/d2d/ {print $2}')
+  [ -n "$base" ] || return 1
+  p0=$((20000 + RANDOM % 10000)); p1=$((p0 + 1))
+  ranks=127.0.0.1:$p0,127.0.0.1:$p1
+  for r in 0 1; do
+    WTX_SESSION_TOKEN=device-check-many-session "$root/client/wtx" push --workers "$a,$b" \
+      --backend cuda_ipc --checksum --world 2 --rank $r --rank-addresses "$ranks" --repeat 3 \
+      --timeout-ms 60000 "synthetic:$size" >"$out/many$r.out" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[-1]}" && wait "${pids[-2]}" || { cat "$out"/many*.out; return 1; }
+  one=$(grep -c '^pushed' "$out/many0.out"); two=$(grep -c '^pushed' "$out/many1.out")
+  [ "$one" = 3 ] && [ "$two" = 3 ] || { cat "$out"/many*.out; return 1; }
+  "$root/client/wtx" push --workers "$a,$b" --backend cuda_ipc --checksum --repeat 3 \
+    --timeout-ms 60000 "synthetic:$size" >"$out/alone.out" 2>&1 || { cat "$out/alone.out"; return 1; }
+  r=$(sed -nE 's/^pushed .* in ([0-9.]+) s.*/\1/p' "$out/many0.out" | tail -1)
+  one=$(sed -nE 's/^pushed .* in ([0-9.]+) s.*/\1/p' "$out/alone.out" | tail -1)
+  echo "2 ranks to 2 TP workers: $r s; rank 0 alone: $one s ($(echo "$one $r" |
+    awk '{printf "%.2f", $1 / $2}') x); d2d copy of $size at $base GB/s takes $(echo \
+    "$size $base" | numfmt --from=iec --field 1 | awk '{printf "%.3f", $1 / $2 / 1e9}') s"
+}
 nccl_check() {
   local dev=0
   pids=()
@@ -291,11 +327,18 @@ nccl_check() {
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 [ $double = 1 ] && gpus=1  # the double: every rank on device 0
 export root out size half gpus
-export -f throughput nccl_check
+export -f throughput many_check nccl_check
 if run throughput 100 bash -c throughput; then
   say PASS throughput "$(grep -E 'x d2d|baseline' "$out/throughput.log" | sed 's/  (.*//' | tr '\n' ';')"
 else
   say FAIL throughput "rc $?: $(tail_of throughput 3)"
+fi
+
+# ---- many ----
+if run many 90 bash -c many_check; then
+  say PASS many "$(tail_of many 1)"
+else
+  say FAIL many "rc $?: $(tail_of many 3)"
 fi
 
 # ---- nccl ----
