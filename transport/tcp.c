@@ -421,9 +421,20 @@ typedef struct tcp_worker {
 /* ---- reading ahead (several senders) ---- */
 
 /* The most bytes read ahead per sender: enough to keep a link busy for
- * the time the worker spends on other senders' chunks, and a bound on
- * what a worker holds beyond its model. */
+ * the time the worker spends on other senders' chunks. AHEAD_TOTAL bounds
+ * what a worker holds beyond its model whatever the number of senders
+ * (256 ranks get 1 MiB each), and AHEAD_MIN keeps each ring useful. */
 #define AHEAD_MAX ((size_t)32 << 20)
+#define AHEAD_TOTAL ((size_t)256 << 20)
+#define AHEAD_MIN ((size_t)1 << 20)
+
+/* The ring each sender of w gets: a chunk, within the bounds above. */
+static size_t ahead_cap(uint64_t buffer_size, size_t n_senders) {
+  size_t cap = AHEAD_TOTAL / (n_senders ? n_senders : 1);
+  if (cap > AHEAD_MAX) cap = AHEAD_MAX;
+  if (cap < AHEAD_MIN) cap = AHEAD_MIN;
+  return buffer_size < cap ? (size_t)buffer_size : cap;
+}
 
 /* The reader: fills the ring from fd while there is room, until it is
  * stopped or the connection fails. */
@@ -718,7 +729,7 @@ static int agree_plan(tcp_worker *w, inlet *in, const waitspec *ws, const char *
 static int share_ring(tcp_worker *w, inlet *in, const waitspec *ws, const char **why,
                       char *err, size_t errlen) {
   char name[128];
-  size_t cap = w->wire.buffer_size < AHEAD_MAX ? (size_t)w->wire.buffer_size : AHEAD_MAX;
+  size_t cap = ahead_cap(w->wire.buffer_size, w->n_in);
   int rc = wtx__ring_create(cap, &in->ring, name, sizeof name, err, errlen);
   if (rc != 0) return rc;
   uint8_t r[WTX__TCP_RING_BYTES], ack = 0;
@@ -798,8 +809,8 @@ static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, ch
                                       w->wire.timeout_ms, &w->region, err, errlen)
                : 0;
   for (size_t i = 0; rc == 0 && i < w->n_in; i++) rc = open_inlet(w, &w->in[i], &ws, err, errlen);
-  /* Several senders: each read ahead (see ahead), up to a chunk or AHEAD_MAX. */
-  size_t cap = w->wire.buffer_size < AHEAD_MAX ? (size_t)w->wire.buffer_size : AHEAD_MAX;
+  /* Several senders: each read ahead (see ahead). */
+  size_t cap = ahead_cap(w->wire.buffer_size, w->n_in);
   for (size_t i = 0; rc == 0 && w->n_in > 1 && !w->shm_ring && i < w->n_in; i++)
     if ((rc = ahead_start(&w->in[i], cap)) != 0) snprintf(err, errlen, "tcp: out of memory");
   if (addrlen > 0) data_address[0] = '\0';
