@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <poll.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,11 +71,26 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
     return w;
   }
 
+  // SIGTERM, then the worker must exit 0 within 30 s: under ASan a leak or
+  // an error report at exit is a non-zero status, which fails the test
+  // that started it. One that does not exit is killed and fails it too.
   static void Stop(Worker &w) {
     if (w.pid <= 0) return;
     kill(w.pid, SIGTERM);
-    int st;
-    waitpid(w.pid, &st, 0);
+    int st = 0, pidfd = static_cast<int>(syscall(SYS_pidfd_open, w.pid, 0));
+    pollfd p = {pidfd, POLLIN, 0};  // readable once the process has exited
+    if (pidfd >= 0) poll(&p, 1, 30000);
+    if (pidfd >= 0) close(pidfd);
+    pid_t got = waitpid(w.pid, &st, WNOHANG);
+    if (got == 0) {
+      kill(w.pid, SIGKILL);
+      waitpid(w.pid, &st, 0);
+      ADD_FAILURE() << "worker " << w.pid << " did not exit within 30 s of SIGTERM";
+    } else {
+      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+          << "worker " << w.pid << " ended with status " << st
+          << (WIFSIGNALED(st) ? " (a signal)" : " (its exit code)");
+    }
     w.pid = -1;
   }
 
