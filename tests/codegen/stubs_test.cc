@@ -19,11 +19,17 @@ struct Shared {
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0;
+  int entered = 0; /* calls inside the handler so far */
 };
 
 grpc_status_code HandleSay(wtx_rpc_ctx *ctx, const Wtxtest__Echo__EchoRequest *req,
                      Wtxtest__Echo__EchoReply *resp) {
   auto *shared = static_cast<Shared *>(wtx_rpc_ctx_user(ctx));
+  {
+    std::lock_guard<std::mutex> lk(shared->mu);
+    shared->entered++;
+    shared->cv.notify_all();
+  }
   if (req->delay_ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(req->delay_ms));
   if (req->fail_code != 0)
@@ -112,6 +118,12 @@ class StubsTest : public ::testing::Test {
   wtx_rpc_server *srv_ = nullptr;
   wtx_rpc_channel *ch_ = nullptr;
   Wtxtest__Echo__Echo_Handlers handlers_ = {};
+  // Waits (10 s at most) until n calls have entered the handler.
+  bool Entered(int n) {
+    std::unique_lock<std::mutex> lk(shared_.mu);
+    return shared_.cv.wait_for(lk, std::chrono::seconds(10), [&] { return shared_.entered >= n; });
+  }
+
   Shared shared_;
   int port_ = 0;
   std::string target_;
@@ -195,7 +207,7 @@ TEST_F(StubsTest, CallsBeyondTheCapAreResourceExhaustedAndLaterOnesServed) {
   slow.delay_ms = 1000;
   wtx_rpc_pending *p[2] = {nullptr, nullptr};
   for (auto &pp : p) ASSERT_EQ(0, wtxtest__echo__echo__say__start(ch_, &slow, nullptr, &pp));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both running
+  ASSERT_TRUE(Entered(2));  // both running
   Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   req.text = const_cast<char *>("third");
   Wtxtest__Echo__EchoReply *reply = nullptr;
@@ -327,7 +339,7 @@ TEST_F(StubsTest, ShutdownEndsCallsStillRunning) {
   req.delay_ms = 300;
   wtx_rpc_pending *p = nullptr;
   ASSERT_EQ(0, wtxtest__echo__echo__say__start(ch_, &req, nullptr, &p));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(Entered(1));  // running in the handler
   wtx_rpc_server_shutdown(srv_, 0);
   Wtxtest__Echo__EchoReply *reply = nullptr;
   wtx_rpc_status st;

@@ -25,7 +25,8 @@
 #               rank writing its halves straight into the workers' receive
 #               regions, against rank 0 alone to the same workers and a
 #               cudaMemcpy device to device of the same bytes, same run
-#   nccl        on one GPU: a clear error, not a hang (with 2+ GPUs: a push)
+#   nccl        on one GPU: NCCL's own refusal ("Duplicate GPU"), not a hang
+#               nor any other failure (with 2+ GPUs: a push)
 # With --vllm, one step instead (under 3 minutes, its own run):
 #   vllm        `vllm serve` of a tiny Llama with --weight-transfer-config
 #               '{"backend": "wtx"}', a push through vLLM's HTTP client, the
@@ -351,8 +352,11 @@ elif [ $rc = 124 ] || [ $rc = 137 ]; then
   say FAIL nccl "one GPU: the push hung until the step's timeout"
 elif [ $rc = 0 ]; then
   say FAIL nccl "one GPU: two ranks on one GPU succeeded, which NCCL refuses"
+elif grep -q "Duplicate GPU" "$out/nccl.log"; then
+  say PASS nccl "one GPU: NCCL's own refusal, in time: $(grep -oE 'nccl: [^;]*' "$out/nccl.log" | head -1)"
 else
-  say PASS nccl "one GPU: a clear error in time: $(grep -oE 'nccl: [^;]*' "$out/nccl.log" | head -1)"
+  # Any other failure (libnccl missing, a crash) is not the refusal asked for.
+  say FAIL nccl "one GPU: rc $rc, but not NCCL's refusal of two ranks on one GPU: $(tail_of nccl 2)"
 fi
 
 finish

@@ -656,7 +656,10 @@ TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   ASSERT_EQ(0, Start()) << st_.message;
   wtx_rpc_pending *p = StartSlowUpdate();
   std::thread drainer([&] { wtx_worker_drain(w_, 10000); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {  // the drain reached the running receive: it cancels it
+    std::unique_lock<std::mutex> lk(g_mu);
+    EXPECT_TRUE(g_cv.wait_for(lk, std::chrono::seconds(10), [] { return g_cancelled; }));
+  }
   ReleaseSlowReceive();
   Wtx__V1__UpdateWeightsResponse *resp = nullptr;
   EXPECT_NE(0, wtx__v1__weight_transfer__update_weights__wait(p, &resp, &st_));
