@@ -1,6 +1,9 @@
 /* A sync from many trainer ranks (engine.h, wtx_trainer_config.world): every
- * rank sends the bytes it owns straight to the workers that hold them, over
- * tcp's many senders (transport/tcp_rank.h), on a plan made once at init.
+ * rank sends the bytes it owns straight to the workers that hold them, on a
+ * plan made once at init, over tcp's many senders (transport/tcp_rank.h):
+ * the bytes on the socket (tcp), through a ring in shared memory (shm) or
+ * into the worker's receive region on its GPU (cuda_ipc); or by ncclSend in
+ * one communicator of ranks and workers (transport/nccl_rank.h).
  *
  * Each worker's stream is its parts of the model in metadata order, the
  * same stream a single sender would send it. The plan (transport/plan.h)
