@@ -1140,6 +1140,17 @@ EXPORT int ncclCommDestroy(void *commp) {
   return OK;
 }
 
+/* This double's own export, for tests that must act once a root has
+ * posted a broadcast (and not before): the broadcasts comm's root has
+ * posted so far. */
+EXPORT uint64_t wtx_fake_cuda_posted(void *commp) {
+  comm *cm = commp;
+  lock(cm->ctl);
+  uint64_t n = cm->ctl->posted;
+  pthread_mutex_unlock(&cm->ctl->mu);
+  return n;
+}
+
 EXPORT const char *ncclGetErrorString(int err) {
   switch (err) {
     case OK: return "no error (fake NCCL)";

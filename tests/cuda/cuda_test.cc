@@ -60,6 +60,8 @@ class CudaTest : public ::testing::Test {
     ASSERT_NE(nullptr, h);
     running_ = reinterpret_cast<int (*)()>(dlsym(h, "wtx_fake_cuda_running_kernels"));
     ASSERT_NE(nullptr, running_);
+    posted_ = reinterpret_cast<uint64_t (*)(void *)>(dlsym(h, "wtx_fake_cuda_posted"));
+    ASSERT_NE(nullptr, posted_);
   }
   void TearDown() override {
     unsetenv("WTX_CUDA_DEVICE");
@@ -107,6 +109,7 @@ class CudaTest : public ::testing::Test {
   }
   const wtx_cuda *c_ = nullptr;
   int (*running_)() = nullptr;
+  uint64_t (*posted_)(void *comm) = nullptr;  // broadcasts a root has posted
 };
 
 double Seconds(Clock::time_point t0) {
@@ -355,7 +358,8 @@ TEST_F(CudaTest, ABroadcastEndedByAPeersFailureIsAnErrorNotData) {
   ASSERT_EQ(0, c_->Malloc(&buf, 4096));
   ASSERT_EQ(0, c_->StreamCreate(&s));
   ASSERT_EQ(0, c_->Broadcast(buf, buf, 4096, WTX_NCCL_UINT8, 0, root, s));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (auto t0 = Clock::now(); posted_(root) == 0 && Seconds(t0) < 10;) std::this_thread::yield();
+  ASSERT_EQ(1u, posted_(root));  // the bytes are out; the worker has not taken them
   c_->CommAbort(root);
   OneTensorRx r;
   Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
