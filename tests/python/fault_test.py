@@ -17,7 +17,8 @@ import unittest
 
 import grpc
 
-from worker_test import CLI, GEN, Worker, transport_pb2, types_pb2, wt, wt_grpc
+from worker_test import (CLI, GEN, Worker, metrics_address, transport_pb2, types_pb2,
+                         wait_running, wt, wt_grpc)
 
 
 def published(stub):
@@ -177,13 +178,13 @@ class RendezvousTest(unittest.TestCase):
     CUDA/NCCL TEST DOUBLE waits the same way): the worker joins without
     blocking, so a timeout, an abort or SIGTERM ends the wait."""
 
-    def start(self):
+    def start(self, *extra):
         env = dict(os.environ, WTX_CUDART_LIB=os.environ["WTX_FAKE_CUDA"],
                    WTX_NCCL_LIB=os.environ["WTX_FAKE_CUDA"], WTX_CUDA_DEVICE="1")
         saved = dict(os.environ)
         os.environ.update(env)
         try:
-            return Worker("--grace-ms", "300", "--log-level", "info")
+            return Worker("--grace-ms", "300", "--log-level", "info", *extra)
         finally:
             os.environ.clear()
             os.environ.update(saved)
@@ -195,10 +196,12 @@ class RendezvousTest(unittest.TestCase):
                 unique_id=uid, world_size=2, rank_offset=1))))
 
     def test_sigterm_during_a_rendezvous_cancels_it_and_exits_cleanly(self):
-        w = self.start()
+        metrics = metrics_address()
+        w = self.start("--metrics-listen", metrics)
         stub = wt_grpc.WeightTransferStub(w.channel)
         call = self.init_call(stub, b"sigterm")
-        time.sleep(0.5)  # the worker now waits for rank 0, which never comes
+        # The init is running: the worker waits for rank 0, which never comes.
+        self.assertTrue(wait_running(metrics, "init"))
         info = stub.GetWeightInfo(wt.GetWeightInfoRequest(), timeout=2)  # not blocked
         self.assertEqual(wt.SESSION_STATE_UNINITIALIZED, info.state)
         t0 = time.time()

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 import uuid
 
 import grpc
@@ -50,6 +51,27 @@ def generate_stubs():
 generate_stubs()
 from wtx.v1 import transport_pb2, types_pb2, weight_transfer_pb2 as wt  # noqa: E402
 from wtx.v1 import weight_transfer_pb2_grpc as wt_grpc  # noqa: E402
+
+
+def metrics_address():
+    """A loopback address for a worker's --metrics-listen."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    addr = "127.0.0.1:%d" % probe.getsockname()[1]
+    probe.close()
+    return addr
+
+
+def wait_running(metrics, op, seconds=10):
+    """Until the worker's gauge says one `op` call (init, update, ...) is
+    running on it, not only sent: False when it did not within seconds."""
+    running = 'wtx_rl_weight_update_operations_in_flight{operation="%s"} 1' % op
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if running in urllib.request.urlopen(f"http://{metrics}/metrics", timeout=2).read().decode():
+            return True
+        time.sleep(0.01)  # the next look at the gauge
+    return False
 
 
 class Worker:
@@ -367,7 +389,8 @@ class DrainTest(unittest.TestCase):
         lsock = socket.socket()
         lsock.bind(("127.0.0.1", 0))
         lsock.listen(1)
-        w = Worker("--grace-ms", "500")
+        metrics = metrics_address()
+        w = Worker("--grace-ms", "500", "--metrics-listen", metrics)
         stub = wt_grpc.WeightTransferStub(w.channel)
         init = stub.InitWeightTransferEngine(wt.InitWeightTransferEngineRequest(
             init_info=wt.InitInfo(
@@ -382,7 +405,7 @@ class DrainTest(unittest.TestCase):
                            tcp=transport_pb2.TcpUpdateInfo())
         call = stub.UpdateWeights.future(wt.UpdateWeightsRequest(
             session_id=init.session_id, update_id=start.update_id, update_info=ui))
-        time.sleep(0.3)
+        self.assertTrue(wait_running(metrics, "update"))  # running there, not only sent
         info = stub.GetWeightInfo(wt.GetWeightInfoRequest(), timeout=2)  # not blocked
         self.assertEqual(wt.SESSION_STATE_UPDATING, info.state)
         t0 = time.time()
