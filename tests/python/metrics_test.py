@@ -1,6 +1,7 @@
 """wtx-worker --metrics-listen: GET /metrics in the Prometheus text format,
 parsed with prometheus_client's own parser during and after syncs. The
 operation histogram has vLLM's name pattern, labels and bucket edges."""
+import math
 import socket
 import subprocess
 import threading
@@ -94,7 +95,8 @@ class MetricsTest(unittest.TestCase):
 
     def test_aborts_and_checksum_failures_are_counted_by_reason(self):
         import grpc
-        from worker_test import transport_pb2, wt, wt_grpc
+        import xxhash
+        from worker_test import Shm, transport_pb2, wt, wt_grpc
         self.assertEqual(0, self.push("--version", "v1", "synthetic:16M").returncode)
         stub = wt_grpc.WeightTransferStub(grpc.insecure_channel(self.addr))
         init = stub.InitWeightTransferEngine(wt.InitWeightTransferEngineRequest(
@@ -104,6 +106,31 @@ class MetricsTest(unittest.TestCase):
         m = scrape(self.mport)
         self.assertEqual(1, m[("wtx_updates_aborted_total", (("reason", "trainer"),))])
         self.assertEqual(0, m[("wtx_checksum_mismatches_total", ())])
+        self.assertEqual(0, m[("wtx_updates_failed_total", (("reason", "checksum"),))])
+        # A chunk whose bytes do not hash to what the trainer said: the
+        # update fails with DATA_LOSS, counted once under its cause.
+        # (a tensor of the published model, as the worker knows it)
+        meta = stub.GetWeightInfo(wt.GetWeightInfoRequest(include_params=True)).params[0].meta
+        start = stub.StartWeightUpdate(wt.StartWeightUpdateRequest(session_id=init.session_id))
+        data = bytes(range(256)) * (math.prod(meta.shape) * 2 // 256 + 1)
+        data = data[:math.prod(meta.shape) * 2]  # bf16
+        shm = Shm(len(data))
+        try:
+            shm.map[:len(data)] = data
+            with self.assertRaises(grpc.RpcError) as cm:
+                stub.UpdateWeights(wt.UpdateWeightsRequest(
+                    session_id=init.session_id, update_id=start.update_id,
+                    update_info=wt.UpdateInfo(
+                        params=[meta], chunk_bytes=len(data),
+                        xxh3_64=[xxhash.xxh3_64_intdigest(data) ^ 1],
+                        shm=transport_pb2.ShmUpdateInfo(region=shm.name, offset=0))))
+            self.assertEqual(grpc.StatusCode.DATA_LOSS, cm.exception.code())
+        finally:
+            shm.close()
+        m = scrape(self.mport)
+        self.assertEqual(1, m[("wtx_checksum_mismatches_total", ())])
+        self.assertEqual(1, m[("wtx_updates_failed_total", (("reason", "checksum"),))])
+        self.assertEqual(1, m[("wtx_updates_aborted_total", (("reason", "trainer"),))])
         self.assertEqual(404, self.status("/nothing"))
 
     def status(self, path):

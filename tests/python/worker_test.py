@@ -316,6 +316,34 @@ class WorkerTest(unittest.TestCase):
         want = {n: (xxhash.xxh3_64_intdigest(d), tensors[n][1]) for n, d in raw.items()}
         self.assertEqual(want, got)
 
+    def test_wtx_version_relabels_and_wtx_abort_ends_an_open_update(self):
+        # The operator's two verbs, as the CLI's help says them.
+        w = f"127.0.0.1:{self.w.port}"
+        run = lambda *a: subprocess.run([CLI, *a], capture_output=True, text=True, timeout=60)
+        out = run("push", "--workers", w, "--version", "v1", "synthetic:1M")
+        self.assertEqual(0, out.returncode, out.stderr)
+        out = run("version", w, "relabelled")
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertIn("version relabelled (was v1) on 1 worker(s)", out.stdout)
+        info = self.stub.GetWeightInfo(wt.GetWeightInfoRequest())
+        self.assertEqual(("relabelled", 1), (info.weight_version, info.generation))
+        out = run("abort", w, "nothing open")
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertIn("no update was active", out.stdout)
+        # An update left open by a trainer: aborted, the weights kept.
+        init = self.stub.InitWeightTransferEngine(wt.InitWeightTransferEngineRequest(
+            init_info=wt.InitInfo(shm=transport_pb2.ShmInitInfo())))
+        self.stub.StartWeightUpdate(wt.StartWeightUpdateRequest(session_id=init.session_id))
+        self.assertEqual(wt.SESSION_STATE_UPDATING,
+                         self.stub.GetWeightInfo(wt.GetWeightInfoRequest()).state)
+        out = run("abort", w, "operator says stop")
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertNotIn("no update was active", out.stdout)
+        info = self.stub.GetWeightInfo(wt.GetWeightInfoRequest())
+        self.assertEqual(wt.SESSION_STATE_READY, info.state)
+        self.assertEqual(("relabelled", 1), (info.weight_version, info.generation))
+        self.assertIn("operator says stop", self.w.log())
+
     def test_wtx_push_repeat_syncs_from_one_trainer(self):
         # --repeat N: N syncs in a row from one trainer, each published and
         # verified, a summary line each; --version names one sync only.
