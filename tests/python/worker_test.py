@@ -344,6 +344,36 @@ class WorkerTest(unittest.TestCase):
         self.assertEqual(("relabelled", 1), (info.weight_version, info.generation))
         self.assertIn("operator says stop", self.w.log())
 
+    def test_the_listing_pages_under_4_mib_near_16384_params_with_1_kib_names(self):
+        # GetWeightInfo with include_params, as grpcurl or any client with
+        # gRPC's default 4 MiB receive limit asks it: every page fits, and
+        # the pages list every parameter once, in order.
+        n = 16384 + 700
+        names = ["p%05d." % i + "x" * (1024 - 7) for i in range(n)]  # 1024 bytes each
+        header = {name: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}
+                  for i, name in enumerate(names)}
+        blob = json.dumps(header).encode()
+        path = os.path.join(self.w.dir, "wide.safetensors")
+        with open(path, "wb") as f:
+            f.write(len(blob).to_bytes(8, "little") + blob + bytes(4 * n))
+        out = subprocess.run([CLI, "push", "--workers", f"127.0.0.1:{self.w.port}", path],
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(0, out.returncode, out.stderr)
+        listed, offset, pages = [], 0, 0
+        while True:
+            resp = self.stub.GetWeightInfo(wt.GetWeightInfoRequest(
+                include_params=True, params_offset=offset))
+            self.assertLessEqual(len(resp.SerializeToString()), 4 << 20)
+            self.assertLessEqual(len(resp.params), 16384)
+            listed += [p.meta.name for p in resp.params]
+            pages += 1
+            offset = resp.next_params_offset
+            if offset == 0:
+                break
+            self.assertEqual(len(listed), offset)
+        self.assertEqual(names, listed)
+        self.assertGreater(pages, 1)
+
     def test_wtx_push_repeat_syncs_from_one_trainer(self):
         # --repeat N: N syncs in a row from one trainer, each published and
         # verified, a summary line each; --version names one sync only.
