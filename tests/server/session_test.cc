@@ -3,6 +3,7 @@
 // failed or aborted update leaves the published weights bit-exact.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
@@ -1634,6 +1635,12 @@ TEST_F(SessionTest, ASilentPeerOnTheRelayPortIsDroppedAndTheChainGoesOn) {
   uint8_t got[WTX__TCP_FRAME_BYTES + 64];
   ASSERT_EQ(static_cast<ssize_t>(sizeof got), recv(down, got, sizeof got, MSG_WAITALL));
   EXPECT_EQ(0, memcmp(got + WTX__TCP_FRAME_BYTES, bytes.data(), 64));  // relayed
+  // And the squatter was not only passed over but closed (after the 2 s a
+  // peer has for its hello): its end reads EOF.
+  pollfd pf = {squatter, POLLIN, 0};
+  ASSERT_EQ(1, poll(&pf, 1, 10000)) << "the silent peer's connection is still open";
+  char b;
+  EXPECT_EQ(0, recv(squatter, &b, 1, 0));
   close(squatter);
   close(down);
 }
