@@ -408,8 +408,11 @@ static int write_port_file(const char *path, int port) {
   return bad || rename(tmp, path) != 0 ? -1 : 0;
 }
 
-/* Runs the libuv loop until a signal drains the worker. */
-static void serve(daemon_t *d, int64_t watchdog_ms) {
+/* Takes SIGTERM and SIGINT (and starts the watchdog) before the worker
+ * says it serves: a SIGTERM right after --port-file appears, as a
+ * rollout may send, drains the worker instead of killing it. A signal
+ * that comes before the loop runs waits for it. */
+static void arm(daemon_t *d, int64_t watchdog_ms) {
   uv_loop_t *loop = uv_default_loop();
   uv_signal_init(loop, &d->sigterm);
   uv_signal_init(loop, &d->sigint);
@@ -420,6 +423,11 @@ static void serve(daemon_t *d, int64_t watchdog_ms) {
   uint64_t tick = (uint64_t)(watchdog_ms / 4 > 0 ? watchdog_ms / 4 : 1);
   if (tick > 1000) tick = 1000;
   uv_timer_start(&d->watchdog, on_watchdog, tick, tick);
+}
+
+/* Runs the libuv loop until a signal drains the worker. */
+static void serve(void) {
+  uv_loop_t *loop = uv_default_loop();
   uv_run(loop, UV_RUN_DEFAULT);
   uv_loop_close(loop);
 }
@@ -450,12 +458,13 @@ int main(int argc, char **argv) {
           "reflection=%s", f.listen, wtx_worker_port(d.w),
           f.tls_cert ? (f.tls_client_ca ? "mutual" : "on") : "off",
           f.token_file ? "required" : "none", f.reflection);
+  arm(&d, opts.watchdog_ms);
   if (f.port_file != NULL && write_port_file(f.port_file, wtx_worker_port(d.w)) != 0) {
     fprintf(stderr, "wtx-worker: --port-file: cannot write %s\n", f.port_file);
     wtx_worker_destroy(d.w);
     return 1;
   }
-  serve(&d, opts.watchdog_ms);
+  serve();
   wtx_worker_destroy(d.w);
   wtx_log(WTX_LOG_INFO, "event=stopped");
   return 0;

@@ -442,6 +442,21 @@ class WorkerTest(unittest.TestCase):
 
 
 class DrainTest(unittest.TestCase):
+    def test_a_sigterm_as_soon_as_the_worker_serves_drains_it(self):
+        # As a rollout may: the port file says the worker serves, and
+        # SIGTERM follows at once (the file is watched without a pause).
+        # Its handler is in place by then: it drains and exits 0.
+        d = tempfile.mkdtemp(prefix="wtx-term-")
+        for i in range(20):
+            port_file = os.path.join(d, f"port{i}")
+            proc = subprocess.Popen([WORKER, "--listen", "127.0.0.1:0", "--port-file", port_file,
+                                     "--log-level", "error"])
+            deadline = time.time() + 10
+            while not os.path.exists(port_file) and time.time() < deadline:
+                pass
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(0, proc.wait(timeout=10), f"start {i}")
+
     def test_sigterm_ends_a_blocked_receive_within_the_grace_period(self):
         # An upstream that accepts the worker, then never sends the chunk.
         lsock = socket.socket()
