@@ -7,6 +7,7 @@ Run by tests/python/run.sh (Bazel: //tests/python:worker_test) with
 WTX_WORKER (the binary) and WTX_PROTO_ROOT (the directory holding wtx/v1/).
 """
 import json
+import math
 import mmap
 import os
 import signal
@@ -442,6 +443,49 @@ class WorkerTest(unittest.TestCase):
 
 
 class DrainTest(unittest.TestCase):
+    def test_sigterm_while_prepared_keeps_the_published_version_whole(self):
+        # An update staged and prepared, not finished, when SIGTERM comes:
+        # the worker aborts it, exits 0, and what --publish-dir holds is
+        # still the last published version, whole.
+        pub = tempfile.mkdtemp(prefix="wtx-pub-")
+        w = Worker("--publish-dir", pub, "--grace-ms", "500")
+        addr = f"127.0.0.1:{w.port}"
+        out = subprocess.run([CLI, "push", "--workers", addr, "--version", "v1", "synthetic:1M"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(0, out.returncode, out.stderr)
+        stub = wt_grpc.WeightTransferStub(w.channel)
+        meta = stub.GetWeightInfo(wt.GetWeightInfoRequest(include_params=True)).params[0].meta
+        size = 2 * math.prod(meta.shape)  # bf16
+        data = bytes((i * 13) & 0xFF for i in range(size))
+        init = stub.InitWeightTransferEngine(wt.InitWeightTransferEngineRequest(
+            init_info=wt.InitInfo(shm=transport_pb2.ShmInitInfo())))
+        start = stub.StartWeightUpdate(wt.StartWeightUpdateRequest(session_id=init.session_id))
+        shm = Shm(size)
+        try:
+            shm.map[:size] = data
+            stub.UpdateWeights(wt.UpdateWeightsRequest(
+                session_id=init.session_id, update_id=start.update_id,
+                update_info=wt.UpdateInfo(params=[meta], chunk_bytes=size,
+                                          xxh3_64=[xxhash.xxh3_64_intdigest(data)],
+                                          shm=transport_pb2.ShmUpdateInfo(region=shm.name))))
+        finally:
+            shm.close()
+        stub.PrepareWeightUpdate(wt.PrepareWeightUpdateRequest(
+            session_id=init.session_id, update_id=start.update_id, weight_version="v2"))
+        self.assertEqual(wt.SESSION_STATE_PREPARED,
+                         stub.GetWeightInfo(wt.GetWeightInfoRequest()).state)
+        w.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(0, w.proc.wait(timeout=10), w.log())
+        w.channel.close()
+        with open(os.path.join(pub, "LATEST")) as f:
+            self.assertEqual("v1.safetensors", f.read().strip())
+        with open(os.path.join(pub, "v1.safetensors"), "rb") as f:
+            raw = f.read()
+        loaded = dict(safetensors.deserialize(raw))
+        self.assertEqual(size, len(bytes(loaded[meta.name]["data"])))
+        self.assertNotEqual(data, bytes(loaded[meta.name]["data"]))  # v1's, not v2's
+        self.assertFalse(os.path.exists(os.path.join(pub, "v2.safetensors")))
+
     def test_a_sigterm_as_soon_as_the_worker_serves_drains_it(self):
         # As a rollout may: the port file says the worker serves, and
         # SIGTERM follows at once (the file is watched without a pause).
