@@ -1,6 +1,7 @@
 /* A worker's receive region shared by CUDA IPC (ipc_region.h). */
 #include "transport/ipc_region.h"
 
+#include <endian.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,15 +20,6 @@ struct wtx__ipc_region {
   wtx__gpu_out out;  /* the worker's copies out */
   void *stream;      /* the sender's copies in */
 };
-
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
 
 /* The API and the device, entered; a region to fill in. */
 static int start(const char *cuda_device, uint32_t timeout_ms, wtx__ipc_region **out, int *prev,
@@ -75,7 +67,8 @@ int wtx__ipc_region_make(const char *cuda_device, uint64_t bytes, uint64_t max_b
 void wtx__ipc_region_record(const wtx__ipc_region *r, uint8_t *rec) {
   memcpy(rec, &r->handle, 64);
   memcpy(rec + 64, r->uuid, 16);
-  put64(rec + 80, r->bytes);
+  uint64_t le = htole64(r->bytes);
+  memcpy(rec + 80, &le, 8);
 }
 
 int wtx__ipc_region_device(const wtx__ipc_region *r) { return r->device; }
@@ -110,7 +103,9 @@ int wtx__ipc_region_open(const uint8_t *rec, uint32_t timeout_ms, wtx__ipc_regio
   const wtx_cuda *c = r->cuda;
   memcpy(&r->handle, rec, 64);
   memcpy(r->uuid, rec + 64, 16);
-  r->bytes = get64(rec + 80);
+  uint64_t le;
+  memcpy(&le, rec + 80, 8);
+  r->bytes = le64toh(le);
   r->opened = 1;
   int e = c->IpcOpenMemHandle((void **)&r->base, r->handle, WTX_CUDA_IPC_LAZY_PEER);
   if (e == WTX_CUDA_SUCCESS) e = c->StreamCreate(&r->stream);
