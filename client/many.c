@@ -65,6 +65,7 @@ typedef struct wstream {
   size_t nseg;
   mchunk *chunks;
   size_t nchunks;
+  uint64_t bytes; /* the stream's, in all */
 } wstream;
 
 struct wtx__many {
@@ -99,6 +100,7 @@ struct wtx__many {
   uint8_t *owns;
   wtx_box *mine;
   uint64_t *param_digests; /* to find where another rank's plan differs */
+  wtx__tcp_params params;  /* what this rank's tcp half knows of its plan and mode */
   /* this sync: where this rank's part of each parameter is */
   const uint8_t **local;
   uint8_t **copies; /* parts the source did not keep (freed after the sync) */
@@ -221,6 +223,7 @@ static int stream_chunks(wtx__many *m, wstream *st, uint64_t max) {
   free(st->segs);
   st->segs = out;
   st->nseg = nout;
+  st->bytes = c != NULL ? c->stream_offset + c->bytes : 0;
   return 0;
 }
 
@@ -396,10 +399,10 @@ static int many_sessions(wtx__many *m, char *err, size_t errlen) {
     ti.worker_index = (uint32_t)started;
     ti.plan_digest = wtx_plan_digest(m->plan);
     ti.shm_ring = m->shm;
-    /* cuda_ipc: the worker's stream lands in a region of its size */
-    const wstream *st = &m->ws[started];
-    const mchunk *last = st->nchunks > 0 ? &st->chunks[st->nchunks - 1] : NULL;
-    ti.cuda_region_bytes = !m->ipc ? 0 : last != NULL ? last->stream_offset + last->bytes : 1;
+    /* cuda_ipc: the worker's stream lands in a region of its size (one
+     * byte for a worker with no parts: it still shows each rank a region) */
+    uint64_t stream = m->ws[started].bytes;
+    ti.cuda_region_bytes = !m->ipc ? 0 : stream > 0 ? stream : 1;
     ni.unique_id = (ProtobufCBinaryData){sizeof m->id, m->id};
     ni.world_size = m->world + (uint32_t)m->n_workers;
     ni.rank_offset = m->world + (uint32_t)started;
@@ -458,7 +461,6 @@ static void describe_param(void *arg, size_t i, char *buf, size_t len) {
  * fails naming the first parameter where one differs, before any worker's
  * session starts. */
 static int many_check(wtx__many *m, char *err, size_t errlen) {
-  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl, m->shm, m->ipc};
   int rc = 0;
   for (uint32_t r = 1; rc == 0 && r < m->world; r++) {
     if (m->nccl && m->links[r] >= 0 && !wtx__tcp_link_alive(m->links[r])) {
@@ -467,7 +469,7 @@ static int many_check(wtx__many *m, char *err, size_t errlen) {
     }
     if (!m->nccl || m->links[r] < 0)
       rc = wtx__tcp_rank_check(m->addrs[r], r, m->token, m->token_len, wtx_plan_digest(m->plan),
-                               &params, m->wire.timeout_ms, m->nccl ? &m->links[r] : NULL, err,
+                               &m->params, m->wire.timeout_ms, m->nccl ? &m->links[r] : NULL, err,
                                errlen);
   }
   return rc;
@@ -538,11 +540,12 @@ static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, siz
   if (rc == 0 && (m->param_digests = malloc((m->n + 1) * sizeof *m->param_digests)) == NULL)
     rc = WTX_ENOMEM;
   if (rc == 0) rc = wtx_plan_param_digests(m->metas, m->own, m->n, m->param_digests);
-  wtx__tcp_params params = {m->param_digests, m->n, describe_param, m, m->nccl, m->shm, m->ipc};
+  m->params = (wtx__tcp_params){m->param_digests, m->n, describe_param, m, m->nccl, m->shm,
+                                m->ipc};
   char bound[300];
   if (rc == 0)
     rc = wtx__tcp_rank_listen(m->addrs[m->rank], m->token, m->token_len,
-                              wtx_plan_digest(m->plan), &params, m->nccl ? 0 : m->n_workers,
+                              wtx_plan_digest(m->plan), &m->params, m->nccl ? 0 : m->n_workers,
                               m->wire.timeout_ms, &m->tcp, bound, sizeof bound, err, errlen);
   if (rc == 0 && m->nccl) rc = many_nccl_open(m, err, errlen);
   if (rc == 0 && m->rank == 0) rc = many_check(m, err, errlen);
