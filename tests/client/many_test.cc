@@ -8,7 +8,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 
 #include <cstdio>
 #include <string>
@@ -120,17 +119,7 @@ class ManyTest : public wtxtest::ShardedFixture {
   static void Finish(Rank &k, int code = 0) {
     if (k.pid <= 0) return;
     fclose(k.in);
-    int st = 0, pidfd = static_cast<int>(syscall(SYS_pidfd_open, k.pid, 0));
-    pollfd p = {pidfd, POLLIN, 0};
-    if (pidfd >= 0) poll(&p, 1, 30000);
-    if (pidfd >= 0) close(pidfd);
-    if (waitpid(k.pid, &st, WNOHANG) == 0) {
-      kill(k.pid, SIGKILL);
-      waitpid(k.pid, &st, 0);
-      ADD_FAILURE() << "rank " << k.pid << " did not exit within 30 s of its stdin closing";
-    } else {
-      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == code) << "rank ended with status " << st;
-    }
+    ExpectExit(k.pid, code, "rank, its stdin closed");
     fclose(k.out);
     k.pid = -1;
   }
