@@ -57,6 +57,22 @@ static int map(int fd, size_t len, wtx__ring **out) {
   return 0;
 }
 
+int wtx__ring_private(size_t cap, wtx__ring **out) {
+  size_t len = sizeof(shared) + cap;
+  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return WTX_ENOMEM;
+  wtx__ring *r = calloc(1, sizeof *r);
+  if (r == NULL) {
+    munmap(m, len);
+    return WTX_ENOMEM;
+  }
+  r->s = m;
+  r->map_len = len;
+  r->s->cap = cap;
+  *out = r;
+  return 0;
+}
+
 int wtx__ring_create(size_t cap, wtx__ring **out, char *name, size_t nlen, char *err,
                      size_t errlen) {
   static _Atomic unsigned counter;
@@ -153,21 +169,37 @@ static uint64_t bytes(const shared *s) {
          atomic_load_explicit(&s->read, memory_order_relaxed);
 }
 
+int wtx__ring_reserve(wtx__ring *r, uint8_t **p, size_t *len, const wtx__ring_wait *w,
+                      const char **why) {
+  shared *s = r->s;
+  int rc = wait_for(s, room, w, why);
+  if (rc != 0) return rc;
+  size_t tail = (size_t)(atomic_load_explicit(&s->written, memory_order_relaxed) % s->cap);
+  size_t k = (size_t)room(s);
+  *p = s->data + tail;
+  *len = k < s->cap - tail ? k : (size_t)s->cap - tail;
+  return 0;
+}
+
+void wtx__ring_commit(wtx__ring *r, size_t n) {
+  shared *s = r->s;
+  uint64_t at = atomic_load_explicit(&s->written, memory_order_relaxed);
+  atomic_store_explicit(&s->written, at + n, memory_order_release);
+  progress(s);
+}
+
 int wtx__ring_put(wtx__ring *r, const struct iovec *iov, size_t n, const wtx__ring_wait *w,
                   const char **why) {
-  shared *s = r->s;
   for (size_t i = 0; i < n; i++) {
     const uint8_t *p = iov[i].iov_base;
     for (size_t left = iov[i].iov_len; left > 0;) {
-      int rc = wait_for(s, room, w, why);
+      uint8_t *dst;
+      size_t k;
+      int rc = wtx__ring_reserve(r, &dst, &k, w, why);
       if (rc != 0) return rc;
-      uint64_t at = atomic_load_explicit(&s->written, memory_order_relaxed);
-      size_t tail = (size_t)(at % s->cap), k = (size_t)room(s);
-      if (k > s->cap - tail) k = (size_t)s->cap - tail;
       if (k > left) k = left;
-      memcpy(s->data + tail, p, k);
-      atomic_store_explicit(&s->written, at + k, memory_order_release);
-      progress(s);
+      memcpy(dst, p, k);
+      wtx__ring_commit(r, k);
       p += k;
       left -= k;
     }

@@ -31,7 +31,6 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -361,19 +360,15 @@ static int accept_peer(int lfd, const uint8_t *token, size_t len, const waitspec
 
 /* With several senders a worker reads one sender's chunk at a time, in
  * stream order, while the others keep sending: each connection is read
- * ahead by a thread of its own into a ring, so that a sender's link stays
- * busy while the worker takes another's chunk (a socket's buffer holds a
- * few MiB, a fraction of a second on a datacenter link). The bytes are
- * copied once from the ring into staging, as they were from the piece
- * buffer. */
+ * ahead by a thread of its own into a ring (ring.h, private), so that a
+ * sender's link stays busy while the worker takes another's chunk (a
+ * socket's buffer holds a few MiB, a fraction of a second on a datacenter
+ * link). The bytes are copied once from the ring into staging, as they
+ * were from the piece buffer. */
 typedef struct ahead {
   pthread_t th;
-  pthread_mutex_t mu;
-  pthread_cond_t cv; /* bytes came, room was made, or it failed or stopped */
-  uint8_t *buf;
-  size_t cap, head, len; /* the ring: len bytes from head */
-  int stop_fd;           /* eventfd: written to end the reader */
-  int stop, rc;          /* stopped; the reader's failure (rc, why) */
+  int stop_fd; /* eventfd: written to end the reader */
+  int rc;      /* the reader's failure, said before it closes the ring */
   char why[200];
 } ahead;
 
@@ -382,8 +377,11 @@ typedef struct inlet {
   int fd;
   uint64_t seq; /* chunks it has carried */
   char addr[300];
-  ahead *ra;    /* read ahead, with several senders */
-  wtx__ring *ring; /* or, with shm_ring, the ring this worker made for it */
+  /* Where its bytes are taken from instead of the socket: the ring a
+   * reader thread fills (ra set), or with shm_ring the one this worker
+   * made for the sender in shared memory. */
+  wtx__ring *ring;
+  ahead *ra;
 } inlet;
 
 typedef struct tcp_worker {
@@ -409,7 +407,6 @@ typedef struct tcp_worker {
   int lfd;     /* relay listener, -1 when last in the chain */
   int down;    /* relay connection, accepted at the first chunk */
   int cancel_fd; /* eventfd: written by cancel, ends every wait */
-  atomic_int cancelled; /* the same, for waits on a read-ahead */
   const wtx__netallow *allow; /* where connect may go; NULL: anywhere */
   int relay_port;              /* the relay listener's port; 0: any */
   int broken;
@@ -436,58 +433,52 @@ static size_t ahead_cap(uint64_t buffer_size, size_t n_senders) {
   return buffer_size < cap ? (size_t)buffer_size : cap;
 }
 
-/* The reader: fills the ring from fd while there is room, until it is
- * stopped or the connection fails. */
-static void *ahead_main(void *arg) {
-  inlet *in = arg;
-  ahead *a = in->ra;
-  for (;;) {
-    pthread_mutex_lock(&a->mu);
-    while (a->len == a->cap && !a->stop) pthread_cond_wait(&a->cv, &a->mu);
-    size_t tail = (a->head + a->len) % a->cap, room = a->cap - a->len;
-    if (room > a->cap - tail) room = a->cap - tail;
-    int stop = a->stop;
-    pthread_mutex_unlock(&a->mu);
-    if (stop) return NULL;
-    struct pollfd p[2] = {{.fd = in->fd, .events = POLLIN}, {.fd = a->stop_fd, .events = POLLIN}};
-    if (poll(p, 2, -1) < 0 && errno != EINTR) break;
-    if (p[1].revents != 0) return NULL;
-    ssize_t r = recv(in->fd, a->buf + tail, room, MSG_DONTWAIT);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    pthread_mutex_lock(&a->mu);
-    if (r > 0) a->len += (size_t)r;
-    else {
-      a->rc = WTX_EIO;
-      snprintf(a->why, sizeof a->why, "%s", r == 0 ? "peer closed the connection" : strerror(errno));
-    }
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
-    if (r <= 0) return NULL;
-  }
-  pthread_mutex_lock(&a->mu);
-  a->rc = WTX_EIO;
-  snprintf(a->why, sizeof a->why, "poll: %s", strerror(errno));
-  pthread_cond_broadcast(&a->cv);
-  pthread_mutex_unlock(&a->mu);
+/* Gives the inlet's ring up: its writer's waits fail at once. */
+static void ring_drop(inlet *in) {
+  wtx__ring_close(in->ring);
+  wtx__ring_destroy(in->ring);
+  in->ring = NULL;
+}
+
+/* The reader's failure, for the taker, then the ring closed under it. */
+static void *ahead_fail(inlet *in, const char *why) {
+  snprintf(in->ra->why, sizeof in->ra->why, "%s", why);
+  in->ra->rc = WTX_EIO;
+  wtx__ring_close(in->ring);
   return NULL;
 }
 
-/* Ends in's reader and frees its ring (before its fd is closed). */
+/* The reader: receives into the ring's room while there is some, until it
+ * is stopped or the connection fails. */
+static void *ahead_main(void *arg) {
+  inlet *in = arg;
+  wtx__ring_wait forever = {INT64_MAX, in->ra->stop_fd, -1};
+  for (;;) {
+    uint8_t *p;
+    size_t room;
+    const char *why = "";
+    if (wtx__ring_reserve(in->ring, &p, &room, &forever, &why) != 0) return NULL; /* stopped */
+    struct pollfd pf[2] = {{.fd = in->fd, .events = POLLIN},
+                           {.fd = in->ra->stop_fd, .events = POLLIN}};
+    if (poll(pf, 2, -1) < 0 && errno != EINTR) return ahead_fail(in, strerror(errno));
+    if (pf[1].revents != 0) return NULL;
+    ssize_t r = recv(in->fd, p, room, MSG_DONTWAIT);
+    if (r > 0) wtx__ring_commit(in->ring, (size_t)r);
+    else if (r == 0) return ahead_fail(in, "peer closed the connection");
+    else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)
+      return ahead_fail(in, strerror(errno));
+  }
+}
+
+/* Ends in's reader (before its fd is closed; the ring goes with ring_drop). */
 static void ahead_stop(inlet *in) {
   ahead *a = in->ra;
   if (a == NULL) return;
   uint64_t one = 1;
   ssize_t wr = write(a->stop_fd, &one, sizeof one);
   (void)wr;
-  pthread_mutex_lock(&a->mu);
-  a->stop = 1;
-  pthread_cond_broadcast(&a->cv);
-  pthread_mutex_unlock(&a->mu);
   pthread_join(a->th, NULL);
   close(a->stop_fd);
-  pthread_mutex_destroy(&a->mu);
-  pthread_cond_destroy(&a->cv);
-  free(a->buf);
   free(a);
   in->ra = NULL;
 }
@@ -495,101 +486,43 @@ static void ahead_stop(inlet *in) {
 /* Starts reading in ahead into a ring of cap bytes. */
 static int ahead_start(inlet *in, size_t cap) {
   ahead *a = calloc(1, sizeof *a);
-  if (a == NULL || (a->buf = malloc(cap)) == NULL) {
+  if (a == NULL || wtx__ring_private(cap, &in->ring) != 0) {
     free(a);
     return WTX_ENOMEM;
   }
-  a->cap = cap;
   a->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_mutex_init(&a->mu, NULL);
-  pthread_cond_init(&a->cv, &ca);
-  pthread_condattr_destroy(&ca);
   in->ra = a;
   if (a->stop_fd < 0 || pthread_create(&a->th, NULL, ahead_main, in) != 0) {
     if (a->stop_fd >= 0) close(a->stop_fd);
-    pthread_mutex_destroy(&a->mu);
-    pthread_cond_destroy(&a->cv);
-    free(a->buf);
     free(a);
     in->ra = NULL;
+    ring_drop(in);
     return WTX_ENOMEM;
   }
   return 0;
 }
 
-/* Waits until a's ring holds a byte: 0, or the reader's failure, the
- * deadline, or a cancel. Caller holds a->mu. */
-static int ahead_wait(const atomic_int *cancelled, ahead *a, const waitspec *ws,
-                      const char **why) {
-  while (a->len == 0) {
-    if (a->rc != 0) {
-      *why = a->why;
-      return a->rc;
-    }
-    if (atomic_load(cancelled)) {
-      *why = "cancelled";
-      return WTX_ECANCELED;
-    }
-    int64_t left = ws->until - wtx_clock_ms();
-    if (left <= 0) {
-      *why = "not all data within the timeout";
-      return WTX_ETIMEDOUT;
-    }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    /* cancel writes no condition: it is looked at every 20 ms */
-    int64_t ns = ts.tv_nsec + (left > 20 ? 20 : left) * 1000000;
-    ts.tv_sec += ns / 1000000000;
-    ts.tv_nsec = ns % 1000000000;
-    pthread_cond_timedwait(&a->cv, &a->mu, &ts);
-  }
-  return 0;
-}
+/* Takes len bytes of in's stream from its ring: into dst, or when dst is
+ * NULL into rx (copied and hashed as the assembler does). A ring closed by
+ * a failed reader says the reader's why. */
+static int ring_take(inlet *in, uint8_t *dst, wtx_rx *rx, uint64_t len, const waitspec *ws,
+                     const char **why);
 
-/* Takes len bytes of in's stream: from the ring into dst, or when dst is
- * NULL into rx (copied and hashed as the assembler does). */
-static int ahead_take(tcp_worker *w, inlet *in, uint8_t *dst, wtx_rx *rx, uint64_t len,
-                      const waitspec *ws, const char **why) {
-  ahead *a = in->ra;
-  int rc = 0;
-  pthread_mutex_lock(&a->mu);
-  while (rc == 0 && len > 0 && (rc = ahead_wait(&w->cancelled, a, ws, why)) == 0) {
-    size_t k = a->len < a->cap - a->head ? a->len : a->cap - a->head;
-    if (k > len) k = (size_t)len;
-    const uint8_t *src = a->buf + a->head;
-    pthread_mutex_unlock(&a->mu); /* the reader only appends meanwhile */
-    if (dst != NULL) memcpy(dst, src, k);
-    else rc = wtx_rx_bytes(rx, src, k);
-    if (dst != NULL) dst += k;
-    pthread_mutex_lock(&a->mu);
-    a->head = (a->head + k) % a->cap;
-    a->len -= k;
-    len -= k;
-    pthread_cond_broadcast(&a->cv); /* room for the reader */
-  }
-  pthread_mutex_unlock(&a->mu);
-  return rc;
-}
-
-/* Reads len bytes of in's stream, from its read-ahead when it has one. */
-static int inlet_read(tcp_worker *w, inlet *in, void *buf, size_t len, const waitspec *ws,
-                      const char **why) {
-  wtx__ring_wait rw = {ws->until, ws->cancel_fd, in->fd};
-  return in->ring != NULL ? wtx__ring_take(in->ring, buf, NULL, NULL, len, &rw, why)
-         : in->ra != NULL ? ahead_take(w, in, buf, NULL, len, ws, why)
+/* Reads len bytes of in's stream, from its ring when it has one. */
+static int inlet_read(inlet *in, void *buf, size_t len, const waitspec *ws, const char **why) {
+  return in->ring != NULL ? ring_take(in, buf, NULL, len, ws, why)
                           : read_full(in->fd, buf, len, ws, why);
 }
 
 static int rx_take(void *rx, const uint8_t *p, size_t k) { return wtx_rx_bytes(rx, p, k); }
 
-/* Gives the inlet's ring up: the sender's waits on it fail at once. */
-static void ring_drop(inlet *in) {
-  wtx__ring_close(in->ring);
-  wtx__ring_destroy(in->ring);
-  in->ring = NULL;
+static int ring_take(inlet *in, uint8_t *dst, wtx_rx *rx, uint64_t len, const waitspec *ws,
+                     const char **why) {
+  /* A reader thread watches the socket itself; a sender's ring, its socket */
+  wtx__ring_wait rw = {ws->until, ws->cancel_fd, in->ra != NULL ? -1 : in->fd};
+  int rc = wtx__ring_take(in->ring, dst, rx_take, rx, len, &rw, why);
+  if (rc == WTX_EIO && in->ra != NULL && in->ra->rc != 0) *why = in->ra->why;
+  return rc;
 }
 
 static void tcp_worker_destroy(void *self) {
@@ -832,7 +765,6 @@ static void tcp_worker_cancel(void *self) {
   uint64_t one = 1;
   ssize_t r = write(w->cancel_fd, &one, sizeof one);
   (void)r; /* an eventfd at its maximum is already cancelled */
-  atomic_store(&w->cancelled, 1); /* a read-ahead's waits look at it */
 }
 
 /* The stream is out of step: close both sides so the peers fail now. */
@@ -874,7 +806,7 @@ static int receive_trailer(tcp_worker *w, inlet *in, wtx_rx *rx, const waitspec 
   const char *why = "";
   char bad[200];
   uint32_t n = 0;
-  int rc = inlet_read(w, in, h, sizeof h, to, &why);
+  int rc = inlet_read(in, h, sizeof h, to, &why);
   if (rc != 0)
     return worker_fail(w, rx, rc, "chunk %llu checksums from %s: %s",
                        (unsigned long long)in->seq, in->addr, why);
@@ -889,7 +821,7 @@ static int receive_trailer(tcp_worker *w, inlet *in, wtx_rx *rx, const waitspec 
     w->sums = v;
     w->tcap = n;
   }
-  if ((rc = inlet_read(w, in, w->tbuf, (size_t)n * 8, to, &why)) != 0)
+  if ((rc = inlet_read(in, w->tbuf, (size_t)n * 8, to, &why)) != 0)
     return worker_fail(w, rx, rc, "chunk %llu checksums from %s: %s",
                        (unsigned long long)in->seq, in->addr, why);
   struct iovec v[2] = {{h, sizeof h}, {w->tbuf, (size_t)n * 8}};
@@ -915,7 +847,7 @@ static int receive_header(tcp_worker *w, inlet *in, const Wtx__V1__UpdateInfo *i
                           wtx_rx *rx, const waitspec *to) {
   const char *why = "";
   uint8_t f[WTX__TCP_FRAME_BYTES];
-  int rc = inlet_read(w, in, f, sizeof f, to, &why);
+  int rc = inlet_read(in, f, sizeof f, to, &why);
   if (rc != 0)
     return worker_fail(w, rx, rc, "chunk %llu header from %s: %s",
                        (unsigned long long)in->seq, in->addr, why);
@@ -939,10 +871,8 @@ static int receive_header(tcp_worker *w, inlet *in, const Wtx__V1__UpdateInfo *i
 static int receive_bytes(tcp_worker *w, inlet *in, wtx_rx *rx, const waitspec *to) {
   const char *why = "";
   uint64_t remaining = wtx_rx_remaining(rx);
-  if (in->ra != NULL || in->ring != NULL) {
-    wtx__ring_wait rw = {to->until, to->cancel_fd, in->fd};
-    int rc = in->ring != NULL ? wtx__ring_take(in->ring, NULL, rx_take, rx, remaining, &rw, &why)
-                              : ahead_take(w, in, NULL, rx, remaining, to, &why);
+  if (in->ring != NULL) {
+    int rc = ring_take(in, NULL, rx, remaining, to, &why);
     if (rc != 0 && why[0] != '\0') /* else rx's own refusal, already said */
       return worker_fail(w, rx, rc, "chunk %llu from %s after %llu of %llu bytes: %s",
                          (unsigned long long)in->seq, in->addr,
