@@ -657,6 +657,21 @@ static int agree_plan(tcp_worker *w, inlet *in, const waitspec *ws, const char *
   return rc;
 }
 
+/* Sends a sender the record of what to write into instead of the socket
+ * (a ring, a region), then waits for its 'A': it opened it. Anything else,
+ * or a closed connection, is a sender that could not (refused_rc, refused). */
+static int offer(int fd, const struct iovec *v, size_t n, const waitspec *ws, const char **why,
+                 int refused_rc, const char *refused) {
+  uint8_t ack = 0;
+  int rc = write_iov_full(fd, v, n, ws, why);
+  if (rc == 0) rc = read_full(fd, &ack, 1, ws, why);
+  if (rc == 0 && ack != 'A') {
+    *why = refused;
+    rc = refused_rc;
+  }
+  return rc;
+}
+
 /* With shm_ring: a ring for the sender, its name sent, and unlinked once
  * the sender said it opened it. */
 static int share_ring(tcp_worker *w, inlet *in, const waitspec *ws, const char **why,
@@ -665,16 +680,12 @@ static int share_ring(tcp_worker *w, inlet *in, const waitspec *ws, const char *
   size_t cap = ahead_cap(w->wire.buffer_size, w->n_in);
   int rc = wtx__ring_create(cap, &in->ring, name, sizeof name, err, errlen);
   if (rc != 0) return rc;
-  uint8_t r[WTX__TCP_RING_BYTES], ack = 0;
+  uint8_t r[WTX__TCP_RING_BYTES];
   wtx__tcp_ring_encode(r, cap, (uint32_t)strlen(name));
   struct iovec v[2] = {{r, sizeof r}, {name, strlen(name)}};
-  rc = write_iov_full(in->fd, v, 2, ws, why);
-  if (rc == 0) rc = read_full(in->fd, &ack, 1, ws, why);
+  rc = offer(in->fd, v, 2, ws, why, WTX_EPERM,
+             "it could not open this worker's ring (another user, or no shared memory)");
   wtx__ring_unlink(name); /* opened or not: no one else may */
-  if (rc == 0 && ack != 'A') {
-    *why = "it could not open this worker's ring (another user, or no shared memory)";
-    rc = WTX_EPERM;
-  }
   if (rc != 0) ring_drop(in);
   return rc;
 }
@@ -682,16 +693,12 @@ static int share_ring(tcp_worker *w, inlet *in, const waitspec *ws, const char *
 /* With cuda_region_bytes: the region's record to the sender, which says
  * it opened it. */
 static int share_region(tcp_worker *w, inlet *in, const waitspec *ws, const char **why) {
-  uint8_t rec[4 + WTX__IPC_REGION_RECORD], ack = 0;
+  uint8_t rec[4 + WTX__IPC_REGION_RECORD];
   memcpy(rec, WTX__TCP_REGION_MAGIC, 4);
   wtx__ipc_region_record(w->region, rec + 4);
-  int rc = write_full(in->fd, rec, sizeof rec, ws, why);
-  if (rc == 0) rc = read_full(in->fd, &ack, 1, ws, why);
-  if (rc == 0 && ack != 'A') {
-    *why = "it could not open this worker's receive region (not on this node?)";
-    rc = WTX_EUNAVAIL;
-  }
-  return rc;
+  struct iovec v = {rec, sizeof rec};
+  return offer(in->fd, &v, 1, ws, why, WTX_EUNAVAIL,
+               "it could not open this worker's receive region (not on this node?)");
 }
 
 /* How often a refused sender is asked again while the init lasts. */
@@ -1612,14 +1619,13 @@ int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen) {
       close(fd); /* not our peer, or silent */
       continue;
     }
-    if (r->shm_ring && take_ring(&r->c[w], fd, &ws, err, errlen) != 0) {
+    /* what the worker offers to take the bytes instead of the socket */
+    int trc = r->shm_ring      ? take_ring(&r->c[w], fd, &ws, err, errlen)
+              : r->cuda_region ? take_region(r, &r->c[w], fd, &ws, err, errlen)
+                               : 0;
+    if (trc != 0) {
       close(fd);
-      return WTX_EPERM;
-    }
-    int rrc = r->cuda_region ? take_region(r, &r->c[w], fd, &ws, err, errlen) : 0;
-    if (rrc != 0) {
-      close(fd);
-      return rrc;
+      return trc;
     }
     tune(fd);
     r->c[w].fd = fd;
