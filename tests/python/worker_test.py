@@ -68,10 +68,9 @@ def wait_running(metrics, op, seconds=10):
     running on it, not only sent: False when it did not within seconds."""
     running = 'wtx_rl_weight_update_operations_in_flight{operation="%s"} 1' % op
     deadline = time.time() + seconds
-    while time.time() < deadline:
+    while time.time() < deadline:  # each look is a scrape: the worker's own pace
         if running in urllib.request.urlopen(f"http://{metrics}/metrics", timeout=2).read().decode():
             return True
-        time.sleep(0.01)  # the next look at the gauge
     return False
 
 
