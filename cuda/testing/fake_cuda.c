@@ -1063,16 +1063,20 @@ static int p2p_recv(p2p *x, const char *data_name) {
 static void *p2p_kernel(void *arg) {
   p2p *x = arg;
   comm *cm = x->cm;
-  /* A kernel starts once the work queued before it on its stream is done. */
+  /* A kernel starts once the work queued before it on its stream is done:
+   * woken when a kernel ends, and each millisecond for copies falling due
+   * (and an abort). */
   int rc = OK;
   pthread_mutex_lock(&x->s->mu);
-  while (x->s->head->k != x->k && !atomic_load(&cm->aborted)) {
-    land(x->s, 0);
-    if (x->s->head->k != x->k) {
-      pthread_mutex_unlock(&x->s->mu);
-      sleep_ms(1);
-      pthread_mutex_lock(&x->s->mu);
+  for (land(x->s, 0); x->s->head->k != x->k && !atomic_load(&cm->aborted); land(x->s, 0)) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
     }
+    pthread_cond_timedwait(&x->s->cv, &x->s->mu, &ts);
   }
   pthread_mutex_unlock(&x->s->mu);
   if (atomic_load(&cm->aborted)) rc = NCCL_SYSTEM;
