@@ -43,9 +43,11 @@ struct wtx__ring {
   size_t map_len;
 };
 
+/* Maps len bytes of fd (-1: fresh zeroed memory of this process's own). */
 static int map(int fd, size_t len, wtx__ring **out) {
-  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) return WTX_EIO;
+  int flags = MAP_SHARED | (fd < 0 ? MAP_ANONYMOUS : 0);
+  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, fd, 0);
+  if (m == MAP_FAILED) return fd < 0 ? WTX_ENOMEM : WTX_EIO;
   wtx__ring *r = calloc(1, sizeof *r);
   if (r == NULL) {
     munmap(m, len);
@@ -58,19 +60,9 @@ static int map(int fd, size_t len, wtx__ring **out) {
 }
 
 int wtx__ring_private(size_t cap, wtx__ring **out) {
-  size_t len = sizeof(shared) + cap;
-  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return WTX_ENOMEM;
-  wtx__ring *r = calloc(1, sizeof *r);
-  if (r == NULL) {
-    munmap(m, len);
-    return WTX_ENOMEM;
-  }
-  r->s = m;
-  r->map_len = len;
-  r->s->cap = cap;
-  *out = r;
-  return 0;
+  int rc = map(-1, sizeof(shared) + cap, out);
+  if (rc == 0) (*out)->s->cap = cap;
+  return rc;
 }
 
 int wtx__ring_create(size_t cap, wtx__ring **out, char *name, size_t nlen, char *err,
