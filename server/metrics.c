@@ -27,7 +27,7 @@ struct wtx__metrics {
   double sum[WTX__OP_COUNT];
   char backend[MAX_BACKENDS][32];
   uint64_t received[MAX_BACKENDS];
-  uint64_t published;
+  uint64_t published, reverted;
   double last_publish;
   uint64_t ended[WTX__END_COUNT];
   int bridge_ok; /* -1: no result yet */
@@ -87,6 +87,13 @@ void wtx__metrics_published(wtx__metrics *m, double t) {
   pthread_mutex_lock(&m->mu);
   m->published++;
   m->last_publish = t;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void wtx__metrics_reverted(wtx__metrics *m) {
+  if (m == NULL) return;
+  pthread_mutex_lock(&m->mu);
+  m->reverted++;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -167,6 +174,9 @@ static void counters(text *t, const wtx__metrics *m) {
         (unsigned long long)m->received[i]);
   help(t, "wtx_updates_published_total", "counter", "Updates published.");
   put(t, "wtx_updates_published_total %llu\n", (unsigned long long)m->published);
+  help(t, "wtx_updates_reverted_total", "counter",
+       "Published updates undone because another replica did not publish them.");
+  put(t, "wtx_updates_reverted_total %llu\n", (unsigned long long)m->reverted);
   help(t, "wtx_updates_aborted_total", "counter", "Updates aborted, by who ended them.");
   for (int e = 0; e < WTX__END_CHECKSUM; e++)
     put(t, "wtx_updates_aborted_total{reason=\"%s\"} %llu\n", end_names[e],

@@ -49,6 +49,8 @@ void wtx__metrics_end(wtx__metrics *m, wtx__op op, double seconds);
 void wtx__metrics_received(wtx__metrics *m, const char *backend, uint64_t bytes);
 /* An update was published at unix time t. */
 void wtx__metrics_published(wtx__metrics *m, double t);
+/* A published update was undone (AbortWeightUpdate naming it). */
+void wtx__metrics_reverted(wtx__metrics *m);
 void wtx__metrics_ended(wtx__metrics *m, wtx__end why);
 /* The last vLLM bridge result (1: vLLM loaded the version). */
 void wtx__metrics_bridge(wtx__metrics *m, int ok, double t);

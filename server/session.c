@@ -275,6 +275,7 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
                         ? t->device(engine) : -1;
   new_session_id(s->session_id);
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
+  s->revertible = 0; /* a new session cannot undo the last one's update */
   char staging[40] = "host";
   if (s->stage_device >= 0)
     snprintf(staging, sizeof staging, "cuda:%d%s", s->stage_device,
@@ -378,6 +379,7 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
                               (unsigned long long)s->cfg.max_params);
   int rc = s->cfg.model_ops->begin(s->cfg.model, target);
   if (rc != 0) return model_failed(ctx, rc, "model", "cannot begin an update");
+  s->revertible = 0; /* begin released what the last commit replaced */
   s->update_id++;
   s->target = target;
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING;
@@ -907,8 +909,12 @@ static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
   }
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
   wtx__metrics_published(s->cfg.metrics, wtx_clock_unix_s());
+  int t = s->target == WTX_TARGET_DRAFT;
+  s->revertible = s->cfg.model_ops->revert != NULL ? s->update_id : 0;
+  s->table_replaced = s->by_range == 0;
+  snprintf(s->label_before, sizeof s->label_before, "%s", s->label[t]);
+  snprintf(s->label[t], sizeof s->label[t], "%s", s->version);
   if (s->by_range == 0) { /* params sent: later updates may name them by position */
-    int t = s->target == WTX_TARGET_DRAFT;
     wtx__layout_swap(&s->cur, &s->table[t]);
     s->table_xxh3[t] = wtx__layout_xxh3(s->table[t].metas, s->table[t].n);
     s->table_id[t] = atomic_fetch_add(&table_ids, 1);
@@ -1006,11 +1012,70 @@ static grpc_status_code handle_finish(wtx_rpc_ctx *ctx,
   return code;
 }
 
+/* The label target's weights are published under now. Caller holds mu. */
+static void served_label(wtx_session *s, wtx_target target, char *out, size_t len) {
+  wtx_store_view v;
+  if (s->cfg.store != NULL && wtx_store_acquire(s->cfg.store, target, &v) == 0) {
+    snprintf(out, len, "%s", v.version);
+    wtx_store_release(s->cfg.store, &v);
+  } else {
+    snprintf(out, len, "%s", s->label[target == WTX_TARGET_DRAFT]);
+  }
+}
+
+/* Undoes the update this session published last (an Abort naming it: its
+ * Finish failed on another replica): the model returns to the version it
+ * replaced, and a table that was the update's own goes with it. Caller
+ * holds mu; no update is open. */
+static grpc_status_code revert_locked(wtx_session *s, wtx_rpc_ctx *ctx, const char *reason) {
+  char why[512] = "";
+  int rc = s->cfg.model_ops->revert(s->cfg.model, s->target, why, sizeof why);
+  if (rc != 0) return model_failed(ctx, rc, "model: cannot undo the update", why);
+  int t = s->target == WTX_TARGET_DRAFT;
+  if (s->table_replaced) {
+    wtx__layout_clear(&s->table[t]);
+    s->table_xxh3[t] = 0;
+    s->table_id[t] = atomic_fetch_add(&table_ids, 1);
+  }
+  snprintf(s->label[t], sizeof s->label[t], "%s", s->label_before);
+  char q[512], v[600];
+  wtx_log(WTX_LOG_WARN, "event=reverted update=%llu target=%s version=%s reason=%s",
+          (unsigned long long)s->revertible, t ? "draft" : "main",
+          wtx_log_quote(s->label_before, v, sizeof v), wtx_log_quote(reason, q, sizeof q));
+  s->revertible = 0;
+  s->published_update = 0; /* a repeated Finish of it is refused from now */
+  wtx__metrics_reverted(s->cfg.metrics);
+  return GRPC_STATUS_OK;
+}
+
+/* Abort of update_id (0: whichever is active) with nothing open: the
+ * update this session just published is undone; one that can no longer
+ * be is FAILED_PRECONDITION; any other (aborted, undone) is done already.
+ * Caller holds mu. */
+static grpc_status_code abort_published(wtx_session *s, wtx_rpc_ctx *ctx, uint64_t id,
+                                        const char *reason, int *reverted) {
+  if (id != 0 && id == s->revertible) {
+    grpc_status_code code = revert_locked(s, ctx, reason);
+    *reverted = code == GRPC_STATUS_OK;
+    return code;
+  }
+  if (id == 0 || id != s->published_update) return GRPC_STATUS_OK;
+  return wtx_rpc_ctx_errorf(
+      ctx, GRPC_STATUS_FAILED_PRECONDITION,
+      "update_id: update %llu is published and can no longer be undone here: %s",
+      (unsigned long long)id,
+      s->cfg.model_ops->revert == NULL
+          ? "this worker's model cannot return to the version before (wtx_model_ops.revert)"
+          : "an update or a session began since");
+}
+
 grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
     const Wtx__V1__AbortWeightUpdateRequest *req, Wtx__V1__AbortWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
   grpc_status_code code = wtx__check_text(ctx, "reason", req->reason, WTX_MAX_REASON_BYTES);
   if (code != GRPC_STATUS_OK) return code;
+  const char *reason = req->reason[0] ? req->reason : "AbortWeightUpdate";
+  int reverted = 0;
   pthread_mutex_lock(&s->mu);
   /* An empty session_id is an operator's abort of whatever is current. */
   code = check_session(
@@ -1021,14 +1086,29 @@ grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
                               "update_id: %llu is not the active update (%llu)",
                               (unsigned long long)req->update_id,
                               (unsigned long long)s->update_id);
-  if (code == GRPC_STATUS_OK) {
-    resp->aborted = update_open(s);
+  if (code == GRPC_STATUS_OK && update_open(s)) {
+    resp->aborted = 1;
     if (s->receiving)
       request_abort(s);
     else
-      abort_locked(s, WTX__END_TRAINER, req->reason[0] ? req->reason : "AbortWeightUpdate");
+      abort_locked(s, WTX__END_TRAINER, reason);
+  } else if (code == GRPC_STATUS_OK) {
+    code = abort_published(s, ctx, req->update_id, reason, &reverted);
   }
+  wtx_target target = s->target;
+  char label[WTX_MAX_VERSION_BYTES + 1];
+  served_label(s, target, label, sizeof label);
   pthread_mutex_unlock(&s->mu);
+  /* What the publish told the host (publish-dir, vLLM) is told again:
+   * the version before is the published one now. */
+  char why[1024] = "";
+  int rc = reverted && s->cfg.on_commit != NULL
+               ? s->cfg.on_commit(s->cfg.on_commit_user, target, why, sizeof why) : 0;
+  if (rc != 0)
+    return from_wtx(ctx, rc, "undone here, but the engine it feeds did not load the "
+                    "version before", why);
+  resp->reverted = reverted;
+  resp->weight_version = wtx_rpc_ctx_strdup(ctx, label);
   return code;
 }
 

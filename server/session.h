@@ -98,6 +98,14 @@ typedef struct wtx_session {
   uint64_t staged_bytes;
   char version[WTX_MAX_VERSION_BYTES + 1]; /* prepared (then published) label */
   uint64_t published_update;  /* the last update published, for a repeated Finish */
+  /* That update, while it may still be undone (no update or session since,
+   * and the model can revert): an Abort naming it reverts it. 0: none. */
+  uint64_t revertible;
+  int table_replaced; /* it sent params: table[target] is its own */
+  /* Per target, the label this session published last, and before it (a
+   * host model's version after a revert; the store knows its own). */
+  char label[2][WTX_MAX_VERSION_BYTES + 1];
+  char label_before[WTX_MAX_VERSION_BYTES + 1];
   /* What on_commit answered for it (a repeated Finish answers the same). */
   int commit_rc;
   char commit_err[1024];

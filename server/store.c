@@ -459,6 +459,13 @@ struct wtx_store {
   pthread_mutex_t mu;
   pool pool;
   snapshot *pub[2]; /* main, draft */
+  /* What the last commit of each target replaced, held until the target's
+   * next begin: revert publishes it again when a trainer undoes that
+   * commit (its Finish failed on another replica). Held, not pooled: the
+   * same bytes the pool would have kept for the next update, which begin
+   * hands over to it. */
+  snapshot *replaced[2];
+  int revertible[2]; /* a commit since the target's last begin or revert */
   layout *declared; /* NULL: none declared */
   /* staging */
   int staging;
@@ -549,6 +556,8 @@ void wtx_store_destroy(wtx_store *s) {
   free(s->seen);
   snapshot_unref(s->pub[0]);
   snapshot_unref(s->pub[1]);
+  snapshot_unref(s->replaced[0]);
+  snapshot_unref(s->replaced[1]);
   layout_unref(s->declared);
   layout_unref(s->same_lay);
   pool_drain(&s->pool);
@@ -641,6 +650,9 @@ static int store_begin(void *model, wtx_target target) {
     rc = WTX_ESTATE;
   } else {
     s->staging = 1;
+    snapshot_unref(s->replaced[target == WTX_TARGET_DRAFT]);
+    s->replaced[target == WTX_TARGET_DRAFT] = NULL;
+    s->revertible[target == WTX_TARGET_DRAFT] = 0;
     s->check_next = s->loaded_next = s->chunk_first = 0;
     s->chunk_staged = 0;
     s->target = target;
@@ -995,10 +1007,32 @@ static int store_commit(void *model, const char *version) {
   /* Staging's unused buffers go back first (staged_free): until then
    * they count against the pool's cap, where old's must find room. */
   staged_free(s);
-  snapshot_unref(old);
+  snapshot_unref(s->replaced[s->target == WTX_TARGET_DRAFT]);
+  s->replaced[s->target == WTX_TARGET_DRAFT] = old;
+  s->revertible[s->target == WTX_TARGET_DRAFT] = 1;
   s->staging = 0;
   pthread_mutex_unlock(&s->mu);
   return 0;
+}
+
+/* Publishes again what target's last commit replaced (nothing, when that
+ * was the first version: the target then holds no weights). */
+static int store_revert(void *model, wtx_target target, char *err, size_t errlen) {
+  wtx_store *s = model;
+  pthread_mutex_lock(&s->mu);
+  int t = target == WTX_TARGET_DRAFT, rc = 0;
+  if (s->staging || !s->revertible[t]) {
+    snprintf(err, errlen, "no commit to undo: an update began since, or none was published");
+    rc = WTX_ESTATE;
+  } else {
+    snapshot *undone = PUB(s, target);
+    PUB(s, target) = s->replaced[t];
+    s->replaced[t] = NULL;
+    s->revertible[t] = 0;
+    snapshot_unref(undone);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return rc;
 }
 
 static void store_abort(void *model) {
@@ -1091,6 +1125,7 @@ const wtx_model_ops wtx_store_model_ops = {
     .prepare = store_prepare,
     .commit = store_commit,
     .abort = store_abort,
+    .revert = store_revert,
     .stage_chunk = store_stage_chunk,
     .loaded_chunk = store_loaded_chunk,
     .check_range = store_check_range,

@@ -122,6 +122,14 @@ typedef struct wtx_model_ops {
   int (*check_range)(void *model, wtx_target target, uint64_t table, size_t first,
                      const wtx_tensor_meta *metas, size_t n, size_t *bad, char *err,
                      size_t errlen);
+  /* Optional: undoes the last commit of target, which returns to the
+   * version that commit replaced, bytes and label (none, when it was the
+   * first), as if it had never happened. Called at most once per commit,
+   * after it and before the next begin; a trainer calls for it when
+   * another replica failed to publish the same update (AbortWeightUpdate
+   * naming it). NULL: a published update cannot be undone here, and the
+   * trainer is told so. */
+  int (*revert)(void *model, wtx_target target, char *err, size_t errlen);
 } wtx_model_ops;
 
 /* ---- the embedded parameter store ---- */

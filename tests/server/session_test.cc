@@ -232,6 +232,24 @@ class SessionTest : public ::testing::Test {
     return rc;
   }
 
+  // AbortWeightUpdate naming update (an undo, once it is published);
+  // *reverted and *version (when given) take the answer.
+  int AbortNamed(uint64_t update, bool *reverted = nullptr, std::string *version = nullptr) {
+    Wtx__V1__AbortWeightUpdateRequest req = WTX__V1__ABORT_WEIGHT_UPDATE_REQUEST__INIT;
+    req.session_id = const_cast<char *>(session_.c_str());
+    req.update_id = update;
+    req.reason = const_cast<char *>("another replica did not publish it");
+    Wtx__V1__AbortWeightUpdateResponse *resp = nullptr;
+    int rc = wtx__v1__weight_transfer__abort_weight_update__call(ch_, &req, &resp,
+                                                                  nullptr, &st_);
+    if (resp != nullptr) {
+      if (reverted != nullptr) *reverted = resp->reverted;
+      if (version != nullptr) *version = resp->weight_version;
+      protobuf_c_message_free_unpacked(&resp->base, nullptr);
+    }
+    return rc;
+  }
+
   static Tensor T(const std::string &name, size_t floats, uint8_t fill) {
     Tensor t{name, std::vector<uint8_t>(floats * 4)};
     for (size_t i = 0; i < t.data.size(); i++) t.data[i] = (uint8_t)(fill + i);
@@ -511,6 +529,63 @@ TEST_F(SessionTest, AbortDiscardsStagedWeightsAndANewUpdateCanStart) {
   EXPECT_EQ(T("b", 8, 77).data, now[1].second);  // updated tensor replaced
 }
 
+// A trainer whose Finish failed on another replica undoes the update
+// here: the worker serves again the version it replaced, bytes and label,
+// and the table the update sent is forgotten, so the next update sends its params. Repeating the undo
+// changes nothing; the undone update cannot be finished again.
+TEST_F(SessionTest, AnAbortNamingThePublishedUpdateServesTheVersionItReplaced) {
+  PublishV1();
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("a", 16, 90), T("b", 8, 91)})) << st_.message;
+  ASSERT_EQ(0, Finish("v2")) << st_.message;
+  const uint64_t v2 = update_;
+  bool reverted = false;
+  std::string version;
+  ASSERT_EQ(0, AbortNamed(v2, &reverted, &version)) << st_.message;
+  EXPECT_TRUE(reverted);
+  EXPECT_EQ("v1", version);
+  ExpectV1Intact();
+  ASSERT_EQ(0, AbortNamed(v2, &reverted, &version)) << st_.message;
+  EXPECT_FALSE(reverted);
+  EXPECT_EQ("v1", version);
+  ExpectV1Intact();
+  EXPECT_NE(0, Finish("v2"));
+  EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code) << st_.message;
+  ExpectV1Intact();
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_EQ(0u, table_);
+  ASSERT_EQ(0, Update({T("b", 8, 33)})) << st_.message;
+  ASSERT_EQ(0, Finish("v3")) << st_.message;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+  EXPECT_EQ("v3", Published(&now));
+  ASSERT_EQ(2u, now.size());
+  EXPECT_EQ(v1_[0], now[0]);
+  EXPECT_EQ(T("b", 8, 33).data, now[1].second);
+}
+
+// A prepared update named by the undo is discarded as any abort; a
+// published one that an update or a session followed can no longer be
+// undone, and the answer says so by the field, changing nothing.
+TEST_F(SessionTest, AnUndoAfterTheNextUpdateBeganIsRefusedAndChangesNothing) {
+  PublishV1();
+  const uint64_t v1 = update_;
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("a", 16, 7)})) << st_.message;
+  ASSERT_EQ(0, Prepare("v2")) << st_.message;
+  bool reverted = true;
+  std::string version;
+  ASSERT_EQ(0, AbortNamed(update_, &reverted, &version)) << st_.message;
+  EXPECT_FALSE(reverted);
+  EXPECT_EQ("v1", version);
+  ExpectV1Intact();
+  EXPECT_NE(0, AbortNamed(v1));
+  EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "update_id: update 1 is published and can no longer "
+                                         "be undone here: an update or a session began since"))
+      << st_.message;
+  ExpectV1Intact();
+}
+
 TEST_F(SessionTest, WatchdogAbortsAnIdleUpdate) {
   wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
   o.watchdog_ms = 100;
@@ -642,7 +717,8 @@ int CmPrepare(void *m, const char *v, char *e, size_t n) {
   return wtx_store_model_ops.prepare(static_cast<CountingModel *>(m)->store, v, e, n);
 }
 const wtx_model_ops kCounting = {CmCheck, CmBegin, CmStage, CmLoaded, CmPrepare, CmCommit,
-                                 CmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+                                 CmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                 nullptr};
 
 TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
@@ -858,7 +934,8 @@ void HmPause(void *h, int wait) {
 void HmResume(void *h) { static_cast<HostModel *>(h)->resumes++; }
 // No prepare: commit does it all (a host model that cannot fail there).
 const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit,
-                             HmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+                             HmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                             nullptr};
 
 TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   HostModel hm;
@@ -908,6 +985,22 @@ TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   EXPECT_EQ(WTX_ENOTSUP, wtx__v1__weight_transfer__update_weight_version__call(
                              ch_, &vr, &vresp, nullptr, &st_));
   EXPECT_EQ(GRPC_STATUS_UNIMPLEMENTED, st_.code);
+  Stop();  // before the model on this stack goes
+}
+
+// A host model without revert cannot undo what it published: the trainer
+// is told so, naming the op, and the host's weights stay as published.
+TEST_F(SessionTest, AnUndoOnAModelThatCannotRevertSaysSoAndKeepsItsWeights) {
+  HostModel hm;
+  Serve(&kHost, &hm);
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("x", 8, 3)})) << st_.message;
+  ASSERT_EQ(0, Finish("h1")) << st_.message;
+  EXPECT_NE(0, AbortNamed(update_));
+  EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "wtx_model_ops.revert")) << st_.message;
+  EXPECT_EQ("h1", hm.version);
+  EXPECT_EQ(T("x", 8, 3).data, hm.live["x"]);
   Stop();  // before the model on this stack goes
 }
 
@@ -986,7 +1079,8 @@ int CkLoadedChunk(void *m, const wtx_tensor_meta *metas, size_t n, const uint64_
 const wtx_model_ops kChunkHost = {CkPerTensorCheck, HmBegin,      CkPerTensorStage,
                                   CkPerTensorLoaded, nullptr,     HmCommit,
                                   HmAbort,          nullptr,      nullptr,
-                                  CkCheckChunk,     CkStageChunk, CkLoadedChunk, nullptr};
+                                  CkCheckChunk,     CkStageChunk, CkLoadedChunk, nullptr,
+                                  nullptr};
 
 TEST_F(SessionTest, AModelsPerChunkOpsAreCalledOncePerChunkInsteadOfPerTensor) {
   ChunkModel cm;
@@ -1074,7 +1168,7 @@ const wtx_model_ops kRangeHost = {CkPerTensorCheck,  HmBegin,      CkPerTensorSt
                                   CkPerTensorLoaded, nullptr,      HmCommit,
                                   HmAbort,           nullptr,      nullptr,
                                   CkCheckChunk,      CkStageChunk, CkLoadedChunk,
-                                  RmCheckRange};
+                                  RmCheckRange,      nullptr};
 
 TEST_F(SessionTest, ARangeIsCheckedByOneCallNamingTheTableAndItsPositions) {
   RangeModel rm;

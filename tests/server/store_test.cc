@@ -1,6 +1,6 @@
 // The worker's parameter store: atomic publish, refcounted snapshots that a
 // publish never frees under a reader, buffers of the version before last
-// reused for the next update, an abort that keeps the published bytes, and
+// reused for the next update, a commit undone, an abort that keeps the published bytes, and
 // the layout check.
 #include <gtest/gtest.h>
 
@@ -123,21 +123,88 @@ TEST_F(StoreTest, LargeTensorsStartOnA64ByteLine) {
 
 // The pool holds the version before last between updates; an update that
 // stages fewer tensors of a length than the pool holds gives the rest back.
-TEST_F(StoreTest, EachPublishLeavesTheVersionBeforeLastInThePool) {
+// A publish holds the version it replaced (a trainer may still undo it);
+// the next begin hands that version to the pool, where staging takes it:
+// memory stays two versions and one spare however many updates come.
+TEST_F(StoreTest, EachPublishHoldsTheVersionItReplacedUntilTheNextBegin) {
   const uint64_t model = (2 << 20) + (1 << 16);
   for (int v = 1; v <= 5; v++) {
     Publish(("v" + std::to_string(v)).c_str(),
             {{"a", 1 << 20, v}, {"b", 1 << 16, v}, {"c", 1 << 20, v}});
-    EXPECT_EQ(v == 1 ? 0 : model, wtx__store_pooled_bytes(s_)) << "after v" << v;
+    EXPECT_EQ(0u, wtx__store_pooled_bytes(s_)) << "after v" << v;
+    ASSERT_EQ(0, wtx_store_model_ops.begin(s_, WTX_TARGET_MAIN));
+    EXPECT_EQ(v == 1 ? 0 : model, wtx__store_pooled_bytes(s_)) << "begin after v" << v;
+    wtx_store_model_ops.abort(s_);
   }
-  // v6 takes v4's a or c and carries v5's b and c: the pool then has the
-  // other of v4's, v4's b and v5's a.
+  // v6 takes v4's a and carries v5's b and c: the pool then has v4's b
+  // and c, and v5 (its a, and b and c shared with v6) is held.
   Publish("v6", {{"a", 1 << 20, 6}});
-  EXPECT_EQ(model, wtx__store_pooled_bytes(s_));
+  EXPECT_EQ((1u << 20) + (1u << 16), wtx__store_pooled_bytes(s_));
   Publish("v7", {{"a", 1 << 20, 7}, {"b", 1 << 16, 7}, {"c", 1 << 20, 7}});
   wtx_store_view v;
   ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
   for (size_t i = 0; i < v.n_params; i++) EXPECT_TRUE(Filled(v.params[i], 7)) << i;
+  wtx_store_release(s_, &v);
+}
+
+// A commit undone (its Finish failed on another replica) publishes again
+// the version it replaced: bytes, names and label, with tensors the update
+// added gone. Once only: a second revert, or one after the next begin, is
+// refused and changes nothing.
+TEST_F(StoreTest, ARevertPublishesAgainTheVersionTheLastCommitReplaced) {
+  const wtx_model_ops &ops = wtx_store_model_ops;
+  Publish("v1", {{"a", 4096, 1}, {"b", 64, 1}});
+  Publish("v2", {{"a", 4096, 2}, {"c", 64, 2}});
+  char err[256] = "";
+  ASSERT_EQ(0, ops.revert(s_, WTX_TARGET_MAIN, err, sizeof err)) << err;
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  EXPECT_STREQ("v1", v.version);
+  ASSERT_EQ(2u, v.n_params);
+  std::set<std::string> names;
+  for (size_t i = 0; i < v.n_params; i++) {
+    names.insert(v.params[i].meta.name);
+    EXPECT_TRUE(Filled(v.params[i], 1)) << v.params[i].meta.name;
+  }
+  EXPECT_EQ((std::set<std::string>{"a", "b"}), names);
+  wtx_store_release(s_, &v);
+  EXPECT_EQ(WTX_ESTATE, ops.revert(s_, WTX_TARGET_MAIN, err, sizeof err));
+  EXPECT_NE(nullptr, strstr(err, "no commit to undo")) << err;
+  // The next update stages and publishes as usual over v1.
+  Publish("v3", {{"b", 64, 3}});
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  EXPECT_STREQ("v3", v.version);
+  for (size_t i = 0; i < v.n_params; i++)
+    EXPECT_TRUE(Filled(v.params[i], std::string(v.params[i].meta.name) == "a" ? 1 : 3));
+  wtx_store_release(s_, &v);
+  ASSERT_EQ(0, ops.begin(s_, WTX_TARGET_MAIN));
+  ops.abort(s_);
+  EXPECT_EQ(WTX_ESTATE, ops.revert(s_, WTX_TARGET_MAIN, err, sizeof err));
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  EXPECT_STREQ("v3", v.version);
+  wtx_store_release(s_, &v);
+}
+
+// A reader holding the undone version keeps it whole; undoing a first
+// version leaves the target empty, as before it.
+TEST_F(StoreTest, ARevertNeverFreesUnderAReaderAndUndoesAFirstVersionToNothing) {
+  const wtx_model_ops &ops = wtx_store_model_ops;
+  Publish("v1", {{"w", 4096, 1}});
+  wtx_store_view held;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &held));
+  char err[256] = "";
+  ASSERT_EQ(0, ops.revert(s_, WTX_TARGET_MAIN, err, sizeof err)) << err;
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  EXPECT_STREQ("", v.version);
+  EXPECT_EQ(0u, v.n_params);
+  wtx_store_release(s_, &v);
+  Publish("v2", {{"w", 4096, 2}});
+  EXPECT_STREQ("v1", held.version);
+  EXPECT_TRUE(Filled(held.params[0], 1));
+  wtx_store_release(s_, &held);
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  EXPECT_STREQ("v2", v.version);
   wtx_store_release(s_, &v);
 }
 

@@ -116,6 +116,7 @@ M_LOADED_CHUNK = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(TensorMeta), C.c_siz
 M_CHECK_RANGE = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.c_uint64, C.c_size_t,
                             C.POINTER(TensorMeta), C.c_size_t, C.POINTER(C.c_size_t),
                             C.c_void_p, C.c_size_t)
+M_REVERT = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.c_void_p, C.c_size_t)
 
 
 class ModelOps(C.Structure):
@@ -124,7 +125,7 @@ class ModelOps(C.Structure):
                 ("abort", M_ABORT), ("stage_device", M_STAGE_DEVICE),
                 ("adopt_device", M_ADOPT_DEVICE), ("check_chunk", M_CHECK_CHUNK),
                 ("stage_chunk", M_STAGE_CHUNK), ("loaded_chunk", M_LOADED_CHUNK),
-                ("check_range", M_CHECK_RANGE)]
+                ("check_range", M_CHECK_RANGE), ("revert", M_REVERT)]
 
 
 ON_PAUSE = C.CFUNCTYPE(None, C.c_void_p, C.c_int)
