@@ -176,11 +176,18 @@ int wtx_rpc_channel_create(const char *target,
     return WTX_ENOMEM;
   }
   grpc_init();
-  grpc_arg args[2];
+  grpc_arg args[5];
   size_t nargs = 0;
   int max = opts != NULL ? opts->max_message_bytes : 0;
   int_arg(args, &nargs, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max);
   int_arg(args, &nargs, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, max);
+  /* A trainer talks to a handful of workers and must reach one again as
+   * soon as it is back (an update undone elsewhere is still to undo
+   * there): reconnect attempts stay close together, and one to a worker
+   * that died mid-connection gives up soon (rpc.h). */
+  int_arg(args, &nargs, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  int_arg(args, &nargs, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, WTX_RPC_RECONNECT_MAX_MS);
+  int_arg(args, &nargs, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, WTX_RPC_CONNECT_TIMEOUT_MS);
   grpc_channel_args cargs = {nargs, args};
   grpc_channel_credentials *creds =
       opts != NULL ? opts->credentials : NULL;
@@ -207,6 +214,28 @@ void wtx_rpc_channel_destroy(wtx_rpc_channel *ch) {
 }
 
 grpc_channel *wtx_rpc_channel_grpc(wtx_rpc_channel *ch) { return ch->chan; }
+
+void wtx_rpc_channel_backoff(wtx_rpc_channel *ch, int64_t ms) {
+  gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                       gpr_time_from_millis(ms, GPR_TIMESPAN));
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_connectivity_state st = grpc_channel_check_connectivity_state(ch->chan, 1);
+  int was_ready = st == GRPC_CHANNEL_READY;
+  for (;;) {
+    /* One event per watch: a change of state, or the deadline (success 0). */
+    grpc_channel_watch_connectivity_state(ch->chan, st, deadline, cq, NULL);
+    grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type != GRPC_OP_COMPLETE || !ev.success) break;
+    st = grpc_channel_check_connectivity_state(ch->chan, 1);
+    if (st == GRPC_CHANNEL_READY && !was_ready) break;
+    was_ready = st == GRPC_CHANNEL_READY;
+  }
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+}
 
 const char *wtx_rpc_channel_target(const wtx_rpc_channel *ch) {
   return ch->target;

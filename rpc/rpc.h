@@ -105,6 +105,13 @@ typedef struct wtx_rpc_channel_options {
 
 #define WTX_RPC_CHANNEL_OPTIONS_INIT {0, NULL}
 
+/* The longest wait between a channel's attempts to reconnect, and the
+ * longest an attempt may take (gRPC's defaults: 120 s and 20 s), ms: a
+ * worker back from a partition or a restart is reached again within
+ * their sum. */
+#define WTX_RPC_RECONNECT_MAX_MS 1000
+#define WTX_RPC_CONNECT_TIMEOUT_MS 1000
+
 /* Connects lazily to target ("host:port", any gRPC target URI). opts may be
  * NULL. On success *out is owned by the caller until wtx_rpc_channel_destroy.
  * Calls grpc_init(); destroy balances it. */
@@ -116,6 +123,11 @@ void wtx_rpc_channel_destroy(wtx_rpc_channel *ch);
 grpc_channel *wtx_rpc_channel_grpc(wtx_rpc_channel *ch);
 /* The target ch was created with, owned by ch. */
 const char *wtx_rpc_channel_target(const wtx_rpc_channel *ch);
+/* The wait before retrying a call on ch that failed: ms, or less once ch
+ * becomes ready after it was not (reconnected). The waiting thread polls
+ * gRPC meanwhile: its connection attempts progress only while some thread
+ * waits in gRPC, so a plain sleep would let a reconnect time out. */
+void wtx_rpc_channel_backoff(wtx_rpc_channel *ch, int64_t ms);
 
 typedef struct wtx_rpc_metadata {
   const char *key; /* lowercase ASCII, e.g. "authorization" */
