@@ -19,6 +19,11 @@ typedef struct replica {
   uint64_t table_xxh3; /* from StartWeightUpdate: the table it may name by range */
   wtx_rpc_pending *pending;
   int begun; /* fan_begin's result for its call in flight (0: in flight) */
+  /* An update the other replicas undid that may be published here, still
+   * to undo (the undo could not reach this replica): undone before this
+   * replica's next init or start. undo_update 0: none. */
+  char undo_session[64];
+  uint64_t undo_update;
 } replica;
 
 struct wtx_client {
@@ -33,6 +38,7 @@ struct wtx_client {
   wtx__control *ctl; /* a control plane of the caller's: one replica, no channel */
   int borrowed;      /* the channels are another client's (wtx__client_subset) */
   uint64_t update_bytes; /* UpdateInfo bytes sent, over every replica */
+  int settle_rc; /* a start_begin's failure to undo, for start_end */
 };
 
 #define CONTROL_TARGET "the caller's control plane"
@@ -207,12 +213,16 @@ const char *wtx_client_last_error(const wtx_client *c) { return c->err; }
 int wtx_client_last_replica(const wtx_client *c) { return c->err_replica; }
 int wtx_client_last_status(const wtx_client *c) { return c->err_status; }
 
-/* Sleeps before attempt `attempt` (1, 2, ...) of a call tried again:
- * 100 ms, doubling. */
-static void backoff(int attempt) {
-  long ms = 100L << (attempt - 1);
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
+/* Attempts after a transient failure of a call that publishes or undoes
+ * (Finish, the undo): their waits (3.1 s) outlast the channel's longest
+ * way back to a worker (WTX_RPC_RECONNECT_MAX_MS + WTX_RPC_CONNECT_TIMEOUT_MS),
+ * so one back from a short partition or a restart is reached. */
+#define SETTLE_RETRIES 5
+
+/* Waits before attempt `attempt` (1, 2, ...) of a call tried again on
+ * replica i: 100 ms, doubling, or until its channel reconnects. */
+static void backoff(wtx_client *c, size_t i, int attempt) {
+  wtx_rpc_channel_backoff(c->r[i].ch, 100L << (attempt - 1));
 }
 
 /* One unary call on replica i, tried again up to retries times (0 for a
@@ -226,7 +236,7 @@ static int call_from(wtx_client *c, size_t i, const wtx_rpc_method *m,
   wtx_rpc_status st;
   int rc = 0;
   for (;; attempt++) {
-    if (attempt > 0) backoff(attempt);
+    if (attempt > 0) backoff(c, i, attempt);
     rc = wtx_rpc_unary(c->r[i].ch, m, req, resp, &o, &st);
     if (rc == 0 || !wtx_rpc_code_transient(st.code) || attempt >= retries) break;
   }
@@ -252,7 +262,11 @@ typedef struct fanout {
   wtx_client *c;
   void *arg;
   int retries; /* attempts after a transient failure (idempotent calls) */
+  int *codes;  /* may be NULL: each replica's gRPC status, 0 when it answered */
 } fanout;
+
+static int settle(wtx_client *c, size_t i);
+static int settle_all(wtx_client *c);
 
 /* Every replica's call in flight (a replica whose call cannot start keeps
  * why in begun); fan_end collects them. */
@@ -289,6 +303,7 @@ static int fan_take(fanout *f, size_t i) {
   }
   if (rc == 0 && f->take != NULL) f->take(f, i, m);
   if (m != NULL) protobuf_c_message_free_unpacked(m, NULL);
+  if (f->codes != NULL) f->codes[i] = rc == 0 ? 0 : c->err_status;
   return rc;
 }
 
@@ -386,8 +401,9 @@ int wtx__client_shards(wtx_client *c, Wtx__V1__ShardSpec **specs) {
   if (c->ctl != NULL) return 0;
   Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
   shards_arg a = {specs, 0};
-  fanout f = {wtx__v1__weight_transfer__get_weight_info__method, NULL, take_shard, &req.base,
-              c, &a, c->retries};
+  fanout f = {.method = wtx__v1__weight_transfer__get_weight_info__method,
+              .fill = NULL, .take = take_shard, .req = &req.base, .c = c,
+              .arg = &a, .retries = c->retries};
   int rc = each_replica(&f);
   if (rc == 0 && a.nomem) {
     seterr(c, -1, 8 /* RESOURCE_EXHAUSTED */, "out of memory reading the shard rules");
@@ -402,13 +418,15 @@ int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *inf
     return rc != 0 ? control_failed(c, "init_weight_transfer_engine", rc, wtx_strerror(rc)) : 0;
   }
   if (i >= c->n || c->r[i].pending != NULL) return WTX_EINVAL;
+  int rc = settle(c, i); /* before a new session can no longer undo it */
+  if (rc != 0) return rc;
   Wtx__V1__InitWeightTransferEngineRequest req =
       WTX__V1__INIT_WEIGHT_TRANSFER_ENGINE_REQUEST__INIT;
   req.init_info = (Wtx__V1__InitInfo *)info;
   wtx_rpc_metadata md;
   wtx_rpc_call_options o = call_opts(c, &md);
   c->r[i].session_id[0] = '\0';
-  int rc = wtx_rpc_unary_start(c->r[i].ch, wtx__v1__weight_transfer__init_weight_transfer_engine__method,
+  rc = wtx_rpc_unary_start(c->r[i].ch, wtx__v1__weight_transfer__init_weight_transfer_engine__method,
                                &req.base, &o, &c->r[i].pending);
   if (rc != 0)
     seterr(c, (int)i, 0, "worker %zu (%s): InitWeightTransferEngine: cannot start "
@@ -494,8 +512,9 @@ uint64_t wtx__client_table(const wtx_client *c) {
 
 /* The start's fan-out, between wtx__client_start_begin and _end. */
 static fanout start_fanout(wtx_client *c, Wtx__V1__StartWeightUpdateRequest *req) {
-  return (fanout){wtx__v1__weight_transfer__start_weight_update__method, session_fill,
-                  start_take, &req->base, c, NULL, 0};
+  return (fanout){.method = wtx__v1__weight_transfer__start_weight_update__method,
+                   .fill = session_fill, .take = start_take, .req = &req->base, .c = c,
+                   .arg = NULL, .retries = 0};
 }
 
 void wtx__client_start_begin(wtx_client *c, int target, size_t params) {
@@ -505,6 +524,7 @@ void wtx__client_start_begin(wtx_client *c, int target, size_t params) {
     c->r[0].begun = rc != 0 ? control_failed(c, "start_weight_update", rc, why) : 0;
     return;
   }
+  if ((c->settle_rc = settle_all(c)) != 0) return; /* start_end reports it */
   Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
   req.target = (Wtx__V1__UpdateTarget)target;
   req.expected_params = params <= UINT32_MAX ? (uint32_t)params : 0;
@@ -514,6 +534,11 @@ void wtx__client_start_begin(wtx_client *c, int target, size_t params) {
 
 int wtx__client_start_end(wtx_client *c) {
   if (c->ctl != NULL) return c->r[0].begun;
+  if (c->settle_rc != 0) {
+    int rc = c->settle_rc;
+    c->settle_rc = 0;
+    return rc;
+  }
   Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
   fanout f = start_fanout(c, &req); /* fill: only for a retry, and start has none */
   return fan_end(&f);
@@ -526,8 +551,9 @@ int wtx__client_start(wtx_client *c, int target) {
 
 /* UpdateWeights' fan-out (never retried: a chunk is not idempotent). */
 static fanout update_fanout(wtx_client *c, Wtx__V1__UpdateWeightsRequest *req) {
-  return (fanout){wtx__v1__weight_transfer__update_weights__method, session_fill, NULL,
-                  &req->base, c, NULL, 0};
+  return (fanout){.method = wtx__v1__weight_transfer__update_weights__method,
+                   .fill = session_fill, .take = NULL, .req = &req->base, .c = c,
+                   .arg = NULL, .retries = 0};
 }
 
 int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
@@ -583,12 +609,14 @@ int wtx__client_prepare(wtx_client *c, const char *version) {
   if (c->ctl != NULL) return 0; /* vLLM's finish prepares and publishes in one call */
   Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
   prep.weight_version = (char *)(version ? version : "");
-  fanout p = {wtx__v1__weight_transfer__prepare_weight_update__method, session_fill, NULL,
-              &prep.base, c, NULL, 0};
+  fanout p = {.method = wtx__v1__weight_transfer__prepare_weight_update__method,
+              .fill = session_fill, .take = NULL, .req = &prep.base, .c = c,
+              .arg = NULL, .retries = 0};
   return each_replica(&p);
 }
 
-int wtx__client_commit(wtx_client *c, const char *version, char *published, size_t publen) {
+/* One client's FinishWeightUpdate on every replica. */
+static int commit_one(wtx_client *c, const char *version, char *published, size_t publen) {
   if (published != NULL && publen > 0) published[0] = '\0';
   if (c->ctl != NULL) {
     char why[1024];
@@ -601,9 +629,154 @@ int wtx__client_commit(wtx_client *c, const char *version, char *published, size
   Wtx__V1__FinishWeightUpdateRequest req = WTX__V1__FINISH_WEIGHT_UPDATE_REQUEST__INIT;
   req.weight_version = "";
   label_arg a = {"weight_version", published, publen};
-  fanout f = {wtx__v1__weight_transfer__finish_weight_update__method, session_fill,
-              take_label, &req.base, c, &a, c->retries > 3 ? c->retries : 3};
+  fanout f = {.method = wtx__v1__weight_transfer__finish_weight_update__method,
+              .fill = session_fill, .take = take_label, .req = &req.base, .c = c, .arg = &a,
+              .retries = c->retries > SETTLE_RETRIES ? c->retries : SETTLE_RETRIES};
   return each_replica(&f);
+}
+
+/* What the undo of an update found, over every replica of every client. */
+typedef struct undo_report {
+  size_t replicas, undone;
+  char label[WTX_MAX_VERSION_BYTES + 1]; /* the version the first undone serves */
+  int labels_differ;
+  char unreached[600], kept[600]; /* "worker 1 (host:port): why", ... */
+} undo_report;
+
+#define UNDO_REASON "undo: another replica did not publish this update"
+
+static void take_undo(fanout *f, size_t i, const ProtobufCMessage *m) {
+  undo_report *rep = f->arg;
+  const char *v = ((const Wtx__V1__AbortWeightUpdateResponse *)m)->weight_version;
+  (void)i;
+  if (rep->undone++ == 0)
+    snprintf(rep->label, sizeof rep->label, "%s", v);
+  else if (strcmp(rep->label, v) != 0)
+    rep->labels_differ = 1;
+}
+
+static void note_replica(char *list, size_t len, const wtx_client *c, size_t i,
+                         const char *why) {
+  size_t o = strlen(list);
+  snprintf(list + o, len - o, "%sworker %zu (%s): %s", o ? "; " : "", c->r[i].index,
+           wtx_rpc_channel_target(c->r[i].ch), why);
+}
+
+/* Undoes, on every replica of c, the update each was told to publish:
+ * AbortWeightUpdate naming it returns a replica that published it to the
+ * version it replaced and discards it where it was only prepared, and a
+ * replica that restarted since (NOT_FOUND) holds nothing of it. Retried as
+ * Finish is; a replica still out of reach keeps the undo for its next
+ * init or start (settle). */
+static void undo(wtx_client *c, undo_report *rep) {
+  if (c->ctl != NULL || c->n == 0) return;
+  rep->replicas += c->n;
+  int *codes = calloc(c->n, sizeof *codes);
+  if (codes == NULL) {
+    snprintf(rep->kept, sizeof rep->kept, "out of memory asking %zu replicas", c->n);
+    return;
+  }
+  Wtx__V1__AbortWeightUpdateRequest req = WTX__V1__ABORT_WEIGHT_UPDATE_REQUEST__INIT;
+  req.reason = UNDO_REASON;
+  fanout f = {.method = wtx__v1__weight_transfer__abort_weight_update__method,
+              .fill = session_fill, .take = take_undo, .req = &req.base, .c = c, .arg = rep,
+              .retries = c->retries > SETTLE_RETRIES ? c->retries : SETTLE_RETRIES, .codes = codes};
+  fan_begin(&f);
+  for (size_t i = 0; i < c->n; i++) {
+    if (fan_take(&f, i) == 0) continue;
+    if (codes[i] == GRPC_STATUS_NOT_FOUND) {
+      rep->undone++;
+    } else if (wtx_rpc_code_transient(codes[i])) {
+      snprintf(c->r[i].undo_session, sizeof c->r[i].undo_session, "%s", c->r[i].session_id);
+      c->r[i].undo_update = c->r[i].update_id;
+      note_replica(rep->unreached, sizeof rep->unreached, c, i, wtx_rpc_code_name(codes[i]));
+    } else {
+      note_replica(rep->kept, sizeof rep->kept, c, i, c->err);
+    }
+  }
+  free(codes);
+}
+
+/* What the undo did, after the error that caused it. */
+static void report_undo(const undo_report *rep, char *err, size_t len) {
+  size_t o = strlen(err);
+  char back[WTX_MAX_VERSION_BYTES + 40] = "";
+  if (rep->undone > 0 && !rep->labels_differ)
+    snprintf(back, sizeof back, " (version '%s')", rep->label);
+  if (rep->undone == rep->replicas)
+    snprintf(err + o, len - o, "; so it was undone: every replica serves its weights "
+             "from before the update%s", back);
+  else
+    snprintf(err + o, len - o, "; undone on %zu of %zu replicas, back on their weights "
+             "from before%s", rep->undone, rep->replicas, back);
+  o = strlen(err);
+  if (rep->unreached[0] != '\0')
+    snprintf(err + o, len - o, "; not reached to undo it: %s; each serves its weights "
+             "from before or this update until reached: the next sync undoes it there "
+             "before anything else", rep->unreached);
+  o = strlen(err);
+  if (rep->kept[0] != '\0')
+    snprintf(err + o, len - o, "; could not undo it: %s", rep->kept);
+}
+
+int wtx__client_commit_all(wtx_client *const *cs, size_t n, const char *version,
+                           char *published, size_t publen, size_t *failed, char *err,
+                           size_t errlen) {
+  int rc = 0;
+  size_t k = 0;
+  for (; k < n; k++)
+    if ((rc = commit_one(cs[k], version, k == 0 ? published : NULL, k == 0 ? publen : 0)) != 0)
+      break;
+  if (rc == 0) return 0;
+  if (failed != NULL) *failed = k;
+  wtx_client *c = cs[k];
+  int who = c->err_replica, status = c->err_status;
+  snprintf(err, errlen, "%s", c->err);
+  undo_report rep = {0};
+  for (size_t j = 0; j < n; j++) undo(cs[j], &rep);
+  report_undo(&rep, err, errlen);
+  seterr(c, who, status, "%s", err);
+  return rc;
+}
+
+int wtx__client_commit(wtx_client *c, const char *version, char *published, size_t publen) {
+  char err[sizeof c->err];
+  return wtx__client_commit_all(&c, 1, version, published, publen, NULL, err, sizeof err);
+}
+
+/* Replica i's pending undo (see undo), delivered: 0 once nothing of that
+ * update is left to undo there. */
+static int settle(wtx_client *c, size_t i) {
+  replica *r = &c->r[i];
+  if (r->undo_update == 0) return 0;
+  Wtx__V1__AbortWeightUpdateRequest req = WTX__V1__ABORT_WEIGHT_UPDATE_REQUEST__INIT;
+  req.session_id = r->undo_session;
+  req.update_id = r->undo_update;
+  req.reason = UNDO_REASON;
+  ProtobufCMessage *m = NULL;
+  int rc = call(c, i, wtx__v1__weight_transfer__abort_weight_update__method, &req.base, &m,
+                c->retries > SETTLE_RETRIES ? c->retries : SETTLE_RETRIES);
+  if (m != NULL) protobuf_c_message_free_unpacked(m, NULL);
+  if (rc != 0 && wtx_rpc_code_transient(c->err_status)) {
+    char why[sizeof c->err];
+    snprintf(why, sizeof why, "%s", c->err);
+    seterr(c, (int)i, c->err_status, "%s (update %llu, undone on the other replicas, is "
+           "still to undo here)", why, (unsigned long long)r->undo_update);
+    return rc;
+  }
+  /* Undone, or nothing left to undo (NOT_FOUND: it restarted), or no
+   * longer undoable (the worker says why in its log): the next update
+   * replaces it everywhere either way. */
+  r->undo_update = 0;
+  return 0;
+}
+
+static int settle_all(wtx_client *c) {
+  for (size_t i = 0; i < c->n; i++) {
+    int rc = settle(c, i);
+    if (rc != 0) return rc;
+  }
+  return 0;
 }
 
 int wtx__client_finish(wtx_client *c, const char *version, char *published,
@@ -781,8 +954,9 @@ int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
   req.weight_version = (char *)version;
   label_arg a = {"previous_version", previous, prevlen};
   /* No fill: every replica gets the same request. */
-  fanout f = {wtx__v1__weight_transfer__update_weight_version__method, NULL, take_label,
-              &req.base, c, &a, 0};
+  fanout f = {.method = wtx__v1__weight_transfer__update_weight_version__method,
+              .fill = NULL, .take = take_label, .req = &req.base, .c = c,
+              .arg = &a, .retries = 0};
   return each_replica(&f);
 }
 

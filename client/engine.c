@@ -809,11 +809,6 @@ int wtx__trainer_send_prepared(wtx_trainer *t, const wtx_send_options *opts,
   return rc != 0 ? rc : send_run(t, opts, 0, result);
 }
 
-int wtx__trainer_commit(wtx_trainer *t, const char *version, char *published, size_t len) {
-  int rc = wtx__client_commit(t->client, version, published, len);
-  return rc != 0 ? fail(t, rc, "%s", wtx_client_last_error(t->client)) : 0;
-}
-
 void wtx__trainer_abort(wtx_trainer *t, const char *reason) {
   wtx__client_abort(t->client, reason);
   t->ready = 0;

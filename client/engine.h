@@ -25,9 +25,6 @@ void wtx__trainer_set_parts(wtx_trainer *t, Wtx__V1__TensorPart *const *parts);
  * as wtx_trainer_send_weights's, less the version. */
 int wtx__trainer_send_prepared(wtx_trainer *t, const wtx_send_options *opts,
                                wtx_send_result *result);
-/* Publishes what send_prepared prepared (version: the one it was given);
- * published receives replica 0's label. */
-int wtx__trainer_commit(wtx_trainer *t, const char *version, char *published, size_t len);
 /* Aborts every replica's update (their previous weights stay); the next
  * sync initializes the sessions again. */
 void wtx__trainer_abort(wtx_trainer *t, const char *reason);

@@ -52,7 +52,8 @@ int wtx__client_update_wait(wtx_client *c);
 /* Publishes the update on every replica or on none: PrepareWeightUpdate on
  * every replica first (a failure returns before any replica publishes; the
  * caller then aborts them all), then FinishWeightUpdate on each, retried on
- * transient failures. Each phase is in flight on every replica at once.
+ * transient failures; a Finish that still fails undoes the update on every
+ * replica (wtx__client_commit_all). Each phase is in flight on every replica at once.
  * version "" or NULL lets the workers number it. published (may be NULL)
  * receives replica 0's label. */
 int wtx__client_finish(wtx_client *c, const char *version, char *published,
@@ -63,6 +64,18 @@ int wtx__client_finish(wtx_client *c, const char *version, char *published,
  * prepare was given. */
 int wtx__client_prepare(wtx_client *c, const char *version);
 int wtx__client_commit(wtx_client *c, const char *version, char *published, size_t publen);
+/* commit over several clients' prepared updates, every replica of each or
+ * none: FinishWeightUpdate client after client; after a failure, every
+ * replica of every client is told to undo its update (AbortWeightUpdate
+ * naming it: a replica that published it returns to the version it
+ * replaced, a prepared one discards it). err (also the failing client's
+ * last error) says what failed and where the undo left each replica;
+ * *failed (may be NULL) is the failing client's index. A replica the undo
+ * cannot reach keeps it pending: its client's next init or start of that
+ * replica undoes it first, and fails while it still cannot. */
+int wtx__client_commit_all(wtx_client *const *cs, size_t n, const char *version,
+                           char *published, size_t publen, size_t *failed, char *err,
+                           size_t errlen);
 /* A client of replicas which[0..n) of c, sharing c's channels (c must
  * outlive it) and naming each worker by its number in c. *out is the
  * caller's until wtx_client_destroy. WTX_EINVAL for a caller's control

@@ -850,13 +850,12 @@ static int many_publish(wtx__many *m, const wtx_send_options *o, wtx_send_result
   int rc = 0;
   size_t w = 0;
   for (; rc == 0 && w < m->n_workers; w++) rc = wtx__client_prepare(m->one[w], v);
-  for (size_t k = 0; rc == 0 && k < m->n_workers; k++) {
-    w = k + 1;
-    rc = wtx__client_commit(m->one[k], v, k == 0 ? r->version : NULL,
-                            k == 0 ? sizeof r->version : 0);
+  if (rc != 0) {
+    snprintf(err, errlen, "%s", wtx_client_last_error(m->one[w - 1]));
+    return rc;
   }
-  if (rc != 0) snprintf(err, errlen, "%s", wtx_client_last_error(m->one[w - 1]));
-  return rc;
+  return wtx__client_commit_all(m->one, m->n_workers, v, r->version, sizeof r->version, NULL,
+                                err, errlen);
 }
 
 /* Rank 0: every worker's update aborted, its previous weights staying. */

@@ -579,6 +579,23 @@ static int run_groups(wtx__sharded *sh, char *err, size_t errlen) {
   return rc;
 }
 
+/* Every group's prepared update published, or none (each group is its
+ * own client: wtx__client_commit_all). */
+static int commit_groups(wtx__sharded *sh, const char *version, char *label, size_t len,
+                         char *err, size_t errlen) {
+  wtx_client **cs = malloc(sh->n * sizeof *cs);
+  if (cs == NULL) return WTX_ENOMEM;
+  for (size_t g = 0; g < sh->n; g++) cs[g] = sh->g[g].client;
+  size_t bad = 0;
+  char why[1400];
+  int rc = wtx__client_commit_all(cs, sh->n, version, label, len, &bad, why, sizeof why);
+  if (rc != 0)
+    snprintf(err, errlen, "tensor-parallel rank %u of %u: %s", sh->g[bad].tp_rank,
+             sh->g[bad].tp_size, why);
+  free(cs);
+  return rc;
+}
+
 int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_result *result,
                       char *err, size_t errlen) {
   double t0 = wtx_clock_s();
@@ -594,16 +611,12 @@ int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_resu
     }
   int rc = run_groups(sh, err, errlen);
   if (rc != 0) return rc;
-  char version[WTX_MAX_VERSION_BYTES + 1] = "", label[WTX_MAX_VERSION_BYTES + 1];
+  char version[WTX_MAX_VERSION_BYTES + 1] = "";
+  if ((rc = commit_groups(sh, o->version, version, sizeof version, err, errlen)) != 0)
+    return rc;
   wtx_send_result sum = {0};
   for (size_t g = 0; g < sh->n; g++) {
     group *gr = &sh->g[g];
-    if ((rc = wtx__trainer_commit(gr->t, o->version, label, sizeof label)) != 0) {
-      snprintf(err, errlen, "tensor-parallel rank %u of %u: %s", gr->tp_rank, gr->tp_size,
-               wtx_trainer_last_error(gr->t));
-      return rc;
-    }
-    if (g == 0) snprintf(version, sizeof version, "%s", label);
     sum.bytes += gr->res.bytes;
     sum.params += gr->res.params;
     sum.chunks += gr->res.chunks;

@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "wtx/client.h"
+#include "client/engine.h"
+#include "client/fanout.h"
 #include "common/safetensors.h"
 #include "tests/client/harness.h"
 #include "transport/transport.h"
@@ -1043,5 +1045,205 @@ TEST_P(EngineTest, AWorkerRestartedBetweenRoundsTakesTheNextSync) {
   wtx_client_destroy(c);
   wtx_source_destroy(src);
 }
+
+}  // namespace wtxtest
+
+namespace wtxtest {
+
+// Every replica or none, once Finish has begun (docs/operations.md, "Every
+// replica or none"): a model of 8 tensors whose bytes each version
+// changes, pushed by one trainer to two workers, the second behind a proxy
+// when the test cuts its network.
+class UndoTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    for (int i = 0; i < 8; i++) {
+      names_.push_back("layers." + std::to_string(i) + ".w");
+      shapes_.push_back(64 << 10);
+      data_.emplace_back(64 << 10);
+    }
+    for (int i = 0; i < 8; i++)
+      ts_.push_back({names_[i].c_str(), WTX_DTYPE_UINT8, &shapes_[i], 1, data_[i].data(), 0});
+    char e[512] = "";
+    ASSERT_EQ(0, wtx_source_memory(ts_.data(), ts_.size(), &src_, e, sizeof e)) << e;
+  }
+  void TearDown() override {
+    if (t_ != nullptr) wtx_trainer_shutdown(t_);
+    if (c_ != nullptr) wtx_client_destroy(c_);
+    wtx_source_destroy(src_);
+    EngineTest::TearDown();
+  }
+  // A trainer over a client of addrs (short deadlines: a cut costs little).
+  void Trainer(const std::vector<std::string> &addrs) {
+    std::vector<const char *> t;
+    for (auto &a : addrs) t.push_back(a.c_str());
+    wtx_client_options o = WTX_CLIENT_OPTIONS_INIT;
+    o.timeout_ms = 2000;
+    char e[600] = "";
+    ASSERT_EQ(0, wtx_client_create(t.data(), t.size(), &o, &c_, e, sizeof e)) << e;
+    backend_name_ = GetParam();
+    wtx_trainer_config cfg = Config(backend_name_, 1 << 20, 2, 10000);
+    ASSERT_EQ(0, wtx_trainer_init(&cfg, c_, src_, &t_, e, sizeof e)) << e;
+  }
+  // Version v's bytes: each version fills every tensor anew.
+  void Fill(int v) {
+    for (size_t i = 0; i < data_.size(); i++)
+      for (size_t k = 0; k < data_[i].size(); k++)
+        data_[i][k] = static_cast<uint8_t>(v * 31 + i * 7 + k);
+  }
+  // Publishes version v everywhere; *sums gets its checksums.
+  void Publish(int v, std::vector<uint64_t> *sums) {
+    Fill(v);
+    std::string name = "v" + std::to_string(v);
+    wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+    so.version = name.c_str();
+    wtx_send_result res;
+    ASSERT_EQ(0, wtx_trainer_send_weights(t_, &so, &res)) << wtx_trainer_last_error(t_);
+    ASSERT_NE(nullptr, res.xxh3);
+    sums->assign(res.xxh3, res.xxh3 + res.params);
+  }
+  // Version v sent and prepared on every replica, not published; *sums
+  // (may be NULL) gets its checksums.
+  void Prepare(int v, std::vector<uint64_t> *sums = nullptr) {
+    Fill(v);
+    std::string name = "v" + std::to_string(v);
+    wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+    so.version = name.c_str();
+    wtx_send_result res;
+    ASSERT_EQ(0, wtx__trainer_send_prepared(t_, &so, &res)) << wtx_trainer_last_error(t_);
+    if (sums != nullptr) sums->assign(res.xxh3, res.xxh3 + res.params);
+  }
+  // The Finish of a prepared v that must fail: the trainer's error, and its
+  // engine told as a failed sync tells it.
+  std::string FailedFinish(int v) {
+    std::string name = "v" + std::to_string(v);
+    char published[WTX_MAX_VERSION_BYTES + 1];
+    EXPECT_NE(0, wtx__client_commit(c_, name.c_str(), published, sizeof published));
+    std::string e = wtx_client_last_error(c_);
+    wtx__trainer_abort(t_, e.c_str());
+    return e;
+  }
+  // w serves version v with exactly the checksums sums.
+  void ExpectServes(const Worker &w, const std::string &v, const std::vector<uint64_t> &sums) {
+    EXPECT_EQ(v, Version(w));
+    wtx_client *c = Client({w});
+    EXPECT_EQ(0, wtx_client_verify(c, src_, sums.data())) << wtx_client_last_error(c);
+    wtx_client_destroy(c);
+  }
+  static void Contains(const std::string &e, const std::string &part) {
+    EXPECT_NE(std::string::npos, e.find(part)) << "missing \"" << part << "\" in: " << e;
+  }
+
+  std::vector<std::string> names_;
+  std::vector<uint64_t> shapes_;
+  std::vector<std::vector<uint8_t>> data_;
+  std::vector<wtx_memory_tensor> ts_;
+  wtx_source *src_ = nullptr;
+  wtx_client *c_ = nullptr;
+  wtx_trainer *t_ = nullptr;
+  std::string backend_name_;
+};
+
+// A replica killed between Prepare and Finish: the other, which published,
+// is undone and serves v1 again; the error names the dead worker and says
+// the undo could not reach it. Restarted, it holds nothing of v2 (nothing
+// at all: a worker starts empty), and the next sync reaches both.
+TEST_P(UndoTest, AReplicaKilledAfterPrepareLeavesEveryReplicaOnTheVersionBefore) {
+  Worker w0 = Spawn(), w1 = Spawn();
+  Trainer({w0.addr(), w1.addr()});
+  std::vector<uint64_t> v1, v3;
+  Publish(1, &v1);
+  Prepare(2);
+  kill(w1.pid, SIGKILL);
+  int st = 0;
+  ASSERT_EQ(w1.pid, waitpid(w1.pid, &st, 0));
+  workers_[1].pid = -1;
+  std::string e = FailedFinish(2);
+  Contains(e, "worker 1 (" + w1.addr() + ")");
+  Contains(e, "FinishWeightUpdate");
+  Contains(e, "UNAVAILABLE");
+  Contains(e, "undone on 1 of 2 replicas, back on their weights from before (version 'v1')");
+  Contains(e, "not reached to undo it: worker 1 (" + w1.addr() + ")");
+  ExpectServes(w0, "v1", v1);
+  Worker again = Spawn({"--listen", w1.addr()});
+  ASSERT_EQ(w1.port, again.port);
+  EXPECT_EQ("", Version(again));
+  ASSERT_NO_FATAL_FAILURE(Publish(3, &v3));
+  ExpectServes(w0, "v3", v3);
+  ExpectServes(again, "v3", v3);
+}
+
+// A partition between Prepare and Finish: the reachable replica is undone;
+// the cut one never published. While the cut lasts the next sync fails,
+// naming the update still to undo there; once it heals, that sync first
+// discards the prepared update there, then publishes everywhere.
+TEST_P(UndoTest, APartitionAfterPrepareUndoesTheOthersAndTheNextSyncSettlesIt) {
+  Worker w0 = Spawn(), w1 = Spawn();
+  Proxy net(w1.port);
+  Trainer({w0.addr(), net.addr()});
+  std::vector<uint64_t> v1, v3;
+  Publish(1, &v1);
+  Prepare(2);
+  net.Set(Proxy::kCut);
+  std::string e = FailedFinish(2);
+  Contains(e, "worker 1 (" + net.addr() + ")");
+  Contains(e, "undone on 1 of 2 replicas");
+  Contains(e, "not reached to undo it: worker 1");
+  ExpectServes(w0, "v1", v1);
+  ExpectServes(w1, "v1", v1);  // prepared, never published
+  Fill(3);
+  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+  so.version = "v3";
+  EXPECT_NE(0, wtx_trainer_send_weights(t_, &so, nullptr));
+  Contains(wtx_trainer_last_error(t_), "is still to undo here");
+  ExpectServes(w0, "v1", v1);
+  net.Set(Proxy::kPass);
+  ASSERT_NO_FATAL_FAILURE(Publish(3, &v3));
+  ExpectServes(w0, "v3", v3);
+  ExpectServes(w1, "v3", v3);
+}
+
+// A Finish that reaches a replica whose answers are lost, then a cut: it
+// published v2, its Finish failed, and the undo cannot reach it, so it
+// serves v2 until the network heals (the documented window); the next
+// sync undoes it there before anything else, then publishes everywhere.
+TEST_P(UndoTest, AReplicaThatPublishedBehindACutIsUndoneWhenItIsReachedAgain) {
+  Worker w0 = Spawn(), w1 = Spawn();
+  Proxy net(w1.port);
+  Trainer({w0.addr(), net.addr()});
+  std::vector<uint64_t> v1, v3;
+  Publish(1, &v1);
+  Prepare(2);
+  net.Set(Proxy::kDropAnswers);
+  std::string e;
+  std::thread finish([&] { e = FailedFinish(2); });
+  for (int i = 0; i < 1000 && Version(w1) != "v2"; i++)  // a state, at most 10 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ("v2", Version(w1));
+  net.Set(Proxy::kCut);
+  finish.join();
+  Contains(e, "worker 1 (" + net.addr() + ")");
+  Contains(e, "undone on 1 of 2 replicas");
+  Contains(e, "not reached to undo it: worker 1");
+  ExpectServes(w0, "v1", v1);
+  EXPECT_EQ("v2", Version(w1));
+  net.Set(Proxy::kPass);
+  // The next sync's settle reverts w1 before its update starts: held at
+  // Prepare, both serve v1.
+  ASSERT_NO_FATAL_FAILURE(Prepare(3, &v3));
+  ExpectServes(w0, "v1", v1);
+  ExpectServes(w1, "v1", v1);
+  char published[WTX_MAX_VERSION_BYTES + 1];
+  ASSERT_EQ(0, wtx__client_commit(c_, "v3", published, sizeof published))
+      << wtx_client_last_error(c_);
+  ExpectServes(w0, "v3", v3);
+  ExpectServes(w1, "v3", v3);
+}
+
+INSTANTIATE_TEST_SUITE_P(HostBackends, UndoTest, ::testing::Values("shm", "tcp"),
+                         [](const ::testing::TestParamInfo<const char *> &i) {
+                           return std::string(i.param);
+                         });
 
 }  // namespace wtxtest

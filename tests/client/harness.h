@@ -11,9 +11,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,6 +206,125 @@ struct UseCudaDouble : ::testing::Environment {
     setenv("WTX_CUDART_LIB", lib.c_str(), 1);
     setenv("WTX_NCCL_LIB", lib.c_str(), 1);
   }
+};
+
+
+// A TCP proxy on loopback in front of one worker's gRPC port, for faults of
+// the network between a trainer and that worker. kPass: bytes flow both
+// ways. kDropAnswers: requests reach the worker, its answers are lost.
+// kCut: every connection is closed and the port refuses new ones, as an
+// unreachable host does, until the next kPass listens on it again. The
+// pumps wait in poll on their sockets; a cut or the destructor shuts those
+// down, which ends the waits at once.
+class Proxy {
+ public:
+  enum Mode { kPass, kDropAnswers, kCut };
+  explicit Proxy(int upstream) : upstream_(upstream) { Listen(); }
+  ~Proxy() {
+    stop_ = true;
+    Unlisten();
+    ShutAll();
+    for (auto &t : pumps_) t.join();
+  }
+  std::string addr() const { return "127.0.0.1:" + std::to_string(port_); }
+  void Set(Mode m) {
+    if (m == kCut && mode_ != kCut) {
+      mode_ = m;
+      Unlisten();
+      ShutAll();
+    } else if (m != kCut && mode_ == kCut) {
+      mode_ = m;
+      Listen();
+    }
+    mode_ = m;
+  }
+
+ private:
+  void Listen() {
+    lfd_ = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(lfd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    socklen_t len = sizeof a;
+    ASSERT_EQ(0, bind(lfd_, reinterpret_cast<sockaddr *>(&a), sizeof a)) << port_;
+    ASSERT_EQ(0, listen(lfd_, 16));
+    ASSERT_EQ(0, getsockname(lfd_, reinterpret_cast<sockaddr *>(&a), &len));
+    port_ = ntohs(a.sin_port);
+    accept_ = std::thread([this] { Accept(); });
+  }
+  void Unlisten() {
+    if (lfd_ < 0) return;
+    shutdown(lfd_, SHUT_RDWR);  // ends the accept
+    accept_.join();
+    close(lfd_);
+    lfd_ = -1;
+  }
+  void ShutAll() {
+    std::lock_guard<std::mutex> l(mu_);
+    for (int fd : open_) shutdown(fd, SHUT_RDWR);
+  }
+  void Accept() {
+    for (;;) {
+      int c = accept(lfd_, nullptr, nullptr);
+      if (c < 0) return;  // shut down
+      int u = Connect();
+      if (u < 0) {
+        close(c);
+        continue;
+      }
+      std::lock_guard<std::mutex> l(mu_);
+      open_.push_back(c);
+      open_.push_back(u);
+      pumps_.emplace_back([this, c, u] { Pump(c, u); });
+    }
+  }
+  int Connect() {
+    int u = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(upstream_));
+    if (connect(u, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0) return u;
+    close(u);
+    return -1;
+  }
+  // Copies c <-> u until either side closes or the proxy shuts them.
+  void Pump(int c, int u) {
+    char buf[65536];
+    for (bool up = true; up && !stop_ && mode_ != kCut;) {
+      pollfd p[2] = {{c, POLLIN, 0}, {u, POLLIN, 0}};
+      poll(p, 2, -1);
+      if (p[0].revents) up = Copy(c, u, buf, sizeof buf, true);
+      if (up && p[1].revents) up = Copy(u, c, buf, sizeof buf, false);
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    for (int fd : {c, u}) {
+      open_.erase(std::find(open_.begin(), open_.end(), fd));
+      close(fd);
+    }
+  }
+  bool Copy(int from, int to, char *buf, size_t len, bool request) {
+    ssize_t n = read(from, buf, len);
+    if (n <= 0) return false;
+    if (!request && mode_ == kDropAnswers) return true;
+    for (ssize_t o = 0; o < n;) {
+      ssize_t w = write(to, buf + o, static_cast<size_t>(n - o));
+      if (w <= 0) return false;
+      o += w;
+    }
+    return true;
+  }
+
+  int upstream_, port_ = 0, lfd_ = -1;
+  std::atomic<int> mode_{kPass};
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;  // open_, pumps_
+  std::vector<int> open_;
+  std::thread accept_;
+  std::vector<std::thread> pumps_;
 };
 
 }  // namespace wtxtest
