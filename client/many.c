@@ -880,14 +880,19 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   if (rc == 0 && m->rank == 0) rc = many_start(m, opts->target, err, errlen);
   if (rc == 0) rc = many_pass(m, err, errlen);
   if (rc == 0) rc = many_move(m, &r, err, errlen);
+  int moved = rc == 0;
   if (rc == 0 && m->rank == 0) rc = many_publish(m, opts, &r, err, errlen);
   pass_release(m);
-  if (rc != 0 && m->rank == 0) {
+  if (rc != 0 && !moved) {
     /* Every worker keeps its previous weights; the next sync starts over. */
-    many_abort(m, err);
-    m->ready = 0;
+    if (m->rank == 0) many_abort(m, err);
+    if (m->rank == 0) m->ready = 0;
+    wtx__tcp_rank_reset(m->tcp);
   }
-  if (rc != 0) wtx__tcp_rank_reset(m->tcp);
+  /* A failed publish was undone on every worker (many_publish), and every
+   * byte had moved: the sessions and connections stand, and the other
+   * ranks, whose part succeeded, keep them for the next sync. A worker
+   * that lost its session fails that sync's start, which starts over. */
   r.params = m->n;
   r.seconds = (double)(wtx_clock_ms() - t0) / 1000.0;
   r.control_bytes = many_control_bytes(m) - control0;

@@ -232,6 +232,42 @@ TEST_F(ManyTest, ARankKilledMidSyncLeavesEveryWorkerOnItsVersionAndTheNextSyncLa
   ExpectHolds(whole, -1, two, "v2");
 }
 
+// Every worker or none, with many senders: the whole replica is a sidecar
+// whose vLLM (a stand-in) refuses to load v2, so its Finish fails after
+// the tensor-parallel workers published v2. Rank 0 undoes v2 on every
+// worker, that vLLM loads v1 again, and the error says so; the next sync
+// lands everywhere.
+TEST_F(ManyTest, AFinishRefusedByOneWorkerIsUndoneOnEveryWorker) {
+  wtxtest::VllmStandIn vllm;
+  std::string vdir = dir_ + "/vllm";
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1),
+         whole = Spawn({"--vllm-url", vllm.url(), "--vllm-dir", vdir});
+  StartAll({r0, r1, whole});
+  for (const std::string &line : SyncAll(1, "v1")) ASSERT_EQ(0u, line.rfind("ok", 0)) << line;
+  ASSERT_EQ(1u, vllm.Reloads().size());
+  const std::string v1_reload = vllm.Reloads()[0];
+  vllm.Refuse(1);
+  std::vector<std::string> got = SyncAll(2, "v2");
+  EXPECT_EQ(0u, got[0].rfind("fail", 0)) << got[0];
+  for (const char *part : {"published here, but the engine it feeds did not load it",
+                           "vLLM /collective_rpc answered 500",
+                           "so it was undone: every replica serves its weights from before "
+                           "the update (version 'v1')"})
+    EXPECT_NE(std::string::npos, got[0].find(part)) << "missing \"" << part << "\" in " << got[0];
+  Llama one(1), two(2), three(3);
+  ExpectHolds(r0, 0, one, "v1");
+  ExpectHolds(r1, 1, one, "v1");
+  ExpectHolds(whole, -1, one, "v1");
+  std::vector<std::string> reloads = vllm.Reloads();
+  ASSERT_EQ(3u, reloads.size());  // v1, v2 refused, v1 again
+  EXPECT_EQ(v1_reload, reloads[2]) << "the undo loads the directory of v1 again";
+  for (const std::string &line : SyncAll(3, "v3")) EXPECT_EQ(0u, line.rfind("ok", 0)) << line;
+  ExpectHolds(r0, 0, three, "v3");
+  ExpectHolds(r1, 1, three, "v3");
+  ExpectHolds(whole, -1, three, "v3");
+  (void)two;
+}
+
 // The same over nccl, on the TEST DOUBLE of CUDA and NCCL: one
 // communicator of the four ranks and the three workers, each chunk an
 // ncclSend from the rank that owns it to its worker, in an order every
