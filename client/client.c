@@ -213,9 +213,12 @@ const char *wtx_client_last_error(const wtx_client *c) { return c->err; }
 int wtx_client_last_replica(const wtx_client *c) { return c->err_replica; }
 int wtx_client_last_status(const wtx_client *c) { return c->err_status; }
 
-/* Attempts after a transient failure of a call that publishes or undoes
- * (Finish, the undo): their waits (3.1 s) outlast the channel's longest
- * way back to a worker (WTX_RPC_RECONNECT_MAX_MS + WTX_RPC_CONNECT_TIMEOUT_MS),
+/* Attempts after a transient failure of a Finish: an answer lost on the
+ * way is asked for again (a repeated Finish answers the same), briefly,
+ * since the undo follows a Finish that still fails. */
+#define FINISH_RETRIES 3
+/* And of the undo: its waits (3.1 s) outlast the channel's longest way
+ * back to a worker (WTX_RPC_RECONNECT_MAX_MS + WTX_RPC_CONNECT_TIMEOUT_MS),
  * so one back from a short partition or a restart is reached. */
 #define SETTLE_RETRIES 5
 
@@ -631,7 +634,7 @@ static int commit_one(wtx_client *c, const char *version, char *published, size_
   label_arg a = {"weight_version", published, publen};
   fanout f = {.method = wtx__v1__weight_transfer__finish_weight_update__method,
               .fill = session_fill, .take = take_label, .req = &req.base, .c = c, .arg = &a,
-              .retries = c->retries > SETTLE_RETRIES ? c->retries : SETTLE_RETRIES};
+              .retries = c->retries > FINISH_RETRIES ? c->retries : FINISH_RETRIES};
   return each_replica(&f);
 }
 

@@ -1104,9 +1104,9 @@ grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
   char why[1024] = "";
   int rc = reverted && s->cfg.on_commit != NULL
                ? s->cfg.on_commit(s->cfg.on_commit_user, target, why, sizeof why) : 0;
-  if (rc != 0)
-    return from_wtx(ctx, rc, "undone here, but the engine it feeds did not load the "
-                    "version before", why);
+  if (rc != 0) /* not transient: a repeated undo finds nothing left to undo */
+    return model_failed(ctx, rc, "undone here, but the engine it feeds did not load the "
+                        "version before", why);
   resp->reverted = reverted;
   resp->weight_version = wtx_rpc_ctx_strdup(ctx, label);
   return code;

@@ -22,13 +22,15 @@ from vllm_test import AppServer
 class EngineClientStandIn:
     """STAND-IN for vLLM's EngineClient: what the RL and dev-rpc routers
     call. reload_weights reads DIR/model.safetensors with the safetensors
-    package into the model. fail / delay_s make it refuse or dawdle."""
+    package into the model. fail / delay_s make it refuse or dawdle;
+    fail_times refuses that many reloads, then loads again."""
 
     def __init__(self, model):
         self.model = model
         self.version = None
         self.calls = []
         self.fail = False
+        self.fail_times = 0
         self.delay_s = 0.0
 
     async def pause_generation(self, mode="abort", clear_cache=True):
@@ -41,7 +43,8 @@ class EngineClientStandIn:
         self.calls.append((method, dict(kwargs or {})))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        if self.fail:
+        if self.fail or self.fail_times > 0:
+            self.fail_times = max(0, self.fail_times - 1)
             raise RuntimeError("reload_weights refused by the stand-in")
         from safetensors.torch import load_file
         tensors = load_file(os.path.join(kwargs["weights_path"], "model.safetensors"))
@@ -88,8 +91,9 @@ def Sidecar(url, timeout_ms=20000, disk=False):
 
 
 def push(addr, model, version):
+    """A sync of model to addr (one worker, or a list of replicas)."""
     import wtx
-    client = wtx.WorkerClient([addr])
+    client = wtx.WorkerClient(addr if isinstance(addr, list) else [addr])
     engine = wtx.TrainerEngine.trainer_init(
         {"rank": 0, "transport": "shm"}, client=client,
         source=wtx.DictSource({n: p.detach() for n, p in model.named_parameters()}))
@@ -113,6 +117,7 @@ class SidecarTest(unittest.TestCase):
 
     def setUp(self):
         self.client.fail = False
+        self.client.fail_times = 0
         self.client.delay_s = 0.0
         self.client.calls.clear()
 
@@ -179,6 +184,40 @@ class SidecarTest(unittest.TestCase):
                 self.assertTrue(torch.equal(before[n], p), n)
             self.assertEqual("resume", self.client.calls[-1][0])  # resumed even so
         finally:
+            self.assertEqual(0, side.stop())
+
+    def test_a_reload_refused_beside_a_plain_replica_is_undone_on_both(self):
+        # Every replica or none: the plain replica publishes step-2, the
+        # sidecar's vLLM refuses it; the trainer undoes step-2 on both,
+        # and that vLLM loads step-1 again.
+        import requests
+        import wtx
+        plain, side = Worker(), Sidecar(self.vllm.url)
+        try:
+            push([plain.addr, side.addr], tiny_llama(7), "step-1")
+            before = self.weights()
+            self.client.fail_times = 1
+            with self.assertRaises(wtx.WtxError) as e:
+                push([plain.addr, side.addr], tiny_llama(8), "step-2")
+            msg = str(e.exception)
+            self.assertIn(f"worker 1 ({side.addr})", msg)
+            self.assertIn("published here, but the engine it feeds did not load it", msg)
+            self.assertIn("so it was undone: every replica serves its weights from before "
+                          "the update (version 'step-1')", msg)
+            for n, p in self.model.named_parameters():
+                self.assertTrue(torch.equal(before[n], p), n)
+            self.assertEqual("step-1", requests.get(self.vllm.url + "/weight_info").json()
+                             ["weight_version"])
+            for addr in (plain.addr, side.addr):
+                with wtx.WorkerClient(addr) as c:
+                    self.assertEqual("step-1", c.get_weight_info()[0]["weight_version"], addr)
+            with wtx.WorkerClient(side.addr) as c:
+                self.assertEqual("step-1", c.get_weight_info()[0]["serving_version"])
+            self.assertEqual([os.path.join(side.vdir, v) for v in ("step-1", "step-2", "step-1")],
+                             [c[1]["weights_path"] for c in self.client.calls
+                              if c[0] == "reload_weights"])
+        finally:
+            self.assertEqual(0, plain.stop())
             self.assertEqual(0, side.stop())
 
     def test_a_slow_vllm_is_a_timeout(self):
