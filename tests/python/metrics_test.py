@@ -133,6 +133,44 @@ class MetricsTest(unittest.TestCase):
         self.assertEqual(1, m[("wtx_updates_aborted_total", (("reason", "trainer"),))])
         self.assertEqual(404, self.status("/nothing"))
 
+    def test_an_undone_publish_is_counted_and_serves_the_version_before(self):
+        # A trainer undoing the update its Finish published here (another
+        # replica failed to): counted once, the version before served
+        # again, and a repeated undo counts nothing.
+        import grpc
+        import xxhash
+        from worker_test import Shm, transport_pb2, wt, wt_grpc
+        self.assertEqual(0, self.push("--version", "v1", "synthetic:16M").returncode)
+        stub = wt_grpc.WeightTransferStub(grpc.insecure_channel(self.addr))
+        meta = stub.GetWeightInfo(wt.GetWeightInfoRequest(include_params=True)).params[0].meta
+        init = stub.InitWeightTransferEngine(wt.InitWeightTransferEngineRequest(
+            init_info=wt.InitInfo(shm=transport_pb2.ShmInitInfo())))
+        start = stub.StartWeightUpdate(wt.StartWeightUpdateRequest(session_id=init.session_id))
+        data = bytes(math.prod(meta.shape) * 2)  # bf16 zeros
+        shm = Shm(len(data))
+        try:
+            shm.map[:len(data)] = data
+            stub.UpdateWeights(wt.UpdateWeightsRequest(
+                session_id=init.session_id, update_id=start.update_id,
+                update_info=wt.UpdateInfo(
+                    params=[meta], chunk_bytes=len(data),
+                    xxh3_64=[xxhash.xxh3_64_intdigest(data)],
+                    shm=transport_pb2.ShmUpdateInfo(region=shm.name, offset=0))))
+        finally:
+            shm.close()
+        stub.FinishWeightUpdate(wt.FinishWeightUpdateRequest(
+            session_id=init.session_id, update_id=start.update_id, weight_version="v2"))
+        self.assertEqual(0, scrape(self.mport)[("wtx_updates_reverted_total", ())])
+        for reverted in (True, False):
+            r = stub.AbortWeightUpdate(wt.AbortWeightUpdateRequest(
+                session_id=init.session_id, update_id=start.update_id, reason="undo"))
+            self.assertEqual(reverted, r.reverted)
+            self.assertEqual("v1", r.weight_version)
+        m = scrape(self.mport)
+        self.assertEqual(1, m[("wtx_updates_reverted_total", ())])
+        self.assertEqual(2, m[("wtx_updates_published_total", ())])
+        self.assertEqual("v1", stub.GetWeightInfo(wt.GetWeightInfoRequest()).weight_version)
+
     def status(self, path):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{self.mport}{path}", timeout=5)
