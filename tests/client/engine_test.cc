@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -753,6 +754,33 @@ TEST_P(GpuModelTest, AModelOnTheGpuIsStagedThereAndReceivesEveryByte) {
   wtx_source_destroy(src);
   ASSERT_EQ(0, wtx_source_synthetic(4 << 20, 3000, &src));
   ASSERT_EQ(0, Push(c, src, "v2", 1 << 20, 2, 20000, &err)) << err;
+  wtx_source_destroy(src);
+  wtx_client_destroy(c);
+}
+
+// The GPU backends' default, checksums off, takes its own path (no host
+// bounce, nothing verified by the session): every byte is checked here
+// instead, the worker's model hashing its device bytes (a copy to the
+// host) and the test hashing the trainer's tensors, staged and received
+// in place alike.
+TEST_P(GpuModelTest, WithChecksumsOffEveryByteLandsAsTheTestHashesIt) {
+  DeviceModel model;
+  std::string sums = dir_ + "/sums";
+  std::vector<Worker> ws = {Spawn({"--sums", sums})};
+  wtx_client *c = Client(ws);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_create(&kDeviceModel, &model, &src));
+  std::map<std::string, uint64_t> want = HostSums(src);
+  ASSERT_EQ(model.kN, want.size());
+  checksum_ = WTX_CHECKSUM_NONE;
+  for (int direct : {0, 1}) {
+    direct_ = direct;
+    std::string err, v = "off-" + std::to_string(direct), got_version;
+    std::remove(sums.c_str());
+    ASSERT_EQ(0, Push(c, src, v.c_str(), 1 << 20, 2, 20000, &err)) << err;
+    EXPECT_EQ(want, DeviceSums(sums, &got_version)) << v;
+    EXPECT_EQ(v, got_version);
+  }
   wtx_source_destroy(src);
   wtx_client_destroy(c);
 }

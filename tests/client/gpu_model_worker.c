@@ -13,10 +13,13 @@
  * copy was the only one. At
  * prepare it copies each staged tensor back to the host and hashes it: a
  * tensor whose device bytes do not hash to the checksum the session
- * verified fails the update. Run it with checksums on.
+ * verified fails the update. With checksums off (the GPU backends'
+ * default) the session verifies nothing, so --sums FILE writes those
+ * hashes at each commit ("version V", then "NAME HEX" per tensor) for the
+ * test to compare with its own; without --sums, run it with checksums on.
  *
  * Usage: gpu_model_worker --listen HOST:PORT --port-file FILE [--no-check]
- *                         [--in-place-only]
+ *                         [--in-place-only] [--sums FILE]
  * (the CUDA runtime as the worker finds it: WTX_CUDART_LIB, ...; the
  * device from WTX_CUDA_DEVICE). --no-check, for throughput figures: prepare
  * trusts the staging (checksums may then be off). SIGTERM or SIGINT ends
@@ -36,6 +39,7 @@ typedef struct staged {
   int owned; /* dev is ours (stage_device), not the worker's (adopt_device) */
   uint64_t xxh3;
   int has_xxh3;
+  uint64_t seen; /* the hash of its device bytes, at prepare */
 } staged;
 
 typedef struct gpu_model {
@@ -46,6 +50,7 @@ typedef struct gpu_model {
   int device;
   int no_check;
   int in_place_only;
+  const char *sums; /* --sums FILE, or NULL */
 } gpu_model;
 
 static void drop_staged(gpu_model *m) {
@@ -134,19 +139,23 @@ static int m_loaded(void *model, const wtx_tensor_meta *meta, const uint64_t *xx
   return 0;
 }
 
-/* Whether staged tensor s holds, on the device, the bytes the session
- * verified. */
-static int holds_verified(gpu_model *m, const staged *s, char *err, size_t errlen) {
+/* Hashes staged tensor s's device bytes (a copy to the host) into
+ * s->seen; it must match what the session verified, when it verified. */
+static int hash_device(gpu_model *m, staged *s, char *err, size_t errlen) {
   uint8_t *host = malloc(s->meta.nbytes ? s->meta.nbytes : 1);
-  int ok = host != NULL && s->has_xxh3 &&
-           (s->meta.nbytes == 0 ||
-            m->cuda->Memcpy(host, s->dev, s->meta.nbytes, WTX_CUDA_D2H) == WTX_CUDA_SUCCESS) &&
-           XXH3_64bits(host, s->meta.nbytes) == s->xxh3;
+  int copied = host != NULL &&
+               (s->meta.nbytes == 0 ||
+                m->cuda->Memcpy(host, s->dev, s->meta.nbytes, WTX_CUDA_D2H) == WTX_CUDA_SUCCESS);
+  if (copied) s->seen = XXH3_64bits(host, s->meta.nbytes);
   free(host);
-  if (!ok)
-    snprintf(err, errlen, "'%s': its device staging does not hold the bytes the session "
-             "verified%s", s->meta.name, s->has_xxh3 ? "" : " (no checksum: turn them on)");
-  return ok ? 0 : WTX_ECHECKSUM;
+  if (!copied) {
+    snprintf(err, errlen, "'%s': cannot copy its device staging to the host", s->meta.name);
+    return WTX_EIO;
+  }
+  if (s->has_xxh3 ? s->seen == s->xxh3 : m->sums != NULL) return 0;
+  snprintf(err, errlen, "'%s': its device staging does not hold the bytes the session "
+           "verified%s", s->meta.name, s->has_xxh3 ? "" : " (no checksum: turn them on)");
+  return WTX_ECHECKSUM;
 }
 
 static int m_prepare(void *model, const char *version, char *err, size_t errlen) {
@@ -155,13 +164,27 @@ static int m_prepare(void *model, const char *version, char *err, size_t errlen)
   int rc = 0, prev;
   if (m->no_check) return 0;
   wtx__cuda_enter(m->cuda, m->device, &prev);
-  for (size_t i = 0; rc == 0 && i < m->n; i++) rc = holds_verified(m, &m->t[i], err, errlen);
+  for (size_t i = 0; rc == 0 && i < m->n; i++) rc = hash_device(m, &m->t[i], err, errlen);
   wtx__cuda_leave(m->cuda, prev);
   return rc;
 }
 
+/* --sums: the version and each tensor's device hash, replaced whole. */
+static void write_sums(const gpu_model *m, const char *version) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", m->sums);
+  FILE *f = fopen(tmp, "w");
+  if (f == NULL) return;
+  fprintf(f, "version %s\n", version);
+  for (size_t i = 0; i < m->n; i++)
+    fprintf(f, "%s %016llx\n", m->t[i].meta.name, (unsigned long long)m->t[i].seen);
+  if (fclose(f) == 0) rename(tmp, m->sums);
+}
+
 static int m_commit(void *model, const char *version) {
+  gpu_model *m = model;
   fprintf(stderr, "gpu_model_worker: version %s loaded from device staging\n", version);
+  if (m->sums != NULL && !m->no_check) write_sums(m, version);
   drop_staged(model);
   return 0;
 }
@@ -195,11 +218,12 @@ int main(int argc, char **argv) {
     else if (i + 1 == argc) break;
     else if (strcmp(argv[i], "--listen") == 0) listen = argv[++i];
     else if (strcmp(argv[i], "--port-file") == 0) port_file = argv[++i];
+    else if (strcmp(argv[i], "--sums") == 0) m.sums = argv[++i];
     else i++; /* another flag with its value (--log-level warn): ignored */
   }
   if (listen == NULL || port_file == NULL) {
     fprintf(stderr, "usage: gpu_model_worker --listen HOST:PORT --port-file FILE "
-            "[--no-check] [--in-place-only]\n");
+            "[--no-check] [--in-place-only] [--sums FILE]\n");
     return 2;
   }
   sigset_t set;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <microhttpd.h>
+#include <xxhash.h>
 #include <signal.h>
 #include <spawn.h>
 #include <poll.h>
@@ -22,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -143,6 +145,7 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
     std::string backend = backend_.empty() ? GetParam() : backend_;
     wtx_trainer_config cfg = Config(backend, buffer, nbuf, timeout_ms);
     cfg.direct = direct_;
+    cfg.checksum = checksum_;
     wtx_trainer *t = nullptr;
     char e[2048] = "";
     int rc = wtx_trainer_init(&cfg, c, src, &t, e, sizeof e);
@@ -177,6 +180,30 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
     for (const Worker &w : ws) EXPECT_EQ(v, Version(w));
   }
 
+  // What gpu_model_worker --sums wrote at its last commit: each tensor's
+  // device bytes' hash by name; *version (may be NULL) its version.
+  static std::map<std::string, uint64_t> DeviceSums(const std::string &path,
+                                                    std::string *version = nullptr) {
+    std::map<std::string, uint64_t> out;
+    std::ifstream f(path);
+    std::string name, hex;
+    if (f >> name >> hex && name == "version" && version != nullptr) *version = hex;
+    while (f >> name >> hex) out[name] = std::stoull(hex, nullptr, 16);
+    return out;
+  }
+  // XXH3 of each tensor of src by name, as the test sees it (a device
+  // tensor's bytes through the source's copy to the host).
+  static std::map<std::string, uint64_t> HostSums(wtx_source *src) {
+    std::map<std::string, uint64_t> out;
+    void *it = nullptr;
+    EXPECT_EQ(0, wtx_source_open(src, &it));
+    wtx_tensor_meta m;
+    const uint8_t *data;
+    while (wtx_source_next(src, it, &m, &data) > 0) out[m.name] = XXH3_64bits(data, m.nbytes);
+    wtx_source_close(src, it);
+    return out;
+  }
+
   std::string Version(const Worker &w) {
     wtx_client *c = Client({w});
     wtx_weight_info info;
@@ -191,6 +218,7 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
   // --port-file (tests/client/gpu_model_worker).
   std::string worker_binary_ = "server/wtx-worker";
   int direct_ = 0;       // wtx_trainer_config.direct of Push
+  wtx_checksum checksum_ = WTX_CHECKSUM_XXH3_64;  // wtx_trainer_config.checksum of Push
   int last_direct_ = 0;  // wtx_send_result.direct of the last Push that landed
   std::string dir_;
   std::string backend_;  // a wrapper's name instead of GetParam(), when set

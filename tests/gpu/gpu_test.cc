@@ -5,6 +5,8 @@
 #include <unistd.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <map>
 #include <string>
 
 #include "tests/client/harness.h"
@@ -131,6 +133,35 @@ TEST_P(GpuTest, DirectReceiveLandsInTheWorkersRegion) {
     std::string err;
     ASSERT_EQ(0, Push(c, src, v, 64 << 20, 2, 60000, &err)) << err;
     EXPECT_EQ(1, last_direct_) << v;
+  }
+  wtx_source_destroy(src);
+  wtx_client_destroy(c);
+}
+
+// The GPU backends' default, checksums off, on real CUDA: the session
+// verifies nothing, so the worker's model hashes its device bytes (a copy
+// to the host) and the test compares them with its own hashes of the
+// trainer's tensors, staged on the device and received in place.
+TEST_P(GpuTest, WithChecksumsOffEveryByteLandsAsTheTestHashesIt) {
+  if (std::string(GetParam()) == "nccl" && gpus_ < 2)
+    GTEST_SKIP() << "nccl needs 2 GPUs (trainer + worker), this machine has " << gpus_;
+  worker_binary_ = "tests/client/gpu_model_worker";
+  std::string dev = std::string(GetParam()) == "nccl" ? "1" : "0", sums = dir_ + "/sums";
+  setenv("WTX_CUDA_DEVICE", dev.c_str(), 1);
+  std::vector<Worker> ws = {Spawn({"--sums", sums})};
+  setenv("WTX_CUDA_DEVICE", "0", 1);
+  wtx_client *c = Client(ws);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(UINT64_C(256) << 20, 14, &src));
+  std::map<std::string, uint64_t> want = HostSums(src);
+  checksum_ = WTX_CHECKSUM_NONE;
+  for (int direct : {0, 1}) {
+    direct_ = direct;
+    std::string err, v = "off-" + std::to_string(direct), got_version;
+    std::remove(sums.c_str());
+    ASSERT_EQ(0, Push(c, src, v.c_str(), 64 << 20, 2, 60000, &err)) << err;
+    EXPECT_EQ(want, DeviceSums(sums, &got_version)) << v;
+    EXPECT_EQ(v, got_version);
   }
   wtx_source_destroy(src);
   wtx_client_destroy(c);
