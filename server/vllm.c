@@ -264,6 +264,14 @@ static int load_disk(wtx__vllm *b, const char *path, const char *version, char *
 int wtx__vllm_publish(wtx__vllm *b, char *err, size_t errlen) {
   wtx_store_view v;
   wtx_store_acquire(b->store, WTX_TARGET_MAIN, &v);
+  if (v.n_params == 0) {
+    /* The first version undone: nothing to hand vLLM, which keeps what it
+     * loaded (its own checkpoint, or that version if it took it). */
+    wtx_store_release(b->store, &v);
+    snprintf(err, errlen, "there is no version before the first to load again: vLLM keeps "
+             "the weights it has");
+    return WTX_ESTATE;
+  }
   char name[256], path[4200];
   dir_name(v.version, v.generation, name, sizeof name);
   snprintf(path, sizeof path, "%s/%s", b->dir, name);

@@ -220,6 +220,26 @@ class SidecarTest(unittest.TestCase):
             self.assertEqual(0, plain.stop())
             self.assertEqual(0, side.stop())
 
+    def test_a_first_version_refused_cannot_be_taken_back_from_vllm_and_says_so(self):
+        # The plain replica's first version is undone (it serves nothing
+        # again); vLLM has no version before to load, so the trainer's error
+        # lists the sidecar under "could not undo it", saying why.
+        import wtx
+        plain, side = Worker(), Sidecar(self.vllm.url)
+        try:
+            self.client.fail_times = 1
+            with self.assertRaises(wtx.WtxError) as e:
+                push([plain.addr, side.addr], tiny_llama(9), "first")
+            msg = str(e.exception)
+            self.assertIn(f"could not undo it: worker 1 ({side.addr})", msg)
+            self.assertIn("there is no version before the first to load again", msg)
+            with wtx.WorkerClient(plain.addr) as c:
+                self.assertEqual("", c.get_weight_info()[0].get("weight_version", ""))
+            self.assertEqual(1, [c[0] for c in self.client.calls].count("reload_weights"))
+        finally:
+            self.assertEqual(0, plain.stop())
+            self.assertEqual(0, side.stop())
+
     def test_a_slow_vllm_is_a_timeout(self):
         import wtx
         side = Sidecar(self.vllm.url, timeout_ms=700)
