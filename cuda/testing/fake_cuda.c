@@ -51,7 +51,27 @@
  *    the communicator is aborted or a peer process is gone (then the
  *    communicator's asynchronous error is ncclRemoteError). The stream is
  *    not ready while it runs. wtx_fake_cuda_running_kernels() (this
- *    double's own export) counts those still running in the process.
+ *    double's own export) counts those still running in the process;
+ *  - cudaGetDeviceCount is WTX_FAKE_CUDA_DEVICES (default 8), and a device
+ *    beyond it is cudaErrorInvalidDevice.
+ * The gentle parts above (a dead peer found at once, a size mismatch an
+ * instant error, memory readable after its owner freed it or died, an IPC
+ * handle opened on any device, calls that never fail) are where real
+ * systems hang or fault instead. WTX_FAKE_CUDA_HARD=1 makes the double
+ * behave as they do:
+ *  - a dead peer is never noticed: NCCL's waits run until the communicator
+ *    is aborted (wtx's own timeout must end them);
+ *  - a broadcast, send or receive whose sizes differ hangs the same way;
+ *  - cudaFree fills the bytes with 0xdb first, so a process that opened
+ *    them through IPC reads garbage, and a copy touching memory opened from
+ *    a process that exited fails with cudaErrorIllegalAddress;
+ *  - cudaIpcOpenMemHandle on another device than the exporter's fails
+ *    with cudaErrorPeerAccessUnsupported;
+ *  - with WTX_FAKE_CUDA_FAIL_DIR set, a file named "copy" or "sync" there
+ *    makes the next copy (cudaMemcpy, cudaMemcpyAsync) or synchronize
+ *    (cudaStreamSynchronize, cudaDeviceSynchronize, or the cudaStreamQuery
+ *    that would say done) of any process reading that variable fail with
+ *    cudaErrorLaunchFailure; the call that fails removes the file (once).
  * Built as libwtx_fake_cuda.so (//cuda/testing:libwtx_fake_cuda.so). Never
  * shipped, never loaded unless a test points the variables at it. */
 #include <dirent.h>
@@ -79,7 +99,10 @@ enum {
   ERR_MEMORY = 2,       /* cudaErrorMemoryAllocation */
   ERR_DEVICE = 101,     /* cudaErrorInvalidDevice */
   ERR_HANDLE = 400,     /* cudaErrorInvalidResourceHandle */
+  ERR_PEER = 217,       /* cudaErrorPeerAccessUnsupported */
   ERR_NOT_READY = 600,  /* cudaErrorNotReady */
+  ERR_ILLEGAL = 700,    /* cudaErrorIllegalAddress */
+  ERR_LAUNCH = 719,     /* cudaErrorLaunchFailure */
   NCCL_SYSTEM = 2,
   NCCL_INVALID = 4,     /* ncclInvalidArgument */
   NCCL_USAGE = 5,       /* ncclInvalidUsage */
@@ -108,6 +131,23 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
+/* WTX_FAKE_CUDA_HARD: behave as the real libraries where they hang or
+ * fault (the header comment). */
+static int hard(void) {
+  const char *e = getenv("WTX_FAKE_CUDA_HARD");
+  return e != NULL && e[0] != '\0' && strcmp(e, "0") != 0;
+}
+
+/* Whether an injected failure of kind ("copy", "sync") is due: its file in
+ * WTX_FAKE_CUDA_FAIL_DIR, removed by the one call that fails. */
+static int injected(const char *kind) {
+  const char *dir = getenv("WTX_FAKE_CUDA_FAIL_DIR");
+  if (dir == NULL || dir[0] == '\0') return 0;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, kind);
+  return unlink(path) == 0;
+}
+
 static int lag_ms(void) {
   const char *e = getenv("WTX_FAKE_CUDA_LAG_MS");
   return e != NULL && e[0] != '\0' ? atoi(e) : 2;
@@ -122,6 +162,7 @@ typedef struct alloc {
   char name[48];
   int opened; /* mapped from another process's handle */
   int pinned; /* cudaMallocHost: plain memory, remembered as pinned */
+  int device; /* cudaMalloc's current device */
   struct alloc *next;
 } alloc;
 
@@ -163,13 +204,19 @@ static int map_shm(const char *name, int create, size_t *size, void **out) {
   return map_shm2(name, create, size, out, NULL);
 }
 
+static int device_count(void) {
+  const char *e = getenv("WTX_FAKE_CUDA_DEVICES");
+  int n = e != NULL && e[0] != '\0' ? atoi(e) : 8;
+  return n > 0 && n <= 8 ? n : 8;
+}
+
 EXPORT int cudaGetDeviceCount(int *n) {
-  *n = 8;
+  *n = device_count();
   return OK;
 }
 
 EXPORT int cudaSetDevice(int device) {
-  if (device < 0 || device > 7) return ERR_DEVICE;
+  if (device < 0 || device >= device_count()) return ERR_DEVICE;
   current_device = device;
   return OK;
 }
@@ -195,7 +242,7 @@ static void device_uuid(int device, unsigned char out[16]) {
 }
 
 EXPORT int cudaGetDeviceProperties(void *prop, int device) {
-  if (device < 0 || device > 7) return ERR_DEVICE;
+  if (device < 0 || device >= device_count()) return ERR_DEVICE;
   unsigned char *p = prop;
   memset(p, 0, 272);
   snprintf((char *)p, 256, "wtx fake CUDA device %d (test double)", device);
@@ -269,6 +316,7 @@ EXPORT int cudaMalloc(void **ptr, size_t size) {
   snprintf(a->name, sizeof a->name, "/wtxfake-%d-%lx-%u", (int)getpid(),
            (unsigned long)ts.tv_nsec ^ (unsigned long)ts.tv_sec, atomic_fetch_add(&counter, 1));
   a->size = size;
+  a->device = current_device;
   int rc = track(a, 1, ptr);
   if (rc != OK) atomic_fetch_sub(&in_use, size);
   return rc;
@@ -313,6 +361,22 @@ static void *reach(const void *p, size_t n, int *on_device) {
 
 enum { KIND_H2H = 0, KIND_D2H = 2, KIND_D2D = 3, KIND_DEFAULT = 4 };
 
+/* Hard mode: whether [p, ...) is memory opened from a process that has
+ * exited (the driver tore it down: touching it faults). */
+static int orphaned(const void *p) {
+  if (!hard()) return 0;
+  int pid = 0;
+  pthread_mutex_lock(&mu);
+  for (alloc *a = allocs; a != NULL; a = a->next) {
+    const char *base = a->ptr, *c = p;
+    if (!a->opened || c < base || c >= base + (a->size ? a->size : 1)) continue;
+    if (sscanf(a->name, "/wtxfake-%d-", &pid) != 1) pid = 0;
+    break;
+  }
+  pthread_mutex_unlock(&mu);
+  return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+}
+
 /* Resolves a copy's pointers for the double (*dst_out, *src_out) and
  * checks them against kind as CUDA does: ERR_INVALID when a side is not
  * where kind says or runs past its allocation. */
@@ -322,6 +386,7 @@ static int resolve_copy(void *dst, const void *src, size_t n, int kind, void **d
   *dst_out = reach(dst, n, &dd);
   *src_out = reach(src, n, &sd);
   if (*dst_out == NULL || *src_out == NULL) return ERR_INVALID;
+  if (orphaned(dst) || orphaned(src)) return ERR_ILLEGAL;
   int want_dd = kind == KIND_H2D || kind == KIND_D2D, want_sd = kind == KIND_D2H || kind == KIND_D2D;
   if (kind != KIND_DEFAULT && (dd != want_dd || sd != want_sd)) return ERR_INVALID;
   return OK;
@@ -485,7 +550,7 @@ EXPORT int cudaStreamCreate(void **out) {
 
 EXPORT int cudaStreamSynchronize(void *sp) {
   drain(sp != NULL ? sp : &legacy);
-  return OK;
+  return injected("sync") ? ERR_LAUNCH : OK;
 }
 
 static void synchronize_all(void) {
@@ -497,7 +562,7 @@ static void synchronize_all(void) {
 
 EXPORT int cudaDeviceSynchronize(void) {
   synchronize_all();
-  return OK;
+  return injected("sync") ? ERR_LAUNCH : OK;
 }
 
 /* Like CUDA, it waits for the stream's work, then frees it. */
@@ -523,7 +588,7 @@ EXPORT int cudaStreamQuery(void *sp) {
   land(s, 0);
   int rc = s->head != NULL ? ERR_NOT_READY : OK;
   pthread_mutex_unlock(&s->mu);
-  return rc;
+  return rc == OK && injected("sync") ? ERR_LAUNCH : rc;
 }
 
 /* Appends "<pid> <what> <detail>" to WTX_FAKE_CUDA_LOG, when set: one write
@@ -548,6 +613,7 @@ __attribute__((destructor)) static void log_d2d(void) {
 }
 
 EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *sp) {
+  if (injected("copy")) return ERR_LAUNCH;
   int rc = resolve_copy(dst, src, n, kind, &dst, &src);
   if (rc != OK) return rc;
   if (kind == KIND_D2D) atomic_fetch_add(&d2d_bytes, n);
@@ -556,6 +622,7 @@ EXPORT int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void 
 }
 
 EXPORT int cudaMemcpy(void *dst, const void *src, size_t n, int kind) {
+  if (injected("copy")) return ERR_LAUNCH;
   int rc = resolve_copy(dst, src, n, kind, &dst, &src);
   if (rc != OK) return rc;
   if (kind == KIND_D2D) atomic_fetch_add(&d2d_bytes, n);
@@ -573,6 +640,7 @@ EXPORT int cudaFree(void *ptr) {
   alloc *a = take(ptr, 0, 0);
   if (a == NULL) return ERR_INVALID;
   atomic_fetch_sub(&in_use, a->size);
+  if (hard() && a->size > 0) memset(a->view, 0xdb, a->size); /* what an opener reads now */
   unmap(a);
   shm_unlink(a->name);
   free(a);
@@ -587,6 +655,7 @@ EXPORT int cudaIpcGetMemHandle(ipc_handle *h, void *ptr) {
   if (a != NULL) {
     memcpy(h->bytes, "FAKEIPC", 8);
     memcpy(h->bytes + 8, a->name, strlen(a->name));
+    h->bytes[sizeof h->bytes - 1] = (char)a->device;
   }
   pthread_mutex_unlock(&mu);
   return a != NULL ? OK : ERR_INVALID;
@@ -598,6 +667,7 @@ EXPORT int cudaIpcOpenMemHandle(void **ptr, ipc_handle h, unsigned flags) {
   if (memcmp(h.bytes, "FAKEIPC", 8) != 0 || sscanf(h.bytes + 8, "/wtxfake-%d-", &pid) != 1)
     return ERR_INVALID;
   if (pid == (int)getpid()) return ERR_HANDLE; /* CUDA: not in the exporting process */
+  if (hard() && h.bytes[sizeof h.bytes - 1] != (char)current_device) return ERR_PEER;
   alloc *a = calloc(1, sizeof *a);
   if (a == NULL) return ERR_MEMORY;
   memcpy(a->name, h.bytes + 8, sizeof a->name - 1);
@@ -623,6 +693,9 @@ EXPORT const char *cudaGetErrorString(int err) {
     case ERR_DEVICE: return "invalid device ordinal (fake CUDA)";
     case ERR_HANDLE: return "invalid resource handle (fake CUDA)";
     case ERR_NOT_READY: return "device not ready (fake CUDA)";
+    case ERR_PEER: return "peer access is not supported between these two devices (fake CUDA)";
+    case ERR_ILLEGAL: return "an illegal memory access was encountered (fake CUDA)";
+    case ERR_LAUNCH: return "unspecified launch failure (fake CUDA)";
     default: return "unknown error (fake CUDA)";
   }
 }
@@ -685,12 +758,21 @@ static void wait_a_little(control *c) {
     pthread_mutex_consistent(&c->mu);
 }
 
-/* A rank whose process is gone, or -1. Caller holds the control lock. */
+/* A rank whose process is gone, or -1 (always, in hard mode: NCCL never
+ * notices). Caller holds the control lock. */
 static int dead_peer(const comm *cm) {
+  if (hard()) return -1;
   for (int r = 0; r < cm->nranks; r++)
     if (r != cm->rank && cm->ctl->pid[r] > 0 && kill(cm->ctl->pid[r], 0) != 0 && errno == ESRCH)
       return r;
   return -1;
+}
+
+/* Hard mode's answer to sizes that differ: NCCL hangs (or corrupts), so
+ * wait, lock held, until the communicator is aborted. */
+static int hang(comm *cm) {
+  while (!atomic_load(&cm->aborted)) wait_a_little(cm->ctl);
+  return NCCL_SYSTEM;
 }
 
 /* Records msg as the communicator's last error (ncclGetLastError). */
@@ -940,6 +1022,7 @@ static int bcast_leaf(bcast *b, const char *data_name) {
     else wait_a_little(c);
   }
   size_t bytes = c->bytes;
+  if (rc == OK && bytes != b->count && hard()) rc = hang(cm);
   pthread_mutex_unlock(&c->mu);
   if (rc == OK && bytes != b->count) rc = NCCL_INVALID;
   void *p = NULL;
@@ -1045,6 +1128,7 @@ static int p2p_recv(p2p *x, const char *data_name) {
   int rc = OK;
   AWAIT(cm, c, c->p2p_posted[x->peer][cm->rank] >= x->seq + 1);
   size_t bytes = c->p2p_bytes[x->peer][cm->rank];
+  if (rc == OK && bytes != x->count && hard()) rc = hang(cm);
   pthread_mutex_unlock(&c->mu);
   if (rc == OK && bytes != x->count) rc = NCCL_INVALID;
   void *p = NULL;

@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -786,6 +787,147 @@ TEST_P(GpuModelTest, WithChecksumsOffEveryByteLandsAsTheTestHashesIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, GpuModelTest,
+                         ::testing::Values("nccl", "cuda_ipc"),
+                         [](const auto &info) { return std::string(info.param); });
+
+// The double in hard mode (WTX_FAKE_CUDA_HARD=1), where it behaves as the
+// real libraries do at the places they hang or fault: a dead peer is never
+// noticed, freed memory holds garbage, calls fail when told to
+// (WTX_FAKE_CUDA_FAIL_DIR). What wtx did there on the gentle double must
+// hold here too, by its own timeouts and checks.
+class HardDoubleTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    for (const char *who : {"/trainer", "/worker"})
+      ASSERT_EQ(0, mkdir((dir_ + who).c_str(), 0700));
+    setenv("WTX_FAKE_CUDA_HARD", "1", 1);
+    setenv("WTX_FAKE_CUDA_FAIL_DIR", (dir_ + "/trainer").c_str(), 1);
+  }
+  void TearDown() override {
+    unsetenv("WTX_FAKE_CUDA_HARD");
+    unsetenv("WTX_FAKE_CUDA_FAIL_DIR");
+    EngineTest::TearDown();
+  }
+  // A worker whose injected failures come from dir_/worker (the trainer's,
+  // this process's, from dir_/trainer).
+  Worker SpawnFailing(std::vector<std::string> extra = {}) {
+    setenv("WTX_FAKE_CUDA_FAIL_DIR", (dir_ + "/worker").c_str(), 1);
+    Worker w = Spawn(extra);
+    setenv("WTX_FAKE_CUDA_FAIL_DIR", (dir_ + "/trainer").c_str(), 1);
+    return w;
+  }
+  // The next call of kind ("copy", "sync") of who ("trainer", "worker")
+  // fails; Fired says whether one did.
+  void FailNext(const std::string &who, const std::string &kind) {
+    std::ofstream(dir_ + "/" + who + "/" + kind) << "1\n";
+  }
+  bool Fired(const std::string &who, const std::string &kind) {
+    return access((dir_ + "/" + who + "/" + kind).c_str(), F_OK) != 0;
+  }
+};
+
+// A worker killed mid-transfer: NCCL never notices a dead peer, so only
+// wtx's timeout (5 s a step) ends the sync; the survivors keep v1 and take
+// the next sync.
+TEST_P(HardDoubleTest, AWorkerKilledMidTransferEndsTheSyncByTheTimeoutAlone) {
+  Worker w0 = Spawn(), w1 = Spawn();
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(32 << 20, 3, &src));
+  wtx_client *c = Client({w0, w1}, 5000);
+  std::string err;
+  ASSERT_EQ(0, Push(c, src, "v1", 1 << 20, 2, 5000, &err)) << err;
+  KillAt k;
+  k.pid = w1.pid;
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(0, Push(c, src, "v2", 1 << 20, 2, 5000, &err, nullptr, KillHalfway, &k));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(k.killed);
+  EXPECT_LT(secs, 20.0) << "bounded by the 5 s timeout per step: " << err;
+  int st;
+  waitpid(w1.pid, &st, 0);
+  workers_[1].pid = -1;
+  EXPECT_EQ("v1", Version(w0));
+  wtx_client_destroy(c);
+  c = Client({w0}, 5000);
+  ASSERT_EQ(0, Push(c, src, "v3", 1 << 20, 2, 5000, &err)) << err;
+  EXPECT_EQ("v3", Version(w0));
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+// A copy that fails (into the worker's device staging, or on the trainer)
+// and a synchronize that fails: each ends the sync with an error that
+// names it, the worker keeps v1 (the version its model last loaded), and
+// the next sync lands.
+TEST_P(HardDoubleTest, FailedCopiesAndSynchronizesEndTheSyncAndKeepTheWeights) {
+  worker_binary_ = "tests/client/gpu_model_worker";
+  std::string sums = dir_ + "/sums", version;
+  std::vector<Worker> ws = {SpawnFailing({"--sums", sums})};
+  wtx_client *c = Client(ws, 5000);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(8 << 20, 4, &src));
+  std::string err;
+  ASSERT_EQ(0, Push(c, src, "v1", 1 << 20, 2, 5000, &err)) << err;
+  for (const char *who : {"worker", "trainer"})
+    for (const char *kind : {"copy", "sync"}) {
+      std::string what = std::string(who) + " " + kind;
+      FailNext(who, kind);
+      EXPECT_NE(0, Push(c, src, what.c_str(), 1 << 20, 2, 5000, &err)) << what;
+      EXPECT_TRUE(Fired(who, kind)) << what << ": no call failed";
+      EXPECT_NE(std::string::npos, err.find("unspecified launch failure")) << what << ": " << err;
+      DeviceSums(sums, &version);
+      EXPECT_EQ("v1", version) << what;
+    }
+  ASSERT_EQ(0, Push(c, src, "v2", 1 << 20, 2, 5000, &err)) << err;
+  DeviceSums(sums, &version);
+  EXPECT_EQ("v2", version);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+// A trainer replaced between syncs (shut down: its buffers freed, which
+// the double fills with garbage) and a new one: the worker reads the new
+// trainer's buffers, never the freed ones it had opened, and every byte
+// of the new version arrives.
+TEST_P(HardDoubleTest, ANewTrainerIsReadFromItsOwnBuffersNotTheFreedOnes) {
+  std::vector<Worker> ws = {Spawn(), Spawn()};
+  wtx_client *c = Client(ws, 5000);
+  wtx_source *a = nullptr, *b = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(8 << 20, 5, &a));
+  ASSERT_EQ(0, wtx_source_synthetic(8 << 20, 6, &b));
+  std::string err;
+  std::vector<uint64_t> sums;
+  ASSERT_EQ(0, Push(c, a, "first", 1 << 20, 2, 5000, &err)) << err;
+  ASSERT_EQ(0, Push(c, b, "second", 1 << 20, 2, 5000, &err, &sums)) << err;
+  EXPECT_EQ(0, wtx_client_verify(c, b, sums.data())) << wtx_client_last_error(c);
+  wtx_client_destroy(c);
+  wtx_source_destroy(a);
+  wtx_source_destroy(b);
+}
+
+// A machine with 2 GPUs (the double's count, WTX_FAKE_CUDA_DEVICES) and a
+// worker told to use its sixth: the sync fails naming the device, and
+// nothing is published.
+TEST_P(HardDoubleTest, AWorkerOnADeviceTheMachineLacksIsRefusedByNumber) {
+  setenv("WTX_FAKE_CUDA_DEVICES", "2", 1);
+  setenv("WTX_CUDA_DEVICE", "5", 1);
+  Worker w = Spawn();
+  unsetenv("WTX_CUDA_DEVICE");
+  wtx_client *c = Client({w}, 5000);
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(1 << 20, 4, &src));
+  std::string err;
+  EXPECT_NE(0, Push(c, src, "v1", 1 << 20, 2, 5000, &err));
+  unsetenv("WTX_FAKE_CUDA_DEVICES");
+  EXPECT_NE(std::string::npos, err.find("5")) << err;
+  EXPECT_NE(std::string::npos, err.find("invalid device ordinal")) << err;
+  EXPECT_EQ("", Version(w));
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheHardDouble, HardDoubleTest,
                          ::testing::Values("nccl", "cuda_ipc"),
                          [](const auto &info) { return std::string(info.param); });
 

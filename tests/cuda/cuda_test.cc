@@ -64,6 +64,7 @@ class CudaTest : public ::testing::Test {
     ASSERT_NE(nullptr, posted_);
   }
   void TearDown() override {
+    unsetenv("WTX_FAKE_CUDA_HARD");
     unsetenv("WTX_CUDA_DEVICE");
     unsetenv("WTX_FAKE_CUDA_LAG_MS");
   }
@@ -366,6 +367,34 @@ TEST_F(CudaTest, ABroadcastEndedByAPeersFailureIsAnErrorNotData) {
   EXPECT_EQ(WTX_EIO, wtx_nccl_worker_transport.receive(w, &ui, r.rx));
   EXPECT_NE(std::string::npos, r.Error().find("NCCL:")) << r.Error();
   wtx_nccl_worker_transport.destroy(w);
+  c_->StreamDestroy(s);
+  c_->Free(buf);
+}
+
+// In hard mode (WTX_FAKE_CUDA_HARD) a broadcast whose sizes differ hangs,
+// as NCCL's does, instead of failing at once: the worker's receive still
+// ends, at its timeout, with its broadcast aborted, not left running.
+TEST_F(CudaTest, InHardModeAMismatchedBroadcastEndsAtTheTimeoutAndIsAborted) {
+  setenv("WTX_FAKE_CUDA_HARD", "1", 1);
+  void *root = nullptr, *w = nullptr;
+  ASSERT_NO_FATAL_FAILURE(JoinBoth(300, &root, &w));
+  void *buf = nullptr, *s = nullptr;
+  ASSERT_EQ(0, c_->SetDevice(0));
+  ASSERT_EQ(0, c_->Malloc(&buf, 4096));
+  ASSERT_EQ(0, c_->StreamCreate(&s));
+  ASSERT_EQ(0, c_->Broadcast(buf, buf, 2048, WTX_NCCL_UINT8, 0, root, s));  // 4096 expected
+  OneTensorRx r;
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  auto t0 = Clock::now();
+  EXPECT_EQ(WTX_ETIMEDOUT, wtx_nccl_worker_transport.receive(w, &ui, r.rx)) << r.Error();
+  EXPECT_LT(Seconds(t0), 5.0);
+  EXPECT_NE(std::string::npos, r.Error().find("communicator aborted")) << r.Error();
+  // The root's broadcast waits for a receiver too (and cudaFree, in the
+  // worker's destroy, for every stream of this process, as CUDA's does).
+  c_->CommAbort(root);
+  EXPECT_EQ(0, running_());
+  wtx_nccl_worker_transport.destroy(w);
+  unsetenv("WTX_FAKE_CUDA_HARD");
   c_->StreamDestroy(s);
   c_->Free(buf);
 }
