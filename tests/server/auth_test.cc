@@ -3,7 +3,9 @@
 // TLS, and the cap on concurrent calls.
 #include "server/auth.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -132,6 +134,64 @@ TEST_F(AuthTest, ReplacingTheTokenFileRotatesTheToken) {
   // A file that cannot be read keeps the last good token.
   ASSERT_EQ(0, unlink(token_file_.c_str()));
   EXPECT_EQ(0, World("t0ken-two")) << message_;
+}
+
+// A Kubernetes Secret volume: kubelet writes each version into a new
+// timestamped directory, points a new "..data" symlink at it and renames
+// that over the old one; the token file the worker is given is a symlink
+// through ..data, so the path never changes, only what it resolves to.
+TEST_F(AuthTest, AKubernetesSecretSwapRotatesTheToken) {
+  std::string vol = dir_ + "/secret";
+  ASSERT_EQ(0, mkdir(vol.c_str(), 0755));
+  ASSERT_EQ(0, mkdir((vol + "/..2026_12_05_07_00_00.1").c_str(), 0755));
+  Write(vol + "/..2026_12_05_07_00_00.1/token", "t0ken-one\n");
+  ASSERT_EQ(0, symlink("..2026_12_05_07_00_00.1", (vol + "/..data").c_str()));
+  ASSERT_EQ(0, symlink("..data/token", (vol + "/token").c_str()));
+  std::string path = vol + "/token";
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.token_file = path.c_str();
+  Start(o);
+  ASSERT_EQ(0, World("t0ken-one")) << message_;
+
+  // kubelet's swap; the token has the same length, as generated ones do.
+  ASSERT_EQ(0, mkdir((vol + "/..2026_12_05_08_00_00.2").c_str(), 0755));
+  Write(vol + "/..2026_12_05_08_00_00.2/token", "t0ken-two\n");
+  ASSERT_EQ(0, symlink("..2026_12_05_08_00_00.2", (vol + "/..data_tmp").c_str()));
+  ASSERT_EQ(0, rename((vol + "/..data_tmp").c_str(), (vol + "/..data").c_str()));
+  ASSERT_EQ(0, std::system(("rm -rf " + vol + "/..2026_12_05_07_00_00.1").c_str()));
+  EXPECT_EQ(0, World("t0ken-two")) << message_;
+  EXPECT_EQ(WTX_EAUTH, World("t0ken-one"));
+}
+
+// Whatever the token file is replaced by, a worker that cannot read a token
+// from it keeps admitting the last good one (and nothing else), and takes
+// the next good file. Tests run as root, who can read any file: what root
+// cannot read a token from is a directory, a dangling symlink, a missing
+// file or an empty first line.
+TEST_F(AuthTest, AnUnreadableReplacementKeepsTheLastGoodToken) {
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.token_file = token_file_.c_str();
+  Start(o);
+  ASSERT_EQ(0, World("t0ken-one")) << message_;
+  std::string tmp = token_file_ + ".new";
+
+  ASSERT_EQ(0, symlink("no-such-file", tmp.c_str()));  // a dangling symlink
+  ASSERT_EQ(0, rename(tmp.c_str(), token_file_.c_str()));
+  EXPECT_EQ(0, World("t0ken-one")) << "dangling symlink: " << message_;
+  EXPECT_EQ(WTX_EAUTH, World("no-such-file"));
+
+  ASSERT_EQ(0, unlink(token_file_.c_str()));  // a directory
+  ASSERT_EQ(0, mkdir(token_file_.c_str(), 0755));
+  EXPECT_EQ(0, World("t0ken-one")) << "directory: " << message_;
+  ASSERT_EQ(0, rmdir(token_file_.c_str()));
+
+  Write(token_file_, "\nt0ken-two\n");  // the token is the first line
+  EXPECT_EQ(0, World("t0ken-one")) << "empty first line: " << message_;
+  EXPECT_EQ(WTX_EAUTH, World("t0ken-two"));
+
+  Write(token_file_, "t0ken-3\n");  // and a good file is taken again
+  EXPECT_EQ(0, World("t0ken-3")) << message_;
+  EXPECT_EQ(WTX_EAUTH, World("t0ken-one"));
 }
 
 TEST_F(AuthTest, ReflectionCanBeClosedOrRequireTheToken) {
