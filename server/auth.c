@@ -2,10 +2,12 @@
 #include "server/auth.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "common/log.h"
 
@@ -15,7 +17,7 @@ struct wtx__auth {
   pthread_mutex_t mu;
   char *path;          /* NULL: no token required */
   wtx_reflection reflection;
-  char token[MAX_TOKEN + 1];
+  char token[MAX_TOKEN + 2];
   size_t len;
   struct stat seen;    /* of the file the token came from */
 };
@@ -29,27 +31,24 @@ int wtx__auth_equal(const char *a, size_t alen, const char *b, size_t blen) {
   return alen == blen && diff == 0;
 }
 
-/* Reads the first line of the token file into a->token. Caller holds mu
- * (or owns a). */
-static int load(wtx__auth *a, const struct stat *st, char *err, size_t errlen) {
-  FILE *f = fopen(a->path, "r");
-  char line[MAX_TOKEN + 2];
-  if (f == NULL || fgets(line, sizeof line, f) == NULL) {
+/* Reads the first line of path, the token, into tok (NUL-terminated) and
+ * its length into *n. */
+static int read_token(const char *path, char tok[MAX_TOKEN + 2], size_t *n, char *err,
+                      size_t errlen) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL || fgets(tok, MAX_TOKEN + 2, f) == NULL) {
     if (f != NULL) fclose(f);
-    snprintf(err, errlen, "token_file: cannot read %s", a->path);
+    snprintf(err, errlen, "token_file: cannot read %s", path);
     return WTX_EINVAL;
   }
   fclose(f);
-  size_t n = strcspn(line, "\r\n");
-  if (n == 0 || n > MAX_TOKEN) {
+  *n = strcspn(tok, "\r\n");
+  if (*n == 0 || *n > MAX_TOKEN) {
     snprintf(err, errlen, "token_file: %s: the first line must hold the token "
-             "(1..%d bytes)", a->path, MAX_TOKEN);
+             "(1..%d bytes)", path, MAX_TOKEN);
     return WTX_EINVAL;
   }
-  memcpy(a->token, line, n);
-  a->token[n] = '\0';
-  a->len = n;
-  a->seen = *st;
+  tok[*n] = '\0';
   return 0;
 }
 
@@ -67,8 +66,8 @@ int wtx__auth_create(const char *token_file, wtx_reflection reflection,
     else if (stat(token_file, &st) != 0) {
       snprintf(err, errlen, "token_file: cannot read %s", token_file);
       rc = WTX_EINVAL;
-    } else {
-      rc = load(a, &st, err, errlen);
+    } else if ((rc = read_token(token_file, a->token, &a->len, err, errlen)) == 0) {
+      a->seen = st;
     }
   }
   if (rc != 0) {
@@ -91,21 +90,45 @@ static int changed(const struct stat *a, const struct stat *b) {
          a->st_mtim.tv_sec != b->st_mtim.tv_sec || a->st_mtim.tv_nsec != b->st_mtim.tv_nsec;
 }
 
-/* Whether value ("Bearer <token>") carries the current token; reloads the
- * file first when it changed. */
+/* Whether st was modified less than FRESH_S ago (or "in the future", by
+ * another clock). A file's mtime comes from a clock that ticks coarsely (a
+ * jiffy; 1 s on ext3, 2 s on FAT), so a second in-place write of a token
+ * of the same length within one tick leaves inode, size and mtime as they
+ * were: changed() cannot see it, nor the end of a write the first read
+ * caught halfway (a token cut short). While the file is this young it is
+ * read on every call; after that a stat is enough again. */
+#define FRESH_S 2
+static int fresh(const struct stat *st) {
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  int64_t age_ns = ((int64_t)now.tv_sec - st->st_mtim.tv_sec) * 1000000000 +
+                   (now.tv_nsec - st->st_mtim.tv_nsec);
+  return age_ns < (int64_t)FRESH_S * 1000000000;
+}
+
+/* Whether value ("Bearer <token>") carries the current token; re-reads the
+ * file first when it changed or may have changed unseen. */
 static int token_ok(wtx__auth *a, const char *value) {
   static const char bearer[] = "Bearer ";
   if (value == NULL || strncmp(value, bearer, sizeof bearer - 1) != 0) return 0;
   value += sizeof bearer - 1;
   pthread_mutex_lock(&a->mu);
   struct stat st;
-  if (stat(a->path, &st) == 0 && changed(&st, &a->seen)) {
-    char err[256];
-    if (load(a, &st, err, sizeof err) == 0)
-      wtx_log(WTX_LOG_INFO, "event=token_reloaded");
-    else
-      wtx_log(WTX_LOG_WARN, "event=token_reload_failed keeping=previous");
-    a->seen = st; /* do not retry a bad file on every call */
+  if (stat(a->path, &st) == 0) {
+    int moved = changed(&st, &a->seen);
+    char tok[MAX_TOKEN + 2], err[256];
+    size_t n;
+    if (moved || fresh(&st)) {
+      if (read_token(a->path, tok, &n, err, sizeof err) != 0) {
+        /* Said once per change, not on every call while it is fresh. */
+        if (moved) wtx_log(WTX_LOG_WARN, "event=token_reload_failed keeping=previous");
+      } else if (n != a->len || memcmp(tok, a->token, n) != 0) {
+        memcpy(a->token, tok, n + 1);
+        a->len = n;
+        wtx_log(WTX_LOG_INFO, "event=token_reloaded");
+      }
+    }
+    a->seen = st;
   }
   int ok = wtx__auth_equal(a->token, a->len, value, strlen(value));
   pthread_mutex_unlock(&a->mu);

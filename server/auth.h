@@ -4,10 +4,14 @@
  * (UNAUTHENTICATED otherwise), except gRPC health (probes carry no
  * credentials) and, unless closed, server reflection. The token is the
  * file's first line, compared in constant time, and re-read whenever the
- * file changes (inode, size or mtime), so an operator rotates it by
- * replacing the file; a file that cannot be read later keeps the last good
- * token. Without a token file every call is admitted: TLS client
- * certificates (mTLS) are then the only gate, checked by gRPC itself. */
+ * path's file changes (inode, size or mtime, through symlinks) and on
+ * every call while its mtime is under 2 s old (a rewrite in place within
+ * one tick of the filesystem's clock moves none of those), so an operator
+ * rotates it by replacing the file, rewriting it, or as Kubernetes swaps a
+ * Secret volume's ..data symlink; a file no token can be read from later
+ * keeps the last good token. Without a token file every call is admitted:
+ * TLS client certificates (mTLS) are then the only gate, checked by gRPC
+ * itself. */
 #ifndef WTX_SERVER_AUTH_H
 #define WTX_SERVER_AUTH_H
 

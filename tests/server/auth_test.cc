@@ -163,6 +163,31 @@ TEST_F(AuthTest, AKubernetesSecretSwapRotatesTheToken) {
   EXPECT_EQ(WTX_EAUTH, World("t0ken-one"));
 }
 
+// An operator (or a tool) rewriting the file in place with a token of the
+// same length: same inode, same size, and an mtime that need not move, as
+// the filesystem's clock ticks coarsely (a jiffy; 1 s on ext3, 2 s on FAT).
+// The test sets the old mtime back so the clock's tick cannot decide it.
+TEST_F(AuthTest, AnInPlaceRewriteWithinTheClocksTickRotatesTheToken) {
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.token_file = token_file_.c_str();
+  Start(o);
+  ASSERT_EQ(0, World("t0ken-one")) << message_;
+  struct stat before, after;
+  ASSERT_EQ(0, stat(token_file_.c_str(), &before));
+  {
+    std::ofstream f(token_file_, std::ios::trunc);  // the same file, opened O_TRUNC
+    f << "t0ken-two\n";
+  }
+  struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(0, utimensat(AT_FDCWD, token_file_.c_str(), times, 0));
+  ASSERT_EQ(0, stat(token_file_.c_str(), &after));
+  ASSERT_EQ(before.st_ino, after.st_ino);
+  ASSERT_EQ(before.st_size, after.st_size);
+  ASSERT_EQ(before.st_mtim.tv_nsec, after.st_mtim.tv_nsec);
+  EXPECT_EQ(0, World("t0ken-two")) << message_;
+  EXPECT_EQ(WTX_EAUTH, World("t0ken-one"));
+}
+
 // Whatever the token file is replaced by, a worker that cannot read a token
 // from it keeps admitting the last good one (and nothing else), and takes
 // the next good file. Tests run as root, who can read any file: what root
