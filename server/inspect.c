@@ -163,9 +163,11 @@ grpc_status_code wtx__handle_world(wtx_rpc_ctx *ctx,
 grpc_status_code wtx__handle_pause(wtx_rpc_ctx *ctx,
     const Wtx__V1__PauseRequest *req, Wtx__V1__PauseResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
-  if (s->cfg.on_pause != NULL) s->cfg.on_pause(s->cfg.host, req->wait_for_inflight);
-  atomic_store(&s->paused, 1);
-  resp->paused = 1;
+  int was = atomic_load(&s->paused);
+  int now = s->cfg.on_pause != NULL ? s->cfg.on_pause(s->cfg.host, req->wait_for_inflight, was)
+                                    : 1;
+  atomic_store(&s->paused, now);
+  resp->paused = now;
   return GRPC_STATUS_OK;
 }
 
@@ -173,8 +175,9 @@ grpc_status_code wtx__handle_resume(wtx_rpc_ctx *ctx,
     const Wtx__V1__ResumeRequest *req, Wtx__V1__ResumeResponse *resp) {
   (void)req;
   wtx_session *s = wtx_rpc_ctx_user(ctx);
-  if (s->cfg.on_resume != NULL) s->cfg.on_resume(s->cfg.host);
-  atomic_store(&s->paused, 0);
-  resp->paused = 0;
+  int was = atomic_load(&s->paused);
+  int now = s->cfg.on_resume != NULL ? s->cfg.on_resume(s->cfg.host, was) : 0;
+  atomic_store(&s->paused, now);
+  resp->paused = now;
   return GRPC_STATUS_OK;
 }

@@ -41,9 +41,12 @@ typedef struct wtx__session_config {
   /* Per update, 0: none (wtx_worker_options.max_model_bytes, max_params). */
   uint64_t max_model_bytes;
   uint64_t max_params;
-  /* Host callbacks for Pause / Resume (may be NULL), with their argument. */
-  void (*on_pause)(void *host, int wait_for_inflight);
-  void (*on_resume)(void *host);
+  /* Host callbacks for Pause / Resume (may be NULL), with their argument:
+   * each returns whether generation is paused once it is done (1 or 0),
+   * given was, the state before; Pause, Resume and GetWeightInfo report
+   * that. NULL: Pause pauses and Resume resumes. */
+  int (*on_pause)(void *host, int wait_for_inflight, int was);
+  int (*on_resume)(void *host, int was);
   void *host;
   /* Called after each successful commit, outside the lock, before Finish
    * answers (may be NULL): nonzero (err says why) is Finish's status; the

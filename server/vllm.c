@@ -292,20 +292,39 @@ int wtx__vllm_publish(wtx__vllm *b, char *err, size_t errlen) {
   return rc;
 }
 
-void wtx__vllm_pause(wtx__vllm *b, int wait_for_inflight) {
+/* Whether vLLM says it is paused (GET /is_paused): 1 or 0, or was when it
+ * does not say. */
+static int is_paused(wtx__vllm *b, int was) {
   reply r;
-  char route[64], err[600], q[700];
-  snprintf(route, sizeof route, "/pause?mode=%s", wait_for_inflight ? "wait" : "abort");
-  if (http(b, route, "{}", &r, err, sizeof err) != 0)
-    wtx_log(WTX_LOG_WARN, "event=vllm_pause_failed reason=%s", wtx_log_quote(err, q, sizeof q));
+  char err[600];
+  if (http(b, "/is_paused", NULL, &r, err, sizeof err) != 0) return was;
+  yajl_val tree = yajl_tree_parse(r.body, NULL, 0);
+  const char *key[] = {"is_paused", NULL};
+  yajl_val v = tree != NULL ? yajl_tree_get(tree, key, yajl_t_any) : NULL;
+  int paused = v != NULL && YAJL_IS_TRUE(v) ? 1 : v != NULL && YAJL_IS_FALSE(v) ? 0 : was;
+  yajl_tree_free(tree);
+  return paused;
 }
 
-void wtx__vllm_resume(wtx__vllm *b) {
+/* POSTs route; the state vLLM is in afterwards (see vllm.h). */
+static int pause_or_resume(wtx__vllm *b, const char *route, int want, int was) {
   reply r;
   char err[600], q[700];
-  if (http(b, "/resume", "{}", &r, err, sizeof err) != 0)
-    wtx_log(WTX_LOG_WARN, "event=vllm_resume_failed reason=%s", wtx_log_quote(err, q, sizeof q));
+  int rc = http(b, route, "{}", &r, err, sizeof err);
+  if (rc == 0) return want;
+  wtx_log(WTX_LOG_WARN, "event=%s reason=%s", want ? "vllm_pause_failed" : "vllm_resume_failed",
+          wtx_log_quote(err, q, sizeof q));
+  /* A vLLM too slow to answer would be as slow to answer this. */
+  return rc == WTX_ETIMEDOUT ? was : is_paused(b, was);
 }
+
+int wtx__vllm_pause(wtx__vllm *b, int wait_for_inflight, int was) {
+  char route[64];
+  snprintf(route, sizeof route, "/pause?mode=%s", wait_for_inflight ? "wait" : "abort");
+  return pause_or_resume(b, route, 1, was);
+}
+
+int wtx__vllm_resume(wtx__vllm *b, int was) { return pause_or_resume(b, "/resume", 0, was); }
 
 int wtx__vllm_serving(wtx__vllm *b, char *out, size_t len) {
   reply r;

@@ -5,6 +5,8 @@
  *   POST /pause?mode=M, POST /collective_rpc {"method": "reload_weights",
  *   "kwargs": {"weights_path": "DIR/<version>"}}, POST
  *   /update_weight_version, POST /resume (resume also after a failure).
+ * The trainer's Pause and Resume become POST /pause and /resume, and GET
+ * /is_paused when those fail.
  * With disk set (newer vLLM's "disk" weight-transfer backend) the load goes
  * through the RL routes instead: /start_weight_update, /update_weights
  * {"update_info": {"weights_path": ...}}, /finish_weight_update. HTTP is
@@ -37,9 +39,13 @@ void wtx__vllm_destroy(wtx__vllm *b);
  * says which step and what vLLM answered: WTX_EUNAVAIL (unreachable),
  * WTX_ETIMEDOUT, WTX_EABORTED (vLLM refused) or WTX_EIO (the directory). */
 int wtx__vllm_publish(wtx__vllm *b, char *err, size_t errlen);
-/* Forwards the trainer's Pause / Resume; logs a failure. */
-void wtx__vllm_pause(wtx__vllm *b, int wait_for_inflight);
-void wtx__vllm_resume(wtx__vllm *b);
+/* Forward the trainer's Pause / Resume and answer whether vLLM is paused
+ * now (1 or 0): after /pause or /resume answered 2xx, what that asked for;
+ * after vLLM refused, what its GET /is_paused says; when neither answers
+ * (down, or too slow for timeout_ms), was, the state before the call. A
+ * failure is logged. */
+int wtx__vllm_pause(wtx__vllm *b, int wait_for_inflight, int was);
+int wtx__vllm_resume(wtx__vllm *b, int was);
 /* The version vLLM says it serves (GET /weight_info) into out; 0 or the
  * error. */
 int wtx__vllm_serving(wtx__vllm *b, char *out, size_t len);

@@ -139,17 +139,21 @@ static int serving_version(void *user, char *out, size_t len) {
   return w->vllm != NULL ? wtx__vllm_serving(w->vllm, out, len) : WTX_ENOTSUP;
 }
 
-/* Pause / Resume: forwarded to vLLM (the bridge), then the host's. */
-static void on_pause(void *user, int wait) {
+/* Pause / Resume: forwarded to vLLM (the bridge), then the host's. The
+ * state they answer is vLLM's when there is a bridge; a host's callbacks
+ * return nothing, so without one the call is taken as done. */
+static int on_pause(void *user, int wait, int was) {
   wtx_worker *w = user;
-  if (w->vllm != NULL) wtx__vllm_pause(w->vllm, wait);
+  int paused = w->vllm != NULL ? wtx__vllm_pause(w->vllm, wait, was) : 1;
   if (w->host_pause != NULL) w->host_pause(w->host, wait);
+  return paused;
 }
 
-static void on_resume(void *user) {
+static int on_resume(void *user, int was) {
   wtx_worker *w = user;
-  if (w->vllm != NULL) wtx__vllm_resume(w->vllm);
+  int paused = w->vllm != NULL ? wtx__vllm_resume(w->vllm, was) : 0;
   if (w->host_resume != NULL) w->host_resume(w->host);
+  return paused;
 }
 
 /* The sidecar bridge, when the options ask for one. */

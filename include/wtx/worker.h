@@ -251,9 +251,9 @@ typedef struct wtx_worker_options {
    * reload_weights, /update_weight_version, /resume; with vllm_disk, newer
    * vLLM's "disk" backend through the RL routes instead. A failure is the
    * FinishWeightUpdate's status (the worker has published, vLLM did not
-   * load). Pause / Resume are forwarded; GetWeightInfo reports vLLM's
-   * version. Every request is bounded by vllm_timeout_ms (0: 300000).
-   * Copied. */
+   * load). Pause / Resume are forwarded and answer whether vLLM is paused
+   * (PauseResponse.paused); GetWeightInfo reports vLLM's version. Every
+   * request is bounded by vllm_timeout_ms (0: 300000). Copied. */
   const char *vllm_url;
   const char *vllm_dir;
   const char *vllm_pause_mode;
@@ -309,7 +309,8 @@ void wtx_worker_destroy(wtx_worker *w);
  * NOT_SERVING (0), for a host whose inference engine is not ready. Ignored
  * once draining (NOT_SERVING). */
 void wtx_worker_set_serving(wtx_worker *w, int serving);
-/* Whether Pause is in effect. */
+/* Whether generation is paused, as the last Pause or Resume answered
+ * (with the vLLM bridge, vLLM's answer; see PauseResponse.paused). */
 int wtx_worker_paused(const wtx_worker *w);
 
 #ifdef __cplusplus

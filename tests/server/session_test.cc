@@ -1858,3 +1858,163 @@ TEST_F(SessionTest, AWorkerConnectsOnlyWhereAllowUpstreamSays) {
   InitTcp(ch_, &ti, 5000, &session, &st_);
   EXPECT_FALSE(session.empty()) << st_.message;
 }
+
+namespace {
+
+// A STAND-IN for a vLLM server's HTTP routes, as the sidecar bridge calls
+// them: each route answers the status and JSON body set for it (404 when
+// none is), one connection at a time; every request line is kept.
+class FakeVllm {
+ public:
+  FakeVllm() {
+    lfd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(0, bind(lfd_, reinterpret_cast<sockaddr *>(&a), sizeof a));
+    EXPECT_EQ(0, listen(lfd_, 8));
+    socklen_t len = sizeof a;
+    getsockname(lfd_, reinterpret_cast<sockaddr *>(&a), &len);
+    url_ = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeVllm() { Stop(); }
+  // Closes the port: vLLM is down from here on.
+  void Stop() {
+    if (lfd_ < 0) return;
+    shutdown(lfd_, SHUT_RDWR);  // ends the accept
+    thread_.join();
+    close(lfd_);
+    lfd_ = -1;
+  }
+  void Answer(const std::string &route, int status, const std::string &body) {
+    std::lock_guard<std::mutex> lk(mu_);
+    routes_[route] = {status, body};
+  }
+  // The requests but GetWeightInfo's (GET /weight_info), in order.
+  std::vector<std::string> Requests() {
+    std::lock_guard<std::mutex> lk(mu_);
+    std::vector<std::string> out;
+    for (const auto &r : requests_)
+      if (r != "GET /weight_info") out.push_back(r);
+    return out;
+  }
+  std::string url_;
+
+ private:
+  void Serve() {
+    for (int fd; (fd = accept(lfd_, nullptr, nullptr)) >= 0; close(fd)) {
+      std::string in;
+      char buf[4096];
+      size_t end;
+      while ((end = in.find("\r\n\r\n")) == std::string::npos) {
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        in.append(buf, static_cast<size_t>(n));
+      }
+      if (end == std::string::npos) continue;
+      size_t cl = in.find("Content-Length: ");
+      size_t body = cl == std::string::npos ? 0 : std::stoul(in.substr(cl + 16));
+      while (in.size() < end + 4 + body) {
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        in.append(buf, static_cast<size_t>(n));
+      }
+      std::string line = in.substr(0, in.find("\r\n"));  // "POST /pause?mode=wait HTTP/1.1"
+      std::string target = line.substr(line.find(' ') + 1);
+      target = target.substr(0, target.find(' '));
+      std::pair<int, std::string> answer{404, "{}"};
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        requests_.push_back(line.substr(0, line.rfind(' ')));
+        auto it = routes_.find(target.substr(0, target.find('?')));
+        if (it != routes_.end()) answer = it->second;
+      }
+      std::string out = "HTTP/1.1 " + std::to_string(answer.first) +
+                        " X\r\nContent-Type: application/json\r\nContent-Length: " +
+                        std::to_string(answer.second.size()) +
+                        "\r\nConnection: close\r\n\r\n" + answer.second;
+      send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+    }
+  }
+  int lfd_ = -1;
+  std::thread thread_;
+  std::mutex mu_;
+  std::map<std::string, std::pair<int, std::string>> routes_;
+  std::vector<std::string> requests_;
+};
+
+}  // namespace
+
+// Pause and Resume answer whether generation is paused once they return,
+// and a sidecar's answer is vLLM's: a trainer that sees paused=false after
+// Pause knows vLLM is still generating. GetWeightInfo says the same.
+TEST_F(SessionTest, PauseAndResumeSayWhetherVllmIsPausedNow) {
+  FakeVllm vllm;
+  TempDir dir;
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.vllm_url = vllm.url_.c_str();
+  o.vllm_dir = dir.path.c_str();
+  o.vllm_timeout_ms = 5000;
+  Restart(o);
+  auto pause = [&](int wait) {
+    Wtx__V1__PauseRequest req = WTX__V1__PAUSE_REQUEST__INIT;
+    req.wait_for_inflight = wait;
+    Wtx__V1__PauseResponse *resp = nullptr;
+    EXPECT_EQ(0, wtx__v1__weight_transfer__pause__call(ch_, &req, &resp, nullptr, &st_))
+        << st_.message;
+    int paused = resp != nullptr ? resp->paused : -1;
+    if (resp != nullptr) protobuf_c_message_free_unpacked(&resp->base, nullptr);
+    return paused;
+  };
+  auto resume = [&] {
+    Wtx__V1__ResumeRequest req = WTX__V1__RESUME_REQUEST__INIT;
+    Wtx__V1__ResumeResponse *resp = nullptr;
+    EXPECT_EQ(0, wtx__v1__weight_transfer__resume__call(ch_, &req, &resp, nullptr, &st_))
+        << st_.message;
+    int paused = resp != nullptr ? resp->paused : -1;
+    if (resp != nullptr) protobuf_c_message_free_unpacked(&resp->base, nullptr);
+    return paused;
+  };
+  auto info_paused = [&] {
+    Wtx__V1__GetWeightInfoResponse *info = nullptr;
+    EXPECT_EQ(0, Info(&info)) << st_.message;
+    int paused = info != nullptr ? info->paused : -1;
+    if (info != nullptr) protobuf_c_message_free_unpacked(&info->base, nullptr);
+    return paused;
+  };
+
+  // vLLM refuses to pause and says it is not paused: generation goes on.
+  vllm.Answer("/pause", 500, "{\"error\": \"Failed to pause generation\"}");
+  vllm.Answer("/is_paused", 200, "{\"is_paused\": false}");
+  EXPECT_EQ(0, pause(1));
+  EXPECT_EQ(0, info_paused());
+  EXPECT_FALSE(wtx_worker_paused(w_));
+
+  vllm.Answer("/pause", 200, "{\"status\": \"paused\"}");
+  EXPECT_EQ(1, pause(0));
+  EXPECT_EQ(1, info_paused());
+  EXPECT_TRUE(wtx_worker_paused(w_));
+
+  // vLLM refuses to resume and says it is still paused.
+  vllm.Answer("/resume", 500, "{\"error\": \"Failed to resume generation\"}");
+  vllm.Answer("/is_paused", 200, "{\"is_paused\": true}");
+  EXPECT_EQ(1, resume());
+  EXPECT_EQ(1, info_paused());
+
+  vllm.Answer("/resume", 200, "{\"status\": \"resumed\"}");
+  EXPECT_EQ(0, resume());
+  EXPECT_EQ(0, info_paused());
+  EXPECT_FALSE(wtx_worker_paused(w_));
+  EXPECT_EQ((std::vector<std::string>{"POST /pause?mode=wait", "GET /is_paused",
+                                      "POST /pause?mode=abort", "POST /resume",
+                                      "GET /is_paused", "POST /resume"}),
+            vllm.Requests());
+
+  // vLLM down: nothing says otherwise, so the state stays what it was.
+  EXPECT_EQ(1, pause(1));
+  vllm.Stop();
+  EXPECT_EQ(1, resume());
+  EXPECT_TRUE(wtx_worker_paused(w_));
+  Stop();
+}
