@@ -6,6 +6,7 @@ published safetensors file is read back by Hugging Face's own parser.
 Run by tests/python/run.sh (Bazel: //tests/python:worker_test) with
 WTX_WORKER (the binary) and WTX_PROTO_ROOT (the directory holding wtx/v1/).
 """
+import http.server
 import json
 import math
 import mmap
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.request
@@ -441,7 +443,104 @@ class WorkerTest(unittest.TestCase):
         self.assertEqual(0, info.generation)  # nothing was pushed
 
 
+class BlockingVllm:
+    """A STAND-IN for a vLLM server's HTTP routes as wtx-worker --vllm-url
+    calls them: every route answers 200 at once, except the reload
+    (/collective_rpc) while block is set: it sets reloading, then answers
+    only once close() is called. What it holds up is a call into the host
+    that nothing in the worker can cancel."""
+
+    def __init__(self):
+        self.block = False
+        self.reloading = threading.Event()
+        self.released = threading.Event()
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path.startswith("/collective_rpc") and stand_in.block:
+                    stand_in.reloading.set()
+                    stand_in.released.wait(120)
+                self.answer({})
+
+            def do_GET(self):
+                self.answer({"weight_version": "", "is_paused": False})
+
+            def answer(self, body):
+                data = json.dumps(body).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the worker asking is gone (it was made to exit)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+
+    def close(self):
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class DrainTest(unittest.TestCase):
+    def test_a_host_call_that_never_returns_is_cut_short_after_the_grace_period(self):
+        # Finish waiting on vLLM's reload (the sidecar bridge), which does not
+        # answer: no drain can cancel that. The worker exits anyway, 0, once
+        # --grace-ms and one more second are up, and says so; --publish-dir
+        # holds whole versions only, whichever LATEST names.
+        vllm = BlockingVllm()
+        self.addCleanup(vllm.close)
+        pub = tempfile.mkdtemp(prefix="wtx-pub-")
+        w = Worker("--publish-dir", pub, "--grace-ms", "500", "--vllm-url", vllm.url,
+                   "--vllm-dir", tempfile.mkdtemp(prefix="wtx-vllm-"),
+                   "--vllm-timeout-ms", "600000")  # only the forced exit ends the wait
+        self.addCleanup(lambda: w.proc.poll() is None and w.proc.kill())
+        self.addCleanup(w.channel.close)
+        addr = f"127.0.0.1:{w.port}"
+        stub = wt_grpc.WeightTransferStub(w.channel)
+        sums = {}
+        out = subprocess.run([CLI, "push", "--workers", addr, "--version", "v1", "synthetic:1M"],
+                             capture_output=True, text=True, timeout=60)
+        self.assertEqual(0, out.returncode, out.stderr)
+        params = stub.GetWeightInfo(wt.GetWeightInfoRequest(include_params=True)).params
+        sums["v1"] = {p.meta.name: p.xxh3_64 for p in params}
+        vllm.block = True
+        push = subprocess.Popen([CLI, "push", "--workers", addr, "--version", "v2",
+                                 "synthetic:1M"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        self.addCleanup(push.wait)
+        self.addCleanup(push.kill)  # the trainer's retries are not what this tests
+        self.assertTrue(vllm.reloading.wait(30), w.log())  # Finish is inside the host call
+        info = stub.GetWeightInfo(wt.GetWeightInfoRequest(include_params=True), timeout=5)
+        self.assertEqual("v2", info.weight_version)  # committed; vLLM has not answered
+        sums["v2"] = {p.meta.name: p.xxh3_64 for p in info.params}
+        t0 = time.time()
+        w.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(0, w.proc.wait(timeout=10), w.log())
+        self.assertLess(time.time() - t0, 0.5 + 1.5)  # --grace-ms + 1 s, and some slack
+        self.assertIn("event=forced_exit", w.log())
+        with open(os.path.join(pub, "LATEST")) as f:
+            name = f.read().strip()
+        version = name[:-len(".safetensors")]
+        self.assertIn(version, sums)
+        with open(os.path.join(pub, name), "rb") as f:
+            raw = f.read()
+        header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+        self.assertEqual(version, header["__metadata__"]["wtx_version"])
+        got = {n: xxhash.xxh3_64_intdigest(bytes(t["data"]))
+               for n, t in safetensors.deserialize(raw)}
+        self.assertEqual(sums[version], got)
+
     def test_sigterm_while_prepared_keeps_the_published_version_whole(self):
         # An update staged and prepared, not finished, when SIGTERM comes:
         # the worker aborts it, exits 0, and what --publish-dir holds is
