@@ -4,6 +4,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,9 @@ struct wtx__vllm {
   pthread_mutex_t mu; /* one publish at a time; the kept directories */
   char kept[MAX_KEEP][256];
   int n_kept;
+  /* The trainer paused generation (Pause, not yet Resumed): a reload
+   * pauses around itself but must leave it paused. */
+  atomic_int held;
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -240,7 +244,7 @@ static int load_dev(wtx__vllm *b, const char *path, const char *version, char *e
   free(body);
   free(vbody);
   char why[512];
-  if (http(b, "/resume", "{}", &r, why, sizeof why) != 0 && rc == 0) {
+  if (!atomic_load(&b->held) && http(b, "/resume", "{}", &r, why, sizeof why) != 0 && rc == 0) {
     snprintf(err, errlen, "%s", why);
     rc = WTX_EABORTED;
   }
@@ -321,10 +325,16 @@ static int pause_or_resume(wtx__vllm *b, const char *route, int want, int was) {
 int wtx__vllm_pause(wtx__vllm *b, int wait_for_inflight, int was) {
   char route[64];
   snprintf(route, sizeof route, "/pause?mode=%s", wait_for_inflight ? "wait" : "abort");
-  return pause_or_resume(b, route, 1, was);
+  int paused = pause_or_resume(b, route, 1, was);
+  atomic_store(&b->held, paused);
+  return paused;
 }
 
-int wtx__vllm_resume(wtx__vllm *b, int was) { return pause_or_resume(b, "/resume", 0, was); }
+int wtx__vllm_resume(wtx__vllm *b, int was) {
+  int paused = pause_or_resume(b, "/resume", 0, was);
+  atomic_store(&b->held, paused);
+  return paused;
+}
 
 int wtx__vllm_serving(wtx__vllm *b, char *out, size_t len) {
   reply r;

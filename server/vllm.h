@@ -4,7 +4,8 @@
  * it over its HTTP routes (served with VLLM_SERVER_DEV_MODE=1):
  *   POST /pause?mode=M, POST /collective_rpc {"method": "reload_weights",
  *   "kwargs": {"weights_path": "DIR/<version>"}}, POST
- *   /update_weight_version, POST /resume (resume also after a failure).
+ *   /update_weight_version, POST /resume (resume also after a failure;
+ *   never while the trainer's Pause holds it).
  * The trainer's Pause and Resume become POST /pause and /resume, and GET
  * /is_paused when those fail.
  * With disk set (newer vLLM's "disk" weight-transfer backend) the load goes

@@ -157,6 +157,24 @@ class SidecarTest(unittest.TestCase):
         finally:
             self.assertEqual(0, side.stop())
 
+    def test_a_push_while_the_trainer_paused_vllm_leaves_it_paused(self):
+        # A reload pauses around itself; it must not resume what the
+        # trainer paused: that stays paused until the trainer resumes it.
+        import wtx
+        side = Sidecar(self.vllm.url)
+        try:
+            with wtx.WorkerClient(side.addr) as c:
+                self.assertEqual([True], c.pause(wait_for_inflight=True))
+                push(side.addr, tiny_llama(10), "held")
+                self.assertEqual(["pause", "pause", "reload_weights"],
+                                 [x[0] for x in self.client.calls])
+                self.assertEqual([False], c.resume())
+            self.assertEqual(("resume",), self.client.calls[-1])
+            push(side.addr, tiny_llama(11), "free")  # not paused: resumed after
+            self.assertEqual(("resume",), self.client.calls[-1])
+        finally:
+            self.assertEqual(0, side.stop())
+
     def test_the_disk_backend_path_loads_through_the_rl_routes(self):
         side = Sidecar(self.vllm.url, disk=True)
         try:

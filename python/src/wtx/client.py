@@ -182,11 +182,15 @@ class WorkerClient:
         return sum(r.world_size for r in self._each("GetWorldSize",
                                                      lambda i: wt.GetWorldSizeRequest()))
 
-    def pause(self, wait_for_inflight: bool = True) -> None:
-        self._each("Pause", lambda i: wt.PauseRequest(wait_for_inflight=wait_for_inflight))
+    def pause(self, wait_for_inflight: bool = True) -> list[bool]:
+        """Pauses generation on every replica; returns whether each is
+        paused now (a sidecar: what vLLM answered)."""
+        resps = self._each("Pause", lambda i: wt.PauseRequest(wait_for_inflight=wait_for_inflight))
+        return [r.paused for r in resps]
 
-    def resume(self) -> None:
-        self._each("Resume", lambda i: wt.ResumeRequest())
+    def resume(self) -> list[bool]:
+        """Resumes generation; returns whether each replica is still paused."""
+        return [r.paused for r in self._each("Resume", lambda i: wt.ResumeRequest())]
 
     def update_weight_version(self, weight_version: str) -> list[str]:
         """Relabels every replica's weights; returns each previous label."""
