@@ -1,6 +1,7 @@
 /* The worker's bearer-token check (see auth.h). */
 #include "server/auth.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -32,10 +34,19 @@ int wtx__auth_equal(const char *a, size_t alen, const char *b, size_t blen) {
 }
 
 /* Reads the first line of path, the token, into tok (NUL-terminated) and
- * its length into *n. */
+ * its length into *n. Only a regular file: opening a FIFO (or a device)
+ * could block, under the lock every authenticated call takes. */
 static int read_token(const char *path, char tok[MAX_TOKEN + 2], size_t *n, char *err,
                       size_t errlen) {
-  FILE *f = fopen(path, "r");
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat st;
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+    close(fd);
+    snprintf(err, errlen, "token_file: %s is not a regular file", path);
+    return WTX_EINVAL;
+  }
+  FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+  if (fd >= 0 && f == NULL) close(fd);
   if (f == NULL || fgets(tok, MAX_TOKEN + 2, f) == NULL) {
     if (f != NULL) fclose(f);
     snprintf(err, errlen, "token_file: cannot read %s", path);

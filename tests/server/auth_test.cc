@@ -210,6 +210,10 @@ TEST_F(AuthTest, AnUnreadableReplacementKeepsTheLastGoodToken) {
   EXPECT_EQ(0, World("t0ken-one")) << "directory: " << message_;
   ASSERT_EQ(0, rmdir(token_file_.c_str()));
 
+  ASSERT_EQ(0, mkfifo(token_file_.c_str(), 0600));  // a FIFO nobody writes: no hang
+  EXPECT_EQ(0, World("t0ken-one")) << "fifo: " << message_;
+  ASSERT_EQ(0, unlink(token_file_.c_str()));
+
   Write(token_file_, "\nt0ken-two\n");  // the token is the first line
   EXPECT_EQ(0, World("t0ken-one")) << "empty first line: " << message_;
   EXPECT_EQ(WTX_EAUTH, World("t0ken-two"));
