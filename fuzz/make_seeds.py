@@ -63,11 +63,18 @@ msgs = [
 for sel, name, m in msgs:
     write("requests", name, bytes([sel]) + m.SerializeToString())
 
-# tcp_frame: announced (seq, offset, bytes) then a frame header
+# tcp_frame: announced (seq, offset, bytes) and the chunk's tensor count,
+# then what the peer sent: a frame header and its checksum trailer, a
+# trailer alone, or a record
+announced = struct.pack("<QQQI", 3, 100, 4096, 2)
 frame = b"WTXC" + struct.pack("<IQQQ", 1, 3, 100, 4096)
-write("tcp_frame", "frame", struct.pack("<QQQ", 3, 100, 4096) + frame)
+trailer = b"WTXS" + struct.pack("<IQ", 2, 3) + struct.pack("<QQ", 0x1234, 0x5678)
+write("tcp_frame", "frame", announced + frame + trailer)
+write("tcp_frame", "trailer", announced + trailer)
 hello = b"WTXH" + struct.pack("<II", 1, 16) + bytes(range(1, 17)) + bytes(48)
 write("tcp_frame", "hello", hello)
+for magic in (b"WTXW", b"WTXP", b"WTXD", b"WTXR", b"WTXG"):
+    write("tcp_frame", "record-" + magic.decode()[-1], magic + struct.pack("<IQ", 7, 9))
 
 # safetensors: a file with metadata and two tensors
 header = (b'{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],'
