@@ -1,7 +1,8 @@
 /* libFuzzer target: every WeightTransfer request message, decoded as the
  * worker decodes it and run through the checks the worker applies before
  * any byte moves (wire parameters, tensor metadata, text, the chunk's
- * shape against its tensors). The first input byte picks the message. */
+ * shape against its tensors), fast and alone. The first input byte picks
+ * the message. fuzz_session.c drives the real handlers with sequences. */
 #include <stdlib.h>
 #include <string.h>
 

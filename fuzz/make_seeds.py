@@ -76,6 +76,46 @@ write("tcp_frame", "hello", hello)
 for magic in (b"WTXW", b"WTXP", b"WTXD", b"WTXR", b"WTXG"):
     write("tcp_frame", "record-" + magic.decode()[-1], magic + struct.pack("<IQ", 7, 9))
 
+# session: calls to a real worker (fuzz_session.c): a byte (the method's
+# index in the service, 0x10: this run's session, 0x20: its update, 0x40:
+# the shm region that exists), two bytes of length, the request
+S, U, R = 0x10, 0x20, 0x40
+
+
+def call(method, flags, m):
+    b = m.SerializeToString()
+    return bytes([method | flags]) + struct.pack("<H", len(b)) + b
+
+
+def region(n):  # the region's first n bytes, as fuzz_session.c fills it
+    return bytes((i * 131 + 7) & 0xFF for i in range(n))
+
+
+def chunk(sums):
+    params = [ty.ParamMeta(name="a", dtype=ty.DTYPE_FLOAT32, shape=[32]),
+              ty.ParamMeta(name="b", dtype=ty.DTYPE_UINT8, shape=[128])]
+    ui = wt.UpdateInfo(params=params, chunk_bytes=256, shm=tp.ShmUpdateInfo(region="x"))
+    if sums:
+        import xxhash
+        data = region(256)
+        ui.xxh3_64.extend([xxhash.xxh3_64_intdigest(data[:128]),
+                           xxhash.xxh3_64_intdigest(data[128:])])
+    return wt.UpdateWeightsRequest(update_info=ui)
+
+
+for name, sums in (("publish-undo", False), ("publish-checked", True)):
+    init = wt.InitWeightTransferEngineRequest(init_info=wt.InitInfo(
+        shm=tp.ShmInitInfo(), checksum=ty.CHECKSUM_ALGORITHM_XXH3_64 if sums else 0))
+    seq = [call(0, 0, init), call(1, S, wt.StartWeightUpdateRequest()),
+           call(2, S | U | R, chunk(sums)),
+           call(3, S | U, wt.PrepareWeightUpdateRequest(weight_version="v1")),
+           call(4, S | U, wt.FinishWeightUpdateRequest()),
+           call(1, S, wt.StartWeightUpdateRequest()), call(2, S | U | R, chunk(sums)),
+           call(4, S | U, wt.FinishWeightUpdateRequest(weight_version="v2")),
+           call(5, S | U, wt.AbortWeightUpdateRequest(reason="undo")),
+           call(7, 0, wt.GetWeightInfoRequest(include_params=True))]
+    write("session", name, b"".join(seq))
+
 # safetensors: a file with metadata and two tensors
 header = (b'{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],'
           b'"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[1,2],"data_offsets":[8,12]}}')

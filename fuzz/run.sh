@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fuzz targets, built with clang-14's libFuzzer (+ ASan and UBSan) from
-# the same sources the worker compiles, each run for WTX_FUZZ_SECONDS
+# the same sources the worker compiles (session: the whole worker), each run for WTX_FUZZ_SECONDS
 # (default 20) from the committed seed corpus. A crash, a leak or a
 # sanitizer report fails the test and leaves the input that caused it in
 # the log, base64-encoded, to reproduce with: ./target crash-file.
@@ -30,9 +30,16 @@ build requests fuzz/fuzz_requests.c common/text.c common/tensor.c common/error.c
 build tcp_frame fuzz/fuzz_tcp_frame.c transport/tcp_frame.c --
 build safetensors fuzz/fuzz_safetensors.c common/safetensors.c common/strmap.c common/arena.c \
   common/tensor.c common/error.c -- -lyajl -lxxhash
+# The real worker: every source it compiles, instrumented alike.
+gen=third_party/protos
+build session fuzz/fuzz_session.c server/{auth,inspect,metrics,publish,session,store,vllm,worker}.c \
+  rpc/{rpc,health,reflection}.c transport/*.c common/*.c cuda/cuda.c proto/wtx/v1/*.c \
+  $gen/grpc/health/v1/*.c $gen/grpc/reflection/v1/*.c $gen/grpc/reflection/v1alpha/*.c \
+  $gen/google/protobuf/descriptor.pb-c.c -- -I$gen -lgrpc -lgpr -lprotobuf-c -luv -lcurl \
+  -lmicrohttpd -lyajl -lxxhash -lunistring -ldl -lrt -lpthread
 
 passed=0 failed=0
-for t in requests tcp_frame safetensors; do
+for t in requests tcp_frame safetensors session; do
   mkdir -p "$tmp/corpus-$t"
   cp fuzz/corpus/$t/* "$tmp/corpus-$t/"
   if (cd "$tmp" && "./$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
