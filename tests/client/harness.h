@@ -4,7 +4,6 @@
 #define WTX_TESTS_CLIENT_HARNESS_H
 
 #include <gtest/gtest.h>
-#include <microhttpd.h>
 #include <xxhash.h>
 #include <signal.h>
 #include <spawn.h>
@@ -355,71 +354,6 @@ class Proxy {
   std::vector<int> open_;
   std::thread accept_;
   std::vector<std::thread> pumps_;
-};
-
-// A STAND-IN for vLLM's HTTP API as a sidecar worker (--vllm-url) calls
-// it: every route answers 200, except that collective_rpc (the reload)
-// answers 500 while refusals are left, as a vLLM whose load_weights raised.
-// It records each reload's weights_path. vLLM itself needs a GPU; its real
-// routers are driven by tests/python/sidecar_test.py.
-class VllmStandIn {
- public:
-  VllmStandIn() {
-    d_ = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, nullptr, nullptr, &Answer, this,
-                          MHD_OPTION_END);
-    EXPECT_NE(nullptr, d_);
-    if (d_ != nullptr) port_ = MHD_get_daemon_info(d_, MHD_DAEMON_INFO_BIND_PORT)->port;
-  }
-  ~VllmStandIn() {
-    if (d_ != nullptr) MHD_stop_daemon(d_);
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  void Refuse(int n) { refuse_ = n; }
-  // Each reload's request body, in order.
-  std::vector<std::string> Reloads() {
-    std::lock_guard<std::mutex> l(mu_);
-    return reloads_;
-  }
-
- private:
-  static MHD_Result Answer(void *cls, MHD_Connection *conn, const char *url, const char *,
-                           const char *, const char *data, size_t *size, void **state) {
-    auto *self = static_cast<VllmStandIn *>(cls);
-    auto *body = static_cast<std::string *>(*state);
-    if (body == nullptr) {  // headers only: the body comes next
-      *state = new std::string;
-      return MHD_YES;
-    }
-    if (*size > 0) {
-      body->append(data, *size);
-      *size = 0;
-      return MHD_YES;
-    }
-    unsigned status = 200;
-    std::string reply = "{}";
-    if (strcmp(url, "/collective_rpc") == 0) {
-      std::lock_guard<std::mutex> l(self->mu_);
-      self->reloads_.push_back(*body);
-      if (self->refuse_ > 0) {
-        self->refuse_--;
-        status = 500;
-        reply = "{\"error\": \"reload_weights refused by the stand-in\"}";
-      }
-    }
-    delete body;
-    *state = nullptr;
-    MHD_Response *r = MHD_create_response_from_buffer(reply.size(), &reply[0],
-                                                      MHD_RESPMEM_MUST_COPY);
-    MHD_Result ok = MHD_queue_response(conn, status, r);
-    MHD_destroy_response(r);
-    return ok;
-  }
-
-  MHD_Daemon *d_ = nullptr;
-  int port_ = 0;
-  std::atomic<int> refuse_{0};
-  std::mutex mu_;
-  std::vector<std::string> reloads_;
 };
 
 }  // namespace wtxtest

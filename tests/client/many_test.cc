@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/client/llama.h"
+#include "tests/client/vllm_standin.h"
 
 namespace {
 

@@ -31,6 +31,7 @@
 #include "transport/tcp_frame.h"
 #include "transport/transport.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
+#include "tests/client/vllm_standin.h"
 
 namespace {
 
@@ -1859,101 +1860,16 @@ TEST_F(SessionTest, AWorkerConnectsOnlyWhereAllowUpstreamSays) {
   EXPECT_FALSE(session.empty()) << st_.message;
 }
 
-namespace {
-
-// A STAND-IN for a vLLM server's HTTP routes, as the sidecar bridge calls
-// them: each route answers the status and JSON body set for it (404 when
-// none is), one connection at a time; every request line is kept.
-class FakeVllm {
- public:
-  FakeVllm() {
-    lfd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(0, bind(lfd_, reinterpret_cast<sockaddr *>(&a), sizeof a));
-    EXPECT_EQ(0, listen(lfd_, 8));
-    socklen_t len = sizeof a;
-    getsockname(lfd_, reinterpret_cast<sockaddr *>(&a), &len);
-    url_ = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-    thread_ = std::thread([this] { Serve(); });
-  }
-  ~FakeVllm() { Stop(); }
-  // Closes the port: vLLM is down from here on.
-  void Stop() {
-    if (lfd_ < 0) return;
-    shutdown(lfd_, SHUT_RDWR);  // ends the accept
-    thread_.join();
-    close(lfd_);
-    lfd_ = -1;
-  }
-  void Answer(const std::string &route, int status, const std::string &body) {
-    std::lock_guard<std::mutex> lk(mu_);
-    routes_[route] = {status, body};
-  }
-  // The requests but GetWeightInfo's (GET /weight_info), in order.
-  std::vector<std::string> Requests() {
-    std::lock_guard<std::mutex> lk(mu_);
-    std::vector<std::string> out;
-    for (const auto &r : requests_)
-      if (r != "GET /weight_info") out.push_back(r);
-    return out;
-  }
-  std::string url_;
-
- private:
-  void Serve() {
-    for (int fd; (fd = accept(lfd_, nullptr, nullptr)) >= 0; close(fd)) {
-      std::string in;
-      char buf[4096];
-      size_t end;
-      while ((end = in.find("\r\n\r\n")) == std::string::npos) {
-        ssize_t n = recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) break;
-        in.append(buf, static_cast<size_t>(n));
-      }
-      if (end == std::string::npos) continue;
-      size_t cl = in.find("Content-Length: ");
-      size_t body = cl == std::string::npos ? 0 : std::stoul(in.substr(cl + 16));
-      while (in.size() < end + 4 + body) {
-        ssize_t n = recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) break;
-        in.append(buf, static_cast<size_t>(n));
-      }
-      std::string line = in.substr(0, in.find("\r\n"));  // "POST /pause?mode=wait HTTP/1.1"
-      std::string target = line.substr(line.find(' ') + 1);
-      target = target.substr(0, target.find(' '));
-      std::pair<int, std::string> answer{404, "{}"};
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        requests_.push_back(line.substr(0, line.rfind(' ')));
-        auto it = routes_.find(target.substr(0, target.find('?')));
-        if (it != routes_.end()) answer = it->second;
-      }
-      std::string out = "HTTP/1.1 " + std::to_string(answer.first) +
-                        " X\r\nContent-Type: application/json\r\nContent-Length: " +
-                        std::to_string(answer.second.size()) +
-                        "\r\nConnection: close\r\n\r\n" + answer.second;
-      send(fd, out.data(), out.size(), MSG_NOSIGNAL);
-    }
-  }
-  int lfd_ = -1;
-  std::thread thread_;
-  std::mutex mu_;
-  std::map<std::string, std::pair<int, std::string>> routes_;
-  std::vector<std::string> requests_;
-};
-
-}  // namespace
 
 // Pause and Resume answer whether generation is paused once they return,
 // and a sidecar's answer is vLLM's: a trainer that sees paused=false after
 // Pause knows vLLM is still generating. GetWeightInfo says the same.
 TEST_F(SessionTest, PauseAndResumeSayWhetherVllmIsPausedNow) {
-  FakeVllm vllm;
+  wtxtest::VllmStandIn vllm;
   TempDir dir;
   wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
-  o.vllm_url = vllm.url_.c_str();
+  std::string url = vllm.url();
+  o.vllm_url = url.c_str();
   o.vllm_dir = dir.path.c_str();
   o.vllm_timeout_ms = 5000;
   Restart(o);
