@@ -176,7 +176,7 @@ int wtx_rpc_channel_create(const char *target,
     return WTX_ENOMEM;
   }
   grpc_init();
-  grpc_arg args[5];
+  grpc_arg args[6];
   size_t nargs = 0;
   int max = opts != NULL ? opts->max_message_bytes : 0;
   int_arg(args, &nargs, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, max);
@@ -188,6 +188,10 @@ int wtx_rpc_channel_create(const char *target,
   int_arg(args, &nargs, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   int_arg(args, &nargs, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, WTX_RPC_RECONNECT_MAX_MS);
   int_arg(args, &nargs, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, WTX_RPC_CONNECT_TIMEOUT_MS);
+  /* Connections of its own: with gRPC's process-wide pool, a new channel
+   * to a worker that just restarted inherits another channel's failed
+   * attempts and fails its first call at once, though the worker is up. */
+  int_arg(args, &nargs, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   grpc_channel_args cargs = {nargs, args};
   grpc_channel_credentials *creds =
       opts != NULL ? opts->credentials : NULL;
