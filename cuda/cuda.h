@@ -37,8 +37,14 @@ typedef struct wtx_nccl_config {
   const char *netName;
 } wtx_nccl_config;
 
+/* A worker's init that failed on its device: a device this machine lacks
+ * is the worker's configuration (WTX_ESTATE: FAILED_PRECONDITION, which
+ * no client retries), anything else may pass (WTX_EUNAVAIL). */
+#define WTX_CUDA_INIT_FAILED(e) ((e) == WTX_CUDA_INVALID_DEVICE ? WTX_ESTATE : WTX_EUNAVAIL)
+
 enum {
   WTX_CUDA_SUCCESS = 0,
+  WTX_CUDA_INVALID_DEVICE = 101,  /* cudaErrorInvalidDevice */
   WTX_CUDA_NOT_READY = 600,       /* cudaErrorNotReady */
   WTX_CUDA_H2D = 1,               /* cudaMemcpyHostToDevice */
   WTX_CUDA_D2H = 2,               /* cudaMemcpyDeviceToHost */

@@ -84,7 +84,7 @@ static int ipc_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
     snprintf(err, errlen, "cuda_ipc: device %d: %s", w->device,
              e ? c->GetErrorString(e) : "no properties");
     free(w);
-    return WTX_EUNAVAIL;
+    return e ? WTX_CUDA_INIT_FAILED(e) : WTX_EUNAVAIL;
   }
   *self = w;
   return 0;

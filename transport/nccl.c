@@ -157,7 +157,7 @@ static int nccl_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params
   if (e != WTX_CUDA_SUCCESS) {
     snprintf(err, errlen, "nccl: device %d: %s", w->device, c->GetErrorString(e));
     nccl_worker_destroy(w);
-    return WTX_EUNAVAIL;
+    return WTX_CUDA_INIT_FAILED(e);
   }
   memcpy(&w->id, ni->unique_id.data, sizeof w->id);
   w->world_size = (int)ni->world_size;

@@ -922,6 +922,7 @@ TEST_P(HardDoubleTest, AWorkerOnADeviceTheMachineLacksIsRefusedByNumber) {
   unsetenv("WTX_FAKE_CUDA_DEVICES");
   EXPECT_NE(std::string::npos, err.find("5")) << err;
   EXPECT_NE(std::string::npos, err.find("invalid device ordinal")) << err;
+  EXPECT_EQ(9 /* FAILED_PRECONDITION: not a failure to retry */, wtx_client_last_status(c));
   EXPECT_EQ("", Version(w));
   wtx_client_destroy(c);
   wtx_source_destroy(src);
