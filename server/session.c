@@ -398,6 +398,22 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
   return GRPC_STATUS_OK;
 }
 
+/* A delta's fence: it opens only on the version it was computed from, so a
+ * worker that missed a step, restarted or was undone never carries over
+ * tensors the trainer believes replaced. */
+static grpc_status_code check_base(wtx_rpc_ctx *ctx, const char *base, const char *serves) {
+  if (base[0] == '\0' || strcmp(base, serves) == 0) return GRPC_STATUS_OK;
+  if (serves[0] == '\0')
+    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+                              "base_version: the delta applies to version '%s', and this "
+                              "worker serves no version yet: send the whole model", base);
+  return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+                            "base_version: the delta applies to version '%s', and this "
+                            "worker serves '%s': send the whole model", base, serves);
+}
+
+static void served_label(wtx_session *s, wtx_target target, char *out, size_t len);
+
 static grpc_status_code handle_start(wtx_rpc_ctx *ctx,
     const Wtx__V1__StartWeightUpdateRequest *req, Wtx__V1__StartWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
@@ -407,12 +423,20 @@ static grpc_status_code handle_start(wtx_rpc_ctx *ctx,
   if (target != WTX_TARGET_MAIN && target != WTX_TARGET_DRAFT)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                               "target: unknown value %d", req->target);
+  grpc_status_code code =
+      wtx__check_text(ctx, "base_version", req->base_version, WTX_MAX_VERSION_BYTES);
+  if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
-  grpc_status_code code = check_session(s, ctx, req->session_id);
+  char serves[WTX_MAX_VERSION_BYTES + 1];
+  code = check_session(s, ctx, req->session_id);
+  if (code == GRPC_STATUS_OK) served_label(s, target, serves, sizeof serves);
+  if (code == GRPC_STATUS_OK) code = check_base(ctx, req->base_version, serves);
   if (code == GRPC_STATUS_OK) code = open_update(s, ctx, target, req->expected_params);
   if (code == GRPC_STATUS_OK) {
+    s->delta = req->base_version[0] != '\0';
     resp->update_id = s->update_id;
     resp->table_xxh3 = s->table_xxh3[target == WTX_TARGET_DRAFT];
+    resp->weight_version = wtx_rpc_ctx_strdup(ctx, serves);
   }
   pthread_mutex_unlock(&s->mu);
   return code;
@@ -911,10 +935,12 @@ static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
   wtx__metrics_published(s->cfg.metrics, wtx_clock_unix_s());
   int t = s->target == WTX_TARGET_DRAFT;
   s->revertible = s->cfg.model_ops->revert != NULL ? s->update_id : 0;
-  s->table_replaced = s->by_range == 0;
+  /* A delta names a subset: the table stays the last full update's. */
+  int own_table = s->by_range == 0 && !s->delta;
+  s->table_replaced = own_table;
   snprintf(s->label_before, sizeof s->label_before, "%s", s->label[t]);
   snprintf(s->label[t], sizeof s->label[t], "%s", s->version);
-  if (s->by_range == 0) { /* params sent: later updates may name them by position */
+  if (own_table) { /* params sent: later updates may name them by position */
     wtx__layout_swap(&s->cur, &s->table[t]);
     s->table_xxh3[t] = wtx__layout_xxh3(s->table[t].metas, s->table[t].n);
     s->table_id[t] = atomic_fetch_add(&table_ids, 1);

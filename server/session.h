@@ -105,6 +105,7 @@ typedef struct wtx_session {
    * and the model can revert): an Abort naming it reverts it. 0: none. */
   uint64_t revertible;
   int table_replaced; /* it sent params: table[target] is its own */
+  int delta; /* the open (or last) update is a delta (base_version set) */
   /* Per target, the label this session published last, and before it (a
    * host model's version after a revert; the store knows its own). */
   char label[2][WTX_MAX_VERSION_BYTES + 1];

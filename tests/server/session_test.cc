@@ -118,17 +118,19 @@ class SessionTest : public ::testing::Test {
   }
 
   int Start(Wtx__V1__UpdateTarget target = WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN,
-            uint32_t expected_params = 0) {
+            uint32_t expected_params = 0, const char *base_version = "") {
     Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
     req.session_id = const_cast<char *>(session_.c_str());
     req.target = target;
     req.expected_params = expected_params;
+    req.base_version = const_cast<char *>(base_version);
     Wtx__V1__StartWeightUpdateResponse *resp = nullptr;
     int rc = wtx__v1__weight_transfer__start_weight_update__call(ch_, &req, &resp,
                                                                   nullptr, &st_);
     if (rc == 0) {
       update_ = resp->update_id;
       table_ = resp->table_xxh3;
+      serves_ = resp->weight_version;
       protobuf_c_message_free_unpacked(&resp->base, nullptr);
     }
     return rc;
@@ -292,6 +294,7 @@ class SessionTest : public ::testing::Test {
   std::string session_, region_;
   uint64_t update_ = 0;
   uint64_t table_ = 0;  // StartWeightUpdateResponse.table_xxh3
+  std::string serves_;  // StartWeightUpdateResponse.weight_version
   std::vector<std::pair<std::string, std::vector<uint8_t>>> v1_;
   std::string v1_version_;
 
@@ -398,6 +401,48 @@ TEST_F(SessionTest, ARangeOfAnotherTableOrOutOfStepIsRefusedAndKeepsOldWeights) 
   EXPECT_NE(std::string::npos, std::string(st_.message).find("one way throughout"))
       << st_.message;
   ExpectV1Intact();
+}
+
+// A delta opens only on the version it names; what it does not send
+// carries over from that version, and the table stays the full update's.
+TEST_F(SessionTest, ADeltaOpensOnlyOnItsBaseVersionAndCarriesTheRestOver) {
+  PublishV1();
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_EQ("v1", serves_);
+  const uint64_t v1_table = table_;
+  EXPECT_NE(0u, v1_table);
+  ASSERT_EQ(0, Abort()) << st_.message;
+
+  EXPECT_NE(0, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, 0, "v0"));
+  EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "base_version")) << st_.message;
+  EXPECT_NE(nullptr, strstr(st_.message, "'v0'")) << st_.message;
+  EXPECT_NE(nullptr, strstr(st_.message, "'v1'")) << st_.message;
+  ExpectV1Intact();
+
+  ASSERT_EQ(0, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, 0, "v1")) << st_.message;
+  Tensor b2 = T("b", 8, 90);
+  ASSERT_EQ(0, Update({b2})) << st_.message;
+  ASSERT_EQ(0, Finish("v2")) << st_.message;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+  EXPECT_EQ("v2", Published(&now));
+  ASSERT_EQ(2u, now.size());
+  EXPECT_EQ(v1_[0], now[0]);  // "a" carried over from v1
+  EXPECT_EQ(std::make_pair(std::string("b"), b2.data), now[1]);
+
+  // The next update may still name v1's whole table by position.
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_EQ(v1_table, table_);
+  EXPECT_EQ("v2", serves_);
+  ASSERT_EQ(0, Abort()) << st_.message;
+}
+
+TEST_F(SessionTest, ADeltaToAWorkerServingNothingIsRefused) {
+  ASSERT_EQ(0, Init()) << st_.message;
+  EXPECT_NE(0, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, 0, "v1"));
+  EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "serves no version yet")) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;  // nothing was left open
 }
 
 TEST_F(SessionTest, CallsBeforeInitAreFailedPrecondition) {
