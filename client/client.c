@@ -17,6 +17,11 @@ typedef struct replica {
   char session_id[64];
   uint64_t update_id;
   uint64_t table_xxh3; /* from StartWeightUpdate: the table it may name by range */
+  /* The version it serves as far as this client saw (its last start's
+   * answer, then the label its Finish published); "" unknown. base: the
+   * version the next start's delta names ("" an ordinary update). */
+  char serves[WTX_MAX_VERSION_BYTES + 1];
+  char base[WTX_MAX_VERSION_BYTES + 1];
   wtx_rpc_pending *pending;
   int begun; /* fan_begin's result for its call in flight (0: in flight) */
   /* An update the other replicas undid that may be published here, still
@@ -494,6 +499,29 @@ static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
   const Wtx__V1__StartWeightUpdateResponse *r = (const Wtx__V1__StartWeightUpdateResponse *)m;
   f->c->r[i].update_id = r->update_id;
   f->c->r[i].table_xxh3 = r->table_xxh3;
+  snprintf(f->c->r[i].serves, sizeof f->c->r[i].serves, "%s", r->weight_version);
+}
+
+/* StartWeightUpdate's fill: the session, and the delta's base when set. */
+static void start_fill(fanout *f, size_t i, ProtobufCMessage *m) {
+  session_fill(f, i, m);
+  ((Wtx__V1__StartWeightUpdateRequest *)m)->base_version = f->c->r[i].base;
+}
+
+int wtx__client_set_bases(wtx_client *c, const char *const *bases) {
+  if (bases != NULL && c->ctl != NULL) return WTX_ENOTSUP;
+  for (size_t i = 0; i < c->n; i++) {
+    const char *b = bases != NULL ? bases[i] : "";
+    if (strlen(b) > WTX_MAX_VERSION_BYTES) return WTX_EINVAL;
+    snprintf(c->r[i].base, sizeof c->r[i].base, "%s", b);
+  }
+  return 0;
+}
+
+int wtx__client_is_control(const wtx_client *c) { return c->ctl != NULL; }
+
+const char *wtx__client_serves(const wtx_client *c, size_t i) {
+  return i < c->n && c->ctl == NULL ? c->r[i].serves : "";
 }
 
 int wtx__client_update_refused(wtx_client *c) {
@@ -516,7 +544,7 @@ uint64_t wtx__client_table(const wtx_client *c) {
 /* The start's fan-out, between wtx__client_start_begin and _end. */
 static fanout start_fanout(wtx_client *c, Wtx__V1__StartWeightUpdateRequest *req) {
   return (fanout){.method = wtx__v1__weight_transfer__start_weight_update__method,
-                   .fill = session_fill, .take = start_take, .req = &req->base, .c = c,
+                   .fill = start_fill, .take = start_take, .req = &req->base, .c = c,
                    .arg = NULL, .retries = 0};
 }
 
@@ -533,6 +561,7 @@ void wtx__client_start_begin(wtx_client *c, int target, size_t params) {
   req.expected_params = params <= UINT32_MAX ? (uint32_t)params : 0;
   fanout f = start_fanout(c, &req); /* each request is packed as it starts */
   fan_begin(&f);
+  for (size_t i = 0; i < c->n; i++) c->r[i].base[0] = '\0'; /* one start's */
 }
 
 int wtx__client_start_end(wtx_client *c) {
@@ -596,6 +625,7 @@ typedef struct label_arg {
   const char *field; /* "weight_version", "previous_version" */
   char *out;
   size_t len;
+  int serves; /* the label is what each replica serves now */
 } label_arg;
 
 /* take() of the calls that report a label: replica 0's, by field name. */
@@ -603,9 +633,10 @@ static void take_label(fanout *f, size_t i, const ProtobufCMessage *m) {
   label_arg *a = f->arg;
   const ProtobufCFieldDescriptor *fd =
       protobuf_c_message_descriptor_get_field_by_name(m->descriptor, a->field);
-  if (i != 0 || a->out == NULL || fd == NULL || fd->type != PROTOBUF_C_TYPE_STRING)
-    return;
-  snprintf(a->out, a->len, "%s", *(char *const *)((const char *)m + fd->offset));
+  if (fd == NULL || fd->type != PROTOBUF_C_TYPE_STRING) return;
+  const char *v = *(char *const *)((const char *)m + fd->offset);
+  if (a->serves) snprintf(f->c->r[i].serves, sizeof f->c->r[i].serves, "%s", v);
+  if (i == 0 && a->out != NULL) snprintf(a->out, a->len, "%s", v);
 }
 
 int wtx__client_prepare(wtx_client *c, const char *version) {
@@ -631,7 +662,7 @@ static int commit_one(wtx_client *c, const char *version, char *published, size_
    * again (a repeated Finish answers the same). */
   Wtx__V1__FinishWeightUpdateRequest req = WTX__V1__FINISH_WEIGHT_UPDATE_REQUEST__INIT;
   req.weight_version = "";
-  label_arg a = {"weight_version", published, publen};
+  label_arg a = {"weight_version", published, publen, 1};
   fanout f = {.method = wtx__v1__weight_transfer__finish_weight_update__method,
               .fill = session_fill, .take = take_label, .req = &req.base, .c = c, .arg = &a,
               .retries = c->retries > FINISH_RETRIES ? c->retries : FINISH_RETRIES};
@@ -651,7 +682,7 @@ typedef struct undo_report {
 static void take_undo(fanout *f, size_t i, const ProtobufCMessage *m) {
   undo_report *rep = f->arg;
   const char *v = ((const Wtx__V1__AbortWeightUpdateResponse *)m)->weight_version;
-  (void)i;
+  snprintf(f->c->r[i].serves, sizeof f->c->r[i].serves, "%s", v);
   if (rep->undone++ == 0)
     snprintf(rep->label, sizeof rep->label, "%s", v);
   else if (strcmp(rep->label, v) != 0)
@@ -914,6 +945,7 @@ int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
       continue;
     }
     if (page == 0) copy_summary(r, out);
+    if (page == 0) snprintf(c->r[i].serves, sizeof c->r[i].serves, "%s", r->weight_version);
     rc = r->n_params > 0 ? copy_params(r, out) : 0;
     req.params_offset = r->next_params_offset;
     protobuf_c_message_free_unpacked(m, NULL);
@@ -955,7 +987,7 @@ int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
   }
   Wtx__V1__UpdateWeightVersionRequest req = WTX__V1__UPDATE_WEIGHT_VERSION_REQUEST__INIT;
   req.weight_version = (char *)version;
-  label_arg a = {"previous_version", previous, prevlen};
+  label_arg a = {"previous_version", previous, prevlen, 0};
   /* No fill: every replica gets the same request. */
   fanout f = {.method = wtx__v1__weight_transfer__update_weight_version__method,
               .fill = NULL, .take = take_label, .req = &req.base, .c = c,

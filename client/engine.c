@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/delta.h"
 #include "client/engine.h"
 #include "client/fanout.h"
 #include "client/source.h"
@@ -47,6 +48,9 @@ struct wtx_trainer {
    * sync goes through it. */
   wtx__many *many;
   int sums_sent; /* the last sync landed with checksums: t->xxh3 holds them */
+  int delta;     /* wtx_trainer_config.delta */
+  wtx__delta dk; /* with delta: what the replicas serve, and the sync's subset */
+  char full_reason[1600]; /* wtx_send_result.full_reason */
   char err[1600];
 };
 
@@ -198,6 +202,14 @@ static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *e
            cfg->data_address ? cfg->data_address : "");
   t->args.data_address = t->data_address[0] ? t->data_address : NULL;
   t->args.direct = cfg->direct != 0;
+  t->delta = cfg->delta != 0;
+  int gpu = t->tt->put_device != NULL;
+  if (t->delta && gpu &&
+      t->args.wire.checksum != WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64) {
+    snprintf(err, errlen, "delta: on %s it needs checksum XXH3_64: the hash pass reads "
+             "each tensor on the host, which only a checksummed sync copies there", name);
+    return WTX_ENOTSUP;
+  }
   return 0;
 }
 
@@ -253,6 +265,11 @@ static int trainer_metadata(wtx_trainer *t) {
 /* A trainer of many senders: every sync goes through many.c. */
 static int many_init(const wtx_trainer_config *cfg, wtx_client *client, wtx_source *source,
                      wtx_trainer **out, char *err, size_t errlen) {
+  if (cfg->delta) {
+    snprintf(err, errlen, "delta: not offered with many senders (world %u) yet: "
+             "each rank would need the others' hashes", cfg->world);
+    return WTX_ENOTSUP;
+  }
   wtx_trainer *t = calloc(1, sizeof *t);
   if (t == NULL) return WTX_ENOMEM;
   wtx_transports_register_builtin();
@@ -279,6 +296,12 @@ int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
     if (rc != 0) return rc;
   }
   if (sh == NULL) return wtx__trainer_init_plain(cfg, client, source, out, err, errlen);
+  if (cfg->delta) {
+    wtx__sharded_destroy(sh);
+    snprintf(err, errlen, "delta: not offered with tensor-parallel workers yet (a worker "
+             "announces shard rules): their parts carry no whole-tensor hashes to compare");
+    return WTX_ENOTSUP;
+  }
   wtx_trainer *t = calloc(1, sizeof *t);
   if (t == NULL) {
     wtx__sharded_destroy(sh);
@@ -307,6 +330,11 @@ int wtx__trainer_init_plain(const wtx_trainer_config *cfg, wtx_client *client,
   t->client = client;
   t->source = source;
   int rc = resolve_config(t, cfg, err, errlen);
+  if (rc == 0 && t->delta && client != NULL && wtx__client_is_control(client)) {
+    snprintf(err, errlen, "delta: a caller's control plane carries no base version; "
+             "use wtx's gRPC workers (wtx_client_create)");
+    rc = WTX_ENOTSUP;
+  }
   if (rc == 0 && t->rank == 0 && (rc = rendezvous(t)) != 0)
     snprintf(err, errlen, "%s", t->err);
   /* Every sync uses the table's plan and identity: made once, here (a
@@ -327,6 +355,7 @@ void wtx_trainer_shutdown(wtx_trainer *t) {
   if (t->self != NULL) t->tt->destroy(t->self);
   free(t->chunks);
   free(t->xxh3);
+  wtx__delta_free(&t->dk);
   free(t);
 }
 
@@ -335,9 +364,14 @@ void wtx_trainer_shutdown(wtx_trainer *t) {
 /* The source's pass, checked against its metadata as it goes. */
 typedef struct cursor {
   wtx_trainer *t;
-  const wtx_tensor_meta *metas;
+  const wtx_tensor_meta *metas; /* the trainer's whole table */
   size_t n;
+  /* The sync's tensor j is the table's map[j] (a delta's subset; NULL:
+   * the whole table). The tensors between are pulled and checked, not
+   * read. */
+  const size_t *map;
   void *iter;
+  size_t next;          /* the table index the iteration yields next */
   size_t i;             /* tensor held (d valid) */
   wtx__tensor_data d;   /* where tensor i is */
   int have;             /* d holds tensor i */
@@ -345,10 +379,21 @@ typedef struct cursor {
   XXH3_state_t *h;
 } cursor;
 
-/* Makes tensor i the one held: pulls it from the iteration and checks it
- * against metadata()[i]. */
+static int cursor_pull(cursor *c, size_t i);
+
+/* Makes table tensor i the one held: pulls the iteration up to it, each
+ * tensor checked against metadata(). Never backwards. */
 static int cursor_get(cursor *c, size_t i) {
-  if (c->have && c->i == i) return 0;
+  while (!(c->have && c->i == i)) {
+    int rc = cursor_pull(c, c->next);
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
+/* Pulls the iteration's next tensor, i, and checks it against
+ * metadata()[i]. */
+static int cursor_pull(cursor *c, size_t i) {
   wtx_tensor_meta m;
   wtx__tensor_data d;
   int r = wtx__source_next(c->t->source, c->iter, c->host_copy, &m, &d);
@@ -370,15 +415,19 @@ static int cursor_get(cursor *c, size_t i) {
                 a, want->name, b);
   }
   c->i = i;
+  c->next = i + 1;
   c->d = d;
   c->have = 1;
   return 0;
 }
 
-/* After the last tensor, the iteration must end too. */
+/* After the last tensor, the iteration must end too (a delta's skipped
+ * tail is pulled first). */
 static int cursor_end(cursor *c) {
   wtx_tensor_meta m;
   const uint8_t *data;
+  int rc = c->n > 0 ? cursor_get(c, c->n - 1) : 0;
+  if (rc != 0) return rc;
   int r = wtx_source_next(c->t->source, c->iter, &m, &data);
   if (r == 1)
     return fail(c->t, WTX_EINVAL, "source: iteration yields '%s' after the %zu "
@@ -442,7 +491,8 @@ static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
   uint64_t off = ch->first_offset, used = 0;
   *n_sums = 0;
   out->n_iov = 0;
-  for (size_t i = ch->first; i <= ch->last; i++) {
+  for (size_t j = ch->first; j <= ch->last; j++) {
+    size_t i = c->map != NULL ? c->map[j] : j;
     int rc = cursor_get(c, i);
     if (rc != 0) return rc;
     uint64_t k = c->metas[i].nbytes - off;
@@ -480,9 +530,24 @@ static int iterate_only(wtx_trainer *t, const wtx_tensor_meta *metas, size_t n) 
 /* Everything one sync holds beyond the trainer's table and plan (t->metas,
  * t->chunks): the pass over the source, the per-buffer checksums and the
  * ParamMeta messages of every tensor. */
+/* What one sync sends: the trainer's whole table, or a delta's subset of
+ * it, with its chunk plan. */
+typedef struct sync_table {
+  const wtx_tensor_meta *metas; /* the n tensors sent, in order */
+  size_t n;
+  const size_t *map; /* tensor j is the table's map[j]; NULL: the whole table */
+  const wtx_chunk *chunks;
+  size_t n_chunks;
+  uint64_t total;
+} sync_table;
+
 typedef struct sync_state {
   wtx_trainer *t;
   const wtx_send_options *o;
+  sync_table tb;
+  int delta;    /* tb is a delta's (its start named the bases) */
+  int fell_back; /* a delta was refused, and the whole table is sent */
+  int hashed;   /* the delta's hash pass ran (t->hashes) */
   cursor c;
   int opened;
   int verify;
@@ -538,9 +603,9 @@ static int sync_buffers(sync_state *s) {
   s->verify = t->args.wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   s->nb = t->args.wire.num_buffers ? t->args.wire.num_buffers : 1;
   size_t max_params = 0;
-  for (size_t k = 0; k < s->t->n_chunks; k++)
-    if (s->t->chunks[k].last - s->t->chunks[k].first + 1 > max_params)
-      max_params = s->t->chunks[k].last - s->t->chunks[k].first + 1;
+  for (size_t k = 0; k < s->tb.n_chunks; k++)
+    if (s->tb.chunks[k].last - s->tb.chunks[k].first + 1 > max_params)
+      max_params = s->tb.chunks[k].last - s->tb.chunks[k].first + 1;
   s->sums_row = max_params + 1;
   s->sums = calloc(s->nb * s->sums_row, sizeof *s->sums);
   s->n_sums = calloc(s->nb, sizeof *s->n_sums);
@@ -559,8 +624,8 @@ static int sync_buffers(sync_state *s) {
   /* Device tensors go device to device where the backend can take them;
    * hashing them (checksums on) needs their bytes on the host as well. */
   int host_copy = t->tt->put_device == NULL || s->verify;
-  s->c = (cursor){.t = t, .metas = s->t->metas, .n = s->t->n, .host_copy = host_copy,
-                  .h = XXH3_createState()};
+  s->c = (cursor){.t = t, .metas = t->metas, .n = t->n, .map = s->tb.map,
+                  .host_copy = host_copy, .h = XXH3_createState()};
   if (!s->sums || !s->n_sums || !s->c.h) return fail(t, WTX_ENOMEM, "out of memory");
   int rc = wtx_source_open(t->source, &s->c.iter);
   if (rc != 0) return fail(t, rc, "source: cannot start a pass");
@@ -574,16 +639,18 @@ static int sync_buffers(sync_state *s) {
 static int sync_messages(sync_state *s) {
   s->table = wtx__client_table(s->t->client);
   if (s->table != s->t->table_xxh3) s->table = 0;
-  s->pm = calloc(s->table ? 1 : s->t->n, sizeof *s->pm);
-  s->pmp = calloc(s->table ? 1 : s->t->n, sizeof *s->pmp);
+  if (s->tb.map != NULL) s->table = 0; /* a subset: its tensors by name */
+  const sync_table *tb = &s->tb;
+  s->pm = calloc(s->table ? 1 : tb->n, sizeof *s->pm);
+  s->pmp = calloc(s->table ? 1 : tb->n, sizeof *s->pmp);
   if (!s->pm || !s->pmp) return fail(s->t, WTX_ENOMEM, "out of memory");
-  for (size_t i = 0; s->table == 0 && i < s->t->n; i++) {
+  for (size_t i = 0; s->table == 0 && i < tb->n; i++) {
     wtx__v1__param_meta__init(&s->pm[i]);
-    s->pm[i].name = (char *)s->t->metas[i].name;
-    s->pm[i].dtype = (Wtx__V1__DType)s->t->metas[i].dtype;
-    s->pm[i].n_shape = s->t->metas[i].ndim;
-    s->pm[i].shape = (uint64_t *)s->t->metas[i].shape;
-    s->pm[i].part = s->t->parts != NULL ? s->t->parts[i] : NULL;
+    s->pm[i].name = (char *)tb->metas[i].name;
+    s->pm[i].dtype = (Wtx__V1__DType)tb->metas[i].dtype;
+    s->pm[i].n_shape = tb->metas[i].ndim;
+    s->pm[i].shape = (uint64_t *)tb->metas[i].shape;
+    s->pm[i].part = s->t->parts != NULL ? s->t->parts[tb->map ? tb->map[i] : i] : NULL;
     s->pmp[i] = &s->pm[i];
   }
   return 0;
@@ -594,7 +661,7 @@ static int sync_messages(sync_state *s) {
 static int sync_pack(sync_state *s, size_t k) {
   uint32_t b = (uint32_t)(k % s->nb);
   uint64_t *ends = s->ends != NULL ? &s->ends[b * s->sums_row] : NULL;
-  return pack(&s->c, &s->t->chunks[k], &s->outs[b], &s->sums[b * s->sums_row], ends,
+  return pack(&s->c, &s->tb.chunks[k], &s->outs[b], &s->sums[b * s->sums_row], ends,
               &s->n_sums[b], s->verify && ends == NULL);
 }
 
@@ -602,13 +669,16 @@ static int sync_pack(sync_state *s, size_t k) {
  * returned 0): the sync's record of them. */
 static void sync_took_sums(sync_state *s, size_t k) {
   /* The tensors ending in a chunk are its first ones, in order. */
-  memcpy(&s->t->xxh3[s->t->chunks[k].first], s->posted.out, s->posted.n * sizeof *s->posted.out);
+  for (size_t j = 0; j < s->posted.n; j++) {
+    size_t at = s->tb.chunks[k].first + j;
+    s->t->xxh3[s->tb.map != NULL ? s->tb.map[at] : at] = s->posted.out[j];
+  }
 }
 
 /* The UpdateInfo of chunk k, packed in buffer b; the backend adds its part. */
 static int sync_update_info(sync_state *s, size_t k, Wtx__V1__UpdateInfo *ui) {
   uint32_t b = (uint32_t)(k % s->nb);
-  const wtx_chunk *ch = &s->t->chunks[k];
+  const wtx_chunk *ch = &s->tb.chunks[k];
   if (s->table != 0) {
     wtx__v1__param_range__init(&s->range);
     s->range.table_xxh3 = s->table;
@@ -657,10 +727,10 @@ static int sync_chunk(sync_state *s, size_t k) {
                                  .out = &s->sums[b * s->sums_row]};
     cs = &s->posted;
   }
-  int drc = s->in_place ? tt->post_iov(t->self, b, &s->t->chunks[k], out->iov, out->n_iov, cs)
-            : tt->post != NULL ? tt->post(t->self, b, &s->t->chunks[k]) : 0;
+  int drc = s->in_place ? tt->post_iov(t->self, b, &s->tb.chunks[k], out->iov, out->n_iov, cs)
+            : tt->post != NULL ? tt->post(t->self, b, &s->tb.chunks[k]) : 0;
   if (drc != 0) snprintf(err, sizeof err, "%s: cannot send chunk %zu", tt->name, k);
-  int packed_next = drc == 0 && k + 1 < s->t->n_chunks && s->nb > 1;
+  int packed_next = drc == 0 && k + 1 < s->tb.n_chunks && s->nb > 1;
   if (packed_next) rc = sync_pack(s, k + 1);
   /* A worker that refused the chunk never takes its part of a collective:
    * the wait for it ends as soon as the refusal is in. */
@@ -677,7 +747,7 @@ static int sync_chunk(sync_state *s, size_t k) {
   if (rc != 0) return rc;
   if (cs != NULL) sync_took_sums(s, k);
   /* One buffer: the next chunk is packed once this one has arrived. */
-  return !packed_next && k + 1 < s->t->n_chunks ? sync_pack(s, k + 1) : 0;
+  return !packed_next && k + 1 < s->tb.n_chunks ? sync_pack(s, k + 1) : 0;
 }
 
 /* Whether the last failure of a start says a worker may not know our
@@ -690,18 +760,120 @@ static int session_lost(const wtx_client *c) {
   return code == 5 /* NOT_FOUND */ || code == 14 /* UNAVAILABLE */;
 }
 
+/* ---- delta syncs (client/delta.h) ---- */
+
+/* The hash pass: every tensor of the table read once, on the host, into
+ * t->dk.hashes. */
+static int delta_hashes(wtx_trainer *t) {
+  cursor c = {.t = t, .metas = t->metas, .n = t->n, .host_copy = 1};
+  int rc = wtx_source_open(t->source, &c.iter);
+  if (rc != 0) return fail(t, rc, "source: cannot start a pass");
+  for (size_t i = 0; i < t->n && rc == 0; i++) {
+    if ((rc = cursor_get(&c, i)) != 0) break;
+    if (c.d.host == NULL && t->metas[i].nbytes > 0)
+      rc = fail(t, WTX_ENOTSUP, "delta: '%s' cannot be read on the host to hash it",
+                t->metas[i].name);
+    else
+      t->dk.hashes[i] = XXH3_64bits(c.d.host, t->metas[i].nbytes);
+  }
+  if (rc == 0) rc = cursor_end(&c);
+  wtx_source_close(t->source, c.iter);
+  return rc;
+}
+
+/* Names every replica's version as the base of this sync's start, when
+ * what each serves is known: 1 when it did, 0 (full_reason says why) when
+ * the sync must send the whole table. */
+static int delta_bases(sync_state *s) {
+  wtx_trainer *t = s->t;
+  if (s->o->target == WTX_TARGET_DRAFT) {
+    snprintf(t->full_reason, sizeof t->full_reason, "delta: the draft model takes whole "
+             "syncs only");
+    return 0;
+  }
+  if (!t->dk.valid && wtx__delta_learn(&t->dk, t->client, t->metas) != 0) {
+    snprintf(t->full_reason, sizeof t->full_reason, "delta: what the workers serve is not "
+             "known: %s", wtx_client_last_error(t->client));
+    return 0;
+  }
+  size_t n = wtx_client_size(t->client);
+  const char **bases = calloc(n, sizeof *bases);
+  if (bases == NULL) return 0;
+  size_t i = 0;
+  while (i < n && (bases[i] = wtx__client_serves(t->client, i))[0] != '\0') i++;
+  if (i < n)
+    snprintf(t->full_reason, sizeof t->full_reason, "delta: worker %zu (%s) serves no "
+             "version yet", i, wtx_client_target(t->client, i));
+  int ok = i == n && wtx__client_set_bases(t->client, bases) == 0;
+  free(bases);
+  return ok;
+}
+
+/* A delta's start was refused (a replica serves another version than its
+ * base): every update opened is aborted, as any failed sync's, and the
+ * sessions made again (an abort ends a tcp stream), then the start, for
+ * the whole table. */
+static int delta_refused(sync_state *s) {
+  wtx_trainer *t = s->t;
+  snprintf(t->full_reason, sizeof t->full_reason, "%s", wtx_client_last_error(t->client));
+  wtx__trainer_abort(t, "the delta was refused: sending the whole model instead");
+  t->dk.valid = 0;
+  s->delta = 0;
+  int rc = rendezvous(t);
+  if (rc != 0) return rc;
+  wtx__client_start_begin(t->client, s->o->target, t->n);
+  return wtx__client_start_end(t->client);
+}
+
+/* Steps 1-3 of a delta sync: the start, naming each replica's base, in
+ * flight during the hash pass; then the subset whose hashes changed (or,
+ * when a replica refused its base, the whole table). */
+static int delta_begin(sync_state *s, int *lost) {
+  wtx_trainer *t = s->t;
+  if (wtx__delta_reserve(&t->dk, t->n) != 0) return fail(t, WTX_ENOMEM, "out of memory");
+  s->delta = delta_bases(s);
+  wtx__client_start_begin(t->client, s->o->target, t->n);
+  int rc = s->hashed ? 0 : delta_hashes(t);
+  s->hashed = rc == 0;
+  int src = wtx__client_start_end(t->client);
+  if (src != 0 && s->delta && wtx_client_last_status(t->client) == 9 /* FAILED_PRECONDITION */)
+    src = delta_refused(s);
+  if (src != 0) {
+    *lost = session_lost(t->client);
+    return fail(t, src, "%s", wtx_client_last_error(t->client));
+  }
+  if (rc != 0) return rc;
+  if (s->delta) {
+    rc = wtx__delta_plan(&t->dk, t->metas, t->args.wire.buffer_size, CHUNK_PARAMS,
+                         t->args.wire.packed);
+    if (rc != 0) return fail(t, rc, "delta: cannot plan chunks");
+  }
+  /* Every tensor changed: the whole table's plan, named by position. */
+  if (s->delta && t->dk.m < t->n) {
+    s->tb = (sync_table){.metas = t->dk.metas, .n = t->dk.m, .map = t->dk.map,
+                         .chunks = t->dk.chunks, .n_chunks = t->dk.n_chunks,
+                         .total = t->dk.total};
+  }
+  rc = sync_buffers(s);
+  if (rc == 0 && s->tb.n_chunks > 0) rc = sync_pack(s, 0);
+  return rc != 0 ? rc : sync_messages(s);
+}
+
 /* Steps 1-3: every worker's start in flight while the buffers and the
  * first chunk are readied (a round trip hidden behind work that does not
  * need its answer), then the chunks' messages. *lost: the start failed
  * because a worker may no longer know our session. */
+static int delta_begin(sync_state *s, int *lost);
+
 static int sync_begin(sync_state *s, int *lost) {
   wtx_trainer *t = s->t;
   *lost = 0;
   int rc = !t->ready ? rendezvous(t) : 0;
   if (rc != 0) return rc;
-  wtx__client_start_begin(t->client, s->o->target, s->t->n);
+  if (t->delta) return delta_begin(s, lost);
+  wtx__client_start_begin(t->client, s->o->target, t->n);
   rc = sync_buffers(s);
-  if (rc == 0 && s->t->n_chunks > 0) rc = sync_pack(s, 0);
+  if (rc == 0 && s->tb.n_chunks > 0) rc = sync_pack(s, 0);
   int src = wtx__client_start_end(t->client);
   if (src != 0) {
     *lost = session_lost(t->client);
@@ -726,16 +898,41 @@ static int sync_run(sync_state *s, int commit, char *version, size_t vlen) {
     rc = sync_begin(s, &lost);
   }
   uint64_t done = 0;
-  for (size_t k = 0; rc == 0 && k < s->t->n_chunks; k++) {
+  for (size_t k = 0; rc == 0 && k < s->tb.n_chunks; k++) {
     if ((rc = sync_chunk(s, k)) != 0) break;
-    done += s->t->chunks[k].bytes;
-    if (s->o->progress != NULL) s->o->progress(s->o->progress_arg, done, s->t->total);
+    done += s->tb.chunks[k].bytes;
+    if (s->o->progress != NULL) s->o->progress(s->o->progress_arg, done, s->tb.total);
   }
   if (rc == 0) rc = cursor_end(&s->c);
   if (rc == 0 && (rc = commit ? wtx__client_finish(t->client, s->o->version, version, vlen)
                               : wtx__client_prepare(t->client, s->o->version)) != 0)
     fail(t, rc, "%s", wtx_client_last_error(t->client));
   return rc;
+}
+
+/* A delta-enabled sync landed: every replica serves the hash pass's
+ * hashes now (once published), which are also every tensor's checksum. */
+static void delta_landed(wtx_trainer *t, const sync_state *s, int commit) {
+  memcpy(t->xxh3, t->dk.hashes, t->n * sizeof *t->xxh3);
+  if (commit && s->o->target != WTX_TARGET_DRAFT) wtx__delta_landed(&t->dk);
+  if (s->delta) t->full_reason[0] = '\0';
+  else if (t->full_reason[0] == '\0')
+    snprintf(t->full_reason, sizeof t->full_reason, "delta: no earlier sync to compare with");
+}
+
+static void send_result(wtx_trainer *t, const sync_state *s, wtx_send_result *result,
+                        double seconds, uint64_t control0, const char *version) {
+  const sync_table *tb = &s->tb;
+  *result = (wtx_send_result){.bytes = tb->total, .params = tb->n, .chunks = tb->n_chunks,
+                              .seconds = seconds,
+                              .xxh3 = s->verify || s->hashed ? t->xxh3 : NULL,
+                              .direct = t->tt->direct != NULL && t->tt->direct(t->self),
+                              .control_bytes = wtx__client_update_bytes(t->client) - control0,
+                              .delta = s->delta,
+                              .skipped_params = t->n - tb->n,
+                              .skipped_bytes = t->total - tb->total,
+                              .full_reason = t->delta && !s->delta ? t->full_reason : NULL};
+  snprintf(result->version, sizeof result->version, "%s", version);
 }
 
 /* One sync on rank 0, published (commit) or prepared. */
@@ -745,22 +942,23 @@ static int send_run(wtx_trainer *t, const wtx_send_options *o, int commit,
   int rc = trainer_metadata(t);
   if (rc != 0) return rc;
   uint64_t control0 = wtx__client_update_bytes(t->client);
-  sync_state s = {.t = t, .o = o};
+  sync_state s = {.t = t, .o = o,
+                  .tb = {.metas = t->metas, .n = t->n, .chunks = t->chunks,
+                         .n_chunks = t->n_chunks, .total = t->total}};
   char version[WTX_MAX_VERSION_BYTES + 1] = "";
   t->sums_sent = 0;
+  t->full_reason[0] = '\0';
   rc = sync_run(&s, commit, version, sizeof version);
   t->sums_sent = rc == 0 && s.verify;
   if (rc != 0) {
     /* Keep every replica's previous weights; a broken stream means the
-     * sessions must be initialized again. */
+     * sessions must be initialized again. What they serve is asked again
+     * (an undo may have reached some and not others). */
+    t->dk.valid = 0;
     wtx__trainer_abort(t, t->err);
-  } else if (result != NULL) {
-    *result = (wtx_send_result){.bytes = t->total, .params = t->n, .chunks = t->n_chunks,
-                                .seconds = wtx_clock_s() - t0,
-                                .xxh3 = s.verify ? t->xxh3 : NULL,
-                                .direct = t->tt->direct != NULL && t->tt->direct(t->self),
-                                .control_bytes = wtx__client_update_bytes(t->client) - control0};
-    snprintf(result->version, sizeof result->version, "%s", version);
+  } else {
+    if (t->delta && s.hashed) delta_landed(t, &s, commit);
+    if (result != NULL) send_result(t, &s, result, wtx_clock_s() - t0, control0, version);
   }
   sync_release(&s);
   return rc;
@@ -785,6 +983,8 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
     const wtx_tensor_meta *metas;
     size_t n;
     rc = source_table(t, &metas, &n);
+    /* A delta sync is two passes on rank 0: the hash pass, then the send. */
+    if (rc == 0 && t->delta) rc = iterate_only(t, metas, n);
     return rc != 0 ? rc : iterate_only(t, metas, n);
   }
   return send_run(t, &o, 1, result);

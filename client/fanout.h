@@ -32,6 +32,19 @@ int wtx__client_start(wtx_client *c, int target);
  * StartWeightUpdateRequest.expected_params). */
 void wtx__client_start_begin(wtx_client *c, int target, size_t params);
 int wtx__client_start_end(wtx_client *c);
+/* The next start is a delta (StartWeightUpdateRequest.base_version):
+ * bases[i] is the version replica i's delta applies to (wtx_client_size
+ * entries, copied); NULL: an ordinary update. One start's: the start after
+ * it is ordinary unless set again. WTX_ENOTSUP on a caller's control plane,
+ * whose calls carry no base. */
+int wtx__client_set_bases(wtx_client *c, const char *const *bases);
+/* 1 when c reaches its workers through a caller's control plane
+ * (wtx_client_create_control), whose calls carry no base version. */
+int wtx__client_is_control(const wtx_client *c);
+/* The version replica i serves as far as c saw: its last start's answer,
+ * then what its Finish published or its undo returned to; "" when not
+ * known. Owned by c, valid until the next call on c. */
+const char *wtx__client_serves(const wtx_client *c, size_t i);
 /* After a start: the parameter table every replica announced
  * (StartWeightUpdateResponse.table_xxh3), or 0 when they differ or have
  * none. */

@@ -53,6 +53,10 @@ static const char usage[] =
 
     "  --verify             then compare every worker's checksums with ours\n"
     "                       (turns --checksum on)\n"
+    "  --delta              send only the tensors whose XXH3-64 differs from\n"
+    "                       what every worker serves (asked of the workers;\n"
+    "                       then of this trainer's last sync): one hash pass\n"
+    "                       over SOURCE; on cuda_ipc and nccl, with --checksum\n"
     "  --world N --rank R   many senders (any backend): this process is rank R of N,\n"
     "                       holding only its FSDP part of SOURCE (dim 0 of every\n"
     "                       tensor split over the ranks) and sending it straight\n"
@@ -301,6 +305,7 @@ static const struct option push_longopts[] = {
     {"seed", required_argument, NULL, 'e'},
     {"timeout-ms", required_argument, NULL, 't'},
     {"verify", no_argument, NULL, 'c'},
+    {"delta", no_argument, NULL, 'L'},
     {"repeat", required_argument, NULL, 'r'},
     {"world", required_argument, NULL, 'W'},
     {"rank", required_argument, NULL, 'P'},
@@ -337,6 +342,7 @@ static int push_option(int c, const char *arg, push_args *a) {
       cfg->timeout_ms = (uint32_t)v;
       return 0;
     case 'c': a->verify = 1; return 0;
+    case 'L': cfg->delta = 1; return 0;
     case 'r':
       if (parse_size(arg, &v) != 0 || v < 1 || v > MAX_REPEAT) return 1;
       a->repeat = (unsigned)v;
@@ -424,6 +430,11 @@ static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl,
          (unsigned long long)res.bytes, nw, a->cfg.backend, res.direct ? " (direct)" : "",
          res.seconds, res.bytes / res.seconds / 1e9, (unsigned long long)res.control_bytes,
          res.version);
+  if (res.delta)
+    printf("delta: %zu params, %llu bytes unchanged on every worker, not sent\n",
+           res.skipped_params, (unsigned long long)res.skipped_bytes);
+  else if (res.full_reason != NULL)
+    printf("whole model sent: %s\n", res.full_reason);
   fflush(stdout);
   if (a->verify && (rc = wtx_trainer_verify(tr)) == WTX_ESTATE) {
     fprintf(stderr, "wtx push: --verify needs checksums (drop --no-checksum)\n");
@@ -431,7 +442,8 @@ static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl,
   } else if (a->verify && rc != 0) {
     fprintf(stderr, "wtx push: verify failed: %s\n", wtx_trainer_last_error(tr));
   } else if (a->verify) {
-    printf("verified: %zu checksums equal on %zu worker(s)\n", res.params, nw);
+    printf("verified: %zu checksums equal on %zu worker(s)\n",
+           res.params + res.skipped_params, nw);
   }
   return rc;
 }

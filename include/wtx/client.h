@@ -216,6 +216,19 @@ typedef struct wtx_trainer_config {
   /* With world > 1: a secret the same on every rank (16..64 bytes), which
    * every data connection presents. Copied. */
   const char *session_token;
+  /* 1: delta syncs (docs/data-plane.md, "Delta updates"). Each sync hashes
+   * every tensor once (XXH3-64, on the host) and sends only those whose
+   * hash differs from what every replica serves: the hashes of the last
+   * sync this trainer landed, or, for a new trainer, those the workers
+   * report (GetWeightInfo). The start names each replica's version as the
+   * delta's base; a replica serving another version refuses it before any
+   * byte moves, and the sync sends the whole table instead
+   * (wtx_send_result.full_reason says why). With rank 0 sending, every
+   * rank must set it alike: each sync is then two passes over the source
+   * on every rank. Main target only; not with tensor-parallel workers,
+   * many senders or a caller's control plane; on cuda_ipc and nccl only
+   * with checksum XXH3_64, whose host copy the hash pass reads. */
+  int delta;
 } wtx_trainer_config;
 
 /* Every field at its default; set the ones you need after it. */
@@ -264,6 +277,18 @@ typedef struct wtx_send_result {
    * four-call frame around them aside). A sync after the first names its
    * tensors by position and carries no per-tensor metadata. */
   uint64_t control_bytes;
+  /* With wtx_trainer_config.delta: 1 when the sync was a delta (bytes,
+   * params and chunks are what it sent; the rest carried over on every
+   * replica), and what it did not send because every replica serves it
+   * already. 0 with full_reason set: it sent the whole table, and
+   * full_reason (owned by the trainer until its next send) says why: the
+   * first sync, a replica serving another version than the one this
+   * trainer knew (its refusal), a replica's version not known. NULL when
+   * delta is off or the sync was a delta. */
+  int delta;
+  size_t skipped_params;
+  uint64_t skipped_bytes;
+  const char *full_reason;
 } wtx_send_result;
 
 /* One weight sync: start, every chunk, finish. Returns when every replica

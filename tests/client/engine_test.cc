@@ -20,6 +20,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -1132,6 +1135,36 @@ struct SwitchingSource {
   }
   static void Destroy(void *) {}
 };
+// A source that fails its pass number fail_pass at tensor fail_at
+// (passes count from 1), else yields inner's.
+struct FailingSource {
+  wtx_source *inner;
+  int passes = 0, fail_pass = 0;
+  size_t fail_at = 0, at = 0;
+  static int Metadata(void *self, const wtx_tensor_meta **metas, size_t *n) {
+    return wtx_source_metadata(static_cast<FailingSource *>(self)->inner, metas, n);
+  }
+  static int Open(void *self, void **iter) {
+    auto *s = static_cast<FailingSource *>(self);
+    s->passes++;
+    s->at = 0;
+    return wtx_source_open(s->inner, iter);
+  }
+  static int Next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
+    auto *s = static_cast<FailingSource *>(self);
+    if (s->passes == s->fail_pass && s->at++ == s->fail_at) return WTX_EIO;
+    return wtx_source_next(s->inner, iter, meta, data);
+  }
+  static void Close(void *self, void *iter) {
+    wtx_source_close(static_cast<FailingSource *>(self)->inner, iter);
+  }
+  static void Destroy(void *) {}
+};
+
+const wtx_source_ops kFailingOps = {"failing", FailingSource::Metadata, FailingSource::Open,
+                                    FailingSource::Next, FailingSource::Close,
+                                    FailingSource::Destroy, nullptr, nullptr};
+
 const wtx_source_ops kSwitchingOps = {"switching", SwitchingSource::Metadata,
                                       SwitchingSource::Open, SwitchingSource::Next,
                                       SwitchingSource::Close, SwitchingSource::Destroy, nullptr,
@@ -1413,6 +1446,270 @@ TEST_P(UndoTest, AReplicaThatPublishedBehindACutIsUndoneWhenItIsReachedAgain) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HostBackends, UndoTest, ::testing::Values("shm", "tcp"),
+                         [](const ::testing::TestParamInfo<const char *> &i) {
+                           return std::string(i.param);
+                         });
+
+}  // namespace wtxtest
+
+namespace wtxtest {
+
+// Delta syncs (docs/data-plane.md, "Delta updates"): a model of 20 tensors
+// of mixed dtypes, pushed to two workers that write every published
+// version to disk; the test reads those files and hashes every tensor
+// itself, so what it compares never comes from wtx's own checksums.
+class DeltaTest : public EngineTest {
+ protected:
+  static constexpr size_t kN = 20;
+  void SetUp() override {
+    EngineTest::SetUp();
+    const int dtypes[] = {WTX_DTYPE_FLOAT32, WTX_DTYPE_BFLOAT16, WTX_DTYPE_INT8,
+                          WTX_DTYPE_FLOAT16};
+    const size_t elsize[] = {4, 2, 1, 2};
+    uint64_t x = 0x2545f4914f6cdd1dULL;
+    for (size_t i = 0; i < kN; i++) {
+      int d = i % 4;
+      shapes_[i] = {16, 1024 + 64 * i};
+      names_[i] = "model.layers." + std::to_string(i) + ".w";
+      data_[i].resize(shapes_[i][0] * shapes_[i][1] * elsize[d]);
+      for (auto &b : data_[i]) x ^= x << 13, x ^= x >> 7, x ^= x << 17, b = (uint8_t)x;
+      ts_[i] = {names_[i].c_str(), dtypes[d], shapes_[i].data(), 2, data_[i].data(), 0};
+    }
+    char e[512] = "";
+    ASSERT_EQ(0, wtx_source_memory(ts_, kN, &src_, e, sizeof e)) << e;
+  }
+  void TearDown() override {
+    wtx_source_destroy(src_);
+    EngineTest::TearDown();
+  }
+
+  // A worker that writes each published version to its own directory.
+  Worker SpawnPublishing() {
+    std::string d = dir_ + "/pub" + std::to_string(pubs_.size());
+    EXPECT_EQ(0, mkdir(d.c_str(), 0700));
+    pubs_.push_back(d);
+    return Spawn({"--publish-dir", d});
+  }
+
+  wtx_trainer *Trainer(wtx_client *c) {
+    std::string backend = GetParam();
+    wtx_trainer_config cfg = Config(backend, 64 << 10, 2, 10000);
+    cfg.delta = 1;
+    wtx_trainer *t = nullptr;
+    char e[1024] = "";
+    EXPECT_EQ(0, wtx_trainer_init(&cfg, c, src_, &t, e, sizeof e)) << e;
+    return t;
+  }
+
+  // The tensors' XXH3 as the test holds them.
+  std::map<std::string, uint64_t> Mine() const {
+    std::map<std::string, uint64_t> out;
+    for (size_t i = 0; i < kN; i++) out[names_[i]] = XXH3_64bits(data_[i].data(), data_[i].size());
+    return out;
+  }
+
+  // Worker k's published file of version v, hashed tensor by tensor by the
+  // test (waits, bounded, for the worker's writer to name it in LATEST).
+  std::map<std::string, uint64_t> OnDisk(size_t k, const std::string &v) {
+    std::string file, name = v + ".safetensors";  // the test's labels need no escaping
+    for (int i = 0; i < 1000; i++) {
+      std::ifstream f(pubs_[k] + "/LATEST");
+      if (f >> file && file == name) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::map<std::string, uint64_t> out;
+    EXPECT_EQ(name, file) << "worker " << k << " never wrote version " << v;
+    wtx_st_file *st = nullptr;
+    char e[512] = "";
+    if (wtx_st_open((pubs_[k] + "/" + file).c_str(), &st, e, sizeof e) != 0) {
+      ADD_FAILURE() << e;
+      return out;
+    }
+    for (size_t i = 0; i < wtx_st_count(st); i++) {
+      const wtx_st_tensor *t = wtx_st_tensor_at(st, i);
+      out[t->meta.name] = XXH3_64bits(t->data, t->meta.nbytes);
+    }
+    wtx_st_close(st);
+    return out;
+  }
+
+  // One sync labelled v; *res its result. Every worker must then hold the
+  // test's bytes.
+  void Sync(wtx_trainer *t, const std::string &v, wtx_send_result *res) {
+    wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+    so.version = v.c_str();
+    ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, res)) << v << ": " << wtx_trainer_last_error(t);
+    for (size_t k = 0; k < pubs_.size(); k++) EXPECT_EQ(Mine(), OnDisk(k, v)) << v << " on worker " << k;
+  }
+
+  // Sets one element of tensor i (of its dtype's size) to the bytes at v.
+  void Poke(size_t i, size_t element, const void *v) {
+    size_t es = data_[i].size() / (shapes_[i][0] * shapes_[i][1]);
+    memcpy(&data_[i][element * es], v, es);
+  }
+
+  std::vector<uint64_t> shapes_[kN];
+  std::string names_[kN];
+  std::vector<uint8_t> data_[kN];
+  wtx_memory_tensor ts_[kN];
+  wtx_source *src_ = nullptr;
+  std::vector<std::string> pubs_;
+};
+
+// A full sync, then ten deltas of mixed kinds. Each sends exactly the
+// tensors the step changed, and every worker's bytes equal the trainer's.
+TEST_P(DeltaTest, TenDeltasOfMixedKindsKeepEveryWorkerBitIdentical) {
+  std::vector<Worker> ws = {SpawnPublishing(), SpawnPublishing()};
+  wtx_client *c = Client(ws, 10000);
+  wtx_trainer *t = Trainer(c);
+  ASSERT_NE(nullptr, t);
+  wtx_send_result res;
+  Sync(t, "v0", &res);
+  EXPECT_EQ(0, res.delta);
+  ASSERT_NE(nullptr, res.full_reason);
+  EXPECT_NE(nullptr, strstr(res.full_reason, "serves no version yet")) << res.full_reason;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int8_t minus = -7;
+  // Each step: what it changes (tensor -> elements), applied before the sync.
+  std::function<void()> steps[10] = {
+      [] {},                                                   // nothing
+      [&] { Poke(5, 3, &data_[6][0]); },                       // one tensor
+      [&] {                                                    // 1 % of a tensor's elements
+        size_t n = shapes_[8][0] * shapes_[8][1];
+        for (size_t e = 0; e < n; e += 100) data_[8][e * 4] ^= 0x5a;
+      },
+      [&] { Poke(4, 17, &nan); },                              // a NaN value
+      [&] { Poke(2, 99, &minus); },                            // an int8 tensor
+      [&] { for (size_t i : {1, 3, 9, 13}) data_[i][i] ^= 1; },  // several dtypes
+      [] {},                                                   // nothing again
+      [&] { Poke(12, 0, &nan); Poke(10, 5, &minus); },          // NaN and int8 together
+      [&] { for (size_t i = 0; i < kN; i++) data_[i][7] ^= 0x80; },  // every tensor
+      [&] { Poke(19, 1, &minus); },                            // the last one
+  };
+  for (int k = 0; k < 10; k++) {
+    std::map<std::string, uint64_t> before = Mine();
+    steps[k]();
+    size_t changed = 0;
+    uint64_t bytes = 0;
+    std::map<std::string, uint64_t> after = Mine();
+    for (size_t i = 0; i < kN; i++)
+      if (before[names_[i]] != after[names_[i]]) changed++, bytes += data_[i].size();
+    std::string v = "v" + std::to_string(k + 1);
+    Sync(t, v, &res);
+    EXPECT_EQ(1, res.delta) << v << ": " << (res.full_reason ? res.full_reason : "");
+    EXPECT_EQ(changed, res.params) << v;
+    EXPECT_EQ(bytes, res.bytes) << v;
+    EXPECT_EQ(kN - changed, res.skipped_params) << v;
+    for (const Worker &w : ws) EXPECT_EQ(v, Version(w));
+  }
+  wtx_trainer_shutdown(t);
+
+  // A new trainer (a restarted one, or each `wtx push`) learns what the
+  // workers serve from them and sends only what differs.
+  data_[11][0] ^= 1;
+  t = Trainer(c);
+  ASSERT_NE(nullptr, t);
+  Sync(t, "fresh", &res);
+  EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
+  EXPECT_EQ(1u, res.params);
+  EXPECT_EQ(kN - 1, res.skipped_params);
+  wtx_trainer_shutdown(t);
+  wtx_client_destroy(c);
+}
+
+// A worker that missed a step (another trainer published there) refuses
+// the delta by its base version before any byte moves, and the same sync
+// sends the whole model instead, saying why.
+TEST_P(DeltaTest, ADeltaToAWorkerThatMissedAStepFallsBackToTheWholeModel) {
+  std::vector<Worker> ws = {SpawnPublishing(), SpawnPublishing()};
+  wtx_client *c = Client(ws, 10000);
+  wtx_trainer *t = Trainer(c);
+  ASSERT_NE(nullptr, t);
+  wtx_send_result res;
+  Sync(t, "v1", &res);
+  // Another trainer (no delta) pushes other weights to worker 1 only.
+  wtx_client *other = Client({ws[1]}, 10000);
+  std::vector<uint8_t> theirs[kN];
+  wtx_memory_tensor tt[kN];
+  for (size_t i = 0; i < kN; i++) {
+    theirs[i] = data_[i];
+    theirs[i][0] ^= 0xff;
+    tt[i] = ts_[i];
+    tt[i].data = theirs[i].data();
+  }
+  wtx_source *junk = nullptr;
+  char e[512] = "";
+  ASSERT_EQ(0, wtx_source_memory(tt, kN, &junk, e, sizeof e)) << e;
+  std::string why;
+  ASSERT_EQ(0, Push(other, junk, "elsewhere", 64 << 10, 2, 10000, &why)) << why;
+  wtx_source_destroy(junk);
+  wtx_client_destroy(other);
+
+  data_[3][5] ^= 1;
+  Sync(t, "v2", &res);
+  EXPECT_EQ(0, res.delta);
+  EXPECT_EQ(kN, res.params);
+  ASSERT_NE(nullptr, res.full_reason);
+  EXPECT_NE(nullptr, strstr(res.full_reason, "base_version")) << res.full_reason;
+  EXPECT_NE(nullptr, strstr(res.full_reason, "'v1'")) << res.full_reason;
+  EXPECT_NE(nullptr, strstr(res.full_reason, "'elsewhere'")) << res.full_reason;
+  for (const Worker &w : ws) EXPECT_EQ("v2", Version(w));
+  // The whole model landed on both, so the next sync is a delta again.
+  data_[4][0] ^= 1;
+  Sync(t, "v3", &res);
+  EXPECT_EQ(1, res.delta);
+  EXPECT_EQ(1u, res.params);
+  wtx_trainer_shutdown(t);
+  wtx_client_destroy(c);
+}
+
+// A delta that fails partway (the source fails in its send pass, after the
+// hash pass) leaves every worker's published version bit-exact, and the
+// next sync lands.
+TEST_P(DeltaTest, ADeltaThatFailsPartwayLeavesThePublishedVersionIntact) {
+  std::vector<Worker> ws = {SpawnPublishing(), SpawnPublishing()};
+  wtx_client *c = Client(ws, 10000);
+  FailingSource fs{src_};
+  wtx_source *failing = nullptr;
+  ASSERT_EQ(0, wtx_source_create(&kFailingOps, &fs, &failing));
+  std::string backend = GetParam();
+  wtx_trainer_config cfg = Config(backend, 64 << 10, 2, 10000);
+  cfg.delta = 1;
+  wtx_trainer *t = nullptr;
+  char e[1024] = "";
+  ASSERT_EQ(0, wtx_trainer_init(&cfg, c, failing, &t, e, sizeof e)) << e;
+  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+  so.version = "v1";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, nullptr)) << wtx_trainer_last_error(t);
+  std::map<std::string, uint64_t> v1 = Mine();
+  for (size_t i = 0; i < kN; i += 2) data_[i][1] ^= 1;  // ten tensors change
+  fs.fail_pass = fs.passes + 2;  // the send pass, after the hash pass
+  fs.fail_at = 14;
+  so.version = "v2";
+  EXPECT_NE(0, wtx_trainer_send_weights(t, &so, nullptr));
+  EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), "iteration failed"))
+      << wtx_trainer_last_error(t);
+  for (size_t k = 0; k < ws.size(); k++) {
+    EXPECT_EQ("v1", Version(ws[k]));
+    EXPECT_EQ(v1, OnDisk(k, "v1"));
+  }
+  so.version = "v3";
+  wtx_send_result res;
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
+  EXPECT_EQ(10u, res.params);
+  for (size_t k = 0; k < ws.size(); k++) EXPECT_EQ(Mine(), OnDisk(k, "v3"));
+  wtx_trainer_shutdown(t);
+  wtx_source_destroy(failing);
+  wtx_client_destroy(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(HostBackends, DeltaTest, ::testing::Values("shm", "tcp"),
+                         [](const ::testing::TestParamInfo<const char *> &i) {
+                           return std::string(i.param);
+                         });
+INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, DeltaTest,
+                         ::testing::Values("nccl", "cuda_ipc"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                            return std::string(i.param);
                          });

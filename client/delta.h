@@ -1,0 +1,56 @@
+/* Delta syncs (docs/data-plane.md, "Delta updates"): what every replica
+ * serves of a trainer's table, tensor by tensor, and the subset of the
+ * table a sync must send. The trainer engine (engine.c) hashes its source
+ * once per sync and sends only the tensors whose XXH3-64 differs from what
+ * the replicas serve; each start names the version the delta applies to,
+ * so a replica serving anything else refuses it and the engine sends the
+ * whole table instead. Internal. */
+#ifndef WTX_CLIENT_DELTA_H
+#define WTX_CLIENT_DELTA_H
+
+#include "transport/transport.h"
+#include "wtx/client.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct wtx__delta {
+  size_t n; /* the table's tensors */
+  /* Per tensor: the XXH3-64 every replica serves, where ok[i]; valid:
+   * they describe the versions the replicas serve now (the last sync
+   * landed, or wtx__delta_learn asked them). */
+  uint64_t *known;
+  uint8_t *ok;
+  int valid;
+  uint64_t *hashes; /* this sync's: every tensor's XXH3-64 (the hash pass) */
+  /* The subset to send: metas[0..m) are the table's map[0..m), in order,
+   * planned into chunks as the whole table is. */
+  wtx_tensor_meta *metas;
+  size_t *map, m;
+  wtx_chunk *chunks;
+  size_t n_chunks;
+  uint64_t total;
+} wtx__delta;
+
+/* Room for a table of n tensors; a table of another size is not known. */
+int wtx__delta_reserve(wtx__delta *d, size_t n);
+void wtx__delta_free(wtx__delta *d);
+/* Asks every replica of c what it serves (GetWeightInfo, with every
+ * parameter) and keeps, per tensor of metas, the XXH3-64 that all of them
+ * report under its name, dtype and shape; a tensor any one lacks, holds
+ * otherwise or published without checksums is not known. A replica that
+ * does not answer leaves nothing known (the sync then sends the whole
+ * table, and reports that replica). */
+int wtx__delta_learn(wtx__delta *d, wtx_client *c, const wtx_tensor_meta *metas);
+/* The tensors of metas whose hash differs from the known one (or is not
+ * known), planned with the whole table's buffer size and packing. */
+int wtx__delta_plan(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t buffer_size,
+                    size_t max_params, int packed);
+/* The sync landed on every replica: they serve hashes now. */
+void wtx__delta_landed(wtx__delta *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WTX_CLIENT_DELTA_H */
