@@ -25,13 +25,15 @@ int main(void) {
   F(wtx_trainer_config, num_buffers); F(wtx_trainer_config, checksum);
   F(wtx_trainer_config, timeout_ms); F(wtx_trainer_config, data_address);
   F(wtx_trainer_config, direct); F(wtx_trainer_config, world);
-  F(wtx_trainer_config, rank_addresses); F(wtx_trainer_config, session_token); END();
+  F(wtx_trainer_config, rank_addresses); F(wtx_trainer_config, session_token);
+  F(wtx_trainer_config, delta); END();
   BEGIN(wtx_send_options); F(wtx_send_options, version); F(wtx_send_options, target);
   F(wtx_send_options, progress); F(wtx_send_options, progress_arg); END();
   BEGIN(wtx_send_result); F(wtx_send_result, bytes); F(wtx_send_result, params);
   F(wtx_send_result, chunks); F(wtx_send_result, seconds); F(wtx_send_result, version);
   F(wtx_send_result, xxh3); F(wtx_send_result, direct); F(wtx_send_result, control_bytes);
-  END();
+  F(wtx_send_result, delta); F(wtx_send_result, skipped_params);
+  F(wtx_send_result, skipped_bytes); F(wtx_send_result, full_reason); END();
   BEGIN(wtx_ownership); F(wtx_ownership, owners); F(wtx_ownership, n_owners);
   F(wtx_ownership, mesh_shape); F(wtx_ownership, mesh_ndim); F(wtx_ownership, placements);
   END();

@@ -229,6 +229,31 @@ class PushTest(unittest.TestCase):
             os.unlink("/dev/shm" + region)
         client.close()
 
+    def test_a_delta_reaches_served_modules_with_only_what_changed(self):
+        import wtx
+        model = tiny_llama(5)
+        client = wtx.WorkerClient([h.addr for h in self.hosts])
+        engine = wtx.TrainerEngine.trainer_init(
+            wtx.WtxTrainerInitInfo(transport="shm", rank=0, delta=True), client=client,
+            source=wtx.TorchModuleSource(model))
+        engine.send_weights(version="d1")
+        name, p = next(iter(model.named_parameters()))
+        with torch.no_grad():
+            p[0].add_(1.0)  # one row of one tensor, in place
+        r = engine.send_weights(version="d2")
+        self.assertTrue(r["delta"], r["full_reason"])
+        self.assertEqual(1, r["params"])
+        self.assertEqual(p.numel() * p.element_size(), r["bytes"])
+        n = len(list(model.parameters()))
+        self.assertEqual(n - 1, r["skipped_params"])
+        self.assertEqual(n, len(r["xxh3"]))
+        for h in self.hosts:
+            st = h.state()
+            self.assertEqual("d2", st["version"])
+            same_weights(self, st, model)  # the rest carried over, logits included
+        engine.shutdown()
+        client.close()
+
     def test_pause_and_resume_reach_the_hosts_callbacks(self):
         import wtx
         with wtx.WorkerClient(self.hosts[0].addr) as c:

@@ -42,7 +42,8 @@ class TrainerConfig(C.Structure):
                 ("buffer_size", C.c_uint64), ("num_buffers", C.c_uint32),
                 ("checksum", C.c_int), ("timeout_ms", C.c_uint32),
                 ("data_address", C.c_char_p), ("direct", C.c_int), ("world", C.c_uint32),
-                ("rank_addresses", C.POINTER(C.c_char_p)), ("session_token", C.c_char_p)]
+                ("rank_addresses", C.POINTER(C.c_char_p)), ("session_token", C.c_char_p),
+                ("delta", C.c_int)]
 
 
 PROGRESS = C.CFUNCTYPE(None, C.c_void_p, C.c_uint64, C.c_uint64)
@@ -57,7 +58,9 @@ class SendResult(C.Structure):
     _fields_ = [("bytes", C.c_uint64), ("params", C.c_size_t), ("chunks", C.c_size_t),
                 ("seconds", C.c_double), ("version", C.c_char * (MAX_VERSION_BYTES + 1)),
                 ("xxh3", C.POINTER(C.c_uint64)), ("direct", C.c_int),
-                ("control_bytes", C.c_uint64)]
+                ("control_bytes", C.c_uint64), ("delta", C.c_int),
+                ("skipped_params", C.c_size_t), ("skipped_bytes", C.c_uint64),
+                ("full_reason", C.c_char_p)]
 
 
 # wtx_source_ops

@@ -40,7 +40,11 @@ class WtxTrainerInitInfo:
     cuda_ipc and nccl, every update lands straight in a region the model's
     size that each worker holds on its GPU (one copy per byte for a worker
     whose model adopts it; buffers where a worker has no room); on
-    cuda_ipc ``send_weights()["direct"]`` says whether it took effect."""
+    cuda_ipc ``send_weights()["direct"]`` says whether it took effect.
+    delta: each sync sends only the tensors whose XXH3-64 differs from what
+    every worker serves (one hash pass over the source; on cuda_ipc and
+    nccl with checksum "xxh3_64"); ``send_weights()["delta"]`` says whether
+    it was a delta, ``["full_reason"]`` why the whole model went instead."""
 
     backend: ClassVar[str] = "wtx"
 
@@ -52,6 +56,7 @@ class WtxTrainerInitInfo:
     timeout_ms: int = 0
     data_address: str | None = None
     direct: bool = False
+    delta: bool = field(default=False, kw_only=True)
     rank: int = field(default=0, kw_only=True)
     # Many senders (any transport): world_size ranks, each sending the parts
     # it owns (the source's iter_local) straight to the workers;
@@ -152,7 +157,8 @@ class TrainerEngine:
                                   buffer_size=info.buffer_size, num_buffers=info.num_buffers,
                                   checksum=_CHECKSUMS[info.checksum], timeout_ms=info.timeout_ms,
                                   data_address=info.data_address.encode() if info.data_address else None,
-                                  direct=1 if info.direct else 0, world=info.world_size)
+                                  direct=1 if info.direct else 0, world=info.world_size,
+                                  delta=1 if info.delta else 0)
         if many:
             self._ranks = (C.c_char_p * info.world_size)(*[a.encode() for a in info.rank_addresses])
             cfg.rank_addresses = C.cast(self._ranks, C.POINTER(C.c_char_p))
@@ -169,8 +175,11 @@ class TrainerEngine:
                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """One weight sync: every replica publishes the source's current
         weights, or none does (their previous weights stay). Returns
-        {bytes, params, chunks, seconds, version, xxh3, direct}. ``progress`` is
-        called (done_bytes, total_bytes) after every chunk."""
+        {bytes, params, chunks, seconds, version, xxh3, direct, control_bytes,
+        delta, skipped_params, skipped_bytes, full_reason}: bytes and params
+        are what the sync sent (a delta's changed tensors), xxh3 every
+        tensor's checksum. ``progress`` is called (done_bytes, total_bytes)
+        after every chunk."""
         if not self._trainer:
             raise RuntimeError("send_weights after shutdown")
         t = {"main": 1, "draft": 2}.get(target)
@@ -192,8 +201,11 @@ class TrainerEngine:
         self.last_result = {
             "bytes": res.bytes, "params": res.params, "chunks": res.chunks,
             "seconds": res.seconds, "version": res.version.decode(),
-            "xxh3": res.xxh3[:res.params] if res.xxh3 else None,
-            "direct": bool(res.direct), "control_bytes": res.control_bytes}
+            "xxh3": res.xxh3[:res.params + res.skipped_params] if res.xxh3 else None,
+            "direct": bool(res.direct), "control_bytes": res.control_bytes,
+            "delta": bool(res.delta), "skipped_params": res.skipped_params,
+            "skipped_bytes": res.skipped_bytes,
+            "full_reason": res.full_reason.decode() if res.full_reason else None}
         return self.last_result
 
     def shutdown(self) -> None:
