@@ -32,6 +32,9 @@
 #   tensor-parallel two workers of ranks 0 and 1 of 2 vs two whole ones
 #                  (bench/sharded.sh): bytes, peak memory, sync time; and
 #                  the planner at Qwen3-235B scale (bench/plan_scale)
+#   delta syncs    nothing, 5 % of the tensors and 1 % of every tensor's
+#                  elements changed vs a full sync (bench/delta.sh); and 40k
+#                  tiny tensors with nothing changed
 #   many senders   4 FSDP ranks vs rank 0 alone to two TP workers on loopback
 #                  (bench/many.sh: bytes per trainer link, sync time); and on
 #                  a simulated cluster of rate-limited namespaces, 4 ranks to
@@ -249,6 +252,9 @@ bench/sharded.sh "$size" | tail -n +2
 echo
 echo "## many senders (bench/many.sh): 4 trainer ranks vs rank 0 alone, loopback"
 bench/many.sh "$size" | tail -n +2
+echo
+echo "## delta syncs (bench/delta.sh): each kind of change vs a full sync, same worker"
+bench/delta.sh "$size" | tail -n +2
 echo
 echo "## many senders on a simulated cluster (bench/cluster.sh): links the limit"
 if [ $quick = 1 ]; then bench/cluster.sh 32M; else bench/cluster.sh 128M; fi

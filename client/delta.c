@@ -1,7 +1,11 @@
 /* Delta syncs: what the replicas serve, and the subset to send (see
  * delta.h). */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include "client/delta.h"
 #include "common/strmap.h"
@@ -14,7 +18,9 @@ int wtx__delta_reserve(wtx__delta *d, size_t n) {
   d->hashes = calloc(n ? n : 1, sizeof *d->hashes);
   d->metas = calloc(n ? n : 1, sizeof *d->metas);
   d->map = calloc(n ? n : 1, sizeof *d->map);
-  if (!d->known || !d->ok || !d->hashes || !d->metas || !d->map) {
+  d->at = calloc(n ? n : 1, sizeof *d->at);
+  d->len = calloc(n ? n : 1, sizeof *d->len);
+  if (!d->known || !d->ok || !d->hashes || !d->metas || !d->map || !d->at || !d->len) {
     wtx__delta_free(d);
     return WTX_ENOMEM;
   }
@@ -28,6 +34,8 @@ void wtx__delta_free(wtx__delta *d) {
   free(d->hashes);
   free(d->metas);
   free(d->map);
+  free(d->at);
+  free(d->len);
   free(d->chunks);
   *d = (wtx__delta){0};
 }
@@ -105,4 +113,37 @@ void wtx__delta_landed(wtx__delta *d) {
   memcpy(d->known, d->hashes, d->n * sizeof *d->known);
   memset(d->ok, 1, d->n);
   d->valid = 1;
+}
+
+/* The hash pass's work: tensors hashed by whichever thread takes the next. */
+typedef struct hash_job {
+  const uint8_t *const *at;
+  const uint64_t *len;
+  uint64_t *out;
+  size_t n;
+  atomic_size_t next;
+} hash_job;
+
+static void *hash_some(void *arg) {
+  hash_job *j = arg;
+  for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;)
+    if (j->at[i] != NULL) j->out[i] = XXH3_64bits(j->at[i], j->len[i]);
+  return NULL;
+}
+
+/* Threads for the hash pass: one per online core, at most HASH_THREADS
+ * (memory bandwidth, not cores, bounds it past a few). */
+#define HASH_THREADS 8
+
+void wtx__delta_hash(const uint8_t *const *at, const uint64_t *len, size_t n, uint64_t *out) {
+  hash_job j = {.at = at, .len = len, .out = out, .n = n};
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  size_t k = cores > 1 ? (size_t)cores : 1;
+  if (k > HASH_THREADS) k = HASH_THREADS;
+  if (k > n) k = n;
+  pthread_t th[HASH_THREADS];
+  size_t started = 0;
+  while (started + 1 < k && pthread_create(&th[started], NULL, hash_some, &j) == 0) started++;
+  hash_some(&j); /* this thread too; alone when no thread could start */
+  for (size_t i = 0; i < started; i++) pthread_join(th[i], NULL);
 }

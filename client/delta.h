@@ -24,6 +24,11 @@ typedef struct wtx__delta {
   uint8_t *ok;
   int valid;
   uint64_t *hashes; /* this sync's: every tensor's XXH3-64 (the hash pass) */
+  /* The hash pass's tensors that stay put until it ends, hashed together
+   * at its end (wtx__delta_hash): where and how long; NULL: hashed as it
+   * went. */
+  const uint8_t **at;
+  uint64_t *len;
   /* The subset to send: metas[0..m) are the table's map[0..m), in order,
    * planned into chunks as the whole table is. */
   wtx_tensor_meta *metas;
@@ -47,6 +52,10 @@ int wtx__delta_learn(wtx__delta *d, wtx_client *c, const wtx_tensor_meta *metas)
  * known), planned with the whole table's buffer size and packing. */
 int wtx__delta_plan(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t buffer_size,
                     size_t max_params, int packed);
+/* out[i] = XXH3-64 of len[i] bytes at at[i], for each i with at[i] not
+ * NULL, on a few threads (tensors are spread over them, each hashed
+ * whole). */
+void wtx__delta_hash(const uint8_t *const *at, const uint64_t *len, size_t n, uint64_t *out);
 /* The sync landed on every replica: they serve hashes now. */
 void wtx__delta_landed(wtx__delta *d);
 

@@ -763,20 +763,27 @@ static int session_lost(const wtx_client *c) {
 /* ---- delta syncs (client/delta.h) ---- */
 
 /* The hash pass: every tensor of the table read once, on the host, into
- * t->dk.hashes. */
+ * t->dk.hashes. A tensor that stays put until the pass ends is hashed at
+ * its end, with the others like it, on several threads; one whose bytes
+ * the next one may replace (a reused buffer, a gather) is hashed at once. */
 static int delta_hashes(wtx_trainer *t) {
   cursor c = {.t = t, .metas = t->metas, .n = t->n, .host_copy = 1};
   int rc = wtx_source_open(t->source, &c.iter);
   if (rc != 0) return fail(t, rc, "source: cannot start a pass");
   for (size_t i = 0; i < t->n && rc == 0; i++) {
+    t->dk.at[i] = NULL;
+    t->dk.len[i] = t->metas[i].nbytes;
     if ((rc = cursor_get(&c, i)) != 0) break;
     if (c.d.host == NULL && t->metas[i].nbytes > 0)
       rc = fail(t, WTX_ENOTSUP, "delta: '%s' cannot be read on the host to hash it",
                 t->metas[i].name);
+    else if (c.d.stays && c.d.host != NULL)
+      t->dk.at[i] = c.d.host;
     else
       t->dk.hashes[i] = XXH3_64bits(c.d.host, t->metas[i].nbytes);
   }
   if (rc == 0) rc = cursor_end(&c);
+  if (rc == 0) wtx__delta_hash(t->dk.at, t->dk.len, t->n, t->dk.hashes);
   wtx_source_close(t->source, c.iter);
   return rc;
 }

@@ -1,0 +1,141 @@
+/* Delta syncs against full ones, in one run, to the workers named: a model
+ * of TENSORS tensors of about SIZE bytes in all (random bytes), synced by a
+ * trainer without delta (the best of its syncs 3-5, the steady state) and by
+ * one with delta, which then syncs the same model again after each kind of
+ * change below (each the best of three, every one a fresh change):
+ *   none        nothing changed
+ *   tensors5    5 % of the tensors changed (one byte each)
+ *   elements1   1 % of the elements of every tensor changed
+ * Each line: kind, seconds, bytes sent, tensors sent. A delta's time
+ * includes its hash pass over the whole model.
+ *
+ * usage: delta_bench WORKERS SIZE TENSORS BACKEND
+ *   WORKERS  comma-separated host:port; SIZE bytes (K/M/G); BACKEND shm|tcp
+ * Exits 1 on a failed sync, 2 on bad usage. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wtx/client.h"
+
+typedef struct model {
+  size_t n;
+  uint64_t *shapes;
+  uint8_t **data;
+  char **names;
+  wtx_memory_tensor *ts;
+} model;
+
+static uint64_t rnd(uint64_t *x) {
+  *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+  return *x;
+}
+
+static int make_model(model *m, uint64_t size, size_t n) {
+  m->n = n;
+  m->shapes = calloc(n, sizeof *m->shapes);
+  m->data = calloc(n, sizeof *m->data);
+  m->names = calloc(n, sizeof *m->names);
+  m->ts = calloc(n, sizeof *m->ts);
+  if (!m->shapes || !m->data || !m->names || !m->ts) return -1;
+  uint64_t x = 0x9e3779b97f4a7c15ULL, per = size / n / 2 > 0 ? size / n / 2 : 1;
+  for (size_t i = 0; i < n; i++) {
+    m->shapes[i] = per; /* bf16 elements */
+    if ((m->data[i] = malloc(per * 2)) == NULL || (m->names[i] = malloc(64)) == NULL) return -1;
+    for (uint64_t k = 0; k + 8 <= per * 2; k += 8) {
+      uint64_t v = rnd(&x);
+      memcpy(m->data[i] + k, &v, 8);
+    }
+    snprintf(m->names[i], 64, "model.layers.%zu.w", i);
+    m->ts[i] = (wtx_memory_tensor){m->names[i], WTX_DTYPE_BFLOAT16, &m->shapes[i], 1,
+                                   m->data[i], 0};
+  }
+  return 0;
+}
+
+/* One sync; the best seconds of the kind so far in *best. */
+static int sync_one(wtx_trainer *t, const char *kind, double *best, wtx_send_result *res) {
+  if (wtx_trainer_send_weights(t, NULL, res) != 0) {
+    fprintf(stderr, "delta_bench: %s: %s\n", kind, wtx_trainer_last_error(t));
+    return -1;
+  }
+  if (*best == 0 || res->seconds < *best) *best = res->seconds;
+  return 0;
+}
+
+static void report(const char *kind, double s, const wtx_send_result *r) {
+  printf("%s %.6f %llu %zu%s%s\n", kind, s, (unsigned long long)r->bytes, r->params,
+         r->full_reason ? " full: " : "", r->full_reason ? r->full_reason : "");
+}
+
+static void change(model *m, int kind, uint64_t *x) {
+  if (kind == 1) { /* 5 % of the tensors, one byte each */
+    size_t k = m->n / 20 ? m->n / 20 : 1, at = rnd(x) % m->n;
+    for (size_t j = 0; j < k; j++) m->data[(at + j * 20) % m->n][0] ^= 1;
+  } else if (kind == 2) { /* 1 % of every tensor's elements */
+    for (size_t i = 0; i < m->n; i++)
+      for (uint64_t e = rnd(x) % 100; e < m->shapes[i]; e += 100) m->data[i][e * 2] ^= 1;
+  }
+}
+
+static int run(wtx_client *c, wtx_source *src, model *m, const char *backend) {
+  static const char *const kinds[] = {"none", "tensors5", "elements1"};
+  wtx_trainer_config cfg = WTX_TRAINER_CONFIG_INIT;
+  cfg.backend = backend;
+  wtx_trainer *t = NULL;
+  char err[1024];
+  wtx_send_result res;
+  double best = 0;
+  if (wtx_trainer_init(&cfg, c, src, &t, err, sizeof err) != 0) goto fail;
+  for (int k = 0; k < 5; k++) /* the best of syncs 3-5: the steady state */
+    if (sync_one(t, "full", k >= 2 ? &best : &(double){0}, &res) != 0) goto fail;
+  report("full", best, &res);
+  wtx_trainer_shutdown(t);
+  cfg.delta = 1;
+  if (wtx_trainer_init(&cfg, c, src, &t, err, sizeof err) != 0) goto fail;
+  if (sync_one(t, "first", &(double){0}, &res) != 0) goto fail;
+  uint64_t x = 12345;
+  for (int kind = 0; kind < 3; kind++) {
+    best = 0;
+    for (int r = 0; r < 3; r++) {
+      change(m, kind, &x);
+      if (sync_one(t, kinds[kind], &best, &res) != 0) goto fail;
+    }
+    report(kinds[kind], best, &res);
+  }
+  wtx_trainer_shutdown(t);
+  return 0;
+fail:
+  if (t == NULL) fprintf(stderr, "delta_bench: init: %s\n", err);
+  wtx_trainer_shutdown(t);
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 5) {
+    fprintf(stderr, "usage: delta_bench WORKERS SIZE TENSORS shm|tcp\n");
+    return 2;
+  }
+  char *end;
+  uint64_t size = strtoull(argv[2], &end, 10);
+  size <<= *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+  size_t n = strtoul(argv[3], NULL, 10);
+  const char *targets[64];
+  size_t nw = 0;
+  for (char *s = strtok(argv[1], ","); s != NULL && nw < 64; s = strtok(NULL, ","))
+    targets[nw++] = s;
+  model m = {0};
+  wtx_client *c = NULL;
+  wtx_source *src = NULL;
+  char err[512];
+  if (size == 0 || n == 0 || make_model(&m, size, n) != 0) return 2;
+  if (wtx_client_create(targets, nw, NULL, &c, err, sizeof err) != 0 ||
+      wtx_source_memory(m.ts, n, &src, err, sizeof err) != 0) {
+    fprintf(stderr, "delta_bench: %s\n", err);
+    return 1;
+  }
+  int rc = run(c, src, &m, argv[4]);
+  wtx_source_destroy(src);
+  wtx_client_destroy(c);
+  return rc;
+}
