@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include "common/hash.h"
 
 #include "client/delta.h"
 #include "common/strmap.h"

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/hash.h"
 #include "common/log.h"
+#include "common/patch.h"
 #include "common/text.h"
 #include "server/session.h"
 
@@ -96,6 +98,7 @@ void wtx__session_destroy(wtx_session *s) {
   free(s->rt);
   free(s->dst);
   free(s->metas);
+  free(s->sums);
   wtx__layout_free(&s->cur);
   wtx__layout_free(&s->table[0]);
   wtx__layout_free(&s->table[1]);
@@ -414,6 +417,14 @@ static grpc_status_code check_base(wtx_rpc_ctx *ctx, const char *base, const cha
 
 static void served_label(wtx_session *s, wtx_target target, char *out, size_t len);
 
+/* Whether a delta may carry patches here: the model reads its tensors
+ * back, and stages whole tensors on the host, where the session applies
+ * them. Caller holds mu. */
+static int takes_patches(const wtx_session *s) {
+  return s->cfg.model_ops->read != NULL && s->stage_device < 0 && s->region == NULL &&
+         s->cfg.shard_rules == NULL;
+}
+
 static grpc_status_code handle_start(wtx_rpc_ctx *ctx,
     const Wtx__V1__StartWeightUpdateRequest *req, Wtx__V1__StartWeightUpdateResponse *resp) {
   wtx_session *s = wtx_rpc_ctx_user(ctx);
@@ -437,6 +448,7 @@ static grpc_status_code handle_start(wtx_rpc_ctx *ctx,
     resp->update_id = s->update_id;
     resp->table_xxh3 = s->table_xxh3[target == WTX_TARGET_DRAFT];
     resp->weight_version = wtx_rpc_ctx_strdup(ctx, serves);
+    resp->patches = takes_patches(s);
   }
   pthread_mutex_unlock(&s->mu);
   return code;
@@ -549,8 +561,59 @@ typedef struct chunk {
   wtx_rx_tensor *rt;
   uint8_t **dst; /* stage_chunk's answers, n of them */
   int receive_failed; /* the failure is the data plane's */
+  /* Its patches (ParamMeta.patch), in order: each received apart, into
+   * wire, then applied to the base's copy in the tensor's staging. */
+  struct patch_slot {
+    size_t i; /* the chunk's tensor */
+    const Wtx__V1__Patch *p;
+    uint64_t bytes; /* on the wire */
+    uint8_t *full;  /* the model's staging of the whole tensor */
+    uint8_t *wire;  /* the patch, received (malloc'd) */
+  } *patches;
+  size_t n_patches;
   char err[1600];
 } chunk;
+
+static void chunk_free(chunk *c) {
+  for (size_t k = 0; k < c->n_patches; k++) free(c->patches[k].wire);
+  free(c->patches);
+}
+
+/* Tensor i of the chunk is a patch: refused unless this is a delta, this
+ * worker takes patches and the patch lies within the chunk's tensors as
+ * sent (not continued from the chunk before); else its slot. */
+static int check_patch(wtx_session *s, chunk *c, size_t i, int continues) {
+  const Wtx__V1__Patch *p = c->ui->params[i]->patch;
+  const wtx_tensor_meta *m = &c->metas[i];
+  if (!s->delta) {
+    snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: a patch applies only in "
+             "a delta update (StartWeightUpdateRequest.base_version)", i);
+    return WTX_EINVAL;
+  }
+  if (!takes_patches(s)) {
+    snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: this worker takes whole "
+             "tensors only (StartWeightUpdateResponse.patches)", i);
+    return WTX_ESTATE;
+  }
+  if (continues) {
+    snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: a patch lies within one "
+             "chunk, and '%s' continues the chunk before", i, m->name);
+    return WTX_EINVAL;
+  }
+  size_t es = wtx_dtype_size(m->dtype);
+  uint64_t bytes = wtx__patch_bytes(p->index_dtype, p->count, es);
+  char why[1200];
+  int rc = wtx__patch_check(m, p->index_dtype, p->count, NULL, bytes, why, sizeof why);
+  if (rc != 0) {
+    snprintf(c->err, sizeof c->err, "update_info.params[%zu].%s", i, why);
+    return rc;
+  }
+  struct patch_slot *grown = realloc(c->patches, (c->n_patches + 1) * sizeof *grown);
+  if (grown == NULL) return WTX_ENOMEM;
+  c->patches = grown;
+  c->patches[c->n_patches++] = (struct patch_slot){.i = i, .p = p, .bytes = bytes};
+  return 0;
+}
 
 /* rc, a per-chunk check's answer: a refusal the model gave no reason for
  * names the tensor it refused (bad). */
@@ -595,8 +658,10 @@ static int scratch_grow(wtx_session *s, size_t n) {
   uint8_t **dst = rt != NULL ? realloc(s->dst, n * sizeof *dst) : NULL;
   if (dst != NULL) s->dst = dst;
   wtx_tensor_meta *m = dst != NULL ? realloc(s->metas, n * sizeof *m) : NULL;
-  if (m == NULL) return WTX_ENOMEM;
-  s->metas = m;
+  if (m != NULL) s->metas = m;
+  uint64_t *sums = m != NULL ? realloc(s->sums, n * sizeof *sums) : NULL;
+  if (sums == NULL) return WTX_ENOMEM;
+  s->sums = sums;
   s->scratch_n = n;
   return 0;
 }
@@ -696,6 +761,8 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
     if (rc != 0) return rc;
     int continues = i == 0 && c->ui->first_param_offset > 0 && carry != NULL &&
                     strcmp(carry, c->metas[0].name) == 0;
+    if (c->ui->params[i]->patch != NULL && (rc = check_patch(s, c, i, continues)) != 0)
+      return rc;
     if (continues) continue;
     rc = wtx__layout_add(&s->cur, &c->metas[i]);
     if (rc == WTX_EEXIST) {
@@ -758,6 +825,9 @@ static int stage_chunk(wtx_session *s, chunk *c, size_t first) {
  * the same meta in check, stage and loaded, checked, staged and loaded in
  * that order within the chunk, and c->metas lives unchanged until the chunk
  * ends: the store relies on it to skip compares (server/store.c). */
+static int stage_patches(chunk *c);
+static int patches_fit(chunk *c);
+
 static int chunk_stage(wtx_session *s, chunk *c) {
   const Wtx__V1__UpdateInfo *ui = c->ui;
   /* Where tensors[0] begins in the update's stream (in place only). */
@@ -785,20 +855,47 @@ static int chunk_stage(wtx_session *s, chunk *c) {
     int rc = stage_chunk(s, c, ui->first_param_offset > 0);
     if (rc != 0) return rc;
   }
+  int rc = c->n_patches > 0 ? stage_patches(c) : 0;
+  if (rc != 0) return rc;
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   int flags = (verify ? WTX__RX_VERIFY : 0) | (s->stage_device >= 0 ? WTX__RX_DEVICE : 0);
-  int rc = wtx__rx_begin(s->rx, c->rt, c->n, ui->first_param_offset, ui->chunk_bytes, flags);
+  rc = wtx__rx_begin(s->rx, c->rt, c->n, ui->first_param_offset, ui->chunk_bytes, flags);
   if (rc != 0) snprintf(c->err, sizeof c->err, "%s", wtx__rx_error(s->rx));
   else if (verify) wtx__rx_expect_checksums(s->rx, ui->xxh3_64, ui->n_xxh3_64);
   if (rc == 0) c->bytes = wtx_rx_remaining(s->rx);
-  return rc;
+  return rc == 0 && c->n_patches > 0 ? patches_fit(c) : rc;
 }
 
-/* The chunk's first done tensors to the model's loaded_chunk at once. */
-static int loaded_chunk(wtx_session *s, chunk *c, size_t done, int verified) {
+/* A patch's bytes are received apart from the tensor's staging (kept in
+ * its slot), and only they travel. */
+static int stage_patches(chunk *c) {
+  for (size_t k = 0; k < c->n_patches; k++) {
+    struct patch_slot *p = &c->patches[k];
+    if ((p->wire = malloc(p->bytes)) == NULL) return WTX_ENOMEM;
+    p->full = c->rt[p->i].dst;
+    c->rt[p->i].dst = p->wire;
+    c->rt[p->i].nbytes = p->bytes;
+  }
+  return 0;
+}
+
+/* The chunk's last patch ends within it: a patch is applied whole, once
+ * received, in the chunk that carries it. */
+static int patches_fit(chunk *c) {
+  const struct patch_slot *last = &c->patches[c->n_patches - 1];
+  uint64_t end = 0;
+  for (size_t i = 0; i <= last->i; i++) end += c->rt[i].nbytes;
+  if (end - c->ui->first_param_offset <= c->bytes) return 0;
+  snprintf(c->err, sizeof c->err, "update_info: the patch of '%s' continues past the chunk; "
+           "a patch lies within one chunk", c->metas[last->i].name);
+  return WTX_EINVAL;
+}
+
+/* The chunk's first done tensors to the model's loaded_chunk at once;
+ * sums: their checksums, or NULL. */
+static int loaded_chunk(wtx_session *s, chunk *c, size_t done, const uint64_t *sums) {
   if (done == 0) return 0;
-  int rc = s->cfg.model_ops->loaded_chunk(s->cfg.model, c->metas, done,
-                                          verified ? wtx__rx_checksums(s->rx) : NULL);
+  int rc = s->cfg.model_ops->loaded_chunk(s->cfg.model, c->metas, done, sums);
   if (rc != 0)
     snprintf(c->err, sizeof c->err, "model: cannot load the chunk's %zu tensors (from '%s')",
              done, c->metas[0].name);
@@ -806,10 +903,9 @@ static int loaded_chunk(wtx_session *s, chunk *c, size_t done, int verified) {
 }
 
 /* The chunk's first done tensors to the model's loaded, one at a time. */
-static int loaded_each(wtx_session *s, chunk *c, size_t done, int verified) {
+static int loaded_each(wtx_session *s, chunk *c, size_t done, const uint64_t *sums) {
   for (size_t i = 0; i < done; i++) {
-    uint64_t sum = wtx__rx_checksum(s->rx, i);
-    int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i], verified ? &sum : NULL);
+    int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i], sums ? &sums[i] : NULL);
     if (rc != 0) {
       snprintf(c->err, sizeof c->err, "model: cannot load '%s'", c->metas[i].name);
       return rc;
@@ -818,16 +914,63 @@ static int loaded_each(wtx_session *s, chunk *c, size_t done, int verified) {
   return 0;
 }
 
+/* One received patch, checked whole, applied to a copy of the tensor the
+ * worker serves, in the tensor's staging; *sum: the whole tensor's XXH3
+ * when want_sum or the trainer sent the result's. */
+static int apply_patch(wtx_session *s, chunk *c, const struct patch_slot *p, int want_sum,
+                       uint64_t *sum) {
+  const wtx_tensor_meta *m = &c->metas[p->i];
+  char why[1200] = "";
+  int rc = wtx__patch_check(m, p->p->index_dtype, p->p->count, p->wire, p->bytes, why,
+                            sizeof why);
+  if (rc != 0) {
+    snprintf(c->err, sizeof c->err, "update_info.params[%zu].%s (nothing applied)", p->i, why);
+    return rc;
+  }
+  rc = s->cfg.model_ops->read(s->cfg.model, s->target, m, p->full, why, sizeof why);
+  if (rc != 0) {
+    snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: no base to apply it to: %s",
+             p->i, why[0] ? why : wtx_strerror(rc));
+    return rc == WTX_ENOENT ? WTX_EINVAL : rc;
+  }
+  wtx__patch_apply(m, p->p->index_dtype, p->p->count, p->wire, p->full);
+  if (!want_sum && p->p->result_xxh3 == 0) return 0;
+  *sum = XXH3_64bits(p->full, m->nbytes);
+  if (p->p->result_xxh3 == 0 || *sum == p->p->result_xxh3) return 0;
+  snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: '%s' patched is not the "
+           "trainer's tensor (XXH3 %016llx, the trainer's %016llx): the base differs",
+           p->i, m->name, (unsigned long long)*sum, (unsigned long long)p->p->result_xxh3);
+  return WTX_ECHECKSUM;
+}
+
+/* The chunk's patches applied; *sums (when not NULL) becomes the session's
+ * copy with each patched tensor's whole checksum in place of its patch's. */
+static int apply_patches(wtx_session *s, chunk *c, size_t done, const uint64_t **sums) {
+  if (*sums != NULL) {
+    memcpy(s->sums, *sums, done * sizeof *s->sums);
+    *sums = s->sums;
+  }
+  for (size_t k = 0; k < c->n_patches && c->patches[k].i < done; k++) {
+    uint64_t sum = 0;
+    int rc = apply_patch(s, c, &c->patches[k], *sums != NULL, &sum);
+    if (rc != 0) return rc;
+    if (*sums != NULL) s->sums[c->patches[k].i] = sum;
+  }
+  return 0;
+}
+
 /* Step 5 (after the receive): hands the completed tensors to the model.
  * Caller holds mu. */
 static int chunk_loaded(wtx_session *s, chunk *c) {
   size_t done = wtx__rx_completed(s->rx);
-  int verified = wtx__rx_whole_sums(s->rx);
-  int rc = s->cfg.model_ops->loaded_chunk != NULL ? loaded_chunk(s, c, done, verified)
-                                                  : loaded_each(s, c, done, verified);
+  const uint64_t *sums = wtx__rx_whole_sums(s->rx) ? wtx__rx_checksums(s->rx) : NULL;
+  int rc = c->n_patches > 0 ? apply_patches(s, c, done, &sums) : 0;
+  if (rc == 0)
+    rc = s->cfg.model_ops->loaded_chunk != NULL ? loaded_chunk(s, c, done, sums)
+                                                : loaded_each(s, c, done, sums);
   if (rc != 0) return rc;
   s->staged_params += done;
-  for (size_t i = 0; i < done; i++) s->staged_bytes += c->rt[i].nbytes;
+  for (size_t i = 0; i < done; i++) s->staged_bytes += c->metas[i].nbytes;
   if (done < c->n) s->carry_dst = c->rt[c->n - 1].dst;
   if (s->abort_requested) {
     snprintf(c->err, sizeof c->err, "aborted while receiving");
@@ -886,6 +1029,7 @@ fail:
   code = (model ? model_failed : from_wtx)(ctx, rc, "UpdateWeights (update aborted)", c.err);
 done:
   pthread_mutex_unlock(&s->mu);
+  chunk_free(&c);
   return code;
 }
 

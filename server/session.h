@@ -129,6 +129,7 @@ typedef struct wtx_session {
   wtx_rx_tensor *rt;
   uint8_t **dst;
   wtx_tensor_meta *metas;
+  uint64_t *sums; /* the loaded tensors' checksums, a patched one's whole */
   size_t scratch_n;
   uint8_t *carry_dst; /* staging of a tensor continued by the next chunk */
   atomic_int paused;  /* Pause in effect (its own flag: no lock needed) */

@@ -1117,6 +1117,30 @@ static int store_check_range(void *model, wtx_target target, uint64_t table, siz
   return rc;
 }
 
+/* A published tensor's bytes, copied outside the lock: the snapshot's
+ * reference keeps them while a large tensor is copied, and inspection
+ * and the next publish do not wait for the copy. */
+static int store_read(void *model, wtx_target target, const wtx_tensor_meta *meta,
+                      uint8_t *dst, char *err, size_t errlen) {
+  wtx_store *s = model;
+  pthread_mutex_lock(&s->mu);
+  snapshot *pub = PUB(s, target);
+  size_t next = 0, i = 0;
+  int found = pub != NULL && pub->lay != NULL &&
+              find(pub->lay->metas, pub->lay->n, pub->lay->ix, meta->name, &next, &i) &&
+              i < pub->n && pub->lay->metas[i].nbytes == meta->nbytes;
+  if (found) atomic_fetch_add(&pub->refs, 1);
+  pthread_mutex_unlock(&s->mu);
+  if (!found) {
+    snprintf(err, errlen, "'%s' is not served here with %llu bytes", meta->name,
+             (unsigned long long)meta->nbytes);
+    return WTX_ENOENT;
+  }
+  memcpy(dst, pub->e[i].data, meta->nbytes);
+  snapshot_unref(pub);
+  return 0;
+}
+
 const wtx_model_ops wtx_store_model_ops = {
     .check = store_check,
     .begin = store_begin,
@@ -1129,6 +1153,7 @@ const wtx_model_ops wtx_store_model_ops = {
     .stage_chunk = store_stage_chunk,
     .loaded_chunk = store_loaded_chunk,
     .check_range = store_check_range,
+    .read = store_read,
 };
 
 int wtx_store_acquire(wtx_store *s, wtx_target target, wtx_store_view *out) {

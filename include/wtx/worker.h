@@ -130,6 +130,15 @@ typedef struct wtx_model_ops {
    * naming it). NULL: a published update cannot be undone here, and the
    * trainer is told so. */
   int (*revert)(void *model, wtx_target target, char *err, size_t errlen);
+  /* Optional: copies the bytes target serves of meta's tensor (meta->nbytes,
+   * its published version's) into dst, host memory the session owns.
+   * Called during an update, between stage and loaded of that tensor, for
+   * a delta's patch (wtx.v1.Patch): the session applies the patch to the
+   * copy in the tensor's staging. WTX_ENOENT when the model serves no such
+   * tensor. NULL: this worker takes no patches (whole tensors only), and
+   * says so at each start (StartWeightUpdateResponse.patches). */
+  int (*read)(void *model, wtx_target target, const wtx_tensor_meta *meta, uint8_t *dst,
+              char *err, size_t errlen);
 } wtx_model_ops;
 
 /* ---- the embedded parameter store ---- */

@@ -46,7 +46,7 @@ int main(void) {
   F(wtx_model_ops, abort); F(wtx_model_ops, stage_device);
   F(wtx_model_ops, adopt_device); F(wtx_model_ops, check_chunk);
   F(wtx_model_ops, stage_chunk); F(wtx_model_ops, loaded_chunk);
-  F(wtx_model_ops, check_range); END();
+  F(wtx_model_ops, check_range); F(wtx_model_ops, revert); F(wtx_model_ops, read); END();
   BEGIN(wtx_control_ops); F(wtx_control_ops, init); F(wtx_control_ops, start);
   F(wtx_control_ops, update); F(wtx_control_ops, finish); F(wtx_control_ops, abort); END();
   BEGIN(wtx_worker_options); F(wtx_worker_options, listen); F(wtx_worker_options, backends);

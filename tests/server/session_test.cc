@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <condition_variable>
@@ -437,6 +438,151 @@ TEST_F(SessionTest, ADeltaOpensOnlyOnItsBaseVersionAndCarriesTheRestOver) {
   ASSERT_EQ(0, Abort()) << st_.message;
 }
 
+// One chunk with a patch of the FLOAT32 tensor `name` of `floats`
+// elements: indices then values, as the wire has them; chunk_bytes and
+// the index dtype may be bent to test refusals.
+struct PatchChunk {
+  std::string name;
+  uint64_t floats;
+  std::vector<uint32_t> idx;
+  std::vector<float> vals;
+  uint64_t result_xxh3 = 0;
+  int index_dtype = WTX__V1__DTYPE__DTYPE_INT32;
+  int dtype = WTX__V1__DTYPE__DTYPE_FLOAT32;
+  int64_t bytes_delta = 0;  // added to chunk_bytes
+  std::vector<uint8_t> Wire() const {
+    std::vector<uint8_t> b(idx.size() * 4 + vals.size() * 4);
+    memcpy(b.data(), idx.data(), idx.size() * 4);
+    memcpy(b.data() + idx.size() * 4, vals.data(), vals.size() * 4);
+    return b;
+  }
+};
+
+// The v1 tensor "a" (16 floats) with the elements at idx set to vals.
+std::vector<uint8_t> Patched(std::vector<uint8_t> a, const PatchChunk &p) {
+  for (size_t k = 0; k < p.idx.size(); k++) memcpy(&a[p.idx[k] * 4], &p.vals[k], 4);
+  return a;
+}
+
+class PatchTest : public SessionTest {
+ protected:
+  // UpdateWeights of one chunk holding patch p.
+  int SendPatch(const PatchChunk &p) {
+    std::vector<uint8_t> wire = p.Wire();
+    int fd = shm_open(region_.c_str(), O_RDWR | O_CREAT, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(0, ftruncate(fd, (off_t)wire.size()));
+    auto *buf = static_cast<uint8_t *>(
+        mmap(nullptr, wire.size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    memcpy(buf, wire.data(), wire.size());
+    Wtx__V1__Patch patch = WTX__V1__PATCH__INIT;
+    patch.index_dtype = (Wtx__V1__DType)p.index_dtype;
+    patch.count = p.idx.size();
+    patch.result_xxh3 = p.result_xxh3;
+    Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT;
+    pm.name = const_cast<char *>(p.name.c_str());
+    pm.dtype = (Wtx__V1__DType)p.dtype;
+    uint64_t shape = p.floats * 4 / wtx_dtype_size(p.dtype);
+    pm.shape = &shape;
+    pm.n_shape = 1;
+    pm.patch = &patch;
+    Wtx__V1__ParamMeta *pmp = &pm;
+    uint64_t sum = XXH3_64bits(wire.data(), wire.size());
+    Wtx__V1__ShmUpdateInfo su = WTX__V1__SHM_UPDATE_INFO__INIT;
+    su.region = const_cast<char *>(region_.c_str());
+    Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+    ui.params = &pmp;
+    ui.n_params = 1;
+    ui.chunk_bytes = wire.size() + p.bytes_delta;
+    ui.xxh3_64 = &sum;
+    ui.n_xxh3_64 = 1;
+    ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_SHM;
+    ui.shm = &su;
+    int rc = SendUpdate(&ui);
+    munmap(buf, wire.size());
+    close(fd);
+    return rc;
+  }
+  int StartDelta() { return Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, 0, "v1"); }
+  bool patches_ = false;
+};
+
+// A patch changes only its elements (a NaN among its values), the rest of
+// the tensor and the other tensors carry over bit-exact, and the worker
+// reports the whole patched tensor's checksum.
+TEST_F(PatchTest, APatchInADeltaChangesOnlyItsElements) {
+  PublishV1();
+  ASSERT_EQ(0, StartDelta()) << st_.message;
+  PatchChunk p{"a", 16, {0, 3, 15}, {std::numeric_limits<float>::quiet_NaN(), 1.5f, -0.0f}};
+  std::vector<uint8_t> want = Patched(v1_[0].second, p);
+  p.result_xxh3 = XXH3_64bits(want.data(), want.size());
+  ASSERT_EQ(0, SendPatch(p)) << st_.message;
+  ASSERT_EQ(0, Finish("v2")) << st_.message;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+  EXPECT_EQ("v2", Published(&now));
+  ASSERT_EQ(2u, now.size());
+  EXPECT_EQ(want, now[0].second);
+  EXPECT_EQ(v1_[1], now[1]);
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(wtx_worker_store(w_), WTX_TARGET_MAIN, &v));
+  EXPECT_EQ(1, v.params[0].has_xxh3);
+  EXPECT_EQ(XXH3_64bits(want.data(), want.size()), v.params[0].xxh3);
+  wtx_store_release(wtx_worker_store(w_), &v);
+}
+
+TEST_F(PatchTest, TheStartSaysWhetherAWorkerTakesPatches) {
+  PublishV1();
+  Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
+  req.session_id = const_cast<char *>(session_.c_str());
+  Wtx__V1__StartWeightUpdateResponse *resp = nullptr;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__start_weight_update__call(ch_, &req, &resp, nullptr,
+                                                                    &st_));
+  EXPECT_TRUE(resp->patches);  // the store reads its tensors back
+  protobuf_c_message_free_unpacked(&resp->base, nullptr);
+}
+
+// Every malformed patch is refused, naming the tensor and what is wrong,
+// and nothing of it is applied: the worker still serves v1, bit-exact.
+TEST_F(PatchTest, MalformedPatchesAreRefusedWithNothingApplied) {
+  PublishV1();
+  struct Case {
+    const char *what;
+    PatchChunk p;
+    int code;
+    const char *says;
+  } cases[] = {
+      {"an index past the end", {"a", 16, {2, 16}, {1, 2}}, GRPC_STATUS_INVALID_ARGUMENT,
+       "index 1 of 2 is past the tensor's elements"},
+      {"an index twice", {"a", 16, {4, 4}, {1, 2}}, GRPC_STATUS_INVALID_ARGUMENT,
+       "none repeats"},
+      {"more values than elements", {"a", 16, std::vector<uint32_t>(17), std::vector<float>(17)},
+       GRPC_STATUS_INVALID_ARGUMENT, "patch.count: 17 for 'a', must be 1..16"},
+      {"bytes short of the patch", {"a", 16, {1, 2}, {1, 2}, 0, WTX__V1__DTYPE__DTYPE_INT32,
+       WTX__V1__DTYPE__DTYPE_FLOAT32, -1}, GRPC_STATUS_INVALID_ARGUMENT,
+       "the patch of 'a' continues past the chunk"},
+      {"another dtype than the base's", {"a", 16, {1}, {1}, 0, WTX__V1__DTYPE__DTYPE_INT32,
+       WTX__V1__DTYPE__DTYPE_INT32}, GRPC_STATUS_INVALID_ARGUMENT, "parameter 'a'"},
+      {"16-bit indices", {"a", 16, {1}, {1}, 0, WTX__V1__DTYPE__DTYPE_INT16},
+       GRPC_STATUS_INVALID_ARGUMENT, "patch.index_dtype: must be INT32 or INT64"},
+      {"a result unlike the trainer's", {"a", 16, {1}, {7}, 0x1234}, GRPC_STATUS_DATA_LOSS,
+       "'a' patched is not the trainer's tensor"},
+      {"a tensor the base lacks", {"zz", 16, {1}, {7}}, GRPC_STATUS_NOT_FOUND, "'zz'"},
+  };
+  for (const Case &k : cases) {
+    ASSERT_EQ(0, StartDelta()) << k.what << ": " << st_.message;
+    EXPECT_NE(0, SendPatch(k.p)) << k.what;
+    EXPECT_EQ(k.code, st_.code) << k.what << ": " << st_.message;
+    EXPECT_NE(nullptr, strstr(st_.message, k.says)) << k.what << ": " << st_.message;
+    ExpectV1Intact();
+  }
+  // A patch outside a delta has no base to apply to.
+  ASSERT_EQ(0, Start()) << st_.message;
+  EXPECT_NE(0, SendPatch({"a", 16, {1}, {7}}));
+  EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code);
+  EXPECT_NE(nullptr, strstr(st_.message, "a patch applies only in a delta update")) << st_.message;
+  ExpectV1Intact();
+}
+
 TEST_F(SessionTest, ADeltaToAWorkerServingNothingIsRefused) {
   ASSERT_EQ(0, Init()) << st_.message;
   EXPECT_NE(0, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, 0, "v1"));
@@ -764,7 +910,7 @@ int CmPrepare(void *m, const char *v, char *e, size_t n) {
 }
 const wtx_model_ops kCounting = {CmCheck, CmBegin, CmStage, CmLoaded, CmPrepare, CmCommit,
                                  CmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                 nullptr};
+                                 nullptr, nullptr};
 
 TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
@@ -981,7 +1127,7 @@ void HmResume(void *h) { static_cast<HostModel *>(h)->resumes++; }
 // No prepare: commit does it all (a host model that cannot fail there).
 const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit,
                              HmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                             nullptr};
+                             nullptr, nullptr};
 
 TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   HostModel hm;
@@ -1126,7 +1272,7 @@ const wtx_model_ops kChunkHost = {CkPerTensorCheck, HmBegin,      CkPerTensorSta
                                   CkPerTensorLoaded, nullptr,     HmCommit,
                                   HmAbort,          nullptr,      nullptr,
                                   CkCheckChunk,     CkStageChunk, CkLoadedChunk, nullptr,
-                                  nullptr};
+                                  nullptr,          nullptr};
 
 TEST_F(SessionTest, AModelsPerChunkOpsAreCalledOncePerChunkInsteadOfPerTensor) {
   ChunkModel cm;
@@ -1214,7 +1360,7 @@ const wtx_model_ops kRangeHost = {CkPerTensorCheck,  HmBegin,      CkPerTensorSt
                                   CkPerTensorLoaded, nullptr,      HmCommit,
                                   HmAbort,           nullptr,      nullptr,
                                   CkCheckChunk,      CkStageChunk, CkLoadedChunk,
-                                  RmCheckRange,      nullptr};
+                                  RmCheckRange,      nullptr,      nullptr};
 
 TEST_F(SessionTest, ARangeIsCheckedByOneCallNamingTheTableAndItsPositions) {
   RangeModel rm;

@@ -120,6 +120,8 @@ M_CHECK_RANGE = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.c_uint64, C.c_size_t
                             C.POINTER(TensorMeta), C.c_size_t, C.POINTER(C.c_size_t),
                             C.c_void_p, C.c_size_t)
 M_REVERT = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.c_void_p, C.c_size_t)
+M_READ = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.POINTER(TensorMeta), C.c_void_p,
+                     C.c_void_p, C.c_size_t)
 
 
 class ModelOps(C.Structure):
@@ -128,7 +130,7 @@ class ModelOps(C.Structure):
                 ("abort", M_ABORT), ("stage_device", M_STAGE_DEVICE),
                 ("adopt_device", M_ADOPT_DEVICE), ("check_chunk", M_CHECK_CHUNK),
                 ("stage_chunk", M_STAGE_CHUNK), ("loaded_chunk", M_LOADED_CHUNK),
-                ("check_range", M_CHECK_RANGE), ("revert", M_REVERT)]
+                ("check_range", M_CHECK_RANGE), ("revert", M_REVERT), ("read", M_READ)]
 
 
 ON_PAUSE = C.CFUNCTYPE(None, C.c_void_p, C.c_int)
