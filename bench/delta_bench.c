@@ -6,6 +6,7 @@
  *   none        nothing changed
  *   tensors5    5 % of the tensors changed (one byte each)
  *   elements1   1 % of the elements of every tensor changed
+ * then the same again with patches (WTX_DELTA_PATCHES), after "# patches".
  * Each line: kind, seconds, bytes sent, tensors sent. A delta's time
  * includes its hash pass over the whole model.
  *
@@ -78,7 +79,7 @@ static void change(model *m, int kind, uint64_t *x) {
   }
 }
 
-static int run(wtx_client *c, wtx_source *src, model *m, const char *backend) {
+static int run(wtx_client *c, wtx_source *src, model *m, const char *backend, int mode) {
   static const char *const kinds[] = {"none", "tensors5", "elements1"};
   wtx_trainer_config cfg = WTX_TRAINER_CONFIG_INIT;
   cfg.backend = backend;
@@ -91,7 +92,7 @@ static int run(wtx_client *c, wtx_source *src, model *m, const char *backend) {
     if (sync_one(t, "full", k >= 2 ? &best : &(double){0}, &res) != 0) goto fail;
   report("full", best, &res);
   wtx_trainer_shutdown(t);
-  cfg.delta = 1;
+  cfg.delta = mode;
   if (wtx_trainer_init(&cfg, c, src, &t, err, sizeof err) != 0) goto fail;
   if (sync_one(t, "first", &(double){0}, &res) != 0) goto fail;
   uint64_t x = 12345;
@@ -134,7 +135,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "delta_bench: %s\n", err);
     return 1;
   }
-  int rc = run(c, src, &m, argv[4]);
+  int rc = run(c, src, &m, argv[4], WTX_DELTA_TENSORS);
+  if (rc == 0) {
+    printf("# patches\n");
+    rc = run(c, src, &m, argv[4], WTX_DELTA_PATCHES);
+  }
   wtx_source_destroy(src);
   wtx_client_destroy(c);
   return rc;

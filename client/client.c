@@ -22,6 +22,7 @@ typedef struct replica {
    * version the next start's delta names ("" an ordinary update). */
   char serves[WTX_MAX_VERSION_BYTES + 1];
   char base[WTX_MAX_VERSION_BYTES + 1];
+  int patches; /* its last start said a delta may carry patches */
   wtx_rpc_pending *pending;
   int begun; /* fan_begin's result for its call in flight (0: in flight) */
   /* An update the other replicas undid that may be published here, still
@@ -500,6 +501,7 @@ static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
   f->c->r[i].update_id = r->update_id;
   f->c->r[i].table_xxh3 = r->table_xxh3;
   snprintf(f->c->r[i].serves, sizeof f->c->r[i].serves, "%s", r->weight_version);
+  f->c->r[i].patches = r->patches;
 }
 
 /* StartWeightUpdate's fill: the session, and the delta's base when set. */
@@ -519,6 +521,13 @@ int wtx__client_set_bases(wtx_client *c, const char *const *bases) {
 }
 
 int wtx__client_is_control(const wtx_client *c) { return c->ctl != NULL; }
+
+int wtx__client_patches(const wtx_client *c) {
+  if (c->ctl != NULL || c->n == 0) return 0;
+  for (size_t i = 0; i < c->n; i++)
+    if (!c->r[i].patches) return 0;
+  return 1;
+}
 
 const char *wtx__client_serves(const wtx_client *c, size_t i) {
   return i < c->n && c->ctl == NULL ? c->r[i].serves : "";

@@ -8,6 +8,7 @@
 #include "common/hash.h"
 
 #include "client/delta.h"
+#include "common/patch.h"
 #include "common/strmap.h"
 
 int wtx__delta_reserve(wtx__delta *d, size_t n) {
@@ -20,7 +21,13 @@ int wtx__delta_reserve(wtx__delta *d, size_t n) {
   d->map = calloc(n ? n : 1, sizeof *d->map);
   d->at = calloc(n ? n : 1, sizeof *d->at);
   d->len = calloc(n ? n : 1, sizeof *d->len);
-  if (!d->known || !d->ok || !d->hashes || !d->metas || !d->map || !d->at || !d->len) {
+  d->patch = calloc(n ? n : 1, sizeof *d->patch);
+  d->src = calloc(n ? n : 1, sizeof *d->src);
+  d->patch_off = calloc(n ? n : 1, sizeof *d->patch_off);
+  d->patch_len = calloc(n ? n : 1, sizeof *d->patch_len);
+  d->patches = calloc(n ? n : 1, sizeof *d->patches);
+  if (!d->known || !d->ok || !d->hashes || !d->metas || !d->map || !d->at || !d->len ||
+      !d->patch || !d->src || !d->patch_off || !d->patch_len || !d->patches) {
     wtx__delta_free(d);
     return WTX_ENOMEM;
   }
@@ -36,6 +43,16 @@ void wtx__delta_free(wtx__delta *d) {
   free(d->map);
   free(d->at);
   free(d->len);
+  free(d->patch);
+  free(d->src);
+  free(d->patch_off);
+  free(d->patch_len);
+  free(d->patches);
+  free(d->prev);
+  free(d->prev_off);
+  free(d->prev_ok);
+  free(d->pending);
+  free(d->arena);
   free(d->chunks);
   *d = (wtx__delta){0};
 }
@@ -88,31 +105,130 @@ int wtx__delta_learn(wtx__delta *d, wtx_client *c, const wtx_tensor_meta *metas)
 }
 
 int wtx__delta_plan(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t buffer_size,
-                    size_t max_params, int packed) {
+                    size_t max_params, int packed, int patches) {
   uint64_t *sizes = malloc((d->n ? d->n : 1) * sizeof *sizes);
-  if (sizes == NULL) return WTX_ENOMEM;
+  uint8_t *whole = calloc(d->n ? d->n : 1, 1);
+  if (sizes == NULL || whole == NULL) {
+    free(sizes);
+    free(whole);
+    return WTX_ENOMEM;
+  }
   d->m = 0;
   for (size_t i = 0; i < d->n; i++) {
     if (d->ok[i] && d->known[i] == d->hashes[i]) continue;
+    int patched = patches && d->patch_len[i] > 0;
     d->metas[d->m] = metas[i];
     d->map[d->m] = i;
-    sizes[d->m++] = metas[i].nbytes;
+    d->patch[d->m] = patched ? &d->patches[i] : NULL;
+    d->src[d->m] = patched ? d->arena + d->patch_off[i] : NULL;
+    whole[d->m] = (uint8_t)patched; /* the worker applies a patch within its chunk */
+    sizes[d->m++] = patched ? d->patch_len[i] : metas[i].nbytes;
   }
   free(d->chunks);
   d->chunks = NULL;
   d->n_chunks = 0;
   d->total = 0;
-  int rc = d->m > 0 ? wtx_chunks_plan(sizes, d->m, buffer_size, max_params, packed,
-                                      &d->chunks, &d->n_chunks) : 0;
+  int rc = d->m > 0 ? wtx_chunks_plan_whole(sizes, whole, d->m, buffer_size, max_params, packed,
+                                            &d->chunks, &d->n_chunks) : 0;
   free(sizes);
+  free(whole);
   for (size_t k = 0; rc == 0 && k < d->n_chunks; k++) d->total += d->chunks[k].bytes;
   return rc;
 }
 
-void wtx__delta_landed(wtx__delta *d) {
+void wtx__delta_landed(wtx__delta *d, int diffed) {
   memcpy(d->known, d->hashes, d->n * sizeof *d->known);
   memset(d->ok, 1, d->n);
   d->valid = 1;
+  /* Without this sync's diff, prev missed what it changed. */
+  if (!diffed && d->prev_ok != NULL) memset(d->prev_ok, 0, d->n);
+  for (size_t i = 0; d->pending != NULL && i < d->n; i++) {
+    d->prev_ok[i] |= d->pending[i];
+    d->pending[i] = 0;
+  }
+}
+
+void wtx__delta_failed(wtx__delta *d) {
+  d->valid = 0;
+  if (d->pending != NULL) memset(d->pending, 0, d->n);
+}
+
+/* prev and its bookkeeping, the model's size: made once. */
+static int prev_make(wtx__delta *d, const wtx_tensor_meta *metas) {
+  if (d->prev != NULL) return 0;
+  uint64_t total = 0;
+  d->prev_off = malloc((d->n ? d->n : 1) * sizeof *d->prev_off);
+  d->prev_ok = calloc(d->n ? d->n : 1, 1);
+  d->pending = calloc(d->n ? d->n : 1, 1);
+  if (!d->prev_off || !d->prev_ok || !d->pending) return WTX_ENOMEM;
+  for (size_t i = 0; i < d->n; i++) {
+    d->prev_off[i] = total;
+    total += metas[i].nbytes;
+  }
+  return (d->prev = malloc(total ? total : 1)) != NULL ? 0 : WTX_ENOMEM;
+}
+
+/* Room for want more bytes of patches in the arena (used so far). */
+static int arena_room(wtx__delta *d, uint64_t used, uint64_t want) {
+  if (used + want <= d->arena_cap) return 0;
+  uint64_t cap = d->arena_cap ? d->arena_cap : (1u << 20);
+  while (cap < used + want) cap *= 2;
+  uint8_t *a = realloc(d->arena, cap);
+  if (a == NULL) return WTX_ENOMEM;
+  d->arena = a;
+  d->arena_cap = cap;
+  return 0;
+}
+
+/* Tensor i as a patch of prev, when cheaper than whole and at most
+ * max_bytes: its bytes at arena + *used. */
+static int diff_one(wtx__delta *d, const wtx_tensor_meta *m, size_t i, uint64_t max_bytes,
+                    uint64_t *used) {
+  size_t es = wtx_dtype_size(m->dtype);
+  int idt = wtx__patch_index_dtype(m->nbytes / es);
+  uint64_t per = wtx__patch_index_size(idt) + es;
+  uint64_t cap = (m->nbytes - 1 < max_bytes ? m->nbytes - 1 : max_bytes) / per;
+  if (cap == 0) return 0;
+  int rc = arena_room(d, *used, cap * per);
+  if (rc != 0) return rc;
+  uint64_t k = wtx__patch_diff(d->at[i], d->prev + d->prev_off[i], m->nbytes, es, idt, cap,
+                               d->arena + *used);
+  if (k == 0 || k > cap) return 0;
+  wtx__v1__patch__init(&d->patches[i]);
+  d->patches[i].index_dtype = (Wtx__V1__DType)idt;
+  d->patches[i].count = k;
+  d->patches[i].result_xxh3 = d->hashes[i];
+  d->patch_off[i] = *used;
+  d->patch_len[i] = k * per;
+  *used += k * per;
+  return 0;
+}
+
+int wtx__delta_diff(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t max_bytes, int make,
+                    int all) {
+  int rc = prev_make(d, metas);
+  uint64_t used = 0;
+  for (size_t i = 0; rc == 0 && i < d->n; i++) {
+    d->patch_len[i] = 0;
+    if (d->at[i] == NULL) {
+      d->prev_ok[i] = 0; /* not at hand: sent whole while it changes */
+      continue;
+    }
+    int changed = all || !(d->ok[i] && d->known[i] == d->hashes[i]);
+    if (!changed && d->prev_ok[i]) continue;
+    if (make && changed && d->prev_ok[i] && metas[i].nbytes > 0)
+      rc = diff_one(d, &metas[i], i, max_bytes, &used);
+    /* prev becomes the tensor: by its patch (writing what changed only),
+     * or whole. */
+    if (d->patch_len[i] > 0)
+      wtx__patch_apply(&metas[i], d->patches[i].index_dtype, d->patches[i].count,
+                       d->arena + d->patch_off[i], d->prev + d->prev_off[i]);
+    else
+      memcpy(d->prev + d->prev_off[i], d->at[i], metas[i].nbytes);
+    d->prev_ok[i] = 0;
+    d->pending[i] = 1;
+  }
+  return rc;
 }
 
 /* The hash pass's work: tensors hashed by whichever thread takes the next. */

@@ -10,6 +10,7 @@
 
 #include "transport/transport.h"
 #include "wtx/client.h"
+#include "wtx/v1/types.pb-c.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,12 +31,27 @@ typedef struct wtx__delta {
   const uint8_t **at;
   uint64_t *len;
   /* The subset to send: metas[0..m) are the table's map[0..m), in order,
-   * planned into chunks as the whole table is. */
+   * planned into chunks as the whole table is; patch[j] (NULL: whole) and
+   * its bytes src[j] for a tensor sent as a patch. */
   wtx_tensor_meta *metas;
   size_t *map, m;
+  Wtx__V1__Patch **patch;
+  const uint8_t **src;
   wtx_chunk *chunks;
   size_t n_chunks;
   uint64_t total;
+  /* Patches (WTX_DELTA_PATCHES): prev holds each tensor as the workers
+   * serve it where prev_ok (at prev_off[i]); pending: copied this sync,
+   * served once it lands. This sync's patches are in arena: tensor i's
+   * at patch_off[i], patch_len[i] bytes (0: sent whole), described by
+   * patches[i]. */
+  uint8_t *prev;
+  uint64_t *prev_off;
+  uint8_t *prev_ok, *pending;
+  uint8_t *arena;
+  uint64_t arena_cap;
+  uint64_t *patch_off, *patch_len;
+  Wtx__V1__Patch *patches;
 } wtx__delta;
 
 /* Room for a table of n tensors; a table of another size is not known. */
@@ -48,16 +64,29 @@ void wtx__delta_free(wtx__delta *d);
  * does not answer leaves nothing known (the sync then sends the whole
  * table, and reports that replica). */
 int wtx__delta_learn(wtx__delta *d, wtx_client *c, const wtx_tensor_meta *metas);
+/* Makes the patches of this sync (make), once the hash pass has run with
+ * its pass still open (at[i] valid): each changed tensor that prev holds
+ * is compared with it and sent as a patch when that is fewer bytes than
+ * the tensor and at most max_bytes (a buffer). Every changed tensor at
+ * hand (all: every one, for a sync of the whole table), and every one
+ * prev lacks, is then copied into prev, pending until the sync lands. The
+ * first call makes prev (the model's size). */
+int wtx__delta_diff(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t max_bytes, int make,
+                    int all);
 /* The tensors of metas whose hash differs from the known one (or is not
- * known), planned with the whole table's buffer size and packing. */
+ * known), planned with the whole table's buffer size and packing (with
+ * patches: a patched tensor by this sync's patch, wtx__delta_diff's). */
 int wtx__delta_plan(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t buffer_size,
-                    size_t max_params, int packed);
+                    size_t max_params, int packed, int patches);
 /* out[i] = XXH3-64 of len[i] bytes at at[i], for each i with at[i] not
  * NULL, on a few threads (tensors are spread over them, each hashed
  * whole). */
 void wtx__delta_hash(const uint8_t *const *at, const uint64_t *len, size_t n, uint64_t *out);
-/* The sync landed on every replica: they serve hashes now. */
-void wtx__delta_landed(wtx__delta *d);
+/* The sync landed on every replica: they serve hashes now (and prev,
+ * when diffed: the sync ran wtx__delta_diff). */
+void wtx__delta_landed(wtx__delta *d, int diffed);
+/* The sync failed: what it copied into prev is not what they serve. */
+void wtx__delta_failed(wtx__delta *d);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,7 @@
 #include "common/copy.h"
 #include "common/hash.h"
 #include "common/layout.h"
+#include "common/patch.h"
 #include "transport/transport.h"
 
 struct wtx_trainer {
@@ -202,7 +203,12 @@ static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *e
            cfg->data_address ? cfg->data_address : "");
   t->args.data_address = t->data_address[0] ? t->data_address : NULL;
   t->args.direct = cfg->direct != 0;
-  t->delta = cfg->delta != 0;
+  if (cfg->delta < WTX_DELTA_OFF || cfg->delta > WTX_DELTA_PATCHES) {
+    snprintf(err, errlen, "delta: %d, must be WTX_DELTA_OFF (0), _TENSORS (1) or _PATCHES (2)",
+             cfg->delta);
+    return WTX_EINVAL;
+  }
+  t->delta = cfg->delta;
   int gpu = t->tt->put_device != NULL;
   if (t->delta && gpu &&
       t->args.wire.checksum != WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64) {
@@ -370,6 +376,10 @@ typedef struct cursor {
    * the whole table). The tensors between are pulled and checked, not
    * read. */
   const size_t *map;
+  /* With map: the sync's tensor j travels as patch[j] (NULL: whole),
+   * whose bytes are at src[j] (sync_table). */
+  Wtx__V1__Patch *const *patch;
+  const uint8_t *const *src;
   void *iter;
   size_t next;          /* the table index the iteration yields next */
   size_t i;             /* tensor held (d valid) */
@@ -495,16 +505,26 @@ static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
     size_t i = c->map != NULL ? c->map[j] : j;
     int rc = cursor_get(c, i);
     if (rc != 0) return rc;
-    uint64_t k = c->metas[i].nbytes - off;
+    /* What travels: the tensor, or its patch (made by the delta's diff). */
+    const wtx__tensor_data *td = &c->d;
+    uint64_t size = c->metas[i].nbytes;
+    wtx__tensor_data pd;
+    if (c->patch != NULL && c->patch[j] != NULL) {
+      pd = (wtx__tensor_data){.host = c->src[j], .stays = 1};
+      td = &pd;
+      size = wtx__patch_bytes(c->patch[j]->index_dtype, c->patch[j]->count,
+                              wtx_dtype_size(c->metas[i].dtype));
+    }
+    uint64_t k = size - off;
     if (k > ch->bytes - used) k = ch->bytes - used;
-    int one = verify && off == 0 && k == c->metas[i].nbytes && k <= ONE_MAX;
+    int one = verify && off == 0 && k == size && k <= ONE_MAX;
     if (off == 0 && verify && !one) XXH3_64bits_reset(c->h);
-    rc = take(out, used, &c->d, off, (size_t)k, verify && !one ? c->h : NULL);
+    rc = take(out, used, td, off, (size_t)k, verify && !one ? c->h : NULL);
     if (rc != 0) return fail(c->t, rc, "%s: cannot take '%s' from device memory",
                              c->t->tt->name, c->metas[i].name);
     used += k;
-    if (off + k == c->metas[i].nbytes) {
-      uint64_t d = !verify ? 0 : one ? XXH3_64bits(c->d.host, k) : XXH3_64bits_digest(c->h);
+    if (off + k == size) {
+      uint64_t d = !verify ? 0 : one ? XXH3_64bits(td->host, k) : XXH3_64bits_digest(c->h);
       c->t->xxh3[i] = d;
       if (ends != NULL) ends[*n_sums] = used;
       sums[(*n_sums)++] = d;
@@ -536,6 +556,10 @@ typedef struct sync_table {
   const wtx_tensor_meta *metas; /* the n tensors sent, in order */
   size_t n;
   const size_t *map; /* tensor j is the table's map[j]; NULL: the whole table */
+  /* With map: tensor j travels as patch[j] (NULL: whole), its bytes at
+   * src[j] (wtx.v1.Patch). */
+  Wtx__V1__Patch *const *patch;
+  const uint8_t *const *src;
   const wtx_chunk *chunks;
   size_t n_chunks;
   uint64_t total;
@@ -548,6 +572,7 @@ typedef struct sync_state {
   int delta;    /* tb is a delta's (its start named the bases) */
   int fell_back; /* a delta was refused, and the whole table is sent */
   int hashed;   /* the delta's hash pass ran (t->hashes) */
+  int diffed;   /* and made this sync's patches (WTX_DELTA_PATCHES) */
   cursor c;
   int opened;
   int verify;
@@ -625,7 +650,8 @@ static int sync_buffers(sync_state *s) {
    * hashing them (checksums on) needs their bytes on the host as well. */
   int host_copy = t->tt->put_device == NULL || s->verify;
   s->c = (cursor){.t = t, .metas = t->metas, .n = t->n, .map = s->tb.map,
-                  .host_copy = host_copy, .h = XXH3_createState()};
+                  .patch = s->tb.patch, .src = s->tb.src, .host_copy = host_copy,
+                  .h = XXH3_createState()};
   if (!s->sums || !s->n_sums || !s->c.h) return fail(t, WTX_ENOMEM, "out of memory");
   int rc = wtx_source_open(t->source, &s->c.iter);
   if (rc != 0) return fail(t, rc, "source: cannot start a pass");
@@ -651,6 +677,7 @@ static int sync_messages(sync_state *s) {
     s->pm[i].n_shape = tb->metas[i].ndim;
     s->pm[i].shape = (uint64_t *)tb->metas[i].shape;
     s->pm[i].part = s->t->parts != NULL ? s->t->parts[tb->map ? tb->map[i] : i] : NULL;
+    s->pm[i].patch = tb->patch != NULL ? tb->patch[i] : NULL;
     s->pmp[i] = &s->pm[i];
   }
   return 0;
@@ -766,7 +793,7 @@ static int session_lost(const wtx_client *c) {
  * t->dk.hashes. A tensor that stays put until the pass ends is hashed at
  * its end, with the others like it, on several threads; one whose bytes
  * the next one may replace (a reused buffer, a gather) is hashed at once. */
-static int delta_hashes(wtx_trainer *t) {
+static int delta_hashes(wtx_trainer *t, void **iter) {
   cursor c = {.t = t, .metas = t->metas, .n = t->n, .host_copy = 1};
   int rc = wtx_source_open(t->source, &c.iter);
   if (rc != 0) return fail(t, rc, "source: cannot start a pass");
@@ -784,7 +811,26 @@ static int delta_hashes(wtx_trainer *t) {
   }
   if (rc == 0) rc = cursor_end(&c);
   if (rc == 0) wtx__delta_hash(t->dk.at, t->dk.len, t->n, t->dk.hashes);
+  if (rc == 0 && iter != NULL) {
+    *iter = c.iter; /* open: the diff reads the tensors that stay put */
+    return 0;
+  }
   wtx_source_close(t->source, c.iter);
+  return rc;
+}
+
+/* The hash pass's tensors still open at iter: with patches, each changed
+ * one compared with what the workers serve (wtx__delta_diff); then the
+ * pass ends. */
+static int delta_patches(sync_state *s, void *iter) {
+  wtx_trainer *t = s->t;
+  int rc = 0;
+  int make = s->delta && wtx__client_patches(t->client);
+  s->diffed = t->delta == WTX_DELTA_PATCHES;
+  if (s->diffed && (rc = wtx__delta_diff(&t->dk, t->metas, t->args.wire.buffer_size, make,
+                                         !s->delta)) != 0)
+    fail(t, rc, "delta: cannot make patches (a host copy of the model is kept)");
+  wtx_source_close(t->source, iter);
   return rc;
 }
 
@@ -840,11 +886,13 @@ static int delta_begin(sync_state *s, int *lost) {
   if (wtx__delta_reserve(&t->dk, t->n) != 0) return fail(t, WTX_ENOMEM, "out of memory");
   s->delta = delta_bases(s);
   wtx__client_start_begin(t->client, s->o->target, t->n);
-  int rc = s->hashed ? 0 : delta_hashes(t);
+  void *iter = NULL;
+  int rc = s->hashed ? 0 : delta_hashes(t, &iter);
   s->hashed = rc == 0;
   int src = wtx__client_start_end(t->client);
   if (src != 0 && s->delta && wtx_client_last_status(t->client) == 9 /* FAILED_PRECONDITION */)
     src = delta_refused(s);
+  if (iter != NULL && (rc = delta_patches(s, iter)) != 0 && src == 0) return rc;
   if (src != 0) {
     *lost = session_lost(t->client);
     return fail(t, src, "%s", wtx_client_last_error(t->client));
@@ -852,12 +900,14 @@ static int delta_begin(sync_state *s, int *lost) {
   if (rc != 0) return rc;
   if (s->delta) {
     rc = wtx__delta_plan(&t->dk, t->metas, t->args.wire.buffer_size, CHUNK_PARAMS,
-                         t->args.wire.packed);
+                         t->args.wire.packed, s->diffed && wtx__client_patches(t->client));
     if (rc != 0) return fail(t, rc, "delta: cannot plan chunks");
   }
-  /* Every tensor changed: the whole table's plan, named by position. */
-  if (s->delta && t->dk.m < t->n) {
+  /* Every tensor changed, none patched: the whole table's plan, named by
+   * position. */
+  if (s->delta && (t->dk.m < t->n || t->dk.total != t->total)) {
     s->tb = (sync_table){.metas = t->dk.metas, .n = t->dk.m, .map = t->dk.map,
+                         .patch = t->dk.patch, .src = t->dk.src,
                          .chunks = t->dk.chunks, .n_chunks = t->dk.n_chunks,
                          .total = t->dk.total};
   }
@@ -921,7 +971,8 @@ static int sync_run(sync_state *s, int commit, char *version, size_t vlen) {
  * hashes now (once published), which are also every tensor's checksum. */
 static void delta_landed(wtx_trainer *t, const sync_state *s, int commit) {
   memcpy(t->xxh3, t->dk.hashes, t->n * sizeof *t->xxh3);
-  if (commit && s->o->target != WTX_TARGET_DRAFT) wtx__delta_landed(&t->dk);
+  if (commit && s->o->target != WTX_TARGET_DRAFT) wtx__delta_landed(&t->dk, s->diffed);
+  else wtx__delta_failed(&t->dk);
   if (s->delta) t->full_reason[0] = '\0';
   else if (t->full_reason[0] == '\0')
     snprintf(t->full_reason, sizeof t->full_reason, "delta: no earlier sync to compare with");
@@ -939,6 +990,11 @@ static void send_result(wtx_trainer *t, const sync_state *s, wtx_send_result *re
                               .skipped_params = t->n - tb->n,
                               .skipped_bytes = t->total - tb->total,
                               .full_reason = t->delta && !s->delta ? t->full_reason : NULL};
+  for (size_t j = 0; tb->patch != NULL && j < tb->n; j++) {
+    if (tb->patch[j] == NULL) continue;
+    result->patched_params++;
+    result->patched_whole_bytes += tb->metas[j].nbytes;
+  }
   snprintf(result->version, sizeof result->version, "%s", version);
 }
 
@@ -961,7 +1017,7 @@ static int send_run(wtx_trainer *t, const wtx_send_options *o, int commit,
     /* Keep every replica's previous weights; a broken stream means the
      * sessions must be initialized again. What they serve is asked again
      * (an undo may have reached some and not others). */
-    t->dk.valid = 0;
+    wtx__delta_failed(&t->dk);
     wtx__trainer_abort(t, t->err);
   } else {
     if (t->delta && s.hashed) delta_landed(t, &s, commit);

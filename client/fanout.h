@@ -41,6 +41,9 @@ int wtx__client_set_bases(wtx_client *c, const char *const *bases);
 /* 1 when c reaches its workers through a caller's control plane
  * (wtx_client_create_control), whose calls carry no base version. */
 int wtx__client_is_control(const wtx_client *c);
+/* After a start: 1 when every replica said a delta may carry patches
+ * (StartWeightUpdateResponse.patches). */
+int wtx__client_patches(const wtx_client *c);
 /* The version replica i serves as far as c saw: its last start's answer,
  * then what its Finish published or its undo returned to; "" when not
  * known. Owned by c, valid until the next call on c. */

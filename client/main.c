@@ -57,6 +57,9 @@ static const char usage[] =
     "                       what every worker serves (asked of the workers;\n"
     "                       then of this trainer's last sync): one hash pass\n"
     "                       over SOURCE; on cuda_ipc and nccl, with --checksum\n"
+    "  --patches            --delta, and each changed tensor as a patch of the\n"
+    "                       elements that changed where fewer bytes (with\n"
+    "                       --repeat: keeps a host copy of the model)\n"
     "  --world N --rank R   many senders (any backend): this process is rank R of N,\n"
     "                       holding only its FSDP part of SOURCE (dim 0 of every\n"
     "                       tensor split over the ranks) and sending it straight\n"
@@ -306,6 +309,7 @@ static const struct option push_longopts[] = {
     {"timeout-ms", required_argument, NULL, 't'},
     {"verify", no_argument, NULL, 'c'},
     {"delta", no_argument, NULL, 'L'},
+    {"patches", no_argument, NULL, 'Q'},
     {"repeat", required_argument, NULL, 'r'},
     {"world", required_argument, NULL, 'W'},
     {"rank", required_argument, NULL, 'P'},
@@ -342,7 +346,8 @@ static int push_option(int c, const char *arg, push_args *a) {
       cfg->timeout_ms = (uint32_t)v;
       return 0;
     case 'c': a->verify = 1; return 0;
-    case 'L': cfg->delta = 1; return 0;
+    case 'L': cfg->delta = cfg->delta ? cfg->delta : WTX_DELTA_TENSORS; return 0;
+    case 'Q': cfg->delta = WTX_DELTA_PATCHES; return 0;
     case 'r':
       if (parse_size(arg, &v) != 0 || v < 1 || v > MAX_REPEAT) return 1;
       a->repeat = (unsigned)v;
@@ -431,8 +436,10 @@ static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl,
          res.seconds, res.bytes / res.seconds / 1e9, (unsigned long long)res.control_bytes,
          res.version);
   if (res.delta)
-    printf("delta: %zu params, %llu bytes unchanged on every worker, not sent\n",
-           res.skipped_params, (unsigned long long)res.skipped_bytes);
+    printf("delta: %zu params, %llu bytes unchanged on every worker, not sent; %zu params "
+           "sent as patches (%llu bytes whole)\n", res.skipped_params,
+           (unsigned long long)res.skipped_bytes, res.patched_params,
+           (unsigned long long)res.patched_whole_bytes);
   else if (res.full_reason != NULL)
     printf("whole model sent: %s\n", res.full_reason);
   fflush(stdout);

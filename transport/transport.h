@@ -216,6 +216,14 @@ typedef struct wtx_chunk {
  * Deterministic: the layout of docs/data-plane.md. */
 int wtx_chunks_plan(const uint64_t *nbytes, size_t n, uint64_t buffer_size,
                     size_t max_params, int packed, wtx_chunk **out, size_t *n_out);
+/* The same, keeping each tensor i with whole[i] set (whole may be NULL:
+ * none) within one chunk: one that does not fit the room a packed chunk
+ * has left begins the next chunk. Such a tensor must be at most
+ * buffer_size bytes (else WTX_EINVAL): a delta's patches, which the worker
+ * applies whole in the chunk that carries them. */
+int wtx_chunks_plan_whole(const uint64_t *nbytes, const uint8_t *whole, size_t n,
+                          uint64_t buffer_size, size_t max_params, int packed, wtx_chunk **out,
+                          size_t *n_out);
 
 /* ---- trainer side: sending ---- */
 

@@ -216,7 +216,7 @@ typedef struct wtx_trainer_config {
   /* With world > 1: a secret the same on every rank (16..64 bytes), which
    * every data connection presents. Copied. */
   const char *session_token;
-  /* 1: delta syncs (docs/data-plane.md, "Delta updates"). Each sync hashes
+  /* wtx_delta: delta syncs (docs/data-plane.md, "Delta updates"). Each sync hashes
    * every tensor once (XXH3-64, on the host) and sends only those whose
    * hash differs from what every replica serves: the hashes of the last
    * sync this trainer landed, or, for a new trainer, those the workers
@@ -227,9 +227,22 @@ typedef struct wtx_trainer_config {
    * rank must set it alike: each sync is then two passes over the source
    * on every rank. Main target only; not with tensor-parallel workers,
    * many senders or a caller's control plane; on cuda_ipc and nccl only
-   * with checksum XXH3_64, whose host copy the hash pass reads. */
+   * with checksum XXH3_64, whose host copy the hash pass reads.
+   * WTX_DELTA_PATCHES also sends a changed tensor as a patch of the
+   * elements that changed (wtx.v1.Patch) where that is fewer bytes than
+   * the tensor and fits a buffer, to workers that take patches; for it the
+   * trainer keeps a host copy of every tensor as the workers serve it: as
+   * much memory as the model (tensors whose bytes the source does not keep
+   * put for the pass are always sent whole). */
   int delta;
 } wtx_trainer_config;
+
+/* wtx_trainer_config.delta. */
+typedef enum wtx_delta {
+  WTX_DELTA_OFF = 0,
+  WTX_DELTA_TENSORS = 1, /* only the tensors that changed */
+  WTX_DELTA_PATCHES = 2, /* and those as patches of their changed elements */
+} wtx_delta;
 
 /* Every field at its default; set the ones you need after it. */
 #define WTX_TRAINER_CONFIG_INIT WTX__INIT(.rank = 0)
@@ -289,6 +302,10 @@ typedef struct wtx_send_result {
   size_t skipped_params;
   uint64_t skipped_bytes;
   const char *full_reason;
+  /* With WTX_DELTA_PATCHES: the tensors sent as patches (of params), and
+   * what they would have cost whole. */
+  size_t patched_params;
+  uint64_t patched_whole_bytes;
 } wtx_send_result;
 
 /* One weight sync: start, every chunk, finish. Returns when every replica

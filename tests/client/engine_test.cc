@@ -1494,7 +1494,7 @@ class DeltaTest : public EngineTest {
   wtx_trainer *Trainer(wtx_client *c) {
     std::string backend = GetParam();
     wtx_trainer_config cfg = Config(backend, 64 << 10, 2, 10000);
-    cfg.delta = 1;
+    cfg.delta = mode_;
     wtx_trainer *t = nullptr;
     char e[1024] = "";
     EXPECT_EQ(0, wtx_trainer_init(&cfg, c, src_, &t, e, sizeof e)) << e;
@@ -1548,17 +1548,49 @@ class DeltaTest : public EngineTest {
     memcpy(&data_[i][element * es], v, es);
   }
 
+  // What a sync of the changes since `before` sends under mode_: each
+  // changed tensor whole, or (WTX_DELTA_PATCHES) as a patch of its changed
+  // elements where that is fewer bytes and fits the 64 KiB buffer.
+  void Expect(const std::vector<std::vector<uint8_t>> &before, size_t *params, uint64_t *bytes,
+              size_t *patched) const {
+    *params = *bytes = *patched = 0;
+    for (size_t i = 0; i < kN; i++) {
+      if (before[i] == data_[i]) continue;
+      size_t es = data_[i].size() / (shapes_[i][0] * shapes_[i][1]);
+      uint64_t k = 0;
+      for (size_t e = 0; e < data_[i].size(); e += es)
+        k += memcmp(&before[i][e], &data_[i][e], es) != 0;
+      uint64_t wire = k * (4 + es);
+      bool patch = mode_ == WTX_DELTA_PATCHES && wire < data_[i].size() && wire <= (64 << 10);
+      ++*params;
+      *bytes += patch ? wire : data_[i].size();
+      *patched += patch;
+    }
+  }
+
+  int mode_ = WTX_DELTA_TENSORS;
   std::vector<uint64_t> shapes_[kN];
   std::string names_[kN];
   std::vector<uint8_t> data_[kN];
   wtx_memory_tensor ts_[kN];
   wtx_source *src_ = nullptr;
   std::vector<std::string> pubs_;
+
+  void Sequence();
+  void FailPartway();
 };
 
 // A full sync, then ten deltas of mixed kinds. Each sends exactly the
-// tensors the step changed, and every worker's bytes equal the trainer's.
-TEST_P(DeltaTest, TenDeltasOfMixedKindsKeepEveryWorkerBitIdentical) {
+// tensors the step changed (as patches where cheaper, with patches on),
+// and every worker's bytes equal the trainer's.
+TEST_P(DeltaTest, TenDeltasOfMixedKindsKeepEveryWorkerBitIdentical) { Sequence(); }
+
+TEST_P(DeltaTest, TenDeltasOfMixedKindsAsPatchesKeepEveryWorkerBitIdentical) {
+  mode_ = WTX_DELTA_PATCHES;
+  Sequence();
+}
+
+void DeltaTest::Sequence() {
   std::vector<Worker> ws = {SpawnPublishing(), SpawnPublishing()};
   wtx_client *c = Client(ws, 10000);
   wtx_trainer *t = Trainer(c);
@@ -1586,21 +1618,25 @@ TEST_P(DeltaTest, TenDeltasOfMixedKindsKeepEveryWorkerBitIdentical) {
       [&] { for (size_t i = 0; i < kN; i++) data_[i][7] ^= 0x80; },  // every tensor
       [&] { Poke(19, 1, &minus); },                            // the last one
   };
+  size_t patched_in_all = 0;
   for (int k = 0; k < 10; k++) {
-    std::map<std::string, uint64_t> before = Mine();
+    std::vector<std::vector<uint8_t>> before(data_, data_ + kN);
     steps[k]();
-    size_t changed = 0;
-    uint64_t bytes = 0;
-    std::map<std::string, uint64_t> after = Mine();
-    for (size_t i = 0; i < kN; i++)
-      if (before[names_[i]] != after[names_[i]]) changed++, bytes += data_[i].size();
+    size_t changed, patched;
+    uint64_t bytes;
+    Expect(before, &changed, &bytes, &patched);
     std::string v = "v" + std::to_string(k + 1);
     Sync(t, v, &res);
     EXPECT_EQ(1, res.delta) << v << ": " << (res.full_reason ? res.full_reason : "");
     EXPECT_EQ(changed, res.params) << v;
     EXPECT_EQ(bytes, res.bytes) << v;
+    EXPECT_EQ(patched, res.patched_params) << v;
     EXPECT_EQ(kN - changed, res.skipped_params) << v;
     for (const Worker &w : ws) EXPECT_EQ(v, Version(w));
+    patched_in_all += patched;
+  }
+  if (mode_ == WTX_DELTA_PATCHES) {
+    EXPECT_GT(patched_in_all, 20u);
   }
   wtx_trainer_shutdown(t);
 
@@ -1666,7 +1702,16 @@ TEST_P(DeltaTest, ADeltaToAWorkerThatMissedAStepFallsBackToTheWholeModel) {
 // A delta that fails partway (the source fails in its send pass, after the
 // hash pass) leaves every worker's published version bit-exact, and the
 // next sync lands.
-TEST_P(DeltaTest, ADeltaThatFailsPartwayLeavesThePublishedVersionIntact) {
+TEST_P(DeltaTest, ADeltaThatFailsPartwayLeavesThePublishedVersionIntact) { FailPartway(); }
+
+// The same with patches: what the failed sync would have changed is not
+// taken for what the workers serve, so the next sync still lands exact.
+TEST_P(DeltaTest, APatchedDeltaThatFailsPartwayLeavesThePublishedVersionIntact) {
+  mode_ = WTX_DELTA_PATCHES;
+  FailPartway();
+}
+
+void DeltaTest::FailPartway() {
   std::vector<Worker> ws = {SpawnPublishing(), SpawnPublishing()};
   wtx_client *c = Client(ws, 10000);
   FailingSource fs{src_};
@@ -1674,7 +1719,7 @@ TEST_P(DeltaTest, ADeltaThatFailsPartwayLeavesThePublishedVersionIntact) {
   ASSERT_EQ(0, wtx_source_create(&kFailingOps, &fs, &failing));
   std::string backend = GetParam();
   wtx_trainer_config cfg = Config(backend, 64 << 10, 2, 10000);
-  cfg.delta = 1;
+  cfg.delta = mode_;
   wtx_trainer *t = nullptr;
   char e[1024] = "";
   ASSERT_EQ(0, wtx_trainer_init(&cfg, c, failing, &t, e, sizeof e)) << e;

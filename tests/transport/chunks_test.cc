@@ -102,6 +102,41 @@ TEST(Chunks, ManyShapesAndBufferSizesCoverEveryByte) {
   }
 }
 
+// A delta's patches are kept whole: each lies within one chunk, the rest
+// of the plan as before (every byte once, in order, within the limits).
+TEST(Chunks, TensorsKeptWholeLieWithinOneChunk) {
+  srand(11);
+  for (int round = 0; round < 300; round++) {
+    uint64_t buf = 16 + rand() % 3000;
+    std::vector<uint64_t> sizes(1 + rand() % 40);
+    std::vector<uint8_t> whole(sizes.size());
+    for (size_t i = 0; i < sizes.size(); i++) {
+      whole[i] = rand() % 2;
+      sizes[i] = whole[i] ? (uint64_t)(rand() % (buf + 1)) : (uint64_t)(rand() % 5000);
+    }
+    size_t max_params = 1 + rand() % 8;
+    wtx_chunk *c = nullptr;
+    size_t n = 0;
+    ASSERT_EQ(0, wtx_chunks_plan_whole(sizes.data(), whole.data(), sizes.size(), buf,
+                                       max_params, 1, &c, &n));
+    std::vector<wtx_chunk> chunks(c, c + n);
+    free(c);
+    ExpectCovers(sizes, buf, chunks, max_params);
+    for (const wtx_chunk &k : chunks) {
+      EXPECT_FALSE(whole[k.first] && k.first_offset > 0) << "round " << round;
+      uint64_t end = 0;  // where tensor last ends, from the chunk's start
+      for (size_t t = k.first; t <= k.last; t++) end += sizes[t] - (t == k.first ? k.first_offset : 0);
+      EXPECT_FALSE(whole[k.last] && end > k.bytes) << "round " << round << ": cut";
+    }
+  }
+  // One kept whole but larger than a buffer cannot be planned.
+  std::vector<uint64_t> big = {10, 300};
+  std::vector<uint8_t> w = {0, 1};
+  wtx_chunk *c = nullptr;
+  size_t n = 0;
+  EXPECT_EQ(WTX_EINVAL, wtx_chunks_plan_whole(big.data(), w.data(), 2, 256, 8, 1, &c, &n));
+}
+
 // 100k tiny tensors fit one buffer; the protocol takes at most
 // WTX_MAX_CHUNK_PARAMS per chunk, and a cap cuts them by count.
 TEST(Chunks, TinyTensorsAreCutByCountWhereBytesWouldNot) {
