@@ -2,6 +2,7 @@
  * delta.h). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -262,4 +263,71 @@ void wtx__delta_hash(const uint8_t *const *at, const uint64_t *len, size_t n, ui
   while (started + 1 < k && pthread_create(&th[started], NULL, hash_some, &j) == 0) started++;
   hash_some(&j); /* this thread too; alone when no thread could start */
   for (size_t i = 0; i < started; i++) pthread_join(th[i], NULL);
+}
+
+/* Caller patch p as tensor j of the table: its meta, description and bytes
+ * (indices then values) at arena + *used, checked as the worker checks it. */
+static int caller_one(wtx__delta *d, const wtx_patch *p, size_t j, uint64_t buffer_size,
+                      uint64_t *used, char *err, size_t errlen) {
+  char why[1200];
+  wtx_tensor_meta *m = &d->metas[j];
+  if (wtx_tensor_meta_set(m, p->name != NULL ? p->name : "", p->dtype, p->shape, p->ndim, why,
+                          sizeof why) != 0) {
+    snprintf(err, errlen, "patches[%zu]: %s", j, why);
+    return WTX_EINVAL;
+  }
+  size_t es = wtx_dtype_size(m->dtype), isz = wtx__patch_index_size(p->index_dtype);
+  uint64_t bytes = wtx__patch_bytes(p->index_dtype, p->count, es);
+  int rc = wtx__patch_check(m, p->index_dtype, p->count, NULL, bytes, why, sizeof why);
+  if (rc == 0 && bytes > buffer_size) {
+    snprintf(err, errlen, "patches[%zu]: the patch of '%s' is %llu bytes, more than a buffer "
+             "(%llu): send the tensor whole", j, m->name, (unsigned long long)bytes,
+             (unsigned long long)buffer_size);
+    return WTX_ETOOBIG;
+  }
+  if (rc == 0 && (p->indices == NULL || p->values == NULL)) rc = WTX_EINVAL;
+  if (rc == 0 && (rc = arena_room(d, *used, bytes)) != 0) return rc;
+  if (rc == 0) {
+    memcpy(d->arena + *used, p->indices, p->count * isz);
+    memcpy(d->arena + *used + p->count * isz, p->values, p->count * es);
+    rc = wtx__patch_check(m, p->index_dtype, p->count, d->arena + *used, bytes, why, sizeof why);
+  }
+  if (rc != 0) {
+    snprintf(err, errlen, "patches[%zu]: %s", j, why[0] ? why : "indices and values are needed");
+    return rc;
+  }
+  wtx__v1__patch__init(&d->patches[j]);
+  d->patches[j].index_dtype = (Wtx__V1__DType)p->index_dtype;
+  d->patches[j].count = p->count;
+  d->patch_off[j] = *used;
+  d->patch_len[j] = bytes;
+  *used += bytes;
+  return 0;
+}
+
+int wtx__delta_caller(wtx__delta *d, const wtx_patch *p, size_t n, uint64_t buffer_size,
+                      size_t max_params, int packed, char *err, size_t errlen) {
+  int rc = wtx__delta_reserve(d, n);
+  if (rc != 0) return rc;
+  uint64_t used = 0;
+  for (size_t j = 0; j < n && rc == 0; j++) rc = caller_one(d, &p[j], j, buffer_size, &used, err, errlen);
+  const char *dup = rc == 0 ? wtx__strmap_first_duplicate(d->metas, n, sizeof *d->metas, &rc)
+                            : NULL;
+  if (dup != NULL) {
+    snprintf(err, errlen, "patches: '%s' is patched twice; merge its patches into one", dup);
+    return WTX_EINVAL;
+  }
+  for (size_t j = 0; j < n && rc == 0; j++) {
+    d->map[j] = j;
+    d->patch[j] = &d->patches[j];
+    d->src[j] = d->arena + d->patch_off[j];
+    d->ok[j] = 0; /* every one sent */
+  }
+  d->m = n;
+  return rc != 0 ? rc : wtx__delta_plan(d, d->metas, buffer_size, max_params, packed, 1);
+}
+
+void wtx__delta_forget(wtx__delta *d) {
+  wtx__delta_failed(d);
+  if (d->prev_ok != NULL) memset(d->prev_ok, 0, d->n);
 }

@@ -87,6 +87,15 @@ void wtx__delta_hash(const uint8_t *const *at, const uint64_t *len, size_t n, ui
 void wtx__delta_landed(wtx__delta *d, int diffed);
 /* The sync failed: what it copied into prev is not what they serve. */
 void wtx__delta_failed(wtx__delta *d);
+/* Another sync (the caller's patches) changed what they serve: nothing of
+ * it is known any more. */
+void wtx__delta_forget(wtx__delta *d);
+/* The caller's n patches as d's subset (a table of their own): each
+ * checked as a worker checks it (err names the first that does not, or
+ * one larger than buffer_size) and copied, indices then values, into the
+ * arena; then planned, each within one chunk. */
+int wtx__delta_caller(wtx__delta *d, const wtx_patch *p, size_t n, uint64_t buffer_size,
+                      size_t max_params, int packed, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -51,6 +51,7 @@ struct wtx_trainer {
   int sums_sent; /* the last sync landed with checksums: t->xxh3 holds them */
   int delta;     /* wtx_trainer_config.delta */
   wtx__delta dk; /* with delta: what the replicas serve, and the sync's subset */
+  wtx__delta cp; /* the caller's patches of the last wtx_trainer_send_patches */
   char full_reason[1600]; /* wtx_send_result.full_reason */
   char err[1600];
 };
@@ -362,6 +363,7 @@ void wtx_trainer_shutdown(wtx_trainer *t) {
   free(t->chunks);
   free(t->xxh3);
   wtx__delta_free(&t->dk);
+  wtx__delta_free(&t->cp);
   free(t);
 }
 
@@ -380,6 +382,8 @@ typedef struct cursor {
    * whose bytes are at src[j] (sync_table). */
   Wtx__V1__Patch *const *patch;
   const uint8_t *const *src;
+  int no_source;  /* the caller's patches: metas are theirs, no pass */
+  uint64_t *xxh3; /* where each sent tensor's checksum goes (NULL: nowhere) */
   void *iter;
   size_t next;          /* the table index the iteration yields next */
   size_t i;             /* tensor held (d valid) */
@@ -503,7 +507,7 @@ static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
   out->n_iov = 0;
   for (size_t j = ch->first; j <= ch->last; j++) {
     size_t i = c->map != NULL ? c->map[j] : j;
-    int rc = cursor_get(c, i);
+    int rc = c->no_source ? 0 : cursor_get(c, i);
     if (rc != 0) return rc;
     /* What travels: the tensor, or its patch (made by the delta's diff). */
     const wtx__tensor_data *td = &c->d;
@@ -525,7 +529,7 @@ static int pack(cursor *c, const wtx_chunk *ch, pack_out *out, uint64_t *sums,
     used += k;
     if (off + k == size) {
       uint64_t d = !verify ? 0 : one ? XXH3_64bits(td->host, k) : XXH3_64bits_digest(c->h);
-      c->t->xxh3[i] = d;
+      if (c->xxh3 != NULL) c->xxh3[i] = d;
       if (ends != NULL) ends[*n_sums] = used;
       sums[(*n_sums)++] = d;
     }
@@ -573,6 +577,7 @@ typedef struct sync_state {
   int fell_back; /* a delta was refused, and the whole table is sent */
   int hashed;   /* the delta's hash pass ran (t->hashes) */
   int diffed;   /* and made this sync's patches (WTX_DELTA_PATCHES) */
+  int caller;   /* the caller's patches (wtx_trainer_send_patches), no source */
   cursor c;
   int opened;
   int verify;
@@ -651,8 +656,12 @@ static int sync_buffers(sync_state *s) {
   int host_copy = t->tt->put_device == NULL || s->verify;
   s->c = (cursor){.t = t, .metas = t->metas, .n = t->n, .map = s->tb.map,
                   .patch = s->tb.patch, .src = s->tb.src, .host_copy = host_copy,
-                  .h = XXH3_createState()};
+                  .xxh3 = t->xxh3, .h = XXH3_createState()};
+  if (s->caller) /* the caller's patches: no source, nothing to record */
+    s->c = (cursor){.t = t, .metas = s->tb.metas, .n = s->tb.n, .patch = s->tb.patch,
+                    .src = s->tb.src, .no_source = 1, .h = s->c.h};
   if (!s->sums || !s->n_sums || !s->c.h) return fail(t, WTX_ENOMEM, "out of memory");
+  if (s->caller) return 0;
   int rc = wtx_source_open(t->source, &s->c.iter);
   if (rc != 0) return fail(t, rc, "source: cannot start a pass");
   s->opened = 1;
@@ -665,7 +674,7 @@ static int sync_buffers(sync_state *s) {
 static int sync_messages(sync_state *s) {
   s->table = wtx__client_table(s->t->client);
   if (s->table != s->t->table_xxh3) s->table = 0;
-  if (s->tb.map != NULL) s->table = 0; /* a subset: its tensors by name */
+  if (s->tb.map != NULL || s->caller) s->table = 0; /* a subset: its tensors by name */
   const sync_table *tb = &s->tb;
   s->pm = calloc(s->table ? 1 : tb->n, sizeof *s->pm);
   s->pmp = calloc(s->table ? 1 : tb->n, sizeof *s->pmp);
@@ -695,6 +704,7 @@ static int sync_pack(sync_state *s, size_t k) {
 /* The checksums the backend computed while it sent chunk k (complete
  * returned 0): the sync's record of them. */
 static void sync_took_sums(sync_state *s, size_t k) {
+  if (s->caller) return;
   /* The tensors ending in a chunk are its first ones, in order. */
   for (size_t j = 0; j < s->posted.n; j++) {
     size_t at = s->tb.chunks[k].first + j;
@@ -916,17 +926,64 @@ static int delta_begin(sync_state *s, int *lost) {
   return rc != 0 ? rc : sync_messages(s);
 }
 
+/* ---- the caller's patches (wtx_trainer_send_patches) ---- */
+
+/* Names each replica's version as the base of the caller's patches: what
+ * this trainer last saw there, or (never seen) what it serves now. */
+static int caller_bases(wtx_trainer *t) {
+  size_t n = wtx_client_size(t->client);
+  const char **bases = calloc(n, sizeof *bases);
+  if (bases == NULL) return fail(t, WTX_ENOMEM, "out of memory");
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    wtx_weight_info info = {0};
+    if (wtx__client_serves(t->client, i)[0] == '\0' &&
+        (rc = wtx_client_weight_info(t->client, i, 0, &info)) != 0)
+      fail(t, rc, "%s", wtx_client_last_error(t->client));
+    wtx_weight_info_free(&info);
+    if (rc == 0 && (bases[i] = wtx__client_serves(t->client, i))[0] == '\0')
+      rc = fail(t, WTX_ESTATE, "patches: worker %zu (%s) serves no version to apply them "
+                "to; send the whole model first", i, wtx_client_target(t->client, i));
+  }
+  if (rc == 0) rc = wtx__client_set_bases(t->client, bases);
+  free(bases);
+  return rc;
+}
+
+/* Steps 1-3 of the caller's patches: the start naming each base, then the
+ * first chunk; every replica must take patches. */
+static int caller_begin(sync_state *s, int *lost) {
+  wtx_trainer *t = s->t;
+  int rc = caller_bases(t);
+  if (rc != 0) return rc;
+  wtx__client_start_begin(t->client, s->o->target, s->tb.n);
+  rc = sync_buffers(s);
+  if (rc == 0 && s->tb.n_chunks > 0) rc = sync_pack(s, 0);
+  int src = wtx__client_start_end(t->client);
+  if (src != 0) {
+    *lost = session_lost(t->client);
+    int stale = wtx_client_last_status(t->client) == 9; /* FAILED_PRECONDITION */
+    return fail(t, stale ? WTX_ESTATE : src, "%s", wtx_client_last_error(t->client));
+  }
+  if (rc == 0 && !wtx__client_patches(t->client))
+    rc = fail(t, WTX_ENOTSUP, "patches: a worker takes whole tensors only (its model cannot "
+              "read its tensors back, or stages on the GPU)");
+  return rc != 0 ? rc : sync_messages(s);
+}
+
 /* Steps 1-3: every worker's start in flight while the buffers and the
  * first chunk are readied (a round trip hidden behind work that does not
  * need its answer), then the chunks' messages. *lost: the start failed
  * because a worker may no longer know our session. */
 static int delta_begin(sync_state *s, int *lost);
+static int caller_begin(sync_state *s, int *lost);
 
 static int sync_begin(sync_state *s, int *lost) {
   wtx_trainer *t = s->t;
   *lost = 0;
   int rc = !t->ready ? rendezvous(t) : 0;
   if (rc != 0) return rc;
+  if (s->caller) return caller_begin(s, lost);
   if (t->delta) return delta_begin(s, lost);
   wtx__client_start_begin(t->client, s->o->target, t->n);
   rc = sync_buffers(s);
@@ -960,7 +1017,7 @@ static int sync_run(sync_state *s, int commit, char *version, size_t vlen) {
     done += s->tb.chunks[k].bytes;
     if (s->o->progress != NULL) s->o->progress(s->o->progress_arg, done, s->tb.total);
   }
-  if (rc == 0) rc = cursor_end(&s->c);
+  if (rc == 0 && !s->caller) rc = cursor_end(&s->c);
   if (rc == 0 && (rc = commit ? wtx__client_finish(t->client, s->o->version, version, vlen)
                               : wtx__client_prepare(t->client, s->o->version)) != 0)
     fail(t, rc, "%s", wtx_client_last_error(t->client));
@@ -987,9 +1044,10 @@ static void send_result(wtx_trainer *t, const sync_state *s, wtx_send_result *re
                               .direct = t->tt->direct != NULL && t->tt->direct(t->self),
                               .control_bytes = wtx__client_update_bytes(t->client) - control0,
                               .delta = s->delta,
-                              .skipped_params = t->n - tb->n,
-                              .skipped_bytes = t->total - tb->total,
+                              .skipped_params = s->caller ? 0 : t->n - tb->n,
+                              .skipped_bytes = s->caller ? 0 : t->total - tb->total,
                               .full_reason = t->delta && !s->delta ? t->full_reason : NULL};
+  if (s->caller) result->xxh3 = NULL; /* the source's table's, not these */
   for (size_t j = 0; tb->patch != NULL && j < tb->n; j++) {
     if (tb->patch[j] == NULL) continue;
     result->patched_params++;
@@ -1051,6 +1109,40 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
     return rc != 0 ? rc : iterate_only(t, metas, n);
   }
   return send_run(t, &o, 1, result);
+}
+
+int wtx_trainer_send_patches(wtx_trainer *t, const wtx_patch *patches, size_t n,
+                             const wtx_send_options *opts, wtx_send_result *result) {
+  wtx_send_options o = WTX_SEND_OPTIONS_INIT;
+  if (opts != NULL) o = *opts;
+  t->err[0] = '\0';
+  if (result != NULL) *result = (wtx_send_result){0};
+  int rc = check_version(t, &o);
+  if (rc != 0) return rc;
+  if (t->sh != NULL || t->many != NULL)
+    return fail(t, WTX_ENOTSUP, "patches: not offered with tensor-parallel workers or many "
+                "senders yet");
+  if (t->rank != 0 || n == 0) return 0;
+  double t0 = wtx_clock_s();
+  char why[1400] = "";
+  rc = wtx__delta_caller(&t->cp, patches, n, t->args.wire.buffer_size, CHUNK_PARAMS,
+                         t->args.wire.packed, why, sizeof why);
+  if (rc != 0) return fail(t, rc, "%s", why[0] ? why : wtx_strerror(rc));
+  uint64_t control0 = wtx__client_update_bytes(t->client);
+  sync_state s = {.t = t, .o = &o, .caller = 1, .delta = 1,
+                  .tb = {.metas = t->cp.metas, .n = n, .patch = t->cp.patch, .src = t->cp.src,
+                         .chunks = t->cp.chunks, .n_chunks = t->cp.n_chunks,
+                         .total = t->cp.total}};
+  char version[WTX_MAX_VERSION_BYTES + 1] = "";
+  rc = sync_run(&s, 1, version, sizeof version);
+  /* Whatever happened, this trainer's own record of what they serve is
+   * not theirs any more. */
+  wtx__delta_forget(&t->dk);
+  t->sums_sent = 0;
+  if (rc != 0) wtx__trainer_abort(t, t->err);
+  else if (result != NULL) send_result(t, &s, result, wtx_clock_s() - t0, control0, version);
+  sync_release(&s);
+  return rc;
 }
 
 int wtx_trainer_verify(wtx_trainer *t) {

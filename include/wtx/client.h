@@ -317,6 +317,35 @@ typedef struct wtx_send_result {
  * sends nothing. opts and result may be NULL. */
 int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
                              wtx_send_result *result);
+/* One element patch of a tensor, made by the caller (vLLM's
+ * SparseWeightPatch): count flat indices into the tensor, strictly
+ * increasing (so none twice), and count values of its dtype, any bits
+ * (NaN included). Read only during the call. */
+typedef struct wtx_patch {
+  const char *name;
+  int dtype;             /* the tensor's wtx_dtype, and its values' */
+  const uint64_t *shape; /* the whole tensor's, ndim entries */
+  size_t ndim;
+  int index_dtype;       /* WTX_DTYPE_INT32 (below 2^31 elements) or WTX_DTYPE_INT64 */
+  uint64_t count;
+  const void *indices;   /* count of index_dtype, little-endian */
+  const void *values;    /* count of dtype */
+} wtx_patch;
+
+/* One delta sync of the caller's patches instead of the source's tensors
+ * (docs/data-plane.md, "Delta updates"): each replica applies them to a
+ * copy of the version it serves, which must be the one this trainer last
+ * saw there (its last sync's, or for a new trainer the one it serves
+ * now); what they do not name carries over. Every replica publishes or
+ * none does. Refusals, before any byte moves: a patch that does not check
+ * (WTX_EINVAL naming the tensor: a bound, an index repeated or out of
+ * order, a dtype), one larger than a buffer (WTX_ETOOBIG), a replica that
+ * serves nothing or another version (WTX_ESTATE, naming both; send the
+ * whole model), a replica that takes whole tensors only (WTX_ENOTSUP).
+ * With rank 0 sending, other ranks call nothing. n 0: nothing is sent.
+ * opts and result may be NULL; result's bytes are the patches'. */
+int wtx_trainer_send_patches(wtx_trainer *t, const wtx_patch *patches, size_t n,
+                             const wtx_send_options *opts, wtx_send_result *result);
 /* Compares every replica's published checksums with those of the last sync
  * t sent (a sync with checksums; for tensor-parallel workers, each one's
  * parts): 0 when all match, WTX_ECHECKSUM naming the first difference,

@@ -1749,6 +1749,88 @@ void DeltaTest::FailPartway() {
   wtx_client_destroy(c);
 }
 
+// The caller's own patches (vLLM's sparse_nccl trainer shape): they land
+// bit-exact on every worker, a malformed one is refused before any byte
+// moves, and patches computed against another version than a worker
+// serves are refused by that worker with nothing applied anywhere.
+TEST_P(DeltaTest, TheCallersPatchesLandExactAndBadOnesAreRefusedBeforeAnyByteMoves) {
+  std::vector<Worker> ws = {SpawnPublishing(), SpawnPublishing()};
+  wtx_client *c = Client(ws, 10000);
+  wtx_trainer *t = Trainer(c);
+  ASSERT_NE(nullptr, t);
+  wtx_send_result res;
+  Sync(t, "v1", &res);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int32_t> fi = {1, 5, 100};
+  std::vector<float> fv = {nan, 2.5f, -1.0f};
+  std::vector<int64_t> bi = {0, 7};  // int64 indices work too
+  std::vector<int8_t> bv = {-7, 3};
+  wtx_patch ps[2] = {
+      {names_[0].c_str(), WTX_DTYPE_FLOAT32, shapes_[0].data(), 2, WTX_DTYPE_INT32, 3, fi.data(),
+       fv.data()},
+      {names_[2].c_str(), WTX_DTYPE_INT8, shapes_[2].data(), 2, WTX_DTYPE_INT64, 2, bi.data(),
+       bv.data()},
+  };
+  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+  so.version = "p1";
+  ASSERT_EQ(0, wtx_trainer_send_patches(t, ps, 2, &so, &res)) << wtx_trainer_last_error(t);
+  EXPECT_EQ(2u, res.params);
+  EXPECT_EQ(3u * 8 + 2u * 9, res.bytes);
+  for (size_t k = 0; k < 3; k++) Poke(0, fi[k], &fv[k]);
+  for (size_t k = 0; k < 2; k++) Poke(2, bi[k], &bv[k]);
+  for (size_t k = 0; k < ws.size(); k++) EXPECT_EQ(Mine(), OnDisk(k, "p1"));
+
+  // Malformed: nothing moves, every worker stays on p1.
+  std::vector<int32_t> twice = {3, 3}, back = {9, 2}, past = {0, 16 * 1024};
+  std::vector<float> two = {1, 2};
+  std::vector<float> many(9000, 1.0f);  // 72 kB of patch: past the 64 KiB buffer
+  std::vector<int32_t> many_i(9000);
+  for (size_t k = 0; k < many_i.size(); k++) many_i[k] = (int32_t)k;
+  struct Bad {
+    const int32_t *idx;
+    uint64_t count;
+    const float *vals;
+    int rc;
+    const char *says;
+  } bad[] = {{twice.data(), 2, two.data(), WTX_EINVAL, "none repeats"},
+             {back.data(), 2, two.data(), WTX_EINVAL, "not above the one before"},
+             {past.data(), 2, two.data(), WTX_EINVAL, "past the tensor's elements"},
+             {many_i.data(), 9000, many.data(), WTX_ETOOBIG, "more than a buffer"}};
+  for (const Bad &b : bad) {
+    wtx_patch p = {names_[0].c_str(), WTX_DTYPE_FLOAT32, shapes_[0].data(), 2, WTX_DTYPE_INT32,
+                   b.count, b.idx, b.vals};
+    so.version = "never";
+    EXPECT_EQ(b.rc, wtx_trainer_send_patches(t, &p, 1, &so, &res)) << b.says;
+    EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), b.says)) << wtx_trainer_last_error(t);
+    EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), names_[0].c_str()))
+        << wtx_trainer_last_error(t);
+  }
+  for (size_t k = 0; k < ws.size(); k++) {
+    EXPECT_EQ("p1", Version(ws[k]));
+    EXPECT_EQ(Mine(), OnDisk(k, "p1"));
+  }
+
+  // Worker 1 moves on without this trainer: patches for p1 are refused
+  // there, and worker 0 does not apply them either.
+  std::string backend = GetParam();
+  wtx_client *other = Client({ws[1]}, 10000);
+  std::string why;
+  ASSERT_EQ(0, Push(other, src_, "elsewhere", 64 << 10, 2, 10000, &why)) << why;
+  wtx_client_destroy(other);
+  so.version = "p2";
+  EXPECT_EQ(WTX_ESTATE, wtx_trainer_send_patches(t, ps, 1, &so, &res));
+  EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), "'p1'")) << wtx_trainer_last_error(t);
+  EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), "'elsewhere'"))
+      << wtx_trainer_last_error(t);
+  EXPECT_EQ("p1", Version(ws[0]));
+  EXPECT_EQ("elsewhere", Version(ws[1]));
+  // The trainer's next delta sync learns what they serve and lands.
+  data_[9][0] ^= 1;
+  Sync(t, "v2", &res);
+  wtx_trainer_shutdown(t);
+  wtx_client_destroy(c);
+}
+
 INSTANTIATE_TEST_SUITE_P(HostBackends, DeltaTest, ::testing::Values("shm", "tcp"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                            return std::string(i.param);
