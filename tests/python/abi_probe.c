@@ -33,7 +33,11 @@ int main(void) {
   F(wtx_send_result, chunks); F(wtx_send_result, seconds); F(wtx_send_result, version);
   F(wtx_send_result, xxh3); F(wtx_send_result, direct); F(wtx_send_result, control_bytes);
   F(wtx_send_result, delta); F(wtx_send_result, skipped_params);
-  F(wtx_send_result, skipped_bytes); F(wtx_send_result, full_reason); END();
+  F(wtx_send_result, skipped_bytes); F(wtx_send_result, full_reason);
+  F(wtx_send_result, patched_params); F(wtx_send_result, patched_whole_bytes); END();
+  BEGIN(wtx_patch); F(wtx_patch, name); F(wtx_patch, dtype); F(wtx_patch, shape);
+  F(wtx_patch, ndim); F(wtx_patch, index_dtype); F(wtx_patch, count); F(wtx_patch, indices);
+  F(wtx_patch, values); END();
   BEGIN(wtx_ownership); F(wtx_ownership, owners); F(wtx_ownership, n_owners);
   F(wtx_ownership, mesh_shape); F(wtx_ownership, mesh_ndim); F(wtx_ownership, placements);
   END();

@@ -315,6 +315,45 @@ class StandaloneWorkerTest(unittest.TestCase):
         c.resume()
         c.close()
 
+    def test_the_callers_patches_reach_a_worker_in_vllms_sparse_shape(self):
+        import dataclasses
+        import wtx
+
+        @dataclasses.dataclass
+        class SparseWeightPatch:  # vLLM's sparse_nccl shape
+            name: str
+            indices: torch.Tensor
+            values: torch.Tensor
+            full_shape: tuple
+
+        w = torch.linspace(-1, 1, 64).to(torch.bfloat16).reshape(8, 8)
+        b = torch.arange(10, dtype=torch.int8)
+        c = wtx.WorkerClient([self.w.addr])
+        e = wtx.TrainerEngine.trainer_init({"rank": 0, "transport": "tcp"}, client=c,
+                                           source=wtx.DictSource({"w": w, "b": b}))
+        e.send_weights(version="base")
+        e.shutdown()
+        sparse = wtx.TrainerEngine.trainer_init({"rank": 0, "transport": "tcp"}, client=c)
+        idx = torch.tensor([63, 0, 17])  # any order, int64
+        vals = torch.tensor([float("nan"), 5.0, -3.0], dtype=torch.bfloat16)
+        r = sparse.send_weights([SparseWeightPatch("w", idx, vals, (8, 8))], version="p")
+        self.assertEqual(1, r["params"])
+        self.assertEqual(3 * (4 + 2), r["bytes"])
+        want = w.clone().reshape(-1)
+        want[idx] = vals
+        info = {p["meta"]["name"]: p for p in c.get_weight_info(include_params=True)[0]["params"]}
+        raw = want.view(torch.uint8).numpy().tobytes()
+        self.assertEqual(str(xxhash.xxh3_64_intdigest(raw)), info["w"]["xxh3_64"])
+        self.assertEqual(str(xxhash.xxh3_64_intdigest(b.numpy().tobytes())), info["b"]["xxh3_64"])
+        with self.assertRaises(ValueError) as err:  # an index twice: bad arguments
+            sparse.send_weights([{"name": "b", "indices": [3, 3], "values": torch.tensor(
+                [1, 2], dtype=torch.int8), "full_shape": [10]}], version="never")
+        self.assertIn("'b'", str(err.exception))
+        self.assertIn("none repeats", str(err.exception))
+        self.assertEqual("p", c.get_weight_info()[0]["weight_version"])
+        sparse.shutdown()
+        c.close()
+
     def test_dtypes_layouts_and_numpy_arrive_bit_exact(self):
         import numpy as np
         import wtx

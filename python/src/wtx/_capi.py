@@ -60,7 +60,14 @@ class SendResult(C.Structure):
                 ("xxh3", C.POINTER(C.c_uint64)), ("direct", C.c_int),
                 ("control_bytes", C.c_uint64), ("delta", C.c_int),
                 ("skipped_params", C.c_size_t), ("skipped_bytes", C.c_uint64),
-                ("full_reason", C.c_char_p)]
+                ("full_reason", C.c_char_p), ("patched_params", C.c_size_t),
+                ("patched_whole_bytes", C.c_uint64)]
+
+
+class Patch(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("dtype", C.c_int), ("shape", C.POINTER(C.c_uint64)),
+                ("ndim", C.c_size_t), ("index_dtype", C.c_int), ("count", C.c_uint64),
+                ("indices", C.c_void_p), ("values", C.c_void_p)]
 
 
 # wtx_source_ops
@@ -170,7 +177,7 @@ class ControlOps(C.Structure):
 
 
 STRUCTS = {"wtx_control_ops": ControlOps, "wtx_tensor_meta": TensorMeta, "wtx_client_options": ClientOptions,
-           "wtx_trainer_config": TrainerConfig, "wtx_send_options": SendOptions,
+           "wtx_trainer_config": TrainerConfig, "wtx_send_options": SendOptions, "wtx_patch": Patch,
            "wtx_send_result": SendResult, "wtx_source_ops": SourceOps,
            "wtx_ownership": Ownership,
            "wtx_model_ops": ModelOps, "wtx_worker_options": WorkerOptions}
@@ -204,6 +211,8 @@ trainer_init = _fn("wtx_trainer_init", C.c_int, C.POINTER(TrainerConfig), P, P, 
                    C.c_char_p, C.c_size_t)
 trainer_send = _fn("wtx_trainer_send_weights", C.c_int, P, C.POINTER(SendOptions),
                    C.POINTER(SendResult))
+trainer_send_patches = _fn("wtx_trainer_send_patches", C.c_int, P, C.POINTER(Patch), C.c_size_t,
+                           C.POINTER(SendOptions), C.POINTER(SendResult))
 trainer_last_error = _fn("wtx_trainer_last_error", C.c_char_p, P)
 trainer_shutdown = _fn("wtx_trainer_shutdown", None, P)
 worker_start = _fn("wtx_worker_start", C.c_int, C.POINTER(WorkerOptions), C.POINTER(P),

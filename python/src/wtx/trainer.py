@@ -44,7 +44,10 @@ class WtxTrainerInitInfo:
     delta: each sync sends only the tensors whose XXH3-64 differs from what
     every worker serves (one hash pass over the source; on cuda_ipc and
     nccl with checksum "xxh3_64"); ``send_weights()["delta"]`` says whether
-    it was a delta, ``["full_reason"]`` why the whole model went instead."""
+    it was a delta, ``["full_reason"]`` why the whole model went instead.
+    True or "tensors"; "patches": a changed tensor goes as a patch of the
+    elements that changed where that is fewer bytes (the engine keeps a
+    host copy of the model for it)."""
 
     backend: ClassVar[str] = "wtx"
 
@@ -56,7 +59,7 @@ class WtxTrainerInitInfo:
     timeout_ms: int = 0
     data_address: str | None = None
     direct: bool = False
-    delta: bool = field(default=False, kw_only=True)
+    delta: bool | str = field(default=False, kw_only=True)
     rank: int = field(default=0, kw_only=True)
     # Many senders (any transport): world_size ranks, each sending the parts
     # it owns (the source's iter_local) straight to the workers;
@@ -75,6 +78,8 @@ class WtxTrainerInitInfo:
             raise ValueError(f"checksum: None, 'none' or 'xxh3_64', got {self.checksum!r}")
         if self.rank < 0:
             raise ValueError(f"rank: must be >= 0, got {self.rank}")
+        if self.delta not in _DELTAS:
+            raise ValueError(f"delta: False, True, 'tensors' or 'patches', got {self.delta!r}")
         if self.world_size > 1 and (self.rank >= self.world_size
                                     or len(self.rank_addresses or ()) != self.world_size
                                     or not self.session_token):
@@ -93,6 +98,46 @@ class WtxTrainerInitInfo:
                                  f"{', '.join(sorted(known))})")
             return cls(**info)
         raise TypeError(f"init_info: a WtxTrainerInitInfo or a dict, got {type(info).__name__}")
+
+
+# WtxTrainerInitInfo.delta -> wtx_trainer_config.delta (wtx_delta).
+_DELTAS = {False: 0, None: 0, True: 1, "tensors": 1, "patches": 2}
+
+
+def _c_patches(patches: list[Any]) -> tuple[Any, list[Any]]:
+    """vLLM's SparseWeightPatch list (or dicts of name, indices, values,
+    full_shape) as a ctypes array of wtx_patch, indices sorted ascending
+    (values with them) and 64-bit past 2^31 elements, all on the host; and
+    the arrays it points into, to keep alive."""
+    import numpy as np
+    from . import _dtypes
+    out = (_capi.Patch * len(patches))()
+    keep: list[Any] = []
+    for k, p in enumerate(patches):
+        get = p.get if isinstance(p, dict) else lambda a, p=p: getattr(p, a)
+        name, shape = get("name"), tuple(int(d) for d in get("full_shape"))
+        idx, val = get("indices"), get("values")
+        if hasattr(idx, "detach"):
+            idx = idx.detach().cpu().numpy()
+        wire = _dtypes.to_wire(val.dtype)
+        if hasattr(val, "detach"):  # torch: bf16/fp8 as their bytes
+            val = val.detach().cpu().contiguous().view(-1)
+            val = val.view(_dtypes.to_torch({1: 6, 2: 8, 4: 9, 8: 10}[val.element_size()]))
+            val = val.numpy()
+        idx, val = np.asarray(idx).reshape(-1), np.asarray(val).reshape(-1)
+        if idx.shape != val.shape:
+            raise ValueError(f"patches[{k}] ({name!r}): {idx.size} indices, {val.size} values")
+        elements = int(np.prod(shape)) if shape else 1
+        itype = np.int64 if elements > 2**31 else np.int32
+        order = np.argsort(idx, kind="stable")
+        idx = np.ascontiguousarray(idx[order], dtype=itype)
+        val = np.ascontiguousarray(val[order])
+        dims = (C.c_uint64 * max(len(shape), 1))(*shape)
+        keep += [idx, val, dims, name.encode()]
+        out[k] = _capi.Patch(name=keep[-1], dtype=wire, shape=dims, ndim=len(shape),
+                             index_dtype=10 if itype is np.int64 else 9, count=idx.size,
+                             indices=idx.ctypes.data, values=val.ctypes.data)
+    return out, keep
 
 
 def _check_ownership(source: Any, rank: int) -> None:
@@ -128,9 +173,9 @@ class TrainerEngine:
         ``iter_full``). Raises ValueError for bad arguments, WtxError when a
         replica refuses."""
         info = WtxTrainerInitInfo.from_any(init_info)
-        if source is None:
-            raise ValueError("source: a WeightSource is needed (TorchModuleSource, "
-                             "SafetensorsSource, DictSource, vLLM's ModuleSource, ...)")
+        if source is None:  # only patches can be sent (vLLM's sparse_nccl shape)
+            from .sources import DictSource
+            source = DictSource({})
         many = info.world_size > 1
         if not many:
             _check_ownership(source, info.rank)
@@ -158,7 +203,7 @@ class TrainerEngine:
                                   checksum=_CHECKSUMS[info.checksum], timeout_ms=info.timeout_ms,
                                   data_address=info.data_address.encode() if info.data_address else None,
                                   direct=1 if info.direct else 0, world=info.world_size,
-                                  delta=1 if info.delta else 0)
+                                  delta=_DELTAS[info.delta])
         if many:
             self._ranks = (C.c_char_p * info.world_size)(*[a.encode() for a in info.rank_addresses])
             cfg.rank_addresses = C.cast(self._ranks, C.POINTER(C.c_char_p))
@@ -171,7 +216,8 @@ class TrainerEngine:
             raise _error(rc, err.value)
         return self
 
-    def send_weights(self, *, version: str | None = None, target: str = "main",
+    def send_weights(self, patches: list[Any] | None = None, *, version: str | None = None,
+                     target: str = "main",
                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
         """One weight sync: every replica publishes the source's current
         weights, or none does (their previous weights stay). Returns
@@ -179,9 +225,17 @@ class TrainerEngine:
         delta, skipped_params, skipped_bytes, full_reason}: bytes and params
         are what the sync sent (a delta's changed tensors), xxh3 every
         tensor's checksum. ``progress`` is called (done_bytes, total_bytes)
-        after every chunk."""
+        after every chunk.
+
+        ``patches`` (vLLM's sparse_nccl shape: SparseWeightPatch, or dicts
+        of name, indices, values, full_shape): instead of the source, these
+        element patches, applied by every worker to a copy of the version
+        it serves (the one this engine saw last); indices in any order,
+        none twice. An empty list sends nothing."""
         if not self._trainer:
             raise RuntimeError("send_weights after shutdown")
+        if patches is not None:
+            return self._send_patches(list(patches), version, target)
         t = {"main": 1, "draft": 2}.get(target)
         if t is None:
             raise ValueError(f"target: 'main' or 'draft', got {target!r}")
@@ -198,6 +252,24 @@ class TrainerEngine:
                 self._csource.error = None
                 raise _error(rc, msg) from cause
             raise _error(rc, msg)
+        return self._result(res)
+
+    def _send_patches(self, patches: list[Any], version: str | None,
+                      target: str) -> dict[str, Any]:
+        t = {"main": 1, "draft": 2}.get(target)
+        if t is None:
+            raise ValueError(f"target: 'main' or 'draft', got {target!r}")
+        arr, _keep = _c_patches(patches)
+        opts = _capi.SendOptions(version=version.encode() if version else None, target=t,
+                                 progress=_capi.PROGRESS(), progress_arg=None)
+        res = _capi.SendResult()
+        rc = _capi.trainer_send_patches(self._trainer, arr, len(patches), C.byref(opts),
+                                        C.byref(res))
+        if rc != 0:
+            raise _error(rc, _capi.trainer_last_error(self._trainer) or b"")
+        return self._result(res)
+
+    def _result(self, res: Any) -> dict[str, Any]:
         self.last_result = {
             "bytes": res.bytes, "params": res.params, "chunks": res.chunks,
             "seconds": res.seconds, "version": res.version.decode(),
@@ -205,7 +277,9 @@ class TrainerEngine:
             "direct": bool(res.direct), "control_bytes": res.control_bytes,
             "delta": bool(res.delta), "skipped_params": res.skipped_params,
             "skipped_bytes": res.skipped_bytes,
-            "full_reason": res.full_reason.decode() if res.full_reason else None}
+            "full_reason": res.full_reason.decode() if res.full_reason else None,
+            "patched_params": res.patched_params,
+            "patched_whole_bytes": res.patched_whole_bytes}
         return self.last_result
 
     def shutdown(self) -> None:

@@ -143,10 +143,11 @@ class WtxTrainerWeightTransferEngine(TrainerWeightTransferEngine[WtxTrainerInitI
                                                  source=source)
         return self
 
-    def send_weights(self, *, version: str | None = None) -> dict[str, Any]:
+    def send_weights(self, patches: Any = None, *, version: str | None = None) -> dict[str, Any]:
         """vLLM's call; answers wtx's result as TrainerEngine.send_weights
-        does (vLLM ignores it)."""
-        return self._inner.send_weights(version=version)
+        does (vLLM ignores it). ``patches``: vLLM's sparse_nccl shape (a list
+        of SparseWeightPatch), sent as a delta instead of the source."""
+        return self._inner.send_weights(patches, version=version)
 
     def shutdown(self) -> None:
         self._inner.shutdown()
