@@ -254,6 +254,48 @@ class PushTest(unittest.TestCase):
         engine.shutdown()
         client.close()
 
+    def test_patches_reach_a_served_module_whole_where_its_names_are_its_own(self):
+        import wtx
+        model = tiny_llama(6)
+        own = wtx.WorkerClient([self.hosts[0].addr])  # no load_weights: reads its tensors back
+        engine = wtx.TrainerEngine.trainer_init(
+            wtx.WtxTrainerInitInfo(transport="shm", rank=0, delta="patches"), client=own,
+            source=wtx.TorchModuleSource(model))
+        engine.send_weights(version="q1")
+        name, p = next(iter(model.named_parameters()))
+        with torch.no_grad():
+            p.view(-1)[3] = float("nan")  # one element, a NaN
+        r = engine.send_weights(version="q2")
+        self.assertEqual(1, r["patched_params"], r)
+        self.assertEqual(4 + p.element_size(), r["bytes"])
+        st = self.hosts[0].state()
+        self.assertEqual("q2", st["version"])
+        bits = lambda t: t.detach().contiguous().view(torch.uint8)  # NaN compared as bits
+        self.assertTrue(torch.equal(bits(st["params"][name]), bits(p)))
+        for other, q in list(model.named_parameters())[1:]:
+            self.assertTrue(torch.equal(bits(st["params"][other]), bits(q)), other)
+        engine.shutdown()
+        own.close()
+        # A host whose load_weights maps names takes whole tensors: the same
+        # engine settings then send the changed tensor whole.
+        both = wtx.WorkerClient([h.addr for h in self.hosts])
+        engine = wtx.TrainerEngine.trainer_init(
+            wtx.WtxTrainerInitInfo(transport="shm", rank=0, delta="patches"), client=both,
+            source=wtx.TorchModuleSource(model))
+        engine.send_weights(version="q3")
+        with torch.no_grad():
+            p.view(-1)[5] = 2.0
+        r = engine.send_weights(version="q4")
+        self.assertTrue(r["delta"])
+        self.assertEqual(0, r["patched_params"])
+        self.assertEqual(p.numel() * p.element_size(), r["bytes"])
+        for h in self.hosts:
+            st = h.state()
+            self.assertEqual("q4", st["version"])
+            self.assertTrue(torch.equal(bits(st["params"][name]), bits(p)))
+        engine.shutdown()
+        both.close()
+
     def test_pause_and_resume_reach_the_hosts_callbacks(self):
         import wtx
         with wtx.WorkerClient(self.hosts[0].addr) as c:

@@ -213,7 +213,11 @@ class _Host:
             else _capi.M_STAGE_DEVICE(),
             _capi.M_ADOPT_DEVICE(),  # staged (a device copy) even in a direct session
             _capi.M_CHECK_CHUNK(self._check_chunk), _capi.M_STAGE_CHUNK(self._stage_chunk),
-            _capi.M_LOADED_CHUNK(self._loaded_chunk))
+            _capi.M_LOADED_CHUNK(self._loaded_chunk), _capi.M_CHECK_RANGE(), _capi.M_REVERT(),
+            # A delta's patches need the served tensor by its checkpoint name:
+            # the module's own names, unless a load_weights maps them (vLLM's
+            # fused and sharded parameters), which cannot be read back.
+            _capi.M_READ() if self._loader() is not None else _capi.M_READ(self._read))
         self.pause_cb = _capi.ON_PAUSE(self._pause)
         self.resume_cb = _capi.ON_RESUME(self._resume)
 
@@ -271,6 +275,23 @@ class _Host:
             return 0
         except BaseException as e:  # noqa: BLE001 (a callback must not raise into C)
             _capi.write_err(err, errlen, f"check failed: {e}")
+            return _capi.EIO
+
+    def _read(self, _m, target, meta, dst, err, errlen) -> int:
+        """The served bytes of meta's tensor into dst (host memory of
+        meta.nbytes), for the C worker to apply a patch to."""
+        try:
+            with self.lock:
+                rc, why = self._refusal(meta.contents)
+                if rc != 0 or target != 1:
+                    _capi.write_err(err, errlen, why or "this host has no draft model")
+                    return rc or _capi.ESTATE
+                t = self._targets()[meta.contents.name.decode()]
+                src = t.detach().contiguous().cpu()
+                C.memmove(dst, src.data_ptr(), meta.contents.nbytes)
+            return 0
+        except BaseException as e:  # noqa: BLE001 (a callback must not raise into C)
+            _capi.write_err(err, errlen, f"read failed: {e}")
             return _capi.EIO
 
     def _begin(self, _m, target) -> int:
