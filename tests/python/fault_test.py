@@ -1,5 +1,6 @@
-"""Faults with real processes: a trainer killed during init, mid-chunk and
-before finish; a worker frozen with SIGSTOP; 1000 init/abort sessions with
+"""Faults with real processes: a trainer killed during init, mid-chunk,
+before finish and after a delta's patch was applied in staging; a delta
+push killed mid-transfer; a worker frozen with SIGSTOP; 1000 init/abort sessions with
 flat memory and descriptors; 64 inspectors during a 1 GB sync. After each,
 the published weights are bit-exact (every tensor's XXH3 as published
 before) and the next sync goes through.
@@ -46,7 +47,7 @@ def wait_for(pred, seconds=20):
 # A trainer as its own process, killed by the test at a chosen step: it
 # drives one session over shm and stops (SIGKILLs itself) where told.
 TRAINER = textwrap.dedent("""
-    import os, signal, sys
+    import os, signal, struct, sys
     import xxhash
     sys.path.insert(0, %(gen)r)
     import grpc
@@ -58,6 +59,25 @@ TRAINER = textwrap.dedent("""
     init = stub.InitWeightTransferEngine(wt.InitWeightTransferEngineRequest(
         init_info=wt.InitInfo(shm=transport_pb2.ShmInitInfo())))
     if stop_at == "init": die()
+    if stop_at == "patch-before-finish":  # a delta of v1: a patch, applied, never finished
+        start = stub.StartWeightUpdate(wt.StartWeightUpdateRequest(
+            session_id=init.session_id, base_version="v1"))
+        assert start.patches
+        name = "/wtx-fault-%%d" %% os.getpid()
+        fd = os.open("/dev/shm" + name, os.O_CREAT | os.O_RDWR, 0o600)
+        wire = struct.pack("<3i", 0, 7, 100) + os.urandom(6)  # 3 indices, 3 bf16 values
+        os.ftruncate(fd, len(wire))
+        os.pwrite(fd, wire, 0)
+        stub.UpdateWeights(wt.UpdateWeightsRequest(
+            session_id=init.session_id, update_id=start.update_id,
+            update_info=wt.UpdateInfo(
+                params=[types_pb2.ParamMeta(name="model.embed_tokens.weight",
+                                            dtype=types_pb2.DTYPE_BFLOAT16, shape=[1024, 256],
+                                            patch=types_pb2.Patch(
+                                                index_dtype=types_pb2.DTYPE_INT32, count=3))],
+                chunk_bytes=len(wire), xxh3_64=[xxhash.xxh3_64_intdigest(wire)],
+                shm=transport_pb2.ShmUpdateInfo(region=name))))
+        die()
     start = stub.StartWeightUpdate(wt.StartWeightUpdateRequest(session_id=init.session_id))
     name = "/wtx-fault-%%d" %% os.getpid()
     fd = os.open("/dev/shm" + name, os.O_CREAT | os.O_RDWR, 0o600)
@@ -118,6 +138,41 @@ class FaultTest(unittest.TestCase):
     def test_a_trainer_killed_before_finish(self):
         self.kill_trainer_at("before-finish")
         self.assert_v1_then_next_sync()
+
+    def test_a_trainer_killed_after_a_patch_was_applied_in_staging(self):
+        self.kill_trainer_at("patch-before-finish")
+        self.assert_v1_then_next_sync()
+
+    def test_a_delta_push_killed_mid_transfer_leaves_v1_and_the_next_delta_lands(self):
+        slow = ("--num-buffers", "1", "--timeout-ms", "20000")
+        w = Worker("--watchdog-ms", "1000", "--log-level", "warn")
+        addr, stub = f"127.0.0.1:{w.port}", wt_grpc.WeightTransferStub(w.channel)
+        out = push(addr, "d-1", "256M", *slow)
+        self.assertEqual(0, out.returncode, out.stderr)
+        before = published(stub)
+        # A delta where every tensor changed (another seed): all 256 MB move.
+        p = subprocess.Popen([CLI, "push", "--workers", addr, "--backend", "tcp",
+                              "--buffer-size", "1M", *slow, "--patches", "--seed", "1",
+                              "--version", "never", "synthetic:256M"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        updating = wait_for(lambda: p.poll() is not None or stub.GetWeightInfo(
+            wt.GetWeightInfoRequest()).state == wt.SESSION_STATE_UPDATING, 60)
+        self.assertTrue(updating and p.poll() is None, "the delta push ended before it was "
+                        "killed: %s" % (p.stderr.read() if p.poll() is not None else "timeout"))
+        p.kill()
+        p.wait()
+        p.stderr.close()
+        self.assertTrue(wait_for(lambda: stub.GetWeightInfo(
+            wt.GetWeightInfoRequest()).state != wt.SESSION_STATE_UPDATING), "never aborted")
+        self.assertEqual(before, published(stub))  # bit-exact
+        out = push(addr, "d-2", "256M", *slow, "--delta", "--seed", "1")
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertEqual("d-2", published(stub)[0])
+        # A new trainer learns what the worker serves: nothing left to send.
+        out = push(addr, "d-3", "256M", *slow, "--delta", "--seed", "1")
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertIn("pushed 0 params, 0 bytes", out.stdout)
+        self.assertEqual(0, w.stop())
 
     def test_a_wtx_push_killed_mid_transfer(self):
         # Its own, bigger model (slow enough to be caught mid-transfer): one
