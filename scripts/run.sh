@@ -3,11 +3,12 @@
 # trainer (`wtx push`) moving a synthetic GPT-style model (default 1 GB) to
 # all of them, first over the shm backend, then over the tcp chain, each time
 # checking every tensor's checksum on every worker against the trainer's.
-# Sets up a fresh Debian 12 machine first.
+# Sets up a fresh Debian 12 machine first, with only what the C build needs
+# (scripts/setup.sh --build; the tests' Python is test.sh's).
 # Usage: scripts/run.sh [SIZE] [WORKERS]   (e.g. 1G 3, 256M 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --build
 size=${1:-1G}
 n=${2:-3}
 bazel build -c opt //server:wtx-worker //client:wtx 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
