@@ -140,7 +140,7 @@ typedef struct wtx_memory_tensor {
 /* Tensors already in memory: names and shapes are copied (and validated:
  * dtype known, ndim <= WTX_MAX_DIMS, names unique); the data is borrowed and
  * must stay valid and unchanged while a pass runs. Device tensors need the
- * CUDA runtime (loaded at run time, transport/cuda.h): without it the
+ * CUDA runtime (loaded at run time, cuda/cuda.h): without it the
  * source is WTX_EUNAVAIL, saying why. err names the tensor. */
 int wtx_source_memory(const wtx_memory_tensor *tensors, size_t n,
                       wtx_source **out, char *err, size_t errlen);
