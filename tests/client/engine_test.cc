@@ -1602,6 +1602,7 @@ void DeltaTest::Sequence() {
   EXPECT_NE(nullptr, strstr(res.full_reason, "serves no version yet")) << res.full_reason;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const int8_t minus = -7;
+  const uint16_t half_nan = 0x7e01;  // an fp16 NaN with a payload
   // Each step: what it changes (tensor -> elements), applied before the sync.
   std::function<void()> steps[10] = {
       [] {},                                                   // nothing
@@ -1616,7 +1617,7 @@ void DeltaTest::Sequence() {
       [] {},                                                   // nothing again
       [&] { Poke(12, 0, &nan); Poke(10, 5, &minus); },          // NaN and int8 together
       [&] { for (size_t i = 0; i < kN; i++) data_[i][7] ^= 0x80; },  // every tensor
-      [&] { Poke(19, 1, &minus); },                            // the last one
+      [&] { Poke(19, 1, &half_nan); },                         // the last one, fp16 NaN
   };
   size_t patched_in_all = 0;
   for (int k = 0; k < 10; k++) {
