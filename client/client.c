@@ -223,7 +223,7 @@ int wtx_client_last_status(const wtx_client *c) { return c->err_status; }
  * way is asked for again (a repeated Finish answers the same), briefly,
  * since the undo follows a Finish that still fails. */
 #define FINISH_RETRIES 3
-/* And of the undo: its waits (3.1 s) outlast the channel's longest way
+/* And of the undo: its waits outlast the channel's longest way
  * back to a worker (WTX_RPC_RECONNECT_MAX_MS + WTX_RPC_CONNECT_TIMEOUT_MS),
  * so one back from a short partition or a restart is reached. */
 #define SETTLE_RETRIES 5

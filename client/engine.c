@@ -223,10 +223,7 @@ static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *e
 /* Tensors per chunk, at most. The protocol takes up to WTX_MAX_CHUNK_PARAMS
  * (a checkpoint of 100k tiny tensors fits one buffer, so without a cap its
  * one chunk would be refused), and smaller chunks let the worker check and
- * stage one while the trainer packs the next: a steady-state sync of 40k
- * tiny tensors in chunks of 8192 took 0.015 s against 0.018 s in one
- * chunk (medians of 20; bench/results/2026-11-30-c-kernels.md, fifth
- * round). */
+ * stage one while the trainer packs the next. */
 #define CHUNK_PARAMS 8192
 
 /* The source's table (metas, n) as the trainer's: the chunk plan, the same

@@ -2,8 +2,7 @@
  * pick the widest SIMD the CPU has at run time. Debian's libxxhash exports
  * them on x86-64 (xxh_x86dispatch.h renames XXH3_64bits* to them); the
  * plain symbols are built for the SSE2 baseline and hash large inputs at a
- * third of the AVX2/AVX-512 speed (9 vs 28 GB/s on the bench machine). The
- * digests are the same either way. Include this, never <xxhash.h>. */
+ * third of the AVX2/AVX-512 speed. The digests are the same either way. Include this, never <xxhash.h>. */
 #ifndef WTX_COMMON_HASH_H
 #define WTX_COMMON_HASH_H
 

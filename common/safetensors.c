@@ -44,7 +44,7 @@ static int by_offset(const void *a, const void *b) {
 }
 
 /* The header is read in one pass of yajl's event parser into the tensor
- * table: no JSON tree (a tree of 40k entries costs 20x the parse). Each
+ * table: no JSON tree (building one costs many times the parse). Each
  * value's expected kind follows from where it is. */
 enum slot { S_TOP, S_ENTRY, S_META, S_DTYPE, S_SHAPE, S_OFFSETS, S_DIM, S_OFFSET,
             S_META_VALUE, S_SKIP };
@@ -339,11 +339,8 @@ static int parse(wtx_st_file *f, const char *path, char *err, size_t errlen) {
   /* Names are checked once the header is read, in a table sized for
    * exactly the tensors found, borrowing their names from f->strings. A
    * table filled while parsing could only be sized from the header's
-   * length (twice the buckets 40k tiny tensors need) and copied every
-   * name, and was a sixth of `wtx push`'s CPU for bench/tiny_model.py's
-   * 40k tensors; with client/source.c no longer sorting the names again,
-   * that push took 78 ms instead of 95 (medians of 15, bench/ab.sh
-   * --tiny 40000 --wall --rounds 15; bench/results/2026-12-03-c-kernels.md). */
+   * length (twice the buckets a header of tiny tensors needs) and would
+   * copy every name. */
   const char *dup = rc == 0 ? wtx__strmap_first_duplicate(f->tensors, f->n,
                                                             sizeof *f->tensors, &rc)
                             : NULL;

@@ -212,18 +212,11 @@ int wtx__rx_whole_sums(const wtx_rx *rx) { return rx->verify && !(rx->span && rx
 
 /* Fresh staging (a worker's first syncs allocate it as they go) takes a
  * page fault per page where a copy first writes it. Asking the kernel to
- * populate a megabyte's pages at once does the same work for less: 1 GB
- * copied into fresh memory in 256 KiB pieces took 0.72-0.78 s faulted
- * page by page, 0.44-0.51 s populated a MiB ahead (bench/memcpy_baseline
- * 1073741824 populate, three runs). The first 1 GB sync into a fresh
- * worker, median of five (bench/ab.sh d8b255e --first --rounds 5
- * [--backend tcp]): 0.918 -> 0.720 s over shm, 0.831 -> 0.671 s over
- * tcp; and over shm 0.745 -> 0.663 s more with the look-ahead going on
- * into the chunk that continues a tensor (bench/ab.sh 00fb665 --first
- * --rounds 5). Pages already there would cost the walk (0.061-0.081 s per
- * GB in 256 KiB pieces, memcpy_baseline's populate_present_s), so each
- * tensor's staging is looked at once, by one page: mincore, then only
- * when fresh. */
+ * populate a megabyte's pages at once does the same work for less
+ * (bench/memcpy_baseline's populate figures), also ahead into the chunk
+ * that continues a tensor. Pages already there would cost the walk, so
+ * each tensor's staging is looked at once, by one page: mincore, then
+ * only when fresh. */
 #define POPULATE_MIN ((uint64_t)1 << 20) /* smaller tensors fault as they go */
 #define POPULATE_AHEAD ((uint64_t)1 << 20)
 
@@ -346,10 +339,7 @@ int wtx_rx_commit_device(wtx_rx *rx, size_t len, const uint8_t *host) {
 /* Pieces (and whole tensors) from this size on are copied with
  * non-temporal stores, hashed in the same pass (wtx__copy_hash): the
  * staging is not read again soon. Smaller ones go through memcpy and are
- * hashed from their destination, in cache. (Streaming stores: 1 GB into a
- * model's staging over shm, one worker, steady state, bench/ab.sh 48d530c
- * f84e396 --rounds 12: median 0.234 s with memcpy, 0.210 s streamed; best
- * 0.214 and 0.168 s.) */
+ * hashed from their destination, in cache. */
 #define STREAM_MIN ((size_t)64 << 10)
 
 /* Copies the whole tensors under STREAM_MIN at the front of data (len

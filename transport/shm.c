@@ -109,9 +109,8 @@ static int open_region(shm_worker *w, const char *region, wtx_rx *rx) {
 
 /* Maps the open region's first len bytes (its size now), replacing a
  * shorter mapping. Not populated here: a region may be far larger than
- * what is sent through it (populating it all cost 0.1 s per new trainer for
- * a 256 MiB region carrying 640 KB); each chunk's range is, before its
- * copy. */
+ * what is sent through it, and populating it all would cost every new
+ * trainer the whole region; each chunk's range is, before its copy. */
 static int map_region(shm_worker *w, size_t len, wtx_rx *rx) {
   if (w->map != NULL && w->map_len >= len) return 0;
   if (w->map != NULL) munmap((void *)w->map, w->map_len);
@@ -321,9 +320,7 @@ const wtx_trainer_transport wtx_shm_trainer_transport = {
     .default_checksum = WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64,
     /* Smaller pieces in flight than the protocol's 64 MiB x 2: what the
      * trainer packs is still in cache when the worker copies it out. But
-     * each chunk costs a call to every worker, so chunks grow with them:
-     * 4 MiB chunks were faster to one worker and slower to three than 16
-     * MiB (bench/results/2026-11-30-c-kernels.md, "what changed"). */
+     * each chunk costs a call to every worker, so chunks grow with them. */
     .default_buffer_per_worker = UINT64_C(4) << 20,
     .default_num_buffers = 4,
     .create = shm_trainer_create,

@@ -50,27 +50,20 @@
 #include "transport/transport.h"
 
 /* Bytes the last worker receives at a time, into its piece buffer, from
- * which the assembler copies them out while they are in L2 (1 MiB pieces,
- * hashed from further out: a 1 GB sync 0.52 s -> 0.41 s with 128 KiB,
- * bench machine). A receive straight into model memory instead made the
- * kernel's copy write lines it first read from DRAM; through the buffer
- * they go out with non-temporal stores (wtx_rx_bytes), and the workers'
- * CPU per sync fell by a fifth with one worker and a tenth in a chain of
- * three (bench/results/2026-12-02-c-kernels.md). Tiny tensors come the
- * same way, many in one recv. The buffer starts on a page: the kernel
- * copies with rep movsb, which on AMD Zen 3 runs at a fifteenth of its
- * speed where the destination lies 1-31 bytes past the source modulo 4
- * KiB, and malloc's buffers, 16 bytes into a page, made a chain of three
- * take 1.6-2.0 s a sync instead of 1.0 (same report). */
+ * which the assembler copies them out while they are in L2 (larger pieces
+ * are hashed from further out). A receive straight into model memory would
+ * make the kernel's copy write lines it first reads from DRAM; through the
+ * buffer they go out with non-temporal stores (wtx_rx_bytes). Tiny tensors
+ * come the same way, many in one recv. The buffer starts on a page: the
+ * kernel copies with rep movsb, which on AMD Zen 3 slows down badly where
+ * the destination lies 1-31 bytes past the source modulo 4 KiB, as
+ * malloc's buffers, 16 bytes into a page, would. */
 #define PIECE (128u << 10)
 /* Bytes the trainer sends at a time, each piece hashed right after its
- * sendmsg, from L2 (1 MiB on the smaller of the bench machines), and a
- * relay receives and forwards at a time. Fewer calls per byte than PIECE:
- * each sendmsg also runs loopback's receive path and the wake-up of the
- * reader, and 128 KiB pieces cost the trainer a sixth of a sync to one
- * worker and the chain's workers a tenth of their CPU
- * (bench/results/2026-12-01-c-kernels.md, round fifteen). The last worker
- * keeps PIECE: larger receives did not help it. */
+ * sendmsg while it is in L2, and a relay receives and forwards at a time.
+ * Fewer calls per byte than PIECE: each sendmsg also runs loopback's
+ * receive path and the wake-up of the reader. The last worker keeps PIECE:
+ * larger receives do not help it. */
 #define SEND_PIECE (512u << 10)
 
 /* ---- sockets with deadlines ---- */
@@ -114,8 +107,7 @@ static const char *wait_why(int rc, const char *timeout) {
 /* Before a wait, asks the kernel to wake the reader only once want bytes
  * (at most LOWAT_MAX) are in, instead of at every segment: on loopback the
  * sender's own system call runs the receive path and wakes the reader, a
- * cross-core interrupt each time, 9 % of a trainer's samples in a 1 GB
- * sync (perf; bench/results/2026-12-01-epyc.md). The kernel still wakes it
+ * cross-core interrupt each time. The kernel still wakes it
  * for a FIN, an error, or a receive buffer under pressure, and caps want
  * at half that buffer; a failed setsockopt only loses the saving. */
 static void wake_after(int fd, uint64_t want) {
@@ -891,8 +883,8 @@ static int receive_bytes(tcp_worker *w, inlet *in, wtx_rx *rx, const waitspec *t
     size_t k = remaining - got < w->piece ? (size_t)(remaining - got) : w->piece;
     uint8_t *dst = w->bounce;
     /* The rest of the chunk, which a relay does not wait for: it passes
-     * each piece on as it comes (waiting for a MiB made a chain of three
-     * slower, bench/results/2026-12-01-epyc.md). */
+     * each piece on as it comes, so the chain's next worker is not held
+     * back by this one's wake-ups. */
     uint64_t after = w->down < 0 ? remaining - got - k : 0;
     int rc = read_more(in->fd, dst, k, after, to, &why);
     if (rc != 0)
@@ -1057,10 +1049,8 @@ static int send_then_hash(const outlet *o, const struct iovec *win, size_t m, ha
 }
 
 /* Sends the n pieces of iov, SEND_PIECE bytes at a time, each hashed right
- * after it goes, while it is in cache. (Hashing first read each piece
- * from memory in the hash instead: 1 GB over tcp to one worker, from one
- * trainer, 0.21-0.23 s of the trainer's CPU per sync without checksums,
- * 0.31-0.33 s with them.) */
+ * after it goes, while it is in cache (hashing first would read each piece
+ * from memory in the hash, and again in the send). */
 static int write_hashing(const outlet *o, const struct iovec *iov, size_t n, hasher *hs,
                          const waitspec *ws, const char **why) {
   struct iovec win[64];

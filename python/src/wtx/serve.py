@@ -256,8 +256,7 @@ class _Host:
 
     # The C worker calls the *_chunk ops once per chunk (one UpdateWeights)
     # in place of the per-tensor ones, three per tensor, each a call from
-    # its threads into Python (bench/python_push.sh --tiny: 40k tiny
-    # tensors into this host took 1.7-1.9 s a sync that way).
+    # its threads into Python.
     def _check_chunk(self, _m, target, metas, n, bad, err, errlen) -> int:
         try:
             if target != 1:
@@ -344,9 +343,8 @@ class _Host:
         tensor of indices), appended to chunk.own in order: their
         addresses into addrs, their places in own into offset. Their rows
         are read as one list and the results written back as two tensors:
-        an element read or written one at a time costs microseconds (10k
-        tensors of 80 KB into a walking host: 0.38-0.60 s a sync this way
-        per element, most of it here)."""
+        an element read or written one at a time costs microseconds, which
+        thousands of tensors a sync turn into most of the sync."""
         torch = self.torch
         first = len(chunk.own)
         ptrs = []

@@ -76,7 +76,7 @@ class TorchModuleSource:
     def iter_full(self) -> Iterator[tuple[str, Any]]:
         # Without a DTensor when metadata was taken (which a pass must match
         # anyway), a pass is named_parameters() itself, with no step of ours
-        # per tensor (40k tensors: 8 ms a pass).
+        # per tensor.
         if self._taken[1]:
             yield from self._module.named_parameters()
             return
