@@ -2,6 +2,7 @@
  * (see wtx/client.h). Chunks come from wtx_chunks_plan, the same cut the
  * workers expect; packing chunk c+1 overlaps the transfer of chunk c when
  * the session has two buffers or more. */
+#include <grpc/status.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -791,7 +792,7 @@ static int sync_chunk(sync_state *s, size_t k) {
  * channel may not have seen the disconnect yet). */
 static int session_lost(const wtx_client *c) {
   int code = wtx_client_last_status(c);
-  return code == 5 /* NOT_FOUND */ || code == 14 /* UNAVAILABLE */;
+  return code == GRPC_STATUS_NOT_FOUND || code == GRPC_STATUS_UNAVAILABLE;
 }
 
 /* ---- delta syncs (client/delta.h) ---- */
@@ -897,7 +898,8 @@ static int delta_begin(sync_state *s, int *lost) {
   int rc = s->hashed ? 0 : delta_hashes(t, &iter);
   s->hashed = rc == 0;
   int src = wtx__client_start_end(t->client);
-  if (src != 0 && s->delta && wtx_client_last_status(t->client) == 9 /* FAILED_PRECONDITION */)
+  if (src != 0 && s->delta &&
+      wtx_client_last_status(t->client) == GRPC_STATUS_FAILED_PRECONDITION)
     src = delta_refused(s);
   if (iter != NULL && (rc = delta_patches(s, iter)) != 0 && src == 0) return rc;
   if (src != 0) {
@@ -959,7 +961,7 @@ static int caller_begin(sync_state *s, int *lost) {
   int src = wtx__client_start_end(t->client);
   if (src != 0) {
     *lost = session_lost(t->client);
-    int stale = wtx_client_last_status(t->client) == 9; /* FAILED_PRECONDITION */
+    int stale = wtx_client_last_status(t->client) == GRPC_STATUS_FAILED_PRECONDITION;
     return fail(t, stale ? WTX_ESTATE : src, "%s", wtx_client_last_error(t->client));
   }
   if (rc == 0 && !wtx__client_patches(t->client))

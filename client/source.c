@@ -121,9 +121,9 @@ int wtx__source_next(wtx_source *s, void *iter, int host_copy, wtx_tensor_meta *
   *out = (wtx__tensor_data){0};
   int r = s->ops->next_batch != NULL ? batch_next(s, iter, meta, &out->host)
                                      : s->ops->next(s->self, iter, meta, &out->host);
-  if (r != 3) {
-    out->stays = r == 2;
-    return r == 2 ? 1 : r;
+  if (r != WTX_NEXT_DEVICE) {
+    out->stays = r == WTX_NEXT_STAYS;
+    return r == WTX_NEXT_STAYS ? WTX_NEXT_TENSOR : r;
   }
   out->device = out->host; /* device memory that stays put */
   out->host = NULL;
@@ -208,7 +208,8 @@ static int table_next(void *self, void *iter, wtx_tensor_meta *meta,
   size_t i = (*pos)++;
   *meta = t->local != NULL ? t->local[i] : t->metas[i];
   *data = t->data[i];
-  return t->device != NULL && t->device[i] && t->metas[i].nbytes > 0 ? 3 : 2;
+  return t->device != NULL && t->device[i] && t->metas[i].nbytes > 0 ? WTX_NEXT_DEVICE
+                                                                      : WTX_NEXT_STAYS;
 }
 
 static void table_destroy(void *self) {

@@ -12,6 +12,7 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "common/patch.h"
+#include "common/random.h"
 #include "common/text.h"
 #include "server/session.h"
 
@@ -25,15 +26,15 @@ static int update_open(const wtx_session *s) {
          s->state == WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED;
 }
 
+/* A new session's id: random where the kernel gives bytes; else unique
+ * in time and process, which still tells one session from the next. */
 static void new_session_id(char out[33]) {
   uint8_t r[16];
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || read(fd, r, sizeof r) != (ssize_t)sizeof r) {
+  if (wtx__random_bytes(r, sizeof r) != 0) {
     uint64_t t = (uint64_t)wtx_clock_ms() ^ (uint64_t)getpid() << 32;
     memcpy(r, &t, 8);
     memcpy(r + 8, &t, 8);
   }
-  if (fd >= 0) close(fd);
   for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", r[i]);
 }
 

@@ -42,6 +42,7 @@
 
 #include "common/clock.h"
 #include "common/hash.h"
+#include "common/random.h"
 #include "common/text.h"
 #include "transport/ipc_region.h"
 #include "transport/ring.h"
@@ -312,13 +313,14 @@ static int send_hello(int fd, const uint8_t *token, size_t len, const waitspec *
 #define HELLO_MS 2000
 
 /* Accepts connections on lfd until one presents the session's token (by
- * the deadline); peers without it, or silent ones, are dropped. */
+ * the deadline); peers without it, or silent ones, are dropped. err says
+ * why not, for the caller to say whose connection it waited for. */
 static int accept_peer(int lfd, const uint8_t *token, size_t len, const waitspec *ws,
                        int *fd_out, char *err, size_t errlen) {
   for (;;) {
     int rc = wait_fd(lfd, POLLIN, ws);
     if (rc != 0) {
-      snprintf(err, errlen, "tcp: %s", rc == WTX_ECANCELED ? "cancelled while waiting "
+      snprintf(err, errlen, "%s", rc == WTX_ECANCELED ? "cancelled while waiting "
                "for the downstream connection" : "no downstream connection with this "
                "session's token within the timeout");
       return rc;
@@ -326,7 +328,7 @@ static int accept_peer(int lfd, const uint8_t *token, size_t len, const waitspec
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
-      snprintf(err, errlen, "tcp: accept: %s", strerror(errno));
+      snprintf(err, errlen, "accept: %s", strerror(errno));
       return WTX_EIO;
     }
     uint8_t h[WTX__TCP_HELLO_BYTES];
@@ -342,7 +344,7 @@ static int accept_peer(int lfd, const uint8_t *token, size_t len, const waitspec
     }
     close(fd); /* not our peer, or silent: drop it and keep waiting */
     if (rc == WTX_ECANCELED) {
-      snprintf(err, errlen, "tcp: cancelled while waiting for the downstream connection");
+      snprintf(err, errlen, "cancelled while waiting for the downstream connection");
       return rc;
     }
   }
@@ -858,7 +860,7 @@ static int receive_header(tcp_worker *w, inlet *in, const Wtx__V1__UpdateInfo *i
   if (w->lfd >= 0 && w->down < 0) {
     char err[300];
     rc = accept_peer(w->lfd, w->token, w->token_len, to, &w->down, err, sizeof err);
-    if (rc != 0) return worker_fail(w, rx, rc, "relay: %s", err + 5);
+    if (rc != 0) return worker_fail(w, rx, rc, "relay: %s", err);
   }
   if (w->down >= 0 && (rc = write_full(w->down, f, sizeof f, to, &why)) != 0)
     return worker_fail(w, rx, rc, "relay chunk %llu downstream: %s",
@@ -1216,11 +1218,8 @@ static int tcp_trainer_create(const wtx_trainer_args *args, void **self,
     return WTX_ENOMEM;
   }
   /* A fresh secret per session: only our workers may join the chain. */
-  int ufd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  ssize_t got = ufd >= 0 ? read(ufd, t->token, sizeof t->token) : -1;
-  if (ufd >= 0) close(ufd);
-  if (got != (ssize_t)sizeof t->token) {
-    snprintf(err, errlen, "tcp: cannot read /dev/urandom for the data token");
+  if (wtx__random_bytes(t->token, sizeof t->token) != 0) {
+    snprintf(err, errlen, "tcp: the kernel gave no random bytes for the data token");
     tcp_trainer_destroy(t);
     return WTX_EIO;
   }
@@ -1261,8 +1260,10 @@ static int tcp_trainer_connect(void *self, const char *const *addresses,
   (void)addresses;
   tcp_trainer *t = self;
   waitspec ws = within(t->wire.timeout_ms, -1);
-  return accept_peer(t->lfd, t->token, sizeof t->token, &ws,
-                     &t->fd, err, errlen);
+  char why[300] = "";
+  int rc = accept_peer(t->lfd, t->token, sizeof t->token, &ws, &t->fd, why, sizeof why);
+  if (rc != 0) snprintf(err, errlen, "tcp: %s", why);
+  return rc;
 }
 
 static uint8_t *tcp_trainer_buffer(void *self, uint32_t k) {

@@ -23,7 +23,7 @@
 #include "wtx/error.h"
 #include "wtx/limits.h"
 #include "wtx/source.h"
-#include "wtx/worker.h"
+#include "wtx/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

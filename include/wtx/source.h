@@ -52,6 +52,14 @@ typedef struct wtx_ownership {
 } wtx_ownership;
 
 /* A source implementation. self is the implementation's state. */
+/* What a source's next says of the tensor it yields (besides 0: the end,
+ * and a negative WTX_E* code); the values are part of the ABI. */
+enum {
+  WTX_NEXT_TENSOR = 1, /* host memory, valid until the next call */
+  WTX_NEXT_STAYS = 2,  /* host memory, valid and unchanged until close */
+  WTX_NEXT_DEVICE = 3, /* CUDA device memory, as WTX_NEXT_STAYS */
+};
+
 typedef struct wtx_source_ops {
   const char *name; /* "memory", "safetensors", "synthetic", ... */
   /* Every parameter, in iteration order; *metas is owned by self and stays
@@ -63,14 +71,15 @@ typedef struct wtx_source_ops {
   int (*metadata)(void *self, const wtx_tensor_meta **metas, size_t *n);
   /* Starts a fresh pass; *iter is the pass's state. */
   int (*open)(void *self, void **iter);
-  /* The next tensor: 1 with *meta and *data (host memory of meta->nbytes,
-   * valid until the next call of next or close), 0 at the end, or a
-   * negative WTX_E* code. 2: as 1, and *data stays valid and unchanged
-   * until close (the tensor's own memory, not a copy the next call
-   * reuses): a backend may then send it from there without copying it
-   * first (tcp). 3: as 2, but *data is CUDA device memory (any device of
-   * the process; its producing work finished): the GPU backends copy it
-   * device to device, the others through a host copy the engine makes. */
+  /* The next tensor: WTX_NEXT_TENSOR with *meta and *data (host memory of
+   * meta->nbytes, valid until the next call of next or close), 0 at the
+   * end, or a negative WTX_E* code. WTX_NEXT_STAYS: as WTX_NEXT_TENSOR,
+   * and *data stays valid and unchanged until close (the tensor's own
+   * memory, not a copy the next call reuses): a backend may then send it
+   * from there without copying it first (tcp). WTX_NEXT_DEVICE: as
+   * WTX_NEXT_STAYS, but *data is CUDA device memory (any device of the
+   * process; its producing work finished): the GPU backends copy it device
+   * to device, the others through a host copy the engine makes. */
   int (*next)(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data);
   void (*close)(void *self, void *iter);
   void (*destroy)(void *self);

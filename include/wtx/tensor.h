@@ -47,6 +47,14 @@ typedef struct wtx_tensor_meta {
   uint64_t nbytes; /* element size x product(shape) */
 } wtx_tensor_meta;
 
+/* Which model of the worker an update writes to. The values are those of
+ * wtx.v1.UpdateTarget, the same everywhere: on the wire, in the trainer
+ * library, in the store and in wtx_model_ops. */
+typedef enum wtx_target {
+  WTX_TARGET_MAIN = 1,
+  WTX_TARGET_DRAFT = 2,
+} wtx_target;
+
 /* Element size in bytes; 0 for an unknown dtype. */
 size_t wtx_dtype_size(int dtype);
 /* "FLOAT32", ... (static); "UNSPECIFIED" for unknown values. */

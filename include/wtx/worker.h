@@ -30,13 +30,6 @@ extern "C" {
 
 /* ---- the model the worker loads into ---- */
 
-/* Which model of the worker an update writes to. The values are those of
- * wtx.v1.UpdateTarget, the same everywhere: on the wire, in the trainer
- * library, in the store and in wtx_model_ops. */
-typedef enum wtx_target {
-  WTX_TARGET_MAIN = 1,
-  WTX_TARGET_DRAFT = 2,
-} wtx_target;
 
 /* A model sink, like vLLM's model.load_weights. All calls come from one
  * update at a time, one call at a time (never concurrently), so a model
