@@ -2,6 +2,7 @@
 #include "cuda/cuda.h"
 
 #include <dlfcn.h>
+#include <stddef.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -35,11 +36,55 @@ static void *open_first(const char *env, const char *const *names, char *tried,
   return NULL;
 }
 
-#define SYM(h, field, name)                               \
-  do {                                                    \
-    *(void **)&api.field = dlsym(h, name);                \
-    if (api.field == NULL) missing = name;                \
-  } while (0)
+/* The entry points of each library, by the field of api they fill. */
+typedef struct sym {
+  size_t off; /* of the field in wtx_cuda */
+  const char *name;
+} sym;
+#define SYM(field, name) {offsetof(wtx_cuda, field), name}
+static const sym rt_syms[] = {
+    SYM(SetDevice, "cudaSetDevice"),
+    SYM(GetDevice, "cudaGetDevice"),
+    SYM(GetDeviceProperties, "cudaGetDeviceProperties"),
+    SYM(Malloc, "cudaMalloc"),
+    SYM(Free, "cudaFree"),
+    SYM(MallocHost, "cudaMallocHost"),
+    SYM(FreeHost, "cudaFreeHost"),
+    SYM(Memcpy, "cudaMemcpy"),
+    SYM(MemcpyAsync, "cudaMemcpyAsync"),
+    SYM(StreamCreate, "cudaStreamCreate"),
+    SYM(StreamDestroy, "cudaStreamDestroy"),
+    SYM(StreamQuery, "cudaStreamQuery"),
+    SYM(StreamSynchronize, "cudaStreamSynchronize"),
+    SYM(IpcGetMemHandle, "cudaIpcGetMemHandle"),
+    SYM(IpcOpenMemHandle, "cudaIpcOpenMemHandle"),
+    SYM(IpcCloseMemHandle, "cudaIpcCloseMemHandle"),
+    SYM(GetErrorString, "cudaGetErrorString"),
+};
+static const sym nccl_syms[] = {
+    SYM(GetUniqueId, "ncclGetUniqueId"),
+    SYM(CommInitRankConfig, "ncclCommInitRankConfig"),
+    SYM(Broadcast, "ncclBroadcast"),
+    SYM(Send, "ncclSend"),
+    SYM(Recv, "ncclRecv"),
+    SYM(CommGetAsyncError, "ncclCommGetAsyncError"),
+    SYM(CommAbort, "ncclCommAbort"),
+    SYM(CommDestroy, "ncclCommDestroy"),
+    SYM(NcclErrorString, "ncclGetErrorString"),
+    SYM(NcclLastError, "ncclGetLastError"),
+};
+#undef SYM
+
+/* Fills api's fields that the n entries of t name from library h: NULL, or
+ * the first name h lacks. Caller holds mu. */
+static const char *load_syms(void *h, const sym *t, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    void *p = dlsym(h, t[i].name);
+    if (p == NULL) return t[i].name;
+    memcpy((char *)&api + t[i].off, &p, sizeof p); /* POSIX: data and code pointers alike */
+  }
+  return NULL;
+}
 
 int wtx__cuda_load(int with_nccl, const wtx_cuda **out, char *err, size_t errlen) {
   pthread_mutex_lock(&mu);
@@ -54,23 +99,7 @@ int wtx__cuda_load(int with_nccl, const wtx_cuda **out, char *err, size_t errlen
       snprintf(load_err, sizeof load_err, "CUDA runtime not found (tried %s); "
                "install CUDA or set WTX_CUDART_LIB", tried);
     } else {
-      SYM(h, SetDevice, "cudaSetDevice");
-      SYM(h, GetDevice, "cudaGetDevice");
-      SYM(h, GetDeviceProperties, "cudaGetDeviceProperties");
-      SYM(h, Malloc, "cudaMalloc");
-      SYM(h, Free, "cudaFree");
-      SYM(h, MallocHost, "cudaMallocHost");
-      SYM(h, FreeHost, "cudaFreeHost");
-      SYM(h, Memcpy, "cudaMemcpy");
-      SYM(h, MemcpyAsync, "cudaMemcpyAsync");
-      SYM(h, StreamCreate, "cudaStreamCreate");
-      SYM(h, StreamDestroy, "cudaStreamDestroy");
-      SYM(h, StreamQuery, "cudaStreamQuery");
-      SYM(h, StreamSynchronize, "cudaStreamSynchronize");
-      SYM(h, IpcGetMemHandle, "cudaIpcGetMemHandle");
-      SYM(h, IpcOpenMemHandle, "cudaIpcOpenMemHandle");
-      SYM(h, IpcCloseMemHandle, "cudaIpcCloseMemHandle");
-      SYM(h, GetErrorString, "cudaGetErrorString");
+      missing = load_syms(h, rt_syms, sizeof rt_syms / sizeof *rt_syms);
       if (missing != NULL)
         snprintf(load_err, sizeof load_err, "CUDA runtime lacks %s", missing);
       else
@@ -88,16 +117,7 @@ int wtx__cuda_load(int with_nccl, const wtx_cuda **out, char *err, size_t errlen
                "WTX_NCCL_LIB", tried);
       rc = WTX_EUNAVAIL;
     } else {
-      SYM(h, GetUniqueId, "ncclGetUniqueId");
-      SYM(h, CommInitRankConfig, "ncclCommInitRankConfig");
-      SYM(h, Broadcast, "ncclBroadcast");
-      SYM(h, Send, "ncclSend");
-      SYM(h, Recv, "ncclRecv");
-      SYM(h, CommGetAsyncError, "ncclCommGetAsyncError");
-      SYM(h, CommAbort, "ncclCommAbort");
-      SYM(h, CommDestroy, "ncclCommDestroy");
-      SYM(h, NcclErrorString, "ncclGetErrorString");
-      SYM(h, NcclLastError, "ncclGetLastError");
+      missing = load_syms(h, nccl_syms, sizeof nccl_syms / sizeof *nccl_syms);
       if (missing != NULL) {
         snprintf(err, errlen, "NCCL lacks %s", missing);
         rc = WTX_EUNAVAIL;
