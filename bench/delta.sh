@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 size=${1:-1G}
 . bench/common.sh
 bazel build -c opt //bench:delta_bench 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
-ratio() { echo "$1 / $2" | bc -l | xargs printf "%.3f"; }
+ratio() { echo "$1 / $2" | bc -l | xargs printf "%.3f"; }  # finer than run.sh's
 # field KIND N FILE [patches]: field N of KIND's line, before "# patches"
 # or (patches) after it.
 field() {
@@ -31,9 +31,18 @@ for backend in shm tcp; do
         "$(ratio "$(field "$k" 3 "$out" $p)" "$full_b")" "$(field "$k" 4 "$out" $p)"
     done
   done
+  full="a full sync of the model, $backend"
+  goal "delta, $size, $backend, 5 % of tensors changed: time" \
+    "$(ratio "$(field tensors5 2 "$out")" "$full_s")" "$full" le 0.10
+  goal "delta, $size, $backend, 1 % of elements changed: time (patches)" \
+    "$(ratio "$(field elements1 2 "$out" patches)" "$full_s")" "$full" le 0.10
+  goal "delta, $size, $backend, 1 % of elements changed: bytes (patches)" \
+    "$(ratio "$(field elements1 3 "$out" patches)" "$full_b")" "$full" le 0.03
 done
 start_worker 0 d1
 out="$tmp/delta-tiny"
 "$bin/bench/delta_bench" "$addr" 640K 40000 shm >"$out"
 printf "shm  40k tiny, nothing changed: %s s (goal < 0.005 s); full sync %s s\n" \
   "$(field none 2 "$out")" "$(field full 2 "$out")"
+goal "delta, 40k tiny tensors, nothing changed: seconds" "$(field none 2 "$out")" \
+  "none: an absolute bound" le 0.005

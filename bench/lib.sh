@@ -22,3 +22,17 @@ tp_rules() {
 model.embed_tokens.weight dim 0
 RULES
 }
+
+# goal NAME FIGURE BASELINE CMP WANT: records one goal of the run for the
+# summary bench/run.sh prints first (and --json writes): FIGURE (a ratio to
+# BASELINE, measured in the same run) must be CMP ("ge" or "le") WANT.
+# Appends a tab-separated line to $WTX_BENCH_GOALS when that is set (run.sh
+# sets it for the scripts it calls); a script run alone records nothing.
+goal() {
+  [ -n "${WTX_BENCH_GOALS:-}" ] || return 0
+  local met
+  met=$(awk -v f="$2" -v w="$5" -v c="$4" \
+    'BEGIN {if (f == "" || f == "n/a") print "n/a"; else print (c == "ge" ? f + 0 >= w + 0 : f + 0 <= w + 0) ? "met" : "not met"}')
+  printf "%s\t%s\t%s\t%s %s\t%s\n" "$1" "$2" "$3" "$([ "$4" = ge ] && echo ">=" || echo "<=")" \
+    "$5" "$met" >>"$WTX_BENCH_GOALS"
+}

@@ -10,8 +10,8 @@
 #   shm            steady-state sync (third) to 1 and 3 workers vs memcpy
 #                  (warm and into fresh memory, bench/memcpy_baseline); and,
 #                  checksums off, vs two copies pipelined through a ring in
-#                  one process (bench/pipeline_baseline), the ceiling of a
-#                  design that copies twice; and two ceilings of one copy:
+#                  one process (bench/pipeline_baseline), a design that
+#                  copies twice; and two designs that copy once:
 #                  the worker adopting sealed pages (bench/adopt_baseline),
 #                  and the worker copying from the trainer's tensors in
 #                  shared memory (bench/onecopy_baseline)
@@ -26,7 +26,7 @@
 #                  plain (bench/memcpy_baseline)
 #   CPU            shm and tcp, 1 and 3 workers: CPU seconds per sync on each
 #                  side, the shortest sync the machine's cores allow for
-#                  them, and the ceilings that puts on the goals' ratios
+#                  them, and the bounds that puts on the goals' ratios
 #   memory         peak RSS of a worker and of the trainer vs the model
 #   scaling        shm, 1 worker, time per size
 #   tensor-parallel two workers of ranks 0 and 1 of 2 vs two whole ones
@@ -39,11 +39,22 @@
 #                  (bench/many.sh: bytes per trainer link, sync time); and on
 #                  a simulated cluster of rate-limited namespaces, 4 ranks to
 #                  4 TP workers (bench/cluster.sh; root only, else skipped)
-# Usage: bench/run.sh [--quick]   (--quick: 256M and small N, under a minute)
+# The output opens with a summary: each goal, its figure this run, the
+# baseline it divides by, and whether it is met; the detail follows.
+# Usage: bench/run.sh [--quick] [--json FILE]   (--quick: 256M and small N,
+# under a minute; --json: the summary also as JSON, to compare and plot runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
-[ "${1:-}" = "--quick" ] && quick=1
+json_out=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=1 ;;
+    --json) json_out=$(realpath -m "$2"); shift ;;
+    *) echo "usage: bench/run.sh [--quick] [--json FILE]" >&2; exit 2 ;;
+  esac
+  shift
+done
 if [ $quick = 1 ]; then size=256M; counts="1000 10000"; sizes="64M 256M"
 else size=1G; counts="1000 10000 40000 65000 100000"; sizes="64M 256M 1G 4G"; fi
 . bench/common.sh
@@ -51,6 +62,11 @@ bazel build -c opt //bench:socket_baseline //bench:pipeline_baseline //bench:ado
   //bench:onecopy_baseline 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
 py=.venv/bin/python
 ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
+# The goals go to a summary printed before the detail, which is kept aside
+# until the end (stdout: fd 3 meanwhile).
+export WTX_BENCH_GOALS="$tmp/goals.tsv"
+: >"$WTX_BENCH_GOALS"
+exec 3>&1 >"$tmp/detail.txt"
 
 echo "# wtx benchmark  $(date -u +%F)  $(nproc) cores  $(free -g | awk '/Mem:/ {print $2}') GiB  quick=$quick"
 echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s, warm in 256 KiB pieces $base_pieces GB/s"
@@ -105,8 +121,13 @@ for n in $counts; do
   j=$(echo "$json" | awk -v n="$n" '$2 == n {print $3}')
   printf "%-8s %10s %10s %12s %12s %12s %12s %12s\n" "$n" "$first" "$best" "$proc" "$j" \
     "$(ratio "$j" "$first")" "$(ratio "$j" "$best")" "$(ratio "$j" "$proc")"
+  cp_first=$(ratio "$j" "$first"); cp_steady=$(ratio "$j" "$best"); cp_n=$n
   kill "${pids[-1]}" 2>/dev/null || true
 done
+goal "control plane, $cp_n tiny tensors, steady sync: speed vs JSON POST" "$cp_steady" \
+  "vLLM-style JSON POST of the metadata" ge 1
+goal "control plane, $cp_n tiny tensors, first sync: speed vs JSON POST" "$cp_first" \
+  "vLLM-style JSON POST of the metadata" ge 1
 n=$(echo $counts | awk '{print ($NF >= 40000) ? 40000 : $NF}')
 [ -f "$tmp/tiny$n.safetensors" ] || $py bench/tiny_model.py "$n" "$tmp/tiny$n.safetensors"
 start_worker 0 "e2e"
@@ -148,6 +169,7 @@ for backend in shm tcp; do
     g=$("$bin/client/wtx" push --workers "$ws" --backend "$backend" --repeat 5 "synthetic:$size" |
       gbps_all | tail -3 | max)
     [ "$backend$n" = shm1 ] && shm1=$g
+    [ "$backend$n" = shm3 ] && shm3=$g
     [ "$backend$n" = tcp1 ] && tcp1=$g
     [ "$backend$n" = tcp3 ] && tcp3=$g
     row "$backend" "$n" "$g" "$backend"
@@ -163,9 +185,15 @@ echo "tcp, chain of 3: $(ratio "$tcp3" "$tcp1") x one worker's rate; plain C's c
   "one stream; wtx's chain $(ratio "$tcp3" "$chain3") x plain C's"
 echo "tcp, chain of 3, in model-sized memory: plain C's chain $(ratio "$chain3m" "$tcp1") x wtx's one worker;" \
   "wtx's chain $(ratio "$tcp3" "$chain3m") x plain C's"
-echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$adopt") x the one-copy ceiling (adopting sealed pages)"
-echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$onecopy") x the one-copy ceiling (copying from shared tensors);" \
-  "that ceiling is $(ratio "$onecopy" "$base_warm") x the warm memcpy"
+echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$adopt") x a one-copy design that adopts sealed pages"
+echo "shm, 1 worker: $shm1 GB/s = $(ratio "$shm1" "$onecopy") x a one-copy design copying from shared tensors;" \
+  "that design runs at $(ratio "$onecopy" "$base_warm") x the warm memcpy"
+goal "shm, 1 worker, steady sync: rate vs a warm memcpy" "$(ratio "$shm1" "$base_warm")" \
+  "warm memcpy of the model" ge 0.7
+goal "shm, 3 workers: bytes delivered vs 1 worker's" "$(ratio "3 * $shm3" "$shm1")" \
+  "the same sync to 1 worker" ge 1.5
+goal "tcp, chain of 3: rate to each vs 1 worker's" "$(ratio "$tcp3" "$tcp1")" \
+  "the same sync to 1 worker" ge 0.6
 echo
 echo "## checksums: shm and tcp, 1 worker, XXH3 on vs off (syncs 2-3 of a trainer, alternating; best of 2 trainers each)"
 for backend in shm tcp; do
@@ -278,3 +306,25 @@ for b in "warm memcpy:$base_warm:$warm_end" "loopback TCP stream:$sock:$sock_end
       "the ratios above that divide by it overstate wtx; run the bench again"
   fi
 done
+
+# The summary first, then the detail.
+exec 1>&3 3>&-
+echo "# wtx benchmark summary  $(date -u +%F)  $(nproc) cores  quick=$quick"
+printf "%-62s %10s  %-8s  %-9s %s\n" goal figure want result baseline
+awk -F'\t' '{printf "%-62s %10s  %-8s  %-9s %s\n", $1, $2, $4, $5, $3}' "$WTX_BENCH_GOALS"
+echo
+cat "$tmp/detail.txt"
+if [ -n "$json_out" ]; then
+  python3 - "$WTX_BENCH_GOALS" "$json_out" "$quick" <<'PY'
+import datetime, json, os, sys
+goals = []
+for line in open(sys.argv[1]):
+    name, figure, baseline, want, result = line.rstrip("\n").split("\t")
+    cmp, target = want.split(" ")
+    goals.append({"goal": name, "figure": None if figure in ("", "n/a") else float(figure),
+                  "baseline": baseline, "cmp": cmp, "want": float(target), "result": result})
+json.dump({"date": datetime.date.today().isoformat(), "cores": os.cpu_count(),
+           "quick": sys.argv[3] == "1", "goals": goals}, open(sys.argv[2], "w"), indent=1)
+PY
+  echo "summary written to $json_out"
+fi
