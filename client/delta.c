@@ -310,7 +310,8 @@ int wtx__delta_caller(wtx__delta *d, const wtx_patch *p, size_t n, uint64_t buff
   int rc = wtx__delta_reserve(d, n);
   if (rc != 0) return rc;
   uint64_t used = 0;
-  for (size_t j = 0; j < n && rc == 0; j++) rc = caller_one(d, &p[j], j, buffer_size, &used, err, errlen);
+  for (size_t j = 0; j < n && rc == 0; j++)
+    rc = caller_one(d, &p[j], j, buffer_size, &used, err, errlen);
   const char *dup = rc == 0 ? wtx__strmap_first_duplicate(d->metas, n, sizeof *d->metas, &rc)
                             : NULL;
   if (dup != NULL) {

@@ -120,7 +120,7 @@ static void describe_session(wtx_rpc_ctx *ctx, wtx_session *s,
   resp->backend = wtx_rpc_ctx_strdup(ctx, s->transport ? s->transport->name : "");
   if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING ||
       s->state == WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED)
-    resp->active_target = (Wtx__V1__UpdateTarget)s->target;
+    resp->active_target = (Wtx__V1__UpdateTarget)s->up.target;
   pthread_mutex_unlock(&s->mu);
   resp->paused = atomic_load(&s->paused);
   describe_shard(ctx, &s->cfg, resp);

@@ -49,7 +49,16 @@ static wtx__end failure_kind(int rc) {
   }
 }
 
-/* Discards the active update, counted under kind. Caller holds mu. */
+/* An update as none has begun: every field at its start, the memory of
+ * its params' layout kept for the next. */
+static void update_reset(wtx__update *u) {
+  wtx__layout cur = u->cur;
+  wtx__layout_clear(&cur);
+  *u = (wtx__update){.by_range = -1, .cur = cur};
+}
+
+/* Discards the active update, counted under kind. Caller holds mu, and no
+ * receive runs (request_abort waits for it). */
 static void abort_locked(wtx_session *s, wtx__end kind, const char *why) {
   if (!update_open(s)) return;
   wtx__metrics_ended(s->cfg.metrics, kind);
@@ -57,12 +66,9 @@ static void abort_locked(wtx_session *s, wtx__end kind, const char *why) {
   if (s->transport != NULL && s->transport->reset != NULL)
     s->transport->reset(s->engine);
   wtx__rx_reset(s->rx);
-  s->abort_requested = 0;
+  update_reset(&s->up);
   s->state = s->draining ? WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING
                          : WTX__V1__SESSION_STATE__SESSION_STATE_READY;
-  s->staged_params = 0;
-  s->staged_bytes = 0;
-  wtx__layout_clear(&s->cur);
   char q[512];
   wtx_log(WTX_LOG_WARN, "event=aborted update=%llu reason=%s",
           (unsigned long long)s->update_id, wtx_log_quote(why, q, sizeof q));
@@ -76,14 +82,14 @@ int wtx__session_init(wtx_session *s, const wtx__session_config *cfg) {
   if (s->cfg.watchdog_ms <= 0) s->cfg.watchdog_ms = WTX_DEFAULT_WATCHDOG_MS;
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UNINITIALIZED;
   atomic_init(&s->paused, 0);
-  int rc = wtx__layout_init(&s->cur);
-  if (rc == 0) rc = wtx__layout_init(&s->table[0]);
-  if (rc == 0) rc = wtx__layout_init(&s->table[1]);
+  int rc = wtx__layout_init(&s->up.cur);
+  if (rc == 0) rc = wtx__layout_init(&s->tb.table[0]);
+  if (rc == 0) rc = wtx__layout_init(&s->tb.table[1]);
   if (rc == 0) rc = wtx__rx_create(&s->rx);
   if (rc != 0) {
-    wtx__layout_free(&s->cur);
-    wtx__layout_free(&s->table[0]);
-    wtx__layout_free(&s->table[1]);
+    wtx__layout_free(&s->up.cur);
+    wtx__layout_free(&s->tb.table[0]);
+    wtx__layout_free(&s->tb.table[1]);
     pthread_mutex_destroy(&s->mu);
   }
   return rc;
@@ -96,13 +102,13 @@ void wtx__session_destroy(wtx_session *s) {
   s->engine = NULL;
   pthread_mutex_unlock(&s->mu);
   wtx__rx_destroy(s->rx);
-  free(s->rt);
-  free(s->dst);
-  free(s->metas);
-  free(s->sums);
-  wtx__layout_free(&s->cur);
-  wtx__layout_free(&s->table[0]);
-  wtx__layout_free(&s->table[1]);
+  free(s->sc.rt);
+  free(s->sc.dst);
+  free(s->sc.metas);
+  free(s->sc.sums);
+  wtx__layout_free(&s->up.cur);
+  wtx__layout_free(&s->tb.table[0]);
+  wtx__layout_free(&s->tb.table[1]);
   pthread_mutex_destroy(&s->mu);
 }
 
@@ -116,7 +122,8 @@ int wtx__session_state(wtx_session *s) {
 int wtx__session_watchdog(wtx_session *s) {
   int fired = 0;
   pthread_mutex_lock(&s->mu);
-  if (update_open(s) && !s->receiving && wtx_clock_ms() - s->last_activity_ms > s->cfg.watchdog_ms) {
+  if (update_open(s) && !s->up.receiving &&
+      wtx_clock_ms() - s->last_activity_ms > s->cfg.watchdog_ms) {
     abort_locked(s, WTX__END_WATCHDOG, "watchdog: no call from the trainer within the timeout");
     fired = 1;
   }
@@ -127,7 +134,7 @@ int wtx__session_watchdog(wtx_session *s) {
 /* A receive is running: it is cancelled now (when the backend can) and the
  * update aborted once it returns. Caller holds mu. */
 static void request_abort(wtx_session *s) {
-  s->abort_requested = 1;
+  s->up.abort_requested = 1;
   if (s->transport->cancel != NULL) s->transport->cancel(s->engine);
 }
 
@@ -136,7 +143,7 @@ void wtx__session_drain(wtx_session *s) {
   s->draining = 1;
   /* A running receive keeps the update UPDATING until it returns; the
    * update is then aborted and the state lands on DRAINING. */
-  if (s->receiving) {
+  if (s->up.receiving) {
     request_abort(s);
   } else {
     abort_locked(s, WTX__END_DRAIN, "worker draining");
@@ -385,15 +392,11 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
   if (rc != 0) return model_failed(ctx, rc, "model", "cannot begin an update");
   s->revertible = 0; /* begin released what the last commit replaced */
   s->update_id++;
-  s->target = target;
+  update_reset(&s->up);
+  s->up.target = target;
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING;
-  s->staged_params = 0;
-  s->staged_bytes = 0;
-  s->begun_bytes = 0;
-  wtx__layout_clear(&s->cur);
-  if (expected > 0) wtx__layout_reserve(&s->cur, expected < RESERVE_MAX ? expected : RESERVE_MAX);
-  s->by_range = -1;
-  s->range_next = 0;
+  if (expected > 0)
+    wtx__layout_reserve(&s->up.cur, expected < RESERVE_MAX ? expected : RESERVE_MAX);
   wtx__rx_reset(s->rx);
   s->last_activity_ms = wtx_clock_ms();
   wtx_log(WTX_LOG_INFO, "event=start update=%llu target=%s",
@@ -445,9 +448,9 @@ static grpc_status_code handle_start(wtx_rpc_ctx *ctx,
   if (code == GRPC_STATUS_OK) code = check_base(ctx, req->base_version, serves);
   if (code == GRPC_STATUS_OK) code = open_update(s, ctx, target, req->expected_params);
   if (code == GRPC_STATUS_OK) {
-    s->delta = req->base_version[0] != '\0';
+    s->up.delta = req->base_version[0] != '\0';
     resp->update_id = s->update_id;
-    resp->table_xxh3 = s->table_xxh3[target == WTX_TARGET_DRAFT];
+    resp->table_xxh3 = s->tb.xxh3[target == WTX_TARGET_DRAFT];
     resp->weight_version = wtx_rpc_ctx_strdup(ctx, serves);
     resp->patches = takes_patches(s);
   }
@@ -461,7 +464,7 @@ static int model_check_one(wtx_session *s, const wtx_tensor_meta *meta, char *er
                            size_t errlen) {
   const wtx_model_ops *m = s->cfg.model_ops;
   if (m->check == NULL || m->check_chunk != NULL) return 0;
-  return m->check(s->cfg.model, s->target, meta, err, errlen);
+  return m->check(s->cfg.model, s->up.target, meta, err, errlen);
 }
 
 /* The box a ParamMeta's part covers (the whole tensor without one) into
@@ -586,7 +589,7 @@ static void chunk_free(chunk *c) {
 static int check_patch(wtx_session *s, chunk *c, size_t i, int continues) {
   const Wtx__V1__Patch *p = c->ui->params[i]->patch;
   const wtx_tensor_meta *m = &c->metas[i];
-  if (!s->delta) {
+  if (!s->up.delta) {
     snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: a patch applies only in "
              "a delta update (StartWeightUpdateRequest.base_version)", i);
     return WTX_EINVAL;
@@ -630,7 +633,7 @@ static int model_check_chunk(wtx_session *s, chunk *c) {
   const wtx_model_ops *m = s->cfg.model_ops;
   if (m->check_chunk == NULL) return 0;
   size_t bad = 0;
-  int rc = m->check_chunk(s->cfg.model, s->target, c->metas, c->n, &bad, c->err, sizeof c->err);
+  int rc = m->check_chunk(s->cfg.model, s->up.target, c->metas, c->n, &bad, c->err, sizeof c->err);
   return model_refusal(c, rc, bad);
 }
 
@@ -645,7 +648,7 @@ static int model_check_range(wtx_session *s, chunk *c, uint64_t table) {
       rc = model_check_one(s, &c->metas[i], c->err, sizeof c->err);
     return rc != 0 ? rc : model_check_chunk(s, c);
   }
-  rc = m->check_range(s->cfg.model, s->target, table, c->ui->layout->first, c->metas, c->n,
+  rc = m->check_range(s->cfg.model, s->up.target, table, c->ui->layout->first, c->metas, c->n,
                       &bad, c->err, sizeof c->err);
   return model_refusal(c, rc, bad);
 }
@@ -654,16 +657,16 @@ static int model_check_range(wtx_session *s, chunk *c, uint64_t table) {
  * chunk (1 MB at 8192 tensors: fresh each chunk, its pages faulted in
  * every time). */
 static int scratch_grow(wtx_session *s, size_t n) {
-  wtx_rx_tensor *rt = realloc(s->rt, n * sizeof *rt);
-  if (rt != NULL) s->rt = rt;
-  uint8_t **dst = rt != NULL ? realloc(s->dst, n * sizeof *dst) : NULL;
-  if (dst != NULL) s->dst = dst;
-  wtx_tensor_meta *m = dst != NULL ? realloc(s->metas, n * sizeof *m) : NULL;
-  if (m != NULL) s->metas = m;
-  uint64_t *sums = m != NULL ? realloc(s->sums, n * sizeof *sums) : NULL;
+  wtx_rx_tensor *rt = realloc(s->sc.rt, n * sizeof *rt);
+  if (rt != NULL) s->sc.rt = rt;
+  uint8_t **dst = rt != NULL ? realloc(s->sc.dst, n * sizeof *dst) : NULL;
+  if (dst != NULL) s->sc.dst = dst;
+  wtx_tensor_meta *m = dst != NULL ? realloc(s->sc.metas, n * sizeof *m) : NULL;
+  if (m != NULL) s->sc.metas = m;
+  uint64_t *sums = m != NULL ? realloc(s->sc.sums, n * sizeof *sums) : NULL;
   if (sums == NULL) return WTX_ENOMEM;
-  s->sums = sums;
-  s->scratch_n = n;
+  s->sc.sums = sums;
+  s->sc.n = n;
   return 0;
 }
 
@@ -677,10 +680,10 @@ static int chunk_check_frame(wtx_session *s, chunk *c) {
     snprintf(c->err, sizeof c->err, "update_info: params and layout are exclusive");
     return WTX_EINVAL;
   }
-  if (s->by_range >= 0 && s->by_range != c->by_range) {
+  if (s->up.by_range >= 0 && s->up.by_range != c->by_range) {
     snprintf(c->err, sizeof c->err, "update_info.%s: update %llu named its tensors by "
              "%s; an update names them one way throughout", c->by_range ? "layout" : "params",
-             (unsigned long long)s->update_id, s->by_range ? "layout" : "params");
+             (unsigned long long)s->update_id, s->up.by_range ? "layout" : "params");
     return WTX_EINVAL;
   }
   if (c->n == 0 || c->n > WTX_MAX_CHUNK_PARAMS) {
@@ -694,27 +697,27 @@ static int chunk_check_frame(wtx_session *s, chunk *c) {
              "backend is %s)", member != NULL ? member : "backend", s->transport->name);
     return WTX_EINVAL;
   }
-  if (c->n > s->scratch_n && scratch_grow(s, c->n) != 0) return WTX_ENOMEM;
-  c->rt = s->rt; /* every field set by chunk_stage */
-  c->dst = s->dst;
-  if (!c->by_range) c->metas = s->metas; /* each set by check_meta */
+  if (c->n > s->sc.n && scratch_grow(s, c->n) != 0) return WTX_ENOMEM;
+  c->rt = s->sc.rt; /* every field set by chunk_stage */
+  c->dst = s->sc.dst;
+  if (!c->by_range) c->metas = s->sc.metas; /* each set by check_meta */
   return 0;
 }
 
 /* The update's size against the worker's limits, counting every tensor
  * begun so far. */
 static int check_limits(wtx_session *s, chunk *c) {
-  size_t params = c->by_range ? s->range_next : s->cur.n;
+  size_t params = c->by_range ? s->up.range_next : s->up.cur.n;
   if (s->cfg.max_params > 0 && params > s->cfg.max_params) {
     snprintf(c->err, sizeof c->err, "update_info.params: the update would hold %zu "
              "parameters, this worker takes at most %llu (--max-params)", params,
              (unsigned long long)s->cfg.max_params);
     return WTX_ETOOBIG;
   }
-  if (s->cfg.max_model_bytes > 0 && s->begun_bytes > s->cfg.max_model_bytes) {
+  if (s->cfg.max_model_bytes > 0 && s->up.begun_bytes > s->cfg.max_model_bytes) {
     snprintf(c->err, sizeof c->err, "update_info.params: the update would hold %llu "
              "bytes, this worker takes at most %llu (--max-model-bytes)",
-             (unsigned long long)s->begun_bytes, (unsigned long long)s->cfg.max_model_bytes);
+             (unsigned long long)s->up.begun_bytes, (unsigned long long)s->cfg.max_model_bytes);
     return WTX_ETOOBIG;
   }
   return 0;
@@ -725,39 +728,39 @@ static int check_limits(wtx_session *s, chunk *c) {
  * update sent them, are checked against the model again. */
 static int chunk_check_range(wtx_session *s, chunk *c) {
   const Wtx__V1__ParamRange *r = c->ui->layout;
-  int t = s->target == WTX_TARGET_DRAFT;
-  const wtx__layout *l = &s->table[t];
-  if (l->n == 0 || r->table_xxh3 != s->table_xxh3[t]) {
+  int t = s->up.target == WTX_TARGET_DRAFT;
+  const wtx__layout *l = &s->tb.table[t];
+  if (l->n == 0 || r->table_xxh3 != s->tb.xxh3[t]) {
     snprintf(c->err, sizeof c->err, "update_info.layout.table_xxh3: %016llx is not "
              "this worker's table (%016llx, %zu parameters); send params",
-             (unsigned long long)r->table_xxh3, (unsigned long long)s->table_xxh3[t], l->n);
+             (unsigned long long)r->table_xxh3, (unsigned long long)s->tb.xxh3[t], l->n);
     return WTX_ESTATE;
   }
   int continues = c->ui->first_param_offset > 0;
-  size_t want = continues && s->range_next > 0 ? s->range_next - 1 : s->range_next;
+  size_t want = continues && s->up.range_next > 0 ? s->up.range_next - 1 : s->up.range_next;
   if (r->first != want || (uint64_t)r->first + r->count > l->n) {
     snprintf(c->err, sizeof c->err, "update_info.layout: [%u, +%u) must start at %zu "
              "and lie within the table's %zu parameters", r->first, r->count, want, l->n);
     return WTX_EINVAL;
   }
   c->metas = &l->metas[r->first];
-  int rc = model_check_range(s, c, s->table_id[t]);
+  int rc = model_check_range(s, c, s->tb.id[t]);
   if (rc != 0) return rc;
-  s->begun_bytes += wtx__layout_bytes(l, r->first + continues, c->n - continues);
-  s->range_next = (size_t)r->first + r->count;
+  s->up.begun_bytes += wtx__layout_bytes(l, r->first + continues, c->n - continues);
+  s->up.range_next = (size_t)r->first + r->count;
   return check_limits(s, c);
 }
 
 /* Step 2: every tensor valid and new to this update, before any byte moves.
  * A tensor continued from the previous chunk is not new. */
 static int chunk_check_tensors(wtx_session *s, chunk *c) {
-  s->by_range = c->by_range;
+  s->up.by_range = c->by_range;
   if (c->by_range) return chunk_check_range(s, c);
   uint64_t have = 0, want = 0;
   const char *carry = wtx__rx_incomplete(s->rx, &have, &want);
   for (size_t i = 0; i < c->n; i++) {
     if (i + 8 < c->n && c->ui->params[i + 8]->name != NULL)
-      wtx__layout_prefetch(&s->cur, c->ui->params[i + 8]->name);
+      wtx__layout_prefetch(&s->up.cur, c->ui->params[i + 8]->name);
     int rc = check_meta(s, c->ui->params[i], i, &c->metas[i], c->err, sizeof c->err);
     if (rc != 0) return rc;
     int continues = i == 0 && c->ui->first_param_offset > 0 && carry != NULL &&
@@ -765,7 +768,7 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
     if (c->ui->params[i]->patch != NULL && (rc = check_patch(s, c, i, continues)) != 0)
       return rc;
     if (continues) continue;
-    rc = wtx__layout_add(&s->cur, &c->metas[i]);
+    rc = wtx__layout_add(&s->up.cur, &c->metas[i]);
     if (rc == WTX_EEXIST) {
       snprintf(c->err, sizeof c->err, "update_info.params[%zu].name: '%s' appears "
                "twice in update %llu", i, c->metas[i].name,
@@ -773,7 +776,7 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
       return WTX_EINVAL;
     }
     if (rc != 0) return rc;
-    s->begun_bytes += c->metas[i].nbytes;
+    s->up.begun_bytes += c->metas[i].nbytes;
   }
   int rc = model_check_chunk(s, c);
   return rc != 0 ? rc : check_limits(s, c);
@@ -846,7 +849,7 @@ static int chunk_stage(wtx_session *s, chunk *c) {
     c->rt[i].name = c->metas[i].name;
     c->rt[i].nbytes = c->metas[i].nbytes;
     if (i == 0 && ui->first_param_offset > 0) {
-      c->rt[0].dst = s->carry_dst;
+      c->rt[0].dst = s->up.carry_dst;
       continue;
     }
     int rc = per_chunk ? 0 : stage_one(s, c, i, at);
@@ -928,7 +931,7 @@ static int apply_patch(wtx_session *s, chunk *c, const struct patch_slot *p, int
     snprintf(c->err, sizeof c->err, "update_info.params[%zu].%s (nothing applied)", p->i, why);
     return rc;
   }
-  rc = s->cfg.model_ops->read(s->cfg.model, s->target, m, p->full, why, sizeof why);
+  rc = s->cfg.model_ops->read(s->cfg.model, s->up.target, m, p->full, why, sizeof why);
   if (rc != 0) {
     snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: no base to apply it to: %s",
              p->i, why[0] ? why : wtx_strerror(rc));
@@ -948,14 +951,14 @@ static int apply_patch(wtx_session *s, chunk *c, const struct patch_slot *p, int
  * copy with each patched tensor's whole checksum in place of its patch's. */
 static int apply_patches(wtx_session *s, chunk *c, size_t done, const uint64_t **sums) {
   if (*sums != NULL) {
-    memcpy(s->sums, *sums, done * sizeof *s->sums);
-    *sums = s->sums;
+    memcpy(s->sc.sums, *sums, done * sizeof *s->sc.sums);
+    *sums = s->sc.sums;
   }
   for (size_t k = 0; k < c->n_patches && c->patches[k].i < done; k++) {
     uint64_t sum = 0;
     int rc = apply_patch(s, c, &c->patches[k], *sums != NULL, &sum);
     if (rc != 0) return rc;
-    if (*sums != NULL) s->sums[c->patches[k].i] = sum;
+    if (*sums != NULL) s->sc.sums[c->patches[k].i] = sum;
   }
   return 0;
 }
@@ -970,10 +973,10 @@ static int chunk_loaded(wtx_session *s, chunk *c) {
     rc = s->cfg.model_ops->loaded_chunk != NULL ? loaded_chunk(s, c, done, sums)
                                                 : loaded_each(s, c, done, sums);
   if (rc != 0) return rc;
-  s->staged_params += done;
-  for (size_t i = 0; i < done; i++) s->staged_bytes += c->metas[i].nbytes;
-  if (done < c->n) s->carry_dst = c->rt[c->n - 1].dst;
-  if (s->abort_requested) {
+  s->up.staged_params += done;
+  for (size_t i = 0; i < done; i++) s->up.staged_bytes += c->metas[i].nbytes;
+  if (done < c->n) s->up.carry_dst = c->rt[c->n - 1].dst;
+  if (s->up.abort_requested) {
     snprintf(c->err, sizeof c->err, "aborted while receiving");
     return WTX_EABORTED;
   }
@@ -983,7 +986,7 @@ static int chunk_loaded(wtx_session *s, chunk *c) {
 /* Step 4: the data plane moves the chunk's bytes, outside the lock (which
  * the caller holds on entry and on return). */
 static int chunk_receive(wtx_session *s, chunk *c) {
-  s->receiving = 1;
+  s->up.receiving = 1;
   const wtx_worker_transport *t = s->transport;
   void *engine = s->engine;
   pthread_mutex_unlock(&s->mu);
@@ -992,7 +995,7 @@ static int chunk_receive(wtx_session *s, chunk *c) {
   if (rc != 0) snprintf(c->err, sizeof c->err, "%s", wtx__rx_error(s->rx));
   c->receive_failed = rc != 0;
   pthread_mutex_lock(&s->mu);
-  s->receiving = 0;
+  s->up.receiving = 0;
   s->last_activity_ms = wtx_clock_ms();
   return rc;
 }
@@ -1006,7 +1009,7 @@ static grpc_status_code handle_update(wtx_rpc_ctx *ctx,
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
   code = check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights", 0);
-  if (code == GRPC_STATUS_OK && s->receiving)
+  if (code == GRPC_STATUS_OK && s->up.receiving)
     code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "another UpdateWeights of update %llu is still "
                               "receiving; chunks go one at a time",
@@ -1017,8 +1020,8 @@ static grpc_status_code handle_update(wtx_rpc_ctx *ctx,
       (rc = chunk_stage(s, &c)) != 0 || (rc = chunk_receive(s, &c)) != 0 ||
       (rc = chunk_loaded(s, &c)) != 0)
     goto fail;
-  resp->staged_params = (uint32_t)s->staged_params;
-  resp->staged_bytes = s->staged_bytes;
+  resp->staged_params = (uint32_t)s->up.staged_params;
+  resp->staged_bytes = s->up.staged_bytes;
   wtx__metrics_received(s->cfg.metrics, s->transport->name, c.bytes);
   goto done;
 fail:
@@ -1039,7 +1042,7 @@ done:
  * aborted. Caller holds mu and has checked the update. */
 static grpc_status_code prepare_locked(wtx_session *s, wtx_rpc_ctx *ctx, const char *v,
                                        const char *call) {
-  if (s->receiving)
+  if (s->up.receiving)
     return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "%s: an UpdateWeights is still receiving", call);
   uint64_t have, want;
@@ -1078,26 +1081,26 @@ static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
   }
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
   wtx__metrics_published(s->cfg.metrics, wtx_clock_unix_s());
-  int t = s->target == WTX_TARGET_DRAFT;
+  int t = s->up.target == WTX_TARGET_DRAFT;
   s->revertible = s->cfg.model_ops->revert != NULL ? s->update_id : 0;
   /* A delta names a subset: the table stays the last full update's. */
-  int own_table = s->by_range == 0 && !s->delta;
-  s->table_replaced = own_table;
-  snprintf(s->label_before, sizeof s->label_before, "%s", s->label[t]);
-  snprintf(s->label[t], sizeof s->label[t], "%s", s->version);
+  int own_table = s->up.by_range == 0 && !s->up.delta;
+  s->tb.replaced = own_table;
+  snprintf(s->tb.label_before, sizeof s->tb.label_before, "%s", s->tb.label[t]);
+  snprintf(s->tb.label[t], sizeof s->tb.label[t], "%s", s->version);
   if (own_table) { /* params sent: later updates may name them by position */
-    wtx__layout_swap(&s->cur, &s->table[t]);
-    s->table_xxh3[t] = wtx__layout_xxh3(s->table[t].metas, s->table[t].n);
-    s->table_id[t] = atomic_fetch_add(&table_ids, 1);
+    wtx__layout_swap(&s->up.cur, &s->tb.table[t]);
+    s->tb.xxh3[t] = wtx__layout_xxh3(s->tb.table[t].metas, s->tb.table[t].n);
+    s->tb.id[t] = atomic_fetch_add(&table_ids, 1);
   }
-  wtx__layout_clear(&s->cur);
+  wtx__layout_clear(&s->up.cur);
   s->published_update = s->update_id;
   char q[600];
   wtx_log(WTX_LOG_INFO, "event=published update=%llu target=%s version=%s "
           "params=%llu bytes=%llu", (unsigned long long)s->update_id,
-          s->target == WTX_TARGET_DRAFT ? "draft" : "main",
-          wtx_log_quote(s->version, q, sizeof q), (unsigned long long)s->staged_params,
-          (unsigned long long)s->staged_bytes);
+          s->up.target == WTX_TARGET_DRAFT ? "draft" : "main",
+          wtx_log_quote(s->version, q, sizeof q), (unsigned long long)s->up.staged_params,
+          (unsigned long long)s->up.staged_bytes);
   return GRPC_STATUS_OK;
 }
 
@@ -1121,8 +1124,8 @@ static grpc_status_code handle_prepare(wtx_rpc_ctx *ctx,
     code = prepare_locked(s, ctx, req->weight_version, "PrepareWeightUpdate");
   if (code == GRPC_STATUS_OK) {
     resp->weight_version = wtx_rpc_ctx_strdup(ctx, s->version);
-    resp->num_params = (uint32_t)s->staged_params;
-    resp->total_bytes = s->staged_bytes;
+    resp->num_params = (uint32_t)s->up.staged_params;
+    resp->total_bytes = s->up.staged_bytes;
   }
   pthread_mutex_unlock(&s->mu);
   return code;
@@ -1165,10 +1168,10 @@ static grpc_status_code handle_finish(wtx_rpc_ctx *ctx,
   }
   if (code == GRPC_STATUS_OK) {
     resp->weight_version = wtx_rpc_ctx_strdup(ctx, s->version);
-    resp->num_params = (uint32_t)s->staged_params;
-    resp->total_bytes = s->staged_bytes;
+    resp->num_params = (uint32_t)s->up.staged_params;
+    resp->total_bytes = s->up.staged_bytes;
   }
-  wtx_target target = s->target;
+  wtx_target target = s->up.target;
   pthread_mutex_unlock(&s->mu);
   char why[1024] = "";
   int rc = committed && s->cfg.on_commit != NULL
@@ -1190,7 +1193,7 @@ static void served_label(wtx_session *s, wtx_target target, char *out, size_t le
     snprintf(out, len, "%s", v.version);
     wtx_store_release(s->cfg.store, &v);
   } else {
-    snprintf(out, len, "%s", s->label[target == WTX_TARGET_DRAFT]);
+    snprintf(out, len, "%s", s->tb.label[target == WTX_TARGET_DRAFT]);
   }
 }
 
@@ -1200,19 +1203,19 @@ static void served_label(wtx_session *s, wtx_target target, char *out, size_t le
  * holds mu; no update is open. */
 static grpc_status_code revert_locked(wtx_session *s, wtx_rpc_ctx *ctx, const char *reason) {
   char why[512] = "";
-  int rc = s->cfg.model_ops->revert(s->cfg.model, s->target, why, sizeof why);
+  int rc = s->cfg.model_ops->revert(s->cfg.model, s->up.target, why, sizeof why);
   if (rc != 0) return model_failed(ctx, rc, "model: cannot undo the update", why);
-  int t = s->target == WTX_TARGET_DRAFT;
-  if (s->table_replaced) {
-    wtx__layout_clear(&s->table[t]);
-    s->table_xxh3[t] = 0;
-    s->table_id[t] = atomic_fetch_add(&table_ids, 1);
+  int t = s->up.target == WTX_TARGET_DRAFT;
+  if (s->tb.replaced) {
+    wtx__layout_clear(&s->tb.table[t]);
+    s->tb.xxh3[t] = 0;
+    s->tb.id[t] = atomic_fetch_add(&table_ids, 1);
   }
-  snprintf(s->label[t], sizeof s->label[t], "%s", s->label_before);
+  snprintf(s->tb.label[t], sizeof s->tb.label[t], "%s", s->tb.label_before);
   char q[512], v[600];
   wtx_log(WTX_LOG_WARN, "event=reverted update=%llu target=%s version=%s reason=%s",
           (unsigned long long)s->revertible, t ? "draft" : "main",
-          wtx_log_quote(s->label_before, v, sizeof v), wtx_log_quote(reason, q, sizeof q));
+          wtx_log_quote(s->tb.label_before, v, sizeof v), wtx_log_quote(reason, q, sizeof q));
   s->revertible = 0;
   s->published_update = 0; /* a repeated Finish of it is refused from now */
   wtx__metrics_reverted(s->cfg.metrics);
@@ -1257,16 +1260,16 @@ grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
                               "update_id: %llu is not the active update (%llu)",
                               (unsigned long long)req->update_id,
                               (unsigned long long)s->update_id);
+  wtx_target target = s->up.target; /* an abort resets the update */
   if (code == GRPC_STATUS_OK && update_open(s)) {
     resp->aborted = 1;
-    if (s->receiving)
+    if (s->up.receiving)
       request_abort(s);
     else
       abort_locked(s, WTX__END_TRAINER, reason);
   } else if (code == GRPC_STATUS_OK) {
     code = abort_published(s, ctx, req->update_id, reason, &reverted);
   }
-  wtx_target target = s->target;
   char label[WTX_MAX_VERSION_BYTES + 1];
   served_label(s, target, label, sizeof label);
   pthread_mutex_unlock(&s->mu);

@@ -68,6 +68,51 @@ typedef struct wtx__session_config {
   int (*serving_version)(void *user, char *out, size_t len);
 } wtx__session_config;
 
+/* The active update: what a StartWeightUpdate opens and a Finish or an
+ * Abort ends. Every update begins from a reset one, and an abort is one
+ * reset (wtx__update_reset, session.c): nothing of an update outlives it
+ * but what a publish hands on (the session's labels and tables). */
+typedef struct wtx__update {
+  wtx_target target;
+  int delta;           /* a delta (StartWeightUpdateRequest.base_version) */
+  int receiving;       /* an UpdateWeights is receiving, outside the lock */
+  int abort_requested; /* abort once the running receive returns */
+  size_t staged_params;
+  uint64_t staged_bytes;
+  uint64_t begun_bytes; /* of every tensor begun in this update */
+  int by_range;      /* -1 not yet known, 0 params, 1 layout ranges */
+  size_t range_next; /* the next position a range of this update starts at */
+  uint8_t *carry_dst; /* staging of a tensor continued by the next chunk */
+  /* Its params (duplicates are found here); its memory is kept from one
+   * update to the next. */
+  wtx__layout cur;
+} wtx__update;
+
+/* What published updates hand on, per target: the params of the last
+ * update published that sent them, and their XXH3, which a later update
+ * may name by position (UpdateInfo.layout); and the labels published. */
+typedef struct wtx__tables {
+  wtx__layout table[2];
+  uint64_t xxh3[2];
+  uint64_t id[2]; /* a new one per table (wtx_model_ops.check_range) */
+  int replaced;   /* the last publish sent params: table[target] is its own */
+  /* The label this session published last per target, and the one before
+   * it (a host model's version after a revert; the store knows its own). */
+  char label[2][WTX_MAX_VERSION_BYTES + 1];
+  char label_before[WTX_MAX_VERSION_BYTES + 1];
+} wtx__tables;
+
+/* A chunk's tensors for rx, where the model stages them, their metas
+ * (named by params) and their checksums (a patched one's whole), n of
+ * each, reused chunk after chunk. */
+typedef struct wtx__scratch {
+  wtx_rx_tensor *rt;
+  uint8_t **dst;
+  wtx_tensor_meta *metas;
+  uint64_t *sums;
+  size_t n;
+} wtx__scratch;
+
 typedef struct wtx_session {
   pthread_mutex_t mu;
   wtx__session_config cfg;
@@ -85,53 +130,26 @@ typedef struct wtx_session {
    * none. */
   uint8_t *region;
   uint64_t region_bytes;
-  /* the active update */
-  uint64_t update_id;
-  uint64_t auto_version;
-  wtx_target target;
-  int receiving;
-  int abort_requested; /* abort once the running receive returns */
   /* An init connecting outside the lock: its transport and engine, so
    * drain can cancel it. */
   const wtx_worker_transport *connecting_t;
   void *connecting;
   int draining;        /* no new calls; state ends at DRAINING */
   int64_t last_activity_ms;
-  size_t staged_params;
-  uint64_t staged_bytes;
+  uint64_t update_id; /* the last update opened (ids never repeat) */
+  uint64_t auto_version;
+  wtx__update up;     /* the active (or last) update */
   char version[WTX_MAX_VERSION_BYTES + 1]; /* prepared (then published) label */
   uint64_t published_update;  /* the last update published, for a repeated Finish */
   /* That update, while it may still be undone (no update or session since,
    * and the model can revert): an Abort naming it reverts it. 0: none. */
   uint64_t revertible;
-  int table_replaced; /* it sent params: table[target] is its own */
-  int delta; /* the open (or last) update is a delta (base_version set) */
-  /* Per target, the label this session published last, and before it (a
-   * host model's version after a revert; the store knows its own). */
-  char label[2][WTX_MAX_VERSION_BYTES + 1];
-  char label_before[WTX_MAX_VERSION_BYTES + 1];
   /* What on_commit answered for it (a repeated Finish answers the same). */
   int commit_rc;
   char commit_err[1024];
-  uint64_t begun_bytes; /* of every tensor begun in this update */
-  /* The params of this update (duplicates found here); per target, those of
-   * the last update published that sent params, and their XXH3: a later
-   * update may name tensors by position in it (UpdateInfo.layout). */
-  wtx__layout cur;
-  wtx__layout table[2];
-  uint64_t table_xxh3[2];
-  uint64_t table_id[2]; /* a new one per table (wtx_model_ops.check_range) */
-  int by_range;   /* this update: -1 not yet known, 0 params, 1 layout ranges */
-  size_t range_next; /* the next position a range of this update starts at */
+  wtx__tables tb;
   wtx_rx *rx;
-  /* A chunk's tensors for rx, where the model stages them and (named by
-   * params) their metas, scratch_n of each, reused chunk after chunk. */
-  wtx_rx_tensor *rt;
-  uint8_t **dst;
-  wtx_tensor_meta *metas;
-  uint64_t *sums; /* the loaded tensors' checksums, a patched one's whole */
-  size_t scratch_n;
-  uint8_t *carry_dst; /* staging of a tensor continued by the next chunk */
+  wtx__scratch sc;
   atomic_int paused;  /* Pause in effect (its own flag: no lock needed) */
 } wtx_session;
 
