@@ -91,7 +91,7 @@ static void *consume(void *arg) {
  * every chunk. Its seconds. */
 static double version(void *arg) {
   chunks *c = arg;
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   for (size_t k = 0; k < c->count; k++)
     if (c->prev[k] != NULL) munmap(c->prev[k], len_of(c, k));
   void **t = c->prev;
@@ -99,7 +99,7 @@ static double version(void *arg) {
   c->now = t;
   atomic_store(&c->filled, 0);
   double s = wtx__bench_pair_s(produce, consume, c);
-  return s < 0 ? s : wtx_clock_s() - t0;
+  return s < 0 ? s : wtx__clock_s() - t0;
 }
 
 int main(int argc, char **argv) {

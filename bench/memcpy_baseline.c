@@ -40,20 +40,20 @@
 static double fresh_copy(const char *src, size_t n, int ahead, double *present) {
   char *d = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (d == MAP_FAILED) return -1;
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   for (size_t o = 0; o < n; o += PIECE) {
 #if defined(MADV_POPULATE_WRITE)
     if (ahead && o % AHEAD == 0) madvise(d + o, n - o < AHEAD ? n - o : AHEAD, MADV_POPULATE_WRITE);
 #endif
     memcpy(d + o, src + o, n - o < PIECE ? n - o : PIECE);
   }
-  double t = wtx_clock_s() - t0;
-  t0 = wtx_clock_s();
+  double t = wtx__clock_s() - t0;
+  t0 = wtx__clock_s();
 #if defined(MADV_POPULATE_WRITE)
   for (size_t o = 0; o < n; o += PIECE)
     madvise(d + o, n - o < PIECE ? n - o : PIECE, MADV_POPULATE_WRITE);
 #endif
-  if (present != NULL) *present = wtx_clock_s() - t0;
+  if (present != NULL) *present = wtx__clock_s() - t0;
   munmap(d, n);
   return t;
 }
@@ -73,7 +73,7 @@ typedef struct packing {
 /* One pack; its seconds. */
 static double pack(void *arg) {
   const packing *p = arg;
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   if (p->h != NULL) XXH3_64bits_reset(p->h);
   for (size_t o = 0; o < p->n; o += PIECE) {
     size_t k = p->n - o < PIECE ? p->n - o : PIECE;
@@ -86,7 +86,7 @@ static double pack(void *arg) {
     memcpy(d, s, k);
     XXH3_64bits_update(p->h, d, k);
   }
-  return wtx_clock_s() - t0;
+  return wtx__clock_s() - t0;
 }
 
 /* Prints the best of ROUNDS packs of n bytes, plain, hashed and hashed in
@@ -126,20 +126,20 @@ int main(int argc, char **argv) {
   }
   char *dst = malloc(n);
   if (dst == NULL) return 1;
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   memcpy(dst, src, n); /* into fresh pages */
-  double cold = wtx_clock_s() - t0;
+  double cold = wtx__clock_s() - t0;
   /* The warm copies are each the best of ROUNDS, as the bench takes the
    * best of several syncs: a ratio compares like with like. */
   double warm = 1e30, pieces = 1e30;
   for (int r = 0; r < ROUNDS; r++) {
-    t0 = wtx_clock_s();
+    t0 = wtx__clock_s();
     memcpy(dst, src, n);
-    double s = wtx_clock_s() - t0;
+    double s = wtx__clock_s() - t0;
     if (s < warm) warm = s;
-    t0 = wtx_clock_s();
+    t0 = wtx__clock_s();
     for (size_t o = 0; o < n; o += PIECE) memcpy(dst + o, src + o, n - o < PIECE ? n - o : PIECE);
-    s = wtx_clock_s() - t0;
+    s = wtx__clock_s() - t0;
     if (s < pieces) pieces = s;
   }
   /* Read the copy back so the compiler cannot drop it. */

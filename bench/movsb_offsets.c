@@ -35,10 +35,10 @@ static void movsb(void *d, const void *s, size_t n) {
 
 static double copies(void *arg) {
   const pair *p = arg;
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   for (int k = 0; k < COPIES; k++)
     movsb(p->dst, p->src, LEN);
-  return wtx_clock_s() - t0;
+  return wtx__clock_s() - t0;
 }
 
 int main(int argc, char **argv) {

@@ -11,13 +11,13 @@ size_t wtx__bench_chunk_len(size_t total, size_t buf, size_t k) {
 
 double wtx__bench_pair_s(void *(*first)(void *), void *(*second)(void *), void *arg) {
   pthread_t a, b;
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   if (pthread_create(&a, NULL, first, arg) != 0) return -1;
   int own = pthread_create(&b, NULL, second, arg) == 0;
   if (!own) second(arg);
   pthread_join(a, NULL);
   if (own) pthread_join(b, NULL);
-  return wtx_clock_s() - t0;
+  return wtx__clock_s() - t0;
 }
 
 double wtx__bench_best_s(double (*run)(void *), void *arg, int warm_up, int rounds) {

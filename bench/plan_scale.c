@@ -292,14 +292,14 @@ static int make_needs(const layout *l, const model *m, needs *nd) {
   nd->n_by_worker = calloc(workers, sizeof *nd->n_by_worker);
   if (!nd->tp || !nd->n_tp || !nd->tp_bytes || !nd->by_worker || !nd->n_by_worker)
     return WTX_ENOMEM;
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   int rc = wtx_shard_rules_parse(l->rules, &rules, &n_rules, err, sizeof err);
   for (uint32_t t = 0; t < l->tp && rc == 0; t++) {
     rc = wtx_shard_slices(m->metas, m->n, rules, n_rules, t, l->tp, &nd->tp[t], &nd->n_tp[t],
                           err, sizeof err);
     if (rc == 0) nd->tp_bytes[t] = slices_bytes(m, nd->tp[t], nd->n_tp[t]);
   }
-  nd->made_s = wtx_clock_s() - t0;
+  nd->made_s = wtx__clock_s() - t0;
   free(rules);
   if (rc != 0) {
     fprintf(stderr, "plan_scale: %s: worker slices: %s\n", l->flag, err);
@@ -346,9 +346,9 @@ static int time_plans(const wtx_plan_input *in, const char *flag, figures *f, wt
   f->digest_stable = 1;
   for (int k = 0; k < RUNS; k++) {
     wtx_plan_destroy(*out);
-    double t0 = wtx_clock_s();
+    double t0 = wtx__clock_s();
     int rc = wtx_plan_make(in, out, err, sizeof err);
-    f->runs[k] = wtx_clock_s() - t0;
+    f->runs[k] = wtx__clock_s() - t0;
     if (rc != 0) {
       fprintf(stderr, "plan_scale: %s: plan refused (%s): %s\n", flag, wtx_strerror(rc), err);
       printf("plan: refused after %.3f s (%s): %s\n", f->runs[k], wtx_strerror(rc), err);

@@ -151,14 +151,14 @@ static void *receiver(void *arg) {
 static double stream_once(void *arg) {
   (void)arg;
   pthread_t t[MAX_HOPS + 1];
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   int n = 0;
   for (; n < hops; n++)
     if (pthread_create(&t[n], NULL, receiver, (void *)(intptr_t)n) != 0) break;
   int sending = n == hops && pthread_create(&t[n], NULL, sender, NULL) == 0;
   if (!sending) exit(1); /* started receivers wait in accept */
   for (int i = 0; i <= hops; i++) pthread_join(t[i], NULL);
-  double dt = wtx_clock_s() - t0;
+  double dt = wtx__clock_s() - t0;
   for (int i = 0; i < hops; i++)
     if (got[i] != total) return -1;
   return dt;

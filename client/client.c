@@ -12,7 +12,7 @@
 #include "wtx/v1/weight_transfer.grpc-c.h"
 
 typedef struct replica {
-  wtx_rpc_channel *ch;
+  wtx__rpc_channel *ch;
   size_t index; /* the worker's number in messages: its place in the user's list */
   char session_id[64];
   uint64_t update_id;
@@ -23,7 +23,7 @@ typedef struct replica {
   char serves[WTX_MAX_VERSION_BYTES + 1];
   char base[WTX_MAX_VERSION_BYTES + 1];
   int patches; /* its last start said a delta may carry patches */
-  wtx_rpc_pending *pending;
+  wtx__rpc_pending *pending;
   int begun; /* fan_begin's result for its call in flight (0: in flight) */
   /* An update the other replicas undid that may be published here, still
    * to undo (the undo could not reach this replica): undone before this
@@ -62,9 +62,9 @@ static void seterr(wtx_client *c, int replica_ix, int status, const char *fmt, .
 
 /* Records replica i's failed call. */
 static int call_failed(wtx_client *c, size_t i, const char *method, int rc,
-                       const wtx_rpc_status *st) {
+                       const wtx__rpc_status *st) {
   seterr(c, (int)i, st->code, "worker %zu (%s): %s: %s: %s", c->r[i].index,
-         wtx_rpc_channel_target(c->r[i].ch), method, wtx_rpc_code_name(st->code),
+         wtx__rpc_channel_target(c->r[i].ch), method, wtx__rpc_code_name(st->code),
          st->message[0] ? st->message : wtx_strerror(rc));
   return rc;
 }
@@ -81,8 +81,8 @@ static int control_unsupported(wtx_client *c, const char *what) {
                         "of the caller's");
 }
 
-static wtx_rpc_call_options call_opts(const wtx_client *c, wtx_rpc_metadata *md) {
-  wtx_rpc_call_options o = WTX_RPC_CALL_OPTIONS_INIT;
+static wtx__rpc_call_options call_opts(const wtx_client *c, wtx__rpc_metadata *md) {
+  wtx__rpc_call_options o = WTX__RPC_CALL_OPTIONS_INIT;
   o.timeout_ms = c->timeout_ms;
   if (c->auth != NULL) {
     md->key = "authorization";
@@ -121,11 +121,11 @@ static int make_credentials(const wtx_client_options *o, grpc_channel_credential
 /* Every replica's channel, sharing creds. */
 static int open_channels(wtx_client *c, const char *const *targets, size_t n,
                          grpc_channel_credentials *creds, char *err, size_t errlen) {
-  wtx_rpc_channel_options co = WTX_RPC_CHANNEL_OPTIONS_INIT;
+  wtx__rpc_channel_options co = WTX__RPC_CHANNEL_OPTIONS_INIT;
   co.credentials = creds;
   co.max_message_bytes = WTX_DEFAULT_MAX_MESSAGE_BYTES;
   for (size_t i = 0; i < n; i++) {
-    int rc = wtx_rpc_channel_create(targets[i], &co, &c->r[i].ch);
+    int rc = wtx__rpc_channel_create(targets[i], &co, &c->r[i].ch);
     if (rc != 0) {
       snprintf(err, errlen, "worker %zu (%s): %s", i, targets[i], wtx_strerror(rc));
       return rc;
@@ -196,12 +196,12 @@ void wtx_client_destroy(wtx_client *c) {
   wtx__control_destroy(c->ctl);
   for (size_t i = 0; c->ctl == NULL && c->r != NULL && i < c->n; i++) {
     if (c->r[i].pending != NULL) {
-      wtx_rpc_unary_cancel(c->r[i].pending);
+      wtx__rpc_unary_cancel(c->r[i].pending);
       ProtobufCMessage *m = NULL;
-      wtx_rpc_unary_wait(c->r[i].pending, &m, NULL);
+      wtx__rpc_unary_wait(c->r[i].pending, &m, NULL);
       if (m != NULL) protobuf_c_message_free_unpacked(m, NULL);
     }
-    if (!c->borrowed) wtx_rpc_channel_destroy(c->r[i].ch);
+    if (!c->borrowed) wtx__rpc_channel_destroy(c->r[i].ch);
   }
   free(c->r);
   free(c->auth);
@@ -212,7 +212,7 @@ size_t wtx_client_size(const wtx_client *c) { return c->n; }
 
 const char *wtx_client_target(const wtx_client *c, size_t i) {
   if (c->ctl != NULL) return i == 0 ? CONTROL_TARGET : NULL;
-  return i < c->n ? wtx_rpc_channel_target(c->r[i].ch) : NULL;
+  return i < c->n ? wtx__rpc_channel_target(c->r[i].ch) : NULL;
 }
 
 const char *wtx_client_last_error(const wtx_client *c) { return c->err; }
@@ -224,36 +224,36 @@ int wtx_client_last_status(const wtx_client *c) { return c->err_status; }
  * since the undo follows a Finish that still fails. */
 #define FINISH_RETRIES 3
 /* And of the undo: its waits outlast the channel's longest way
- * back to a worker (WTX_RPC_RECONNECT_MAX_MS + WTX_RPC_CONNECT_TIMEOUT_MS),
+ * back to a worker (WTX__RPC_RECONNECT_MAX_MS + WTX__RPC_CONNECT_TIMEOUT_MS),
  * so one back from a short partition or a restart is reached. */
 #define SETTLE_RETRIES 5
 
 /* Waits before attempt `attempt` (1, 2, ...) of a call tried again on
  * replica i: 100 ms, doubling, or until its channel reconnects. */
 static void backoff(wtx_client *c, size_t i, int attempt) {
-  wtx_rpc_channel_backoff(c->r[i].ch, 100L << (attempt - 1));
+  wtx__rpc_channel_backoff(c->r[i].ch, 100L << (attempt - 1));
 }
 
 /* One unary call on replica i, tried again up to retries times (0 for a
  * call that is not idempotent) when the failure is transient; attempt is
  * the first try's number (1: one has failed already, so wait first). */
-static int call_from(wtx_client *c, size_t i, const wtx_rpc_method *m,
+static int call_from(wtx_client *c, size_t i, const wtx__rpc_method *m,
                      const ProtobufCMessage *req, ProtobufCMessage **resp, int retries,
                      int attempt) {
-  wtx_rpc_metadata md;
-  wtx_rpc_call_options o = call_opts(c, &md);
-  wtx_rpc_status st;
+  wtx__rpc_metadata md;
+  wtx__rpc_call_options o = call_opts(c, &md);
+  wtx__rpc_status st;
   int rc = 0;
   for (;; attempt++) {
     if (attempt > 0) backoff(c, i, attempt);
-    rc = wtx_rpc_unary(c->r[i].ch, m, req, resp, &o, &st);
-    if (rc == 0 || !wtx_rpc_code_transient(st.code) || attempt >= retries) break;
+    rc = wtx__rpc_unary(c->r[i].ch, m, req, resp, &o, &st);
+    if (rc == 0 || !wtx__rpc_code_transient(st.code) || attempt >= retries) break;
   }
   if (rc != 0) call_failed(c, i, m->name, rc, &st);
   return rc;
 }
 
-static int call(wtx_client *c, size_t i, const wtx_rpc_method *m,
+static int call(wtx_client *c, size_t i, const wtx__rpc_method *m,
                 const ProtobufCMessage *req, ProtobufCMessage **resp, int retries) {
   return call_from(c, i, m, req, resp, retries, 0);
 }
@@ -264,7 +264,7 @@ static int call(wtx_client *c, size_t i, const wtx_rpc_method *m,
  * reads its answer (may be NULL). A transient failure is tried again on
  * its own replica, up to retries times. */
 typedef struct fanout {
-  const wtx_rpc_method *method;
+  const wtx__rpc_method *method;
   void (*fill)(struct fanout *f, size_t i, ProtobufCMessage *req);
   void (*take)(struct fanout *f, size_t i, const ProtobufCMessage *resp);
   ProtobufCMessage *req;
@@ -280,13 +280,13 @@ static int settle_all(wtx_client *c);
 /* Every replica's call in flight (a replica whose call cannot start keeps
  * why in begun); fan_end collects them. */
 static void fan_begin(fanout *f) {
-  wtx_rpc_metadata md;
-  wtx_rpc_call_options o = call_opts(f->c, &md);
+  wtx__rpc_metadata md;
+  wtx__rpc_call_options o = call_opts(f->c, &md);
   for (size_t i = 0; i < f->c->n; i++) {
     if (f->fill != NULL) f->fill(f, i, f->req);
     replica *r = &f->c->r[i];
     r->begun = r->pending != NULL ? WTX_ESTATE
-                                  : wtx_rpc_unary_start(r->ch, f->method, f->req, &o, &r->pending);
+                                  : wtx__rpc_unary_start(r->ch, f->method, f->req, &o, &r->pending);
   }
 }
 
@@ -297,14 +297,14 @@ static int fan_take(fanout *f, size_t i) {
   int rc = c->r[i].begun;
   if (rc == 0 && c->r[i].pending == NULL) return 0; /* nothing in flight there */
   ProtobufCMessage *m = NULL;
-  wtx_rpc_status st = {.code = GRPC_STATUS_INTERNAL};
+  wtx__rpc_status st = {.code = GRPC_STATUS_INTERNAL};
   if (rc == 0) {
-    rc = wtx_rpc_unary_wait(c->r[i].pending, &m, &st);
+    rc = wtx__rpc_unary_wait(c->r[i].pending, &m, &st);
     c->r[i].pending = NULL;
   } else {
     snprintf(st.message, sizeof st.message, "cannot start the call: %s", wtx_strerror(rc));
   }
-  if (rc != 0 && wtx_rpc_code_transient(st.code) && f->retries > 0) {
+  if (rc != 0 && wtx__rpc_code_transient(st.code) && f->retries > 0) {
     if (f->fill != NULL) f->fill(f, i, f->req);
     rc = call_from(c, i, f->method, f->req, &m, f->retries, 1);
   } else if (rc != 0) {
@@ -432,14 +432,14 @@ int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *inf
   Wtx__V1__InitWeightTransferEngineRequest req =
       WTX__V1__INIT_WEIGHT_TRANSFER_ENGINE_REQUEST__INIT;
   req.init_info = (Wtx__V1__InitInfo *)info;
-  wtx_rpc_metadata md;
-  wtx_rpc_call_options o = call_opts(c, &md);
+  wtx__rpc_metadata md;
+  wtx__rpc_call_options o = call_opts(c, &md);
   c->r[i].session_id[0] = '\0';
-  rc = wtx_rpc_unary_start(c->r[i].ch, wtx__v1__weight_transfer__init_weight_transfer_engine__method,
+  rc = wtx__rpc_unary_start(c->r[i].ch, wtx__v1__weight_transfer__init_weight_transfer_engine__method,
                                &req.base, &o, &c->r[i].pending);
   if (rc != 0)
     seterr(c, (int)i, 0, "worker %zu (%s): InitWeightTransferEngine: cannot start "
-           "the call: %s", i, wtx_rpc_channel_target(c->r[i].ch), wtx_strerror(rc));
+           "the call: %s", i, wtx__rpc_channel_target(c->r[i].ch), wtx_strerror(rc));
   return rc;
 }
 
@@ -462,8 +462,8 @@ int wtx__client_init_wait(wtx_client *c, size_t i,
   if (c->ctl != NULL) return i == 0 ? control_init_wait(c, resp_out) : WTX_EINVAL;
   if (i >= c->n || c->r[i].pending == NULL) return WTX_EINVAL;
   ProtobufCMessage *m = NULL;
-  wtx_rpc_status st;
-  int rc = wtx_rpc_unary_wait(c->r[i].pending, &m, &st);
+  wtx__rpc_status st;
+  int rc = wtx__rpc_unary_wait(c->r[i].pending, &m, &st);
   c->r[i].pending = NULL;
   if (rc != 0) return call_failed(c, i, "InitWeightTransferEngine", rc, &st);
   Wtx__V1__InitWeightTransferEngineResponse *resp =
@@ -537,7 +537,7 @@ int wtx__client_update_refused(wtx_client *c) {
   if (c->ctl != NULL) return wtx__control_failed(c->ctl);
   for (size_t i = 0; i < c->n; i++) {
     int code = 0;
-    if (c->r[i].pending != NULL && wtx_rpc_unary_poll(c->r[i].pending, &code) && code != 0)
+    if (c->r[i].pending != NULL && wtx__rpc_unary_poll(c->r[i].pending, &code) && code != 0)
       return 1;
   }
   return 0;
@@ -610,7 +610,7 @@ int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
   for (size_t i = 0; i < c->n; i++)
     if (c->r[i].begun != 0) {
       seterr(c, (int)i, 0, "worker %zu (%s): UpdateWeights: cannot start the "
-             "call: %s", i, wtx_rpc_channel_target(c->r[i].ch), wtx_strerror(c->r[i].begun));
+             "call: %s", i, wtx__rpc_channel_target(c->r[i].ch), wtx_strerror(c->r[i].begun));
       return c->r[i].begun;
     }
   return 0;
@@ -702,7 +702,7 @@ static void note_replica(char *list, size_t len, const wtx_client *c, size_t i,
                          const char *why) {
   size_t o = strlen(list);
   snprintf(list + o, len - o, "%sworker %zu (%s): %s", o ? "; " : "", c->r[i].index,
-           wtx_rpc_channel_target(c->r[i].ch), why);
+           wtx__rpc_channel_target(c->r[i].ch), why);
 }
 
 /* Undoes, on every replica of c, the update each was told to publish:
@@ -729,10 +729,10 @@ static void undo(wtx_client *c, undo_report *rep) {
     if (fan_take(&f, i) == 0) continue;
     if (codes[i] == GRPC_STATUS_NOT_FOUND) {
       rep->undone++;
-    } else if (wtx_rpc_code_transient(codes[i])) {
+    } else if (wtx__rpc_code_transient(codes[i])) {
       snprintf(c->r[i].undo_session, sizeof c->r[i].undo_session, "%s", c->r[i].session_id);
       c->r[i].undo_update = c->r[i].update_id;
-      note_replica(rep->unreached, sizeof rep->unreached, c, i, wtx_rpc_code_name(codes[i]));
+      note_replica(rep->unreached, sizeof rep->unreached, c, i, wtx__rpc_code_name(codes[i]));
     } else {
       note_replica(rep->kept, sizeof rep->kept, c, i, c->err);
     }
@@ -800,7 +800,7 @@ static int settle(wtx_client *c, size_t i) {
   int rc = call(c, i, wtx__v1__weight_transfer__abort_weight_update__method, &req.base, &m,
                 c->retries > SETTLE_RETRIES ? c->retries : SETTLE_RETRIES);
   if (m != NULL) protobuf_c_message_free_unpacked(m, NULL);
-  if (rc != 0 && wtx_rpc_code_transient(c->err_status)) {
+  if (rc != 0 && wtx__rpc_code_transient(c->err_status)) {
     char why[sizeof c->err];
     snprintf(why, sizeof why, "%s", c->err);
     seterr(c, (int)i, c->err_status, "%s (update %llu, undone on the other replicas, is "

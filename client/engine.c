@@ -1058,7 +1058,7 @@ static void send_result(wtx_trainer *t, const sync_state *s, wtx_send_result *re
 /* One sync on rank 0, published (commit) or prepared. */
 static int send_run(wtx_trainer *t, const wtx_send_options *o, int commit,
                     wtx_send_result *result) {
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   int rc = trainer_metadata(t);
   if (rc != 0) return rc;
   uint64_t control0 = wtx__client_update_bytes(t->client);
@@ -1078,7 +1078,7 @@ static int send_run(wtx_trainer *t, const wtx_send_options *o, int commit,
     wtx__trainer_abort(t, t->err);
   } else {
     if (t->delta && s.hashed) delta_landed(t, &s, commit);
-    if (result != NULL) send_result(t, &s, result, wtx_clock_s() - t0, control0, version);
+    if (result != NULL) send_result(t, &s, result, wtx__clock_s() - t0, control0, version);
   }
   sync_release(&s);
   return rc;
@@ -1122,7 +1122,7 @@ int wtx_trainer_send_patches(wtx_trainer *t, const wtx_patch *patches, size_t n,
     return fail(t, WTX_ENOTSUP, "patches: not offered with tensor-parallel workers or many "
                 "senders yet");
   if (t->rank != 0 || n == 0) return 0;
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   char why[1400] = "";
   rc = wtx__delta_caller(&t->cp, patches, n, t->args.wire.buffer_size, CHUNK_PARAMS,
                          t->args.wire.packed, why, sizeof why);
@@ -1139,7 +1139,7 @@ int wtx_trainer_send_patches(wtx_trainer *t, const wtx_patch *patches, size_t n,
   wtx__delta_forget(&t->dk);
   t->sums_sent = 0;
   if (rc != 0) wtx__trainer_abort(t, t->err);
-  else if (result != NULL) send_result(t, &s, result, wtx_clock_s() - t0, control0, version);
+  else if (result != NULL) send_result(t, &s, result, wtx__clock_s() - t0, control0, version);
   sync_release(&s);
   return rc;
 }

@@ -131,7 +131,7 @@ typedef struct progress {
 static void on_progress(void *arg, uint64_t done, uint64_t total) {
   progress *p = arg;
   if (!p->tty || total == 0) return;
-  double dt = wtx_clock_s() - p->t0;
+  double dt = wtx__clock_s() - p->t0;
   double rate = dt > 0 ? done / dt : 0;
   double eta = rate > 0 ? (total - done) / rate : 0;
   int width = 30, fill = (int)(width * (double)done / total);
@@ -415,7 +415,7 @@ static int parse_push(int argc, char **argv, push_args *a) {
 /* One sync from tr and its summary line (and the comparison, --verify). */
 static int push_once(const push_args *a, wtx_trainer *tr, wtx_client *cl,
                      double *seconds) {
-  progress pr = {wtx_clock_s(), isatty(2)};
+  progress pr = {wtx__clock_s(), isatty(2)};
   wtx_send_options so = WTX_SEND_OPTIONS_INIT;
   so.version = a->version;
   so.target = a->draft ? WTX_TARGET_DRAFT : WTX_TARGET_MAIN;

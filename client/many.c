@@ -874,7 +874,7 @@ static uint64_t many_control_bytes(const wtx__many *m) {
 int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *result,
                    char *err, size_t errlen) {
   wtx_send_result r = {0};
-  int64_t t0 = wtx_clock_ms();
+  int64_t t0 = wtx__clock_ms();
   uint64_t control0 = many_control_bytes(m);
   int rc = many_connect(m, err, errlen);
   if (rc == 0 && m->rank == 0) rc = many_start(m, opts->target, err, errlen);
@@ -894,7 +894,7 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
    * ranks, whose part succeeded, keep them for the next sync. A worker
    * that lost its session fails that sync's start, which starts over. */
   r.params = m->n;
-  r.seconds = (double)(wtx_clock_ms() - t0) / 1000.0;
+  r.seconds = (double)(wtx__clock_ms() - t0) / 1000.0;
   r.control_bytes = many_control_bytes(m) - control0;
   if (rc == 0 && opts->progress != NULL) opts->progress(opts->progress_arg, r.bytes, r.bytes);
   if (result != NULL) *result = r;

@@ -598,7 +598,7 @@ static int commit_groups(wtx__sharded *sh, const char *version, char *label, siz
 
 int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_result *result,
                       char *err, size_t errlen) {
-  double t0 = wtx_clock_s();
+  double t0 = wtx__clock_s();
   sh->o = o;
   sh->done = 0;
   sh->total = 0;
@@ -624,7 +624,7 @@ int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_resu
   }
   if (result != NULL) {
     *result = sum;
-    result->seconds = wtx_clock_s() - t0;
+    result->seconds = wtx__clock_s() - t0;
     snprintf(result->version, sizeof result->version, "%s", version);
   }
   return 0;

@@ -3,21 +3,21 @@
  * For every file protoc asks it to generate, X.proto, it writes:
  *   X.grpc-c.h  typed client stubs (blocking, start/wait, streaming), a typed
  *               handlers struct per service, and the tables below;
- *   X.grpc-c.c  the wtx_rpc_service / wtx_rpc_method tables, server
+ *   X.grpc-c.c  the wtx__rpc_service / wtx__rpc_method tables, server
  *               trampolines, and X.proto's serialized FileDescriptorProto plus
  *               those of its imports (for server reflection).
  * The messages themselves come from protobuf-c (protoc-gen-c, X.pb-c.h); the
- * stubs call the wtx_rpc runtime (rpc/rpc.h) over the gRPC core C API.
+ * stubs call the wtx__rpc runtime (rpc/rpc.h) over the gRPC core C API.
  *
  * Nothing here knows about wtx's own services. Names follow protobuf-c's
  * conventions, with suffixes that cannot clash with protobuf-c's own service
  * code: for service pkg.Svc, method DoIt:
  *   Pkg__Svc_Handlers                 the handlers struct, member do_it
- *   pkg__svc__grpc                    the wtx_rpc_service table
+ *   pkg__svc__grpc                    the wtx__rpc_service table
  *   pkg__svc__do_it__call / __start / __wait              unary client stubs
  *   pkg__svc__do_it__open / __send / __recv               streaming client
  *   pkg__svc__do_it__read / __write                       streaming server
- *   pkg_file_proto__file              the file's wtx_rpc_file (path-derived)
+ *   pkg_file_proto__file              the file's wtx__rpc_file (path-derived)
  */
 #include <ctype.h>
 #include <stdarg.h>
@@ -316,10 +316,10 @@ static void method_names_free(method_names *n) {
 static void emit_handlers_struct(buf *h, const svc_names *sn, const SvcProto *s) {
   out(h,
       "/* Server handlers: fill a struct, pass it to "
-      "wtx_rpc_server_add_service(srv, &%s__grpc, &handlers, user).\n"
+      "wtx__rpc_server_add_service(srv, &%s__grpc, &handlers, user).\n"
       " * A NULL member answers UNIMPLEMENTED. Unary handlers fill resp "
       "(fields pointing to\n"
-      " * wtx_rpc_ctx_alloc memory or longer-lived memory) and return a status "
+      " * wtx__rpc_ctx_alloc memory or longer-lived memory) and return a status "
       "code. */\n",
       sn->low);
   out(h, "typedef struct %s_Handlers {\n", sn->type);
@@ -330,10 +330,10 @@ static void emit_handlers_struct(buf *h, const svc_names *sn, const SvcProto *s)
         m->client_streaming ? "stream " : "", m->input_type + 1,
         m->server_streaming ? "stream " : "", m->output_type + 1);
     if (is_unary(m))
-      out(h, "  grpc_status_code (*%s)(wtx_rpc_ctx *ctx, const %s *req, %s *resp);\n",
+      out(h, "  grpc_status_code (*%s)(wtx__rpc_ctx *ctx, const %s *req, %s *resp);\n",
           mn.low, mn.in, mn.out);
     else
-      out(h, "  grpc_status_code (*%s)(wtx_rpc_ctx *ctx);\n", mn.low);
+      out(h, "  grpc_status_code (*%s)(wtx__rpc_ctx *ctx);\n", mn.low);
     method_names_free(&mn);
   }
   if (s->n_method == 0) out(h, "  int unused;\n");
@@ -343,25 +343,25 @@ static void emit_handlers_struct(buf *h, const svc_names *sn, const SvcProto *s)
 /* Typed client stubs of unary method i: blocking call, start and wait. */
 static void emit_unary_stubs(buf *h, const char *low, const method_names *mn, size_t i) {
   out(h,
-      "static inline int %s__%s__call(wtx_rpc_channel *ch, const %s *req,\n"
-      "    %s **resp, const wtx_rpc_call_options *opts, wtx_rpc_status *st) {\n"
+      "static inline int %s__%s__call(wtx__rpc_channel *ch, const %s *req,\n"
+      "    %s **resp, const wtx__rpc_call_options *opts, wtx__rpc_status *st) {\n"
       "  ProtobufCMessage *m = NULL;\n"
-      "  int rc = wtx_rpc_unary(ch, &%s__grpc.methods[%zu], &req->base, &m, opts, st);\n"
+      "  int rc = wtx__rpc_unary(ch, &%s__grpc.methods[%zu], &req->base, &m, opts, st);\n"
       "  *resp = (%s *)m;\n"
       "  return rc;\n"
       "}\n",
       low, mn->low, mn->in, mn->out, low, i, mn->out);
   out(h,
-      "static inline int %s__%s__start(wtx_rpc_channel *ch, const %s *req,\n"
-      "    const wtx_rpc_call_options *opts, wtx_rpc_pending **out) {\n"
-      "  return wtx_rpc_unary_start(ch, &%s__grpc.methods[%zu], &req->base, opts, out);\n"
+      "static inline int %s__%s__start(wtx__rpc_channel *ch, const %s *req,\n"
+      "    const wtx__rpc_call_options *opts, wtx__rpc_pending **out) {\n"
+      "  return wtx__rpc_unary_start(ch, &%s__grpc.methods[%zu], &req->base, opts, out);\n"
       "}\n",
       low, mn->low, mn->in, low, i);
   out(h,
-      "static inline int %s__%s__wait(wtx_rpc_pending *p, %s **resp,\n"
-      "    wtx_rpc_status *st) {\n"
+      "static inline int %s__%s__wait(wtx__rpc_pending *p, %s **resp,\n"
+      "    wtx__rpc_status *st) {\n"
       "  ProtobufCMessage *m = NULL;\n"
-      "  int rc = wtx_rpc_unary_wait(p, &m, st);\n"
+      "  int rc = wtx__rpc_unary_wait(p, &m, st);\n"
       "  *resp = (%s *)m;\n"
       "  return rc;\n"
       "}\n\n",
@@ -372,19 +372,19 @@ static void emit_unary_stubs(buf *h, const char *low, const method_names *mn, si
  * read/write. */
 static void emit_stream_stubs(buf *h, const char *low, const method_names *mn, size_t i) {
   out(h,
-      "static inline int %s__%s__open(wtx_rpc_channel *ch,\n"
-      "    const wtx_rpc_call_options *opts, wtx_rpc_stream **out) {\n"
-      "  return wtx_rpc_stream_open(ch, &%s__grpc.methods[%zu], opts, out);\n"
+      "static inline int %s__%s__open(wtx__rpc_channel *ch,\n"
+      "    const wtx__rpc_call_options *opts, wtx__rpc_stream **out) {\n"
+      "  return wtx__rpc_stream_open(ch, &%s__grpc.methods[%zu], opts, out);\n"
       "}\n",
       low, mn->low, low, i);
   out(h,
-      "static inline int %s__%s__send(wtx_rpc_stream *s, const %s *msg) {\n"
-      "  return wtx_rpc_stream_send(s, &msg->base);\n"
+      "static inline int %s__%s__send(wtx__rpc_stream *s, const %s *msg) {\n"
+      "  return wtx__rpc_stream_send(s, &msg->base);\n"
       "}\n",
       low, mn->low, mn->in);
   /* recv (client) and read (server) differ only in the call and the type. */
-  const char *const rd[2][3] = {{"recv", "wtx_rpc_stream *s", "wtx_rpc_stream_recv(s"},
-                                {"read", "wtx_rpc_ctx *ctx", "wtx_rpc_ctx_read(ctx"}};
+  const char *const rd[2][3] = {{"recv", "wtx__rpc_stream *s", "wtx__rpc_stream_recv(s"},
+                                {"read", "wtx__rpc_ctx *ctx", "wtx__rpc_ctx_read(ctx"}};
   for (int k = 0; k < 2; k++) {
     const char *t = k == 0 ? mn->out : mn->in;
     out(h,
@@ -397,8 +397,8 @@ static void emit_stream_stubs(buf *h, const char *low, const method_names *mn, s
         low, mn->low, rd[k][0], rd[k][1], t, rd[k][2], t);
   }
   out(h,
-      "static inline int %s__%s__write(wtx_rpc_ctx *ctx, const %s *msg) {\n"
-      "  return wtx_rpc_ctx_write(ctx, &msg->base);\n"
+      "static inline int %s__%s__write(wtx__rpc_ctx *ctx, const %s *msg) {\n"
+      "  return wtx__rpc_ctx_write(ctx, &msg->base);\n"
       "}\n\n",
       low, mn->low, mn->out);
 }
@@ -406,7 +406,7 @@ static void emit_stream_stubs(buf *h, const char *low, const method_names *mn, s
 static void emit_service_header(buf *h, const FileProto *f, const SvcProto *s) {
   svc_names sn = svc_names_of(f, s);
   out(h, "/* ---- service %s ---- */\n\n", sn.full);
-  out(h, "extern const wtx_rpc_service %s__grpc;\n\n", sn.low);
+  out(h, "extern const wtx__rpc_service %s__grpc;\n\n", sn.low);
   emit_handlers_struct(h, &sn, s);
   for (size_t i = 0; i < s->n_method; i++) {
     const MethodProto *m = s->method[i];
@@ -430,10 +430,10 @@ static void emit_invoke(buf *c, const svc_names *sn, const MethodProto *m) {
   int unary = is_unary(m);
   out(c,
       "static grpc_status_code %s__%s__invoke(const void *handlers,\n"
-      "    wtx_rpc_ctx *ctx%s) {\n"
+      "    wtx__rpc_ctx *ctx%s) {\n"
       "  const %s_Handlers *h = (const %s_Handlers *)handlers;\n"
       "  if (h->%s == NULL)\n"
-      "    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNIMPLEMENTED,\n"
+      "    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_UNIMPLEMENTED,\n"
       "                              \"%s.%s is not implemented\");\n",
       sn->low, mn.low,
       unary ? ", const ProtobufCMessage *req, ProtobufCMessage *resp" : "",
@@ -450,7 +450,7 @@ static void emit_service_source(buf *c, const FileProto *f, const SvcProto *s,
                                 const char *fid) {
   svc_names sn = svc_names_of(f, s);
   for (size_t i = 0; i < s->n_method; i++) emit_invoke(c, &sn, s->method[i]);
-  out(c, "static const wtx_rpc_method %s__methods[] = {\n", sn.low);
+  out(c, "static const wtx__rpc_method %s__methods[] = {\n", sn.low);
   for (size_t i = 0; i < s->n_method; i++) {
     const MethodProto *m = s->method[i];
     method_names mn = method_names_of(m, 1);
@@ -470,7 +470,7 @@ static void emit_service_source(buf *c, const FileProto *f, const SvcProto *s,
   if (s->n_method == 0) out(c, "    {0},\n");
   out(c, "};\n\n");
   out(c,
-      "const wtx_rpc_service %s__grpc = {\n"
+      "const wtx__rpc_service %s__grpc = {\n"
       "    .full_name = \"%s\",\n"
       "    .methods = %s__methods,\n"
       "    .n_methods = %zu,\n"
@@ -501,7 +501,7 @@ static void generate(const request *r, FileProto *f,
       "extern \"C\" {\n"
       "#endif\n\n"
       "/* %s and every file it imports, serialized, for server reflection. */\n"
-      "extern const wtx_rpc_file %s__file;\n\n",
+      "extern const wtx__rpc_file %s__file;\n\n",
       f->name, guard, guard, base, f->name, fid);
   for (size_t i = 0; i < f->n_service; i++)
     emit_service_header(&h, f, f->service[i]);
@@ -521,14 +521,14 @@ static void generate(const request *r, FileProto *f,
   mark_deps(r, f, marks);
   size_t nblobs = 0;
   buf tbl = {0};
-  out(&tbl, "static const wtx_rpc_file_blob blobs[] = {\n");
+  out(&tbl, "static const wtx__rpc_file_blob blobs[] = {\n");
   for (size_t i = 0; i < r->req->n_proto_file; i++)
     if (marks[i]) emit_blob(&c, &tbl, nblobs++, r->req->proto_file[i]);
   out(&c, "%s", tbl.p);
   free(tbl.p);
   out(&c, "};\n\n");
   out(&c,
-      "const wtx_rpc_file %s__file = {\n"
+      "const wtx__rpc_file %s__file = {\n"
       "    .name = \"%s\",\n"
       "    .blobs = blobs,\n"
       "    .n_blobs = %zu,\n"

@@ -9,11 +9,11 @@ extern "C" {
 #endif
 
 /* Milliseconds and seconds of CLOCK_MONOTONIC (unrelated to wall time). */
-int64_t wtx_clock_ms(void);
-double wtx_clock_s(void);
+int64_t wtx__clock_ms(void);
+double wtx__clock_s(void);
 /* Seconds since the Unix epoch (CLOCK_REALTIME): timestamps for people and
  * metrics, never for durations. */
-double wtx_clock_unix_s(void);
+double wtx__clock_unix_s(void);
 
 #ifdef __cplusplus
 }

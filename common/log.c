@@ -11,18 +11,18 @@
 
 #include "wtx/error.h"
 
-static atomic_int threshold = WTX_LOG_INFO;
+static atomic_int threshold = WTX__LOG_INFO;
 static pthread_mutex_t sink_mu = PTHREAD_MUTEX_INITIALIZER;
-static wtx_log_sink sink_fn;
+static wtx__log_sink sink_fn;
 static void *sink_user;
 
 static const char *const names[] = {"debug", "info", "warn", "error", "off"};
 
-void wtx_log_set_level(int level) { atomic_store(&threshold, level); }
+void wtx__log_set_level(int level) { atomic_store(&threshold, level); }
 
 
-int wtx_log_parse_level(const char *name, int *level) {
-  for (int i = 0; i <= WTX_LOG_OFF; i++)
+int wtx__log_parse_level(const char *name, int *level) {
+  for (int i = 0; i <= WTX__LOG_OFF; i++)
     if (strcasecmp(name, names[i]) == 0) {
       *level = i;
       return 0;
@@ -30,15 +30,15 @@ int wtx_log_parse_level(const char *name, int *level) {
   return WTX_EINVAL;
 }
 
-void wtx_log_set_sink(wtx_log_sink sink, void *user) {
+void wtx__log_set_sink(wtx__log_sink sink, void *user) {
   pthread_mutex_lock(&sink_mu);
   sink_fn = sink;
   sink_user = user;
   pthread_mutex_unlock(&sink_mu);
 }
 
-void wtx_log(int level, const char *fmt, ...) {
-  if (level < atomic_load(&threshold) || level >= WTX_LOG_OFF) return;
+void wtx__log(int level, const char *fmt, ...) {
+  if (level < atomic_load(&threshold) || level >= WTX__LOG_OFF) return;
   char line[4096];
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -59,7 +59,7 @@ void wtx_log(int level, const char *fmt, ...) {
   pthread_mutex_unlock(&sink_mu);
 }
 
-const char *wtx_log_quote(const char *s, char *buf, size_t len) {
+const char *wtx__log_quote(const char *s, char *buf, size_t len) {
   if (len == 0) return buf;
   int plain = s[0] != '\0';
   for (const char *p = s; *p && plain; p++)

@@ -186,14 +186,14 @@ int wtx__nccl_join(const wtx_cuda *c, void **comm, int nranks, const wtx_nccl_id
                          INT_MIN, INT_MIN, INT_MIN, NULL};
   *comm = NULL;
   int e = c->CommInitRankConfig(comm, nranks, *id, rank, &cfg);
-  int64_t until = wtx_clock_ms() + timeout_ms;
+  int64_t until = wtx__clock_ms() + timeout_ms;
   int rc = 0;
   char why[400];
   while (rc == 0 && e == WTX_NCCL_IN_PROGRESS) {
     if (*comm == NULL || c->CommGetAsyncError(*comm, &e) != WTX_NCCL_SUCCESS) break;
     if (e != WTX_NCCL_IN_PROGRESS) break;
     if (wtx_stop_now(stop)) rc = WTX_ECANCELED;
-    else if (wtx_clock_ms() >= until) rc = WTX_ETIMEDOUT;
+    else if (wtx__clock_ms() >= until) rc = WTX_ETIMEDOUT;
     else pause_200us();
   }
   if (rc == 0 && e == WTX_NCCL_SUCCESS) return 0;
@@ -221,7 +221,7 @@ static int comm_failed(const wtx_cuda *c, void *comm, char *err, size_t errlen) 
 int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
                    uint32_t timeout_ms, const wtx_stop *stop, char *err,
                    size_t errlen) {
-  int64_t until = wtx_clock_ms() + timeout_ms;
+  int64_t until = wtx__clock_ms() + timeout_ms;
   for (;;) {
     int q = c->StreamQuery(stream);
     /* A collective whose peer failed can end early on the stream with
@@ -237,7 +237,7 @@ int wtx__cuda_wait(const wtx_cuda *c, void *stream, void *comm,
       snprintf(err, errlen, "cancelled");
       return WTX_ECANCELED;
     }
-    if (wtx_clock_ms() >= until) {
+    if (wtx__clock_ms() >= until) {
       snprintf(err, errlen, "no progress within %u ms (a peer is gone?)", timeout_ms);
       return WTX_ETIMEDOUT;
     }

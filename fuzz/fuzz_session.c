@@ -27,12 +27,12 @@
 #define REGION_BYTES 65536
 
 static wtx_worker *worker;
-static wtx_rpc_channel *channel;
+static wtx__rpc_channel *channel;
 static char session[64];
 static uint64_t update;
 
 static void start(void) {
-  if (getenv("WTX_FUZZ_LOG") == NULL) wtx_log_set_level(WTX_LOG_OFF); /* a run to read */
+  if (getenv("WTX_FUZZ_LOG") == NULL) wtx__log_set_level(WTX__LOG_OFF); /* a run to read */
   int fd = shm_open(REGION, O_RDWR | O_CREAT, 0600);
   if (fd < 0 || ftruncate(fd, REGION_BYTES) != 0) abort();
   uint8_t *p = mmap(NULL, REGION_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -51,7 +51,7 @@ static void start(void) {
   if (wtx_worker_start(&o, &worker, err, sizeof err) != 0) abort();
   char target[64];
   snprintf(target, sizeof target, "127.0.0.1:%d", wtx_worker_port(worker));
-  if (wtx_rpc_channel_create(target, NULL, &channel) != 0) abort();
+  if (wtx__rpc_channel_create(target, NULL, &channel) != 0) abort();
 }
 
 /* Sets the string field name of m to value, when m has one. */
@@ -97,16 +97,16 @@ static void learn(const ProtobufCMessage *resp) {
 }
 
 static void call(uint8_t op, const uint8_t *body, size_t len) {
-  const wtx_rpc_service *svc = &wtx__v1__weight_transfer__grpc;
-  const wtx_rpc_method *m = &svc->methods[(op & 0x0f) % svc->n_methods];
+  const wtx__rpc_service *svc = &wtx__v1__weight_transfer__grpc;
+  const wtx__rpc_method *m = &svc->methods[(op & 0x0f) % svc->n_methods];
   ProtobufCMessage *req = protobuf_c_message_unpack(m->input, NULL, len, body);
   if (req == NULL) return;
   steer(req, op);
-  wtx_rpc_call_options o = WTX_RPC_CALL_OPTIONS_INIT;
+  wtx__rpc_call_options o = WTX__RPC_CALL_OPTIONS_INIT;
   o.timeout_ms = 2000;
   ProtobufCMessage *resp = NULL;
-  wtx_rpc_status st;
-  if (wtx_rpc_unary(channel, m, req, &resp, &o, &st) == 0 && resp != NULL) learn(resp);
+  wtx__rpc_status st;
+  if (wtx__rpc_unary(channel, m, req, &resp, &o, &st) == 0 && resp != NULL) learn(resp);
   if (resp != NULL) protobuf_c_message_free_unpacked(resp, NULL);
   protobuf_c_message_free_unpacked(req, NULL);
 }
@@ -115,7 +115,7 @@ static void call(uint8_t op, const uint8_t *body, size_t len) {
 static void check(void) {
   Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
   Wtx__V1__GetWeightInfoResponse *resp = NULL;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   if (wtx__v1__weight_transfer__get_weight_info__call(channel, &req, &resp, NULL, &st) != 0)
     abort();
   protobuf_c_message_free_unpacked(&resp->base, NULL);

@@ -1,4 +1,4 @@
-/* gRPC server reflection, v1 and v1alpha, over wtx_rpc (see services.h).
+/* gRPC server reflection, v1 and v1alpha, over wtx__rpc (see services.h).
  *
  * The two versions declare the same messages with the same field numbers, so
  * their wire bytes are identical: one handler serves both, reading a v1alpha
@@ -20,12 +20,12 @@ typedef Grpc__Reflection__V1__ServerReflectionResponse Response;
 
 /* The embedded file named name, or defining symbol, among the files of every
  * service of srv and their imports; NULL when none. */
-static const wtx_rpc_file_blob *find_blob(const wtx_rpc_server *srv,
+static const wtx__rpc_file_blob *find_blob(const wtx__rpc_server *srv,
                                           const char *name, const char *symbol) {
-  for (size_t i = 0; i < wtx_rpc_server_service_count(srv); i++) {
-    const wtx_rpc_file *f = wtx_rpc_server_service(srv, i)->file;
+  for (size_t i = 0; i < wtx__rpc_server_service_count(srv); i++) {
+    const wtx__rpc_file *f = wtx__rpc_server_service(srv, i)->file;
     for (size_t j = 0; f != NULL && j < f->n_blobs; j++) {
-      const wtx_rpc_file_blob *b = &f->blobs[j];
+      const wtx__rpc_file_blob *b = &f->blobs[j];
       if (name != NULL && strcmp(b->name, name) == 0) return b;
       for (size_t k = 0; symbol != NULL && k < b->n_symbols; k++)
         if (strcmp(b->symbols[k], symbol) == 0) return b;
@@ -35,13 +35,13 @@ static const wtx_rpc_file_blob *find_blob(const wtx_rpc_server *srv,
 }
 
 /* The file defining symbol, or (for a field or enum value) its parent. */
-static const wtx_rpc_file_blob *find_symbol(const wtx_rpc_server *srv,
+static const wtx__rpc_file_blob *find_symbol(const wtx__rpc_server *srv,
                                             const char *symbol) {
   char buf[1024];
   if (strlen(symbol) >= sizeof buf) return NULL;
   strcpy(buf, symbol);
   for (;;) {
-    const wtx_rpc_file_blob *b = find_blob(srv, NULL, buf);
+    const wtx__rpc_file_blob *b = find_blob(srv, NULL, buf);
     if (b != NULL) return b;
     char *dot = strrchr(buf, '.');
     if (dot == NULL) return NULL;
@@ -56,13 +56,13 @@ typedef struct file_list {
 
 /* Appends b and, recursively, every file it imports that is not listed yet.
  * Storage comes from the call's arena. */
-static int add_with_imports(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
-                            file_list *l, const wtx_rpc_file_blob *b) {
+static int add_with_imports(wtx__rpc_ctx *ctx, const wtx__rpc_server *srv,
+                            file_list *l, const wtx__rpc_file_blob *b) {
   for (size_t i = 0; i < l->n; i++)
     if (l->items[i].data == b->data) return 0;
   if (l->n == l->cap) {
     size_t cap = l->cap ? l->cap * 2 : 8;
-    ProtobufCBinaryData *items = wtx_rpc_ctx_alloc(ctx, cap * sizeof *items);
+    ProtobufCBinaryData *items = wtx__rpc_ctx_alloc(ctx, cap * sizeof *items);
     if (items == NULL) return WTX_ENOMEM;
     if (l->n > 0) memcpy(items, l->items, l->n * sizeof *items);
     l->items = items;
@@ -76,7 +76,7 @@ static int add_with_imports(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
   if (fd == NULL) return WTX_EPROTO;
   int rc = 0;
   for (size_t i = 0; rc == 0 && i < fd->n_dependency; i++) {
-    const wtx_rpc_file_blob *dep = find_blob(srv, fd->dependency[i], NULL);
+    const wtx__rpc_file_blob *dep = find_blob(srv, fd->dependency[i], NULL);
     if (dep != NULL) rc = add_with_imports(ctx, srv, l, dep);
   }
   google__protobuf__file_descriptor_proto__free_unpacked(fd, NULL);
@@ -84,17 +84,17 @@ static int add_with_imports(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
 }
 
 /* The list_services answer: every service the server hosts. */
-static void list_services(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv, Response *resp) {
-  size_t n = wtx_rpc_server_service_count(srv);
-  Grpc__Reflection__V1__ListServiceResponse *list = wtx_rpc_ctx_alloc(ctx, sizeof *list);
-  Grpc__Reflection__V1__ServiceResponse *items = wtx_rpc_ctx_alloc(ctx, (n + 1) * sizeof *items);
+static void list_services(wtx__rpc_ctx *ctx, const wtx__rpc_server *srv, Response *resp) {
+  size_t n = wtx__rpc_server_service_count(srv);
+  Grpc__Reflection__V1__ListServiceResponse *list = wtx__rpc_ctx_alloc(ctx, sizeof *list);
+  Grpc__Reflection__V1__ServiceResponse *items = wtx__rpc_ctx_alloc(ctx, (n + 1) * sizeof *items);
   if (list == NULL || items == NULL) return;
   grpc__reflection__v1__list_service_response__init(list);
-  if ((list->service = wtx_rpc_ctx_alloc(ctx, (n + 1) * sizeof *list->service)) == NULL)
+  if ((list->service = wtx__rpc_ctx_alloc(ctx, (n + 1) * sizeof *list->service)) == NULL)
     return;
   for (size_t i = 0; i < n; i++) {
     grpc__reflection__v1__service_response__init(&items[i]);
-    items[i].name = (char *)wtx_rpc_server_service(srv, i)->full_name;
+    items[i].name = (char *)wtx__rpc_server_service(srv, i)->full_name;
     list->service[i] = &items[i];
   }
   list->n_service = n;
@@ -103,15 +103,15 @@ static void list_services(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv, Response 
 }
 
 /* The file_descriptor answer: b and every file it imports. */
-static void send_files(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
-                       const wtx_rpc_file_blob *b, Response *resp,
+static void send_files(wtx__rpc_ctx *ctx, const wtx__rpc_server *srv,
+                       const wtx__rpc_file_blob *b, Response *resp,
                        Grpc__Reflection__V1__ErrorResponse *err) {
-  Grpc__Reflection__V1__FileDescriptorResponse *files = wtx_rpc_ctx_alloc(ctx, sizeof *files);
+  Grpc__Reflection__V1__FileDescriptorResponse *files = wtx__rpc_ctx_alloc(ctx, sizeof *files);
   file_list l = {0};
   int rc = files != NULL ? add_with_imports(ctx, srv, &l, b) : WTX_ENOMEM;
   if (rc != 0) {
     err->error_code = GRPC_STATUS_INTERNAL;
-    err->error_message = wtx_rpc_ctx_strdup(ctx, wtx_strerror(rc));
+    err->error_message = wtx__rpc_ctx_strdup(ctx, wtx_strerror(rc));
     return;
   }
   grpc__reflection__v1__file_descriptor_response__init(files);
@@ -122,12 +122,12 @@ static void send_files(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
 }
 
 /* Fills resp for one request; the response lives in the call's arena. */
-static void answer(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
+static void answer(wtx__rpc_ctx *ctx, const wtx__rpc_server *srv,
                    const Request *req, Response *resp) {
   Grpc__Reflection__V1__ErrorResponse *err =
-      wtx_rpc_ctx_alloc(ctx, sizeof *err);
+      wtx__rpc_ctx_alloc(ctx, sizeof *err);
   Grpc__Reflection__V1__ExtensionNumberResponse *ext =
-      wtx_rpc_ctx_alloc(ctx, sizeof *ext);
+      wtx__rpc_ctx_alloc(ctx, sizeof *ext);
   if (err == NULL || ext == NULL) return;
   grpc__reflection__v1__error_response__init(err);
   grpc__reflection__v1__extension_number_response__init(ext);
@@ -137,7 +137,7 @@ static void answer(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
   resp->error_response = err;
   err->error_code = GRPC_STATUS_NOT_FOUND;
 
-  const wtx_rpc_file_blob *b = NULL;
+  const wtx__rpc_file_blob *b = NULL;
   switch (req->message_request_case) {
     case REQ(LIST_SERVICES):
       list_services(ctx, srv, resp);
@@ -145,16 +145,16 @@ static void answer(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
     case REQ(FILE_BY_FILENAME):
       b = find_blob(srv, req->file_by_filename, NULL);
       if (b == NULL)
-        err->error_message = wtx_rpc_ctx_strdup(ctx, "file not found");
+        err->error_message = wtx__rpc_ctx_strdup(ctx, "file not found");
       break;
     case REQ(FILE_CONTAINING_SYMBOL):
       b = find_symbol(srv, req->file_containing_symbol);
       if (b == NULL)
-        err->error_message = wtx_rpc_ctx_strdup(ctx, "symbol not found");
+        err->error_message = wtx__rpc_ctx_strdup(ctx, "symbol not found");
       break;
     case REQ(ALL_EXTENSION_NUMBERS_OF_TYPE):
       if (find_symbol(srv, req->all_extension_numbers_of_type) == NULL) {
-        err->error_message = wtx_rpc_ctx_strdup(ctx, "type not found");
+        err->error_message = wtx__rpc_ctx_strdup(ctx, "type not found");
         return;
       }
       ext->base_type_name = req->all_extension_numbers_of_type;
@@ -163,11 +163,11 @@ static void answer(wtx_rpc_ctx *ctx, const wtx_rpc_server *srv,
       return;
     case REQ(FILE_CONTAINING_EXTENSION):
       err->error_message =
-          wtx_rpc_ctx_strdup(ctx, "extension not found (none are declared)");
+          wtx__rpc_ctx_strdup(ctx, "extension not found (none are declared)");
       return;
     default:
       err->error_code = GRPC_STATUS_INVALID_ARGUMENT;
-      err->error_message = wtx_rpc_ctx_strdup(ctx, "message_request: not set");
+      err->error_message = wtx__rpc_ctx_strdup(ctx, "message_request: not set");
       return;
   }
   if (b != NULL) send_files(ctx, srv, b, resp, err);
@@ -190,20 +190,20 @@ static ProtobufCMessage *recode(ProtobufCMessage *m,
   return r;
 }
 
-static grpc_status_code reflection_info(wtx_rpc_ctx *ctx) {
-  const wtx_rpc_server *srv = wtx_rpc_ctx_user(ctx);
-  const ProtobufCMessageDescriptor *out_desc = wtx_rpc_ctx_method(ctx)->output;
+static grpc_status_code reflection_info(wtx__rpc_ctx *ctx) {
+  const wtx__rpc_server *srv = wtx__rpc_ctx_user(ctx);
+  const ProtobufCMessageDescriptor *out_desc = wtx__rpc_ctx_method(ctx)->output;
   for (;;) {
     ProtobufCMessage *m = NULL;
-    int rc = wtx_rpc_ctx_read(ctx, &m);
+    int rc = wtx__rpc_ctx_read(ctx, &m);
     if (rc == 0) return GRPC_STATUS_OK; /* the client is done */
     if (rc < 0)
-      return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+      return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                                 "ServerReflectionInfo: unreadable request");
     Request *req = (Request *)recode(
         m, &grpc__reflection__v1__server_reflection_request__descriptor);
     if (req == NULL)
-      return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED,
+      return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED,
                                 "out of memory");
     Response resp = GRPC__REFLECTION__V1__SERVER_REFLECTION_RESPONSE__INIT;
     answer(ctx, srv, req, &resp);
@@ -211,11 +211,11 @@ static grpc_status_code reflection_info(wtx_rpc_ctx *ctx) {
     if (out_desc != resp.base.descriptor) {
       /* v1alpha: the same bytes, decoded as its own type. */
       size_t len = protobuf_c_message_get_packed_size(&resp.base);
-      uint8_t *buf = wtx_rpc_ctx_alloc(ctx, len ? len : 1);
+      uint8_t *buf = wtx__rpc_ctx_alloc(ctx, len ? len : 1);
       out = buf == NULL ? NULL : protobuf_c_message_unpack(out_desc, NULL,
           protobuf_c_message_pack(&resp.base, buf), buf);
     }
-    rc = out == NULL ? WTX_ENOMEM : wtx_rpc_ctx_write(ctx, out);
+    rc = out == NULL ? WTX_ENOMEM : wtx__rpc_ctx_write(ctx, out);
     if (out != NULL && out != &resp.base)
       protobuf_c_message_free_unpacked(out, NULL);
     protobuf_c_message_free_unpacked(&req->base, NULL);
@@ -231,11 +231,11 @@ static const Grpc__Reflection__V1alpha__ServerReflection_Handlers
         .server_reflection_info = reflection_info,
 };
 
-int wtx_rpc_server_add_reflection(wtx_rpc_server *srv) {
-  int rc = wtx_rpc_server_add_service(
+int wtx__rpc_server_add_reflection(wtx__rpc_server *srv) {
+  int rc = wtx__rpc_server_add_service(
       srv, &grpc__reflection__v1__server_reflection__grpc, &v1_handlers, srv);
   if (rc == 0)
-    rc = wtx_rpc_server_add_service(
+    rc = wtx__rpc_server_add_service(
         srv, &grpc__reflection__v1alpha__server_reflection__grpc,
         &v1alpha_handlers, srv);
   return rc;

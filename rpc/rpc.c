@@ -1,4 +1,4 @@
-/* wtx_rpc runtime over the gRPC core C API. See rpc.h for the contract.
+/* wtx__rpc runtime over the gRPC core C API. See rpc.h for the contract.
  *
  * Every client call owns a pluck completion queue, so a caller blocks only on
  * its own call. The server polls one "next" queue for new calls on a single
@@ -43,21 +43,21 @@ static const char *const code_names[] = {
     "UNAUTHENTICATED",
 };
 
-const char *wtx_rpc_code_name(grpc_status_code code) {
+const char *wtx__rpc_code_name(grpc_status_code code) {
   if ((unsigned)code < sizeof(code_names) / sizeof(code_names[0]))
     return code_names[code];
   return "UNKNOWN_CODE";
 }
 
-int wtx_rpc_code_transient(grpc_status_code code) {
+int wtx__rpc_code_transient(grpc_status_code code) {
   return code == GRPC_STATUS_UNAVAILABLE || code == GRPC_STATUS_DEADLINE_EXCEEDED;
 }
 
-static void status_set(wtx_rpc_status *st, grpc_status_code code,
+static void status_set(wtx__rpc_status *st, grpc_status_code code,
                        const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-static void status_set(wtx_rpc_status *st, grpc_status_code code,
+static void status_set(wtx__rpc_status *st, grpc_status_code code,
                        const char *fmt, ...) {
   if (st == NULL) return;
   st->code = code;
@@ -67,7 +67,7 @@ static void status_set(wtx_rpc_status *st, grpc_status_code code,
   va_end(ap);
 }
 
-static void status_from_slice(wtx_rpc_status *st, grpc_status_code code,
+static void status_from_slice(wtx__rpc_status *st, grpc_status_code code,
                               grpc_slice details) {
   if (st == NULL) return;
   size_t n = GRPC_SLICE_LENGTH(details);
@@ -123,7 +123,7 @@ typedef struct md_list {
   size_t n;
 } md_list;
 
-static int md_list_init(md_list *l, const wtx_rpc_call_options *opts) {
+static int md_list_init(md_list *l, const wtx__rpc_call_options *opts) {
   l->md = NULL;
   l->n = 0;
   if (opts == NULL || opts->n_metadata == 0) return 0;
@@ -158,17 +158,17 @@ static void int_arg(grpc_arg *args, size_t *n, const char *key, int value) {
 
 /* ---- channel ---- */
 
-struct wtx_rpc_channel {
+struct wtx__rpc_channel {
   grpc_channel *chan;
   char *target;
 };
 
-int wtx_rpc_channel_create(const char *target,
-                           const wtx_rpc_channel_options *opts,
-                           wtx_rpc_channel **out) {
+int wtx__rpc_channel_create(const char *target,
+                           const wtx__rpc_channel_options *opts,
+                           wtx__rpc_channel **out) {
   *out = NULL;
   if (target == NULL || target[0] == '\0') return WTX_EINVAL;
-  wtx_rpc_channel *ch = calloc(1, sizeof *ch);
+  wtx__rpc_channel *ch = calloc(1, sizeof *ch);
   if (ch == NULL) return WTX_ENOMEM;
   ch->target = strdup(target);
   if (ch->target == NULL) {
@@ -186,8 +186,8 @@ int wtx_rpc_channel_create(const char *target,
    * there): reconnect attempts stay close together, and one to a worker
    * that died mid-connection gives up soon (rpc.h). */
   int_arg(args, &nargs, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  int_arg(args, &nargs, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, WTX_RPC_RECONNECT_MAX_MS);
-  int_arg(args, &nargs, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, WTX_RPC_CONNECT_TIMEOUT_MS);
+  int_arg(args, &nargs, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, WTX__RPC_RECONNECT_MAX_MS);
+  int_arg(args, &nargs, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, WTX__RPC_CONNECT_TIMEOUT_MS);
   /* Connections of its own: with gRPC's process-wide pool, a new channel
    * to a worker that just restarted inherits another channel's failed
    * attempts and fails its first call at once, though the worker is up. */
@@ -209,7 +209,7 @@ int wtx_rpc_channel_create(const char *target,
   return 0;
 }
 
-void wtx_rpc_channel_destroy(wtx_rpc_channel *ch) {
+void wtx__rpc_channel_destroy(wtx__rpc_channel *ch) {
   if (ch == NULL) return;
   grpc_channel_destroy(ch->chan);
   free(ch->target);
@@ -217,9 +217,9 @@ void wtx_rpc_channel_destroy(wtx_rpc_channel *ch) {
   grpc_shutdown();
 }
 
-grpc_channel *wtx_rpc_channel_grpc(wtx_rpc_channel *ch) { return ch->chan; }
+grpc_channel *wtx__rpc_channel_grpc(wtx__rpc_channel *ch) { return ch->chan; }
 
-void wtx_rpc_channel_backoff(wtx_rpc_channel *ch, int64_t ms) {
+void wtx__rpc_channel_backoff(wtx__rpc_channel *ch, int64_t ms) {
   gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                                        gpr_time_from_millis(ms, GPR_TIMESPAN));
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
@@ -241,7 +241,7 @@ void wtx_rpc_channel_backoff(wtx_rpc_channel *ch, int64_t ms) {
   grpc_completion_queue_destroy(cq);
 }
 
-const char *wtx_rpc_channel_target(const wtx_rpc_channel *ch) {
+const char *wtx__rpc_channel_target(const wtx__rpc_channel *ch) {
   return ch->target;
 }
 
@@ -250,7 +250,7 @@ const char *wtx_rpc_channel_target(const wtx_rpc_channel *ch) {
 /* What every client call holds, unary or streaming: its queue, the call,
  * the metadata sent and received, and the final status. */
 typedef struct call_core {
-  const wtx_rpc_method *method;
+  const wtx__rpc_method *method;
   grpc_completion_queue *cq;
   grpc_call *call;
   md_list md;
@@ -262,8 +262,8 @@ typedef struct call_core {
 } call_core;
 
 /* Creates the call of m on ch with opts' deadline and metadata. */
-static int core_open(call_core *c, wtx_rpc_channel *ch, const wtx_rpc_method *m,
-                     const wtx_rpc_call_options *opts) {
+static int core_open(call_core *c, wtx__rpc_channel *ch, const wtx__rpc_method *m,
+                     const wtx__rpc_call_options *opts) {
   c->method = m;
   if (md_list_init(&c->md, opts) != 0) return WTX_ENOMEM;
   c->cq = grpc_completion_queue_create_for_pluck(NULL);
@@ -306,7 +306,7 @@ static void op_recv_status(call_core *c, grpc_op *op) {
 
 /* ---- unary client calls ---- */
 
-struct wtx_rpc_pending {
+struct wtx__rpc_pending {
   call_core c;
   grpc_byte_buffer *req_bb;
   grpc_byte_buffer *resp_bb;
@@ -314,13 +314,13 @@ struct wtx_rpc_pending {
   int finished; /* its batch completed (plucked by poll) */
 };
 
-int wtx_rpc_unary_start(wtx_rpc_channel *ch, const wtx_rpc_method *m,
+int wtx__rpc_unary_start(wtx__rpc_channel *ch, const wtx__rpc_method *m,
                         const ProtobufCMessage *req,
-                        const wtx_rpc_call_options *opts,
-                        wtx_rpc_pending **out) {
+                        const wtx__rpc_call_options *opts,
+                        wtx__rpc_pending **out) {
   *out = NULL;
   if (req == NULL || req->descriptor != m->input) return WTX_EINVAL;
-  wtx_rpc_pending *p = calloc(1, sizeof *p);
+  wtx__rpc_pending *p = calloc(1, sizeof *p);
   if (p == NULL || core_open(&p->c, ch, m, opts) != 0) {
     free(p);
     return WTX_ENOMEM;
@@ -344,7 +344,7 @@ int wtx_rpc_unary_start(wtx_rpc_channel *ch, const wtx_rpc_method *m,
   return 0;
 }
 
-int wtx_rpc_unary_poll(wtx_rpc_pending *p, int *code) {
+int wtx__rpc_unary_poll(wtx__rpc_pending *p, int *code) {
   if (!p->finished && !p->start_failed) {
     grpc_event ev = grpc_completion_queue_pluck(p->c.cq, p, gpr_time_0(GPR_CLOCK_REALTIME),
                                                 NULL);
@@ -354,14 +354,14 @@ int wtx_rpc_unary_poll(wtx_rpc_pending *p, int *code) {
   return p->finished || p->start_failed;
 }
 
-void wtx_rpc_unary_cancel(wtx_rpc_pending *p) {
+void wtx__rpc_unary_cancel(wtx__rpc_pending *p) {
   if (p != NULL) grpc_call_cancel(p->c.call, NULL);
 }
 
 /* The response of a finished unary call, or why there is none. */
-static int unary_result(wtx_rpc_pending *p, ProtobufCMessage **resp,
-                        wtx_rpc_status *st) {
-  const wtx_rpc_method *m = p->c.method;
+static int unary_result(wtx__rpc_pending *p, ProtobufCMessage **resp,
+                        wtx__rpc_status *st) {
+  const wtx__rpc_method *m = p->c.method;
   if (p->c.status != GRPC_STATUS_OK) {
     status_from_slice(st, p->c.status, p->c.details);
     return wtx_err_from_grpc(p->c.status);
@@ -379,8 +379,8 @@ static int unary_result(wtx_rpc_pending *p, ProtobufCMessage **resp,
   return 0;
 }
 
-int wtx_rpc_unary_wait(wtx_rpc_pending *p, ProtobufCMessage **resp,
-                       wtx_rpc_status *st) {
+int wtx__rpc_unary_wait(wtx__rpc_pending *p, ProtobufCMessage **resp,
+                       wtx__rpc_status *st) {
   *resp = NULL;
   int rc;
   if (p->start_failed) {
@@ -398,23 +398,23 @@ int wtx_rpc_unary_wait(wtx_rpc_pending *p, ProtobufCMessage **resp,
   return rc;
 }
 
-int wtx_rpc_unary(wtx_rpc_channel *ch, const wtx_rpc_method *m,
+int wtx__rpc_unary(wtx__rpc_channel *ch, const wtx__rpc_method *m,
                   const ProtobufCMessage *req, ProtobufCMessage **resp,
-                  const wtx_rpc_call_options *opts, wtx_rpc_status *st) {
-  wtx_rpc_pending *p;
+                  const wtx__rpc_call_options *opts, wtx__rpc_status *st) {
+  wtx__rpc_pending *p;
   *resp = NULL;
-  int rc = wtx_rpc_unary_start(ch, m, req, opts, &p);
+  int rc = wtx__rpc_unary_start(ch, m, req, opts, &p);
   if (rc != 0) {
     status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "%s: %s", m->path,
                wtx_strerror(rc));
     return rc;
   }
-  return wtx_rpc_unary_wait(p, resp, st);
+  return wtx__rpc_unary_wait(p, resp, st);
 }
 
 /* ---- streaming client calls ---- */
 
-struct wtx_rpc_stream {
+struct wtx__rpc_stream {
   call_core c;
   int got_initial_md;
   int half_closed;
@@ -423,11 +423,11 @@ struct wtx_rpc_stream {
   char tag_send, tag_recv, tag_status, tag_close;
 };
 
-int wtx_rpc_stream_open(wtx_rpc_channel *ch, const wtx_rpc_method *m,
-                        const wtx_rpc_call_options *opts,
-                        wtx_rpc_stream **out) {
+int wtx__rpc_stream_open(wtx__rpc_channel *ch, const wtx__rpc_method *m,
+                        const wtx__rpc_call_options *opts,
+                        wtx__rpc_stream **out) {
   *out = NULL;
-  wtx_rpc_stream *s = calloc(1, sizeof *s);
+  wtx__rpc_stream *s = calloc(1, sizeof *s);
   if (s == NULL || core_open(&s->c, ch, m, opts) != 0) {
     free(s);
     return WTX_ENOMEM;
@@ -444,14 +444,14 @@ int wtx_rpc_stream_open(wtx_rpc_channel *ch, const wtx_rpc_method *m,
   return 0;
 }
 
-static int stream_op(wtx_rpc_stream *s, grpc_op *ops, size_t n, void *tag) {
+static int stream_op(wtx__rpc_stream *s, grpc_op *ops, size_t n, void *tag) {
   if (grpc_call_start_batch(s->c.call, ops, n, tag, NULL) != GRPC_CALL_OK)
     return WTX_EIO;
   grpc_event ev = pluck(s->c.cq, tag);
   return ev.success ? 0 : WTX_EIO;
 }
 
-int wtx_rpc_stream_send(wtx_rpc_stream *s, const ProtobufCMessage *msg) {
+int wtx__rpc_stream_send(wtx__rpc_stream *s, const ProtobufCMessage *msg) {
   if (msg == NULL || msg->descriptor != s->c.method->input) return WTX_EINVAL;
   if (s->half_closed) return WTX_ESTATE;
   grpc_op op;
@@ -463,7 +463,7 @@ int wtx_rpc_stream_send(wtx_rpc_stream *s, const ProtobufCMessage *msg) {
   return rc;
 }
 
-int wtx_rpc_stream_close_send(wtx_rpc_stream *s) {
+int wtx__rpc_stream_close_send(wtx__rpc_stream *s) {
   if (s->half_closed) return 0;
   s->half_closed = 1;
   grpc_op op;
@@ -472,7 +472,7 @@ int wtx_rpc_stream_close_send(wtx_rpc_stream *s) {
   return stream_op(s, &op, 1, &s->tag_close);
 }
 
-int wtx_rpc_stream_recv(wtx_rpc_stream *s, ProtobufCMessage **msg) {
+int wtx__rpc_stream_recv(wtx__rpc_stream *s, ProtobufCMessage **msg) {
   *msg = NULL;
   grpc_op ops[2];
   memset(ops, 0, sizeof ops);
@@ -495,9 +495,9 @@ int wtx_rpc_stream_recv(wtx_rpc_stream *s, ProtobufCMessage **msg) {
   return *msg != NULL ? 1 : WTX_EPROTO;
 }
 
-int wtx_rpc_stream_finish(wtx_rpc_stream *s, wtx_rpc_status *st) {
+int wtx__rpc_stream_finish(wtx__rpc_stream *s, wtx__rpc_status *st) {
   int rc;
-  if (!s->half_closed) wtx_rpc_stream_close_send(s);
+  if (!s->half_closed) wtx__rpc_stream_close_send(s);
   if (!s->status_started) {
     status_set(st, GRPC_STATUS_INTERNAL, "%s: cannot start the call",
                s->c.method->path);
@@ -515,7 +515,7 @@ int wtx_rpc_stream_finish(wtx_rpc_stream *s, wtx_rpc_status *st) {
 /* ---- server ---- */
 
 typedef struct service_entry {
-  const wtx_rpc_service *svc;
+  const wtx__rpc_service *svc;
   const void *handlers;
   void *user;
   void **registered; /* one grpc registered-method handle per method */
@@ -524,9 +524,9 @@ typedef struct service_entry {
 /* A request slot: one outstanding grpc_server_request_*call. method == NULL
  * marks the slot for methods nobody registered (answered UNIMPLEMENTED). */
 typedef struct slot {
-  wtx_rpc_server *srv;
+  wtx__rpc_server *srv;
   const service_entry *entry;
-  const wtx_rpc_method *method;
+  const wtx__rpc_method *method;
   void *registered;
   grpc_completion_queue *cq; /* bound to the call, plucked by its thread */
   grpc_call *call;
@@ -536,8 +536,8 @@ typedef struct slot {
   grpc_call_details details;
 } slot;
 
-struct wtx_rpc_server {
-  wtx_rpc_server_options opts;
+struct wtx__rpc_server {
+  wtx__rpc_server_options opts;
   grpc_server *server;
   grpc_completion_queue *cq;
   service_entry *entries;
@@ -562,10 +562,10 @@ struct wtx_rpc_server {
   char shutdown_tag;
 };
 
-int wtx_rpc_server_create(const wtx_rpc_server_options *opts,
-                          wtx_rpc_server **out) {
+int wtx__rpc_server_create(const wtx__rpc_server_options *opts,
+                          wtx__rpc_server **out) {
   *out = NULL;
-  wtx_rpc_server *srv = calloc(1, sizeof *srv);
+  wtx__rpc_server *srv = calloc(1, sizeof *srv);
   if (srv == NULL) return WTX_ENOMEM;
   if (opts != NULL) srv->opts = *opts;
   pthread_mutex_init(&srv->mu, NULL);
@@ -586,7 +586,7 @@ int wtx_rpc_server_create(const wtx_rpc_server_options *opts,
   return 0;
 }
 
-int wtx_rpc_server_add_service(wtx_rpc_server *srv, const wtx_rpc_service *svc,
+int wtx__rpc_server_add_service(wtx__rpc_server *srv, const wtx__rpc_service *svc,
                                const void *handlers, void *user) {
   if (srv->started) return WTX_ESTATE;
   if (svc == NULL || handlers == NULL) return WTX_EINVAL;
@@ -604,7 +604,7 @@ int wtx_rpc_server_add_service(wtx_rpc_server *srv, const wtx_rpc_service *svc,
   ne->registered = calloc(svc->n_methods ? svc->n_methods : 1, sizeof(void *));
   if (ne->registered == NULL) return WTX_ENOMEM;
   for (size_t i = 0; i < svc->n_methods; i++) {
-    const wtx_rpc_method *m = &svc->methods[i];
+    const wtx__rpc_method *m = &svc->methods[i];
     int unary = !m->client_streaming && !m->server_streaming;
     ne->registered[i] = grpc_server_register_method(
         srv->server, m->path, NULL,
@@ -616,11 +616,11 @@ int wtx_rpc_server_add_service(wtx_rpc_server *srv, const wtx_rpc_service *svc,
   return 0;
 }
 
-size_t wtx_rpc_server_service_count(const wtx_rpc_server *srv) {
+size_t wtx__rpc_server_service_count(const wtx__rpc_server *srv) {
   return srv->n_entries;
 }
 
-const wtx_rpc_service *wtx_rpc_server_service(const wtx_rpc_server *srv,
+const wtx__rpc_service *wtx__rpc_server_service(const wtx__rpc_server *srv,
                                               size_t i) {
   return i < srv->n_entries ? srv->entries[i].svc : NULL;
 }
@@ -635,8 +635,8 @@ static void slot_free(slot *sl) {
 }
 
 /* Posts a request slot for method (or for unregistered methods). */
-static void slot_post(wtx_rpc_server *srv, const service_entry *e,
-                      const wtx_rpc_method *m, void *registered) {
+static void slot_post(wtx__rpc_server *srv, const service_entry *e,
+                      const wtx__rpc_method *m, void *registered) {
   slot *sl = calloc(1, sizeof *sl);
   if (sl == NULL) abort(); /* nothing sensible to do: the method would die */
   sl->srv = srv;
@@ -661,9 +661,9 @@ static void slot_post(wtx_rpc_server *srv, const service_entry *e,
 
 /* ---- handler context ---- */
 
-struct wtx_rpc_ctx {
+struct wtx__rpc_ctx {
   slot *sl;
-  /* The call's memory: what the handler allocates (wtx_rpc_ctx_alloc) and
+  /* The call's memory: what the handler allocates (wtx__rpc_ctx_alloc) and
    * a unary call's decoded request, freed at once when the call ends (a
    * request of 40k ParamMeta decodes into 120k small pieces, which malloc
    * and free one by one would cost a third of the call). */
@@ -675,14 +675,14 @@ struct wtx_rpc_ctx {
   char tag_read, tag_write, tag_final;
 };
 
-void *wtx_rpc_ctx_alloc(wtx_rpc_ctx *ctx, size_t n) {
+void *wtx__rpc_ctx_alloc(wtx__rpc_ctx *ctx, size_t n) {
   void *p = wtx__arena_alloc(&ctx->arena, n);
   if (p != NULL) memset(p, 0, n);
   return p;
 }
 
 static void *pb_alloc(void *ctx, size_t n) {
-  return wtx__arena_alloc(&((wtx_rpc_ctx *)ctx)->arena, n);
+  return wtx__arena_alloc(&((wtx__rpc_ctx *)ctx)->arena, n);
 }
 
 static void pb_free(void *ctx, void *p) {
@@ -690,31 +690,31 @@ static void pb_free(void *ctx, void *p) {
   (void)p;
 }
 
-char *wtx_rpc_ctx_strdup(wtx_rpc_ctx *ctx, const char *s) {
+char *wtx__rpc_ctx_strdup(wtx__rpc_ctx *ctx, const char *s) {
   size_t n = strlen(s) + 1;
-  char *d = wtx_rpc_ctx_alloc(ctx, n);
+  char *d = wtx__rpc_ctx_alloc(ctx, n);
   if (d != NULL) memcpy(d, s, n);
   return d;
 }
 
-void *wtx_rpc_ctx_user(const wtx_rpc_ctx *ctx) { return ctx->sl->entry->user; }
+void *wtx__rpc_ctx_user(const wtx__rpc_ctx *ctx) { return ctx->sl->entry->user; }
 
-const wtx_rpc_method *wtx_rpc_ctx_method(const wtx_rpc_ctx *ctx) {
+const wtx__rpc_method *wtx__rpc_ctx_method(const wtx__rpc_ctx *ctx) {
   return ctx->sl->method;
 }
 
-size_t wtx_rpc_ctx_request_bytes(const wtx_rpc_ctx *ctx) {
+size_t wtx__rpc_ctx_request_bytes(const wtx__rpc_ctx *ctx) {
   return ctx->sl->payload != NULL ? grpc_byte_buffer_length(ctx->sl->payload) : 0;
 }
 
-const char *wtx_rpc_ctx_metadata(wtx_rpc_ctx *ctx, const char *key) {
+const char *wtx__rpc_ctx_metadata(wtx__rpc_ctx *ctx, const char *key) {
   size_t klen = strlen(key);
   for (size_t i = 0; i < ctx->sl->md.count; i++) {
     const grpc_metadata *m = &ctx->sl->md.metadata[i];
     if (GRPC_SLICE_LENGTH(m->key) == klen &&
         memcmp(GRPC_SLICE_START_PTR(m->key), key, klen) == 0) {
       size_t n = GRPC_SLICE_LENGTH(m->value);
-      char *v = wtx_rpc_ctx_alloc(ctx, n + 1);
+      char *v = wtx__rpc_ctx_alloc(ctx, n + 1);
       if (v == NULL) return NULL;
       memcpy(v, GRPC_SLICE_START_PTR(m->value), n);
       return v;
@@ -723,7 +723,7 @@ const char *wtx_rpc_ctx_metadata(wtx_rpc_ctx *ctx, const char *key) {
   return NULL;
 }
 
-grpc_status_code wtx_rpc_ctx_errorf(wtx_rpc_ctx *ctx, grpc_status_code code,
+grpc_status_code wtx__rpc_ctx_errorf(wtx__rpc_ctx *ctx, grpc_status_code code,
                                     const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -733,14 +733,14 @@ grpc_status_code wtx_rpc_ctx_errorf(wtx_rpc_ctx *ctx, grpc_status_code code,
   return code;
 }
 
-static int ctx_batch(wtx_rpc_ctx *ctx, grpc_op *ops, size_t n, void *tag) {
+static int ctx_batch(wtx__rpc_ctx *ctx, grpc_op *ops, size_t n, void *tag) {
   if (grpc_call_start_batch(ctx->sl->call, ops, n, tag, NULL) != GRPC_CALL_OK)
     return WTX_EIO;
   grpc_event ev = pluck(ctx->sl->cq, tag);
   return ev.success ? 0 : WTX_EIO;
 }
 
-int wtx_rpc_ctx_read(wtx_rpc_ctx *ctx, ProtobufCMessage **msg) {
+int wtx__rpc_ctx_read(wtx__rpc_ctx *ctx, ProtobufCMessage **msg) {
   *msg = NULL;
   grpc_byte_buffer *bb = NULL;
   grpc_op op;
@@ -755,7 +755,7 @@ int wtx_rpc_ctx_read(wtx_rpc_ctx *ctx, ProtobufCMessage **msg) {
   return *msg != NULL ? 1 : WTX_EPROTO;
 }
 
-int wtx_rpc_ctx_write(wtx_rpc_ctx *ctx, const ProtobufCMessage *msg) {
+int wtx__rpc_ctx_write(wtx__rpc_ctx *ctx, const ProtobufCMessage *msg) {
   if (msg == NULL || msg->descriptor != ctx->sl->method->output)
     return WTX_EINVAL;
   grpc_op ops[2];
@@ -776,16 +776,16 @@ int wtx_rpc_ctx_write(wtx_rpc_ctx *ctx, const ProtobufCMessage *msg) {
  * the client's close. */
 /* The call stops counting against max_calls: its client may call again as
  * soon as it has the answer, so the slot frees before the answer goes. */
-static void ctx_uncount(wtx_rpc_ctx *ctx) {
+static void ctx_uncount(wtx__rpc_ctx *ctx) {
   if (!ctx->counted) return;
-  wtx_rpc_server *srv = ctx->sl->srv;
+  wtx__rpc_server *srv = ctx->sl->srv;
   pthread_mutex_lock(&srv->mu);
   srv->serving--;
   pthread_mutex_unlock(&srv->mu);
   ctx->counted = 0;
 }
 
-static void ctx_finish(wtx_rpc_ctx *ctx, const ProtobufCMessage *resp) {
+static void ctx_finish(wtx__rpc_ctx *ctx, const ProtobufCMessage *resp) {
   ctx_uncount(ctx);
   grpc_op ops[4];
   memset(ops, 0, sizeof ops);
@@ -815,21 +815,21 @@ static void ctx_finish(wtx_rpc_ctx *ctx, const ProtobufCMessage *resp) {
   if (bb != NULL) grpc_byte_buffer_destroy(bb);
 }
 
-static void serve_unary(wtx_rpc_ctx *ctx) {
-  const wtx_rpc_method *m = ctx->sl->method;
+static void serve_unary(wtx__rpc_ctx *ctx) {
+  const wtx__rpc_method *m = ctx->sl->method;
   ProtobufCAllocator pb = {.alloc = pb_alloc, .free = pb_free, .allocator_data = ctx};
   ProtobufCMessage *req = NULL; /* in the call's arena */
   ProtobufCMessage *resp = NULL;
   if (ctx->sl->payload == NULL) {
-    wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+    wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                        "%s: request message missing", m->path);
   } else if ((req = unpack(m->input, ctx->sl->payload, &pb)) == NULL) {
-    wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+    wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                        "%s: request does not decode as %s", m->path,
                        m->input->name);
-  } else if ((resp = wtx_rpc_ctx_alloc(ctx, m->output->sizeof_message)) ==
+  } else if ((resp = wtx__rpc_ctx_alloc(ctx, m->output->sizeof_message)) ==
              NULL) {
-    wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
   } else {
     protobuf_c_message_init(m->output, resp);
     ctx->code = m->invoke_unary(ctx->sl->entry->handlers, ctx, req, resp);
@@ -838,14 +838,14 @@ static void serve_unary(wtx_rpc_ctx *ctx) {
 }
 
 static void serve_one(slot *sl) {
-  wtx_rpc_server *srv = sl->srv;
-  wtx_rpc_ctx ctx;
+  wtx__rpc_server *srv = sl->srv;
+  wtx__rpc_ctx ctx;
   memset(&ctx, 0, sizeof ctx);
   ctx.sl = sl;
   ctx.counted = 1;
   if (sl->method == NULL) {
     char *path = grpc_slice_to_c_string(sl->details.method);
-    wtx_rpc_ctx_errorf(&ctx, GRPC_STATUS_UNIMPLEMENTED,
+    wtx__rpc_ctx_errorf(&ctx, GRPC_STATUS_UNIMPLEMENTED,
                        "method %s is not served here", path);
     gpr_free(path);
     ctx_finish(&ctx, NULL);
@@ -871,7 +871,7 @@ static void serve_one(slot *sl) {
 /* The next call for a thread that has served one, or NULL when none comes
  * in IDLE_S, MAX_IDLE others wait already, or the server shuts down. Caller
  * holds mu. */
-static slot *next_call(wtx_rpc_server *srv) {
+static slot *next_call(wtx__rpc_server *srv) {
   if (srv->idle >= MAX_IDLE || !srv->accepting) return NULL;
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
@@ -888,7 +888,7 @@ static slot *next_call(wtx_rpc_server *srv) {
 
 static void *serve_call(void *arg) {
   slot *sl = arg;
-  wtx_rpc_server *srv = sl->srv;
+  wtx__rpc_server *srv = sl->srv;
   while (sl != NULL) {
     serve_one(sl);
     pthread_mutex_lock(&srv->mu);
@@ -901,7 +901,7 @@ static void *serve_call(void *arg) {
 }
 
 /* Hands sl to an idle handler thread (1), or 0 when none is free. */
-static int hand_off(wtx_rpc_server *srv, slot *sl) {
+static int hand_off(wtx__rpc_server *srv, slot *sl) {
   pthread_mutex_lock(&srv->mu);
   int taken = srv->idle > 0 && srv->handoff == NULL;
   if (taken) {
@@ -913,7 +913,7 @@ static int hand_off(wtx_rpc_server *srv, slot *sl) {
 }
 
 /* Whether another call would pass opts.max_calls (calls not yet answered). */
-static int over_capacity(wtx_rpc_server *srv) {
+static int over_capacity(wtx__rpc_server *srv) {
   pthread_mutex_lock(&srv->mu);
   int over = srv->opts.max_calls > 0 && srv->serving >= srv->opts.max_calls;
   pthread_mutex_unlock(&srv->mu);
@@ -923,10 +923,10 @@ static int over_capacity(wtx_rpc_server *srv) {
 /* Answers a call beyond the cap RESOURCE_EXHAUSTED, on the poller (the
  * status batch completes at once: nothing is read from the client). */
 static void refuse_busy(slot *sl) {
-  wtx_rpc_ctx ctx;
+  wtx__rpc_ctx ctx;
   memset(&ctx, 0, sizeof ctx);
   ctx.sl = sl;
-  wtx_rpc_ctx_errorf(&ctx, GRPC_STATUS_RESOURCE_EXHAUSTED,
+  wtx__rpc_ctx_errorf(&ctx, GRPC_STATUS_RESOURCE_EXHAUSTED,
                      "the worker serves at most %d calls at once; retry later",
                      sl->srv->opts.max_calls);
   ctx_finish(&ctx, NULL);
@@ -934,7 +934,7 @@ static void refuse_busy(slot *sl) {
 }
 
 static void *poll_loop(void *arg) {
-  wtx_rpc_server *srv = arg;
+  wtx__rpc_server *srv = arg;
   for (;;) {
     grpc_event ev = grpc_completion_queue_next(
         srv->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
@@ -985,7 +985,7 @@ static void *poll_loop(void *arg) {
   return NULL;
 }
 
-int wtx_rpc_server_start(wtx_rpc_server *srv, const char *addr, int *port) {
+int wtx__rpc_server_start(wtx__rpc_server *srv, const char *addr, int *port) {
   if (srv->started) return WTX_ESTATE;
   grpc_server_credentials *creds = srv->opts.credentials;
   grpc_server_credentials *insecure = NULL;
@@ -1009,7 +1009,7 @@ int wtx_rpc_server_start(wtx_rpc_server *srv, const char *addr, int *port) {
   return 0;
 }
 
-void wtx_rpc_server_shutdown(wtx_rpc_server *srv, int64_t grace_ms) {
+void wtx__rpc_server_shutdown(wtx__rpc_server *srv, int64_t grace_ms) {
   if (!srv->started || srv->shut_down) return;
   srv->shut_down = 1;
   pthread_mutex_lock(&srv->mu);
@@ -1036,9 +1036,9 @@ void wtx_rpc_server_shutdown(wtx_rpc_server *srv, int64_t grace_ms) {
   pthread_join(srv->poller, NULL);
 }
 
-void wtx_rpc_server_destroy(wtx_rpc_server *srv) {
+void wtx__rpc_server_destroy(wtx__rpc_server *srv) {
   if (srv == NULL) return;
-  if (srv->started) wtx_rpc_server_shutdown(srv, 0);
+  if (srv->started) wtx__rpc_server_shutdown(srv, 0);
   grpc_server_destroy(srv->server);
   if (!srv->started) grpc_completion_queue_shutdown(srv->cq);
   grpc_completion_queue_destroy(srv->cq);

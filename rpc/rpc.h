@@ -1,22 +1,22 @@
-/* wtx_rpc: the runtime beneath the C stubs that protoc-gen-wtxc generates.
+/* wtx__rpc: the runtime beneath the C stubs that protoc-gen-wtxc generates.
  *
  * gRPC ships no C stub generator; protoc-gen-wtxc emits, for every service,
  * typed wrappers over the functions below plus the tables they read
- * (wtx_rpc_service, wtx_rpc_method, wtx_rpc_file). Messages are protobuf-c
+ * (wtx__rpc_service, wtx__rpc_method, wtx__rpc_file). Messages are protobuf-c
  * messages; calls go through the gRPC core C API.
  *
- * Client side: a wtx_rpc_channel talks to one server. Unary calls are blocking
- * (wtx_rpc_unary) or split in two (wtx_rpc_unary_start + wtx_rpc_unary_wait)
+ * Client side: a wtx__rpc_channel talks to one server. Unary calls are blocking
+ * (wtx__rpc_unary) or split in two (wtx__rpc_unary_start + wtx__rpc_unary_wait)
  * so a caller can keep a call in flight while it moves data out of band.
- * Streaming calls use wtx_rpc_stream_*.
+ * Streaming calls use wtx__rpc_stream_*.
  *
- * Server side: a wtx_rpc_server hosts services. Each accepted call runs its
+ * Server side: a wtx__rpc_server hosts services. Each accepted call runs its
  * handler on a thread of its own, so a handler may block (an UpdateWeights
  * that receives a chunk) while other calls are answered. A handler returns a
- * gRPC status code; on non-OK it sets the message with wtx_rpc_ctx_errorf.
+ * gRPC status code; on non-OK it sets the message with wtx__rpc_ctx_errorf.
  *
  * Functions returning int return 0 or a negative WTX_E* code (common/error.h).
- * Call failures also fill a wtx_rpc_status with the gRPC code and message. */
+ * Call failures also fill a wtx__rpc_status with the gRPC code and message. */
 #ifndef WTX_RPC_RPC_H
 #define WTX_RPC_RPC_H
 
@@ -37,239 +37,239 @@ extern "C" {
 /* One serialized google.protobuf.FileDescriptorProto, as protoc saw it
  * (source info stripped), with the fully qualified names it defines
  * (packages + messages, enums, services, methods), for server reflection. */
-typedef struct wtx_rpc_file_blob {
+typedef struct wtx__rpc_file_blob {
   const char *name; /* "wtx/v1/types.proto" */
   const uint8_t *data;
   size_t len;
   const char *const *symbols;
   size_t n_symbols;
-} wtx_rpc_file_blob;
+} wtx__rpc_file_blob;
 
 /* A generated .proto file and every file it imports, transitively; blobs are
  * in dependency order, the file itself last. */
-typedef struct wtx_rpc_file {
+typedef struct wtx__rpc_file {
   const char *name;
-  const wtx_rpc_file_blob *blobs;
+  const wtx__rpc_file_blob *blobs;
   size_t n_blobs;
-} wtx_rpc_file;
+} wtx__rpc_file;
 
-typedef struct wtx_rpc_ctx wtx_rpc_ctx;
+typedef struct wtx__rpc_ctx wtx__rpc_ctx;
 
 /* Generated trampolines: cast the messages and call the typed handler found
  * in the handlers struct; UNIMPLEMENTED when it is NULL. */
-typedef grpc_status_code (*wtx_rpc_unary_invoke_fn)(const void *handlers,
-                                                    wtx_rpc_ctx *ctx,
+typedef grpc_status_code (*wtx__rpc_unary_invoke_fn)(const void *handlers,
+                                                    wtx__rpc_ctx *ctx,
                                                     const ProtobufCMessage *req,
                                                     ProtobufCMessage *resp);
-typedef grpc_status_code (*wtx_rpc_stream_invoke_fn)(const void *handlers,
-                                                     wtx_rpc_ctx *ctx);
+typedef grpc_status_code (*wtx__rpc_stream_invoke_fn)(const void *handlers,
+                                                     wtx__rpc_ctx *ctx);
 
-typedef struct wtx_rpc_method {
+typedef struct wtx__rpc_method {
   const char *path; /* "/wtx.v1.WeightTransfer/GetWorldSize" */
   const char *name; /* "GetWorldSize" */
   const ProtobufCMessageDescriptor *input;
   const ProtobufCMessageDescriptor *output;
   int client_streaming;
   int server_streaming;
-  wtx_rpc_unary_invoke_fn invoke_unary;   /* set when neither side streams */
-  wtx_rpc_stream_invoke_fn invoke_stream; /* set otherwise */
-} wtx_rpc_method;
+  wtx__rpc_unary_invoke_fn invoke_unary;   /* set when neither side streams */
+  wtx__rpc_stream_invoke_fn invoke_stream; /* set otherwise */
+} wtx__rpc_method;
 
-typedef struct wtx_rpc_service {
+typedef struct wtx__rpc_service {
   const char *full_name; /* "wtx.v1.WeightTransfer" */
-  const wtx_rpc_method *methods;
+  const wtx__rpc_method *methods;
   size_t n_methods;
-  const wtx_rpc_file *file; /* the file that defines the service */
-} wtx_rpc_service;
+  const wtx__rpc_file *file; /* the file that defines the service */
+} wtx__rpc_service;
 
 /* ---- status ---- */
 
 /* The outcome of a call. message is NUL-terminated (truncated if longer). */
-typedef struct wtx_rpc_status {
+typedef struct wtx__rpc_status {
   grpc_status_code code;
   char message[1024];
-} wtx_rpc_status;
+} wtx__rpc_status;
 
 /* ---- client ---- */
 
-typedef struct wtx_rpc_channel wtx_rpc_channel;
+typedef struct wtx__rpc_channel wtx__rpc_channel;
 
-typedef struct wtx_rpc_channel_options {
+typedef struct wtx__rpc_channel_options {
   /* Largest message sent or received, bytes; 0 keeps gRPC's defaults
    * (unlimited send, 4 MiB receive). */
   int max_message_bytes;
   /* Credentials; NULL means insecure (plaintext). Borrowed: only read during
-   * wtx_rpc_channel_create. */
+   * wtx__rpc_channel_create. */
   grpc_channel_credentials *credentials;
-} wtx_rpc_channel_options;
+} wtx__rpc_channel_options;
 
-#define WTX_RPC_CHANNEL_OPTIONS_INIT {0, NULL}
+#define WTX__RPC_CHANNEL_OPTIONS_INIT {0, NULL}
 
 /* The longest wait between a channel's attempts to reconnect, and the
  * longest an attempt may take (gRPC's defaults: 120 s and 20 s), ms: a
  * worker back from a partition or a restart is reached again within
  * their sum. */
-#define WTX_RPC_RECONNECT_MAX_MS 1000
-#define WTX_RPC_CONNECT_TIMEOUT_MS 1000
+#define WTX__RPC_RECONNECT_MAX_MS 1000
+#define WTX__RPC_CONNECT_TIMEOUT_MS 1000
 
 /* Connects lazily to target ("host:port", any gRPC target URI). opts may be
- * NULL. On success *out is owned by the caller until wtx_rpc_channel_destroy.
+ * NULL. On success *out is owned by the caller until wtx__rpc_channel_destroy.
  * Calls grpc_init(); destroy balances it. */
-int wtx_rpc_channel_create(const char *target,
-                           const wtx_rpc_channel_options *opts,
-                           wtx_rpc_channel **out);
-void wtx_rpc_channel_destroy(wtx_rpc_channel *ch);
+int wtx__rpc_channel_create(const char *target,
+                           const wtx__rpc_channel_options *opts,
+                           wtx__rpc_channel **out);
+void wtx__rpc_channel_destroy(wtx__rpc_channel *ch);
 /* The underlying channel, owned by ch. */
-grpc_channel *wtx_rpc_channel_grpc(wtx_rpc_channel *ch);
+grpc_channel *wtx__rpc_channel_grpc(wtx__rpc_channel *ch);
 /* The target ch was created with, owned by ch. */
-const char *wtx_rpc_channel_target(const wtx_rpc_channel *ch);
+const char *wtx__rpc_channel_target(const wtx__rpc_channel *ch);
 /* The wait before retrying a call on ch that failed: ms, or less once ch
  * becomes ready after it was not (reconnected). The waiting thread polls
  * gRPC meanwhile: its connection attempts progress only while some thread
  * waits in gRPC, so a plain sleep would let a reconnect time out. */
-void wtx_rpc_channel_backoff(wtx_rpc_channel *ch, int64_t ms);
+void wtx__rpc_channel_backoff(wtx__rpc_channel *ch, int64_t ms);
 
-typedef struct wtx_rpc_metadata {
+typedef struct wtx__rpc_metadata {
   const char *key; /* lowercase ASCII, e.g. "authorization" */
   const char *value;
-} wtx_rpc_metadata;
+} wtx__rpc_metadata;
 
 /* Per-call options; a NULL opts means no deadline and no metadata. */
-typedef struct wtx_rpc_call_options {
+typedef struct wtx__rpc_call_options {
   /* Deadline relative to the call's start, milliseconds; 0 means none. */
   int64_t timeout_ms;
   /* Metadata sent with the call; borrowed until the call function returns
-   * (for start, until wtx_rpc_unary_start returns). */
-  const wtx_rpc_metadata *metadata;
+   * (for start, until wtx__rpc_unary_start returns). */
+  const wtx__rpc_metadata *metadata;
   size_t n_metadata;
-} wtx_rpc_call_options;
+} wtx__rpc_call_options;
 
-#define WTX_RPC_CALL_OPTIONS_INIT {0, NULL, 0}
+#define WTX__RPC_CALL_OPTIONS_INIT {0, NULL, 0}
 
 /* Blocking unary call. On OK, *resp receives a message the caller frees with
  * protobuf_c_message_free_unpacked(*resp, NULL) and 0 is returned. Otherwise
  * *resp is NULL, st holds the status and the WTX_E* code mapped from it is
  * returned. st may be NULL. */
-int wtx_rpc_unary(wtx_rpc_channel *ch, const wtx_rpc_method *m,
+int wtx__rpc_unary(wtx__rpc_channel *ch, const wtx__rpc_method *m,
                   const ProtobufCMessage *req, ProtobufCMessage **resp,
-                  const wtx_rpc_call_options *opts, wtx_rpc_status *st);
+                  const wtx__rpc_call_options *opts, wtx__rpc_status *st);
 
-/* A unary call in flight; owned by the caller until wtx_rpc_unary_wait. */
-typedef struct wtx_rpc_pending wtx_rpc_pending;
+/* A unary call in flight; owned by the caller until wtx__rpc_unary_wait. */
+typedef struct wtx__rpc_pending wtx__rpc_pending;
 
 /* Sends req and returns at once. Every started call must be waited for. */
-int wtx_rpc_unary_start(wtx_rpc_channel *ch, const wtx_rpc_method *m,
+int wtx__rpc_unary_start(wtx__rpc_channel *ch, const wtx__rpc_method *m,
                         const ProtobufCMessage *req,
-                        const wtx_rpc_call_options *opts, wtx_rpc_pending **out);
-/* Waits for the call and frees p; results as for wtx_rpc_unary. */
-int wtx_rpc_unary_wait(wtx_rpc_pending *p, ProtobufCMessage **resp,
-                       wtx_rpc_status *st);
-/* 1 when the call has ended (wtx_rpc_unary_wait then returns at once) with
+                        const wtx__rpc_call_options *opts, wtx__rpc_pending **out);
+/* Waits for the call and frees p; results as for wtx__rpc_unary. */
+int wtx__rpc_unary_wait(wtx__rpc_pending *p, ProtobufCMessage **resp,
+                       wtx__rpc_status *st);
+/* 1 when the call has ended (wtx__rpc_unary_wait then returns at once) with
  * *code (may be NULL) its status, else 0; never blocks. */
-int wtx_rpc_unary_poll(wtx_rpc_pending *p, int *code);
+int wtx__rpc_unary_poll(wtx__rpc_pending *p, int *code);
 /* Cancels the call (it then ends with CANCELLED); p must still be waited for.
  * Safe from any thread. */
-void wtx_rpc_unary_cancel(wtx_rpc_pending *p);
+void wtx__rpc_unary_cancel(wtx__rpc_pending *p);
 
 /* A streaming call (client, server or bidirectional streaming); owned by the
- * caller until wtx_rpc_stream_finish. One reader and one writer thread at a
+ * caller until wtx__rpc_stream_finish. One reader and one writer thread at a
  * time. */
-typedef struct wtx_rpc_stream wtx_rpc_stream;
+typedef struct wtx__rpc_stream wtx__rpc_stream;
 
-int wtx_rpc_stream_open(wtx_rpc_channel *ch, const wtx_rpc_method *m,
-                        const wtx_rpc_call_options *opts, wtx_rpc_stream **out);
+int wtx__rpc_stream_open(wtx__rpc_channel *ch, const wtx__rpc_method *m,
+                        const wtx__rpc_call_options *opts, wtx__rpc_stream **out);
 /* Sends one message; WTX_EIO once the call has ended (see finish). */
-int wtx_rpc_stream_send(wtx_rpc_stream *s, const ProtobufCMessage *msg);
+int wtx__rpc_stream_send(wtx__rpc_stream *s, const ProtobufCMessage *msg);
 /* Half-closes: tells the server no more messages follow. */
-int wtx_rpc_stream_close_send(wtx_rpc_stream *s);
+int wtx__rpc_stream_close_send(wtx__rpc_stream *s);
 /* Receives one message: 1 with *msg set (free it with
  * protobuf_c_message_free_unpacked), 0 at the end of the stream, or a
  * negative WTX_E* code. */
-int wtx_rpc_stream_recv(wtx_rpc_stream *s, ProtobufCMessage **msg);
+int wtx__rpc_stream_recv(wtx__rpc_stream *s, ProtobufCMessage **msg);
 /* Waits for the final status, fills st (may be NULL), frees s. */
-int wtx_rpc_stream_finish(wtx_rpc_stream *s, wtx_rpc_status *st);
+int wtx__rpc_stream_finish(wtx__rpc_stream *s, wtx__rpc_status *st);
 
 /* ---- server ---- */
 
-typedef struct wtx_rpc_server wtx_rpc_server;
+typedef struct wtx__rpc_server wtx__rpc_server;
 
-typedef struct wtx_rpc_server_options {
+typedef struct wtx__rpc_server_options {
   /* Largest request accepted, bytes (larger: RESOURCE_EXHAUSTED); 0 keeps
    * gRPC's default of 4 MiB. */
   int max_receive_message_bytes;
   /* Largest response sent, bytes; 0: unlimited. */
   int max_send_message_bytes;
-  /* Credentials; NULL means insecure. Borrowed during wtx_rpc_server_start. */
+  /* Credentials; NULL means insecure. Borrowed during wtx__rpc_server_start. */
   grpc_server_credentials *credentials;
   /* Called before every handler; a non-OK return rejects the call with that
-   * code (set the message with wtx_rpc_ctx_errorf). NULL: accept all. */
-  grpc_status_code (*authorize)(void *auth_data, wtx_rpc_ctx *ctx);
+   * code (set the message with wtx__rpc_ctx_errorf). NULL: accept all. */
+  grpc_status_code (*authorize)(void *auth_data, wtx__rpc_ctx *ctx);
   void *auth_data;
   /* Handler threads at once; a call beyond it is answered
    * RESOURCE_EXHAUSTED without a thread. 0: unlimited. */
   int max_calls;
-} wtx_rpc_server_options;
+} wtx__rpc_server_options;
 
-#define WTX_RPC_SERVER_OPTIONS_INIT {0, 0, NULL, NULL, NULL, 0}
+#define WTX__RPC_SERVER_OPTIONS_INIT {0, 0, NULL, NULL, NULL, 0}
 
 /* opts may be NULL. On success *out is owned by the caller until
- * wtx_rpc_server_destroy. */
-int wtx_rpc_server_create(const wtx_rpc_server_options *opts,
-                          wtx_rpc_server **out);
+ * wtx__rpc_server_destroy. */
+int wtx__rpc_server_create(const wtx__rpc_server_options *opts,
+                          wtx__rpc_server **out);
 /* Adds a service before start. handlers points to the service's generated
  * handlers struct; handlers and user must outlive the server. A service name
  * added twice is WTX_EEXIST. */
-int wtx_rpc_server_add_service(wtx_rpc_server *srv, const wtx_rpc_service *svc,
+int wtx__rpc_server_add_service(wtx__rpc_server *srv, const wtx__rpc_service *svc,
                                const void *handlers, void *user);
 /* Binds addr ("host:port"; port 0 picks a free one) and starts serving.
  * *port (may be NULL) receives the bound port. */
-int wtx_rpc_server_start(wtx_rpc_server *srv, const char *addr, int *port);
+int wtx__rpc_server_start(wtx__rpc_server *srv, const char *addr, int *port);
 /* Stops accepting calls, cancels calls still running after grace_ms and waits
  * for every handler to return. Idempotent. */
-void wtx_rpc_server_shutdown(wtx_rpc_server *srv, int64_t grace_ms);
+void wtx__rpc_server_shutdown(wtx__rpc_server *srv, int64_t grace_ms);
 /* Shuts down if needed and frees srv. */
-void wtx_rpc_server_destroy(wtx_rpc_server *srv);
+void wtx__rpc_server_destroy(wtx__rpc_server *srv);
 
 /* Services added to srv, in order; owned by srv. */
-size_t wtx_rpc_server_service_count(const wtx_rpc_server *srv);
-const wtx_rpc_service *wtx_rpc_server_service(const wtx_rpc_server *srv,
+size_t wtx__rpc_server_service_count(const wtx__rpc_server *srv);
+const wtx__rpc_service *wtx__rpc_server_service(const wtx__rpc_server *srv,
                                               size_t i);
 
 /* ---- handler context (valid only during the handler) ---- */
 
-/* The user pointer given to wtx_rpc_server_add_service. */
-void *wtx_rpc_ctx_user(const wtx_rpc_ctx *ctx);
+/* The user pointer given to wtx__rpc_server_add_service. */
+void *wtx__rpc_ctx_user(const wtx__rpc_ctx *ctx);
 /* The method being served (from the service's generated table). */
-const wtx_rpc_method *wtx_rpc_ctx_method(const wtx_rpc_ctx *ctx);
+const wtx__rpc_method *wtx__rpc_ctx_method(const wtx__rpc_ctx *ctx);
 /* Bytes of a unary call's request as it arrived (0 for streaming calls). */
-size_t wtx_rpc_ctx_request_bytes(const wtx_rpc_ctx *ctx);
+size_t wtx__rpc_ctx_request_bytes(const wtx__rpc_ctx *ctx);
 /* The value of request metadata key copied into the call arena (NUL
  * terminated), or NULL when absent. */
-const char *wtx_rpc_ctx_metadata(wtx_rpc_ctx *ctx, const char *key);
+const char *wtx__rpc_ctx_metadata(wtx__rpc_ctx *ctx, const char *key);
 
 /* Memory that lives until the response has been sent: response fields point
  * here (or to static / longer-lived memory). Zeroed. NULL when out of memory. */
-void *wtx_rpc_ctx_alloc(wtx_rpc_ctx *ctx, size_t n);
-char *wtx_rpc_ctx_strdup(wtx_rpc_ctx *ctx, const char *s);
+void *wtx__rpc_ctx_alloc(wtx__rpc_ctx *ctx, size_t n);
+char *wtx__rpc_ctx_strdup(wtx__rpc_ctx *ctx, const char *s);
 
 /* Records the status message (printf format) and returns code, so a handler
- * can `return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, ...)`. */
-grpc_status_code wtx_rpc_ctx_errorf(wtx_rpc_ctx *ctx, grpc_status_code code,
+ * can `return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, ...)`. */
+grpc_status_code wtx__rpc_ctx_errorf(wtx__rpc_ctx *ctx, grpc_status_code code,
                                     const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Streaming handlers: read one request (1 with *msg set, freed by the caller
  * with protobuf_c_message_free_unpacked; 0 when the client half-closed;
  * negative on error) and write one response. */
-int wtx_rpc_ctx_read(wtx_rpc_ctx *ctx, ProtobufCMessage **msg);
-int wtx_rpc_ctx_write(wtx_rpc_ctx *ctx, const ProtobufCMessage *msg);
+int wtx__rpc_ctx_read(wtx__rpc_ctx *ctx, ProtobufCMessage **msg);
+int wtx__rpc_ctx_write(wtx__rpc_ctx *ctx, const ProtobufCMessage *msg);
 
 /* Status code name, "OK", "INVALID_ARGUMENT", ... (static). */
-const char *wtx_rpc_code_name(grpc_status_code code);
+const char *wtx__rpc_code_name(grpc_status_code code);
 /* Whether a failure with code may pass if asked again (UNAVAILABLE,
  * DEADLINE_EXCEEDED): the client retries idempotent calls on these, so a
  * server answers them only for what a retry can cure. */
-int wtx_rpc_code_transient(grpc_status_code code);
+int wtx__rpc_code_transient(grpc_status_code code);
 
 #ifdef __cplusplus
 }

@@ -132,11 +132,11 @@ static int token_ok(wtx__auth *a, const char *value) {
     if (moved || fresh(&st)) {
       if (read_token(a->path, tok, &n, err, sizeof err) != 0) {
         /* Said once per change, not on every call while it is fresh. */
-        if (moved) wtx_log(WTX_LOG_WARN, "event=token_reload_failed keeping=previous");
+        if (moved) wtx__log(WTX__LOG_WARN, "event=token_reload_failed keeping=previous");
       } else if (n != a->len || memcmp(tok, a->token, n) != 0) {
         memcpy(a->token, tok, n + 1);
         a->len = n;
-        wtx_log(WTX_LOG_INFO, "event=token_reloaded");
+        wtx__log(WTX__LOG_INFO, "event=token_reloaded");
       }
     }
     a->seen = st;
@@ -146,16 +146,16 @@ static int token_ok(wtx__auth *a, const char *value) {
   return ok;
 }
 
-grpc_status_code wtx__auth_check(void *auth, wtx_rpc_ctx *ctx) {
+grpc_status_code wtx__auth_check(void *auth, wtx__rpc_ctx *ctx) {
   wtx__auth *a = auth;
-  const char *path = wtx_rpc_ctx_method(ctx)->path;
+  const char *path = wtx__rpc_ctx_method(ctx)->path;
   if (strncmp(path, "/grpc.health.v1.Health/", 23) == 0) return GRPC_STATUS_OK;
   if (strncmp(path, "/grpc.reflection.", 17) == 0 && a->reflection == WTX_REFLECTION_OPEN)
     return GRPC_STATUS_OK;
   if (a->path == NULL) return GRPC_STATUS_OK;
-  if (token_ok(a, wtx_rpc_ctx_metadata(ctx, "authorization"))) return GRPC_STATUS_OK;
+  if (token_ok(a, wtx__rpc_ctx_metadata(ctx, "authorization"))) return GRPC_STATUS_OK;
   /* Nothing of what the caller sent is echoed. */
-  return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAUTHENTICATED,
+  return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_UNAUTHENTICATED,
                             "missing or wrong bearer token (send 'authorization: "
                             "Bearer <token>')");
 }

@@ -31,7 +31,7 @@ int wtx__auth_create(const char *token_file, wtx_reflection reflection,
                      wtx__auth **out, char *err, size_t errlen);
 void wtx__auth_destroy(wtx__auth *a);
 /* The server's authorize hook (auth_data: the wtx__auth). */
-grpc_status_code wtx__auth_check(void *auth, wtx_rpc_ctx *ctx);
+grpc_status_code wtx__auth_check(void *auth, wtx__rpc_ctx *ctx);
 /* 1 when a and b are equal; time depends on the lengths only. */
 int wtx__auth_equal(const char *a, size_t alen, const char *b, size_t blen);
 

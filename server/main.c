@@ -121,7 +121,7 @@ static void *drain_deadline(void *arg) {
   struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
   while (nanosleep(&ts, &ts) != 0) {
   }
-  wtx_log(WTX_LOG_WARN, "event=forced_exit reason=\"calls still running past the grace "
+  wtx__log(WTX__LOG_WARN, "event=forced_exit reason=\"calls still running past the grace "
           "period\"");
   _exit(0);
   return NULL;
@@ -129,7 +129,7 @@ static void *drain_deadline(void *arg) {
 
 static void on_signal(uv_signal_t *h, int signum) {
   daemon_t *d = h->data;
-  wtx_log(WTX_LOG_INFO, "event=signal signal=%d action=drain grace_ms=%lld",
+  wtx__log(WTX__LOG_INFO, "event=signal signal=%d action=drain grace_ms=%lld",
           signum, (long long)d->grace_ms);
   pthread_t t;
   if (pthread_create(&t, NULL, drain_deadline, &d->grace_ms) == 0) pthread_detach(t);
@@ -356,12 +356,12 @@ static int vllm_from_flags(const flags *f, wtx_worker_options *o) {
 static int options_from_flags(const flags *f, wtx_worker_options *o,
                               int64_t *grace_ms) {
   int level;
-  if (wtx_log_parse_level(f->log_level, &level) != 0) {
+  if (wtx__log_parse_level(f->log_level, &level) != 0) {
     fprintf(stderr, "wtx-worker: --log-level: '%s' is not debug, info, warn, "
             "error or off\n", f->log_level);
     return -1;
   }
-  wtx_log_set_level(level);
+  wtx__log_set_level(level);
   int64_t world_size, watchdog_ms, max_message, keep;
   if (parse_i64("--world-size", f->world, 1, 1 << 20, &world_size) != 0 ||
       parse_i64("--watchdog-ms", f->watchdog, 1, INT64_C(1) << 40, &watchdog_ms) != 0 ||
@@ -454,7 +454,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "wtx-worker: %s\n", err);
     return 1;
   }
-  wtx_log(WTX_LOG_INFO, "event=serving listen=%s port=%d tls=%s token=%s "
+  wtx__log(WTX__LOG_INFO, "event=serving listen=%s port=%d tls=%s token=%s "
           "reflection=%s", f.listen, wtx_worker_port(d.w),
           f.tls_cert ? (f.tls_client_ca ? "mutual" : "on") : "off",
           f.token_file ? "required" : "none", f.reflection);
@@ -466,6 +466,6 @@ int main(int argc, char **argv) {
   }
   serve();
   wtx_worker_destroy(d.w);
-  wtx_log(WTX_LOG_INFO, "event=stopped");
+  wtx__log(WTX__LOG_INFO, "event=stopped");
   return 0;
 }

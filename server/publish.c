@@ -86,8 +86,8 @@ static void publish_one(wtx__publisher *p) {
     snprintf(err, sizeof err, "%s/LATEST: cannot write", p->dir);
   }
   if (rc == 0) {
-    wtx_log(WTX_LOG_INFO, "event=written file=%s version=%s bytes=%llu",
-            wtx_log_quote(path, q, sizeof q), v.version,
+    wtx__log(WTX__LOG_INFO, "event=written file=%s version=%s bytes=%llu",
+            wtx__log_quote(path, q, sizeof q), v.version,
             (unsigned long long)v.total_bytes);
     p->written_gen = v.generation;
     free(p->written_version);
@@ -111,8 +111,8 @@ static void publish_one(wtx__publisher *p) {
       memmove(&p->files[0], &p->files[1], --p->n_files * sizeof *p->files);
     }
   } else {
-    wtx_log(WTX_LOG_ERROR, "event=publish_failed version=%s error=%s",
-            v.version, wtx_log_quote(err[0] ? err : wtx_strerror(rc), q, sizeof q));
+    wtx__log(WTX__LOG_ERROR, "event=publish_failed version=%s error=%s",
+            v.version, wtx__log_quote(err[0] ? err : wtx_strerror(rc), q, sizeof q));
   }
   wtx_store_release(p->store, &v);
 }

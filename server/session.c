@@ -31,7 +31,7 @@ static int update_open(const wtx_session *s) {
 static void new_session_id(char out[33]) {
   uint8_t r[16];
   if (wtx__random_bytes(r, sizeof r) != 0) {
-    uint64_t t = (uint64_t)wtx_clock_ms() ^ (uint64_t)getpid() << 32;
+    uint64_t t = (uint64_t)wtx__clock_ms() ^ (uint64_t)getpid() << 32;
     memcpy(r, &t, 8);
     memcpy(r + 8, &t, 8);
   }
@@ -70,8 +70,8 @@ static void abort_locked(wtx_session *s, wtx__end kind, const char *why) {
   s->state = s->draining ? WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING
                          : WTX__V1__SESSION_STATE__SESSION_STATE_READY;
   char q[512];
-  wtx_log(WTX_LOG_WARN, "event=aborted update=%llu reason=%s",
-          (unsigned long long)s->update_id, wtx_log_quote(why, q, sizeof q));
+  wtx__log(WTX__LOG_WARN, "event=aborted update=%llu reason=%s",
+          (unsigned long long)s->update_id, wtx__log_quote(why, q, sizeof q));
 }
 
 int wtx__session_init(wtx_session *s, const wtx__session_config *cfg) {
@@ -123,7 +123,7 @@ int wtx__session_watchdog(wtx_session *s) {
   int fired = 0;
   pthread_mutex_lock(&s->mu);
   if (update_open(s) && !s->up.receiving &&
-      wtx_clock_ms() - s->last_activity_ms > s->cfg.watchdog_ms) {
+      wtx__clock_ms() - s->last_activity_ms > s->cfg.watchdog_ms) {
     abort_locked(s, WTX__END_WATCHDOG, "watchdog: no call from the trainer within the timeout");
     fired = 1;
   }
@@ -154,42 +154,42 @@ void wtx__session_drain(wtx_session *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-grpc_status_code wtx__check_request(wtx_rpc_ctx *ctx, const ProtobufCMessage *req) {
-  size_t got = wtx_rpc_ctx_request_bytes(ctx);
+grpc_status_code wtx__check_request(wtx__rpc_ctx *ctx, const ProtobufCMessage *req) {
+  size_t got = wtx__rpc_ctx_request_bytes(ctx);
   if (protobuf_c_message_get_packed_size(req) == got) return GRPC_STATUS_OK;
-  return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+  return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                             "request: a string holds a NUL byte, or the message "
                             "is not canonically encoded");
 }
 
-grpc_status_code wtx__check_text(wtx_rpc_ctx *ctx, const char *field, const char *text,
+grpc_status_code wtx__check_text(wtx__rpc_ctx *ctx, const char *field, const char *text,
                                  size_t max) {
   size_t n = strlen(text);
   if (max > 0 && n > max)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                               "%s: %zu bytes, at most %zu", field, n, max);
   if (!wtx__utf8_valid(text))
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                               "%s: not valid UTF-8", field);
   return GRPC_STATUS_OK;
 }
 
 /* Session id and state checks shared by the per-update calls. Caller holds
  * mu. */
-static grpc_status_code check_session(wtx_session *s, wtx_rpc_ctx *ctx,
+static grpc_status_code check_session(wtx_session *s, wtx__rpc_ctx *ctx,
                                       const char *session_id) {
   if (s->draining)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE,
                               "worker is draining");
   /* A session id this worker never gave (it restarted, say) is NOT_FOUND
    * whatever the state, so a trainer knows to initialize again; a call
    * with none before init is out of order. */
   if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UNINITIALIZED && session_id[0] == '\0')
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "no transfer engine: call "
                               "InitWeightTransferEngine first");
   if (strcmp(session_id, s->session_id) != 0)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_NOT_FOUND,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_NOT_FOUND,
                               "session_id: '%s' is not the current session",
                               session_id);
   return GRPC_STATUS_OK;
@@ -198,37 +198,37 @@ static grpc_status_code check_session(wtx_session *s, wtx_rpc_ctx *ctx,
 /* The checks of a call on the open update; prepared: whether the call is
  * taken once the update is prepared (Finish, Abort) or not (UpdateWeights,
  * Prepare). */
-static grpc_status_code check_update(wtx_session *s, wtx_rpc_ctx *ctx,
+static grpc_status_code check_update(wtx_session *s, wtx__rpc_ctx *ctx,
                                      const char *session_id, uint64_t update_id,
                                      const char *call, int prepared) {
   grpc_status_code c = check_session(s, ctx, session_id);
   if (c != GRPC_STATUS_OK) return c;
   if (!update_open(s))
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "%s without an active update: call "
                               "StartWeightUpdate first",
                               call);
   if (!prepared && s->state == WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "%s: update %llu is prepared; finish or abort it", call,
                               (unsigned long long)s->update_id);
   if (update_id != s->update_id)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_NOT_FOUND,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_NOT_FOUND,
                               "update_id: %llu is not the active update (%llu)",
                               (unsigned long long)update_id,
                               (unsigned long long)s->update_id);
   return GRPC_STATUS_OK;
 }
 
-static grpc_status_code from_wtx(wtx_rpc_ctx *ctx, int rc, const char *what,
+static grpc_status_code from_wtx(wtx__rpc_ctx *ctx, int rc, const char *what,
                                  const char *detail) {
-  return wtx_rpc_ctx_errorf(ctx, (grpc_status_code)wtx_err_to_grpc(rc),
+  return wtx__rpc_ctx_errorf(ctx, (grpc_status_code)wtx_err_to_grpc(rc),
                             "%s: %s", what, detail[0] ? detail : wtx_strerror(rc));
 }
 
 /* Whether a client takes rc's status as transient, and asks again. */
 static int transient(int rc) {
-  return wtx_rpc_code_transient((grpc_status_code)wtx_err_to_grpc(rc));
+  return wtx__rpc_code_transient((grpc_status_code)wtx_err_to_grpc(rc));
 }
 
 /* A failure of the model (begin, staging, loading, prepare, commit) as the
@@ -238,16 +238,16 @@ static int transient(int rc) {
  * already ended, and answer that instead of the cause. Such codes are
  * INTERNAL here. (The engine a sidecar feeds keeps its codes: a repeated
  * Finish answers its failure again, see handle_finish.) */
-static grpc_status_code model_failed(wtx_rpc_ctx *ctx, int rc, const char *what,
+static grpc_status_code model_failed(wtx__rpc_ctx *ctx, int rc, const char *what,
                                      const char *detail) {
   grpc_status_code code = transient(rc) ? GRPC_STATUS_INTERNAL
                                         : (grpc_status_code)wtx_err_to_grpc(rc);
-  return wtx_rpc_ctx_errorf(ctx, code, "%s: %s", what, detail[0] ? detail : wtx_strerror(rc));
+  return wtx__rpc_ctx_errorf(ctx, code, "%s: %s", what, detail[0] ? detail : wtx_strerror(rc));
 }
 
 /* The session's transport for init's backend member, or an error naming
  * the member and the backends this worker serves. */
-static grpc_status_code find_transport(wtx_session *s, wtx_rpc_ctx *ctx,
+static grpc_status_code find_transport(wtx_session *s, wtx__rpc_ctx *ctx,
                                        const Wtx__V1__InitInfo *init,
                                        const wtx_worker_transport **out) {
   for (size_t i = 0; i < s->cfg.n_transports; i++)
@@ -263,10 +263,10 @@ static grpc_status_code find_transport(wtx_session *s, wtx_rpc_ctx *ctx,
    * decodes as none), or one it does not serve. */
   const char *member = wtx_init_case_name(init->backend_case);
   if (member == NULL)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                               "init_info.backend: no backend set; this worker "
                               "serves: %s", names);
-  return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+  return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                             "init_info.backend: '%s' is not served by this "
                             "worker; it serves: %s", member, names);
 }
@@ -291,7 +291,7 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
   if (s->stage_device >= 0)
     snprintf(staging, sizeof staging, "cuda:%d%s", s->stage_device,
              s->region != NULL ? ",in-place" : "");
-  wtx_log(WTX_LOG_INFO, "event=init backend=%s session=%s buffer_size=%llu "
+  wtx__log(WTX__LOG_INFO, "event=init backend=%s session=%s buffer_size=%llu "
           "num_buffers=%u timeout_ms=%lld staging=%s", t->name, s->session_id,
           (unsigned long long)wire->buffer_size, (unsigned)wire->num_buffers,
           (long long)wire->timeout_ms, staging);
@@ -299,20 +299,20 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
 
 /* The fast half of init, under the lock: the session may take a new engine,
  * and the backend checks the handshake and allocates it. */
-static grpc_status_code init_begin(wtx_session *s, wtx_rpc_ctx *ctx,
+static grpc_status_code init_begin(wtx_session *s, wtx__rpc_ctx *ctx,
                                    const wtx_worker_transport *t,
                                    const Wtx__V1__InitInfo *init,
                                    const wtx_wire_params *wire, void **engine) {
   char err[512] = "";
   int rc;
   if (s->draining)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "worker is draining");
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "worker is draining");
   if (update_open(s))
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "update %llu is active: finish or abort it before "
                               "re-initializing", (unsigned long long)s->update_id);
   if (s->connecting != NULL)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "another InitWeightTransferEngine is connecting");
   if ((rc = t->init(init, wire, s->cfg.env, engine, err, sizeof err)) != 0)
     return from_wtx(ctx, rc, "init_info", err);
@@ -321,19 +321,19 @@ static grpc_status_code init_begin(wtx_session *s, wtx_rpc_ctx *ctx,
   return GRPC_STATUS_OK;
 }
 
-static grpc_status_code handle_init(wtx_rpc_ctx *ctx,
+static grpc_status_code handle_init(wtx__rpc_ctx *ctx,
     const Wtx__V1__InitWeightTransferEngineRequest *req, Wtx__V1__InitWeightTransferEngineResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx_session *s = wtx__rpc_ctx_user(ctx);
   const Wtx__V1__InitInfo *init = req->init_info;
   if (init == NULL)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "init_info: missing");
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "init_info: missing");
   const wtx_worker_transport *t = NULL;
   grpc_status_code code = find_transport(s, ctx, init, &t);
   if (code != GRPC_STATUS_OK) return code;
   char err[512] = "";
   wtx_wire_params wire;
   if (wtx_wire_params_from_init(init, t->default_checksum, &wire, err, sizeof err) != 0)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "init_info.%s", err);
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "init_info.%s", err);
   void *engine = NULL;
   char addr[256] = "";
   pthread_mutex_lock(&s->mu);
@@ -349,17 +349,17 @@ static grpc_status_code handle_init(wtx_rpc_ctx *ctx,
   if (rc != 0) {
     code = from_wtx(ctx, rc, "init_info", err);
   } else if (s->draining) {
-    code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "worker is draining");
+    code = wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "worker is draining");
   } else if (update_open(s)) {
-    code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    code = wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "update %llu started while this init connected",
                               (unsigned long long)s->update_id);
   } else {
     adopt_engine(s, t, engine, &wire);
     engine = NULL;
-    resp->session_id = wtx_rpc_ctx_strdup(ctx, s->session_id);
+    resp->session_id = wtx__rpc_ctx_strdup(ctx, s->session_id);
     resp->backend = (char *)t->name;
-    resp->data_address = wtx_rpc_ctx_strdup(ctx, addr);
+    resp->data_address = wtx__rpc_ctx_strdup(ctx, addr);
     resp->world_size = s->cfg.world_size;
   }
   pthread_mutex_unlock(&s->mu);
@@ -373,18 +373,18 @@ static grpc_status_code handle_init(wtx_rpc_ctx *ctx,
 
 /* Opens update target, of `expected` tensors when the trainer said (0:
  * not said). Caller holds mu and has checked the session. */
-static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
+static grpc_status_code open_update(wtx_session *s, wtx__rpc_ctx *ctx,
                                     wtx_target target, uint32_t expected) {
   if (update_open(s))
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "update %llu is already active: finish or abort "
                               "it first", (unsigned long long)s->update_id);
   if (target == WTX_TARGET_DRAFT && !s->transport->supports_draft)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "target: the %s engine does not support draft "
                               "model updates", s->transport->name);
   if (s->cfg.max_params > 0 && expected > s->cfg.max_params)
-    return wtx_rpc_ctx_errorf(ctx, (grpc_status_code)wtx_err_to_grpc(WTX_ETOOBIG),
+    return wtx__rpc_ctx_errorf(ctx, (grpc_status_code)wtx_err_to_grpc(WTX_ETOOBIG),
                               "expected_params: the update would hold %u parameters, "
                               "this worker takes at most %llu (--max-params)", expected,
                               (unsigned long long)s->cfg.max_params);
@@ -398,8 +398,8 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
   if (expected > 0)
     wtx__layout_reserve(&s->up.cur, expected < RESERVE_MAX ? expected : RESERVE_MAX);
   wtx__rx_reset(s->rx);
-  s->last_activity_ms = wtx_clock_ms();
-  wtx_log(WTX_LOG_INFO, "event=start update=%llu target=%s",
+  s->last_activity_ms = wtx__clock_ms();
+  wtx__log(WTX__LOG_INFO, "event=start update=%llu target=%s",
           (unsigned long long)s->update_id,
           target == WTX_TARGET_DRAFT ? "draft" : "main");
   return GRPC_STATUS_OK;
@@ -408,13 +408,13 @@ static grpc_status_code open_update(wtx_session *s, wtx_rpc_ctx *ctx,
 /* A delta's fence: it opens only on the version it was computed from, so a
  * worker that missed a step, restarted or was undone never carries over
  * tensors the trainer believes replaced. */
-static grpc_status_code check_base(wtx_rpc_ctx *ctx, const char *base, const char *serves) {
+static grpc_status_code check_base(wtx__rpc_ctx *ctx, const char *base, const char *serves) {
   if (base[0] == '\0' || strcmp(base, serves) == 0) return GRPC_STATUS_OK;
   if (serves[0] == '\0')
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "base_version: the delta applies to version '%s', and this "
                               "worker serves no version yet: send the whole model", base);
-  return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+  return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                             "base_version: the delta applies to version '%s', and this "
                             "worker serves '%s': send the whole model", base, serves);
 }
@@ -429,14 +429,14 @@ static int takes_patches(const wtx_session *s) {
          s->cfg.shard_rules == NULL;
 }
 
-static grpc_status_code handle_start(wtx_rpc_ctx *ctx,
+static grpc_status_code handle_start(wtx__rpc_ctx *ctx,
     const Wtx__V1__StartWeightUpdateRequest *req, Wtx__V1__StartWeightUpdateResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx_session *s = wtx__rpc_ctx_user(ctx);
   /* wtx_target holds the wire values; UNSPECIFIED means the main model. */
   wtx_target target = req->target == WTX__V1__UPDATE_TARGET__UPDATE_TARGET_UNSPECIFIED
                           ? WTX_TARGET_MAIN : (wtx_target)req->target;
   if (target != WTX_TARGET_MAIN && target != WTX_TARGET_DRAFT)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                               "target: unknown value %d", req->target);
   grpc_status_code code =
       wtx__check_text(ctx, "base_version", req->base_version, WTX_MAX_VERSION_BYTES);
@@ -451,7 +451,7 @@ static grpc_status_code handle_start(wtx_rpc_ctx *ctx,
     s->up.delta = req->base_version[0] != '\0';
     resp->update_id = s->update_id;
     resp->table_xxh3 = s->tb.xxh3[target == WTX_TARGET_DRAFT];
-    resp->weight_version = wtx_rpc_ctx_strdup(ctx, serves);
+    resp->weight_version = wtx__rpc_ctx_strdup(ctx, serves);
     resp->patches = takes_patches(s);
   }
   pthread_mutex_unlock(&s->mu);
@@ -996,13 +996,13 @@ static int chunk_receive(wtx_session *s, chunk *c) {
   c->receive_failed = rc != 0;
   pthread_mutex_lock(&s->mu);
   s->up.receiving = 0;
-  s->last_activity_ms = wtx_clock_ms();
+  s->last_activity_ms = wtx__clock_ms();
   return rc;
 }
 
-static grpc_status_code handle_update(wtx_rpc_ctx *ctx,
+static grpc_status_code handle_update(wtx__rpc_ctx *ctx,
     const Wtx__V1__UpdateWeightsRequest *req, Wtx__V1__UpdateWeightsResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx_session *s = wtx__rpc_ctx_user(ctx);
   chunk c = {.ui = req->update_info};
   int rc, model;
   grpc_status_code code = wtx__check_request(ctx, &req->base);
@@ -1010,12 +1010,12 @@ static grpc_status_code handle_update(wtx_rpc_ctx *ctx,
   pthread_mutex_lock(&s->mu);
   code = check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights", 0);
   if (code == GRPC_STATUS_OK && s->up.receiving)
-    code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    code = wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "another UpdateWeights of update %llu is still "
                               "receiving; chunks go one at a time",
                               (unsigned long long)s->update_id);
   if (code != GRPC_STATUS_OK) goto done;
-  s->last_activity_ms = wtx_clock_ms();
+  s->last_activity_ms = wtx__clock_ms();
   if ((rc = chunk_check_frame(s, &c)) != 0 || (rc = chunk_check_tensors(s, &c)) != 0 ||
       (rc = chunk_stage(s, &c)) != 0 || (rc = chunk_receive(s, &c)) != 0 ||
       (rc = chunk_loaded(s, &c)) != 0)
@@ -1040,10 +1040,10 @@ done:
 /* Prepares the open update under label v (empty: the next number): every
  * tensor complete, the model's prepare done. On failure the update is
  * aborted. Caller holds mu and has checked the update. */
-static grpc_status_code prepare_locked(wtx_session *s, wtx_rpc_ctx *ctx, const char *v,
+static grpc_status_code prepare_locked(wtx_session *s, wtx__rpc_ctx *ctx, const char *v,
                                        const char *call) {
   if (s->up.receiving)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "%s: an UpdateWeights is still receiving", call);
   uint64_t have, want;
   const char *carry = wtx__rx_incomplete(s->rx, &have, &want);
@@ -1051,7 +1051,7 @@ static grpc_status_code prepare_locked(wtx_session *s, wtx_rpc_ctx *ctx, const c
   if (carry != NULL) {
     snprintf(why, sizeof why, "tensor '%s' is incomplete: %llu of %llu bytes", carry,
              (unsigned long long)have, (unsigned long long)want);
-    grpc_status_code code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
+    grpc_status_code code = wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                                                "%s: %s (update aborted)", call, why);
     abort_locked(s, WTX__END_REFUSED, why);
     return code;
@@ -1072,7 +1072,7 @@ static grpc_status_code prepare_locked(wtx_session *s, wtx_rpc_ctx *ctx, const c
 }
 
 /* Publishes the prepared update. Caller holds mu. */
-static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
+static grpc_status_code commit_locked(wtx_session *s, wtx__rpc_ctx *ctx) {
   int rc = s->cfg.model_ops->commit(s->cfg.model, s->version);
   if (rc != 0) {
     abort_locked(s, WTX__END_MODEL, "commit failed");
@@ -1080,7 +1080,7 @@ static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
                         "commit failed (update aborted; the worker's log says why)");
   }
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
-  wtx__metrics_published(s->cfg.metrics, wtx_clock_unix_s());
+  wtx__metrics_published(s->cfg.metrics, wtx__clock_unix_s());
   int t = s->up.target == WTX_TARGET_DRAFT;
   s->revertible = s->cfg.model_ops->revert != NULL ? s->update_id : 0;
   /* A delta names a subset: the table stays the last full update's. */
@@ -1096,16 +1096,16 @@ static grpc_status_code commit_locked(wtx_session *s, wtx_rpc_ctx *ctx) {
   wtx__layout_clear(&s->up.cur);
   s->published_update = s->update_id;
   char q[600];
-  wtx_log(WTX_LOG_INFO, "event=published update=%llu target=%s version=%s "
+  wtx__log(WTX__LOG_INFO, "event=published update=%llu target=%s version=%s "
           "params=%llu bytes=%llu", (unsigned long long)s->update_id,
           s->up.target == WTX_TARGET_DRAFT ? "draft" : "main",
-          wtx_log_quote(s->version, q, sizeof q), (unsigned long long)s->up.staged_params,
+          wtx__log_quote(s->version, q, sizeof q), (unsigned long long)s->up.staged_params,
           (unsigned long long)s->up.staged_bytes);
   return GRPC_STATUS_OK;
 }
 
 /* The checks of a request carrying a version label (Prepare, Finish). */
-static grpc_status_code check_labelled(wtx_rpc_ctx *ctx, const ProtobufCMessage *req,
+static grpc_status_code check_labelled(wtx__rpc_ctx *ctx, const ProtobufCMessage *req,
                                        const char *version) {
   grpc_status_code code = wtx__check_request(ctx, req);
   return code != GRPC_STATUS_OK
@@ -1113,9 +1113,9 @@ static grpc_status_code check_labelled(wtx_rpc_ctx *ctx, const ProtobufCMessage 
              : wtx__check_text(ctx, "weight_version", version, WTX_MAX_VERSION_BYTES);
 }
 
-static grpc_status_code handle_prepare(wtx_rpc_ctx *ctx,
+static grpc_status_code handle_prepare(wtx__rpc_ctx *ctx,
     const Wtx__V1__PrepareWeightUpdateRequest *req, Wtx__V1__PrepareWeightUpdateResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx_session *s = wtx__rpc_ctx_user(ctx);
   grpc_status_code code = check_labelled(ctx, &req->base, req->weight_version);
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
@@ -1123,7 +1123,7 @@ static grpc_status_code handle_prepare(wtx_rpc_ctx *ctx,
   if (code == GRPC_STATUS_OK)
     code = prepare_locked(s, ctx, req->weight_version, "PrepareWeightUpdate");
   if (code == GRPC_STATUS_OK) {
-    resp->weight_version = wtx_rpc_ctx_strdup(ctx, s->version);
+    resp->weight_version = wtx__rpc_ctx_strdup(ctx, s->version);
     resp->num_params = (uint32_t)s->up.staged_params;
     resp->total_bytes = s->up.staged_bytes;
   }
@@ -1142,9 +1142,9 @@ static int finish_repeated(const wtx_session *s, const Wtx__V1__FinishWeightUpda
 /* Finish's failure when on_commit refused: this worker published. */
 #define NOT_LOADED "published here, but the engine it feeds did not load it"
 
-static grpc_status_code handle_finish(wtx_rpc_ctx *ctx,
+static grpc_status_code handle_finish(wtx__rpc_ctx *ctx,
     const Wtx__V1__FinishWeightUpdateRequest *req, Wtx__V1__FinishWeightUpdateResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx_session *s = wtx__rpc_ctx_user(ctx);
   grpc_status_code code = check_labelled(ctx, &req->base, req->weight_version);
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
@@ -1156,7 +1156,7 @@ static grpc_status_code handle_finish(wtx_rpc_ctx *ctx,
                                   "FinishWeightUpdate", 1)) != GRPC_STATUS_OK) {
   } else if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED) {
     if (req->weight_version[0] != '\0' && strcmp(req->weight_version, s->version) != 0)
-      code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
+      code = wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT,
                                 "weight_version: the update was prepared under another "
                                 "label (send it, or none)");
     else if ((code = commit_locked(s, ctx)) == GRPC_STATUS_OK)
@@ -1167,7 +1167,7 @@ static grpc_status_code handle_finish(wtx_rpc_ctx *ctx,
     committed = 1;
   }
   if (code == GRPC_STATUS_OK) {
-    resp->weight_version = wtx_rpc_ctx_strdup(ctx, s->version);
+    resp->weight_version = wtx__rpc_ctx_strdup(ctx, s->version);
     resp->num_params = (uint32_t)s->up.staged_params;
     resp->total_bytes = s->up.staged_bytes;
   }
@@ -1201,7 +1201,7 @@ static void served_label(wtx_session *s, wtx_target target, char *out, size_t le
  * Finish failed on another replica): the model returns to the version it
  * replaced, and a table that was the update's own goes with it. Caller
  * holds mu; no update is open. */
-static grpc_status_code revert_locked(wtx_session *s, wtx_rpc_ctx *ctx, const char *reason) {
+static grpc_status_code revert_locked(wtx_session *s, wtx__rpc_ctx *ctx, const char *reason) {
   char why[512] = "";
   int rc = s->cfg.model_ops->revert(s->cfg.model, s->up.target, why, sizeof why);
   if (rc != 0) return model_failed(ctx, rc, "model: cannot undo the update", why);
@@ -1213,9 +1213,9 @@ static grpc_status_code revert_locked(wtx_session *s, wtx_rpc_ctx *ctx, const ch
   }
   snprintf(s->tb.label[t], sizeof s->tb.label[t], "%s", s->tb.label_before);
   char q[512], v[600];
-  wtx_log(WTX_LOG_WARN, "event=reverted update=%llu target=%s version=%s reason=%s",
+  wtx__log(WTX__LOG_WARN, "event=reverted update=%llu target=%s version=%s reason=%s",
           (unsigned long long)s->revertible, t ? "draft" : "main",
-          wtx_log_quote(s->tb.label_before, v, sizeof v), wtx_log_quote(reason, q, sizeof q));
+          wtx__log_quote(s->tb.label_before, v, sizeof v), wtx__log_quote(reason, q, sizeof q));
   s->revertible = 0;
   s->published_update = 0; /* a repeated Finish of it is refused from now */
   wtx__metrics_reverted(s->cfg.metrics);
@@ -1226,7 +1226,7 @@ static grpc_status_code revert_locked(wtx_session *s, wtx_rpc_ctx *ctx, const ch
  * update this session just published is undone; one that can no longer
  * be is FAILED_PRECONDITION; any other (aborted, undone) is done already.
  * Caller holds mu. */
-static grpc_status_code abort_published(wtx_session *s, wtx_rpc_ctx *ctx, uint64_t id,
+static grpc_status_code abort_published(wtx_session *s, wtx__rpc_ctx *ctx, uint64_t id,
                                         const char *reason, int *reverted) {
   if (id != 0 && id == s->revertible) {
     grpc_status_code code = revert_locked(s, ctx, reason);
@@ -1234,7 +1234,7 @@ static grpc_status_code abort_published(wtx_session *s, wtx_rpc_ctx *ctx, uint64
     return code;
   }
   if (id == 0 || id != s->published_update) return GRPC_STATUS_OK;
-  return wtx_rpc_ctx_errorf(
+  return wtx__rpc_ctx_errorf(
       ctx, GRPC_STATUS_FAILED_PRECONDITION,
       "update_id: update %llu is published and can no longer be undone here: %s",
       (unsigned long long)id,
@@ -1243,9 +1243,9 @@ static grpc_status_code abort_published(wtx_session *s, wtx_rpc_ctx *ctx, uint64
           : "an update or a session began since");
 }
 
-grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_abort(wtx__rpc_ctx *ctx,
     const Wtx__V1__AbortWeightUpdateRequest *req, Wtx__V1__AbortWeightUpdateResponse *resp) {
-  wtx_session *s = wtx_rpc_ctx_user(ctx);
+  wtx_session *s = wtx__rpc_ctx_user(ctx);
   grpc_status_code code = wtx__check_text(ctx, "reason", req->reason, WTX_MAX_REASON_BYTES);
   if (code != GRPC_STATUS_OK) return code;
   const char *reason = req->reason[0] ? req->reason : "AbortWeightUpdate";
@@ -1256,7 +1256,7 @@ grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
       s, ctx, req->session_id[0] ? req->session_id : s->session_id);
   if (code == GRPC_STATUS_OK && req->update_id != 0 &&
       update_open(s) && req->update_id != s->update_id)
-    code = wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_NOT_FOUND,
+    code = wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_NOT_FOUND,
                               "update_id: %llu is not the active update (%llu)",
                               (unsigned long long)req->update_id,
                               (unsigned long long)s->update_id);
@@ -1282,21 +1282,21 @@ grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
     return model_failed(ctx, rc, "undone here, but the engine it feeds did not load the "
                         "version before", why);
   resp->reverted = reverted;
-  resp->weight_version = wtx_rpc_ctx_strdup(ctx, label);
+  resp->weight_version = wtx__rpc_ctx_strdup(ctx, label);
   return code;
 }
 
 /* The session-changing calls as the worker registers them: each one timed
  * for the metrics as operation OP (server/metrics.h). */
 #define TIMED(name, handler, Req, Resp, OP)                                     \
-  grpc_status_code wtx__handle_##name(wtx_rpc_ctx *ctx, const Req *req,         \
+  grpc_status_code wtx__handle_##name(wtx__rpc_ctx *ctx, const Req *req,         \
                                       Resp *resp) {                             \
-    wtx_session *s = wtx_rpc_ctx_user(ctx);                                     \
+    wtx_session *s = wtx__rpc_ctx_user(ctx);                                     \
     wtx__op op = (OP);                                                          \
-    double t0 = wtx_clock_s();                                                  \
+    double t0 = wtx__clock_s();                                                  \
     wtx__metrics_begin(s->cfg.metrics, op);                                     \
     grpc_status_code code = handler(ctx, req, resp);                            \
-    wtx__metrics_end(s->cfg.metrics, op, wtx_clock_s() - t0);                   \
+    wtx__metrics_end(s->cfg.metrics, op, wtx__clock_s() - t0);                   \
     return code;                                                                \
   }
 

@@ -1,6 +1,6 @@
 /* The WorkerEngine session: wtx.v1.WeightTransfer's state machine and the
  * handlers of every WeightTransfer call. Each handler receives its session
- * as the call's user data (wtx_rpc_server_add_service's user pointer).
+ * as the call's user data (wtx__rpc_server_add_service's user pointer).
  *
  * session.c holds the calls that change the session (init, start, update,
  * finish, abort) and enforces the state machine, nowhere else; inspect.c
@@ -167,45 +167,45 @@ void wtx__session_drain(wtx_session *s);
  * re-encodes shorter than it arrived. Also refuses encodings that are not
  * canonical (explicit defaults, over-long varints), which no protobuf
  * library emits. */
-grpc_status_code wtx__check_request(wtx_rpc_ctx *ctx, const ProtobufCMessage *req);
+grpc_status_code wtx__check_request(wtx__rpc_ctx *ctx, const ProtobufCMessage *req);
 /* INVALID_ARGUMENT naming field when text is not UTF-8 or is longer than
  * max bytes (max 0: no bound). */
-grpc_status_code wtx__check_text(wtx_rpc_ctx *ctx, const char *field, const char *text,
+grpc_status_code wtx__check_text(wtx__rpc_ctx *ctx, const char *field, const char *text,
                                  size_t max);
 
 /* session.c: the calls that change the session. */
-grpc_status_code wtx__handle_init(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_init(wtx__rpc_ctx *ctx,
     const Wtx__V1__InitWeightTransferEngineRequest *req,
     Wtx__V1__InitWeightTransferEngineResponse *resp);
-grpc_status_code wtx__handle_start(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_start(wtx__rpc_ctx *ctx,
     const Wtx__V1__StartWeightUpdateRequest *req,
     Wtx__V1__StartWeightUpdateResponse *resp);
-grpc_status_code wtx__handle_update(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_update(wtx__rpc_ctx *ctx,
     const Wtx__V1__UpdateWeightsRequest *req,
     Wtx__V1__UpdateWeightsResponse *resp);
-grpc_status_code wtx__handle_prepare(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_prepare(wtx__rpc_ctx *ctx,
     const Wtx__V1__PrepareWeightUpdateRequest *req,
     Wtx__V1__PrepareWeightUpdateResponse *resp);
-grpc_status_code wtx__handle_finish(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_finish(wtx__rpc_ctx *ctx,
     const Wtx__V1__FinishWeightUpdateRequest *req,
     Wtx__V1__FinishWeightUpdateResponse *resp);
-grpc_status_code wtx__handle_abort(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_abort(wtx__rpc_ctx *ctx,
     const Wtx__V1__AbortWeightUpdateRequest *req,
     Wtx__V1__AbortWeightUpdateResponse *resp);
 
 /* inspect.c: the calls that look, and Pause / Resume. */
-grpc_status_code wtx__handle_version(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_version(wtx__rpc_ctx *ctx,
     const Wtx__V1__UpdateWeightVersionRequest *req,
     Wtx__V1__UpdateWeightVersionResponse *resp);
-grpc_status_code wtx__handle_info(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_info(wtx__rpc_ctx *ctx,
     const Wtx__V1__GetWeightInfoRequest *req,
     Wtx__V1__GetWeightInfoResponse *resp);
-grpc_status_code wtx__handle_world(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_world(wtx__rpc_ctx *ctx,
     const Wtx__V1__GetWorldSizeRequest *req,
     Wtx__V1__GetWorldSizeResponse *resp);
-grpc_status_code wtx__handle_pause(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_pause(wtx__rpc_ctx *ctx,
     const Wtx__V1__PauseRequest *req, Wtx__V1__PauseResponse *resp);
-grpc_status_code wtx__handle_resume(wtx_rpc_ctx *ctx,
+grpc_status_code wtx__handle_resume(wtx__rpc_ctx *ctx,
     const Wtx__V1__ResumeRequest *req, Wtx__V1__ResumeResponse *resp);
 
 #ifdef __cplusplus

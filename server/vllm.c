@@ -288,10 +288,10 @@ int wtx__vllm_publish(wtx__vllm *b, char *err, size_t errlen) {
   pthread_mutex_unlock(&b->mu);
   char q[600];
   if (rc == 0)
-    wtx_log(WTX_LOG_INFO, "event=vllm_loaded version=%s dir=%s",
-            wtx_log_quote(v.version, q, sizeof q), path);
+    wtx__log(WTX__LOG_INFO, "event=vllm_loaded version=%s dir=%s",
+            wtx__log_quote(v.version, q, sizeof q), path);
   else
-    wtx_log(WTX_LOG_WARN, "event=vllm_failed reason=%s", wtx_log_quote(err, q, sizeof q));
+    wtx__log(WTX__LOG_WARN, "event=vllm_failed reason=%s", wtx__log_quote(err, q, sizeof q));
   wtx_store_release(b->store, &v);
   return rc;
 }
@@ -316,8 +316,8 @@ static int pause_or_resume(wtx__vllm *b, const char *route, int want, int was) {
   char err[600], q[700];
   int rc = http(b, route, "{}", &r, err, sizeof err);
   if (rc == 0) return want;
-  wtx_log(WTX_LOG_WARN, "event=%s reason=%s", want ? "vllm_pause_failed" : "vllm_resume_failed",
-          wtx_log_quote(err, q, sizeof q));
+  wtx__log(WTX__LOG_WARN, "event=%s reason=%s", want ? "vllm_pause_failed" : "vllm_resume_failed",
+          wtx__log_quote(err, q, sizeof q));
   /* A vLLM too slow to answer would be as slow to answer this. */
   return rc == WTX_ETIMEDOUT ? was : is_paused(b, was);
 }

@@ -19,8 +19,8 @@
 #include "server/vllm.h"
 
 struct wtx_worker {
-  wtx_rpc_server *srv;
-  wtx_rpc_health *health;
+  wtx__rpc_server *srv;
+  wtx__rpc_health *health;
   wtx__publisher *publisher;
   wtx__vllm *vllm; /* the sidecar bridge, --vllm-url */
   wtx__metrics *metrics;
@@ -65,7 +65,7 @@ static int on_commit(void *user, wtx_target target, char *err, size_t errlen) {
     wtx__publisher_notify(w->publisher);
   if (target != WTX_TARGET_MAIN || w->vllm == NULL) return 0;
   int rc = wtx__vllm_publish(w->vllm, err, errlen);
-  wtx__metrics_bridge(w->metrics, rc == 0, wtx_clock_unix_s());
+  wtx__metrics_bridge(w->metrics, rc == 0, wtx__clock_unix_s());
   return rc;
 }
 
@@ -184,7 +184,7 @@ static int declare_spec(wtx_store *store, const char *path, char *err,
   rc = wtx_store_declare(store, metas, n);
   if (rc != 0) snprintf(err, errlen, "model_spec: %s: %s", path, wtx_strerror(rc));
   else
-    wtx_log(WTX_LOG_INFO, "event=model_spec file=%s params=%zu", path, n);
+    wtx__log(WTX__LOG_INFO, "event=model_spec file=%s params=%zu", path, n);
   free(metas);
   wtx_st_close(f);
   return rc;
@@ -280,7 +280,7 @@ static int server_credentials(const wtx_worker_options *opts,
  * reflection, behind the token check, listening. */
 static int open_server(wtx_worker *w, const wtx_worker_options *opts, char *err,
                        size_t errlen) {
-  wtx_rpc_server_options so = WTX_RPC_SERVER_OPTIONS_INIT;
+  wtx__rpc_server_options so = WTX__RPC_SERVER_OPTIONS_INIT;
   so.max_receive_message_bytes = opts->max_message_bytes > 0
                                      ? opts->max_message_bytes
                                      : WTX_DEFAULT_MAX_MESSAGE_BYTES;
@@ -288,16 +288,16 @@ static int open_server(wtx_worker *w, const wtx_worker_options *opts, char *err,
   so.authorize = wtx__auth_check;
   so.auth_data = w->auth;
   int rc = server_credentials(opts, &so.credentials, err, errlen);
-  if (rc == 0) rc = wtx_rpc_server_create(&so, &w->srv);
+  if (rc == 0) rc = wtx__rpc_server_create(&so, &w->srv);
   if (rc == 0)
-    rc = wtx_rpc_server_add_service(w->srv, &wtx__v1__weight_transfer__grpc,
+    rc = wtx__rpc_server_add_service(w->srv, &wtx__v1__weight_transfer__grpc,
                                     &handlers, &w->session);
-  if (rc == 0) rc = wtx_rpc_health_create(w->srv, &w->health);
+  if (rc == 0) rc = wtx__rpc_health_create(w->srv, &w->health);
   if (rc == 0 && opts->reflection != WTX_REFLECTION_OFF)
-    rc = wtx_rpc_server_add_reflection(w->srv);
-  if (rc == 0 && (rc = wtx_rpc_server_start(w->srv, opts->listen, &w->port)) != 0)
+    rc = wtx__rpc_server_add_reflection(w->srv);
+  if (rc == 0 && (rc = wtx__rpc_server_start(w->srv, opts->listen, &w->port)) != 0)
     snprintf(err, errlen, "listen: cannot bind %s", opts->listen);
-  if (rc == 0) wtx_rpc_health_set(w->health, 1);
+  if (rc == 0) wtx__rpc_health_set(w->health, 1);
   if (so.credentials != NULL) grpc_server_credentials_release(so.credentials);
   return rc;
 }
@@ -399,7 +399,7 @@ int wtx_worker_paused(const wtx_worker *w) { return atomic_load(&w->session.paus
 
 void wtx_worker_set_serving(wtx_worker *w, int serving) {
   pthread_mutex_lock(&w->mu);
-  if (!w->drained) wtx_rpc_health_set(w->health, serving);
+  if (!w->drained) wtx__rpc_health_set(w->health, serving);
   pthread_mutex_unlock(&w->mu);
 }
 
@@ -411,16 +411,16 @@ void wtx_worker_drain(wtx_worker *w, int64_t grace_ms) {
   if (was) return;
   /* NOT_SERVING first, so probes stop routing here, and every health Watch
    * ends, so the server shutdown does not wait for them. */
-  if (w->health != NULL) wtx_rpc_health_close(w->health);
+  if (w->health != NULL) wtx__rpc_health_close(w->health);
   if (w->session_ready) wtx__session_drain(&w->session);
-  if (w->srv != NULL) wtx_rpc_server_shutdown(w->srv, grace_ms);
+  if (w->srv != NULL) wtx__rpc_server_shutdown(w->srv, grace_ms);
 }
 
 void wtx_worker_destroy(wtx_worker *w) {
   if (w == NULL) return;
   wtx_worker_drain(w, 0);
-  wtx_rpc_server_destroy(w->srv);
-  wtx_rpc_health_destroy(w->health);
+  wtx__rpc_server_destroy(w->srv);
+  wtx__rpc_health_destroy(w->health);
   wtx__publisher_destroy(w->publisher);
   wtx__vllm_destroy(w->vllm);
   if (w->http != NULL) MHD_stop_daemon(w->http);

@@ -111,7 +111,7 @@ void wtx__gpu_region_drop(wtx__gpu_region *r, const wtx_cuda *c, const char *who
   if (r->base != NULL) c->Free(r->base);
   r->base = NULL;
   if (why != NULL)
-    wtx_log(WTX_LOG_WARN, "event=direct_declined backend=%s bytes=%llu reason=\"%s\"", who,
+    wtx__log(WTX__LOG_WARN, "event=direct_declined backend=%s bytes=%llu reason=\"%s\"", who,
             (unsigned long long)r->bytes, why);
 }
 

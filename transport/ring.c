@@ -140,7 +140,7 @@ static int wait_for(shared *s, uint64_t (*avail)(const shared *), const wtx__rin
       *why = "peer closed the connection";
       return WTX_EIO;
     }
-    int64_t left = w->until - wtx_clock_ms();
+    int64_t left = w->until - wtx__clock_ms();
     if (left <= 0) {
       *why = "not all data within the timeout";
       return WTX_ETIMEDOUT;

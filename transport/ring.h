@@ -21,7 +21,7 @@ extern "C" {
 
 typedef struct wtx__ring wtx__ring;
 
-/* How a wait is bounded: until (wtx_clock_ms), cancel_fd (-1: none) and
+/* How a wait is bounded: until (wtx__clock_ms), cancel_fd (-1: none) and
  * peer_fd (-1: none). */
 typedef struct wtx__ring_wait {
   int64_t until;

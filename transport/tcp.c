@@ -69,7 +69,7 @@
 
 /* ---- sockets with deadlines ---- */
 
-/* How long a blocking step may take: an absolute deadline (wtx_clock_ms)
+/* How long a blocking step may take: an absolute deadline (wtx__clock_ms)
  * and an eventfd that, once written (cancel), ends every wait at once; -1:
  * none. */
 typedef struct waitspec {
@@ -78,7 +78,7 @@ typedef struct waitspec {
 } waitspec;
 
 static waitspec within(uint32_t ms, int cancel_fd) {
-  return (waitspec){wtx_clock_ms() + ms, cancel_fd};
+  return (waitspec){wtx__clock_ms() + ms, cancel_fd};
 }
 
 /* Waits until fd is ready for events: 0, WTX_ETIMEDOUT past the deadline,
@@ -88,13 +88,13 @@ static int wait_fd(int fd, short events, const waitspec *ws) {
                         {.fd = ws->cancel_fd, .events = POLLIN}};
   nfds_t n = ws->cancel_fd >= 0 ? 2 : 1;
   for (;;) {
-    int64_t left = ws->until - wtx_clock_ms();
+    int64_t left = ws->until - wtx__clock_ms();
     if (left < 0) left = 0;
     int r = poll(p, n, (int)(left > 60000 ? 60000 : left));
     if (r > 0 && n == 2 && p[1].revents != 0) return WTX_ECANCELED;
     if (r > 0) return 0;
     if (r < 0 && errno != EINTR) return WTX_EIO;
-    if (r == 0 && wtx_clock_ms() >= ws->until) return WTX_ETIMEDOUT;
+    if (r == 0 && wtx__clock_ms() >= ws->until) return WTX_ETIMEDOUT;
   }
 }
 
@@ -709,7 +709,7 @@ static int connect_rank(const char *addr, const wtx__netallow *allow, const wait
     /* the cancel, or the pause ending (poll without an fd when none) */
     int wrc = ws->cancel_fd >= 0 ? wait_fd(ws->cancel_fd, POLLIN, &pause)
                                  : (poll(NULL, 0, RETRY_MS), WTX_ETIMEDOUT);
-    if (wrc != WTX_ETIMEDOUT || wtx_clock_ms() >= ws->until) break;
+    if (wrc != WTX_ETIMEDOUT || wtx__clock_ms() >= ws->until) break;
     rc = connect_to(addr, allow, ws, fd, err, errlen);
   }
   return rc;

@@ -28,27 +28,27 @@ struct Script {
   std::string token;   // required bearer token ("" accepts any)
 };
 
-grpc_status_code World(wtx_rpc_ctx *ctx, const Wtx__V1__GetWorldSizeRequest *,
+grpc_status_code World(wtx__rpc_ctx *ctx, const Wtx__V1__GetWorldSizeRequest *,
                        Wtx__V1__GetWorldSizeResponse *resp) {
-  auto *s = static_cast<Script *>(wtx_rpc_ctx_user(ctx));
+  auto *s = static_cast<Script *>(wtx__rpc_ctx_user(ctx));
   if (++s->world_calls <= s->fail_first)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "warming up");
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "warming up");
   resp->world_size = 1;
   return GRPC_STATUS_OK;
 }
 
-grpc_status_code Start(wtx_rpc_ctx *ctx, const Wtx__V1__StartWeightUpdateRequest *,
+grpc_status_code Start(wtx__rpc_ctx *ctx, const Wtx__V1__StartWeightUpdateRequest *,
                        Wtx__V1__StartWeightUpdateResponse *) {
-  auto *s = static_cast<Script *>(wtx_rpc_ctx_user(ctx));
+  auto *s = static_cast<Script *>(wtx__rpc_ctx_user(ctx));
   s->start_calls++;
-  return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "busy");
+  return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "busy");
 }
 
-grpc_status_code Authorize(void *data, wtx_rpc_ctx *ctx) {
+grpc_status_code Authorize(void *data, wtx__rpc_ctx *ctx) {
   auto *s = static_cast<Script *>(data);
-  const char *auth = wtx_rpc_ctx_metadata(ctx, "authorization");
+  const char *auth = wtx__rpc_ctx_metadata(ctx, "authorization");
   if (!s->token.empty() && (auth == nullptr || "Bearer " + s->token != auth))
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAUTHENTICATED, "bad or missing token");
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_UNAUTHENTICATED, "bad or missing token");
   return GRPC_STATUS_OK;
 }
 
@@ -63,17 +63,17 @@ const Wtx__V1__WeightTransfer_Handlers kHandlers = Handlers();
 
 // A WeightTransfer server of handlers h (their user data `user`) on a port
 // of loopback (*port).
-void StartServer(const wtx_rpc_server_options &o, const Wtx__V1__WeightTransfer_Handlers *h,
-                 void *user, wtx_rpc_server **srv, int *port) {
-  ASSERT_EQ(0, wtx_rpc_server_create(&o, srv));
-  ASSERT_EQ(0, wtx_rpc_server_add_service(*srv, &wtx__v1__weight_transfer__grpc, h, user));
-  ASSERT_EQ(0, wtx_rpc_server_start(*srv, "127.0.0.1:0", port));
+void StartServer(const wtx__rpc_server_options &o, const Wtx__V1__WeightTransfer_Handlers *h,
+                 void *user, wtx__rpc_server **srv, int *port) {
+  ASSERT_EQ(0, wtx__rpc_server_create(&o, srv));
+  ASSERT_EQ(0, wtx__rpc_server_add_service(*srv, &wtx__v1__weight_transfer__grpc, h, user));
+  ASSERT_EQ(0, wtx__rpc_server_start(*srv, "127.0.0.1:0", port));
 }
 
 class ClientTest : public ::testing::Test {
  protected:
   void Serve(grpc_server_credentials *creds = nullptr) {
-    wtx_rpc_server_options o = WTX_RPC_SERVER_OPTIONS_INIT;
+    wtx__rpc_server_options o = WTX__RPC_SERVER_OPTIONS_INIT;
     o.credentials = creds;
     o.authorize = Authorize;
     o.auth_data = &script_;
@@ -81,7 +81,7 @@ class ClientTest : public ::testing::Test {
   }
   void TearDown() override {
     if (c_ != nullptr) wtx_client_destroy(c_);
-    if (srv_ != nullptr) wtx_rpc_server_destroy(srv_);
+    if (srv_ != nullptr) wtx__rpc_server_destroy(srv_);
   }
   void Connect(wtx_client_options o, const std::string &host = "127.0.0.1") {
     std::string t = host + ":" + std::to_string(port_);
@@ -90,7 +90,7 @@ class ClientTest : public ::testing::Test {
     ASSERT_EQ(0, wtx_client_create(targets, 1, &o, &c_, err, sizeof err)) << err;
   }
   Script script_;
-  wtx_rpc_server *srv_ = nullptr;
+  wtx__rpc_server *srv_ = nullptr;
   wtx_client *c_ = nullptr;
   int port_ = 0;
 };
@@ -238,40 +238,40 @@ struct Replica {
   int fail_finish = 0;  // Finishes answered UNAVAILABLE before one succeeds
 };
 
-grpc_status_code Arrive(wtx_rpc_ctx *ctx, Replica *r, const char *kind) {
+grpc_status_code Arrive(wtx__rpc_ctx *ctx, Replica *r, const char *kind) {
   if (!r->together->Wait(kind, 3))
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_ABORTED, "%s: the replicas were asked "
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_ABORTED, "%s: the replicas were asked "
                               "one after the other", kind);
   return GRPC_STATUS_OK;
 }
 
-grpc_status_code TStart(wtx_rpc_ctx *ctx, const Wtx__V1__StartWeightUpdateRequest *,
+grpc_status_code TStart(wtx__rpc_ctx *ctx, const Wtx__V1__StartWeightUpdateRequest *,
                         Wtx__V1__StartWeightUpdateResponse *resp) {
-  auto *r = static_cast<Replica *>(wtx_rpc_ctx_user(ctx));
+  auto *r = static_cast<Replica *>(wtx__rpc_ctx_user(ctx));
   r->starts++;
   grpc_status_code code = Arrive(ctx, r, "start");
   if (code == GRPC_STATUS_OK && r->fail_start)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "busy");
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "busy");
   resp->update_id = 7;
   return code;
 }
 
-grpc_status_code TPrepare(wtx_rpc_ctx *ctx, const Wtx__V1__PrepareWeightUpdateRequest *,
+grpc_status_code TPrepare(wtx__rpc_ctx *ctx, const Wtx__V1__PrepareWeightUpdateRequest *,
                           Wtx__V1__PrepareWeightUpdateResponse *) {
-  auto *r = static_cast<Replica *>(wtx_rpc_ctx_user(ctx));
+  auto *r = static_cast<Replica *>(wtx__rpc_ctx_user(ctx));
   r->prepares++;
   return Arrive(ctx, r, "prepare");
 }
 
-grpc_status_code TFinish(wtx_rpc_ctx *ctx, const Wtx__V1__FinishWeightUpdateRequest *req,
+grpc_status_code TFinish(wtx__rpc_ctx *ctx, const Wtx__V1__FinishWeightUpdateRequest *req,
                          Wtx__V1__FinishWeightUpdateResponse *resp) {
-  auto *r = static_cast<Replica *>(wtx_rpc_ctx_user(ctx));
+  auto *r = static_cast<Replica *>(wtx__rpc_ctx_user(ctx));
   if (++r->finishes == 1) {  // a retried call comes after the others
     grpc_status_code code = Arrive(ctx, r, "finish");
     if (code != GRPC_STATUS_OK) return code;
   }
   if (r->finishes <= r->fail_finish)
-    return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "answer lost");
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_UNAVAILABLE, "answer lost");
   resp->weight_version = req->update_id == 7 ? (char *)"v7" : (char *)"wrong update";
   return GRPC_STATUS_OK;
 }
@@ -293,7 +293,7 @@ class FanoutTest : public ::testing::Test {
     for (int i = 0; i < 3; i++) {
       reps_[i].together = &together_;
       int port = 0;
-      StartServer(WTX_RPC_SERVER_OPTIONS_INIT, &kPhaseHandlers, &reps_[i], &srv_[i], &port);
+      StartServer(WTX__RPC_SERVER_OPTIONS_INIT, &kPhaseHandlers, &reps_[i], &srv_[i], &port);
       ASSERT_FALSE(HasFatalFailure());
       t.push_back("127.0.0.1:" + std::to_string(port));
     }
@@ -304,11 +304,11 @@ class FanoutTest : public ::testing::Test {
   void TearDown() override {
     if (c_ != nullptr) wtx_client_destroy(c_);
     for (auto *s : srv_)
-      if (s != nullptr) wtx_rpc_server_destroy(s);
+      if (s != nullptr) wtx__rpc_server_destroy(s);
   }
   Together together_;
   Replica reps_[3];
-  wtx_rpc_server *srv_[3] = {};
+  wtx__rpc_server *srv_[3] = {};
   wtx_client *c_ = nullptr;
 };
 

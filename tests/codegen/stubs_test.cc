@@ -22,9 +22,9 @@ struct Shared {
   int entered = 0; /* calls inside the handler so far */
 };
 
-grpc_status_code HandleSay(wtx_rpc_ctx *ctx, const Wtxtest__Echo__EchoRequest *req,
+grpc_status_code HandleSay(wtx__rpc_ctx *ctx, const Wtxtest__Echo__EchoRequest *req,
                      Wtxtest__Echo__EchoReply *resp) {
-  auto *shared = static_cast<Shared *>(wtx_rpc_ctx_user(ctx));
+  auto *shared = static_cast<Shared *>(wtx__rpc_ctx_user(ctx));
   {
     std::lock_guard<std::mutex> lk(shared->mu);
     shared->entered++;
@@ -33,7 +33,7 @@ grpc_status_code HandleSay(wtx_rpc_ctx *ctx, const Wtxtest__Echo__EchoRequest *r
   if (req->delay_ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(req->delay_ms));
   if (req->fail_code != 0)
-    return wtx_rpc_ctx_errorf(ctx, (grpc_status_code)req->fail_code,
+    return wtx__rpc_ctx_errorf(ctx, (grpc_status_code)req->fail_code,
                               "failing on request: %s", req->text);
   if (std::string(req->text) == "barrier") {
     // Both callers must be inside the handler at once: proves calls run
@@ -43,33 +43,33 @@ grpc_status_code HandleSay(wtx_rpc_ctx *ctx, const Wtxtest__Echo__EchoRequest *r
     shared->cv.notify_all();
     if (!shared->cv.wait_for(lk, std::chrono::seconds(10),
                              [&] { return shared->arrived >= 2; }))
-      return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_ABORTED, "no partner");
+      return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_ABORTED, "no partner");
   }
-  resp->text = wtx_rpc_ctx_strdup(ctx, req->text);
+  resp->text = wtx__rpc_ctx_strdup(ctx, req->text);
   if (req->echo_metadata_key[0] != '\0') {
-    const char *v = wtx_rpc_ctx_metadata(ctx, req->echo_metadata_key);
-    resp->metadata_value = wtx_rpc_ctx_strdup(ctx, v != nullptr ? v : "");
+    const char *v = wtx__rpc_ctx_metadata(ctx, req->echo_metadata_key);
+    resp->metadata_value = wtx__rpc_ctx_strdup(ctx, v != nullptr ? v : "");
   }
   if (req->payload != nullptr) resp->payload_len = req->payload->data.len;
   if (req->reply_bytes > 0) {
     auto *blob = static_cast<Wtxtest__Common__Blob *>(
-        wtx_rpc_ctx_alloc(ctx, sizeof(Wtxtest__Common__Blob)));
+        wtx__rpc_ctx_alloc(ctx, sizeof(Wtxtest__Common__Blob)));
     wtxtest__common__blob__init(blob);
     blob->data.len = req->reply_bytes;
     blob->data.data =
-        static_cast<uint8_t *>(wtx_rpc_ctx_alloc(ctx, req->reply_bytes));
+        static_cast<uint8_t *>(wtx__rpc_ctx_alloc(ctx, req->reply_bytes));
     resp->payload = blob;
   }
   return GRPC_STATUS_OK;
 }
 
-grpc_status_code Chat(wtx_rpc_ctx *ctx) {
+grpc_status_code Chat(wtx__rpc_ctx *ctx) {
   int n = 0;
   for (;;) {
     Wtxtest__Echo__EchoRequest *req = nullptr;
     int rc = wtxtest__echo__echo__chat__read(ctx, &req);
     if (rc < 0)
-      return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INTERNAL, "read failed");
+      return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INTERNAL, "read failed");
     if (rc == 0) break;
     n++;
     Wtxtest__Echo__EchoReply reply = WTXTEST__ECHO__ECHO_REPLY__INIT;
@@ -77,7 +77,7 @@ grpc_status_code Chat(wtx_rpc_ctx *ctx) {
     reply.text = const_cast<char *>(text.c_str());
     protobuf_c_message_free_unpacked(&req->base, nullptr);
     if (wtxtest__echo__echo__chat__write(ctx, &reply) != 0)
-      return wtx_rpc_ctx_errorf(ctx, GRPC_STATUS_INTERNAL, "write failed");
+      return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INTERNAL, "write failed");
   }
   Wtxtest__Echo__EchoReply summary = WTXTEST__ECHO__ECHO_REPLY__INIT;
   std::string text = std::to_string(n) + " messages";
@@ -89,34 +89,34 @@ grpc_status_code Chat(wtx_rpc_ctx *ctx) {
 class StubsTest : public ::testing::Test {
  protected:
   void Start(int max_receive = 0, int max_calls = 0) {
-    wtx_rpc_server_options opts = WTX_RPC_SERVER_OPTIONS_INIT;
+    wtx__rpc_server_options opts = WTX__RPC_SERVER_OPTIONS_INIT;
     opts.max_receive_message_bytes = max_receive;
     opts.max_calls = max_calls;
-    ASSERT_EQ(0, wtx_rpc_server_create(&opts, &srv_));
+    ASSERT_EQ(0, wtx__rpc_server_create(&opts, &srv_));
     handlers_.say = HandleSay;
     handlers_.chat = Chat;
-    ASSERT_EQ(0, wtx_rpc_server_add_service(srv_, &wtxtest__echo__echo__grpc,
+    ASSERT_EQ(0, wtx__rpc_server_add_service(srv_, &wtxtest__echo__echo__grpc,
                                             &handlers_, &shared_));
-    ASSERT_EQ(0, wtx_rpc_server_start(srv_, "127.0.0.1:0", &port_));
+    ASSERT_EQ(0, wtx__rpc_server_start(srv_, "127.0.0.1:0", &port_));
     ASSERT_GT(port_, 0);
     target_ = "127.0.0.1:" + std::to_string(port_);
-    ASSERT_EQ(0, wtx_rpc_channel_create(target_.c_str(), nullptr, &ch_));
+    ASSERT_EQ(0, wtx__rpc_channel_create(target_.c_str(), nullptr, &ch_));
   }
 
   void TearDown() override {
-    wtx_rpc_channel_destroy(ch_);
-    wtx_rpc_server_destroy(srv_);
+    wtx__rpc_channel_destroy(ch_);
+    wtx__rpc_server_destroy(srv_);
   }
 
   int Say(const Wtxtest__Echo__EchoRequest &req,
-          Wtxtest__Echo__EchoReply **reply, wtx_rpc_status *st,
-          const wtx_rpc_call_options *opts = nullptr,
-          wtx_rpc_channel *ch = nullptr) {
+          Wtxtest__Echo__EchoReply **reply, wtx__rpc_status *st,
+          const wtx__rpc_call_options *opts = nullptr,
+          wtx__rpc_channel *ch = nullptr) {
     return wtxtest__echo__echo__say__call(ch ? ch : ch_, &req, reply, opts, st);
   }
 
-  wtx_rpc_server *srv_ = nullptr;
-  wtx_rpc_channel *ch_ = nullptr;
+  wtx__rpc_server *srv_ = nullptr;
+  wtx__rpc_channel *ch_ = nullptr;
   Wtxtest__Echo__Echo_Handlers handlers_ = {};
   // Waits (10 s at most) until n calls have entered the handler.
   bool Entered(int n) {
@@ -144,7 +144,7 @@ TEST_F(StubsTest, UnaryRoundTripCarriesEveryFieldKind) {
   nested.n = 7;
   req.nested = &nested;
   Wtxtest__Echo__EchoReply *reply = nullptr;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   ASSERT_EQ(0, Say(req, &reply, &st)) << st.message;
   EXPECT_EQ(GRPC_STATUS_OK, st.code);
   ASSERT_NE(nullptr, reply);
@@ -158,12 +158,12 @@ TEST_F(StubsTest, MetadataReachesTheHandler) {
   Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   req.text = const_cast<char *>("md");
   req.echo_metadata_key = const_cast<char *>("authorization");
-  wtx_rpc_metadata md[] = {{"authorization", "Bearer s3cret"}};
-  wtx_rpc_call_options opts = WTX_RPC_CALL_OPTIONS_INIT;
+  wtx__rpc_metadata md[] = {{"authorization", "Bearer s3cret"}};
+  wtx__rpc_call_options opts = WTX__RPC_CALL_OPTIONS_INIT;
   opts.metadata = md;
   opts.n_metadata = 1;
   Wtxtest__Echo__EchoReply *reply = nullptr;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   ASSERT_EQ(0, Say(req, &reply, &st, &opts)) << st.message;
   EXPECT_STREQ("Bearer s3cret", reply->metadata_value);
   protobuf_c_message_free_unpacked(&reply->base, nullptr);
@@ -175,7 +175,7 @@ TEST_F(StubsTest, HandlerErrorCodeAndMessageReachTheClient) {
   req.text = const_cast<char *>("param x");
   req.fail_code = GRPC_STATUS_NOT_FOUND;
   Wtxtest__Echo__EchoReply *reply = nullptr;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   EXPECT_EQ(WTX_ENOENT, Say(req, &reply, &st));
   EXPECT_EQ(nullptr, reply);
   EXPECT_EQ(GRPC_STATUS_NOT_FOUND, st.code);
@@ -191,10 +191,10 @@ TEST_F(StubsTest, DeadlineExpiresWhileTheHandlerIsSlow) {
   Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   req.text = const_cast<char *>("slow");
   req.delay_ms = 1500;
-  wtx_rpc_call_options opts = WTX_RPC_CALL_OPTIONS_INIT;
+  wtx__rpc_call_options opts = WTX__RPC_CALL_OPTIONS_INIT;
   opts.timeout_ms = 100;
   Wtxtest__Echo__EchoReply *reply = nullptr;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   EXPECT_EQ(WTX_ETIMEDOUT, Say(req, &reply, &st, &opts));
   EXPECT_EQ(GRPC_STATUS_DEADLINE_EXCEEDED, st.code);
   EXPECT_EQ(nullptr, reply);
@@ -205,13 +205,13 @@ TEST_F(StubsTest, CallsBeyondTheCapAreResourceExhaustedAndLaterOnesServed) {
   Wtxtest__Echo__EchoRequest slow = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   slow.text = const_cast<char *>("slow");
   slow.delay_ms = 1000;
-  wtx_rpc_pending *p[2] = {nullptr, nullptr};
+  wtx__rpc_pending *p[2] = {nullptr, nullptr};
   for (auto &pp : p) ASSERT_EQ(0, wtxtest__echo__echo__say__start(ch_, &slow, nullptr, &pp));
   ASSERT_TRUE(Entered(2));  // both running
   Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   req.text = const_cast<char *>("third");
   Wtxtest__Echo__EchoReply *reply = nullptr;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   EXPECT_EQ(wtx_err_from_grpc(GRPC_STATUS_RESOURCE_EXHAUSTED), Say(req, &reply, &st));
   EXPECT_EQ(GRPC_STATUS_RESOURCE_EXHAUSTED, st.code);
   EXPECT_NE(nullptr, strstr(st.message, "at most 2 calls at once")) << st.message;
@@ -229,7 +229,7 @@ TEST_F(StubsTest, OversizedRequestIsRejectedAndTheServerKeepsServing) {
   Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   req.text = const_cast<char *>(big.c_str());
   Wtxtest__Echo__EchoReply *reply = nullptr;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   EXPECT_EQ(WTX_ETOOBIG, Say(req, &reply, &st));
   EXPECT_EQ(GRPC_STATUS_RESOURCE_EXHAUSTED, st.code);
   EXPECT_EQ(nullptr, reply);
@@ -242,35 +242,35 @@ TEST_F(StubsTest, OversizedRequestIsRejectedAndTheServerKeepsServing) {
 
 TEST_F(StubsTest, OversizedResponseIsRejectedByTheClientLimit) {
   Start();
-  wtx_rpc_channel_options copts = WTX_RPC_CHANNEL_OPTIONS_INIT;
+  wtx__rpc_channel_options copts = WTX__RPC_CHANNEL_OPTIONS_INIT;
   copts.max_message_bytes = 64 * 1024;
-  wtx_rpc_channel *small = nullptr;
-  ASSERT_EQ(0, wtx_rpc_channel_create(target_.c_str(), &copts, &small));
+  wtx__rpc_channel *small = nullptr;
+  ASSERT_EQ(0, wtx__rpc_channel_create(target_.c_str(), &copts, &small));
   Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   req.text = const_cast<char *>("big reply");
   req.reply_bytes = 1 << 20;
   Wtxtest__Echo__EchoReply *reply = nullptr;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   EXPECT_EQ(WTX_ETOOBIG, Say(req, &reply, &st, nullptr, small));
   EXPECT_EQ(GRPC_STATUS_RESOURCE_EXHAUSTED, st.code);
-  wtx_rpc_channel_destroy(small);
+  wtx__rpc_channel_destroy(small);
 }
 
 TEST_F(StubsTest, MethodWithoutHandlerAndUnknownMethodAreUnimplemented) {
   Start();
   Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   Wtxtest__Echo__EchoReply *reply = nullptr;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   EXPECT_EQ(WTX_ENOTSUP, wtxtest__echo__echo__unhandled__call(ch_, &req, &reply,
                                                               nullptr, &st));
   EXPECT_EQ(GRPC_STATUS_UNIMPLEMENTED, st.code);
   EXPECT_NE(nullptr, strstr(st.message, "Unhandled"));
 
-  wtx_rpc_method unknown = wtxtest__echo__echo__grpc.methods[0];
+  wtx__rpc_method unknown = wtxtest__echo__echo__grpc.methods[0];
   unknown.path = "/wtxtest.echo.Echo/NoSuchMethod";
   ProtobufCMessage *out = nullptr;
   EXPECT_EQ(WTX_ENOTSUP,
-            wtx_rpc_unary(ch_, &unknown, &req.base, &out, nullptr, &st));
+            wtx__rpc_unary(ch_, &unknown, &req.base, &out, nullptr, &st));
   EXPECT_EQ(GRPC_STATUS_UNIMPLEMENTED, st.code);
   EXPECT_NE(nullptr, strstr(st.message, "NoSuchMethod"));
 }
@@ -279,11 +279,11 @@ TEST_F(StubsTest, StartWaitKeepsCallsInFlightConcurrently) {
   Start();
   Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   req.text = const_cast<char *>("barrier");
-  wtx_rpc_pending *a = nullptr, *b = nullptr;
+  wtx__rpc_pending *a = nullptr, *b = nullptr;
   ASSERT_EQ(0, wtxtest__echo__echo__say__start(ch_, &req, nullptr, &a));
   ASSERT_EQ(0, wtxtest__echo__echo__say__start(ch_, &req, nullptr, &b));
   Wtxtest__Echo__EchoReply *ra = nullptr, *rb = nullptr;
-  wtx_rpc_status sa, sb;
+  wtx__rpc_status sa, sb;
   EXPECT_EQ(0, wtxtest__echo__echo__say__wait(a, &ra, &sa)) << sa.message;
   EXPECT_EQ(0, wtxtest__echo__echo__say__wait(b, &rb, &sb)) << sb.message;
   ASSERT_NE(nullptr, ra);
@@ -298,18 +298,18 @@ TEST_F(StubsTest, CancelEndsAPendingCall) {
   Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   req.text = const_cast<char *>("slow");
   req.delay_ms = 1000;
-  wtx_rpc_pending *p = nullptr;
+  wtx__rpc_pending *p = nullptr;
   ASSERT_EQ(0, wtxtest__echo__echo__say__start(ch_, &req, nullptr, &p));
-  wtx_rpc_unary_cancel(p);
+  wtx__rpc_unary_cancel(p);
   Wtxtest__Echo__EchoReply *reply = nullptr;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   EXPECT_EQ(WTX_ECANCELED, wtxtest__echo__echo__say__wait(p, &reply, &st));
   EXPECT_EQ(GRPC_STATUS_CANCELLED, st.code);
 }
 
 TEST_F(StubsTest, BidirectionalStreaming) {
   Start();
-  wtx_rpc_stream *s = nullptr;
+  wtx__rpc_stream *s = nullptr;
   ASSERT_EQ(0, wtxtest__echo__echo__chat__open(ch_, nullptr, &s));
   const char *texts[] = {"a", "b", "c"};
   for (const char *t : texts) {
@@ -321,14 +321,14 @@ TEST_F(StubsTest, BidirectionalStreaming) {
     EXPECT_EQ(std::string("re: ") + t, reply->text);
     protobuf_c_message_free_unpacked(&reply->base, nullptr);
   }
-  ASSERT_EQ(0, wtx_rpc_stream_close_send(s));
+  ASSERT_EQ(0, wtx__rpc_stream_close_send(s));
   Wtxtest__Echo__EchoReply *reply = nullptr;
   ASSERT_EQ(1, wtxtest__echo__echo__chat__recv(s, &reply));
   EXPECT_STREQ("3 messages", reply->text);
   protobuf_c_message_free_unpacked(&reply->base, nullptr);
   EXPECT_EQ(0, wtxtest__echo__echo__chat__recv(s, &reply));
-  wtx_rpc_status st;
-  EXPECT_EQ(0, wtx_rpc_stream_finish(s, &st)) << st.message;
+  wtx__rpc_status st;
+  EXPECT_EQ(0, wtx__rpc_stream_finish(s, &st)) << st.message;
   EXPECT_EQ(GRPC_STATUS_OK, st.code);
 }
 
@@ -337,35 +337,35 @@ TEST_F(StubsTest, ShutdownEndsCallsStillRunning) {
   Wtxtest__Echo__EchoRequest req = WTXTEST__ECHO__ECHO_REQUEST__INIT;
   req.text = const_cast<char *>("slow");
   req.delay_ms = 300;
-  wtx_rpc_pending *p = nullptr;
+  wtx__rpc_pending *p = nullptr;
   ASSERT_EQ(0, wtxtest__echo__echo__say__start(ch_, &req, nullptr, &p));
   ASSERT_TRUE(Entered(1));  // running in the handler
-  wtx_rpc_server_shutdown(srv_, 0);
+  wtx__rpc_server_shutdown(srv_, 0);
   Wtxtest__Echo__EchoReply *reply = nullptr;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   EXPECT_NE(0, wtxtest__echo__echo__say__wait(p, &reply, &st));
   EXPECT_NE(GRPC_STATUS_OK, st.code);
   // Calls after shutdown fail rather than hang.
-  wtx_rpc_call_options opts = WTX_RPC_CALL_OPTIONS_INIT;
+  wtx__rpc_call_options opts = WTX__RPC_CALL_OPTIONS_INIT;
   opts.timeout_ms = 2000;
   req.delay_ms = 0;
   EXPECT_NE(0, Say(req, &reply, &st, &opts));
 }
 
 TEST_F(StubsTest, ServiceAddedTwiceIsRefused) {
-  wtx_rpc_server *srv = nullptr;
-  ASSERT_EQ(0, wtx_rpc_server_create(nullptr, &srv));
+  wtx__rpc_server *srv = nullptr;
+  ASSERT_EQ(0, wtx__rpc_server_create(nullptr, &srv));
   Wtxtest__Echo__Echo_Handlers h = {};
-  EXPECT_EQ(0, wtx_rpc_server_add_service(srv, &wtxtest__echo__echo__grpc, &h,
+  EXPECT_EQ(0, wtx__rpc_server_add_service(srv, &wtxtest__echo__echo__grpc, &h,
                                           nullptr));
-  EXPECT_EQ(WTX_EEXIST, wtx_rpc_server_add_service(
+  EXPECT_EQ(WTX_EEXIST, wtx__rpc_server_add_service(
                             srv, &wtxtest__echo__echo__grpc, &h, nullptr));
-  EXPECT_EQ(1u, wtx_rpc_server_service_count(srv));
-  wtx_rpc_server_destroy(srv);
+  EXPECT_EQ(1u, wtx__rpc_server_service_count(srv));
+  wtx__rpc_server_destroy(srv);
 }
 
 TEST(StubTables, MethodTableDescribesTheService) {
-  const wtx_rpc_service &svc = wtxtest__echo__echo__grpc;
+  const wtx__rpc_service &svc = wtxtest__echo__echo__grpc;
   EXPECT_STREQ("wtxtest.echo.Echo", svc.full_name);
   ASSERT_EQ(3u, svc.n_methods);
   EXPECT_STREQ("/wtxtest.echo.Echo/Say", svc.methods[0].path);
@@ -382,14 +382,14 @@ TEST(StubTables, MethodTableDescribesTheService) {
   EXPECT_STREQ("/wtxtest.echo.Echo/Chat", wtxtest__echo__echo__chat__method->path);
 }
 
-bool HasSymbol(const wtx_rpc_file_blob &b, const char *sym) {
+bool HasSymbol(const wtx__rpc_file_blob &b, const char *sym) {
   for (size_t i = 0; i < b.n_symbols; i++)
     if (strcmp(b.symbols[i], sym) == 0) return true;
   return false;
 }
 
 TEST(StubTables, EmbeddedDescriptorsIncludeImportsAndDecode) {
-  const wtx_rpc_file &f = echo_test_proto__file;
+  const wtx__rpc_file &f = echo_test_proto__file;
   EXPECT_STREQ("echo_test.proto", f.name);
   ASSERT_EQ(2u, f.n_blobs);
   EXPECT_STREQ("echo_common.proto", f.blobs[0].name);  // imports first

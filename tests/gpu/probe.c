@@ -185,12 +185,12 @@ static int d2d(uint64_t bytes) {
   if (cu("cudaMalloc", c->Malloc(&a, bytes)) || cu("cudaMalloc", c->Malloc(&b, bytes))) return 1;
   double best = 0;
   for (int i = 0; i < 4; i++) {
-    double t0 = wtx_clock_s();
+    double t0 = wtx__clock_s();
     if (cu("cudaMemcpy D2D", c->Memcpy(b, a, bytes, 3))) return 1;
     /* a D2D cudaMemcpy may return before it completes: read one byte back */
     uint8_t x;
     if (cu("cudaMemcpy D2H", c->Memcpy(&x, (uint8_t *)b + bytes - 1, 1, WTX_CUDA_D2H))) return 1;
-    double s = wtx_clock_s() - t0;
+    double s = wtx__clock_s() - t0;
     if (i > 0 && (best == 0 || s < best)) best = s; /* the first warms up */
   }
   printf("d2d %.3f GB/s\n", (double)bytes / best / 1e9);

@@ -22,9 +22,9 @@ using Req = Grpc__Reflection__V1__ServerReflectionRequest;
 using Resp = Grpc__Reflection__V1__ServerReflectionResponse;
 #define STATUS(x) GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__##x
 
-grpc_status_code Say(wtx_rpc_ctx *ctx, const Wtxtest__Echo__EchoRequest *req,
+grpc_status_code Say(wtx__rpc_ctx *ctx, const Wtxtest__Echo__EchoRequest *req,
                      Wtxtest__Echo__EchoReply *resp) {
-  resp->text = wtx_rpc_ctx_strdup(ctx, req->text);
+  resp->text = wtx__rpc_ctx_strdup(ctx, req->text);
   return GRPC_STATUS_OK;
 }
 
@@ -33,40 +33,40 @@ const Wtxtest__Echo__Echo_Handlers kEcho = {.say = Say, .unhandled = nullptr, .c
 class ServicesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_EQ(0, wtx_rpc_server_create(nullptr, &srv_));
-    ASSERT_EQ(0, wtx_rpc_server_add_service(srv_, &wtxtest__echo__echo__grpc, &kEcho,
+    ASSERT_EQ(0, wtx__rpc_server_create(nullptr, &srv_));
+    ASSERT_EQ(0, wtx__rpc_server_add_service(srv_, &wtxtest__echo__echo__grpc, &kEcho,
                                             nullptr));
-    ASSERT_EQ(0, wtx_rpc_health_create(srv_, &health_));
-    ASSERT_EQ(0, wtx_rpc_server_add_reflection(srv_));
+    ASSERT_EQ(0, wtx__rpc_health_create(srv_, &health_));
+    ASSERT_EQ(0, wtx__rpc_server_add_reflection(srv_));
     int port = 0;
-    ASSERT_EQ(0, wtx_rpc_server_start(srv_, "127.0.0.1:0", &port));
+    ASSERT_EQ(0, wtx__rpc_server_start(srv_, "127.0.0.1:0", &port));
     std::string t = "127.0.0.1:" + std::to_string(port);
-    ASSERT_EQ(0, wtx_rpc_channel_create(t.c_str(), nullptr, &ch_));
+    ASSERT_EQ(0, wtx__rpc_channel_create(t.c_str(), nullptr, &ch_));
   }
   void TearDown() override {
-    wtx_rpc_channel_destroy(ch_);
-    if (health_ != nullptr) wtx_rpc_health_close(health_);
-    wtx_rpc_server_destroy(srv_);
-    wtx_rpc_health_destroy(health_);
+    wtx__rpc_channel_destroy(ch_);
+    if (health_ != nullptr) wtx__rpc_health_close(health_);
+    wtx__rpc_server_destroy(srv_);
+    wtx__rpc_health_destroy(health_);
   }
 
   // Sends each request on one reflection stream (v1 or v1alpha; the wire is
   // the same) and returns the responses decoded as v1.
   std::vector<Resp *> Ask(const std::vector<Req> &reqs, bool alpha = false) {
-    const wtx_rpc_service &svc = alpha ? grpc__reflection__v1alpha__server_reflection__grpc
+    const wtx__rpc_service &svc = alpha ? grpc__reflection__v1alpha__server_reflection__grpc
                                        : grpc__reflection__v1__server_reflection__grpc;
-    wtx_rpc_stream *s = nullptr;
+    wtx__rpc_stream *s = nullptr;
     std::vector<Resp *> out;
-    EXPECT_EQ(0, wtx_rpc_stream_open(ch_, &svc.methods[0], nullptr, &s));
+    EXPECT_EQ(0, wtx__rpc_stream_open(ch_, &svc.methods[0], nullptr, &s));
     for (const Req &r : reqs) {
       std::vector<uint8_t> wire(protobuf_c_message_get_packed_size(&r.base));
       protobuf_c_message_pack(&r.base, wire.data());
       ProtobufCMessage *send = protobuf_c_message_unpack(svc.methods[0].input, nullptr,
                                                          wire.size(), wire.data());
-      EXPECT_EQ(0, wtx_rpc_stream_send(s, send));
+      EXPECT_EQ(0, wtx__rpc_stream_send(s, send));
       protobuf_c_message_free_unpacked(send, nullptr);
       ProtobufCMessage *m = nullptr;
-      EXPECT_EQ(1, wtx_rpc_stream_recv(s, &m));
+      EXPECT_EQ(1, wtx__rpc_stream_recv(s, &m));
       if (m == nullptr) break;
       if (alpha) {
         // Re-decode as v1 to share the assertions.
@@ -78,11 +78,11 @@ class ServicesTest : public ::testing::Test {
       }
       out.push_back(reinterpret_cast<Resp *>(m));
     }
-    EXPECT_EQ(0, wtx_rpc_stream_close_send(s));
+    EXPECT_EQ(0, wtx__rpc_stream_close_send(s));
     ProtobufCMessage *m = nullptr;
-    EXPECT_EQ(0, wtx_rpc_stream_recv(s, &m));
-    wtx_rpc_status st;
-    EXPECT_EQ(0, wtx_rpc_stream_finish(s, &st)) << st.message;
+    EXPECT_EQ(0, wtx__rpc_stream_recv(s, &m));
+    wtx__rpc_status st;
+    EXPECT_EQ(0, wtx__rpc_stream_finish(s, &st)) << st.message;
     return out;
   }
 
@@ -132,7 +132,7 @@ class ServicesTest : public ::testing::Test {
     rs.clear();
   }
 
-  int Check(const char *service, int *status, wtx_rpc_status *st) {
+  int Check(const char *service, int *status, wtx__rpc_status *st) {
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     req.service = const_cast<char *>(service);
     Grpc__Health__V1__HealthCheckResponse *resp = nullptr;
@@ -144,9 +144,9 @@ class ServicesTest : public ::testing::Test {
     return rc;
   }
 
-  wtx_rpc_server *srv_ = nullptr;
-  wtx_rpc_health *health_ = nullptr;
-  wtx_rpc_channel *ch_ = nullptr;
+  wtx__rpc_server *srv_ = nullptr;
+  wtx__rpc_health *health_ = nullptr;
+  wtx__rpc_channel *ch_ = nullptr;
 };
 
 TEST_F(ServicesTest, ListServicesNamesEveryServiceInBothVersions) {
@@ -225,15 +225,15 @@ TEST_F(ServicesTest, UnknownNamesAnswerNotFoundAndTheStreamGoesOn) {
 
 TEST_F(ServicesTest, HealthCheckFollowsTheStatusAndRejectsUnknownServices) {
   int status = -1;
-  wtx_rpc_status st;
+  wtx__rpc_status st;
   ASSERT_EQ(0, Check("", &status, &st)) << st.message;
   EXPECT_EQ(STATUS(NOT_SERVING), status);  // until set
-  wtx_rpc_health_set(health_, 1);
+  wtx__rpc_health_set(health_, 1);
   for (const char *svc : {"", "wtxtest.echo.Echo", "grpc.health.v1.Health"}) {
     ASSERT_EQ(0, Check(svc, &status, &st)) << st.message;
     EXPECT_EQ(STATUS(SERVING), status) << svc;
   }
-  wtx_rpc_health_set(health_, 0);
+  wtx__rpc_health_set(health_, 0);
   ASSERT_EQ(0, Check("wtxtest.echo.Echo", &status, &st));
   EXPECT_EQ(STATUS(NOT_SERVING), status);
   EXPECT_EQ(WTX_ENOENT, Check("wtxtest.Nope", &status, &st));
@@ -242,41 +242,41 @@ TEST_F(ServicesTest, HealthCheckFollowsTheStatusAndRejectsUnknownServices) {
 }
 
 TEST_F(ServicesTest, HealthWatchStreamsEveryChangeAndEndsOnClose) {
-  wtx_rpc_health_set(health_, 1);
-  wtx_rpc_stream *s = nullptr;
+  wtx__rpc_health_set(health_, 1);
+  wtx__rpc_stream *s = nullptr;
   ASSERT_EQ(0, grpc__health__v1__health__watch__open(ch_, nullptr, &s));
   Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
   ASSERT_EQ(0, grpc__health__v1__health__watch__send(s, &req));
-  ASSERT_EQ(0, wtx_rpc_stream_close_send(s));
+  ASSERT_EQ(0, wtx__rpc_stream_close_send(s));
   std::vector<int> seen;
   Grpc__Health__V1__HealthCheckResponse *m = nullptr;
   ASSERT_EQ(1, grpc__health__v1__health__watch__recv(s, &m));
   seen.push_back(m->status);
   protobuf_c_message_free_unpacked(&m->base, nullptr);
-  wtx_rpc_health_set(health_, 0);
+  wtx__rpc_health_set(health_, 0);
   ASSERT_EQ(1, grpc__health__v1__health__watch__recv(s, &m));
   seen.push_back(m->status);
   protobuf_c_message_free_unpacked(&m->base, nullptr);
-  wtx_rpc_health_set(health_, 1);
+  wtx__rpc_health_set(health_, 1);
   ASSERT_EQ(1, grpc__health__v1__health__watch__recv(s, &m));
   seen.push_back(m->status);
   protobuf_c_message_free_unpacked(&m->base, nullptr);
-  wtx_rpc_health_close(health_);
+  wtx__rpc_health_close(health_);
   int rc;
   while ((rc = grpc__health__v1__health__watch__recv(s, &m)) == 1) {
     seen.push_back(m->status);
     protobuf_c_message_free_unpacked(&m->base, nullptr);
   }
   EXPECT_EQ(0, rc);
-  wtx_rpc_status st;
-  EXPECT_EQ(0, wtx_rpc_stream_finish(s, &st)) << st.message;
+  wtx__rpc_status st;
+  EXPECT_EQ(0, wtx__rpc_stream_finish(s, &st)) << st.message;
   EXPECT_EQ((std::vector<int>{STATUS(SERVING), STATUS(NOT_SERVING), STATUS(SERVING),
                               STATUS(NOT_SERVING)}),
             seen);
 }
 
 TEST_F(ServicesTest, HealthWatchOfAnUnknownServiceSaysSo) {
-  wtx_rpc_stream *s = nullptr;
+  wtx__rpc_stream *s = nullptr;
   ASSERT_EQ(0, grpc__health__v1__health__watch__open(ch_, nullptr, &s));
   Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
   req.service = const_cast<char *>("wtxtest.Nope");
@@ -285,11 +285,11 @@ TEST_F(ServicesTest, HealthWatchOfAnUnknownServiceSaysSo) {
   ASSERT_EQ(1, grpc__health__v1__health__watch__recv(s, &m));
   EXPECT_EQ(STATUS(SERVICE_UNKNOWN), m->status);
   protobuf_c_message_free_unpacked(&m->base, nullptr);
-  wtx_rpc_health_close(health_);
+  wtx__rpc_health_close(health_);
   while (grpc__health__v1__health__watch__recv(s, &m) == 1)
     protobuf_c_message_free_unpacked(&m->base, nullptr);
-  wtx_rpc_status st;
-  EXPECT_EQ(0, wtx_rpc_stream_finish(s, &st)) << st.message;
+  wtx__rpc_status st;
+  EXPECT_EQ(0, wtx__rpc_stream_finish(s, &st)) << st.message;
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ class AuthTest : public ::testing::Test {
     Write(token_file_, "t0ken-one\n");
   }
   void TearDown() override {
-    if (ch_ != nullptr) wtx_rpc_channel_destroy(ch_);
+    if (ch_ != nullptr) wtx__rpc_channel_destroy(ch_);
     wtx_worker_destroy(w_);
     EXPECT_EQ(0, std::system(("rm -rf " + dir_).c_str()));
   }
@@ -61,7 +61,7 @@ class AuthTest : public ::testing::Test {
     char err[512] = "";
     ASSERT_EQ(0, wtx_worker_start(&o, &w_, err, sizeof err)) << err;
     addr_ = "127.0.0.1:" + std::to_string(wtx_worker_port(w_));
-    ASSERT_EQ(0, wtx_rpc_channel_create(addr_.c_str(), nullptr, &ch_));
+    ASSERT_EQ(0, wtx__rpc_channel_create(addr_.c_str(), nullptr, &ch_));
   }
   // GetWorldSize through the public client with token (may be NULL).
   int World(const char *token, wtx_client_options o = WTX_CLIENT_OPTIONS_INIT) {
@@ -81,14 +81,14 @@ class AuthTest : public ::testing::Test {
   int Health() {
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     Grpc__Health__V1__HealthCheckResponse *resp = nullptr;
-    wtx_rpc_status st;
+    wtx__rpc_status st;
     int rc = grpc__health__v1__health__check__call(ch_, &req, &resp, nullptr, &st);
     if (resp) protobuf_c_message_free_unpacked(&resp->base, nullptr);
     return rc;
   }
   // One reflection round trip (list services): 0, or the failure.
   int ListServices() {
-    wtx_rpc_stream *s = nullptr;
+    wtx__rpc_stream *s = nullptr;
     EXPECT_EQ(0, grpc__reflection__v1__server_reflection__server_reflection_info__open(
                      ch_, nullptr, &s));
     Grpc__Reflection__V1__ServerReflectionRequest req =
@@ -100,14 +100,14 @@ class AuthTest : public ::testing::Test {
     Grpc__Reflection__V1__ServerReflectionResponse *m = nullptr;
     int got = grpc__reflection__v1__server_reflection__server_reflection_info__recv(s, &m);
     if (m) protobuf_c_message_free_unpacked(&m->base, nullptr);
-    wtx_rpc_status st;
-    int rc = wtx_rpc_stream_finish(s, &st);
+    wtx__rpc_status st;
+    int rc = wtx__rpc_stream_finish(s, &st);
     return got == 1 ? 0 : rc;
   }
   std::string dir_, token_file_, addr_, message_;
   int status_ = 0;
   wtx_worker *w_ = nullptr;
-  wtx_rpc_channel *ch_ = nullptr;
+  wtx__rpc_channel *ch_ = nullptr;
 };
 
 TEST_F(AuthTest, EveryCallButHealthAndOpenReflectionNeedsTheToken) {
@@ -229,7 +229,7 @@ TEST_F(AuthTest, ReflectionCanBeClosedOrRequireTheToken) {
   o.reflection = WTX_REFLECTION_TOKEN;
   Start(o);
   EXPECT_EQ(WTX_EAUTH, ListServices());
-  wtx_rpc_channel_destroy(ch_);
+  wtx__rpc_channel_destroy(ch_);
   ch_ = nullptr;
   wtx_worker_destroy(w_);
   w_ = nullptr;
@@ -291,7 +291,7 @@ TEST_F(TlsTest, TlsAdmitsClientsThatTrustTheCaAndMutualTlsOnlyThoseItSigned) {
   tls.tls_ca_pem = ca_.c_str();
   EXPECT_EQ(0, World(nullptr, tls)) << message_;
   EXPECT_NE(0, World(nullptr));  // plaintext does not get in
-  wtx_rpc_channel_destroy(ch_);
+  wtx__rpc_channel_destroy(ch_);
   ch_ = nullptr;
   wtx_worker_destroy(w_);
   w_ = nullptr;

@@ -48,14 +48,14 @@ class SessionTest : public ::testing::Test {
     Restart(WTX_WORKER_OPTIONS_INIT);
   }
   void TearDown() override {
-    if (ch_ != nullptr) wtx_rpc_channel_destroy(ch_);
+    if (ch_ != nullptr) wtx__rpc_channel_destroy(ch_);
     wtx_worker_destroy(w_);
     shm_unlink(region_.c_str());
   }
 
   // Stops the fixture's worker.
   void Stop() {
-    if (ch_ != nullptr) wtx_rpc_channel_destroy(ch_);
+    if (ch_ != nullptr) wtx__rpc_channel_destroy(ch_);
     ch_ = nullptr;
     wtx_worker_destroy(w_);
     w_ = nullptr;
@@ -68,7 +68,7 @@ class SessionTest : public ::testing::Test {
     char err[256] = "";
     ASSERT_EQ(0, wtx_worker_start(&o, &w_, err, sizeof err)) << err;
     std::string t = "127.0.0.1:" + std::to_string(wtx_worker_port(w_));
-    ASSERT_EQ(0, wtx_rpc_channel_create(t.c_str(), nullptr, &ch_));
+    ASSERT_EQ(0, wtx__rpc_channel_create(t.c_str(), nullptr, &ch_));
   }
 
   int Info(Wtx__V1__GetWeightInfoResponse **info) {
@@ -290,8 +290,8 @@ class SessionTest : public ::testing::Test {
   }
 
   wtx_worker *w_ = nullptr;
-  wtx_rpc_channel *ch_ = nullptr;
-  wtx_rpc_status st_;
+  wtx__rpc_channel *ch_ = nullptr;
+  wtx__rpc_status st_;
   std::string session_, region_;
   uint64_t update_ = 0;
   uint64_t table_ = 0;  // StartWeightUpdateResponse.table_xxh3
@@ -299,20 +299,20 @@ class SessionTest : public ::testing::Test {
   std::vector<std::pair<std::string, std::vector<uint8_t>>> v1_;
   std::string v1_version_;
 
-  wtx_rpc_pending *StartSlowUpdate();
+  wtx__rpc_pending *StartSlowUpdate();
   // A worker serving nccl with the slow double, and a session on it.
   void InitOnSlowDouble();
 };
 
 // UpdateWeights of (session, update) with ui, started (waited for by the
 // caller).
-wtx_rpc_pending *StartUpdateCall(wtx_rpc_channel *ch, const std::string &session,
+wtx__rpc_pending *StartUpdateCall(wtx__rpc_channel *ch, const std::string &session,
                                  uint64_t update, Wtx__V1__UpdateInfo *ui) {
   Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
   req.session_id = const_cast<char *>(session.c_str());
   req.update_id = update;
   req.update_info = ui;
-  wtx_rpc_pending *p = nullptr;
+  wtx__rpc_pending *p = nullptr;
   EXPECT_EQ(0, wtx__v1__weight_transfer__update_weights__start(ch, &req, nullptr, &p));
   return p;
 }
@@ -923,7 +923,7 @@ TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   Restart(o);
   ASSERT_EQ(0, Init("nccl")) << st_.message;
   ASSERT_EQ(0, Start()) << st_.message;
-  wtx_rpc_pending *p = StartSlowUpdate();
+  wtx__rpc_pending *p = StartSlowUpdate();
   std::thread drainer([&] { wtx_worker_drain(w_, 10000); });
   {  // the drain reached the running receive: it cancels it
     std::unique_lock<std::mutex> lk(g_mu);
@@ -944,7 +944,7 @@ TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
 
 // An UpdateWeights of one 16-byte tensor over the slow double, left in
 // flight once the worker is inside receive.
-wtx_rpc_pending *SessionTest::StartSlowUpdate() {
+wtx__rpc_pending *SessionTest::StartSlowUpdate() {
   {
     std::lock_guard<std::mutex> lk(g_mu);
     g_in_receive = g_release = g_cancelled = false;
@@ -971,7 +971,7 @@ wtx_rpc_pending *SessionTest::StartSlowUpdate() {
   ui.n_xxh3_64 = 1;
   ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_NCCL;
   ui.nccl = &tu;
-  wtx_rpc_pending *p = StartUpdateCall(ch_, session_, update_, &ui);
+  wtx__rpc_pending *p = StartUpdateCall(ch_, session_, update_, &ui);
   std::unique_lock<std::mutex> lk(g_mu);
   EXPECT_TRUE(g_cv.wait_for(lk, std::chrono::seconds(10), [] { return g_in_receive; }));
   return p;
@@ -1002,7 +1002,7 @@ void SessionTest::InitOnSlowDouble() {
 TEST_F(SessionTest, InspectionIsAnsweredWhileAnUpdateIsReceiving) {
   ASSERT_NO_FATAL_FAILURE(InitOnSlowDouble());
   ASSERT_EQ(0, Start()) << st_.message;
-  wtx_rpc_pending *p = StartSlowUpdate();
+  wtx__rpc_pending *p = StartSlowUpdate();
   Wtx__V1__GetWeightInfoResponse *info = nullptr;
   ASSERT_EQ(0, Info(&info)) << st_.message;
   EXPECT_EQ(WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING, info->state);
@@ -1066,7 +1066,7 @@ TEST_F(SessionTest, HealthGoesNotServingOnDemandAndWhenDraining) {
   EXPECT_EQ(GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING, status);
   wtx_worker_set_serving(w_, 1);
 
-  wtx_rpc_stream *s = nullptr;
+  wtx__rpc_stream *s = nullptr;
   ASSERT_EQ(0, grpc__health__v1__health__watch__open(ch_, nullptr, &s));
   Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
   ASSERT_EQ(0, grpc__health__v1__health__watch__send(s, &req));
@@ -1079,8 +1079,8 @@ TEST_F(SessionTest, HealthGoesNotServingOnDemandAndWhenDraining) {
   EXPECT_EQ(GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING, m->status);
   protobuf_c_message_free_unpacked(&m->base, nullptr);
   EXPECT_EQ(0, grpc__health__v1__health__watch__recv(s, &m));  // the watch ends
-  wtx_rpc_status st;
-  EXPECT_EQ(0, wtx_rpc_stream_finish(s, &st)) << st.message;
+  wtx__rpc_status st;
+  EXPECT_EQ(0, wtx__rpc_stream_finish(s, &st)) << st.message;
   drainer.join();
 }
 
@@ -1743,7 +1743,7 @@ TEST_F(SessionTest, TheParameterListingComesInPages) {
 TEST_F(SessionTest, AnAbortCancelsABlockedReceiveAtOnce) {
   ASSERT_NO_FATAL_FAILURE(InitOnSlowDouble());
   ASSERT_EQ(0, Start()) << st_.message;
-  wtx_rpc_pending *p = StartSlowUpdate();
+  wtx__rpc_pending *p = StartSlowUpdate();
   // The operator's abort: answered at once (nothing waits on the session
   // lock) and the receive it cancels returns without being released.
   auto t0 = std::chrono::steady_clock::now();
@@ -1821,8 +1821,8 @@ class FakeUpstream {
 };
 
 // Init over tcp with ti and the given timeout; the data address answered.
-std::string InitTcp(wtx_rpc_channel *ch, Wtx__V1__TcpInitInfo *ti, uint32_t timeout_ms,
-                    std::string *session, wtx_rpc_status *st,
+std::string InitTcp(wtx__rpc_channel *ch, Wtx__V1__TcpInitInfo *ti, uint32_t timeout_ms,
+                    std::string *session, wtx__rpc_status *st,
                     Wtx__V1__ChecksumAlgorithm checksum =
                         WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_NONE) {
   Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
@@ -1845,7 +1845,7 @@ std::string InitTcp(wtx_rpc_channel *ch, Wtx__V1__TcpInitInfo *ti, uint32_t time
 
 // UpdateWeights of one UINT8 tensor of n bytes over tcp, started; with
 // its checksum in UpdateInfo when xxh3 is given.
-wtx_rpc_pending *StartTcpUpdate(wtx_rpc_channel *ch, const std::string &session,
+wtx__rpc_pending *StartTcpUpdate(wtx__rpc_channel *ch, const std::string &session,
                                 uint64_t update, uint64_t n, uint64_t *xxh3 = nullptr) {
   static uint64_t shape;
   shape = n;
@@ -1874,7 +1874,7 @@ TEST_F(SessionTest, ATricklingUpstreamFailsWithinOneChunkTimeout) {
   up.Accept();
   ASSERT_EQ(0, Start()) << st_.message;
   auto t0 = std::chrono::steady_clock::now();
-  wtx_rpc_pending *p = StartTcpUpdate(ch_, session_, update_, 64);
+  wtx__rpc_pending *p = StartTcpUpdate(ch_, session_, update_, 64);
   up.Header(0, 64);
   // One byte every 200 ms: every gap is short, the chunk is not.
   for (int i = 0; i < 10; i++) {
@@ -1911,7 +1911,7 @@ TEST_F(SessionTest, ASilentPeerOnTheRelayPortIsDroppedAndTheChainGoesOn) {
   };
   int squatter = connect_to(false);  // connects first and says nothing
   int down = connect_to(true);
-  wtx_rpc_pending *p = StartTcpUpdate(ch_, session_, update_, 64);
+  wtx__rpc_pending *p = StartTcpUpdate(ch_, session_, update_, 64);
   up.Header(0, 64);
   std::vector<uint8_t> bytes(64, 7);
   up.Send(bytes.data(), bytes.size());
@@ -1961,7 +1961,7 @@ TEST_F(SessionTest, ChecksumsAfterTheBytesAreCheckedAndRelayed) {
       send(down, h, sizeof h, MSG_NOSIGNAL);
     }
     uint64_t in_info = sum;
-    wtx_rpc_pending *p = StartTcpUpdate(ch_, session_, update_, 64, c == 2 ? &in_info : nullptr);
+    wtx__rpc_pending *p = StartTcpUpdate(ch_, session_, update_, 64, c == 2 ? &in_info : nullptr);
     up.Header(0, 64);
     up.Send(bytes.data(), bytes.size());
     std::vector<uint8_t> trailer = up.Trailer(0, {c == 1 ? sum ^ 1 : sum});

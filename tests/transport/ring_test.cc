@@ -34,7 +34,7 @@ struct Pair {  // the worker's ring and the sender's view of it
 };
 
 wtx__ring_wait Within(int64_t ms, int cancel_fd = -1, int peer_fd = -1) {
-  return {wtx_clock_ms() + ms, cancel_fd, peer_fd};
+  return {wtx__clock_ms() + ms, cancel_fd, peer_fd};
 }
 
 TEST(Ring, BytesArriveWholeAndInOrderAcrossTheWrap) {
