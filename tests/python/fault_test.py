@@ -143,63 +143,52 @@ class FaultTest(unittest.TestCase):
         self.kill_trainer_at("patch-before-finish")
         self.assert_v1_then_next_sync()
 
-    def test_a_delta_push_killed_mid_transfer_leaves_v1_and_the_next_delta_lands(self):
-        slow = ("--num-buffers", "1", "--timeout-ms", "20000")
+    # A push killed mid-transfer, of its own bigger model (slow enough to be
+    # caught mid-transfer): one buffer of 1 MiB, so every chunk is one round
+    # trip. SLOW: its flags for every push of it.
+    SLOW = ("--num-buffers", "1", "--timeout-ms", "20000")
+
+    def kill_push_mid_transfer(self, first, *extra):
+        """A worker that published version `first`, then a push with extra
+        flags killed while its update runs: the worker serves `first`
+        bit-exact. Returns the worker and its stub, for the next pushes."""
         w = Worker("--watchdog-ms", "1000", "--log-level", "warn")
         addr, stub = f"127.0.0.1:{w.port}", wt_grpc.WeightTransferStub(w.channel)
-        out = push(addr, "d-1", "256M", *slow)
+        out = push(addr, first, "256M", *self.SLOW)
         self.assertEqual(0, out.returncode, out.stderr)
         before = published(stub)
-        # A delta where every tensor changed (another seed): all 256 MB move.
         p = subprocess.Popen([CLI, "push", "--workers", addr, "--backend", "tcp",
-                              "--buffer-size", "1M", *slow, "--patches", "--seed", "1",
-                              "--version", "never", "synthetic:256M"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              "--buffer-size", "1M", *self.SLOW, *extra, "--version", "never",
+                              "synthetic:256M"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
         updating = wait_for(lambda: p.poll() is not None or stub.GetWeightInfo(
             wt.GetWeightInfoRequest()).state == wt.SESSION_STATE_UPDATING, 60)
-        self.assertTrue(updating and p.poll() is None, "the delta push ended before it was "
-                        "killed: %s" % (p.stderr.read() if p.poll() is not None else "timeout"))
+        self.assertTrue(updating and p.poll() is None, "the push ended before it was killed: "
+                        "%s" % (p.stderr.read() if p.poll() is not None else "timeout"))
         p.kill()
         p.wait()
         p.stderr.close()
         self.assertTrue(wait_for(lambda: stub.GetWeightInfo(
             wt.GetWeightInfoRequest()).state != wt.SESSION_STATE_UPDATING), "never aborted")
         self.assertEqual(before, published(stub))  # bit-exact
-        out = push(addr, "d-2", "256M", *slow, "--delta", "--seed", "1")
+        return w, addr, stub
+
+    def test_a_wtx_push_killed_mid_transfer(self):
+        w, addr, _ = self.kill_push_mid_transfer("big-1")
+        out = push(addr, "big-2", "256M", *self.SLOW)
+        self.assertEqual(0, out.returncode, out.stderr)
+        self.assertEqual(0, w.stop())
+
+    def test_a_delta_push_killed_mid_transfer_leaves_v1_and_the_next_delta_lands(self):
+        # A delta where every tensor changed (another seed): all 256 MB move.
+        w, addr, stub = self.kill_push_mid_transfer("d-1", "--patches", "--seed", "1")
+        out = push(addr, "d-2", "256M", *self.SLOW, "--delta", "--seed", "1")
         self.assertEqual(0, out.returncode, out.stderr)
         self.assertEqual("d-2", published(stub)[0])
         # A new trainer learns what the worker serves: nothing left to send.
-        out = push(addr, "d-3", "256M", *slow, "--delta", "--seed", "1")
+        out = push(addr, "d-3", "256M", *self.SLOW, "--delta", "--seed", "1")
         self.assertEqual(0, out.returncode, out.stderr)
         self.assertIn("pushed 0 params, 0 bytes", out.stdout)
-        self.assertEqual(0, w.stop())
-
-    def test_a_wtx_push_killed_mid_transfer(self):
-        # Its own, bigger model (slow enough to be caught mid-transfer): one
-        # buffer of 1 MiB, so every chunk is one round trip.
-        slow = ("--num-buffers", "1", "--timeout-ms", "20000")
-        w = Worker("--watchdog-ms", "1000", "--log-level", "warn")
-        addr, stub = f"127.0.0.1:{w.port}", wt_grpc.WeightTransferStub(w.channel)
-        out = push(addr, "big-1", "256M", *slow)
-        self.assertEqual(0, out.returncode, out.stderr)
-        before = published(stub)
-        p = subprocess.Popen([CLI, "push", "--workers", addr, "--backend", "tcp",
-                              "--buffer-size", "1M", *slow, "--version", "never",
-                              "synthetic:256M"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
-        updating = wait_for(lambda: p.poll() is not None or stub.GetWeightInfo(
-            wt.GetWeightInfoRequest()).state == wt.SESSION_STATE_UPDATING, 60)
-        self.assertTrue(updating and p.poll() is None,
-                        "the push ended before it was killed: %s" % (p.stderr.read()
-                                                                      if p.poll() is not None
-                                                                      else "timeout"))
-        p.kill()
-        p.wait()
-        self.assertTrue(wait_for(lambda: stub.GetWeightInfo(
-            wt.GetWeightInfoRequest()).state != wt.SESSION_STATE_UPDATING), "never aborted")
-        self.assertEqual(before, published(stub))  # bit-exact
-        out = push(addr, "big-2", "256M", *slow)
-        self.assertEqual(0, out.returncode, out.stderr)
         self.assertEqual(0, w.stop())
 
 
