@@ -11,6 +11,33 @@
 #include "client/fanout.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 
+/* How a client reaches its workers, as transport.h's backends are tables:
+ * over wtx's gRPC, every replica at once (grpc_*), or through a caller's
+ * control plane (control_*: one endpoint, vLLM's four calls). Every call of
+ * an update (fanout.h) goes through the client's table. */
+typedef struct reach {
+  int (*init_start)(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info);
+  int (*init_wait)(wtx_client *c, size_t i, Wtx__V1__InitWeightTransferEngineResponse **resp);
+  void (*start_begin)(wtx_client *c, int target, size_t params);
+  int (*start_end)(wtx_client *c);
+  int (*update_start)(wtx_client *c, const Wtx__V1__UpdateInfo *ui);
+  int (*update_wait)(wtx_client *c);
+  int (*refused)(wtx_client *c);
+  uint64_t (*table)(const wtx_client *c);
+  int (*prepare)(wtx_client *c, const char *version);
+  int (*commit)(wtx_client *c, const char *version, char *published, size_t publen);
+  int (*abort)(wtx_client *c, const char *reason);
+  const char *(*target)(const wtx_client *c, size_t i);
+  void (*release)(wtx_client *c);
+  /* Each worker's whole WeightTransfer service is at hand: a published
+   * update can be undone (AbortWeightUpdate naming it), and inspection,
+   * deltas and subsets are offered. 0: the four calls only. */
+  int services;
+} reach;
+
+static const reach via_grpc, via_control;
+static int commit_one(wtx_client *c, const char *version, char *published, size_t publen);
+
 typedef struct replica {
   wtx__rpc_channel *ch;
   size_t index; /* the worker's number in messages: its place in the user's list */
@@ -33,6 +60,7 @@ typedef struct replica {
 } replica;
 
 struct wtx_client {
+  const reach *reach;
   replica *r;
   size_t n;
   int64_t timeout_ms;
@@ -150,6 +178,7 @@ int wtx_client_create(const char *const *targets, size_t n,
   wtx_client *c = calloc(1, sizeof *c);
   int rc = WTX_ENOMEM;
   if (c == NULL || (c->r = calloc(n, sizeof *c->r)) == NULL) goto nomem;
+  c->reach = &via_grpc;
   c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : WTX_DEFAULT_TIMEOUT_MS;
   c->retries = o.retries > 0 ? o.retries : 0;
   c->err_replica = -1;
@@ -184,6 +213,7 @@ int wtx_client_create_control(const wtx_control_ops *ops, void *self, wtx_client
     free(c);
     return rc;
   }
+  c->reach = &via_control;
   c->n = 1;
   c->timeout_ms = WTX_DEFAULT_TIMEOUT_MS;
   c->err_replica = -1;
@@ -191,10 +221,9 @@ int wtx_client_create_control(const wtx_control_ops *ops, void *self, wtx_client
   return 0;
 }
 
-void wtx_client_destroy(wtx_client *c) {
-  if (c == NULL) return;
-  wtx__control_destroy(c->ctl);
-  for (size_t i = 0; c->ctl == NULL && c->r != NULL && i < c->n; i++) {
+/* Every call in flight cancelled and waited for; the channels closed. */
+static void grpc_release(wtx_client *c) {
+  for (size_t i = 0; c->r != NULL && i < c->n; i++) {
     if (c->r[i].pending != NULL) {
       wtx__rpc_unary_cancel(c->r[i].pending);
       ProtobufCMessage *m = NULL;
@@ -203,6 +232,11 @@ void wtx_client_destroy(wtx_client *c) {
     }
     if (!c->borrowed) wtx__rpc_channel_destroy(c->r[i].ch);
   }
+}
+
+void wtx_client_destroy(wtx_client *c) {
+  if (c == NULL) return;
+  if (c->reach != NULL) c->reach->release(c);
   free(c->r);
   free(c->auth);
   free(c);
@@ -210,8 +244,7 @@ void wtx_client_destroy(wtx_client *c) {
 
 size_t wtx_client_size(const wtx_client *c) { return c->n; }
 
-const char *wtx_client_target(const wtx_client *c, size_t i) {
-  if (c->ctl != NULL) return i == 0 ? CONTROL_TARGET : NULL;
+static const char *grpc_target(const wtx_client *c, size_t i) {
   return i < c->n ? wtx__rpc_channel_target(c->r[i].ch) : NULL;
 }
 
@@ -364,7 +397,7 @@ static int each_replica(fanout *f) {
 
 int wtx__client_subset(wtx_client *c, const size_t *which, size_t n, wtx_client **out) {
   *out = NULL;
-  if (c->ctl != NULL || n == 0) return WTX_EINVAL;
+  if (!c->reach->services || n == 0) return WTX_EINVAL;
   wtx_client *s = calloc(1, sizeof *s);
   if (s == NULL || (s->r = calloc(n, sizeof *s->r)) == NULL ||
       (c->auth != NULL && (s->auth = strdup(c->auth)) == NULL)) {
@@ -376,6 +409,7 @@ int wtx__client_subset(wtx_client *c, const size_t *which, size_t n, wtx_client 
     s->r[k].ch = c->r[which[k]].ch;
     s->r[k].index = c->r[which[k]].index;
   }
+  s->reach = &via_grpc;
   s->n = n;
   s->timeout_ms = c->timeout_ms;
   s->retries = c->retries;
@@ -407,7 +441,7 @@ static void take_shard(fanout *f, size_t i, const ProtobufCMessage *m) {
 
 int wtx__client_shards(wtx_client *c, Wtx__V1__ShardSpec **specs) {
   for (size_t i = 0; i < c->n; i++) specs[i] = NULL;
-  if (c->ctl != NULL) return 0;
+  if (!c->reach->services) return 0;
   Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
   shards_arg a = {specs, 0};
   fanout f = {.method = wtx__v1__weight_transfer__get_weight_info__method,
@@ -421,11 +455,7 @@ int wtx__client_shards(wtx_client *c, Wtx__V1__ShardSpec **specs) {
   return rc;
 }
 
-int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info) {
-  if (c->ctl != NULL) {
-    int rc = i == 0 ? wtx__control_begin(c->ctl, 0, &info->base) : WTX_EINVAL;
-    return rc != 0 ? control_failed(c, "init_weight_transfer_engine", rc, wtx_strerror(rc)) : 0;
-  }
+static int grpc_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info) {
   if (i >= c->n || c->r[i].pending != NULL) return WTX_EINVAL;
   int rc = settle(c, i); /* before a new session can no longer undo it */
   if (rc != 0) return rc;
@@ -443,23 +473,8 @@ int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *inf
   return rc;
 }
 
-/* A control plane answers init with nothing: an empty response (no data
- * address: one endpoint, nothing chains after it). */
-static int control_init_wait(wtx_client *c, Wtx__V1__InitWeightTransferEngineResponse **out) {
-  char why[1024];
-  int rc = wtx__control_end(c->ctl, why, sizeof why);
-  if (rc != 0) return control_failed(c, "init_weight_transfer_engine", rc, why);
-  if (out == NULL) return 0;
-  static const uint8_t empty[1];
-  *out = (Wtx__V1__InitWeightTransferEngineResponse *)protobuf_c_message_unpack(
-      &wtx__v1__init_weight_transfer_engine_response__descriptor, NULL, 0, empty);
-  return *out != NULL ? 0 : WTX_ENOMEM;
-}
-
-int wtx__client_init_wait(wtx_client *c, size_t i,
+static int grpc_init_wait(wtx_client *c, size_t i,
                           Wtx__V1__InitWeightTransferEngineResponse **resp_out) {
-  if (resp_out != NULL) *resp_out = NULL;
-  if (c->ctl != NULL) return i == 0 ? control_init_wait(c, resp_out) : WTX_EINVAL;
   if (i >= c->n || c->r[i].pending == NULL) return WTX_EINVAL;
   ProtobufCMessage *m = NULL;
   wtx__rpc_status st;
@@ -511,7 +526,7 @@ static void start_fill(fanout *f, size_t i, ProtobufCMessage *m) {
 }
 
 int wtx__client_set_bases(wtx_client *c, const char *const *bases) {
-  if (bases != NULL && c->ctl != NULL) return WTX_ENOTSUP;
+  if (bases != NULL && !c->reach->services) return WTX_ENOTSUP;
   for (size_t i = 0; i < c->n; i++) {
     const char *b = bases != NULL ? bases[i] : "";
     if (strlen(b) > WTX_MAX_VERSION_BYTES) return WTX_EINVAL;
@@ -520,21 +535,20 @@ int wtx__client_set_bases(wtx_client *c, const char *const *bases) {
   return 0;
 }
 
-int wtx__client_is_control(const wtx_client *c) { return c->ctl != NULL; }
+int wtx__client_is_control(const wtx_client *c) { return !c->reach->services; }
 
 int wtx__client_patches(const wtx_client *c) {
-  if (c->ctl != NULL || c->n == 0) return 0;
+  if (!c->reach->services || c->n == 0) return 0;
   for (size_t i = 0; i < c->n; i++)
     if (!c->r[i].patches) return 0;
   return 1;
 }
 
 const char *wtx__client_serves(const wtx_client *c, size_t i) {
-  return i < c->n && c->ctl == NULL ? c->r[i].serves : "";
+  return i < c->n && c->reach->services ? c->r[i].serves : "";
 }
 
-int wtx__client_update_refused(wtx_client *c) {
-  if (c->ctl != NULL) return wtx__control_failed(c->ctl);
+static int grpc_refused(wtx_client *c) {
   for (size_t i = 0; i < c->n; i++) {
     int code = 0;
     if (c->r[i].pending != NULL && wtx__rpc_unary_poll(c->r[i].pending, &code) && code != 0)
@@ -543,8 +557,7 @@ int wtx__client_update_refused(wtx_client *c) {
   return 0;
 }
 
-uint64_t wtx__client_table(const wtx_client *c) {
-  if (c->ctl != NULL) return 0; /* vLLM's calls carry no table: params every time */
+static uint64_t grpc_table(const wtx_client *c) {
   for (size_t i = 1; i < c->n; i++)
     if (c->r[i].table_xxh3 != c->r[0].table_xxh3) return 0;
   return c->n > 0 ? c->r[0].table_xxh3 : 0;
@@ -557,13 +570,7 @@ static fanout start_fanout(wtx_client *c, Wtx__V1__StartWeightUpdateRequest *req
                    .arg = NULL, .retries = 0};
 }
 
-void wtx__client_start_begin(wtx_client *c, int target, size_t params) {
-  if (c->ctl != NULL) { /* a caller's control plane answers at once */
-    char why[1024];
-    int rc = wtx__control_start(c->ctl, target, why, sizeof why);
-    c->r[0].begun = rc != 0 ? control_failed(c, "start_weight_update", rc, why) : 0;
-    return;
-  }
+static void grpc_start_begin(wtx_client *c, int target, size_t params) {
   if ((c->settle_rc = settle_all(c)) != 0) return; /* start_end reports it */
   Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
   req.target = (Wtx__V1__UpdateTarget)target;
@@ -573,8 +580,7 @@ void wtx__client_start_begin(wtx_client *c, int target, size_t params) {
   for (size_t i = 0; i < c->n; i++) c->r[i].base[0] = '\0'; /* one start's */
 }
 
-int wtx__client_start_end(wtx_client *c) {
-  if (c->ctl != NULL) return c->r[0].begun;
+static int grpc_start_end(wtx_client *c) {
   if (c->settle_rc != 0) {
     int rc = c->settle_rc;
     c->settle_rc = 0;
@@ -597,12 +603,7 @@ static fanout update_fanout(wtx_client *c, Wtx__V1__UpdateWeightsRequest *req) {
                    .arg = NULL, .retries = 0};
 }
 
-int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
-  c->update_bytes += wtx__v1__update_info__get_packed_size(ui) * (c->ctl != NULL ? 1 : c->n);
-  if (c->ctl != NULL) {
-    int rc = wtx__control_begin(c->ctl, 1, &ui->base);
-    return rc != 0 ? control_failed(c, "update_weights", rc, wtx_strerror(rc)) : 0;
-  }
+static int grpc_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
   Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
   req.update_info = (Wtx__V1__UpdateInfo *)ui;
   fanout f = update_fanout(c, &req); /* each request is packed as it starts */
@@ -618,12 +619,7 @@ int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
 
 uint64_t wtx__client_update_bytes(const wtx_client *c) { return c->update_bytes; }
 
-int wtx__client_update_wait(wtx_client *c) {
-  if (c->ctl != NULL) {
-    char why[1024];
-    int rc = wtx__control_end(c->ctl, why, sizeof why);
-    return rc != 0 ? control_failed(c, "update_weights", rc, why) : 0;
-  }
+static int grpc_update_wait(wtx_client *c) {
   Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
   fanout f = update_fanout(c, &req); /* nothing is sent again */
   return fan_end(&f);
@@ -648,8 +644,7 @@ static void take_label(fanout *f, size_t i, const ProtobufCMessage *m) {
   if (i == 0 && a->out != NULL) snprintf(a->out, a->len, "%s", v);
 }
 
-int wtx__client_prepare(wtx_client *c, const char *version) {
-  if (c->ctl != NULL) return 0; /* vLLM's finish prepares and publishes in one call */
+static int grpc_prepare(wtx_client *c, const char *version) {
   Wtx__V1__PrepareWeightUpdateRequest prep = WTX__V1__PREPARE_WEIGHT_UPDATE_REQUEST__INIT;
   prep.weight_version = (char *)(version ? version : "");
   fanout p = {.method = wtx__v1__weight_transfer__prepare_weight_update__method,
@@ -658,15 +653,9 @@ int wtx__client_prepare(wtx_client *c, const char *version) {
   return each_replica(&p);
 }
 
-/* One client's FinishWeightUpdate on every replica. */
-static int commit_one(wtx_client *c, const char *version, char *published, size_t publen) {
-  if (published != NULL && publen > 0) published[0] = '\0';
-  if (c->ctl != NULL) {
-    char why[1024];
-    int rc = wtx__control_finish(c->ctl, version, why, sizeof why);
-    if (rc == 0 && published != NULL) snprintf(published, publen, "%s", version ? version : "");
-    return rc != 0 ? control_failed(c, "finish_weight_update", rc, why) : 0;
-  }
+/* FinishWeightUpdate on every replica. */
+static int grpc_commit(wtx_client *c, const char *version, char *published, size_t publen) {
+  (void)version; /* Finish publishes under the label Prepare was given */
   /* A prepared update cannot fail to publish; a lost answer is asked
    * again (a repeated Finish answers the same). */
   Wtx__V1__FinishWeightUpdateRequest req = WTX__V1__FINISH_WEIGHT_UPDATE_REQUEST__INIT;
@@ -712,7 +701,7 @@ static void note_replica(char *list, size_t len, const wtx_client *c, size_t i,
  * Finish is; a replica still out of reach keeps the undo for its next
  * init or start (settle). */
 static void undo(wtx_client *c, undo_report *rep) {
-  if (c->ctl != NULL || c->n == 0) return;
+  if (c->n == 0) return;
   rep->replicas += c->n;
   int *codes = calloc(c->n, sizeof *codes);
   if (codes == NULL) {
@@ -776,7 +765,8 @@ int wtx__client_commit_all(wtx_client *const *cs, size_t n, const char *version,
   int who = c->err_replica, status = c->err_status;
   snprintf(err, errlen, "%s", c->err);
   undo_report rep = {0};
-  for (size_t j = 0; j < n; j++) undo(cs[j], &rep);
+  for (size_t j = 0; j < n; j++)
+    if (cs[j]->reach->services) undo(cs[j], &rep);
   report_undo(&rep, err, errlen);
   seterr(c, who, status, "%s", err);
   return rc;
@@ -866,16 +856,12 @@ static int abort_all(wtx_client *c, const char *reason, int any, int *aborted) {
   return first;
 }
 
-int wtx__client_abort(wtx_client *c, const char *reason) {
-  if (c->ctl != NULL) {
-    wtx__control_abort(c->ctl, reason);
-    return 0;
-  }
+static int grpc_abort(wtx_client *c, const char *reason) {
   return abort_all(c, reason, 0, NULL);
 }
 
 int wtx_client_abort_any(wtx_client *c, const char *reason, int *aborted) {
-  if (c->ctl != NULL) return control_unsupported(c, "AbortWeightUpdate");
+  if (!c->reach->services) return control_unsupported(c, "AbortWeightUpdate");
   return abort_all(c, reason, 1, aborted);
 }
 
@@ -933,7 +919,7 @@ static void copy_summary(const Wtx__V1__GetWeightInfoResponse *r, wtx_weight_inf
 int wtx_client_weight_info(wtx_client *c, size_t i, int include_params,
                            wtx_weight_info *out) {
   memset(out, 0, sizeof *out);
-  if (c->ctl != NULL) return control_unsupported(c, "GetWeightInfo");
+  if (!c->reach->services) return control_unsupported(c, "GetWeightInfo");
   if (i >= c->n) return WTX_EINVAL;
   Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
   req.include_params = include_params;
@@ -971,7 +957,7 @@ void wtx_weight_info_free(wtx_weight_info *info) {
 }
 
 int wtx_client_world_size(wtx_client *c, size_t i, uint32_t *world_size) {
-  if (c->ctl != NULL) return control_unsupported(c, "GetWorldSize");
+  if (!c->reach->services) return control_unsupported(c, "GetWorldSize");
   Wtx__V1__GetWorldSizeRequest req = WTX__V1__GET_WORLD_SIZE_REQUEST__INIT;
   ProtobufCMessage *m = NULL;
   int rc = i < c->n ? call(c, i, wtx__v1__weight_transfer__get_world_size__method, &req.base,
@@ -986,7 +972,7 @@ int wtx_client_world_size(wtx_client *c, size_t i, uint32_t *world_size) {
 
 int wtx_client_set_version(wtx_client *c, const char *version, char *previous,
                            size_t prevlen) {
-  if (c->ctl != NULL) return control_unsupported(c, "UpdateWeightVersion");
+  if (!c->reach->services) return control_unsupported(c, "UpdateWeightVersion");
   if (previous != NULL && prevlen > 0) previous[0] = '\0';
   size_t n = version != NULL ? strlen(version) : 0;
   if (n == 0 || n > WTX_MAX_VERSION_BYTES) {
@@ -1020,7 +1006,7 @@ static uint64_t published_sum(const wtx_weight_info *info, const char *name,
 }
 
 int wtx_client_verify(wtx_client *c, wtx_source *source, const uint64_t *xxh3) {
-  if (c->ctl != NULL) return control_unsupported(c, "GetWeightInfo");
+  if (!c->reach->services) return control_unsupported(c, "GetWeightInfo");
   const wtx_tensor_meta *metas;
   size_t n;
   int rc = wtx_source_metadata(source, &metas, &n);
@@ -1046,4 +1032,154 @@ int wtx_client_verify(wtx_client *c, wtx_source *source, const uint64_t *xxh3) {
     wtx_weight_info_free(&info);
   }
   return rc;
+}
+
+/* ---- a caller's control plane (control.c): one endpoint, vLLM's calls ---- */
+
+static int control_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info) {
+  int rc = i == 0 ? wtx__control_begin(c->ctl, 0, &info->base) : WTX_EINVAL;
+  return rc != 0 ? control_failed(c, "init_weight_transfer_engine", rc, wtx_strerror(rc)) : 0;
+}
+
+/* A control plane answers init with nothing: an empty response (no data
+ * address: one endpoint, nothing chains after it). */
+static int control_init_wait(wtx_client *c, size_t i,
+                             Wtx__V1__InitWeightTransferEngineResponse **out) {
+  if (i != 0) return WTX_EINVAL;
+  char why[1024];
+  int rc = wtx__control_end(c->ctl, why, sizeof why);
+  if (rc != 0) return control_failed(c, "init_weight_transfer_engine", rc, why);
+  if (out == NULL) return 0;
+  static const uint8_t empty[1];
+  *out = (Wtx__V1__InitWeightTransferEngineResponse *)protobuf_c_message_unpack(
+      &wtx__v1__init_weight_transfer_engine_response__descriptor, NULL, 0, empty);
+  return *out != NULL ? 0 : WTX_ENOMEM;
+}
+
+/* vLLM's start answers at once; its result waits for start_end. */
+static void control_start_begin(wtx_client *c, int target, size_t params) {
+  (void)params;
+  char why[1024];
+  int rc = wtx__control_start(c->ctl, target, why, sizeof why);
+  c->r[0].begun = rc != 0 ? control_failed(c, "start_weight_update", rc, why) : 0;
+}
+
+static int control_start_end(wtx_client *c) { return c->r[0].begun; }
+
+static int control_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
+  int rc = wtx__control_begin(c->ctl, 1, &ui->base);
+  return rc != 0 ? control_failed(c, "update_weights", rc, wtx_strerror(rc)) : 0;
+}
+
+static int control_update_wait(wtx_client *c) {
+  char why[1024];
+  int rc = wtx__control_end(c->ctl, why, sizeof why);
+  return rc != 0 ? control_failed(c, "update_weights", rc, why) : 0;
+}
+
+static int control_refused(wtx_client *c) { return wtx__control_failed(c->ctl); }
+
+/* vLLM's calls carry no table: params every time. */
+static uint64_t control_table(const wtx_client *c) {
+  (void)c;
+  return 0;
+}
+
+/* vLLM's finish prepares and publishes in one call. */
+static int control_prepare(wtx_client *c, const char *version) {
+  (void)c;
+  (void)version;
+  return 0;
+}
+
+static int control_commit(wtx_client *c, const char *version, char *published, size_t publen) {
+  char why[1024];
+  int rc = wtx__control_finish(c->ctl, version, why, sizeof why);
+  if (rc == 0 && published != NULL) snprintf(published, publen, "%s", version ? version : "");
+  return rc != 0 ? control_failed(c, "finish_weight_update", rc, why) : 0;
+}
+
+static int control_abort(wtx_client *c, const char *reason) {
+  wtx__control_abort(c->ctl, reason);
+  return 0;
+}
+
+static const char *control_target(const wtx_client *c, size_t i) {
+  (void)c;
+  return i == 0 ? CONTROL_TARGET : NULL;
+}
+
+static void control_release(wtx_client *c) { wtx__control_destroy(c->ctl); }
+
+static const reach via_grpc = {
+    .init_start = grpc_init_start,
+    .init_wait = grpc_init_wait,
+    .start_begin = grpc_start_begin,
+    .start_end = grpc_start_end,
+    .update_start = grpc_update_start,
+    .update_wait = grpc_update_wait,
+    .refused = grpc_refused,
+    .table = grpc_table,
+    .prepare = grpc_prepare,
+    .commit = grpc_commit,
+    .abort = grpc_abort,
+    .target = grpc_target,
+    .release = grpc_release,
+    .services = 1,
+};
+
+static const reach via_control = {
+    .init_start = control_init_start,
+    .init_wait = control_init_wait,
+    .start_begin = control_start_begin,
+    .start_end = control_start_end,
+    .update_start = control_update_start,
+    .update_wait = control_update_wait,
+    .refused = control_refused,
+    .table = control_table,
+    .prepare = control_prepare,
+    .commit = control_commit,
+    .abort = control_abort,
+    .target = control_target,
+    .release = control_release,
+    .services = 0,
+};
+
+/* ---- fanout.h: every call through the client's reach ---- */
+
+int wtx__client_init_start(wtx_client *c, size_t i, const Wtx__V1__InitInfo *info) {
+  return c->reach->init_start(c, i, info);
+}
+
+int wtx__client_init_wait(wtx_client *c, size_t i,
+                          Wtx__V1__InitWeightTransferEngineResponse **resp) {
+  if (resp != NULL) *resp = NULL;
+  return c->reach->init_wait(c, i, resp);
+}
+
+void wtx__client_start_begin(wtx_client *c, int target, size_t params) {
+  c->reach->start_begin(c, target, params);
+}
+
+int wtx__client_start_end(wtx_client *c) { return c->reach->start_end(c); }
+
+int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
+  c->update_bytes += wtx__v1__update_info__get_packed_size(ui) * c->n;
+  return c->reach->update_start(c, ui);
+}
+
+int wtx__client_update_wait(wtx_client *c) { return c->reach->update_wait(c); }
+int wtx__client_update_refused(wtx_client *c) { return c->reach->refused(c); }
+uint64_t wtx__client_table(const wtx_client *c) { return c->reach->table(c); }
+int wtx__client_prepare(wtx_client *c, const char *version) {
+  return c->reach->prepare(c, version);
+}
+int wtx__client_abort(wtx_client *c, const char *reason) { return c->reach->abort(c, reason); }
+const char *wtx_client_target(const wtx_client *c, size_t i) { return c->reach->target(c, i); }
+
+/* One client's FinishWeightUpdate on every replica (published: replica 0's
+ * label). */
+static int commit_one(wtx_client *c, const char *version, char *published, size_t publen) {
+  if (published != NULL && publen > 0) published[0] = '\0';
+  return c->reach->commit(c, version, published, publen);
 }
