@@ -74,6 +74,9 @@ static void abort_locked(wtx_session *s, wtx__end kind, const char *why) {
           (unsigned long long)s->update_id, wtx__log_quote(why, q, sizeof q));
 }
 
+static void choose_steps(wtx_session *s);
+static void choose_stage(wtx_session *s);
+
 int wtx__session_init(wtx_session *s, const wtx__session_config *cfg) {
   memset(s, 0, sizeof *s);
   pthread_mutex_init(&s->mu, NULL);
@@ -82,6 +85,8 @@ int wtx__session_init(wtx_session *s, const wtx__session_config *cfg) {
   if (s->cfg.watchdog_ms <= 0) s->cfg.watchdog_ms = WTX_DEFAULT_WATCHDOG_MS;
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UNINITIALIZED;
   atomic_init(&s->paused, 0);
+  choose_steps(s);
+  choose_stage(s);
   int rc = wtx__layout_init(&s->up.cur);
   if (rc == 0) rc = wtx__layout_init(&s->tb.table[0]);
   if (rc == 0) rc = wtx__layout_init(&s->tb.table[1]);
@@ -284,6 +289,7 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
     s->region = NULL;
   s->stage_device = t->device != NULL && (m->stage_device != NULL || s->region != NULL)
                         ? t->device(engine) : -1;
+  choose_stage(s);
   new_session_id(s->session_id);
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
   s->revertible = 0; /* a new session cannot undo the last one's update */
@@ -458,14 +464,6 @@ static grpc_status_code handle_start(wtx__rpc_ctx *ctx,
   return code;
 }
 
-/* The model's per-tensor check of meta, where it checks tensor by tensor
- * (none, or check_chunk: 0). */
-static int model_check_one(wtx_session *s, const wtx_tensor_meta *meta, char *err,
-                           size_t errlen) {
-  const wtx_model_ops *m = s->cfg.model_ops;
-  if (m->check == NULL || m->check_chunk != NULL) return 0;
-  return m->check(s->cfg.model, s->up.target, meta, err, errlen);
-}
 
 /* The box a ParamMeta's part covers (the whole tensor without one) into
  * *box, and the whole tensor into *full: WTX_EINVAL when the part does not
@@ -549,12 +547,12 @@ static int check_meta(wtx_session *s, const Wtx__V1__ParamMeta *pm, size_t i,
     return WTX_EINVAL;
   }
   rc = check_part(s, pm, i, meta, err, errlen);
-  return rc != 0 ? rc : model_check_one(s, meta, err, errlen);
+  return rc != 0 || s->steps.check_one == NULL ? rc : s->steps.check_one(s, meta, err, errlen);
 }
 
 /* One UpdateWeights call's chunk: its validated tensors and where their
  * bytes go. */
-typedef struct chunk {
+typedef struct wtx__chunk {
   const Wtx__V1__UpdateInfo *ui;
   uint64_t bytes; /* the chunk's, once its tensors are staged */
   size_t n;
@@ -627,30 +625,71 @@ static int model_refusal(chunk *c, int rc, size_t bad) {
   return rc;
 }
 
-/* The model's check_chunk over the chunk's tensors, where it has one (the
- * per-tensor check ran as each was validated where it has not). */
-static int model_check_chunk(wtx_session *s, chunk *c) {
-  const wtx_model_ops *m = s->cfg.model_ops;
-  if (m->check_chunk == NULL) return 0;
+/* ---- the model's steps, one form each (wtx__model_steps) ---- */
+
+/* The model's check of one tensor (its check). */
+static int check_each(wtx_session *s, const wtx_tensor_meta *meta, char *err, size_t errlen) {
+  return s->cfg.model_ops->check(s->cfg.model, s->up.target, meta, err, errlen);
+}
+
+/* The model's check_chunk over the chunk's tensors. */
+static int check_chunk(wtx_session *s, chunk *c) {
   size_t bad = 0;
-  int rc = m->check_chunk(s->cfg.model, s->up.target, c->metas, c->n, &bad, c->err, sizeof c->err);
+  int rc = s->cfg.model_ops->check_chunk(s->cfg.model, s->up.target, c->metas, c->n, &bad,
+                                         c->err, sizeof c->err);
   return model_refusal(c, rc, bad);
 }
 
-/* The model's check of a chunk named by range in table `table`: its
- * check_range where it has one, else as a chunk of params. */
-static int model_check_range(wtx_session *s, chunk *c, uint64_t table) {
-  const wtx_model_ops *m = s->cfg.model_ops;
+/* A chunk named by range in table `table`, checked by the model's
+ * check_range. */
+static int check_range(wtx_session *s, chunk *c, uint64_t table) {
   size_t bad = 0;
-  int rc = 0;
-  if (m->check_range == NULL) {
-    for (size_t i = 0; rc == 0 && i < c->n; i++)
-      rc = model_check_one(s, &c->metas[i], c->err, sizeof c->err);
-    return rc != 0 ? rc : model_check_chunk(s, c);
-  }
-  rc = m->check_range(s->cfg.model, s->up.target, table, c->ui->layout->first, c->metas, c->n,
-                      &bad, c->err, sizeof c->err);
+  int rc = s->cfg.model_ops->check_range(s->cfg.model, s->up.target, table,
+                                         c->ui->layout->first, c->metas, c->n, &bad, c->err,
+                                         sizeof c->err);
   return model_refusal(c, rc, bad);
+}
+
+/* The same where the model has no check_range: as a chunk of params. */
+static int check_range_as_params(wtx_session *s, chunk *c, uint64_t table) {
+  (void)table;
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && s->steps.check_one != NULL && i < c->n; i++)
+    rc = s->steps.check_one(s, &c->metas[i], c->err, sizeof c->err);
+  return rc != 0 || s->steps.check_chunk == NULL ? rc : s->steps.check_chunk(s, c);
+}
+
+/* The chunk's first done tensors to the model's loaded_chunk at once;
+ * sums: their checksums, or NULL. */
+static int loaded_chunk(wtx_session *s, chunk *c, size_t done, const uint64_t *sums) {
+  if (done == 0) return 0;
+  int rc = s->cfg.model_ops->loaded_chunk(s->cfg.model, c->metas, done, sums);
+  if (rc != 0)
+    snprintf(c->err, sizeof c->err, "model: cannot load the chunk's %zu tensors (from '%s')",
+             done, c->metas[0].name);
+  return rc;
+}
+
+/* The chunk's first done tensors to the model's loaded, one at a time. */
+static int loaded_each(wtx_session *s, chunk *c, size_t done, const uint64_t *sums) {
+  for (size_t i = 0; i < done; i++) {
+    int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i], sums ? &sums[i] : NULL);
+    if (rc != 0) {
+      snprintf(c->err, sizeof c->err, "model: cannot load '%s'", c->metas[i].name);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+/* The steps that do not depend on where tensors are staged, from the
+ * model's ops: a per-chunk form where the model has one. */
+static void choose_steps(wtx_session *s) {
+  const wtx_model_ops *m = s->cfg.model_ops;
+  s->steps.check_one = m->check != NULL && m->check_chunk == NULL ? check_each : NULL;
+  s->steps.check_chunk = m->check_chunk != NULL ? check_chunk : NULL;
+  s->steps.check_range = m->check_range != NULL ? check_range : check_range_as_params;
+  s->steps.loaded = m->loaded_chunk != NULL ? loaded_chunk : loaded_each;
 }
 
 /* Room for n tensors in the session's chunk arrays, kept from chunk to
@@ -744,7 +783,7 @@ static int chunk_check_range(wtx_session *s, chunk *c) {
     return WTX_EINVAL;
   }
   c->metas = &l->metas[r->first];
-  int rc = model_check_range(s, c, s->tb.id[t]);
+  int rc = s->steps.check_range(s, c, s->tb.id[t]);
   if (rc != 0) return rc;
   s->up.begun_bytes += wtx__layout_bytes(l, r->first + continues, c->n - continues);
   s->up.range_next = (size_t)r->first + r->count;
@@ -778,7 +817,7 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
     if (rc != 0) return rc;
     s->up.begun_bytes += c->metas[i].nbytes;
   }
-  int rc = model_check_chunk(s, c);
+  int rc = s->steps.check_chunk != NULL ? s->steps.check_chunk(s, c) : 0;
   return rc != 0 ? rc : check_limits(s, c);
 }
 
@@ -797,22 +836,47 @@ static int stage_in_place(wtx_session *s, chunk *c, size_t i, uint64_t at) {
   return s->cfg.model_ops->adopt_device(s->cfg.model, meta, s->stage_device, c->rt[i].dst);
 }
 
-/* Staging for tensor i, beginning at byte `at` of the update's stream. */
-static int stage_one(wtx_session *s, chunk *c, size_t i, uint64_t at) {
-  const wtx_model_ops *m = s->cfg.model_ops;
-  int rc = s->region != NULL ? stage_in_place(s, c, i, at)
-           : s->stage_device >= 0
-               ? m->stage_device(s->cfg.model, &c->metas[i], s->stage_device,
-                                 (void **)&c->rt[i].dst)
-               : m->stage(s->cfg.model, &c->metas[i], &c->rt[i].dst);
-  if (rc != 0 && c->err[0] == '\0')
-    snprintf(c->err, sizeof c->err, "model: cannot stage '%s'", c->metas[i].name);
-  return rc;
+/* A tensor staged in device memory the model gives (stage_device). */
+static int stage_on_device(wtx_session *s, chunk *c, size_t i, uint64_t at) {
+  (void)at;
+  return s->cfg.model_ops->stage_device(s->cfg.model, &c->metas[i], s->stage_device,
+                                        (void **)&c->rt[i].dst);
+}
+
+/* A tensor staged in host memory the model gives (stage). */
+static int stage_on_host(wtx_session *s, chunk *c, size_t i, uint64_t at) {
+  (void)at;
+  return s->cfg.model_ops->stage(s->cfg.model, &c->metas[i], &c->rt[i].dst);
+}
+
+/* Tensors [first, n) one at a time, by one of the three above. */
+static int stage_each(wtx_session *s, chunk *c, size_t first, uint64_t at,
+                      int (*one)(wtx_session *, chunk *, size_t, uint64_t)) {
+  for (size_t i = first; i < c->n; at += c->metas[i++].nbytes) {
+    int rc = one(s, c, i, at);
+    if (rc != 0) {
+      if (c->err[0] == '\0')
+        snprintf(c->err, sizeof c->err, "model: cannot stage '%s'", c->metas[i].name);
+      return rc;
+    }
+  }
+  return 0;
+}
+
+static int stage_each_in_place(wtx_session *s, chunk *c, size_t first, uint64_t at) {
+  return stage_each(s, c, first, at, stage_in_place);
+}
+static int stage_each_on_device(wtx_session *s, chunk *c, size_t first, uint64_t at) {
+  return stage_each(s, c, first, at, stage_on_device);
+}
+static int stage_each_on_host(wtx_session *s, chunk *c, size_t first, uint64_t at) {
+  return stage_each(s, c, first, at, stage_on_host);
 }
 
 /* Host staging for tensors [first, n) at once, through the model's
  * stage_chunk. */
-static int stage_chunk(wtx_session *s, chunk *c, size_t first) {
+static int stage_host_chunk(wtx_session *s, chunk *c, size_t first, uint64_t at) {
+  (void)at;
   if (first == c->n) return 0;
   int rc = s->cfg.model_ops->stage_chunk(s->cfg.model, &c->metas[first], c->n - first, c->dst);
   if (rc != 0) {
@@ -822,6 +886,17 @@ static int stage_chunk(wtx_session *s, chunk *c, size_t first) {
   }
   for (size_t i = first; i < c->n; i++) c->rt[i].dst = c->dst[i - first];
   return 0;
+}
+
+/* Where the session's tensors are staged, once its backend says: in
+ * place in its receive region, on its GPU, or on the host (per chunk where
+ * the model can). */
+static void choose_stage(wtx_session *s) {
+  const wtx_model_ops *m = s->cfg.model_ops;
+  s->steps.stage = s->region != NULL        ? stage_each_in_place
+                   : s->stage_device >= 0   ? stage_each_on_device
+                   : m->stage_chunk != NULL ? stage_host_chunk
+                                            : stage_each_on_host;
 }
 
 /* Step 3: staging memory for the tensors that begin in this chunk, and the
@@ -842,24 +917,16 @@ static int chunk_stage(wtx_session *s, chunk *c) {
              (unsigned long long)next);
     return WTX_EPROTO;
   }
-  int per_chunk = s->cfg.model_ops->stage_chunk != NULL && s->region == NULL &&
-                  s->stage_device < 0;
-  for (size_t i = 0; i < c->n; at += c->metas[i++].nbytes) {
+  for (size_t i = 0; i < c->n; i++) {
     if (i + 16 < c->n) __builtin_prefetch(&c->metas[i + 16]); /* 96-byte strides */
     c->rt[i].name = c->metas[i].name;
     c->rt[i].nbytes = c->metas[i].nbytes;
-    if (i == 0 && ui->first_param_offset > 0) {
-      c->rt[0].dst = s->up.carry_dst;
-      continue;
-    }
-    int rc = per_chunk ? 0 : stage_one(s, c, i, at);
-    if (rc != 0) return rc;
   }
-  if (per_chunk) {
-    int rc = stage_chunk(s, c, ui->first_param_offset > 0);
-    if (rc != 0) return rc;
-  }
-  int rc = c->n_patches > 0 ? stage_patches(c) : 0;
+  /* A tensor continued from the chunk before is staged already. */
+  size_t first = ui->first_param_offset > 0;
+  if (first) c->rt[0].dst = s->up.carry_dst;
+  int rc = s->steps.stage(s, c, first, first ? at + c->metas[0].nbytes : at);
+  if (rc == 0 && c->n_patches > 0) rc = stage_patches(c);
   if (rc != 0) return rc;
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   int flags = (verify ? WTX__RX_VERIFY : 0) | (s->stage_device >= 0 ? WTX__RX_DEVICE : 0);
@@ -893,29 +960,6 @@ static int patches_fit(chunk *c) {
   snprintf(c->err, sizeof c->err, "update_info: the patch of '%s' continues past the chunk; "
            "a patch lies within one chunk", c->metas[last->i].name);
   return WTX_EINVAL;
-}
-
-/* The chunk's first done tensors to the model's loaded_chunk at once;
- * sums: their checksums, or NULL. */
-static int loaded_chunk(wtx_session *s, chunk *c, size_t done, const uint64_t *sums) {
-  if (done == 0) return 0;
-  int rc = s->cfg.model_ops->loaded_chunk(s->cfg.model, c->metas, done, sums);
-  if (rc != 0)
-    snprintf(c->err, sizeof c->err, "model: cannot load the chunk's %zu tensors (from '%s')",
-             done, c->metas[0].name);
-  return rc;
-}
-
-/* The chunk's first done tensors to the model's loaded, one at a time. */
-static int loaded_each(wtx_session *s, chunk *c, size_t done, const uint64_t *sums) {
-  for (size_t i = 0; i < done; i++) {
-    int rc = s->cfg.model_ops->loaded(s->cfg.model, &c->metas[i], sums ? &sums[i] : NULL);
-    if (rc != 0) {
-      snprintf(c->err, sizeof c->err, "model: cannot load '%s'", c->metas[i].name);
-      return rc;
-    }
-  }
-  return 0;
 }
 
 /* One received patch, checked whole, applied to a copy of the tensor the
@@ -970,8 +1014,7 @@ static int chunk_loaded(wtx_session *s, chunk *c) {
   const uint64_t *sums = wtx__rx_whole_sums(s->rx) ? wtx__rx_checksums(s->rx) : NULL;
   int rc = c->n_patches > 0 ? apply_patches(s, c, done, &sums) : 0;
   if (rc == 0)
-    rc = s->cfg.model_ops->loaded_chunk != NULL ? loaded_chunk(s, c, done, sums)
-                                                : loaded_each(s, c, done, sums);
+    rc = s->steps.loaded(s, c, done, sums);
   if (rc != 0) return rc;
   s->up.staged_params += done;
   for (size_t i = 0; i < done; i++) s->up.staged_bytes += c->metas[i].nbytes;

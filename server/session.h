@@ -113,11 +113,31 @@ typedef struct wtx__scratch {
   size_t n;
 } wtx__scratch;
 
+struct wtx_session;
+struct wtx__chunk; /* one UpdateWeights call's chunk (session.c) */
+
+/* The model's ops as the session calls them: whichever form the model
+ * offers of each step (per tensor or per chunk; staged on the host, on a
+ * GPU or adopted in place) chosen once, when the session begins and when
+ * its backend says where tensors are staged, so each step has one path.
+ * check_one: within each tensor's validation, or NULL; check_chunk: once
+ * the chunk's tensors are valid, or NULL; stage: tensors [first, n) of the
+ * chunk, the first beginning at byte `at` of the update's stream. */
+typedef struct wtx__model_steps {
+  int (*check_one)(struct wtx_session *s, const wtx_tensor_meta *meta, char *err,
+                   size_t errlen);
+  int (*check_chunk)(struct wtx_session *s, struct wtx__chunk *c);
+  int (*check_range)(struct wtx_session *s, struct wtx__chunk *c, uint64_t table);
+  int (*stage)(struct wtx_session *s, struct wtx__chunk *c, size_t first, uint64_t at);
+  int (*loaded)(struct wtx_session *s, struct wtx__chunk *c, size_t done, const uint64_t *sums);
+} wtx__model_steps;
+
 typedef struct wtx_session {
   pthread_mutex_t mu;
   wtx__session_config cfg;
   int state; /* WTX__V1__SESSION_STATE__* */
   char session_id[33];
+  wtx__model_steps steps;
   const wtx_worker_transport *transport;
   void *engine;
   wtx_wire_params wire;
