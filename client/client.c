@@ -202,6 +202,8 @@ fail:
 
 int wtx_client_create_control(const wtx_control_ops *ops, void *self, wtx_client **out) {
   *out = NULL;
+  if (ops == NULL || ops->version == 0 || ops->version > WTX_CONTROL_OPS_VERSION)
+    return WTX_EINVAL;
   wtx_client *c = calloc(1, sizeof *c);
   if (c == NULL || (c->r = calloc(1, sizeof *c->r)) == NULL) {
     free(c);

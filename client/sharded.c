@@ -219,6 +219,7 @@ static void part_destroy(void *self) {
 }
 
 static const wtx_source_ops part_ops = {
+    .version = WTX_SOURCE_OPS_VERSION,
     .name = "parts",
     .metadata = part_metadata,
     .open = part_open,

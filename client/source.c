@@ -26,7 +26,8 @@ struct wtx_source {
 
 int wtx_source_create(const wtx_source_ops *ops, void *self, wtx_source **out) {
   *out = NULL;
-  if (ops == NULL || ops->metadata == NULL || ops->open == NULL ||
+  if (ops == NULL || ops->version == 0 || ops->version > WTX_SOURCE_OPS_VERSION ||
+      ops->metadata == NULL || ops->open == NULL ||
       (ops->next == NULL && ops->next_batch == NULL) || ops->close == NULL)
     return WTX_EINVAL;
   wtx_source *s = calloc(1, sizeof *s);
@@ -246,6 +247,7 @@ static int table_ownership(void *self, const wtx_ownership **owners, size_t *n) 
 }
 
 static const wtx_source_ops table_ops_memory = {
+    .version = WTX_SOURCE_OPS_VERSION,
     .name = "memory",
     .metadata = table_metadata,
     .open = open_pos,
@@ -256,6 +258,7 @@ static const wtx_source_ops table_ops_memory = {
 };
 
 static const wtx_source_ops table_ops_safetensors = {
+    .version = WTX_SOURCE_OPS_VERSION,
     .name = "safetensors",
     .metadata = table_metadata,
     .open = open_pos,
@@ -507,6 +510,7 @@ static void synth_destroy(void *self) {
 }
 
 static const wtx_source_ops synth_ops = {
+    .version = WTX_SOURCE_OPS_VERSION,
     .name = "synthetic",
     .metadata = synth_metadata,
     .open = synth_open,

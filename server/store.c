@@ -1142,6 +1142,7 @@ static int store_read(void *model, wtx_target target, const wtx_tensor_meta *met
 }
 
 const wtx_model_ops wtx_store_model_ops = {
+    .version = WTX_MODEL_OPS_VERSION,
     .check = store_check,
     .begin = store_begin,
     .stage = store_stage,

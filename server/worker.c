@@ -237,6 +237,10 @@ static int open_model(wtx_worker *w, const wtx_worker_options *opts,
     snprintf(err, errlen, "model_spec and publish_dir need the internal store, "
              "not a host model");
     return WTX_EINVAL;
+  } else if (opts->model_ops->version == 0 || opts->model_ops->version > WTX_MODEL_OPS_VERSION) {
+    snprintf(err, errlen, "model_ops.version: %u, this library knows 1..%u "
+             "(WTX_MODEL_OPS_VERSION)", opts->model_ops->version, WTX_MODEL_OPS_VERSION);
+    return WTX_EINVAL;
   }
   int rc = opts->model_spec ? declare_spec(w->own_store, opts->model_spec, err, errlen) : 0;
   if (rc != 0 || opts->publish_dir == NULL) return rc;

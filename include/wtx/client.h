@@ -73,7 +73,13 @@ void wtx_client_destroy(wtx_client *c);
  * returns 0, or a WTX_E* code with a message in err. init and update may
  * block until the worker has acted: the engine runs them on a thread of
  * its own while the data plane moves the bytes. */
+/* The wtx_control_ops layout of this header: 1, every member below. */
+#define WTX_CONTROL_OPS_VERSION 1u
+
 typedef struct wtx_control_ops {
+  /* WTX_CONTROL_OPS_VERSION as the caller built it (0 is refused): the
+   * library reads only the members that version has (SQLite's iVersion). */
+  unsigned version;
   int (*init)(void *self, const uint8_t *init_info, size_t len, char *err, size_t errlen);
   int (*start)(void *self, int target, char *err, size_t errlen);
   int (*update)(void *self, const uint8_t *update_info, size_t len, char *err,

@@ -60,7 +60,13 @@ enum {
   WTX_NEXT_DEVICE = 3, /* CUDA device memory, as WTX_NEXT_STAYS */
 };
 
+/* The wtx_source_ops layout of this header: 1, every member below. */
+#define WTX_SOURCE_OPS_VERSION 1u
+
 typedef struct wtx_source_ops {
+  /* WTX_SOURCE_OPS_VERSION as the source was built (0 is refused): the
+   * library reads only the members that version has (SQLite's iVersion). */
+  unsigned version;
   const char *name; /* "memory", "safetensors", "synthetic", ... */
   /* Every parameter, in iteration order; *metas is owned by self and stays
    * valid and unchanged until destroy. May compute and cache on the first

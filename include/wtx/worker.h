@@ -30,6 +30,9 @@ extern "C" {
 
 /* ---- the model the worker loads into ---- */
 
+/* The wtx_model_ops layout of this header: 1, every member below. */
+#define WTX_MODEL_OPS_VERSION 1u
+
 
 /* A model sink, like vLLM's model.load_weights. All calls come from one
  * update at a time, one call at a time (never concurrently), so a model
@@ -42,6 +45,10 @@ extern "C" {
  * recognise a tensor it checked by its meta's address within a chunk
  * (never across chunks: a later chunk may reuse the address). */
 typedef struct wtx_model_ops {
+  /* WTX_MODEL_OPS_VERSION as the model was built (0 is refused): the
+   * library reads only the members that version has, so it may grow the
+   * struct at its end and keep models built before (SQLite's iVersion). */
+  unsigned version;
   /* Optional: checks a tensor of an update against the model's layout before
    * any byte moves; WTX_ENOENT (unknown name) or WTX_EINVAL (dtype, shape)
    * with a message in err. NULL accepts every tensor. */

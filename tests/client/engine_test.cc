@@ -251,7 +251,8 @@ struct TestSource {
   }
   static void Close(void *, void *iter) { delete static_cast<size_t *>(iter); }
   static wtx_source_ops Ops(const char *name) {
-    return {name, Metadata, Open, S::Next, Close, nullptr, nullptr, nullptr};
+    return {WTX_SOURCE_OPS_VERSION, name, Metadata, Open, S::Next, Close, nullptr, nullptr,
+            nullptr};
   }
 };
 
@@ -1161,11 +1162,12 @@ struct FailingSource {
   static void Destroy(void *) {}
 };
 
-const wtx_source_ops kFailingOps = {"failing", FailingSource::Metadata, FailingSource::Open,
+const wtx_source_ops kFailingOps = {WTX_SOURCE_OPS_VERSION, "failing", FailingSource::Metadata,
+                                    FailingSource::Open,
                                     FailingSource::Next, FailingSource::Close,
                                     FailingSource::Destroy, nullptr, nullptr};
 
-const wtx_source_ops kSwitchingOps = {"switching", SwitchingSource::Metadata,
+const wtx_source_ops kSwitchingOps = {WTX_SOURCE_OPS_VERSION, "switching", SwitchingSource::Metadata,
                                       SwitchingSource::Open, SwitchingSource::Next,
                                       SwitchingSource::Close, SwitchingSource::Destroy, nullptr,
                                       nullptr};

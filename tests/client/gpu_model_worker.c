@@ -192,6 +192,7 @@ static int m_commit(void *model, const char *version) {
 static void m_abort(void *model) { drop_staged(model); }
 
 static const wtx_model_ops gpu_model_ops = {
+    .version = WTX_MODEL_OPS_VERSION,
     .begin = m_begin,
     .stage = m_stage,
     .loaded = m_loaded,

@@ -161,6 +161,7 @@ struct Batched {
 };
 
 const wtx_source_ops kBatchedOps = {
+    .version = WTX_SOURCE_OPS_VERSION,
     .name = "batched",
     .metadata = [](void *self, const wtx_tensor_meta **m, size_t *n) {
       auto *b = static_cast<Batched *>(self);
@@ -216,6 +217,19 @@ TEST(Source, ABatchedSourceIsTakenOneTensorAtATimeInFewCalls) {
   EXPECT_EQ(1299u, v);
   EXPECT_EQ(1301u, b.calls);
   wtx_source_destroy(s);
+}
+
+// The ops' version says which members the source has: 0 (unset) and a
+// version past this library's are refused.
+TEST(Source, OpsOfNoVersionOrOfALaterOneAreRefused) {
+  Batched b(10);
+  wtx_source *s = nullptr;
+  for (unsigned v : {0u, WTX_SOURCE_OPS_VERSION + 1}) {
+    wtx_source_ops ops = kBatchedOps;
+    ops.version = v;
+    EXPECT_EQ(WTX_EINVAL, wtx_source_create(&ops, &b, &s)) << v;
+    EXPECT_EQ(nullptr, s);
+  }
 }
 
 TEST(Source, ABatchedSourcesRefusalsReachTheCaller) {

@@ -908,7 +908,7 @@ void CmAbort(void *m) {
 int CmPrepare(void *m, const char *v, char *e, size_t n) {
   return wtx_store_model_ops.prepare(static_cast<CountingModel *>(m)->store, v, e, n);
 }
-const wtx_model_ops kCounting = {CmCheck, CmBegin, CmStage, CmLoaded, CmPrepare, CmCommit,
+const wtx_model_ops kCounting = {WTX_MODEL_OPS_VERSION, CmCheck, CmBegin, CmStage, CmLoaded, CmPrepare, CmCommit,
                                  CmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                  nullptr, nullptr};
 
@@ -1125,7 +1125,7 @@ void HmPause(void *h, int wait) {
 }
 void HmResume(void *h) { static_cast<HostModel *>(h)->resumes++; }
 // No prepare: commit does it all (a host model that cannot fail there).
-const wtx_model_ops kHost = {nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit,
+const wtx_model_ops kHost = {WTX_MODEL_OPS_VERSION, nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit,
                              HmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                              nullptr, nullptr};
 
@@ -1199,6 +1199,25 @@ TEST_F(SessionTest, AnUndoOnAModelThatCannotRevertSaysSoAndKeepsItsWeights) {
 // A host model whose commit fails (a Python host's load_weights raising
 // answers WTX_EIO) ends the update with a status no client retries: a
 // retried Finish would find no update and answer that instead of the cause.
+// A host model's ops must say their version: 0 (unset) or one past this
+// library's stops the worker from starting, naming the field.
+TEST_F(SessionTest, HostModelOpsOfNoVersionOrALaterOneAreRefused) {
+  for (unsigned v : {0u, WTX_MODEL_OPS_VERSION + 1}) {
+    wtx_model_ops ops = kHost;
+    ops.version = v;
+    wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+    o.listen = "127.0.0.1:0";
+    o.model_ops = &ops;
+    HostModel model;
+    o.model = &model;
+    wtx_worker *w = nullptr;
+    char err[256] = "";
+    EXPECT_EQ(WTX_EINVAL, wtx_worker_start(&o, &w, err, sizeof err)) << v;
+    EXPECT_NE(nullptr, strstr(err, "model_ops.version")) << err;
+    EXPECT_EQ(nullptr, w);
+  }
+}
+
 TEST_F(SessionTest, AModelsFailedCommitIsInternalAndKeepsThePublishedWeights) {
   HostModel hm;
   Serve(&kHost, &hm);
@@ -1268,7 +1287,7 @@ int CkLoadedChunk(void *m, const wtx_tensor_meta *metas, size_t n, const uint64_
   return 0;
 }
 // The per-tensor ops fail and count: the session must not call them.
-const wtx_model_ops kChunkHost = {CkPerTensorCheck, HmBegin,      CkPerTensorStage,
+const wtx_model_ops kChunkHost = {WTX_MODEL_OPS_VERSION, CkPerTensorCheck, HmBegin,      CkPerTensorStage,
                                   CkPerTensorLoaded, nullptr,     HmCommit,
                                   HmAbort,          nullptr,      nullptr,
                                   CkCheckChunk,     CkStageChunk, CkLoadedChunk, nullptr,
@@ -1356,7 +1375,7 @@ int RmCheckRange(void *m, wtx_target, uint64_t table, size_t first,
     }
   return 0;
 }
-const wtx_model_ops kRangeHost = {CkPerTensorCheck,  HmBegin,      CkPerTensorStage,
+const wtx_model_ops kRangeHost = {WTX_MODEL_OPS_VERSION, CkPerTensorCheck,  HmBegin,      CkPerTensorStage,
                                   CkPerTensorLoaded, nullptr,      HmCommit,
                                   HmAbort,           nullptr,      nullptr,
                                   CkCheckChunk,      CkStageChunk, CkLoadedChunk,

@@ -96,8 +96,12 @@ SRC_OWNERSHIP = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(C.POINTER(Ownership))
                             C.POINTER(C.c_size_t))
 
 
+# The ops structs' layouts this package was written for (WTX_*_OPS_VERSION).
+SOURCE_OPS_VERSION = MODEL_OPS_VERSION = CONTROL_OPS_VERSION = 1
+
+
 class SourceOps(C.Structure):
-    _fields_ = [("name", C.c_char_p), ("metadata", SRC_METADATA), ("open", SRC_OPEN),
+    _fields_ = [("version", C.c_uint), ("name", C.c_char_p), ("metadata", SRC_METADATA), ("open", SRC_OPEN),
                 ("next", SRC_NEXT), ("close", SRC_CLOSE), ("destroy", SRC_DESTROY),
                 ("next_batch", SRC_NEXT_BATCH), ("ownership", SRC_OWNERSHIP)]
 
@@ -132,7 +136,7 @@ M_READ = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.POINTER(TensorMeta), C.c_vo
 
 
 class ModelOps(C.Structure):
-    _fields_ = [("check", M_CHECK), ("begin", M_BEGIN), ("stage", M_STAGE),
+    _fields_ = [("version", C.c_uint), ("check", M_CHECK), ("begin", M_BEGIN), ("stage", M_STAGE),
                 ("loaded", M_LOADED), ("prepare", M_PREPARE), ("commit", M_COMMIT),
                 ("abort", M_ABORT), ("stage_device", M_STAGE_DEVICE),
                 ("adopt_device", M_ADOPT_DEVICE), ("check_chunk", M_CHECK_CHUNK),
@@ -172,7 +176,7 @@ C_ABORT = C.CFUNCTYPE(None, C.c_void_p, C.c_char_p)
 
 
 class ControlOps(C.Structure):
-    _fields_ = [("init", C_INIT), ("start", C_START), ("update", C_UPDATE),
+    _fields_ = [("version", C.c_uint), ("init", C_INIT), ("start", C_START), ("update", C_UPDATE),
                 ("finish", C_FINISH), ("abort", C_ABORT)]
 
 

@@ -206,7 +206,7 @@ class _Host:
         self.update_targets: dict[str, Any] | None = None
         self.torch_dtypes: dict[int, Any] = {}
         self.ops = _capi.ModelOps(
-            _capi.M_CHECK(self._check), _capi.M_BEGIN(self._begin), _capi.M_STAGE(self._stage),
+            _capi.MODEL_OPS_VERSION, _capi.M_CHECK(self._check), _capi.M_BEGIN(self._begin), _capi.M_STAGE(self._stage),
             _capi.M_LOADED(self._loaded), _capi.M_PREPARE(self._prepare),
             _capi.M_COMMIT(self._commit), _capi.M_ABORT(self._abort),
             _capi.M_STAGE_DEVICE(self._stage_device) if device_staging

@@ -366,7 +366,8 @@ class CSource:
         self._rec: dict[int, tuple] = {}
         self.error: BaseException | None = None
         self._own, self._own_keep = ownership_array(self.metas) if self._local else (None, [])
-        self._ops = _capi.SourceOps(b"python", _capi.SRC_METADATA(self._metadata),
+        self._ops = _capi.SourceOps(_capi.SOURCE_OPS_VERSION, b"python",
+                                    _capi.SRC_METADATA(self._metadata),
                                     _capi.SRC_OPEN(self._open), _capi.SRC_NEXT(),
                                     _capi.SRC_CLOSE(self._close), _capi.SRC_DESTROY(self._destroy),
                                     _capi.SRC_NEXT_BATCH(self._next_batch),

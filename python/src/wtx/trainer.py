@@ -311,7 +311,8 @@ class _ControlPlane:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.ops = _capi.ControlOps(_capi.C_INIT(self._init), _capi.C_START(self._start),
+        self.ops = _capi.ControlOps(_capi.CONTROL_OPS_VERSION,
+                                    _capi.C_INIT(self._init), _capi.C_START(self._start),
                                     _capi.C_UPDATE(self._update), _capi.C_FINISH(self._finish),
                                     _capi.C_ABORT(self._abort))
         self.c = C.c_void_p()
