@@ -267,6 +267,25 @@ static int trainer_metadata(wtx_trainer *t) {
   return rc != 0 ? rc : trainer_table(t, metas, n);
 }
 
+/* A trainer whose syncs all go through sharded.c (sh) or many.c (many),
+ * which it owns from now on, even when it cannot be made. */
+static int wrapper(const wtx_trainer_config *cfg, wtx_client *client, wtx_source *source,
+                   wtx__sharded *sh, wtx__many *many, wtx_trainer **out) {
+  wtx_trainer *t = calloc(1, sizeof *t);
+  if (t == NULL) {
+    wtx__sharded_destroy(sh);
+    wtx__many_destroy(many);
+    return WTX_ENOMEM;
+  }
+  t->rank = cfg->rank;
+  t->client = client;
+  t->source = source;
+  t->sh = sh;
+  t->many = many;
+  *out = t;
+  return 0;
+}
+
 /* A trainer of many senders: every sync goes through many.c. */
 static int many_init(const wtx_trainer_config *cfg, wtx_client *client, wtx_source *source,
                      wtx_trainer **out, char *err, size_t errlen) {
@@ -275,19 +294,10 @@ static int many_init(const wtx_trainer_config *cfg, wtx_client *client, wtx_sour
              "each rank would need the others' hashes", cfg->world);
     return WTX_ENOTSUP;
   }
-  wtx_trainer *t = calloc(1, sizeof *t);
-  if (t == NULL) return WTX_ENOMEM;
+  wtx__many *many = NULL;
   wtx_transports_register_builtin();
-  int rc = wtx__many_create(cfg, client, source, &t->many, err, errlen);
-  if (rc != 0) {
-    free(t);
-    return rc;
-  }
-  t->rank = cfg->rank;
-  t->client = client;
-  t->source = source;
-  *out = t;
-  return 0;
+  int rc = wtx__many_create(cfg, client, source, &many, err, errlen);
+  return rc != 0 ? rc : wrapper(cfg, client, source, NULL, many, out);
 }
 
 int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
@@ -307,16 +317,7 @@ int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
              "announces shard rules): their parts carry no whole-tensor hashes to compare");
     return WTX_ENOTSUP;
   }
-  wtx_trainer *t = calloc(1, sizeof *t);
-  if (t == NULL) {
-    wtx__sharded_destroy(sh);
-    return WTX_ENOMEM;
-  }
-  t->client = client;
-  t->source = source;
-  t->sh = sh;
-  *out = t;
-  return 0;
+  return wrapper(cfg, client, source, sh, NULL, out);
 }
 
 int wtx__trainer_init_plain(const wtx_trainer_config *cfg, wtx_client *client,
