@@ -34,6 +34,7 @@
 #include "client/fanout.h"
 #include "common/safetensors.h"
 #include "tests/client/harness.h"
+#include "tests/common/dir_wait.h"
 #include "transport/transport.h"
 
 namespace {
@@ -1511,16 +1512,11 @@ class DeltaTest : public EngineTest {
   }
 
   // Worker k's published file of version v, hashed tensor by tensor by the
-  // test (waits, bounded, for the worker's writer to name it in LATEST).
+  // test, once the worker's writer names it in LATEST (a bounded wait).
   std::map<std::string, uint64_t> OnDisk(size_t k, const std::string &v) {
-    std::string file, name = v + ".safetensors";  // the test's labels need no escaping
-    for (int i = 0; i < 1000; i++) {
-      std::ifstream f(pubs_[k] + "/LATEST");
-      if (f >> file && file == name) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    std::string file = v + ".safetensors";  // the test's labels need no escaping
     std::map<std::string, uint64_t> out;
-    EXPECT_EQ(name, file) << "worker " << k << " never wrote version " << v;
+    EXPECT_TRUE(WaitLatest(pubs_[k], file)) << "worker " << k << " never wrote version " << v;
     wtx_st_file *st = nullptr;
     char e[512] = "";
     if (wtx_st_open((pubs_[k] + "/" + file).c_str(), &st, e, sizeof e) != 0) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/safetensors.h"
+#include "tests/common/dir_wait.h"
 
 namespace {
 
@@ -45,26 +46,15 @@ class PublishTest : public ::testing::Test {
     ASSERT_EQ(0, ops.commit(s_, version));
     wtx__publisher_notify(p_);
   }
-  std::string Latest() {
-    std::ifstream f(dir_ + "/LATEST");
-    std::string s;
-    std::getline(f, s);
-    return s;
-  }
+  std::string Latest() { return wtxtest::Latest(dir_); }
   // Waits (at most 10 s) until LATEST names file.
-  bool WaitFor(const std::string &file) {
-    for (int i = 0; i < 1000 && Latest() != file; i++)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return Latest() == file;
-  }
+  bool WaitFor(const std::string &file) { return wtxtest::WaitLatest(dir_, file); }
   bool Exists(const std::string &file) { return access((dir_ + "/" + file).c_str(), F_OK) == 0; }
   // Waits (at most 10 s) until file is gone: the publisher rotates old
   // files out just after LATEST names the new one (so LATEST never names a
   // deleted file, even with --publish-keep 1).
   bool WaitGone(const std::string &file) {
-    for (int i = 0; i < 1000 && Exists(file); i++)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    return !Exists(file);
+    return wtxtest::WaitInDir(dir_, [&] { return !Exists(file); });
   }
   std::string dir_;
   wtx_store *s_ = nullptr;

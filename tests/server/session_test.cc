@@ -33,6 +33,7 @@
 #include "transport/transport.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 #include "tests/client/vllm_standin.h"
+#include "tests/common/dir_wait.h"
 
 namespace {
 
@@ -1513,15 +1514,12 @@ TEST_F(SessionTest, PublishDirHoldsTheNewestVersionsAsSafetensors) {
     ASSERT_EQ(0, Update({T("a", 16, (uint8_t)i), T("b", 8, 2)})) << st_.message;
     ASSERT_EQ(0, Finish(v.c_str())) << st_.message;
     std::string want = "v" + std::to_string(i) + "_step.safetensors";
-    for (int t = 0; t < 500 && latest() != want; t++)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    ASSERT_EQ(want, latest());
+    ASSERT_TRUE(wtxtest::WaitLatest(dir.path, want)) << latest();
   }
   // The oldest file goes once LATEST names the newest (a reader of LATEST
   // always finds its file), so it may still be there a moment.
   const std::set<std::string> kept = {"LATEST", "v2_step.safetensors", "v3_step.safetensors"};
-  for (int t = 0; t < 500 && dir.Files() != kept; t++)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  wtxtest::WaitInDir(dir.path, [&] { return dir.Files() == kept; });
   EXPECT_EQ(kept, dir.Files());
   wtx_st_file *f = nullptr;
   char err[512] = "";
