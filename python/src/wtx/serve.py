@@ -285,7 +285,9 @@ class _Host:
                 if rc != 0 or target != 1:
                     _capi.write_err(err, errlen, why or "this host has no draft model")
                     return rc or _capi.ESTATE
-                t = self._targets()[meta.contents.name.decode()]
+                # The update's listing, which _refusal just used: one walk
+                # of the module per update, not one per patch.
+                t = self._update_targets()[meta.contents.name.decode()]
                 src = t.detach().contiguous().cpu()
                 C.memmove(dst, src.data_ptr(), meta.contents.nbytes)
             return 0
