@@ -6,29 +6,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "common/hash.h"
 
 #include "client/delta.h"
+#include "common/hash.h"
 #include "common/patch.h"
 #include "common/strmap.h"
 
 int wtx__delta_reserve(wtx__delta *d, size_t n) {
   if (d->known != NULL && d->n == n) return 0;
   wtx__delta_free(d);
-  d->known = calloc(n ? n : 1, sizeof *d->known);
-  d->ok = calloc(n ? n : 1, sizeof *d->ok);
-  d->hashes = calloc(n ? n : 1, sizeof *d->hashes);
-  d->metas = calloc(n ? n : 1, sizeof *d->metas);
-  d->map = calloc(n ? n : 1, sizeof *d->map);
-  d->at = calloc(n ? n : 1, sizeof *d->at);
-  d->len = calloc(n ? n : 1, sizeof *d->len);
-  d->patch = calloc(n ? n : 1, sizeof *d->patch);
-  d->src = calloc(n ? n : 1, sizeof *d->src);
-  d->patch_off = calloc(n ? n : 1, sizeof *d->patch_off);
-  d->patch_len = calloc(n ? n : 1, sizeof *d->patch_len);
-  d->patches = calloc(n ? n : 1, sizeof *d->patches);
-  if (!d->known || !d->ok || !d->hashes || !d->metas || !d->map || !d->at || !d->len ||
-      !d->patch || !d->src || !d->patch_off || !d->patch_len || !d->patches) {
+  size_t k = n ? n : 1;
+  /* Each per-tensor array, zeroed; all or none. */
+#define ROOM(f) ((d->f = calloc(k, sizeof *d->f)) != NULL)
+  int all = ROOM(known) && ROOM(ok) && ROOM(hashes) && ROOM(metas) && ROOM(map) && ROOM(at) &&
+            ROOM(patch) && ROOM(src) && ROOM(patch_off) && ROOM(patch_len) && ROOM(patches);
+#undef ROOM
+  if (!all) {
     wtx__delta_free(d);
     return WTX_ENOMEM;
   }
@@ -43,7 +36,6 @@ void wtx__delta_free(wtx__delta *d) {
   free(d->metas);
   free(d->map);
   free(d->at);
-  free(d->len);
   free(d->patch);
   free(d->src);
   free(d->patch_off);
@@ -235,7 +227,7 @@ int wtx__delta_diff(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t max_by
 /* The hash pass's work: tensors hashed by whichever thread takes the next. */
 typedef struct hash_job {
   const uint8_t *const *at;
-  const uint64_t *len;
+  const wtx_tensor_meta *metas; /* tensor i's length */
   uint64_t *out;
   size_t n;
   atomic_size_t next;
@@ -244,7 +236,7 @@ typedef struct hash_job {
 static void *hash_some(void *arg) {
   hash_job *j = arg;
   for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;)
-    if (j->at[i] != NULL) j->out[i] = XXH3_64bits(j->at[i], j->len[i]);
+    if (j->at[i] != NULL) j->out[i] = XXH3_64bits(j->at[i], j->metas[i].nbytes);
   return NULL;
 }
 
@@ -252,8 +244,9 @@ static void *hash_some(void *arg) {
  * (memory bandwidth, not cores, bounds it past a few). */
 #define HASH_THREADS 8
 
-void wtx__delta_hash(const uint8_t *const *at, const uint64_t *len, size_t n, uint64_t *out) {
-  hash_job j = {.at = at, .len = len, .out = out, .n = n};
+void wtx__delta_hash(const uint8_t *const *at, const wtx_tensor_meta *metas, size_t n,
+                     uint64_t *out) {
+  hash_job j = {.at = at, .metas = metas, .out = out, .n = n};
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   size_t k = cores > 1 ? (size_t)cores : 1;
   if (k > HASH_THREADS) k = HASH_THREADS;

@@ -26,10 +26,8 @@ typedef struct wtx__delta {
   int valid;
   uint64_t *hashes; /* this sync's: every tensor's XXH3-64 (the hash pass) */
   /* The hash pass's tensors that stay put until it ends, hashed together
-   * at its end (wtx__delta_hash): where and how long; NULL: hashed as it
-   * went. */
+   * at its end (wtx__delta_hash): where; NULL: hashed as it went. */
   const uint8_t **at;
-  uint64_t *len;
   /* The subset to send: metas[0..m) are the table's map[0..m), in order,
    * planned into chunks as the whole table is; patch[j] (NULL: whole) and
    * its bytes src[j] for a tensor sent as a patch. */
@@ -78,10 +76,11 @@ int wtx__delta_diff(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t max_by
  * patches: a patched tensor by this sync's patch, wtx__delta_diff's). */
 int wtx__delta_plan(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t buffer_size,
                     size_t max_params, int packed, int patches);
-/* out[i] = XXH3-64 of len[i] bytes at at[i], for each i with at[i] not
- * NULL, on a few threads (tensors are spread over them, each hashed
- * whole). */
-void wtx__delta_hash(const uint8_t *const *at, const uint64_t *len, size_t n, uint64_t *out);
+/* out[i] = XXH3-64 of metas[i].nbytes bytes at at[i], for each i with
+ * at[i] not NULL, on a few threads (tensors are spread over them, each
+ * hashed whole). */
+void wtx__delta_hash(const uint8_t *const *at, const wtx_tensor_meta *metas, size_t n,
+                     uint64_t *out);
 /* The sync landed on every replica: they serve hashes now (and prev,
  * when diffed: the sync ran wtx__delta_diff). */
 void wtx__delta_landed(wtx__delta *d, int diffed);

@@ -808,7 +808,6 @@ static int delta_hashes(wtx_trainer *t, void **iter) {
   if (rc != 0) return fail(t, rc, "source: cannot start a pass");
   for (size_t i = 0; i < t->n && rc == 0; i++) {
     t->dk.at[i] = NULL;
-    t->dk.len[i] = t->metas[i].nbytes;
     if ((rc = cursor_get(&c, i)) != 0) break;
     if (c.d.host == NULL && t->metas[i].nbytes > 0)
       rc = fail(t, WTX_ENOTSUP, "delta: '%s' cannot be read on the host to hash it",
@@ -819,7 +818,7 @@ static int delta_hashes(wtx_trainer *t, void **iter) {
       t->dk.hashes[i] = XXH3_64bits(c.d.host, t->metas[i].nbytes);
   }
   if (rc == 0) rc = cursor_end(&c);
-  if (rc == 0) wtx__delta_hash(t->dk.at, t->dk.len, t->n, t->dk.hashes);
+  if (rc == 0) wtx__delta_hash(t->dk.at, t->metas, t->n, t->dk.hashes);
   if (rc == 0 && iter != NULL) {
     *iter = c.iter; /* open: the diff reads the tensors that stay put */
     return 0;
