@@ -416,13 +416,10 @@ static grpc_status_code open_update(wtx_session *s, wtx__rpc_ctx *ctx,
  * tensors the trainer believes replaced. */
 static grpc_status_code check_base(wtx__rpc_ctx *ctx, const char *base, const char *serves) {
   if (base[0] == '\0' || strcmp(base, serves) == 0) return GRPC_STATUS_OK;
-  if (serves[0] == '\0')
-    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
-                              "base_version: the delta applies to version '%s', and this "
-                              "worker serves no version yet: send the whole model", base);
   return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
-                            "base_version: the delta applies to version '%s', and this "
-                            "worker serves '%s': send the whole model", base, serves);
+                             "base_version: the delta applies to version '%s', and this "
+                             "worker serves %s%s%s: send the whole model", base,
+                             serves[0] ? "'" : "no version yet", serves, serves[0] ? "'" : "");
 }
 
 static void served_label(wtx_session *s, wtx_target target, char *out, size_t len);
