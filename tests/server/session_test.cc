@@ -143,22 +143,14 @@ class SessionTest : public ::testing::Test {
   int Update(const std::vector<Tensor> &ts, bool corrupt = false,
              const Wtx__V1__ParamRange *range = nullptr,
              const std::vector<Wtx__V1__TensorPart *> *parts = nullptr) {
-    size_t total = 0;
-    for (auto &t : ts) total += t.data.size();
-    int fd = shm_open(region_.c_str(), O_RDWR | O_CREAT, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(0, ftruncate(fd, (off_t)(total ? total : 1)));
-    auto *buf = static_cast<uint8_t *>(
-        mmap(nullptr, total ? total : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    std::vector<uint8_t> bytes;
     std::vector<uint64_t> sums;
     std::vector<Wtx__V1__ParamMeta> pm(ts.size());
     std::vector<Wtx__V1__ParamMeta *> pmp(ts.size());
     std::vector<uint64_t> shapes(ts.size());
-    size_t off = 0;
     for (size_t i = 0; i < ts.size(); i++) {
-      memcpy(buf + off, ts[i].data.data(), ts[i].data.size());
+      bytes.insert(bytes.end(), ts[i].data.begin(), ts[i].data.end());
       sums.push_back(XXH3_64bits(ts[i].data.data(), ts[i].data.size()));
-      off += ts[i].data.size();
       wtx__v1__param_meta__init(&pm[i]);
       pm[i].name = const_cast<char *>(ts[i].name.c_str());
       pm[i].dtype = WTX__V1__DTYPE__DTYPE_FLOAT32;
@@ -168,11 +160,9 @@ class SessionTest : public ::testing::Test {
       pm[i].part = parts != nullptr ? (*parts)[i] : nullptr;
       pmp[i] = &pm[i];
     }
-    if (corrupt && total > 0) buf[total / 2] ^= 0x40;
-    Wtx__V1__ShmUpdateInfo su = WTX__V1__SHM_UPDATE_INFO__INIT;
-    su.region = const_cast<char *>(region_.c_str());
+    if (corrupt && !bytes.empty()) bytes[bytes.size() / 2] ^= 0x40;
     Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
-    ui.chunk_bytes = total;
+    ui.chunk_bytes = bytes.size();
     ui.xxh3_64 = sums.data();
     ui.n_xxh3_64 = sums.size();
     if (range != nullptr) {
@@ -181,10 +171,24 @@ class SessionTest : public ::testing::Test {
       ui.params = pmp.data();
       ui.n_params = pmp.size();
     }
-    ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_SHM;
-    ui.shm = &su;
-    int rc = SendUpdate(&ui);
-    munmap(buf, total ? total : 1);
+    return SendShm(bytes, &ui);
+  }
+
+  // UpdateWeights of ui, its chunk's bytes in the fixture's shm region.
+  int SendShm(const std::vector<uint8_t> &bytes, Wtx__V1__UpdateInfo *ui) {
+    size_t len = bytes.empty() ? 1 : bytes.size();
+    int fd = shm_open(region_.c_str(), O_RDWR | O_CREAT, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(0, ftruncate(fd, (off_t)len));
+    auto *buf = static_cast<uint8_t *>(
+        mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    if (!bytes.empty()) memcpy(buf, bytes.data(), bytes.size());
+    Wtx__V1__ShmUpdateInfo su = WTX__V1__SHM_UPDATE_INFO__INIT;
+    su.region = const_cast<char *>(region_.c_str());
+    ui->backend_case = WTX__V1__UPDATE_INFO__BACKEND_SHM;
+    ui->shm = &su;
+    int rc = SendUpdate(ui);
+    munmap(buf, len);
     close(fd);
     return rc;
   }
@@ -470,12 +474,6 @@ class PatchTest : public SessionTest {
   // UpdateWeights of one chunk holding patch p.
   int SendPatch(const PatchChunk &p) {
     std::vector<uint8_t> wire = p.Wire();
-    int fd = shm_open(region_.c_str(), O_RDWR | O_CREAT, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(0, ftruncate(fd, (off_t)wire.size()));
-    auto *buf = static_cast<uint8_t *>(
-        mmap(nullptr, wire.size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    memcpy(buf, wire.data(), wire.size());
     Wtx__V1__Patch patch = WTX__V1__PATCH__INIT;
     patch.index_dtype = (Wtx__V1__DType)p.index_dtype;
     patch.count = p.idx.size();
@@ -489,23 +487,15 @@ class PatchTest : public SessionTest {
     pm.patch = &patch;
     Wtx__V1__ParamMeta *pmp = &pm;
     uint64_t sum = XXH3_64bits(wire.data(), wire.size());
-    Wtx__V1__ShmUpdateInfo su = WTX__V1__SHM_UPDATE_INFO__INIT;
-    su.region = const_cast<char *>(region_.c_str());
     Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
     ui.params = &pmp;
     ui.n_params = 1;
     ui.chunk_bytes = wire.size() + p.bytes_delta;
     ui.xxh3_64 = &sum;
     ui.n_xxh3_64 = 1;
-    ui.backend_case = WTX__V1__UPDATE_INFO__BACKEND_SHM;
-    ui.shm = &su;
-    int rc = SendUpdate(&ui);
-    munmap(buf, wire.size());
-    close(fd);
-    return rc;
+    return SendShm(wire, &ui);
   }
   int StartDelta() { return Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, 0, "v1"); }
-  bool patches_ = false;
 };
 
 // A patch changes only its elements (a NaN among its values), the rest of
