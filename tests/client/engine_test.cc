@@ -1482,6 +1482,7 @@ class DeltaTest : public EngineTest {
     ASSERT_EQ(0, wtx_source_memory(ts_, kN, &src_, e, sizeof e)) << e;
   }
   void TearDown() override {
+    wtx_client_destroy(c_);
     wtx_source_destroy(src_);
     EngineTest::TearDown();
   }
@@ -1494,13 +1495,20 @@ class DeltaTest : public EngineTest {
     return Spawn({"--publish-dir", d});
   }
 
-  wtx_trainer *Trainer(wtx_client *c) {
+  // Two workers that write what they publish, and a client of both.
+  void TwoWorkers() {
+    ws_ = {SpawnPublishing(), SpawnPublishing()};
+    c_ = Client(ws_, 10000);
+  }
+
+  // A trainer of c in the test's delta mode, from src (NULL: the model).
+  wtx_trainer *Trainer(wtx_client *c, wtx_source *src = nullptr) {
     std::string backend = GetParam();
     wtx_trainer_config cfg = Config(backend, 64 << 10, 2, 10000);
     cfg.delta = mode_;
     wtx_trainer *t = nullptr;
     char e[1024] = "";
-    EXPECT_EQ(0, wtx_trainer_init(&cfg, c, src_, &t, e, sizeof e)) << e;
+    EXPECT_EQ(0, wtx_trainer_init(&cfg, c, src != nullptr ? src : src_, &t, e, sizeof e)) << e;
     return t;
   }
 
@@ -1573,6 +1581,8 @@ class DeltaTest : public EngineTest {
   wtx_memory_tensor ts_[kN];
   wtx_source *src_ = nullptr;
   std::vector<std::string> pubs_;
+  std::vector<Worker> ws_;
+  wtx_client *c_ = nullptr;
 
   void Sequence();
   void FailPartway();
@@ -1589,9 +1599,8 @@ TEST_P(DeltaTest, TenDeltasOfMixedKindsAsPatchesKeepEveryWorkerBitIdentical) {
 }
 
 void DeltaTest::Sequence() {
-  std::vector<Worker> ws = {SpawnPublishing(), SpawnPublishing()};
-  wtx_client *c = Client(ws, 10000);
-  wtx_trainer *t = Trainer(c);
+  TwoWorkers();
+  wtx_trainer *t = Trainer(c_);
   ASSERT_NE(nullptr, t);
   wtx_send_result res;
   Sync(t, "v0", &res);
@@ -1631,7 +1640,7 @@ void DeltaTest::Sequence() {
     EXPECT_EQ(bytes, res.bytes) << v;
     EXPECT_EQ(patched, res.patched_params) << v;
     EXPECT_EQ(kN - changed, res.skipped_params) << v;
-    for (const Worker &w : ws) EXPECT_EQ(v, Version(w));
+    for (const Worker &w : ws_) EXPECT_EQ(v, Version(w));
     patched_in_all += patched;
   }
   if (mode_ == WTX_DELTA_PATCHES) {
@@ -1642,28 +1651,26 @@ void DeltaTest::Sequence() {
   // A new trainer (a restarted one, or each `wtx push`) learns what the
   // workers serve from them and sends only what differs.
   data_[11][0] ^= 1;
-  t = Trainer(c);
+  t = Trainer(c_);
   ASSERT_NE(nullptr, t);
   Sync(t, "fresh", &res);
   EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
   EXPECT_EQ(1u, res.params);
   EXPECT_EQ(kN - 1, res.skipped_params);
   wtx_trainer_shutdown(t);
-  wtx_client_destroy(c);
 }
 
 // A worker that missed a step (another trainer published there) refuses
 // the delta by its base version before any byte moves, and the same sync
 // sends the whole model instead, saying why.
 TEST_P(DeltaTest, ADeltaToAWorkerThatMissedAStepFallsBackToTheWholeModel) {
-  std::vector<Worker> ws = {SpawnPublishing(), SpawnPublishing()};
-  wtx_client *c = Client(ws, 10000);
-  wtx_trainer *t = Trainer(c);
+  TwoWorkers();
+  wtx_trainer *t = Trainer(c_);
   ASSERT_NE(nullptr, t);
   wtx_send_result res;
   Sync(t, "v1", &res);
   // Another trainer (no delta) pushes other weights to worker 1 only.
-  wtx_client *other = Client({ws[1]}, 10000);
+  wtx_client *other = Client({ws_[1]}, 10000);
   std::vector<uint8_t> theirs[kN];
   wtx_memory_tensor tt[kN];
   for (size_t i = 0; i < kN; i++) {
@@ -1688,14 +1695,13 @@ TEST_P(DeltaTest, ADeltaToAWorkerThatMissedAStepFallsBackToTheWholeModel) {
   EXPECT_NE(nullptr, strstr(res.full_reason, "base_version")) << res.full_reason;
   EXPECT_NE(nullptr, strstr(res.full_reason, "'v1'")) << res.full_reason;
   EXPECT_NE(nullptr, strstr(res.full_reason, "'elsewhere'")) << res.full_reason;
-  for (const Worker &w : ws) EXPECT_EQ("v2", Version(w));
+  for (const Worker &w : ws_) EXPECT_EQ("v2", Version(w));
   // The whole model landed on both, so the next sync is a delta again.
   data_[4][0] ^= 1;
   Sync(t, "v3", &res);
   EXPECT_EQ(1, res.delta);
   EXPECT_EQ(1u, res.params);
   wtx_trainer_shutdown(t);
-  wtx_client_destroy(c);
 }
 
 // A delta that fails partway (the source fails in its send pass, after the
@@ -1711,17 +1717,12 @@ TEST_P(DeltaTest, APatchedDeltaThatFailsPartwayLeavesThePublishedVersionIntact) 
 }
 
 void DeltaTest::FailPartway() {
-  std::vector<Worker> ws = {SpawnPublishing(), SpawnPublishing()};
-  wtx_client *c = Client(ws, 10000);
+  TwoWorkers();
   FailingSource fs{src_};
   wtx_source *failing = nullptr;
   ASSERT_EQ(0, wtx_source_create(&kFailingOps, &fs, &failing));
-  std::string backend = GetParam();
-  wtx_trainer_config cfg = Config(backend, 64 << 10, 2, 10000);
-  cfg.delta = mode_;
-  wtx_trainer *t = nullptr;
-  char e[1024] = "";
-  ASSERT_EQ(0, wtx_trainer_init(&cfg, c, failing, &t, e, sizeof e)) << e;
+  wtx_trainer *t = Trainer(c_, failing);
+  ASSERT_NE(nullptr, t);
   wtx_send_options so = WTX_SEND_OPTIONS_INIT;
   so.version = "v1";
   ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, nullptr)) << wtx_trainer_last_error(t);
@@ -1733,8 +1734,8 @@ void DeltaTest::FailPartway() {
   EXPECT_NE(0, wtx_trainer_send_weights(t, &so, nullptr));
   EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), "iteration failed"))
       << wtx_trainer_last_error(t);
-  for (size_t k = 0; k < ws.size(); k++) {
-    EXPECT_EQ("v1", Version(ws[k]));
+  for (size_t k = 0; k < ws_.size(); k++) {
+    EXPECT_EQ("v1", Version(ws_[k]));
     EXPECT_EQ(v1, OnDisk(k, "v1"));
   }
   so.version = "v3";
@@ -1742,10 +1743,9 @@ void DeltaTest::FailPartway() {
   ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
   EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
   EXPECT_EQ(10u, res.params);
-  for (size_t k = 0; k < ws.size(); k++) EXPECT_EQ(Mine(), OnDisk(k, "v3"));
+  for (size_t k = 0; k < ws_.size(); k++) EXPECT_EQ(Mine(), OnDisk(k, "v3"));
   wtx_trainer_shutdown(t);
   wtx_source_destroy(failing);
-  wtx_client_destroy(c);
 }
 
 // The caller's own patches (vLLM's sparse_nccl trainer shape): they land
@@ -1753,9 +1753,8 @@ void DeltaTest::FailPartway() {
 // moves, and patches computed against another version than a worker
 // serves are refused by that worker with nothing applied anywhere.
 TEST_P(DeltaTest, TheCallersPatchesLandExactAndBadOnesAreRefusedBeforeAnyByteMoves) {
-  std::vector<Worker> ws = {SpawnPublishing(), SpawnPublishing()};
-  wtx_client *c = Client(ws, 10000);
-  wtx_trainer *t = Trainer(c);
+  TwoWorkers();
+  wtx_trainer *t = Trainer(c_);
   ASSERT_NE(nullptr, t);
   wtx_send_result res;
   Sync(t, "v1", &res);
@@ -1777,7 +1776,7 @@ TEST_P(DeltaTest, TheCallersPatchesLandExactAndBadOnesAreRefusedBeforeAnyByteMov
   EXPECT_EQ(3u * 8 + 2u * 9, res.bytes);
   for (size_t k = 0; k < 3; k++) Poke(0, fi[k], &fv[k]);
   for (size_t k = 0; k < 2; k++) Poke(2, bi[k], &bv[k]);
-  for (size_t k = 0; k < ws.size(); k++) EXPECT_EQ(Mine(), OnDisk(k, "p1"));
+  for (size_t k = 0; k < ws_.size(); k++) EXPECT_EQ(Mine(), OnDisk(k, "p1"));
 
   // Malformed: nothing moves, every worker stays on p1.
   std::vector<int32_t> twice = {3, 3}, back = {9, 2}, past = {0, 16 * 1024};
@@ -1804,15 +1803,15 @@ TEST_P(DeltaTest, TheCallersPatchesLandExactAndBadOnesAreRefusedBeforeAnyByteMov
     EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), names_[0].c_str()))
         << wtx_trainer_last_error(t);
   }
-  for (size_t k = 0; k < ws.size(); k++) {
-    EXPECT_EQ("p1", Version(ws[k]));
+  for (size_t k = 0; k < ws_.size(); k++) {
+    EXPECT_EQ("p1", Version(ws_[k]));
     EXPECT_EQ(Mine(), OnDisk(k, "p1"));
   }
 
   // Worker 1 moves on without this trainer: patches for p1 are refused
   // there, and worker 0 does not apply them either.
   std::string backend = GetParam();
-  wtx_client *other = Client({ws[1]}, 10000);
+  wtx_client *other = Client({ws_[1]}, 10000);
   std::string why;
   ASSERT_EQ(0, Push(other, src_, "elsewhere", 64 << 10, 2, 10000, &why)) << why;
   wtx_client_destroy(other);
@@ -1821,13 +1820,12 @@ TEST_P(DeltaTest, TheCallersPatchesLandExactAndBadOnesAreRefusedBeforeAnyByteMov
   EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), "'p1'")) << wtx_trainer_last_error(t);
   EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), "'elsewhere'"))
       << wtx_trainer_last_error(t);
-  EXPECT_EQ("p1", Version(ws[0]));
-  EXPECT_EQ("elsewhere", Version(ws[1]));
+  EXPECT_EQ("p1", Version(ws_[0]));
+  EXPECT_EQ("elsewhere", Version(ws_[1]));
   // The trainer's next delta sync learns what they serve and lands.
   data_[9][0] ^= 1;
   Sync(t, "v2", &res);
   wtx_trainer_shutdown(t);
-  wtx_client_destroy(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(HostBackends, DeltaTest, ::testing::Values("shm", "tcp"),
