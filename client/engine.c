@@ -577,6 +577,7 @@ typedef struct sync_state {
   int hashed;   /* the delta's hash pass ran (t->hashes) */
   int diffed;   /* and made this sync's patches (WTX_DELTA_PATCHES) */
   int caller;   /* the caller's patches (wtx_trainer_send_patches), no source */
+  int whole;    /* a delta's base was refused: the whole table this time */
   cursor c;
   int opened;
   int verify;
@@ -847,6 +848,7 @@ static int delta_patches(sync_state *s, void *iter) {
  * the sync must send the whole table. */
 static int delta_bases(sync_state *s) {
   wtx_trainer *t = s->t;
+  if (s->whole) return 0; /* full_reason says why already */
   if (s->o->target == WTX_TARGET_DRAFT) {
     snprintf(t->full_reason, sizeof t->full_reason, "delta: the draft model takes whole "
              "syncs only");
@@ -870,22 +872,6 @@ static int delta_bases(sync_state *s) {
   return ok;
 }
 
-/* A delta's start was refused (a replica serves another version than its
- * base): every update opened is aborted, as any failed sync's, and the
- * sessions made again (an abort ends a tcp stream), then the start, for
- * the whole table. */
-static int delta_refused(sync_state *s) {
-  wtx_trainer *t = s->t;
-  snprintf(t->full_reason, sizeof t->full_reason, "%s", wtx_client_last_error(t->client));
-  wtx__trainer_abort(t, "the delta was refused: sending the whole model instead");
-  t->dk.valid = 0;
-  s->delta = 0;
-  int rc = rendezvous(t);
-  if (rc != 0) return rc;
-  wtx__client_start_begin(t->client, s->o->target, t->n);
-  return wtx__client_start_end(t->client);
-}
-
 /* Steps 1-3 of a delta sync: the start, naming each replica's base, in
  * flight during the hash pass; then the subset whose hashes changed (or,
  * when a replica refused its base, the whole table). */
@@ -898,14 +884,19 @@ static int delta_begin(sync_state *s, int *lost) {
   int rc = s->hashed ? 0 : delta_hashes(t, &iter);
   s->hashed = rc == 0;
   int src = wtx__client_start_end(t->client);
-  if (src != 0 && s->delta &&
-      wtx_client_last_status(t->client) == GRPC_STATUS_FAILED_PRECONDITION)
-    src = delta_refused(s);
-  if (iter != NULL && (rc = delta_patches(s, iter)) != 0 && src == 0) return rc;
-  if (src != 0) {
-    *lost = session_lost(t->client);
-    return fail(t, src, "%s", wtx_client_last_error(t->client));
+  int refused = src != 0 && s->delta &&
+                wtx_client_last_status(t->client) == GRPC_STATUS_FAILED_PRECONDITION;
+  if (refused) {
+    /* A replica serves another version than its base: the start is made
+     * again, as a lost one is (sync_run), this time for the whole table. */
+    snprintf(t->full_reason, sizeof t->full_reason, "%s", wtx_client_last_error(t->client));
+    t->dk.valid = 0;
+    s->delta = 0;
+    s->whole = 1;
   }
+  *lost = src != 0 && (refused || session_lost(t->client));
+  if (iter != NULL && (rc = delta_patches(s, iter)) != 0 && src == 0) return rc;
+  if (src != 0) return fail(t, src, "%s", wtx_client_last_error(t->client));
   if (rc != 0) return rc;
   if (s->delta) {
     rc = wtx__delta_plan(&t->dk, t->metas, t->args.wire.buffer_size, CHUNK_PARAMS,
@@ -1001,10 +992,14 @@ static int sync_run(sync_state *s, int commit, char *version, size_t vlen) {
   wtx_trainer *t = s->t;
   int lost = 0;
   int rc = sync_begin(s, &lost);
-  if (lost) {
-    /* A worker restarted since the last sync no longer knows the session:
-     * one new rendezvous (its buffers are new), then start again. */
-    wtx__client_abort(t->client, "re-initializing: a worker lost its session");
+  /* A worker restarted since the last sync no longer knows the session,
+   * or refused a delta's base: every update opened is aborted (which ends
+   * a tcp stream), one new rendezvous (a restarted worker's buffers are
+   * new), then start again. Twice at most: a restarted worker serves no
+   * version, so the delta's next start may be refused in turn. */
+  for (int again = 0; lost && again < 2; again++) {
+    wtx__client_abort(t->client, "re-initializing: a worker lost its session or refused "
+                      "the delta's base");
     t->ready = 0;
     t->err[0] = '\0';
     sync_release(s);

@@ -1704,6 +1704,32 @@ TEST_P(DeltaTest, ADeltaToAWorkerThatMissedAStepFallsBackToTheWholeModel) {
   wtx_trainer_shutdown(t);
 }
 
+// A worker restarted between two syncs serves nothing: the delta's start
+// is made again, as after any lost session, and that sync sends the whole
+// model to every worker, saying why; the next is a delta again.
+TEST_P(DeltaTest, AWorkerRestartedBetweenDeltasGetsTheWholeModel) {
+  TwoWorkers();
+  wtx_trainer *t = Trainer(c_);
+  ASSERT_NE(nullptr, t);
+  wtx_send_result res;
+  Sync(t, "v1", &res);
+  int port = ws_[1].port;
+  Stop(workers_[1]);  // a new process on the same port, same publish dir
+  Worker again = Spawn({"--listen", "127.0.0.1:" + std::to_string(port), "--publish-dir",
+                        pubs_[1]});
+  ASSERT_EQ(port, again.port);
+  data_[6][0] ^= 1;
+  Sync(t, "v2", &res);
+  EXPECT_EQ(0, res.delta);
+  EXPECT_EQ(kN, res.params);
+  ASSERT_NE(nullptr, res.full_reason);
+  data_[7][0] ^= 1;
+  Sync(t, "v3", &res);
+  EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
+  EXPECT_EQ(1u, res.params);
+  wtx_trainer_shutdown(t);
+}
+
 // A delta that fails partway (the source fails in its send pass, after the
 // hash pass) leaves every worker's published version bit-exact, and the
 // next sync lands.
