@@ -19,7 +19,14 @@ pack_twopass=$(echo "$baseline" | awk '/^pack_twopass_gbps/ {print $2}')
 pack_kernel=$(echo "$baseline" | awk '/^pack_kernel/ {print $2}')
 tmp=$(mktemp -d)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
+# The workers stopped and tmp removed, at exit (a script may trap EXIT
+# itself and call this last).
+bench_cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap bench_cleanup EXIT
 start_worker() {
   local t0
   t0=$(date +%s%N)

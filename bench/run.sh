@@ -67,6 +67,9 @@ ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
 export WTX_BENCH_GOALS="$tmp/goals.tsv"
 : >"$WTX_BENCH_GOALS"
 exec 3>&1 >"$tmp/detail.txt"
+# A run that fails partway still shows what it measured, and why it stopped.
+trap 'rc=$?; if [ $rc -ne 0 ]; then exec 1>&3; cat "$tmp/detail.txt";
+      echo "bench/run.sh: stopped (exit $rc); the detail so far is above" >&2; fi; bench_cleanup' EXIT
 
 echo "# wtx benchmark  $(date -u +%F)  $(nproc) cores  $(free -g | awk '/Mem:/ {print $2}') GiB  quick=$quick"
 echo "baseline memcpy: fresh $base GB/s, warm $base_warm GB/s, warm in 256 KiB pieces $base_pieces GB/s"
