@@ -15,6 +15,7 @@
 #include "common/random.h"
 #include "common/text.h"
 #include "server/session.h"
+#include "server/store.h"
 
 /* The next table id (wtx_model_ops.check_range): unique in the process,
  * whatever the number of sessions sharing a model. */
@@ -1228,13 +1229,10 @@ static grpc_status_code handle_finish(wtx__rpc_ctx *ctx,
 
 /* The label target's weights are published under now. Caller holds mu. */
 static void served_label(wtx_session *s, wtx_target target, char *out, size_t len) {
-  wtx_store_view v;
-  if (s->cfg.store != NULL && wtx_store_acquire(s->cfg.store, target, &v) == 0) {
-    snprintf(out, len, "%s", v.version);
-    wtx_store_release(s->cfg.store, &v);
-  } else {
+  if (s->cfg.store != NULL)
+    wtx__store_version(s->cfg.store, target, out, len);
+  else
     snprintf(out, len, "%s", s->tb.label[target == WTX_TARGET_DRAFT]);
-  }
 }
 
 /* Undoes the update this session published last (an Abort naming it: its

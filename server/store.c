@@ -1157,6 +1157,13 @@ const wtx_model_ops wtx_store_model_ops = {
     .read = store_read,
 };
 
+void wtx__store_version(wtx_store *s, wtx_target target, char *out, size_t len) {
+  pthread_mutex_lock(&s->mu);
+  const snapshot *snap = PUB(s, target);
+  snprintf(out, len, "%s", snap != NULL ? snap->version : "");
+  pthread_mutex_unlock(&s->mu);
+}
+
 int wtx_store_acquire(wtx_store *s, wtx_target target, wtx_store_view *out) {
   if (target != WTX_TARGET_MAIN && target != WTX_TARGET_DRAFT) return WTX_EINVAL;
   memset(out, 0, sizeof *out);

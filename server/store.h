@@ -3,6 +3,7 @@
 #ifndef WTX_SERVER_STORE_H
 #define WTX_SERVER_STORE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "wtx/worker.h"
@@ -23,6 +24,11 @@ uint64_t wtx__store_allocated_bytes(wtx_store *s);
  * the version before last, once no reader holds it), not counting those
  * an update in progress has taken for its staging. */
 uint64_t wtx__store_pooled_bytes(wtx_store *s);
+
+/* The label target's weights are published under ("" before the first
+ * publish), into out: without a reader's view, which the first
+ * wtx_store_acquire of a version builds (a tensor at a time). */
+void wtx__store_version(wtx_store *s, wtx_target target, char *out, size_t len);
 
 #ifdef __cplusplus
 }
