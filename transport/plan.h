@@ -127,6 +127,22 @@ void wtx_slice_box(const wtx_tensor_meta *m, const wtx_slice *s, wtx_box *out);
  * row-major tensor holding exactly part (the wire's form of a piece). */
 void wtx_box_copy(void *dst, const wtx_box *dst_box, const void *src,
                   const wtx_box *src_box, const wtx_box *part, size_t elsize);
+/* Marks part's elements in bits, one bit per element of a row-major tensor
+ * holding box outer (part lies in it; bits has room for them all):
+ * WTX_EEXIST, with nothing marked, when any was marked already. A worker
+ * receiving a tensor in boxes (UpdateInfo.box) marks each as it comes, so
+ * none overlaps another and, once their bytes add up, they cover it. */
+int wtx_box_mark(uint64_t *bits, const wtx_box *outer, const wtx_box *part);
+/* Cuts box b (elsize bytes an element) into boxes of at most max bytes
+ * (one element where one is more), in row-major order, so that each is
+ * one run of b's packed bytes and follows the one before: along b's first
+ * dim of more than one entry, as many whole slabs as fit; where one slab
+ * is over max, each slab is cut so along the next dim. Calls fn for each
+ * (part lies in b), stopping at its first non-zero answer, which it
+ * returns. How many senders cut a piece that travels as boxes into
+ * chunks (UpdateInfo.box). */
+int wtx_box_cut(const wtx_box *b, size_t elsize, uint64_t max,
+                int (*fn)(void *arg, const wtx_box *part), void *arg);
 
 /* What a plan is made from; every pointer is borrowed for the call. */
 typedef struct wtx_plan_input {

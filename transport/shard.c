@@ -166,33 +166,111 @@ void wtx_slice_box(const wtx_tensor_meta *m, const wtx_slice *s, wtx_box *out) {
   }
 }
 
-void wtx_box_copy(void *dst, const wtx_box *dst_box, const void *src, const wtx_box *src_box,
-                  const wtx_box *part, size_t elsize) {
-  if (dst_box == NULL) dst_box = part;
-  if (src_box == NULL) src_box = part;
+/* Calls fn for each contiguous run of part's elements, in row-major order,
+ * with each run's first element's offset in a and in b (row-major tensors
+ * holding boxes a and b; part lies in both) and its length: the innermost
+ * dim, merged outwards over dims part spans whole in both. Stops at fn's
+ * first non-zero answer, and returns it. */
+static int each_run(const wtx_box *a, const wtx_box *b, const wtx_box *part,
+                    int (*fn)(void *arg, uint64_t in_a, uint64_t in_b, uint64_t n),
+                    void *arg) {
   size_t nd = part->ndim;
-  if (wtx_box_elements(part) == 0) return;
-  /* The contiguous run: the innermost dim, merged outwards over dims that
-   * part spans whole in both tensors. */
+  if (wtx_box_elements(part) == 0) return 0;
   size_t k = nd > 0 ? nd - 1 : 0;
   uint64_t run = nd > 0 ? part->len[k] : 1;
-  while (k > 0 && part->len[k] == src_box->len[k] && part->len[k] == dst_box->len[k]) {
+  while (k > 0 && part->len[k] == a->len[k] && part->len[k] == b->len[k]) {
     k--;
     run *= part->len[k];
   }
   uint64_t idx[WTX_MAX_DIMS];
   memcpy(idx, part->lo, sizeof(uint64_t) * nd);
   for (;;) {
-    memcpy((uint8_t *)dst + offset_in(dst_box, idx) * elsize,
-           (const uint8_t *)src + offset_in(src_box, idx) * elsize, run * elsize);
+    int rc = fn(arg, offset_in(a, idx), offset_in(b, idx), run);
+    if (rc != 0) return rc;
     size_t d = k; /* odometer over dims [0, k) */
     for (;;) {
-      if (d == 0) return;
+      if (d == 0) return 0;
       d--;
       if (++idx[d] < part->lo[d] + part->len[d]) break;
       idx[d] = part->lo[d];
     }
   }
+}
+
+typedef struct copy_arg {
+  uint8_t *dst;
+  const uint8_t *src;
+  size_t elsize;
+} copy_arg;
+
+static int copy_run(void *arg, uint64_t in_dst, uint64_t in_src, uint64_t n) {
+  const copy_arg *c = arg;
+  memcpy(c->dst + in_dst * c->elsize, c->src + in_src * c->elsize, n * c->elsize);
+  return 0;
+}
+
+void wtx_box_copy(void *dst, const wtx_box *dst_box, const void *src, const wtx_box *src_box,
+                  const wtx_box *part, size_t elsize) {
+  copy_arg c = {dst, src, elsize};
+  each_run(dst_box != NULL ? dst_box : part, src_box != NULL ? src_box : part, part, copy_run,
+           &c);
+}
+
+/* Bits [lo, lo + n) of b: whether any is set (test), or set them. */
+static int bits_run(uint64_t *b, uint64_t lo, uint64_t n, int test) {
+  while (n > 0) {
+    uint64_t w = lo / 64, at = lo % 64, k = 64 - at < n ? 64 - at : n;
+    uint64_t mask = (k == 64 ? ~(uint64_t)0 : (((uint64_t)1 << k) - 1)) << at;
+    if (test && (b[w] & mask) != 0) return 1;
+    if (!test) b[w] |= mask;
+    lo += k;
+    n -= k;
+  }
+  return 0;
+}
+
+static int test_run(void *bits, uint64_t in_outer, uint64_t unused, uint64_t n) {
+  (void)unused;
+  return bits_run(bits, in_outer, n, 1) ? WTX_EEXIST : 0;
+}
+
+static int set_run(void *bits, uint64_t in_outer, uint64_t unused, uint64_t n) {
+  (void)unused;
+  return bits_run(bits, in_outer, n, 0);
+}
+
+int wtx_box_mark(uint64_t *bits, const wtx_box *outer, const wtx_box *part) {
+  int rc = each_run(outer, outer, part, test_run, bits);
+  return rc != 0 ? rc : each_run(outer, outer, part, set_run, bits);
+}
+
+int wtx_box_cut(const wtx_box *b, size_t elsize, uint64_t max,
+                int (*fn)(void *arg, const wtx_box *part), void *arg) {
+  size_t d = 0;
+  while (d < b->ndim && b->len[d] == 1) d++;
+  uint64_t slab = elsize;
+  for (size_t e = d + 1; e < b->ndim; e++) slab *= b->len[e];
+  if (d + 1 < b->ndim && slab > max) { /* a slab at a time, cut further */
+    for (uint64_t i = 0; i < b->len[d]; i++) {
+      wtx_box one = *b;
+      one.lo[d] += i;
+      one.len[d] = 1;
+      int rc = wtx_box_cut(&one, elsize, max, fn, arg);
+      if (rc != 0) return rc;
+    }
+    return 0;
+  }
+  uint64_t units = d < b->ndim ? b->len[d] : 1, per = slab < max ? max / slab : 1;
+  for (uint64_t i = 0; i < units; i += per) {
+    wtx_box part = *b;
+    if (d < b->ndim) {
+      part.lo[d] += i;
+      part.len[d] = units - i < per ? units - i : per;
+    }
+    int rc = fn(arg, &part);
+    if (rc != 0) return rc;
+  }
+  return 0;
 }
 
 /* ---- tensor-parallel slices from rules ---- */

@@ -604,6 +604,65 @@ TEST(Plan, ABoxIsContiguousWhenEveryDimAfterItsFirstCutIsWhole) {
   EXPECT_EQ(0, wtx_box_contiguous(&outer, &cols, &at));
 }
 
+// Random boxes in random tensors, random limits: the cuts lie in the box,
+// each within the limit (or one element), each the next run of the box's
+// packed bytes, and together they are the box (each element once).
+TEST(Plan, PropertyBoxCutsAreTheBoxsPackedBytesInOrderWithinTheLimit) {
+  std::mt19937 rng(11);
+  for (int iter = 0; iter < 400; iter++) {
+    size_t nd = rng() % 4, es = size_t{1} << (rng() % 3);
+    wtx_box b{nd, {}, {}};
+    for (size_t d = 0; d < nd; d++) {
+      b.lo[d] = rng() % 3;
+      b.len[d] = 1 + rng() % 6;
+    }
+    uint64_t max = 1 + rng() % 200;
+    // Each element of b, numbered in b's own packing.
+    uint64_t n = wtx_box_elements(&b);
+    std::vector<uint32_t> packed(n);
+    for (uint64_t i = 0; i < n; i++) packed[i] = static_cast<uint32_t>(i);
+    struct Seen {
+      const wtx_box *b;
+      const std::vector<uint32_t> *packed;
+      uint64_t next = 0, max, es;
+      bool ok = true;
+    } seen{&b, &packed, 0, max, es};
+    auto each = [](void *arg, const wtx_box *part) {
+      Seen *s = static_cast<Seen *>(arg);
+      uint64_t k = wtx_box_elements(part);
+      for (size_t d = 0; d < part->ndim; d++)
+        if (part->lo[d] < s->b->lo[d] || part->lo[d] + part->len[d] > s->b->lo[d] + s->b->len[d])
+          s->ok = false;
+      if (k == 0 || (k > 1 && k * s->es > s->max)) s->ok = false;
+      // Gathered out of b's packing, the cut is elements [next, next + k).
+      std::vector<uint32_t> got(k);
+      wtx_box_copy(got.data(), nullptr, s->packed->data(), s->b, part, sizeof(uint32_t));
+      for (uint64_t i = 0; i < k; i++)
+        if (got[i] != s->next + i) s->ok = false;
+      s->next += k;
+      return 0;
+    };
+    ASSERT_EQ(0, wtx_box_cut(&b, es, max, each, &seen));
+    EXPECT_TRUE(seen.ok) << "iteration " << iter << ", max " << max;
+    EXPECT_EQ(n, seen.next) << "iteration " << iter;
+  }
+}
+
+TEST(Plan, BoxMarksRefuseAnOverlapAndMarkNothingThen) {
+  wtx_box outer{2, {0, 0}, {4, 70}};  // rows of 70: runs cross 64-bit words
+  std::vector<uint64_t> bits((4 * 70 + 63) / 64, 0);
+  wtx_box left{2, {0, 0}, {4, 35}}, right{2, {0, 35}, {4, 35}}, mid{2, {1, 30}, {2, 10}};
+  EXPECT_EQ(0, wtx_box_mark(bits.data(), &outer, &left));
+  std::vector<uint64_t> before = bits;
+  EXPECT_EQ(WTX_EEXIST, wtx_box_mark(bits.data(), &outer, &mid));
+  EXPECT_EQ(before, bits) << "a refused box marks nothing";
+  EXPECT_EQ(0, wtx_box_mark(bits.data(), &outer, &right));
+  uint64_t set = 0;
+  for (uint64_t w : bits) set += static_cast<uint64_t>(__builtin_popcountll(w));
+  EXPECT_EQ(4u * 70, set) << "two halves cover the tensor";
+  EXPECT_EQ(WTX_EEXIST, wtx_box_mark(bits.data(), &outer, &right));
+}
+
 TEST(Plan, ShardRulesGiveTensorParallelSlices) {
   const char *text =
       "*.k_proj.weight dim 0 unit 4\n"
