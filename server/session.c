@@ -53,6 +53,7 @@ static wtx__end failure_kind(int rc) {
 /* An update as none has begun: every field at its start, the memory of
  * its params' layout kept for the next. */
 static void update_reset(wtx__update *u) {
+  free(u->boxed.bits);
   wtx__layout cur = u->cur;
   wtx__layout_clear(&cur);
   *u = (wtx__update){.by_range = -1, .cur = cur};
@@ -571,10 +572,19 @@ typedef struct wtx__chunk {
     uint8_t *wire;  /* the patch, received (malloc'd) */
   } *patches;
   size_t n_patches;
+  /* A box of one tensor (UpdateInfo.box): its box in the tensor, the
+   * tensor's, and its bytes, received into wire, then scattered into the
+   * tensor's staging. */
+  struct {
+    wtx_box box, whole;
+    uint64_t bytes;
+    uint8_t *wire;
+  } boxed;
   char err[1600];
 } chunk;
 
 static void chunk_free(chunk *c) {
+  free(c->boxed.wire);
   for (size_t k = 0; k < c->n_patches; k++) free(c->patches[k].wire);
   free(c->patches);
 }
@@ -707,9 +717,27 @@ static int scratch_grow(wtx_session *s, size_t n) {
   return 0;
 }
 
+/* A box chunk's frame: one tensor, from its first byte, staged on the
+ * host, where its box is scattered into the tensor. */
+static int box_frame(wtx_session *s, chunk *c) {
+  if (c->n != 1 || c->ui->first_param_offset != 0) {
+    snprintf(c->err, sizeof c->err, "update_info.box: a box chunk carries one tensor from its "
+             "first byte (this one names %zu, first_param_offset %llu)", c->n,
+             (unsigned long long)c->ui->first_param_offset);
+    return WTX_EINVAL;
+  }
+  if (s->region != NULL || s->stage_device >= 0) {
+    snprintf(c->err, sizeof c->err, "update_info.box: this worker stages on a GPU, and boxes "
+             "are scattered into staging on the host only");
+    return WTX_ENOTSUP;
+  }
+  return 0;
+}
+
 /* Step 1: the chunk's shape as a whole, and its tensors' memory. */
 static int chunk_check_frame(wtx_session *s, chunk *c) {
   const Wtx__V1__UpdateInfo *ui = c->ui;
+  int rc;
   c->by_range = ui != NULL && ui->layout != NULL;
   c->n = ui == NULL ? 0 : c->by_range ? ui->layout->count : ui->n_params;
   const char *field = c->by_range ? "update_info.layout.count" : "update_info.params";
@@ -734,6 +762,7 @@ static int chunk_check_frame(wtx_session *s, chunk *c) {
              "backend is %s)", member != NULL ? member : "backend", s->transport->name);
     return WTX_EINVAL;
   }
+  if (ui->box != NULL && (rc = box_frame(s, c)) != 0) return rc;
   if (c->n > s->sc.n && scratch_grow(s, c->n) != 0) return WTX_ENOMEM;
   c->rt = s->sc.rt; /* every field set by chunk_stage */
   c->dst = s->sc.dst;
@@ -760,10 +789,130 @@ static int check_limits(wtx_session *s, chunk *c) {
   return 0;
 }
 
+/* ---- tensors sent in boxes (UpdateInfo.box) ---- */
+
+/* The open boxed tensor's meta: in this update's params, or in the table
+ * its layout ranges name. */
+static const wtx_tensor_meta *boxed_meta(const wtx_session *s) {
+  const wtx__layout *l = s->up.by_range == 1
+                             ? &s->tb.table[s->up.target == WTX_TARGET_DRAFT]
+                             : &s->up.cur;
+  return &l->metas[s->up.boxed.pos];
+}
+
+/* Whether this chunk continues the open boxed tensor (*boxed); while one
+ * is open, nothing else may come until its boxes cover it. */
+static int box_next(wtx_session *s, chunk *c, int *boxed) {
+  *boxed = s->up.boxed.open;
+  if (!*boxed || c->ui->box != NULL) return 0;
+  const wtx_tensor_meta *m = boxed_meta(s);
+  snprintf(c->err, sizeof c->err, "update_info.box: '%s' came in boxes, %llu of its %llu "
+           "bytes so far; its boxes cover it before the next tensor begins", m->name,
+           (unsigned long long)s->up.boxed.covered, (unsigned long long)m->nbytes);
+  return WTX_EINVAL;
+}
+
+/* A chunk of params continuing the open boxed tensor names it again. */
+static int box_same(wtx_session *s, chunk *c) {
+  const wtx_tensor_meta *m = boxed_meta(s);
+  if (strcmp(m->name, c->metas[0].name) == 0 && m->nbytes == c->metas[0].nbytes) return 0;
+  snprintf(c->err, sizeof c->err, "update_info.params[0]: '%s' came in boxes, %llu of its "
+           "%llu bytes so far; its boxes cover it before the next tensor begins", m->name,
+           (unsigned long long)s->up.boxed.covered, (unsigned long long)m->nbytes);
+  return WTX_EINVAL;
+}
+
+/* The chunk's box into c->boxed: within its tensor (c->metas[0]). */
+static int box_read(chunk *c) {
+  const Wtx__V1__Box *bx = c->ui->box;
+  const wtx_tensor_meta *m = &c->metas[0];
+  if (bx->n_offset != m->ndim || bx->n_shape != m->ndim) {
+    snprintf(c->err, sizeof c->err, "update_info.box: offset and shape need %zu entries each, "
+             "as '%s' has dims", m->ndim, m->name);
+    return WTX_EINVAL;
+  }
+  wtx_box_whole(m, &c->boxed.whole);
+  c->boxed.box.ndim = m->ndim;
+  for (size_t d = 0; d < m->ndim; d++) {
+    if (bx->shape[d] == 0 || bx->offset[d] > m->shape[d] ||
+        bx->shape[d] > m->shape[d] - bx->offset[d]) {
+      snprintf(c->err, sizeof c->err, "update_info.box: dim %zu [%llu, +%llu) is not within "
+               "'%s''s %llu (a box holds at least one element per dim)", d,
+               (unsigned long long)bx->offset[d], (unsigned long long)bx->shape[d], m->name,
+               (unsigned long long)m->shape[d]);
+      return WTX_EINVAL;
+    }
+    c->boxed.box.lo[d] = bx->offset[d];
+    c->boxed.box.len[d] = bx->shape[d];
+  }
+  c->boxed.bytes = wtx_box_elements(&c->boxed.box) * wtx_dtype_size(m->dtype);
+  if (c->ui->chunk_bytes == 0 || c->ui->chunk_bytes == c->boxed.bytes) return 0;
+  snprintf(c->err, sizeof c->err, "update_info.chunk_bytes: %llu, and the box of '%s' holds "
+           "%llu", (unsigned long long)c->ui->chunk_bytes, m->name,
+           (unsigned long long)c->boxed.bytes);
+  return WTX_EINVAL;
+}
+
+/* The chunk's box, checked and marked in its tensor's elements received
+ * so far; its tensor opens with its first box (boxed: it is open). */
+static int box_check(wtx_session *s, chunk *c, int boxed) {
+  struct wtx__boxed *b = &s->up.boxed;
+  if (!c->by_range && c->ui->params[0]->patch != NULL) {
+    snprintf(c->err, sizeof c->err, "update_info.box: '%s' is a patch, which travels whole",
+             c->metas[0].name);
+    return WTX_EINVAL;
+  }
+  int rc = box_read(c);
+  if (rc != 0) return rc;
+  if (!boxed) {
+    uint64_t words = (wtx_box_elements(&c->boxed.whole) + 63) / 64;
+    if ((b->bits = calloc(words ? words : 1, sizeof *b->bits)) == NULL) return WTX_ENOMEM;
+    b->open = 1;
+    b->pos = c->by_range ? c->ui->layout->first : s->up.cur.n - 1;
+  }
+  if (wtx_box_mark(b->bits, &c->boxed.whole, &c->boxed.box) != 0) {
+    snprintf(c->err, sizeof c->err, "update_info.box: overlaps a box of '%s' sent before",
+             c->metas[0].name);
+    return WTX_EINVAL;
+  }
+  b->covered += c->boxed.bytes;
+  return 0;
+}
+
+/* The box's bytes are received apart, then scattered into its tensor's
+ * staging, which its first box staged. */
+static int box_stage(wtx_session *s, chunk *c) {
+  s->up.boxed.dst = c->rt[0].dst;
+  if ((c->boxed.wire = malloc(c->boxed.bytes)) == NULL) return WTX_ENOMEM;
+  c->rt[0].dst = c->boxed.wire;
+  c->rt[0].nbytes = c->boxed.bytes;
+  return 0;
+}
+
+/* The received box into its tensor's staging. Until its boxes cover it
+ * the tensor is not complete (*done 0); once they do, *sums (when not
+ * NULL) becomes its whole checksum, read back as span sums' are. */
+static void box_scatter(wtx_session *s, chunk *c, size_t *done, const uint64_t **sums) {
+  struct wtx__boxed *b = &s->up.boxed;
+  const wtx_tensor_meta *m = &c->metas[0];
+  wtx_box_copy(b->dst, &c->boxed.whole, c->boxed.wire, NULL, &c->boxed.box,
+               wtx_dtype_size(m->dtype));
+  if (b->covered < m->nbytes) {
+    *done = 0;
+    return;
+  }
+  if (*sums != NULL) {
+    s->sc.sums[0] = XXH3_64bits(b->dst, m->nbytes);
+    *sums = s->sc.sums;
+  }
+  free(b->bits);
+  *b = (struct wtx__boxed){0};
+}
+
 /* Step 2, for a chunk named by range: the range is the next of this
  * update in the table the worker announced; its tensors, valid when that
  * update sent them, are checked against the model again. */
-static int chunk_check_range(wtx_session *s, chunk *c) {
+static int chunk_check_range(wtx_session *s, chunk *c, int boxed) {
   const Wtx__V1__ParamRange *r = c->ui->layout;
   int t = s->up.target == WTX_TARGET_DRAFT;
   const wtx__layout *l = &s->tb.table[t];
@@ -773,7 +922,7 @@ static int chunk_check_range(wtx_session *s, chunk *c) {
              (unsigned long long)r->table_xxh3, (unsigned long long)s->tb.xxh3[t], l->n);
     return WTX_ESTATE;
   }
-  int continues = c->ui->first_param_offset > 0;
+  int continues = c->ui->first_param_offset > 0 || boxed;
   size_t want = continues && s->up.range_next > 0 ? s->up.range_next - 1 : s->up.range_next;
   if (r->first != want || (uint64_t)r->first + r->count > l->n) {
     snprintf(c->err, sizeof c->err, "update_info.layout: [%u, +%u) must start at %zu "
@@ -788,11 +937,10 @@ static int chunk_check_range(wtx_session *s, chunk *c) {
   return check_limits(s, c);
 }
 
-/* Step 2: every tensor valid and new to this update, before any byte moves.
- * A tensor continued from the previous chunk is not new. */
-static int chunk_check_tensors(wtx_session *s, chunk *c) {
-  s->up.by_range = c->by_range;
-  if (c->by_range) return chunk_check_range(s, c);
+/* Step 2, for a chunk of params: every tensor valid and new to this
+ * update. A tensor continued from the previous chunk, or the next box of
+ * the boxed tensor open (boxed), is not new. */
+static int chunk_check_params(wtx_session *s, chunk *c, int boxed) {
   uint64_t have = 0, want = 0;
   const char *carry = wtx__rx_incomplete(s->rx, &have, &want);
   for (size_t i = 0; i < c->n; i++) {
@@ -802,6 +950,8 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
     if (rc != 0) return rc;
     int continues = i == 0 && c->ui->first_param_offset > 0 && carry != NULL &&
                     strcmp(carry, c->metas[0].name) == 0;
+    if (boxed && (rc = box_same(s, c)) != 0) return rc;
+    continues |= boxed;
     if (c->ui->params[i]->patch != NULL && (rc = check_patch(s, c, i, continues)) != 0)
       return rc;
     if (continues) continue;
@@ -817,6 +967,17 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
   }
   int rc = s->steps.check_chunk != NULL ? s->steps.check_chunk(s, c) : 0;
   return rc != 0 ? rc : check_limits(s, c);
+}
+
+/* Step 2: every tensor valid and new to this update, before any byte
+ * moves; a box within its tensor and clear of its earlier boxes. */
+static int chunk_check_tensors(wtx_session *s, chunk *c) {
+  int boxed;
+  int rc = box_next(s, c, &boxed);
+  if (rc != 0) return rc;
+  s->up.by_range = c->by_range;
+  rc = c->by_range ? chunk_check_range(s, c, boxed) : chunk_check_params(s, c, boxed);
+  return rc != 0 || c->ui->box == NULL ? rc : box_check(s, c, boxed);
 }
 
 /* A tensor beginning at byte `at` of the update's stream, staged in place
@@ -923,7 +1084,12 @@ static int chunk_stage(wtx_session *s, chunk *c) {
   /* A tensor continued from the chunk before is staged already. */
   size_t first = ui->first_param_offset > 0;
   if (first) c->rt[0].dst = s->up.carry_dst;
+  if (ui->box != NULL && s->up.boxed.dst != NULL) { /* staged by its first box */
+    c->rt[0].dst = s->up.boxed.dst;
+    first = 1;
+  }
   int rc = s->steps.stage(s, c, first, first ? at + c->metas[0].nbytes : at);
+  if (rc == 0 && ui->box != NULL) rc = box_stage(s, c);
   if (rc == 0 && c->n_patches > 0) rc = stage_patches(c);
   if (rc != 0) return rc;
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
@@ -1011,12 +1177,13 @@ static int chunk_loaded(wtx_session *s, chunk *c) {
   size_t done = wtx__rx_completed(s->rx);
   const uint64_t *sums = wtx__rx_whole_sums(s->rx) ? wtx__rx_checksums(s->rx) : NULL;
   int rc = c->n_patches > 0 ? apply_patches(s, c, done, &sums) : 0;
+  if (c->ui->box != NULL && done == 1) box_scatter(s, c, &done, &sums);
   if (rc == 0)
     rc = s->steps.loaded(s, c, done, sums);
   if (rc != 0) return rc;
   s->up.staged_params += done;
   for (size_t i = 0; i < done; i++) s->up.staged_bytes += c->metas[i].nbytes;
-  if (done < c->n) s->up.carry_dst = c->rt[c->n - 1].dst;
+  if (done < c->n && c->ui->box == NULL) s->up.carry_dst = c->rt[c->n - 1].dst;
   if (s->up.abort_requested) {
     snprintf(c->err, sizeof c->err, "aborted while receiving");
     return WTX_EABORTED;
@@ -1089,6 +1256,11 @@ static grpc_status_code prepare_locked(wtx_session *s, wtx__rpc_ctx *ctx, const 
   uint64_t have, want;
   const char *carry = wtx__rx_incomplete(s->rx, &have, &want);
   char why[1200] = "";
+  if (carry == NULL && s->up.boxed.open) {
+    carry = boxed_meta(s)->name;
+    have = s->up.boxed.covered;
+    want = boxed_meta(s)->nbytes;
+  }
   if (carry != NULL) {
     snprintf(why, sizeof why, "tensor '%s' is incomplete: %llu of %llu bytes", carry,
              (unsigned long long)have, (unsigned long long)want);

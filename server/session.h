@@ -83,6 +83,17 @@ typedef struct wtx__update {
   int by_range;      /* -1 not yet known, 0 params, 1 layout ranges */
   size_t range_next; /* the next position a range of this update starts at */
   uint8_t *carry_dst; /* staging of a tensor continued by the next chunk */
+  /* A tensor sent in boxes (UpdateInfo.box), open from its first box until
+   * its boxes cover it: its position in cur (params) or in the table named
+   * (layout), its staging, its elements received so far (a bit each, so
+   * no box overlaps another) and their bytes. */
+  struct wtx__boxed {
+    int open;
+    size_t pos;
+    uint8_t *dst;
+    uint64_t *bits;
+    uint64_t covered;
+  } boxed;
   /* Its params (duplicates are found here); its memory is kept from one
    * update to the next. */
   wtx__layout cur;

@@ -574,6 +574,143 @@ TEST_F(PatchTest, MalformedPatchesAreRefusedWithNothingApplied) {
   ExpectV1Intact();
 }
 
+// Tensors sent in boxes (UpdateInfo.box), as many senders send a piece
+// that is not one run of what a worker keeps: a float32 4x6 tensor "m".
+class BoxTest : public SessionTest {
+ protected:
+  struct Box {
+    uint64_t lo[2], len[2];
+  };
+  static std::vector<uint8_t> Full(uint8_t fill) { return T("m", 24, fill).data; }
+  // One chunk: box b of "m" (its bytes gathered from full), named by
+  // params, or by position when range is given; n_params 2 names "m" and
+  // "b"; chunk_bytes 0 says the box's own.
+  int SendBox(const std::vector<uint8_t> &full, Box b, const Wtx__V1__ParamRange *range = nullptr,
+              size_t n_params = 1, uint64_t chunk_bytes = 0) {
+    std::vector<uint8_t> bytes;
+    for (uint64_t i = b.lo[0]; i < b.lo[0] + b.len[0]; i++)
+      for (uint64_t j = b.lo[1]; j < b.lo[1] + b.len[1]; j++)
+        if (i < 4 && j < 6) bytes.insert(bytes.end(), &full[(i * 6 + j) * 4], &full[(i * 6 + j) * 4 + 4]);
+    uint64_t sum = XXH3_64bits(bytes.data(), bytes.size());
+    uint64_t shape[2] = {4, 6}, bshape = 8;
+    Wtx__V1__ParamMeta pm[2];
+    Wtx__V1__ParamMeta *pmp[2] = {&pm[0], &pm[1]};
+    for (Wtx__V1__ParamMeta &p : pm) {
+      wtx__v1__param_meta__init(&p);
+      p.dtype = WTX__V1__DTYPE__DTYPE_FLOAT32;
+    }
+    pm[0].name = const_cast<char *>("m");
+    pm[0].shape = shape;
+    pm[0].n_shape = 2;
+    pm[1].name = const_cast<char *>("b");
+    pm[1].shape = &bshape;
+    pm[1].n_shape = 1;
+    Wtx__V1__Box box = WTX__V1__BOX__INIT;
+    box.offset = b.lo;
+    box.n_offset = 2;
+    box.shape = b.len;
+    box.n_shape = 2;
+    Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+    ui.box = &box;
+    ui.chunk_bytes = chunk_bytes;
+    ui.xxh3_64 = &sum;
+    ui.n_xxh3_64 = 1;
+    if (range != nullptr) {
+      ui.layout = const_cast<Wtx__V1__ParamRange *>(range);
+    } else {
+      ui.params = pmp;
+      ui.n_params = n_params;
+    }
+    return SendShm(bytes, &ui);
+  }
+  // "m" in three boxes (a column band, then the rest in two row bands),
+  // then "b" whole.
+  void SendInBoxes(const std::vector<uint8_t> &full, uint64_t table = 0) {
+    const Box boxes[] = {{{0, 0}, {4, 2}}, {{0, 2}, {2, 4}}, {{2, 2}, {2, 4}}};
+    Wtx__V1__ParamRange r = Range(table, 0, 1);
+    for (const Box &b : boxes) ASSERT_EQ(0, SendBox(full, b, table ? &r : nullptr)) << st_.message;
+    Wtx__V1__ParamRange rb = Range(table, 1, 1);
+    ASSERT_EQ(0, Update({T("b", 8, 9)}, false, table ? &rb : nullptr)) << st_.message;
+  }
+  void ExpectServes(const std::vector<uint8_t> &full, const char *version) {
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+    ASSERT_EQ(version, Published(&now));
+    ASSERT_EQ(2u, now.size());
+    EXPECT_EQ("m", now[0].first);
+    EXPECT_EQ(full, now[0].second);
+    EXPECT_EQ(T("b", 8, 9).data, now[1].second);
+    wtx_store_view v;
+    wtx_store_acquire(wtx_worker_store(w_), WTX_TARGET_MAIN, &v);
+    EXPECT_EQ(XXH3_64bits(full.data(), full.size()), v.params[0].xxh3) << "its whole checksum";
+    wtx_store_release(wtx_worker_store(w_), &v);
+  }
+};
+
+TEST_F(BoxTest, ATensorSentInBoxesIsScatteredIntoPlaceByParamsAndByPosition) {
+  ASSERT_EQ(0, Init()) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  SendInBoxes(Full(1));
+  ASSERT_EQ(0, Finish("v1")) << st_.message;
+  ExpectServes(Full(1), "v1");
+  // The next update names the tensors by position, each box of "m" again.
+  ASSERT_EQ(0, Start()) << st_.message;
+  SendInBoxes(Full(50), table_);
+  ASSERT_EQ(0, Finish("v2")) << st_.message;
+  ExpectServes(Full(50), "v2");
+}
+
+TEST_F(BoxTest, BoxesThatOverlapStrayOrLeaveAHoleAreRefusedAndKeepTheOldWeights) {
+  ASSERT_EQ(0, Init()) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  SendInBoxes(Full(1));
+  ASSERT_EQ(0, Finish("v1")) << st_.message;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> v1;
+  Published(&v1);
+  std::vector<uint8_t> full = Full(50);
+  auto expect_refused = [&](const char *what, int code, const char *says) {
+    EXPECT_EQ(code, st_.code) << what << ": " << st_.message;
+    EXPECT_NE(nullptr, strstr(st_.message, says)) << what << ": " << st_.message;
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+    EXPECT_EQ("v1", Published(&now)) << what;
+    EXPECT_EQ(v1, now) << what;
+  };
+  struct Case {
+    const char *what;
+    Box b;
+    size_t n_params;
+    uint64_t chunk_bytes;
+    const char *says;
+  } cases[] = {
+      {"past the tensor", {{2, 4}, {2, 3}}, 1, 0, "update_info.box: dim 1 [4, +3) is not within 'm''s 6"},
+      {"empty", {{0, 0}, {0, 6}}, 1, 0, "update_info.box: dim 0 [0, +0)"},
+      {"two tensors", {{0, 0}, {4, 2}}, 2, 0, "a box chunk carries one tensor"},
+      {"bytes other than the box's", {{0, 0}, {4, 2}}, 1, 16, "update_info.chunk_bytes: 16"},
+  };
+  for (const Case &k : cases) {
+    ASSERT_EQ(0, Start()) << st_.message;
+    EXPECT_NE(0, SendBox(full, k.b, nullptr, k.n_params, k.chunk_bytes)) << k.what;
+    expect_refused(k.what, GRPC_STATUS_INVALID_ARGUMENT, k.says);
+  }
+  // A box over one sent before.
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, SendBox(full, {{0, 0}, {4, 2}})) << st_.message;
+  EXPECT_NE(0, SendBox(full, {{1, 1}, {2, 3}}));
+  expect_refused("an overlap", GRPC_STATUS_INVALID_ARGUMENT, "overlaps a box of 'm' sent before");
+  // Another tensor before "m"'s boxes cover it.
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, SendBox(full, {{0, 0}, {4, 2}})) << st_.message;
+  EXPECT_NE(0, Update({T("b", 8, 9)}));
+  expect_refused("a stray tensor", GRPC_STATUS_INVALID_ARGUMENT,
+                 "'m' came in boxes, 32 of its 96 bytes so far");
+  // A hole at prepare.
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, SendBox(full, {{0, 0}, {4, 2}})) << st_.message;
+  ASSERT_EQ(0, SendBox(full, {{0, 2}, {2, 4}})) << st_.message;
+  EXPECT_NE(0, Finish("v2"));
+  expect_refused("a hole", GRPC_STATUS_FAILED_PRECONDITION,
+                 "tensor 'm' is incomplete: 64 of 96 bytes");
+}
+
 TEST_F(SessionTest, ADeltaToAWorkerServingNothingIsRefused) {
   ASSERT_EQ(0, Init()) << st_.message;
   EXPECT_NE(0, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, 0, "v1"));
