@@ -38,16 +38,18 @@
 #include "transport/transport.h"
 
 /* A run of a worker's stream: bytes [off, off + len) of piece `piece`
- * (packed, row-major in its box), landing in worker tensor `tensor`. */
+ * (packed, row-major in its box), landing in worker tensor `tensor`: as
+ * the next run of the tensor's bytes, or, where box is not 0, as box
+ * boxes[box - 1] of it (UpdateInfo.box). */
 typedef struct seg {
-  uint32_t piece, tensor;
+  uint32_t piece, tensor, box;
   uint64_t off, len;
 } seg;
 
 /* A chunk: segs [seg0, seg0 + nseg), all from rank `sender`, touching
- * worker tensors [first, first + count). */
+ * worker tensors [first, first + count); or one seg that is a box. */
 typedef struct mchunk {
-  uint32_t sender;
+  uint32_t sender, box;
   size_t first, count, seg0, nseg;
   uint64_t first_offset, bytes;
   uint64_t stream_offset; /* the bytes of the worker's stream before it */
@@ -63,6 +65,8 @@ typedef struct wstream {
   uint64_t *dims; /* storage of pm's shapes and part's full shapes and offsets */
   seg *segs;
   size_t nseg;
+  wtx_box *boxes; /* in the worker's tensor's coordinates */
+  size_t nboxes;
   mchunk *chunks;
   size_t nchunks;
   uint64_t bytes; /* the stream's, in all */
@@ -132,41 +136,118 @@ static void part_meta(wtx__many *m, wstream *st, size_t k, const wtx_slice *s) {
   pm->part = pt;
 }
 
+/* A stream's order: by tensor; then runs by their place in it, boxes by
+ * piece (a rank's in a row), each piece's in order. Every rank sorts the
+ * same segs the same way. */
 static int seg_order(const void *a, const void *b) {
   const seg *x = a, *y = b;
   if (x->tensor != y->tensor) return x->tensor < y->tensor ? -1 : 1;
-  return x->off < y->off ? -1 : x->off > y->off;
+  if (x->box != 0 && x->piece != y->piece) return x->piece < y->piece ? -1 : 1;
+  if (x->off != y->off) return x->off < y->off ? -1 : 1;
+  return x->piece < y->piece ? -1 : x->piece > y->piece;
 }
 
-/* Worker w's pieces as runs of its stream, in stream order: WTX_ENOTSUP
- * naming the parameter where a piece is not one run of the worker's part. */
-static int stream_segs(wtx__many *m, uint32_t w, wstream *st, const wtx_slice *sl,
-                       char *err, size_t errlen) {
+/* Appends a box of the piece cut.proto is of, and its seg. */
+typedef struct cut_arg {
+  wstream *st;
+  size_t *cap, es;
+  seg proto;
+  uint64_t off; /* the bytes of the piece's boxes so far */
+} cut_arg;
+
+/* Appends s to st's segs (room for *cap of them). */
+static int seg_push(wstream *st, size_t *cap, seg s) {
+  if (st->nseg == *cap) {
+    seg *sg = realloc(st->segs, 2 * *cap * sizeof *sg);
+    if (sg == NULL) return WTX_ENOMEM;
+    st->segs = sg;
+    *cap *= 2;
+  }
+  st->segs[st->nseg++] = s;
+  return 0;
+}
+
+static int add_box(void *arg, const wtx_box *part) {
+  cut_arg *a = arg;
+  wstream *st = a->st;
+  wtx_box *bx = realloc(st->boxes, (st->nboxes + 1) * sizeof *bx);
+  if (bx == NULL) return WTX_ENOMEM;
+  st->boxes = bx;
+  st->boxes[st->nboxes++] = *part;
+  seg s = a->proto;
+  s.box = (uint32_t)st->nboxes;
+  s.off = a->off;
+  s.len = wtx_box_elements(part) * a->es;
+  a->off += s.len;
+  return seg_push(st, a->cap, s);
+}
+
+/* Whether each of worker w's tensors (its slices sl, n_sl of them) comes
+ * in boxes: where any of its pieces is not one run of it. *out: n_sl
+ * flags, the caller's to free. */
+static int boxed_tensors(wtx__many *m, const wtx_slice *sl, size_t n_sl, const uint32_t *idx,
+                         size_t n, uint8_t **out) {
   const wtx_piece *pieces;
-  const uint32_t *idx;
-  size_t n;
   wtx_plan_pieces(m->plan, &pieces);
-  wtx_plan_worker_pieces(m->plan, w, &idx, &n);
-  st->segs = calloc(n ? n : 1, sizeof *st->segs);
-  if (st->segs == NULL) return WTX_ENOMEM;
+  if ((*out = calloc(n_sl ? n_sl : 1, 1)) == NULL) return WTX_ENOMEM;
   for (size_t i = 0; i < n; i++) {
     const wtx_piece *p = &pieces[idx[i]];
-    const wtx_tensor_meta *full = &m->metas[p->param];
     wtx_box part, box;
     uint64_t elem;
+    wtx_slice_box(&m->metas[p->param], &sl[p->slice], &part);
+    wtx_plan_piece_box(m->plan, p, &box);
+    if (!wtx_box_contiguous(&part, &box, &elem)) (*out)[p->slice] = 1;
+  }
+  return 0;
+}
+
+/* Worker w's pieces as segs of its stream, in stream order. A piece that
+ * is one run of the worker's part is one seg; a tensor with any piece
+ * that is not comes in boxes, a piece's cut to fit a chunk each (each one
+ * run of the piece's packed bytes, in order: wtx_box_cut), which
+ * the worker scatters on the host: WTX_ENOTSUP naming the parameter over
+ * the GPU backends. */
+static int stream_segs(wtx__many *m, uint32_t w, wstream *st, const wtx_slice *sl,
+                       size_t n_sl, char *err, size_t errlen) {
+  const wtx_piece *pieces;
+  const uint32_t *idx;
+  size_t n, cap;
+  uint8_t *boxed = NULL;
+  wtx_plan_pieces(m->plan, &pieces);
+  wtx_plan_worker_pieces(m->plan, w, &idx, &n);
+  cap = n ? n : 1;
+  st->segs = calloc(cap, sizeof *st->segs);
+  int rc = st->segs != NULL ? boxed_tensors(m, sl, n_sl, idx, n, &boxed) : WTX_ENOMEM;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    const wtx_piece *p = &pieces[idx[i]];
+    const wtx_tensor_meta *full = &m->metas[p->param];
+    size_t es = wtx_dtype_size(full->dtype);
+    wtx_box part, box;
+    uint64_t elem = 0;
     wtx_slice_box(full, &sl[p->slice], &part);
     wtx_plan_piece_box(m->plan, p, &box);
-    if (!wtx_box_contiguous(&part, &box, &elem)) {
-      snprintf(err, errlen, "many senders: '%s': rank %u's piece for worker %u is not one "
-               "run of the worker's part (the trainer shards a dim inside the one the "
-               "worker slices); not supported yet", full->name, p->rank, w);
-      return WTX_ENOTSUP;
+    seg proto = {idx[i], p->slice, 0, 0, wtx_plan_piece_bytes(m->plan, p)};
+    if (!boxed[p->slice]) {
+      wtx_box_contiguous(&part, &box, &elem);
+      proto.off = elem * es;
+      rc = seg_push(st, &cap, proto);
+      continue;
     }
-    st->segs[st->nseg++] = (seg){idx[i], p->slice, elem * wtx_dtype_size(full->dtype),
-                                 wtx_plan_piece_bytes(m->plan, p)};
+    if (m->nccl || m->ipc) {
+      snprintf(err, errlen, "many senders: '%s': rank %u's piece for worker %u is not one "
+               "run of the worker's part (the trainer shards a dim inside the one the worker "
+               "keeps), which tcp and shm send as boxes; not over %s", full->name, p->rank,
+               w, m->nccl ? "nccl" : "cuda_ipc");
+      rc = WTX_ENOTSUP;
+      break;
+    }
+    for (size_t d = 0; d < box.ndim; d++) box.lo[d] -= part.lo[d];
+    cut_arg a = {st, &cap, es, proto, 0};
+    rc = wtx_box_cut(&box, es, m->wire.buffer_size, add_box, &a);
   }
-  qsort(st->segs, st->nseg, sizeof *st->segs, seg_order);
-  return 0;
+  free(boxed);
+  if (rc == 0) qsort(st->segs, st->nseg, sizeof *st->segs, seg_order);
+  return rc;
 }
 
 /* Appends bytes [from, from + len) of run s to the open chunk c, as out's
@@ -175,17 +256,20 @@ static void chunk_add(mchunk *c, const seg *s, uint64_t from, uint64_t len, seg 
                       size_t *nout) {
   if (c->nseg == 0) {
     c->first = s->tensor;
-    c->first_offset = s->off + from;
+    c->first_offset = s->box != 0 ? 0 : s->off + from;
   }
   c->count = s->tensor - c->first + 1;
   c->bytes += len;
-  out[(*nout)++] = (seg){s->piece, s->tensor, from, len};
+  c->box = s->box;
+  /* A run's off was its place in the tensor, a box's already in its piece. */
+  out[(*nout)++] = (seg){s->piece, s->tensor, s->box, s->box != 0 ? s->off + from : from, len};
   c->nseg++;
 }
 
-/* Whether run s (from sender) cannot join chunk c. */
+/* Whether run s (from sender) cannot join chunk c: a box is a chunk of
+ * its own. */
 static int chunk_full(const mchunk *c, uint32_t sender, const seg *s, uint64_t max) {
-  return c == NULL || c->sender != sender || c->bytes == max ||
+  return c == NULL || c->sender != sender || c->bytes == max || c->box != 0 || s->box != 0 ||
          s->tensor - c->first + 1 > WTX_MAX_CHUNK_PARAMS;
 }
 
@@ -257,7 +341,7 @@ static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_s
     return WTX_ENOMEM;
   for (size_t k = 0; k < n_sl; k++) part_meta(m, st, k, &sl[k]);
   int rc = stream_table(st);
-  if (rc == 0) rc = stream_segs(m, w, st, sl, err, errlen);
+  if (rc == 0) rc = stream_segs(m, w, st, sl, n_sl, err, errlen);
   return rc != 0 ? rc : stream_chunks(m, st, m->wire.buffer_size);
 }
 
@@ -267,6 +351,7 @@ static void stream_free(wstream *st) {
   free(st->part);
   free(st->dims);
   free(st->segs);
+  free(st->boxes);
   free(st->chunks);
 }
 /* ---- the rendezvous ---- */
@@ -725,6 +810,16 @@ static int send_data(wjob *j) {
   return rc;
 }
 
+/* b as the wire's Box, in out (its arrays lo and len). */
+static Wtx__V1__Box *box_msg(const wtx_box *b, Wtx__V1__Box *out, uint64_t *lo, uint64_t *len) {
+  memcpy(lo, b->lo, b->ndim * sizeof *lo);
+  memcpy(len, b->len, b->ndim * sizeof *len);
+  out->n_offset = out->n_shape = b->ndim;
+  out->offset = lo;
+  out->shape = len;
+  return out;
+}
+
 /* Rank 0: every chunk's UpdateWeights to one worker, in stream order. */
 static int send_control(wjob *j) {
   const wstream *st = &j->m->ws[j->w];
@@ -733,6 +828,8 @@ static int send_control(wjob *j) {
   Wtx__V1__NcclUpdateInfo nu = WTX__V1__NCCL_UPDATE_INFO__INIT;
   Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
   Wtx__V1__ParamRange range = WTX__V1__PARAM_RANGE__INIT;
+  Wtx__V1__Box bx = WTX__V1__BOX__INIT;
+  uint64_t lo[WTX_MAX_DIMS], len[WTX_MAX_DIMS];
   ui.backend_case = j->m->nccl ? WTX__V1__UPDATE_INFO__BACKEND_NCCL : WTX__V1__UPDATE_INFO__BACKEND_TCP;
   if (j->m->nccl) ui.nccl = &nu;
   else ui.tcp = &tu;
@@ -750,6 +847,7 @@ static int send_control(wjob *j) {
     ui.n_params = by_range ? 0 : c->count;
     ui.first_param_offset = c->first_offset;
     ui.chunk_bytes = c->bytes;
+    ui.box = c->box != 0 ? box_msg(&st->boxes[c->box - 1], &bx, lo, len) : NULL;
     int rc = wtx__client_update_start(one, &ui);
     if (rc == 0) rc = wtx__client_update_wait(one);
     if (rc != 0) {

@@ -126,11 +126,18 @@ inline bool Expected(const Tensor &x, int r, std::vector<uint8_t> *out, std::vec
 // all four. Arrays live as long as the program.
 // other: a rank that believes the scale is rank 2's, not rank 3's (its plan
 // differs from the others').
-inline wtx_ownership OwnersOf(const std::string &name, bool other = false) {
+// rows: layer 1 is Megatron-style tensor parallel over ranks 2 and 3 where
+// a trainer's row-parallel layers split columns: o_proj, down_proj and
+// (to cut across the workers' row slices too) q_proj are Shard(1). Their
+// pieces are not runs of what the workers keep, and travel as boxes.
+inline wtx_ownership OwnersOf(const std::string &name, bool other = false, bool rows = false) {
   static const uint32_t r0[] = {0}, r01[] = {0, 1}, r23[] = {2, 3}, r3[] = {3}, r2[] = {2},
                         all[] = {0, 1, 2, 3};
   if (other && name == "model.scale") return {r2, 1, nullptr, 0, nullptr};
-  static const int32_t shard0[] = {0}, repl[] = {WTX_PLACEMENT_REPLICATE};
+  static const int32_t shard0[] = {0}, shard1[] = {1}, repl[] = {WTX_PLACEMENT_REPLICATE};
+  auto has = [&](const char *s) { return name.find(s) != std::string::npos; };
+  if (rows && has("layers.1.") && (has("o_proj") || has("down_proj") || has("q_proj")))
+    return {r23, 2, nullptr, 0, shard1};
   if (name.find("embed") != std::string::npos) return {r0, 1, nullptr, 0, nullptr};
   if (name.find("layers.0.") != std::string::npos) return {r01, 2, nullptr, 0, shard0};
   if (name.find("layers.1.") != std::string::npos) return {r23, 2, nullptr, 0, repl};

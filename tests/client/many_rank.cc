@@ -33,13 +33,16 @@ std::vector<std::string> Split(const std::string &s) {
 // This rank's part of every tensor of model, into parts (the source's
 // memory, rewritten in place for each sync).
 bool g_other = false;
+// WTX_MANY_LAYOUT=rows: OwnersOf's row-parallel layer 1, in small buffers,
+// so its boxes are cut across chunks.
+bool g_rows = false;
 
 void FillParts(const wtxtest::Llama &model, uint32_t rank,
                std::vector<std::vector<uint8_t>> *parts) {
   parts->resize(model.t.size());
   for (size_t i = 0; i < model.t.size(); i++) {
     const wtxtest::Tensor &x = model.t[i];
-    wtx_ownership o = wtxtest::OwnersOf(x.name, g_other);
+    wtx_ownership o = wtxtest::OwnersOf(x.name, g_other, g_rows);
     wtx_tensor_meta m;
     char why[256];
     wtx_tensor_meta_set(&m, x.name.c_str(), x.dtype, x.shape.data(), x.shape.size(), why,
@@ -56,6 +59,8 @@ void FillParts(const wtxtest::Llama &model, uint32_t rank,
 
 int main(int argc, char **argv) {
   g_other = argc == 8 && std::string(argv[7]) == "other";
+  const char *layout = getenv("WTX_MANY_LAYOUT");
+  g_rows = layout != nullptr && std::string(layout) == "rows";
   if (argc != 7 && !g_other) {
     std::fprintf(stderr, "usage: many_rank RANK WORLD RANKS WORKERS TOKEN TIMEOUT_MS\n");
     return 2;
@@ -71,7 +76,7 @@ int main(int argc, char **argv) {
   std::vector<wtx_ownership> owners;
   std::vector<wtx_memory_tensor> mem = model.mem;
   for (size_t i = 0; i < mem.size(); i++) {
-    owners.push_back(wtxtest::OwnersOf(model.t[i].name, g_other));
+    owners.push_back(wtxtest::OwnersOf(model.t[i].name, g_other, g_rows));
     mem[i].data = parts[i].empty() ? nullptr : parts[i].data();
   }
   char err[2048] = "";
@@ -88,7 +93,7 @@ int main(int argc, char **argv) {
   cfg.rank_addresses = ra.data();
   cfg.session_token = argv[5];
   cfg.timeout_ms = std::stoul(argv[6]);
-  cfg.buffer_size = 4096;  // many chunks, and tensors cut across them
+  cfg.buffer_size = g_rows ? 1024 : 4096;  // many chunks, and tensors cut across them
   cfg.checksum = WTX_CHECKSUM_XXH3_64;
   int rc = wtx_source_memory_owned(mem.data(), owners.data(), mem.size(), rank, &src, err,
                                    sizeof err);

@@ -68,6 +68,7 @@ class ManyTest : public wtxtest::ShardedFixture {
     std::vector<std::string> env_s;
     for (char **e = environ; *e != nullptr; e++) env_s.emplace_back(*e);
     if (backend_ != "tcp") env_s.push_back("WTX_MANY_BACKEND=" + backend_);
+    if (rows_) env_s.push_back("WTX_MANY_LAYOUT=rows");
     if (backend_ == "nccl") {
       env_s.push_back("WTX_CUDA_DEVICE=0");
       env_s.push_back("WTX_FAKE_CUDA_UUID=" + std::string(31, 'a') + std::to_string(r));
@@ -176,6 +177,7 @@ class ManyTest : public wtxtest::ShardedFixture {
 
   std::vector<int> ports_;
   std::vector<Rank> ranks_;
+  bool rows_ = false;  // the ranks own layer 1 row-parallel (OwnersOf's rows)
 };
 
 TEST_F(ManyTest, EveryRankSendsItsOwnBytesStraightToTheWorkersThatHoldThem) {
@@ -335,6 +337,23 @@ void ManyTest::SyncsLandAndADeadRankCostsOneSync() {
   ExpectHolds(whole, -1, three, "v3");
 }
 
+// A trainer whose row-parallel layers split columns (Megatron's layout):
+// what each rank owns of them is not one run of what any worker keeps,
+// whole or sliced by rows, so it travels as boxes that the workers
+// scatter into staging, cut to fit the ranks' small buffers. Every worker
+// ends with the right bytes, each sent once by its owner; a dead owner
+// still costs one sync.
+TEST_F(ManyTest, ARowParallelTrainerFeedsEveryWorkerInBoxesOverTcp) {
+  rows_ = true;
+  SyncsLandAndADeadRankCostsOneSync();
+}
+
+TEST_F(ManyTest, ARowParallelTrainerFeedsEveryWorkerInBoxesOverShm) {
+  rows_ = true;
+  backend_ = "shm";
+  SyncsLandAndADeadRankCostsOneSync();
+}
+
 // A rank whose metadata or ownership differs from rank 0's plans
 // differently: the init fails on rank 0 naming that rank and the first
 // parameter where they differ, as each sees it, and on that rank naming
@@ -410,15 +429,19 @@ TEST_F(ManyInitTest, AnOrphanParameterIsRefusedByName) {
   EXPECT_NE(std::string::npos, err.find(model.t[3].name)) << err;
 }
 
-TEST_F(ManyInitTest, APieceThatIsNotOneRunOfTheWorkersPartIsRefusedByName) {
+// Boxes are scattered into staging on the host: over the GPU backends a
+// piece that is not one run of a worker's part is refused at init, by
+// name (tcp and shm send it, ARowParallelTrainerFeedsEveryWorkerInBoxes*).
+TEST_F(ManyInitTest, APieceThatIsNotOneRunOfTheWorkersPartIsRefusedByNameOverNccl) {
   Worker r0 = SpawnRank(0);
   Llama model(1);
   std::vector<wtx_ownership> o = Owners(model, 2);
   static const int32_t shard1[] = {1};
   o[1].placements = shard1;  // q_proj's columns split, the worker's rows sliced
   std::string err;
-  EXPECT_EQ(WTX_ENOTSUP, Init({r0}, o, &err));
+  EXPECT_EQ(WTX_ENOTSUP, Init({r0}, o, &err, "nccl"));
   EXPECT_NE(std::string::npos, err.find("'" + model.t[1].name + "'")) << err;
+  EXPECT_NE(std::string::npos, err.find("not over nccl")) << err;
 }
 
 TEST_F(ManyInitTest, ManySendersRunOverTheFourBackendsOnly) {
