@@ -2,8 +2,10 @@
 # Many senders against rank 0 alone, in one run: the same synthetic model,
 # held by a trainer of 4 ranks (FSDP: dim 0 of every tensor split over them,
 # wtx push --world 4, one process per rank), synced over tcp to two workers
-# of tensor-parallel ranks 0 and 1 of 2; then the whole model synced by one
-# process (rank 0 sending every byte) to the same workers. Per way: the
+# of tensor-parallel ranks 0 and 1 of 2; the same 4 ranks splitting dim 1
+# instead (--shard-dim 1, a row-parallel cut: every piece travels as
+# boxes); then the whole model synced by one process (rank 0 sending every
+# byte) to the same workers. Per way: the
 # bytes each trainer link carries, and the third sync's wall time (rank 0's:
 # it answers for the sync). On loopback every link shares this machine's
 # cores, so the wall time here shows the cost of the protocol, not the
@@ -32,16 +34,27 @@ control_all() { sed -nE 's/^pushed .* ([0-9]+) control bytes.*/\1/p'; }
 
 start_tp 0 t0; t0=$addr
 start_tp 1 t1; t1=$addr
-ranks=""
-for r in 0 1 2 3; do ranks+="${ranks:+,}127.0.0.1:$(free_port)"; done
 export WTX_SESSION_TOKEN=bench-many-session-token-0123
-for r in 0 1 2 3; do
-  "$bin/client/wtx" push --workers "$t0,$t1" --backend "$backend" --world 4 --rank "$r" \
-    --rank-addresses "$ranks" --repeat 3 "synthetic:$size" >"$tmp/rank$r.out" &
-  rpids+=($!)
-done
-for p in "${rpids[@]}"; do wait "$p"; done
+# many_run DIM PREFIX: 4 ranks splitting dim DIM of every tensor, each
+# rank's output into $tmp/PREFIX$r.out.
+many_run() {
+  local ranks="" rpids=()
+  for r in 0 1 2 3; do ranks+="${ranks:+,}127.0.0.1:$(free_port)"; done
+  for r in 0 1 2 3; do
+    "$bin/client/wtx" push --workers "$t0,$t1" --backend "$backend" --world 4 --rank "$r" \
+      --shard-dim "$1" --rank-addresses "$ranks" --repeat 3 "synthetic:$size" \
+      >"$tmp/$2$r.out" &
+    rpids+=($!)
+  done
+  for p in "${rpids[@]}"; do wait "$p"; done
+}
+many_run 0 rank
 many_s=$(sync_s_all <"$tmp/rank0.out" | tail -1)
+# The same split along dim 1, as a Megatron trainer's row-parallel layers
+# are: no rank's piece is one run of a worker's slice, so every piece
+# travels as boxes, which the workers scatter into staging.
+many_run 1 rows
+rows_s=$(sync_s_all <"$tmp/rows0.out" | tail -1)
 one=$("$bin/client/wtx" push --workers "$t0,$t1" --backend "$backend" --repeat 3 "synthetic:$size")
 one_s=$(echo "$one" | sync_s_all | tail -1)
 one_b=$(echo "$one" | bytes_all | tail -1)
@@ -59,6 +72,10 @@ done
 printf "%-22s %14s %14s %10s\n" "rank 0 alone" "$one_b" 1.00 "$one_s"
 echo "many senders: the busiest trainer link carries $(ratio "$most" "$one_b") x rank 0's;" \
   "the sync takes $(ratio "$many_s" "$one_s") x rank 0's (loopback, $(nproc) cores)"
+echo "many senders splitting dim 1 (row-parallel: every piece as boxes): the sync takes" \
+  "$(ratio "$rows_s" "$many_s") x dim 0's ($rows_s s against $many_s s), the busiest link" \
+  "$(bytes_all <"$tmp/rows0.out" | tail -1) B from rank 0, rank 0's UpdateInfo of the" \
+  "second sync $(control_all <"$tmp/rows0.out" | sed -n 2p) B"
 c1=$(control_all <"$tmp/rank0.out" | head -1)
 c2=$(control_all <"$tmp/rank0.out" | sed -n 2p)
 echo "control plane (rank 0's UpdateInfo to every worker): first sync $c1 B, second $c2 B" \

@@ -13,6 +13,7 @@ struct wtx__fsdp {
   uint8_t **parts;
   wtx_memory_tensor *mem;
   wtx_ownership *own;
+  int32_t *dims; /* each tensor's placement */
 };
 
 void wtx__fsdp_free(wtx__fsdp *f) {
@@ -22,15 +23,16 @@ void wtx__fsdp_free(wtx__fsdp *f) {
   free(f->ranks);
   free(f->mem);
   free(f->own);
+  free(f->dims);
   free(f);
 }
 
 /* Copies rank's part of tensor m (its bytes at data) into f's slot i. */
 static int copy_part(wtx__fsdp *f, size_t i, const wtx_tensor_meta *m, const uint8_t *data,
-                     uint32_t rank, uint32_t world) {
-  static const int32_t shard0[] = {0};
+                     uint32_t rank, uint32_t world, uint32_t dim) {
+  f->dims[i] = dim < m->ndim ? (int32_t)dim : 0;
   f->own[i] = (wtx_ownership){.owners = f->ranks, .n_owners = world,
-                              .placements = m->ndim > 0 ? shard0 : NULL};
+                              .placements = m->ndim > 0 ? &f->dims[i] : NULL};
   wtx_box whole, part;
   wtx_box_whole(m, &whole);
   wtx_ownership_rank_box(m, &f->own[i], rank, &part);
@@ -44,8 +46,8 @@ static int copy_part(wtx__fsdp *f, size_t i, const wtx_tensor_meta *m, const uin
   return 0;
 }
 
-int wtx__fsdp_part(wtx_source *full, uint32_t rank, uint32_t world, wtx_source **out,
-                   wtx__fsdp **held, char *err, size_t errlen) {
+int wtx__fsdp_part(wtx_source *full, uint32_t rank, uint32_t world, uint32_t dim,
+                   wtx_source **out, wtx__fsdp **held, char *err, size_t errlen) {
   const wtx_tensor_meta *metas;
   size_t n;
   void *iter = NULL;
@@ -60,7 +62,8 @@ int wtx__fsdp_part(wtx_source *full, uint32_t rank, uint32_t world, wtx_source *
     f->parts = calloc(n + 1, sizeof *f->parts);
     f->mem = calloc(n + 1, sizeof *f->mem);
     f->own = calloc(n + 1, sizeof *f->own);
-    if (!f->ranks || !f->parts || !f->mem || !f->own) rc = WTX_ENOMEM;
+    f->dims = calloc(n + 1, sizeof *f->dims);
+    if (!f->ranks || !f->parts || !f->mem || !f->own || !f->dims) rc = WTX_ENOMEM;
   }
   for (uint32_t r = 0; rc == 0 && r < world; r++) f->ranks[r] = r;
   if (rc == 0) rc = wtx_source_open(full, &iter);
@@ -69,7 +72,7 @@ int wtx__fsdp_part(wtx_source *full, uint32_t rank, uint32_t world, wtx_source *
     const uint8_t *data;
     int r = wtx_source_next(full, iter, &m, &data);
     if (r <= 0) rc = r < 0 ? r : WTX_EPROTO; /* fewer tensors than its metadata */
-    if (rc == 0) rc = copy_part(f, i, &metas[i], data, rank, world);
+    if (rc == 0) rc = copy_part(f, i, &metas[i], data, rank, world, dim);
   }
   if (iter != NULL) wtx_source_close(full, iter);
   if (rc == 0) rc = wtx_source_memory_owned(f->mem, f->own, n, rank, out, err, errlen);

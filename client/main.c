@@ -64,6 +64,9 @@ static const char usage[] =
     "                       holding only its FSDP part of SOURCE (dim 0 of every\n"
     "                       tensor split over the ranks) and sending it straight\n"
     "                       to the workers; start all N ranks together\n"
+    "  --shard-dim D        with --world: split dim D instead (1: a Megatron\n"
+    "                       trainer's row-parallel cut; a tensor of no dim D\n"
+    "                       splits dim 0)\n"
     "  --rank-addresses A,B,...  the N ranks' data ports, the same on every rank\n"
     "  --session-token T    a secret shared by the N ranks, 16..64 bytes\n"
     "                       (default: $WTX_SESSION_TOKEN)\n"
@@ -175,6 +178,7 @@ typedef struct push_args {
   int verify, draft, on_gpu;
   unsigned repeat; /* syncs from this one trainer (--repeat; 0: one) */
   char *rank_list;  /* --rank-addresses, split in place into ranks */
+  uint32_t shard_dim; /* --shard-dim: the dim each rank's part splits */
   const char *ranks[WTX_MAX_SENDERS];
 } push_args;
 
@@ -282,7 +286,8 @@ done:
 static int to_part(const push_args *a, wtx_source **src, wtx__fsdp **held) {
   char err[1024] = "";
   wtx_source *part = NULL;
-  int rc = wtx__fsdp_part(*src, a->cfg.rank, a->cfg.world, &part, held, err, sizeof err);
+  int rc = wtx__fsdp_part(*src, a->cfg.rank, a->cfg.world, a->shard_dim, &part, held, err,
+                          sizeof err);
   if (rc != 0) {
     fprintf(stderr, "wtx push: --world: %s\n", err);
     return -1;
@@ -312,6 +317,7 @@ static const struct option push_longopts[] = {
     {"patches", no_argument, NULL, 'Q'},
     {"repeat", required_argument, NULL, 'r'},
     {"world", required_argument, NULL, 'W'},
+    {"shard-dim", required_argument, NULL, 'H'},
     {"rank", required_argument, NULL, 'P'},
     {"rank-addresses", required_argument, NULL, 'A'},
     {"session-token", required_argument, NULL, 'S'},
@@ -356,6 +362,10 @@ static int push_option(int c, const char *arg, push_args *a) {
     case 'P':
       if (parse_size(arg, &v) != 0 || v >= WTX_MAX_SENDERS) return 1;
       *(c == 'W' ? &cfg->world : &cfg->rank) = (uint32_t)v;
+      return 0;
+    case 'H':
+      if (parse_size(arg, &v) != 0 || v >= WTX_MAX_DIMS) return 1;
+      a->shard_dim = (uint32_t)v;
       return 0;
     case 'A': return (a->rank_list = strdup(arg)) == NULL;
     case 'S': cfg->session_token = arg; return 0;
