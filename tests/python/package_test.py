@@ -745,6 +745,16 @@ class ContractTest(unittest.TestCase):
         # of dim 0 of every tensor (vLLM's ParamMeta ownership, iter_local),
         # sync to two hosts of tensor-parallel ranks 0 and 1 of 2. Each rank
         # sends only its own bytes; each host ends with exactly its slices.
+        self.two_ranks_to_tensor_parallel_hosts(0)
+
+    def test_row_parallel_trainer_ranks_feed_tensor_parallel_hosts_in_boxes(self):
+        # The same ranks splitting dim 1 (a row-parallel trainer's layout):
+        # their halves of col.weight are columns, which no host keeps as one
+        # run (each keeps rows), so they travel as boxes that the Python
+        # hosts' staging takes scattered; row.weight's halves are runs.
+        self.two_ranks_to_tensor_parallel_hosts(1)
+
+    def two_ranks_to_tensor_parallel_hosts(self, dim):
         import socket
         import threading
 
@@ -753,8 +763,9 @@ class ContractTest(unittest.TestCase):
 
         full, rules = tp_weights()
 
-        class Shard0:
-            dim = 0
+        class Shard:
+            def __init__(self, t):
+                self.dim = dim if t.dim() > dim else 0
 
         class RankSource:
             def __init__(self, rank):
@@ -763,11 +774,11 @@ class ContractTest(unittest.TestCase):
             @property
             def metadata(self):
                 return [ParamMeta(n, t.dtype, tuple(t.shape), owners=(0, 1),
-                                  placements=(Shard0(),)) for n, t in full.items()]
+                                  placements=(Shard(t),)) for n, t in full.items()]
 
             def iter_local(self):
                 for n, t in full.items():
-                    yield n, t.chunk(2, 0)[self.rank].contiguous()
+                    yield n, t.chunk(2, Shard(t).dim)[self.rank].contiguous()
 
             def iter_full(self):
                 raise AssertionError("many senders never gather")
