@@ -66,7 +66,7 @@ typedef struct wstream {
   seg *segs;
   size_t nseg;
   wtx_box *boxes; /* in the worker's tensor's coordinates */
-  size_t nboxes;
+  size_t nboxes, boxcap;
   mchunk *chunks;
   size_t nchunks;
   uint64_t bytes; /* the stream's, in all */
@@ -170,9 +170,13 @@ static int seg_push(wstream *st, size_t *cap, seg s) {
 static int add_box(void *arg, const wtx_box *part) {
   cut_arg *a = arg;
   wstream *st = a->st;
-  wtx_box *bx = realloc(st->boxes, (st->nboxes + 1) * sizeof *bx);
-  if (bx == NULL) return WTX_ENOMEM;
-  st->boxes = bx;
+  if (st->nboxes == st->boxcap) {
+    size_t cap = st->boxcap ? 2 * st->boxcap : 64;
+    wtx_box *bx = realloc(st->boxes, cap * sizeof *bx);
+    if (bx == NULL) return WTX_ENOMEM;
+    st->boxes = bx;
+    st->boxcap = cap;
+  }
   st->boxes[st->nboxes++] = *part;
   seg s = a->proto;
   s.box = (uint32_t)st->nboxes;
