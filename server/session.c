@@ -800,26 +800,28 @@ static const wtx_tensor_meta *boxed_meta(const wtx_session *s) {
   return &l->metas[s->up.boxed.pos];
 }
 
+/* The refusal of anything but the next box of the open boxed tensor,
+ * naming field. */
+static int box_stray(wtx_session *s, chunk *c, const char *field) {
+  const wtx_tensor_meta *m = boxed_meta(s);
+  snprintf(c->err, sizeof c->err, "%s: '%s' came in boxes, %llu of its %llu bytes so far; "
+           "its boxes cover it before the next tensor begins", field, m->name,
+           (unsigned long long)s->up.boxed.covered, (unsigned long long)m->nbytes);
+  return WTX_EINVAL;
+}
+
 /* Whether this chunk continues the open boxed tensor (*boxed); while one
  * is open, nothing else may come until its boxes cover it. */
 static int box_next(wtx_session *s, chunk *c, int *boxed) {
   *boxed = s->up.boxed.open;
-  if (!*boxed || c->ui->box != NULL) return 0;
-  const wtx_tensor_meta *m = boxed_meta(s);
-  snprintf(c->err, sizeof c->err, "update_info.box: '%s' came in boxes, %llu of its %llu "
-           "bytes so far; its boxes cover it before the next tensor begins", m->name,
-           (unsigned long long)s->up.boxed.covered, (unsigned long long)m->nbytes);
-  return WTX_EINVAL;
+  return !*boxed || c->ui->box != NULL ? 0 : box_stray(s, c, "update_info.box");
 }
 
 /* A chunk of params continuing the open boxed tensor names it again. */
 static int box_same(wtx_session *s, chunk *c) {
   const wtx_tensor_meta *m = boxed_meta(s);
   if (strcmp(m->name, c->metas[0].name) == 0 && m->nbytes == c->metas[0].nbytes) return 0;
-  snprintf(c->err, sizeof c->err, "update_info.params[0]: '%s' came in boxes, %llu of its "
-           "%llu bytes so far; its boxes cover it before the next tensor begins", m->name,
-           (unsigned long long)s->up.boxed.covered, (unsigned long long)m->nbytes);
-  return WTX_EINVAL;
+  return box_stray(s, c, "update_info.params[0]");
 }
 
 /* The chunk's box into c->boxed: within its tensor (c->metas[0]). */
