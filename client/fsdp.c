@@ -13,8 +13,10 @@ struct wtx__fsdp {
   uint8_t **parts;
   wtx_memory_tensor *mem;
   wtx_ownership *own;
-  int32_t *dims; /* each tensor's placement */
 };
+
+/* Placements naming each dim a part may split. */
+static const int32_t DIMS[WTX_MAX_DIMS] = {0, 1, 2, 3, 4, 5, 6, 7};
 
 void wtx__fsdp_free(wtx__fsdp *f) {
   if (f == NULL) return;
@@ -23,16 +25,14 @@ void wtx__fsdp_free(wtx__fsdp *f) {
   free(f->ranks);
   free(f->mem);
   free(f->own);
-  free(f->dims);
   free(f);
 }
 
 /* Copies rank's part of tensor m (its bytes at data) into f's slot i. */
 static int copy_part(wtx__fsdp *f, size_t i, const wtx_tensor_meta *m, const uint8_t *data,
                      uint32_t rank, uint32_t world, uint32_t dim) {
-  f->dims[i] = dim < m->ndim ? (int32_t)dim : 0;
   f->own[i] = (wtx_ownership){.owners = f->ranks, .n_owners = world,
-                              .placements = m->ndim > 0 ? &f->dims[i] : NULL};
+                              .placements = m->ndim > 0 ? &DIMS[dim < m->ndim ? dim : 0] : NULL};
   wtx_box whole, part;
   wtx_box_whole(m, &whole);
   wtx_ownership_rank_box(m, &f->own[i], rank, &part);
@@ -62,8 +62,7 @@ int wtx__fsdp_part(wtx_source *full, uint32_t rank, uint32_t world, uint32_t dim
     f->parts = calloc(n + 1, sizeof *f->parts);
     f->mem = calloc(n + 1, sizeof *f->mem);
     f->own = calloc(n + 1, sizeof *f->own);
-    f->dims = calloc(n + 1, sizeof *f->dims);
-    if (!f->ranks || !f->parts || !f->mem || !f->own || !f->dims) rc = WTX_ENOMEM;
+    if (!f->ranks || !f->parts || !f->mem || !f->own) rc = WTX_ENOMEM;
   }
   for (uint32_t r = 0; rc == 0 && r < world; r++) f->ranks[r] = r;
   if (rc == 0) rc = wtx_source_open(full, &iter);
