@@ -209,10 +209,9 @@ static int boxed_tensors(wtx__many *m, const wtx_slice *sl, size_t n_sl, const u
  * is one run of the worker's part is one seg; a tensor with any piece
  * that is not comes in boxes, a piece's cut to fit a chunk each (each one
  * run of the piece's packed bytes, in order: wtx_box_cut), which
- * the worker scatters on the host: WTX_ENOTSUP naming the parameter over
- * the GPU backends. */
+ * the worker scatters on the host (many_staging checks it does). */
 static int stream_segs(wtx__many *m, uint32_t w, wstream *st, const wtx_slice *sl,
-                       size_t n_sl, char *err, size_t errlen) {
+                       size_t n_sl) {
   const wtx_piece *pieces;
   const uint32_t *idx;
   size_t n, cap;
@@ -236,14 +235,6 @@ static int stream_segs(wtx__many *m, uint32_t w, wstream *st, const wtx_slice *s
       proto.off = elem * es;
       rc = seg_push(st, &cap, proto);
       continue;
-    }
-    if (m->nccl || m->ipc) {
-      snprintf(err, errlen, "many senders: '%s': rank %u's piece for worker %u is not one "
-               "run of the worker's part (the trainer shards a dim inside the one the worker "
-               "keeps), which tcp and shm send as boxes; not over %s", full->name, p->rank,
-               w, m->nccl ? "nccl" : "cuda_ipc");
-      rc = WTX_ENOTSUP;
-      break;
     }
     for (size_t d = 0; d < box.ndim; d++) box.lo[d] -= part.lo[d];
     cut_arg a = {st, &cap, es, proto, 0};
@@ -333,8 +324,7 @@ static int stream_table(wstream *st) {
 
 /* Worker w's stream: its tensors (slices sl, n_sl of them, metadata
  * order), their ParamMeta, and its chunks. */
-static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_sl,
-                       char *err, size_t errlen) {
+static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_sl) {
   wstream *st = &m->ws[w];
   st->nt = n_sl;
   st->pm = calloc(n_sl + 1, sizeof *st->pm);
@@ -345,7 +335,7 @@ static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_s
     return WTX_ENOMEM;
   for (size_t k = 0; k < n_sl; k++) part_meta(m, st, k, &sl[k]);
   int rc = stream_table(st);
-  if (rc == 0) rc = stream_segs(m, w, st, sl, n_sl, err, errlen);
+  if (rc == 0) rc = stream_segs(m, w, st, sl, n_sl);
   return rc != 0 ? rc : stream_chunks(m, st, m->wire.buffer_size);
 }
 
@@ -451,7 +441,7 @@ static int many_plan(wtx__many *m, char *err, size_t errlen) {
     rc = wtx_plan_make(&in, &m->plan, err, errlen);
   }
   for (size_t w = 0; rc == 0 && w < nw; w++)
-    rc = stream_make(m, (uint32_t)w, needs[w], n_needs[w], err, errlen);
+    rc = stream_make(m, (uint32_t)w, needs[w], n_needs[w]);
   for (size_t w = 0; w < nw; w++) {
     if (specs != NULL && specs[w] != NULL) protobuf_c_message_free_unpacked(&specs[w]->base, NULL);
     if (needs != NULL) free(needs[w]);
@@ -464,6 +454,26 @@ static int many_plan(wtx__many *m, char *err, size_t errlen) {
 
 static int many_check(wtx__many *m, char *err, size_t errlen);
 static int many_go(wtx__many *m, char *err, size_t errlen);
+
+/* Rank 0: worker w's session, as its init answered, against its stream:
+ * boxes are scattered into staging on the host, so a worker that stages
+ * on a GPU must get none (its session would refuse the first box). */
+static int many_staging(const wtx__many *m, size_t w,
+                        const Wtx__V1__InitWeightTransferEngineResponse *resp, char *err,
+                        size_t errlen) {
+  const wstream *st = &m->ws[w];
+  if (!resp->device_staging || st->nboxes == 0) return 0;
+  const seg *s = st->segs;
+  while (s->box == 0) s++;
+  const wtx_piece *pieces;
+  wtx_plan_pieces(m->plan, &pieces);
+  snprintf(err, errlen, "many senders: '%s' reaches worker %zu (%s) in boxes (rank %u's piece "
+           "is not one run of the worker's part: the trainer shards a dim inside the one the "
+           "worker keeps), and that worker stages on a GPU, where boxes are not scattered; a "
+           "worker staging on the host takes them", st->pm[s->tensor].name, w,
+           wtx_client_target(m->client, w), pieces[s->piece].rank);
+  return WTX_ENOTSUP;
+}
 
 /* Rank 0: every worker's session, connected to every rank (tcp), or
  * joined with every rank in a new communicator (nccl). */
@@ -508,11 +518,14 @@ static int many_sessions(wtx__many *m, char *err, size_t errlen) {
                                             err, errlen)
                       : wtx__tcp_rank_accept(m->tcp, err, errlen);
   for (size_t w = 0; w < started; w++) {
-    int wrc = wtx__client_init_wait(m->one[w], 0, NULL);
+    Wtx__V1__InitWeightTransferEngineResponse *resp = NULL;
+    int wrc = wtx__client_init_wait(m->one[w], 0, &resp);
     if (wrc != 0 && rc == 0) {
       rc = wrc;
       snprintf(err, errlen, "%s", wtx_client_last_error(m->one[w]));
     }
+    if (wrc == 0 && rc == 0) rc = many_staging(m, w, resp, err, errlen);
+    if (resp != NULL) protobuf_c_message_free_unpacked(&resp->base, NULL);
   }
   if (rc == 0) rc = arc;
   m->ready = rc == 0;

@@ -369,6 +369,7 @@ static grpc_status_code handle_init(wtx__rpc_ctx *ctx,
     resp->backend = (char *)t->name;
     resp->data_address = wtx__rpc_ctx_strdup(ctx, addr);
     resp->world_size = s->cfg.world_size;
+    resp->device_staging = s->stage_device >= 0;
   }
   pthread_mutex_unlock(&s->mu);
   if (engine != NULL) t->destroy(engine);

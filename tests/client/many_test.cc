@@ -354,6 +354,54 @@ TEST_F(ManyTest, ARowParallelTrainerFeedsEveryWorkerInBoxesOverShm) {
   SyncsLandAndADeadRankCostsOneSync();
 }
 
+// Over the GPU backends, on the TEST DOUBLE, to workers that stage on the
+// host (wtx-worker's store): each box leaves its rank by ncclSend, or
+// through the worker's receive region on its GPU, and is scattered there.
+TEST_F(ManyTest, ARowParallelTrainerFeedsEveryWorkerInBoxesOverNccl) {
+  rows_ = true;
+  backend_ = "nccl";
+  SyncsLandAndADeadRankCostsOneSync();
+}
+
+TEST_F(ManyTest, ARowParallelTrainerFeedsEveryWorkerInBoxesOverCudaIpc) {
+  rows_ = true;
+  backend_ = "cuda_ipc";
+  SyncsLandAndADeadRankCostsOneSync();
+}
+
+// A worker whose model stages on its GPU (tests/client/gpu_model_worker,
+// as vLLM's does) does not scatter boxes: its init answers so
+// (device_staging), and rank 0 refuses the plan at init, naming the first
+// tensor that would reach it in boxes and the worker, before any update
+// starts; every worker keeps serving what it served.
+TEST_F(ManyTest, BoxesForAWorkerThatStagesOnAGpuAreRefusedAtInitNamingTensorAndWorker) {
+  rows_ = true;
+  backend_ = "cuda_ipc";
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1);
+  worker_binary_ = "tests/client/gpu_model_worker";
+  Worker gpu = Spawn({"--sums", dir_ + "/sums"});
+  std::vector<Worker> ws = {r0, r1, gpu};
+  for (int r = 0; r < 4; r++) Start(r, ws);
+  std::string zero = Line(ranks_[0]);
+  EXPECT_EQ(0u, zero.rfind("fail " + std::to_string(WTX_ENOTSUP) + " ", 0)) << zero;
+  EXPECT_NE(std::string::npos,
+            zero.find("'model.layers.1.self_attn.q_proj.weight' reaches worker 2 (" +
+                      gpu.addr() + ") in boxes"))
+      << zero;
+  EXPECT_NE(std::string::npos, zero.find("stages on a GPU")) << zero;
+  Finish(ranks_[0], 1);
+  for (const Worker &w : ws) {  // no update started anywhere
+    wtx_client *c = Client({w});
+    wtx_weight_info info;
+    EXPECT_EQ(0, wtx_client_weight_info(c, 0, 0, &info)) << wtx_client_last_error(c);
+    EXPECT_EQ(0u, info.generation);
+    EXPECT_NE(WTX_SESSION_UPDATING, info.state);
+    EXPECT_STREQ("", info.version);
+    wtx_weight_info_free(&info);
+    wtx_client_destroy(c);
+  }
+}
+
 // A rank whose metadata or ownership differs from rank 0's plans
 // differently: the init fails on rank 0 naming that rank and the first
 // parameter where they differ, as each sees it, and on that rank naming
@@ -427,21 +475,6 @@ TEST_F(ManyInitTest, AnOrphanParameterIsRefusedByName) {
   std::string err;
   EXPECT_EQ(WTX_EINVAL, Init({r0}, o, &err));
   EXPECT_NE(std::string::npos, err.find(model.t[3].name)) << err;
-}
-
-// Boxes are scattered into staging on the host: over the GPU backends a
-// piece that is not one run of a worker's part is refused at init, by
-// name (tcp and shm send it, ARowParallelTrainerFeedsEveryWorkerInBoxes*).
-TEST_F(ManyInitTest, APieceThatIsNotOneRunOfTheWorkersPartIsRefusedByNameOverNccl) {
-  Worker r0 = SpawnRank(0);
-  Llama model(1);
-  std::vector<wtx_ownership> o = Owners(model, 2);
-  static const int32_t shard1[] = {1};
-  o[1].placements = shard1;  // q_proj's columns split, the worker's rows sliced
-  std::string err;
-  EXPECT_EQ(WTX_ENOTSUP, Init({r0}, o, &err, "nccl"));
-  EXPECT_NE(std::string::npos, err.find("'" + model.t[1].name + "'")) << err;
-  EXPECT_NE(std::string::npos, err.find("not over nccl")) << err;
 }
 
 TEST_F(ManyInitTest, ManySendersRunOverTheFourBackendsOnly) {
