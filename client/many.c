@@ -209,7 +209,7 @@ static int boxed_tensors(wtx__many *m, const wtx_slice *sl, size_t n_sl, const u
  * is one run of the worker's part is one seg; a tensor with any piece
  * that is not comes in boxes, a piece's cut to fit a chunk each (each one
  * run of the piece's packed bytes, in order: wtx_box_cut), which
- * the worker scatters on the host (many_staging checks it does). */
+ * the worker scatters into its staging (many_staging: unless it refuses). */
 static int stream_segs(wtx__many *m, uint32_t w, wstream *st, const wtx_slice *sl,
                        size_t n_sl) {
   const wtx_piece *pieces;
@@ -456,21 +456,21 @@ static int many_check(wtx__many *m, char *err, size_t errlen);
 static int many_go(wtx__many *m, char *err, size_t errlen);
 
 /* Rank 0: worker w's session, as its init answered, against its stream:
- * boxes are scattered into staging on the host, so a worker that stages
- * on a GPU must get none (its session would refuse the first box). */
+ * a worker that refuses boxes must get none (its session would refuse the
+ * first). */
 static int many_staging(const wtx__many *m, size_t w,
                         const Wtx__V1__InitWeightTransferEngineResponse *resp, char *err,
                         size_t errlen) {
   const wstream *st = &m->ws[w];
-  if (!resp->device_staging || st->nboxes == 0) return 0;
+  if (!resp->refuses_boxes || st->nboxes == 0) return 0;
   const seg *s = st->segs;
   while (s->box == 0) s++;
   const wtx_piece *pieces;
   wtx_plan_pieces(m->plan, &pieces);
   snprintf(err, errlen, "many senders: '%s' reaches worker %zu (%s) in boxes (rank %u's piece "
            "is not one run of the worker's part: the trainer shards a dim inside the one the "
-           "worker keeps), and that worker stages on a GPU, where boxes are not scattered; a "
-           "worker staging on the host takes them", st->pm[s->tensor].name, w,
+           "worker keeps), and that worker's model adopts tensors in place on its GPU, where "
+           "boxes cannot be scattered; one that stages them takes boxes", st->pm[s->tensor].name, w,
            wtx_client_target(m->client, w), pieces[s->piece].rank);
   return WTX_ENOTSUP;
 }

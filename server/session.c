@@ -278,6 +278,8 @@ static grpc_status_code find_transport(wtx_session *s, wtx__rpc_ctx *ctx,
                             "worker; it serves: %s", member, names);
 }
 
+static int takes_boxes(const wtx_session *s);
+
 /* Replaces the session's engine. Caller holds mu. */
 static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
                          void *engine, const wtx_wire_params *wire) {
@@ -369,7 +371,7 @@ static grpc_status_code handle_init(wtx__rpc_ctx *ctx,
     resp->backend = (char *)t->name;
     resp->data_address = wtx__rpc_ctx_strdup(ctx, addr);
     resp->world_size = s->cfg.world_size;
-    resp->device_staging = s->stage_device >= 0;
+    resp->refuses_boxes = !takes_boxes(s);
   }
   pthread_mutex_unlock(&s->mu);
   if (engine != NULL) t->destroy(engine);
@@ -718,8 +720,18 @@ static int scratch_grow(wtx_session *s, size_t n) {
   return 0;
 }
 
-/* A box chunk's frame: one tensor, from its first byte, staged on the
- * host, where its box is scattered into the tensor. */
+/* Whether this session scatters boxes into staging: on the host, or
+ * through its backend into device memory the model stages apart. A model
+ * that only adopts tensors in place in the receive region cannot: each
+ * lies there at its place in the stream, and boxes arrive packed. */
+static int takes_boxes(const wtx_session *s) {
+  return s->stage_device < 0 ||
+         (s->transport->put_box != NULL &&
+          (s->region == NULL || s->cfg.model_ops->stage_device != NULL));
+}
+
+/* A box chunk's frame: one tensor, from its first byte, received on the
+ * host apart, then scattered into the tensor's staging. */
 static int box_frame(wtx_session *s, chunk *c) {
   if (c->n != 1 || c->ui->first_param_offset != 0) {
     snprintf(c->err, sizeof c->err, "update_info.box: a box chunk carries one tensor from its "
@@ -727,9 +739,9 @@ static int box_frame(wtx_session *s, chunk *c) {
              (unsigned long long)c->ui->first_param_offset);
     return WTX_EINVAL;
   }
-  if (s->region != NULL || s->stage_device >= 0) {
-    snprintf(c->err, sizeof c->err, "update_info.box: this worker stages on a GPU, and boxes "
-             "are scattered into staging on the host only");
+  if (!takes_boxes(s)) {
+    snprintf(c->err, sizeof c->err, "update_info.box: this worker's model adopts tensors in "
+             "place on its GPU, where boxes cannot be scattered");
     return WTX_ENOTSUP;
   }
   return 0;
@@ -892,19 +904,31 @@ static int box_stage(wtx_session *s, chunk *c) {
   return 0;
 }
 
-/* The received box into its tensor's staging. Until its boxes cover it
- * the tensor is not complete (*done 0); once they do, *sums (when not
- * NULL) becomes its whole checksum, read back as span sums' are. */
+/* The received box into its tensor's staging, on the host or through
+ * the backend onto the GPU; called while receiving, outside the lock. */
+static int box_put(wtx_session *s, chunk *c) {
+  size_t es = wtx_dtype_size(c->metas[0].dtype);
+  if (s->stage_device >= 0)
+    return s->transport->put_box(s->engine, s->up.boxed.dst, &c->boxed.whole, c->boxed.wire,
+                                 &c->boxed.box, es, c->err, sizeof c->err);
+  wtx_box_copy(s->up.boxed.dst, &c->boxed.whole, c->boxed.wire, NULL, &c->boxed.box, es);
+  return 0;
+}
+
+/* A box in place. Until its boxes cover the tensor it is not complete
+ * (*done 0); once they do, *sums (when not NULL) becomes its whole
+ * checksum, read back as span sums' are: none from device staging, which
+ * is not read back. */
 static void box_scatter(wtx_session *s, chunk *c, size_t *done, const uint64_t **sums) {
   struct wtx__boxed *b = &s->up.boxed;
   const wtx_tensor_meta *m = &c->metas[0];
-  wtx_box_copy(b->dst, &c->boxed.whole, c->boxed.wire, NULL, &c->boxed.box,
-               wtx_dtype_size(m->dtype));
   if (b->covered < m->nbytes) {
     *done = 0;
     return;
   }
-  if (*sums != NULL) {
+  if (*sums != NULL && s->stage_device >= 0) {
+    *sums = NULL;
+  } else if (*sums != NULL) {
     s->sc.sums[0] = XXH3_64bits(b->dst, m->nbytes);
     *sums = s->sc.sums;
   }
@@ -1091,12 +1115,18 @@ static int chunk_stage(wtx_session *s, chunk *c) {
     c->rt[0].dst = s->up.boxed.dst;
     first = 1;
   }
-  int rc = s->steps.stage(s, c, first, first ? at + c->metas[0].nbytes : at);
+  /* A boxed tensor is staged apart from the receive region: its bytes
+   * are not where the stream would put them. */
+  int (*stage)(wtx_session *, chunk *, size_t, uint64_t) =
+      ui->box != NULL && s->region != NULL ? stage_each_on_device : s->steps.stage;
+  int rc = stage(s, c, first, first ? at + c->metas[0].nbytes : at);
   if (rc == 0 && ui->box != NULL) rc = box_stage(s, c);
   if (rc == 0 && c->n_patches > 0) rc = stage_patches(c);
   if (rc != 0) return rc;
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
-  int flags = (verify ? WTX__RX_VERIFY : 0) | (s->stage_device >= 0 ? WTX__RX_DEVICE : 0);
+  /* A box comes to the host (box_stage), wherever its tensor is staged. */
+  int device = s->stage_device >= 0 && ui->box == NULL;
+  int flags = (verify ? WTX__RX_VERIFY : 0) | (device ? WTX__RX_DEVICE : 0);
   rc = wtx__rx_begin(s->rx, c->rt, c->n, ui->first_param_offset, ui->chunk_bytes, flags);
   if (rc != 0) snprintf(c->err, sizeof c->err, "%s", wtx__rx_error(s->rx));
   else if (verify) wtx__rx_expect_checksums(s->rx, ui->xxh3_64, ui->n_xxh3_64);
@@ -1204,6 +1234,8 @@ static int chunk_receive(wtx_session *s, chunk *c) {
   int rc = t->receive(engine, c->ui, s->rx);
   if (rc == 0) rc = wtx__rx_end(s->rx);
   if (rc != 0) snprintf(c->err, sizeof c->err, "%s", wtx__rx_error(s->rx));
+  /* While receiving, no abort frees the staging (it waits for the end). */
+  else if (c->ui->box != NULL) rc = box_put(s, c);
   c->receive_failed = rc != 0;
   pthread_mutex_lock(&s->mu);
   s->up.receiving = 0;

@@ -222,6 +222,16 @@ static int copy_out(ipc_worker *w, const Wtx__V1__CudaIpcBuffer *b, wtx_rx *rx) 
   return wtx__gpu_out_copy(&w->out, w->opened[k], "cuda_ipc", rx);
 }
 
+static int ipc_worker_put_box(void *self, void *dst, const wtx_box *whole, const void *src,
+                              const wtx_box *box, size_t es, char *err, size_t errlen) {
+  ipc_worker *w = self;
+  int prev;
+  wtx__cuda_enter(w->cuda, w->device, &prev);
+  int rc = wtx__gpu_out_box(&w->out, dst, whole, src, box, es, "cuda_ipc", err, errlen);
+  wtx__cuda_leave(w->cuda, prev);
+  return rc;
+}
+
 static void ipc_worker_destroy(void *self) {
   ipc_worker *w = self;
   int prev;
@@ -246,6 +256,7 @@ const wtx_worker_transport wtx_cuda_ipc_worker_transport = {
     .destroy = ipc_worker_destroy,
     .device = ipc_worker_device,
     .region = ipc_worker_region,
+    .put_box = ipc_worker_put_box,
 };
 
 /* ---- trainer half ---- */

@@ -106,6 +106,35 @@ int wtx__gpu_out_copy(wtx__gpu_out *g, const uint8_t *src, const char *who, wtx_
   return wtx_rx_on_device(rx) ? to_device(g, src, who, rx) : to_host(g, src, who, rx);
 }
 
+typedef struct box_arg {
+  wtx__gpu_out *g;
+  uint8_t *dst;
+  const uint8_t *src;
+  size_t es;
+  int e; /* the first CUDA error */
+} box_arg;
+
+static int box_run(void *arg, uint64_t in_dst, uint64_t in_src, uint64_t n) {
+  box_arg *b = arg;
+  b->e = b->g->cuda->MemcpyAsync(b->dst + in_dst * b->es, b->src + in_src * b->es, n * b->es,
+                                 WTX_CUDA_H2D, b->g->stream);
+  return b->e != WTX_CUDA_SUCCESS;
+}
+
+int wtx__gpu_out_box(wtx__gpu_out *g, void *dst, const wtx_box *whole, const void *src,
+                     const wtx_box *box, size_t es, const char *who, char *err, size_t errlen) {
+  box_arg b = {g, dst, src, es, WTX_CUDA_SUCCESS};
+  wtx_box_runs(whole, NULL, box, box_run, &b);
+  /* Whatever happened, nothing queued may land after this returns. */
+  char why[300];
+  int waited = wtx__cuda_wait(g->cuda, g->stream, NULL, g->timeout_ms, NULL, why, sizeof why);
+  if (b.e != WTX_CUDA_SUCCESS)
+    snprintf(err, errlen, "%s: box into device staging: %s", who, g->cuda->GetErrorString(b.e));
+  else if (waited != 0)
+    snprintf(err, errlen, "%s: box into device staging: %s", who, why);
+  return b.e != WTX_CUDA_SUCCESS ? WTX_EIO : waited;
+}
+
 void wtx__gpu_region_drop(wtx__gpu_region *r, const wtx_cuda *c, const char *who,
                           const char *why) {
   if (r->base != NULL) c->Free(r->base);

@@ -38,6 +38,9 @@ int wtx__ipc_region_get(const wtx__ipc_region *r, uint8_t **base, uint64_t *byte
 /* The chunk rx expects, from [at, +wtx_rx_remaining) of the region, into
  * staging (a copy whose source is its destination is skipped). */
 int wtx__ipc_region_out(wtx__ipc_region *r, uint64_t at, wtx_rx *rx);
+/* wtx_worker_transport.put_box, on the region's device. */
+int wtx__ipc_region_box(wtx__ipc_region *r, void *dst, const wtx_box *whole, const void *src,
+                        const wtx_box *box, size_t es, char *err, size_t errlen);
 
 /* Sender: the region a record names, opened on WTX_CUDA_DEVICE. */
 int wtx__ipc_region_open(const uint8_t *rec, uint32_t timeout_ms, wtx__ipc_region **out,

@@ -171,6 +171,16 @@ static int nccl_worker_region(void *self, uint8_t **base, uint64_t *bytes) {
   return wtx__gpu_region_get(&((nccl_worker *)self)->region, base, bytes);
 }
 
+static int nccl_worker_put_box(void *self, void *dst, const wtx_box *whole, const void *src,
+                               const wtx_box *box, size_t es, char *err, size_t errlen) {
+  nccl_worker *w = self;
+  int prev;
+  wtx__cuda_enter(w->cuda, w->device, &prev);
+  int rc = wtx__gpu_out_box(&w->out, dst, whole, src, box, es, "nccl", err, errlen);
+  wtx__cuda_leave(w->cuda, prev);
+  return rc;
+}
+
 /* Allocates the receive region when asked, then joins the trainer's
  * communicator (outside the session lock): bounded by timeout_ms, ended by
  * cancel. */
@@ -301,6 +311,7 @@ const wtx_worker_transport wtx_nccl_worker_transport = {
     .receive = nccl_worker_receive,
     .device = nccl_worker_device,
     .region = nccl_worker_region,
+    .put_box = nccl_worker_put_box,
     .cancel = nccl_worker_cancel,
     .reset = nccl_worker_reset,
     .destroy = nccl_worker_destroy,

@@ -127,6 +127,14 @@ void wtx_slice_box(const wtx_tensor_meta *m, const wtx_slice *s, wtx_box *out);
  * row-major tensor holding exactly part (the wire's form of a piece). */
 void wtx_box_copy(void *dst, const wtx_box *dst_box, const void *src,
                   const wtx_box *src_box, const wtx_box *part, size_t elsize);
+/* The runs wtx_box_copy copies, one call of fn each, in row-major order:
+ * each contiguous run of part's elements, its first element's offset (in
+ * elements) in a and in b (row-major tensors holding boxes a and b; NULL:
+ * packed, holding exactly part) and its length; merged outwards over the
+ * dims part spans whole in both. Stops at fn's first non-zero answer and
+ * returns it. For copies that are not memcpy (into device memory). */
+int wtx_box_runs(const wtx_box *a, const wtx_box *b, const wtx_box *part,
+                 int (*fn)(void *arg, uint64_t in_a, uint64_t in_b, uint64_t n), void *arg);
 /* Marks part's elements in bits, one bit per element of a row-major tensor
  * holding box outer (part lies in it; bits has room for them all):
  * WTX_EEXIST, with nothing marked, when any was marked already. A worker

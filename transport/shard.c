@@ -166,14 +166,10 @@ void wtx_slice_box(const wtx_tensor_meta *m, const wtx_slice *s, wtx_box *out) {
   }
 }
 
-/* Calls fn for each contiguous run of part's elements, in row-major order,
- * with each run's first element's offset in a and in b (row-major tensors
- * holding boxes a and b; part lies in both) and its length: the innermost
- * dim, merged outwards over dims part spans whole in both. Stops at fn's
- * first non-zero answer, and returns it. */
-static int each_run(const wtx_box *a, const wtx_box *b, const wtx_box *part,
-                    int (*fn)(void *arg, uint64_t in_a, uint64_t in_b, uint64_t n),
-                    void *arg) {
+int wtx_box_runs(const wtx_box *a, const wtx_box *b, const wtx_box *part,
+                 int (*fn)(void *arg, uint64_t in_a, uint64_t in_b, uint64_t n), void *arg) {
+  if (a == NULL) a = part;
+  if (b == NULL) b = part;
   size_t nd = part->ndim;
   if (wtx_box_elements(part) == 0) return 0;
   size_t k = nd > 0 ? nd - 1 : 0;
@@ -212,8 +208,7 @@ static int copy_run(void *arg, uint64_t in_dst, uint64_t in_src, uint64_t n) {
 void wtx_box_copy(void *dst, const wtx_box *dst_box, const void *src, const wtx_box *src_box,
                   const wtx_box *part, size_t elsize) {
   copy_arg c = {dst, src, elsize};
-  each_run(dst_box != NULL ? dst_box : part, src_box != NULL ? src_box : part, part, copy_run,
-           &c);
+  wtx_box_runs(dst_box, src_box, part, copy_run, &c);
 }
 
 /* Bits [lo, lo + n) of b: whether any is set (test), or set them. */
@@ -240,8 +235,8 @@ static int set_run(void *bits, uint64_t in_outer, uint64_t unused, uint64_t n) {
 }
 
 int wtx_box_mark(uint64_t *bits, const wtx_box *outer, const wtx_box *part) {
-  int rc = each_run(outer, outer, part, test_run, bits);
-  return rc != 0 ? rc : each_run(outer, outer, part, set_run, bits);
+  int rc = wtx_box_runs(outer, outer, part, test_run, bits);
+  return rc != 0 ? rc : wtx_box_runs(outer, outer, part, set_run, bits);
 }
 
 int wtx_box_cut(const wtx_box *b, size_t elsize, uint64_t max,

@@ -943,6 +943,16 @@ static int tcp_worker_region(void *self, uint8_t **base, uint64_t *bytes) {
   return w->region != NULL ? wtx__ipc_region_get(w->region, base, bytes) : WTX_ENOENT;
 }
 
+/* Only with a region is there a device to stage on (tcp_worker_device). */
+static int tcp_worker_put_box(void *self, void *dst, const wtx_box *whole, const void *src,
+                              const wtx_box *box, size_t es, char *err, size_t errlen) {
+  tcp_worker *w = self;
+  if (w->region != NULL)
+    return wtx__ipc_region_box(w->region, dst, whole, src, box, es, err, errlen);
+  snprintf(err, errlen, "tcp: no GPU to put a box on");
+  return WTX_ESTATE;
+}
+
 const wtx_worker_transport wtx_tcp_worker_transport = {
     .name = "tcp",
     .init_case = WTX__V1__INIT_INFO__BACKEND_TCP,
@@ -957,6 +967,7 @@ const wtx_worker_transport wtx_tcp_worker_transport = {
     .destroy = tcp_worker_destroy,
     .device = tcp_worker_device,
     .region = tcp_worker_region,
+    .put_box = tcp_worker_put_box,
 };
 
 /* ---- trainer half ---- */

@@ -28,6 +28,7 @@
 
 #include "common/stop.h"
 #include "transport/netallow.h"
+#include "transport/plan.h"
 #include "wtx/error.h"
 #include "wtx/limits.h"
 #include "wtx/v1/weight_transfer.pb-c.h"
@@ -187,6 +188,13 @@ typedef struct wtx_worker_transport {
    * at its offset in the update's stream, and receive copies nothing for
    * it (a copy whose source and destination coincide is skipped). */
   int (*region)(void *self, uint8_t **base, uint64_t *bytes);
+  /* Optional (GPU backends): box (UpdateInfo.box) of a tensor, its bytes
+   * packed row-major at src (host memory, received and verified there),
+   * into the tensor's device staging at dst, a row-major tensor holding
+   * box whole, es bytes an element; returns once they are there (bounded
+   * by the timeout). A session staging on a GPU takes boxes through it. */
+  int (*put_box)(void *self, void *dst, const wtx_box *whole, const void *src,
+                 const wtx_box *box, size_t es, char *err, size_t errlen);
 } wtx_worker_transport;
 
 int wtx_worker_transport_register(const wtx_worker_transport *t);

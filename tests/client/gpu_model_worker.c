@@ -9,8 +9,8 @@
  * so a push to it succeeds only when the bytes went device to device; when
  * the trainer writes into the worker's receive region (cuda_ipc direct), it
  * adopts its tensors there instead (adopt_device), and with --in-place-only
- * it refuses any other staging, so a push succeeds only when the trainer's
- * copy was the only one. At
+ * it has no other staging (no stage_device), so a push succeeds only when
+ * the trainer's copy was the only one. At
  * prepare it copies each staged tensor back to the host and hashes it: a
  * tensor whose device bytes do not hash to the checksum the session
  * verified fails the update. With checksums off (the GPU backends'
@@ -106,10 +106,6 @@ static int m_adopt_device(void *model, const wtx_tensor_meta *meta, int device,
 
 static int m_stage_device(void *model, const wtx_tensor_meta *meta, int device, void **dst) {
   gpu_model *m = model;
-  if (m->in_place_only) {
-    fprintf(stderr, "gpu_model_worker: '%s' staged, not received in place\n", meta->name);
-    return WTX_EINVAL;
-  }
   staged *s = add_staged(m, meta, device);
   if (s == NULL) return WTX_ENOMEM;
   s->owned = 1;
@@ -237,7 +233,11 @@ int main(int argc, char **argv) {
   int rc = wtx__cuda_load(0, &m.cuda, err, sizeof err);
   wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
   o.listen = listen;
-  o.model_ops = &gpu_model_ops;
+  /* --in-place-only: a model that can only adopt (no stage_device), as
+   * the worker then sees it: one that refuses boxes. */
+  wtx_model_ops ops = gpu_model_ops;
+  if (m.in_place_only) ops.stage_device = NULL;
+  o.model_ops = &ops;
   o.model = &m;
   if (rc == 0) rc = wtx_worker_start(&o, &w, err, sizeof err);
   if (rc == 0 && write_port(port_file, wtx_worker_port(w)) != 0) rc = WTX_EIO;

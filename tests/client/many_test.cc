@@ -174,6 +174,9 @@ class ManyTest : public wtxtest::ShardedFixture {
   // Two syncs land on every worker, sent once, by the owners; then a rank
   // killed mid-sync leaves every worker on v2, and the next sync lands.
   void SyncsLandAndADeadRankCostsOneSync();
+  // Two row-parallel syncs land on 2 tensor-parallel workers and a whole
+  // replica on the GPU (gpu_model_worker), whose device bytes are checked.
+  void BoxesReachAWorkerStagingOnAGpu();
 
   std::vector<int> ports_;
   std::vector<Rank> ranks_;
@@ -370,16 +373,55 @@ TEST_F(ManyTest, ARowParallelTrainerFeedsEveryWorkerInBoxesOverCudaIpc) {
 }
 
 // A worker whose model stages on its GPU (tests/client/gpu_model_worker,
-// as vLLM's does) does not scatter boxes: its init answers so
-// (device_staging), and rank 0 refuses the plan at init, naming the first
-// tensor that would reach it in boxes and the worker, before any update
-// starts; every worker keeps serving what it served.
-TEST_F(ManyTest, BoxesForAWorkerThatStagesOnAGpuAreRefusedAtInitNamingTensorAndWorker) {
+// as vLLM's does) takes boxes too, on the TEST DOUBLE: each comes to the
+// host, verified there, and is scattered into its tensor's device staging
+// one run at a time (over cuda_ipc beside the receive region, where the
+// other tensors are adopted in place). The model's device bytes, hashed
+// at each commit, are the full model's.
+TEST_F(ManyTest, ARowParallelTrainerFeedsAWorkerStagingOnAGpuInBoxesOverNccl) {
+  backend_ = "nccl";
+  BoxesReachAWorkerStagingOnAGpu();
+}
+
+TEST_F(ManyTest, ARowParallelTrainerFeedsAWorkerStagingOnAGpuInBoxesOverCudaIpc) {
+  backend_ = "cuda_ipc";
+  BoxesReachAWorkerStagingOnAGpu();
+}
+
+void ManyTest::BoxesReachAWorkerStagingOnAGpu() {
+  rows_ = true;
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1);
+  worker_binary_ = "tests/client/gpu_model_worker";
+  std::string sums = dir_ + "/sums";
+  Worker gpu = Spawn({"--sums", sums});
+  std::vector<Worker> ws = {r0, r1, gpu};
+  StartAll(ws);
+  for (int seed = 1; seed <= 2; seed++) {
+    Llama model(static_cast<uint8_t>(seed));
+    std::string v = "v" + std::to_string(seed), version;
+    std::vector<std::string> got = SyncAll(seed, v);
+    for (int r = 0; r < 4; r++) EXPECT_EQ(0u, got[r].rfind("ok", 0)) << "rank " << r << ": " << got[r];
+    ExpectHolds(r0, 0, model, v);
+    ExpectHolds(r1, 1, model, v);
+    std::map<std::string, uint64_t> dev = DeviceSums(sums, &version);
+    EXPECT_EQ(v, version);
+    EXPECT_EQ(model.t.size(), dev.size());
+    for (const wtxtest::Tensor &x : model.t)
+      EXPECT_EQ(XXH3_64bits(x.data.data(), x.data.size()), dev[x.name]) << x.name << " " << v;
+  }
+}
+
+// A model that only adopts tensors in place in the receive region
+// (gpu_model_worker --in-place-only) cannot take boxes: its init answers
+// so (refuses_boxes), and rank 0 refuses the plan at init, naming the
+// first tensor that would reach it in boxes and the worker, before any
+// update starts; every worker keeps serving what it served.
+TEST_F(ManyTest, BoxesForAWorkerThatOnlyAdoptsInPlaceAreRefusedAtInitNamingTensorAndWorker) {
   rows_ = true;
   backend_ = "cuda_ipc";
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1);
   worker_binary_ = "tests/client/gpu_model_worker";
-  Worker gpu = Spawn({"--sums", dir_ + "/sums"});
+  Worker gpu = Spawn({"--in-place-only", "--sums", dir_ + "/sums"});
   std::vector<Worker> ws = {r0, r1, gpu};
   for (int r = 0; r < 4; r++) Start(r, ws);
   std::string zero = Line(ranks_[0]);
@@ -388,7 +430,7 @@ TEST_F(ManyTest, BoxesForAWorkerThatStagesOnAGpuAreRefusedAtInitNamingTensorAndW
             zero.find("'model.layers.1.self_attn.q_proj.weight' reaches worker 2 (" +
                       gpu.addr() + ") in boxes"))
       << zero;
-  EXPECT_NE(std::string::npos, zero.find("stages on a GPU")) << zero;
+  EXPECT_NE(std::string::npos, zero.find("adopts tensors in place on its GPU")) << zero;
   Finish(ranks_[0], 1);
   for (const Worker &w : ws) {  // no update started anywhere
     wtx_client *c = Client({w});

@@ -1007,6 +1007,7 @@ const wtx_worker_transport kSlowDouble = {
     .destroy = SlowDestroy,
     .device = nullptr,
     .region = nullptr,
+    .put_box = nullptr,
 };
 
 // The store, counting aborts.
