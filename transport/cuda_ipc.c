@@ -225,11 +225,8 @@ static int copy_out(ipc_worker *w, const Wtx__V1__CudaIpcBuffer *b, wtx_rx *rx) 
 static int ipc_worker_put_box(void *self, void *dst, const wtx_box *whole, const void *src,
                               const wtx_box *box, size_t es, char *err, size_t errlen) {
   ipc_worker *w = self;
-  int prev;
-  wtx__cuda_enter(w->cuda, w->device, &prev);
-  int rc = wtx__gpu_out_box(&w->out, dst, whole, src, box, es, "cuda_ipc", err, errlen);
-  wtx__cuda_leave(w->cuda, prev);
-  return rc;
+  return wtx__gpu_out_box(&w->out, w->device, dst, whole, src, box, es, "cuda_ipc", err,
+                          errlen);
 }
 
 static void ipc_worker_destroy(void *self) {

@@ -121,13 +121,17 @@ static int box_run(void *arg, uint64_t in_dst, uint64_t in_src, uint64_t n) {
   return b->e != WTX_CUDA_SUCCESS;
 }
 
-int wtx__gpu_out_box(wtx__gpu_out *g, void *dst, const wtx_box *whole, const void *src,
-                     const wtx_box *box, size_t es, const char *who, char *err, size_t errlen) {
+int wtx__gpu_out_box(wtx__gpu_out *g, int device, void *dst, const wtx_box *whole,
+                     const void *src, const wtx_box *box, size_t es, const char *who, char *err,
+                     size_t errlen) {
   box_arg b = {g, dst, src, es, WTX_CUDA_SUCCESS};
+  int prev;
+  wtx__cuda_enter(g->cuda, device, &prev);
   wtx_box_runs(whole, NULL, box, box_run, &b);
   /* Whatever happened, nothing queued may land after this returns. */
   char why[300];
   int waited = wtx__cuda_wait(g->cuda, g->stream, NULL, g->timeout_ms, NULL, why, sizeof why);
+  wtx__cuda_leave(g->cuda, prev);
   if (b.e != WTX_CUDA_SUCCESS)
     snprintf(err, errlen, "%s: box into device staging: %s", who, g->cuda->GetErrorString(b.e));
   else if (waited != 0)

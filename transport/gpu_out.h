@@ -43,12 +43,14 @@ void wtx__gpu_out_close(wtx__gpu_out *g);
  * land would let them write memory the model has freed. who names the
  * backend in error messages. */
 int wtx__gpu_out_copy(wtx__gpu_out *g, const uint8_t *src, const char *who, wtx_rx *rx);
-/* wtx_worker_transport.put_box on the current device (the worker's): one
- * host-to-device copy per run of box (packed at src) into dst, queued on
- * the stream; returns once every one has landed, bounded by timeout_ms as
- * copy's are. WTX_EIO naming the CUDA error (who: the backend). */
-int wtx__gpu_out_box(wtx__gpu_out *g, void *dst, const wtx_box *whole, const void *src,
-                     const wtx_box *box, size_t es, const char *who, char *err, size_t errlen);
+/* wtx_worker_transport.put_box on device (the worker's, made current
+ * meanwhile): one host-to-device copy per run of box (packed at src) into
+ * dst, queued on the stream; returns once every one has landed, bounded by
+ * timeout_ms as copy's are. WTX_EIO naming the CUDA error (who: the
+ * backend). */
+int wtx__gpu_out_box(wtx__gpu_out *g, int device, void *dst, const wtx_box *whole,
+                     const void *src, const wtx_box *box, size_t es, const char *who, char *err,
+                     size_t errlen);
 
 /* A direct session's receive region (wtx_worker_transport.region), the
  * same for both GPU backends: device memory the size of the trainer's

@@ -96,11 +96,7 @@ int wtx__ipc_region_out(wtx__ipc_region *r, uint64_t at, wtx_rx *rx) {
 
 int wtx__ipc_region_box(wtx__ipc_region *r, void *dst, const wtx_box *whole, const void *src,
                         const wtx_box *box, size_t es, char *err, size_t errlen) {
-  int prev;
-  wtx__cuda_enter(r->cuda, r->device, &prev);
-  int rc = wtx__gpu_out_box(&r->out, dst, whole, src, box, es, "tcp", err, errlen);
-  wtx__cuda_leave(r->cuda, prev);
-  return rc;
+  return wtx__gpu_out_box(&r->out, r->device, dst, whole, src, box, es, "tcp", err, errlen);
 }
 
 int wtx__ipc_region_open(const uint8_t *rec, uint32_t timeout_ms, wtx__ipc_region **out,

@@ -174,11 +174,7 @@ static int nccl_worker_region(void *self, uint8_t **base, uint64_t *bytes) {
 static int nccl_worker_put_box(void *self, void *dst, const wtx_box *whole, const void *src,
                                const wtx_box *box, size_t es, char *err, size_t errlen) {
   nccl_worker *w = self;
-  int prev;
-  wtx__cuda_enter(w->cuda, w->device, &prev);
-  int rc = wtx__gpu_out_box(&w->out, dst, whole, src, box, es, "nccl", err, errlen);
-  wtx__cuda_leave(w->cuda, prev);
-  return rc;
+  return wtx__gpu_out_box(&w->out, w->device, dst, whole, src, box, es, "nccl", err, errlen);
 }
 
 /* Allocates the receive region when asked, then joins the trainer's
