@@ -51,6 +51,9 @@ struct wtx_trainer {
   wtx__many *many;
   int sums_sent; /* the last sync landed with checksums: t->xxh3 holds them */
   int delta;     /* wtx_trainer_config.delta */
+  /* A delta's sync prepared, not yet published (wtx__trainer_send_prepared):
+   * 0 none, 1 hashed, 2 hashed and diffed; wtx__trainer_landed settles it. */
+  int dk_prepared;
   wtx__delta dk; /* with delta: what the replicas serve, and the sync's subset */
   wtx__delta cp; /* the caller's patches of the last wtx_trainer_send_patches */
   char full_reason[1600]; /* wtx_send_result.full_reason */
@@ -311,12 +314,6 @@ int wtx_trainer_init(const wtx_trainer_config *cfg, wtx_client *client,
     if (rc != 0) return rc;
   }
   if (sh == NULL) return wtx__trainer_init_plain(cfg, client, source, out, err, errlen);
-  if (cfg->delta) {
-    wtx__sharded_destroy(sh);
-    snprintf(err, errlen, "delta: not offered with tensor-parallel workers yet (a worker "
-             "announces shard rules): their parts carry no whole-tensor hashes to compare");
-    return WTX_ENOTSUP;
-  }
   return wrapper(cfg, client, source, sh, NULL, out);
 }
 
@@ -1022,8 +1019,15 @@ static int sync_run(sync_state *s, int commit, char *version, size_t vlen) {
  * hashes now (once published), which are also every tensor's checksum. */
 static void delta_landed(wtx_trainer *t, const sync_state *s, int commit) {
   memcpy(t->xxh3, t->dk.hashes, t->n * sizeof *t->xxh3);
-  if (commit && s->o->target != WTX_TARGET_DRAFT) wtx__delta_landed(&t->dk, s->diffed);
-  else wtx__delta_failed(&t->dk);
+  int to_main = s->o->target != WTX_TARGET_DRAFT;
+  if (commit && to_main) {
+    wtx__delta_landed(&t->dk, s->diffed);
+  } else if (to_main) {
+    t->dk.valid = 0; /* until the caller publishes it: wtx__trainer_landed */
+    t->dk_prepared = 1 + s->diffed;
+  } else {
+    wtx__delta_failed(&t->dk);
+  }
   if (s->delta) t->full_reason[0] = '\0';
   else if (t->full_reason[0] == '\0')
     snprintf(t->full_reason, sizeof t->full_reason, "delta: no earlier sync to compare with");
@@ -1156,6 +1160,13 @@ int wtx__trainer_send_prepared(wtx_trainer *t, const wtx_send_options *opts,
   t->err[0] = '\0';
   int rc = check_version(t, opts);
   return rc != 0 ? rc : send_run(t, opts, 0, result);
+}
+
+void wtx__trainer_landed(wtx_trainer *t, int published) {
+  if (t->dk_prepared == 0) return;
+  if (published) wtx__delta_landed(&t->dk, t->dk_prepared == 2);
+  else wtx__delta_failed(&t->dk);
+  t->dk_prepared = 0;
 }
 
 void wtx__trainer_abort(wtx_trainer *t, const char *reason) {

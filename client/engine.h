@@ -25,6 +25,9 @@ void wtx__trainer_set_parts(wtx_trainer *t, Wtx__V1__TensorPart *const *parts);
  * as wtx_trainer_send_weights's, less the version. */
 int wtx__trainer_send_prepared(wtx_trainer *t, const wtx_send_options *opts,
                                wtx_send_result *result);
+/* After wtx__trainer_send_prepared: whether its update was published on
+ * every replica (1) or not (0), for a delta's record of what they serve. */
+void wtx__trainer_landed(wtx_trainer *t, int published);
 /* Aborts every replica's update (their previous weights stay); the next
  * sync initializes the sessions again. */
 void wtx__trainer_abort(wtx_trainer *t, const char *reason);

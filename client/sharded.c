@@ -8,8 +8,12 @@
  * fed from one pass over the trainer's source: the pass advances to the
  * next tensor when every group has taken what it needs of the current one
  * (a tensor may be a collective all ranks join, so it is yielded once).
- * Every group prepares before any publishes; a failure anywhere aborts
- * them all. */
+ * A group may read its parts more than once in a sync (a delta's hash pass,
+ * then its send): each of its reads is a round of the shared pass, which
+ * starts the source's iteration again once no group still reads the round
+ * before, so every group of a round sees the same iteration and the other
+ * ranks' collectives stay in step. Every group prepares before any
+ * publishes; a failure anywhere aborts them all. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -40,14 +44,33 @@ typedef struct shared_pass {
   int rc;                /* the pass failed: every group stops */
   char err[600];
   size_t *want;          /* per group: the tensor it waits for, NONE when done */
+  uint32_t round;        /* the iteration under way: 1 is the sync's first */
+  uint32_t *in_round;    /* per group: the round it reads (0: none yet) */
+  uint8_t *left;         /* per group: its sync is over, it reads no more */
+  int switching;         /* a group is starting the next round */
   size_t groups;
   int64_t wait_ms;       /* bound on waiting for the other groups */
 } shared_pass;
 
-/* Whether no group still reads the tensor held. */
+/* Whether no group still reads the tensor held, nor may join the round
+ * and read it (a group between two rounds of its own). */
 static int all_past(const shared_pass *sp) {
-  for (size_t g = 0; g < sp->groups; g++)
-    if (sp->pos != NONE && sp->want[g] <= sp->pos) return 0;
+  for (size_t g = 0; g < sp->groups; g++) {
+    if (sp->left[g]) continue;
+    if (sp->in_round[g] < sp->round) return 0;
+    if (sp->in_round[g] == sp->round && sp->pos != NONE && sp->want[g] <= sp->pos) return 0;
+  }
+  return 1;
+}
+
+/* Whether the round may end: every group that stays has read and closed
+ * it, or waits for the next. */
+static int round_over(const shared_pass *sp) {
+  for (size_t g = 0; g < sp->groups; g++) {
+    if (sp->left[g]) continue;
+    if (sp->in_round[g] < sp->round) return 0;
+    if (sp->in_round[g] == sp->round && sp->want[g] != NONE) return 0;
+  }
   return 1;
 }
 
@@ -78,6 +101,47 @@ static void advance(shared_pass *sp) {
   pthread_cond_broadcast(&sp->cv);
 }
 
+/* The rest of the iteration (each yield may be a collective the other
+ * ranks join), which must then end. Caller holds mu; returns holding it. */
+static void end_iteration(shared_pass *sp) {
+  while (sp->rc == 0 && (sp->pos == NONE ? 0 : sp->pos + 1) < sp->n) advance(sp);
+  if (sp->rc != 0) return;
+  sp->advancing = 1;
+  pthread_mutex_unlock(&sp->mu);
+  wtx_tensor_meta m;
+  wtx__tensor_data d;
+  int r = wtx__source_next(sp->source, sp->iter, 0, &m, &d);
+  pthread_mutex_lock(&sp->mu);
+  sp->advancing = 0;
+  if (r != 0) {
+    sp->rc = WTX_EINVAL;
+    snprintf(sp->err, sizeof sp->err, "source: iteration goes on past the %zu parameters "
+             "of metadata()", sp->n);
+  }
+}
+
+/* The next round: this iteration ended, the source's next begun. Caller
+ * holds mu; returns holding it. */
+static void next_round(shared_pass *sp) {
+  sp->switching = 1;
+  end_iteration(sp);
+  if (sp->rc == 0) {
+    pthread_mutex_unlock(&sp->mu);
+    wtx_source_close(sp->source, sp->iter);
+    int rc = wtx_source_open(sp->source, &sp->iter);
+    pthread_mutex_lock(&sp->mu);
+    if (rc != 0) {
+      sp->iter = NULL;
+      sp->rc = rc;
+      snprintf(sp->err, sizeof sp->err, "source: cannot start pass %u", sp->round + 1);
+    }
+  }
+  sp->pos = NONE;
+  sp->round++;
+  sp->switching = 0;
+  pthread_cond_broadcast(&sp->cv);
+}
+
 /* A deadline ms from now on the clock the pass's condition waits on. */
 static void deadline_in(struct timespec *ts, int64_t ms) {
   clock_gettime(CLOCK_MONOTONIC, ts);
@@ -99,8 +163,12 @@ static int pass_get(shared_pass *sp, size_t g, size_t i, wtx__tensor_data *out, 
   sp->want[g] = i;
   pthread_cond_broadcast(&sp->cv);
   int rc = 0;
-  while (sp->rc == 0 && (sp->pos == NONE || sp->pos < i)) {
-    if (!sp->advancing && all_past(sp)) {
+  uint32_t r = sp->in_round[g];
+  while (sp->rc == 0 && (sp->round < r || sp->pos == NONE || sp->pos < i)) {
+    int idle = !sp->advancing && !sp->switching;
+    if (idle && sp->round < r && round_over(sp)) {
+      next_round(sp);
+    } else if (idle && sp->round == r && all_past(sp)) {
       advance(sp);
     } else if (pthread_cond_timedwait(&sp->cv, &sp->mu, &until) == ETIMEDOUT) {
       rc = WTX_ETIMEDOUT;
@@ -119,28 +187,31 @@ static int pass_get(shared_pass *sp, size_t g, size_t i, wtx__tensor_data *out, 
   return rc;
 }
 
-static void pass_done(shared_pass *sp, size_t g) {
+/* Group g begins a round of its own: it reads from the first tensor. */
+static void pass_open(shared_pass *sp, size_t g) {
   pthread_mutex_lock(&sp->mu);
-  sp->want[g] = NONE;
+  sp->in_round[g]++;
+  sp->want[g] = 0;
   pthread_cond_broadcast(&sp->cv);
   pthread_mutex_unlock(&sp->mu);
 }
 
-/* After every group: the rest of the pass (each yield may be a collective
- * the other ranks join), which must then end. */
+/* Group g has closed its round (leaving: and its sync is over). */
+static void pass_done(shared_pass *sp, size_t g, int leaving) {
+  pthread_mutex_lock(&sp->mu);
+  sp->want[g] = NONE;
+  sp->left[g] |= (uint8_t)leaving;
+  pthread_cond_broadcast(&sp->cv);
+  pthread_mutex_unlock(&sp->mu);
+}
+
+/* After every group: the rest of the last round's iteration. */
 static int pass_finish(shared_pass *sp, char *err, size_t errlen) {
   pthread_mutex_lock(&sp->mu);
-  while (sp->rc == 0 && (sp->pos == NONE ? 0 : sp->pos + 1) < sp->n) advance(sp);
+  end_iteration(sp);
   int rc = sp->rc;
   if (rc != 0) snprintf(err, errlen, "%s", sp->err);
   pthread_mutex_unlock(&sp->mu);
-  wtx_tensor_meta m;
-  wtx__tensor_data d;
-  if (rc == 0 && wtx__source_next(sp->source, sp->iter, 0, &m, &d) != 0) {
-    snprintf(err, errlen, "source: iteration goes on past the %zu parameters of metadata()",
-             sp->n);
-    rc = WTX_EINVAL;
-  }
   return rc;
 }
 
@@ -173,6 +244,7 @@ static int part_metadata(void *self, const wtx_tensor_meta **metas, size_t *n) {
 static int part_open(void *self, void **iter) {
   part_src *p = self;
   p->next = 0;
+  pass_open(p->sp, p->g);
   *iter = p;
   return 0;
 }
@@ -203,7 +275,7 @@ static int part_next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_
 static void part_close(void *self, void *iter) {
   part_src *p = self;
   (void)iter;
-  pass_done(p->sp, p->g);
+  pass_done(p->sp, p->g, 0);
 }
 
 static void part_destroy(void *self) {
@@ -409,7 +481,9 @@ static int pass_init(wtx__sharded *sh, wtx_source *source, const wtx_tensor_meta
    * step bounded by the data plane's timeout. */
   sp->wait_ms = 2 * (int64_t)(cfg->timeout_ms ? cfg->timeout_ms : WTX_DEFAULT_TIMEOUT_MS);
   sp->want = calloc(sh->n + 1, sizeof *sp->want);
-  return sp->want != NULL ? 0 : WTX_ENOMEM;
+  sp->in_round = calloc(sh->n + 1, sizeof *sp->in_round);
+  sp->left = calloc(sh->n + 1, sizeof *sp->left);
+  return sp->want != NULL && sp->in_round != NULL && sp->left != NULL ? 0 : WTX_ENOMEM;
 }
 
 /* Every replica's shard spec, asked of all at once; *any 0 when none
@@ -485,6 +559,8 @@ void wtx__sharded_destroy(wtx__sharded *sh) {
     pthread_cond_destroy(&sh->sp.cv);
   }
   free(sh->sp.want);
+  free(sh->sp.in_round);
+  free(sh->sp.left);
   pthread_mutex_destroy(&sh->mu);
   free(sh->g);
   free(sh);
@@ -515,7 +591,7 @@ static void *run_group(void *arg) {
   gr->res = (wtx_send_result){0};
   gr->parts_src->err[0] = '\0';
   gr->rc = wtx__trainer_send_prepared(gr->t, &o, &gr->res);
-  pass_done(&gr->sh->sp, gr->ix);
+  pass_done(&gr->sh->sp, gr->ix, 1);
   return NULL;
 }
 
@@ -563,19 +639,24 @@ static int run_groups(wtx__sharded *sh, char *err, size_t errlen) {
   }
   sp->pos = NONE;
   sp->rc = 0;
-  for (size_t g = 0; g < sh->n; g++) sp->want[g] = 0;
+  sp->round = 1;
+  for (size_t g = 0; g < sh->n; g++) {
+    sp->want[g] = NONE;
+    sp->in_round[g] = 0;
+    sp->left[g] = 0;
+  }
   size_t started = 0;
   for (; started < sh->n; started++)
     if (pthread_create(&sh->g[started].thread, NULL, run_group, &sh->g[started]) != 0) break;
   for (size_t g = started; g < sh->n; g++) {
     sh->g[g].rc = WTX_ENOMEM;
     wtx__trainer_fail(sh->g[g].t, WTX_ENOMEM, "cannot start a thread");
-    pass_done(sp, g);
+    pass_done(sp, g, 1);
   }
   for (size_t g = 0; g < started; g++) pthread_join(sh->g[g].thread, NULL);
   rc = first_failure(sh, err, errlen);
   if (rc == 0) rc = pass_finish(sp, err, errlen);
-  wtx_source_close(sh->source, sp->iter);
+  if (sp->iter != NULL) wtx_source_close(sh->source, sp->iter);
   if (rc != 0) abort_all(sh, err);
   return rc;
 }
@@ -597,6 +678,26 @@ static int commit_groups(wtx__sharded *sh, const char *version, char *label, siz
   return rc;
 }
 
+/* The groups' results as one: a delta when every group's was, else the
+ * first group's reason for sending whole tensors. */
+static wtx_send_result sum_results(const wtx__sharded *sh) {
+  wtx_send_result sum = {.delta = sh->n > 0};
+  for (size_t g = 0; g < sh->n; g++) {
+    const wtx_send_result *r = &sh->g[g].res;
+    sum.bytes += r->bytes;
+    sum.params += r->params;
+    sum.chunks += r->chunks;
+    sum.control_bytes += r->control_bytes;
+    sum.delta &= r->delta;
+    sum.skipped_params += r->skipped_params;
+    sum.skipped_bytes += r->skipped_bytes;
+    sum.patched_params += r->patched_params;
+    sum.patched_whole_bytes += r->patched_whole_bytes;
+    if (sum.full_reason == NULL) sum.full_reason = r->full_reason;
+  }
+  return sum;
+}
+
 int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_result *result,
                       char *err, size_t errlen) {
   double t0 = wtx__clock_s();
@@ -613,18 +714,11 @@ int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_resu
   int rc = run_groups(sh, err, errlen);
   if (rc != 0) return rc;
   char version[WTX_MAX_VERSION_BYTES + 1] = "";
-  if ((rc = commit_groups(sh, o->version, version, sizeof version, err, errlen)) != 0)
-    return rc;
-  wtx_send_result sum = {0};
-  for (size_t g = 0; g < sh->n; g++) {
-    group *gr = &sh->g[g];
-    sum.bytes += gr->res.bytes;
-    sum.params += gr->res.params;
-    sum.chunks += gr->res.chunks;
-    sum.control_bytes += gr->res.control_bytes;
-  }
+  rc = commit_groups(sh, o->version, version, sizeof version, err, errlen);
+  for (size_t g = 0; g < sh->n; g++) wtx__trainer_landed(sh->g[g].t, rc == 0);
+  if (rc != 0) return rc;
   if (result != NULL) {
-    *result = sum;
+    *result = sum_results(sh);
     result->seconds = wtx__clock_s() - t0;
     snprintf(result->version, sizeof result->version, "%s", version);
   }

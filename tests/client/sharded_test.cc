@@ -37,15 +37,18 @@ class ShardedTest : public wtxtest::ShardedFixture {
  protected:
   // A trainer over c and src for the backend under test, 4 KiB buffers;
   // nullptr (and a failure recorded) when it cannot start.
-  wtx_trainer *Trainer(wtx_client *c, wtx_source *src, uint32_t timeout_ms) {
+  wtx_trainer *Trainer(wtx_client *c, wtx_source *src, uint32_t timeout_ms,
+                       int delta = WTX_DELTA_OFF) {
     std::string backend = GetParam();
     wtx_trainer_config cfg = Config(backend, 4096, 2, timeout_ms);
+    cfg.delta = delta;
     wtx_trainer *t = nullptr;
     char e[2048] = "";
     EXPECT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
     return t;
   }
 
+  void DeltaSendsOnlyChangedParts(int mode);
 };
 
 TEST_P(ShardedTest, EachTensorParallelWorkerReceivesOnlyItsPartsAndAReplicaTheWhole) {
@@ -127,6 +130,68 @@ TEST_P(ShardedTest, VerifyComparesEveryWorkersPartsWithWhatWasSent) {
   wtx_client_destroy(c);
   wtx_source_destroy(src);
   wtx_source_destroy(src1);
+}
+
+// A delta to tensor-parallel workers sends each group only the parts whose
+// bytes changed since what it serves: one row of q_proj in rank 0's half
+// travels to rank 0 (whole: a tensor-parallel worker takes no patches) and
+// to the whole replica (whole, or as a patch), and nothing to rank 1. A new trainer learns the parts' hashes from the
+// workers and sends nothing.
+void ShardedTest::DeltaSendsOnlyChangedParts(int mode) {
+  Llama model(1);
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  wtx_client *c = Client({r0, r1, whole});
+  wtx_source *src = model.Source();
+  wtx_trainer *t = Trainer(c, src, 60000, mode);
+  ASSERT_NE(nullptr, t);
+  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+  wtx_send_result res;
+  so.version = "v1";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  EXPECT_EQ(0, res.delta);
+  ASSERT_NE(nullptr, res.full_reason);
+  size_t parts = res.params;
+  Tensor *q = nullptr;
+  for (Tensor &x : model.t)
+    if (x.name == "model.layers.1.self_attn.q_proj.weight") q = &x;
+  ASSERT_NE(nullptr, q);
+  q->data[5] ^= 0x5a;  // row 0: rank 0's half
+  so.version = "v2";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
+  EXPECT_EQ(2u, res.params);  // rank 0's half of q_proj, and the whole q_proj
+  if (mode == WTX_DELTA_TENSORS) {
+    EXPECT_EQ(q->data.size() / 2 + q->data.size(), res.bytes);
+  } else {  // a tensor-parallel worker takes whole parts, the replica a patch
+    EXPECT_EQ(1u, res.patched_params);
+    EXPECT_GT(res.bytes, q->data.size() / 2);
+    EXPECT_LT(res.bytes, q->data.size() / 2 + 64);
+  }
+  EXPECT_EQ(parts - 2, res.skipped_params);
+  ExpectHolds(r0, 0, model, "v2");
+  ExpectHolds(r1, 1, model, "v2");
+  EXPECT_EQ(model.total, ExpectHolds(whole, -1, model, "v2"));
+  wtx_trainer_shutdown(t);
+  t = Trainer(c, src, 60000, mode);
+  ASSERT_NE(nullptr, t);
+  so.version = "v3";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
+  EXPECT_EQ(0u, res.params);
+  EXPECT_EQ(parts, res.skipped_params);
+  ExpectHolds(r0, 0, model, "v3");
+  ExpectHolds(r1, 1, model, "v3");
+  wtx_trainer_shutdown(t);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
+TEST_P(ShardedTest, ADeltaSendsEachTensorParallelWorkerOnlyItsChangedParts) {
+  DeltaSendsOnlyChangedParts(WTX_DELTA_TENSORS);
+}
+
+TEST_P(ShardedTest, ADeltaOfPatchesSendsEachTensorParallelWorkerOnlyItsChangedParts) {
+  DeltaSendsOnlyChangedParts(WTX_DELTA_PATCHES);
 }
 
 // One group stuck (its worker stopped before the sync starts) holds the
