@@ -429,12 +429,11 @@ static grpc_status_code check_base(wtx__rpc_ctx *ctx, const char *base, const ch
 
 static void served_label(wtx_session *s, wtx_target target, char *out, size_t len);
 
-/* Whether a delta may carry patches here: the model reads its tensors
- * back, and stages whole tensors on the host, where the session applies
- * them. Caller holds mu. */
+/* Whether a delta may carry patches here: the model reads its tensors (or
+ * a tensor-parallel rank's parts) back, and stages on the host, where the
+ * session applies them. Caller holds mu. */
 static int takes_patches(const wtx_session *s) {
-  return s->cfg.model_ops->read != NULL && s->stage_device < 0 && s->region == NULL &&
-         s->cfg.shard_rules == NULL;
+  return s->cfg.model_ops->read != NULL && s->stage_device < 0 && s->region == NULL;
 }
 
 static grpc_status_code handle_start(wtx__rpc_ctx *ctx,
