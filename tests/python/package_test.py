@@ -740,6 +740,39 @@ class ContractTest(unittest.TestCase):
             for s in servers:
                 s.close()
 
+    def test_a_delta_to_tensor_parallel_hosts_sends_only_their_changed_slices(self):
+        # One element of col.weight's last row changes: only host 1 holds
+        # it, so only its half of col.weight travels (whole, then as a patch
+        # of its slice), and host 0 keeps its slices.
+        import wtx
+
+        full, rules = tp_weights()
+        ranks = [TpRank(), TpRank()]
+        servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
+                   for r, m in enumerate(ranks)]
+        try:
+            c = wtx.WorkerClient([s.address for s in servers])
+            for step, mode in enumerate((True, "patches")):
+                e = wtx.TrainerEngine.trainer_init({"rank": 0, "delta": mode}, client=c,
+                                                   source=wtx.DictSource(full))
+                e.send_weights(version=f"d{step}-0")
+                full["col.weight"][7, 1] += 1.0
+                r = e.send_weights(version=f"d{step}-1")
+                e.shutdown()
+                self.assertTrue(r["delta"], r["full_reason"])
+                self.assertEqual(1, r["params"])
+                self.assertEqual(5, r["skipped_params"])  # 3 tensors, 2 hosts
+                if mode is True:
+                    self.assertEqual(4 * 4 * 4, r["bytes"])  # host 1's 4 rows of col.weight
+                else:
+                    self.assertEqual(1, r["patched_params"])
+                    self.assertEqual(4 + 4, r["bytes"])  # one int32 index, one float32
+                expect_tp_slices(self, full, ranks)
+            c.close()
+        finally:
+            for s in servers:
+                s.close()
+
     def test_two_trainer_ranks_each_send_their_own_parts_to_tensor_parallel_hosts(self):
         # Many senders: two TrainerEngine ranks, each holding only its half
         # of dim 0 of every tensor (vLLM's ParamMeta ownership, iter_local),
