@@ -5,6 +5,7 @@ weights (wtx.serve), and every parameter and the logits on a fixed prompt
 end equal; a corrupted byte or an aborted update leaves the hosts' weights
 unchanged; WorkerClient drives a standalone wtx-worker; the ctypes mirrors
 match the C structs. Run by package.sh (WTX_LIBWTX, the generated stubs)."""
+import contextlib
 import ctypes
 import json
 import os
@@ -50,6 +51,21 @@ class TpRank(torch.nn.Module):
         self.norm.weight = torch.nn.Parameter(torch.zeros(4))
 
 
+@contextlib.contextmanager
+def tp_hosts(rules):
+    """Two wtx.serve hosts of tensor-parallel ranks 0 and 1 of 2 under
+    rules: (their TpRank modules, the servers), the servers closed after."""
+    import wtx
+    ranks = [TpRank(), TpRank()]
+    servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
+               for r, m in enumerate(ranks)]
+    try:
+        yield ranks, servers
+    finally:
+        for s in servers:
+            s.close()
+
+
 def expect_tp_slices(test, full, ranks) -> None:
     """Each TpRank host r holds exactly its slices of full."""
     for r, m in enumerate(ranks):
@@ -73,14 +89,10 @@ def dtensor_sync(test, *extra: str) -> None:
     two tensor-parallel hosts; each host must end with exactly its slices,
     and the ranks' bytes must sum to what the hosts hold."""
     import random
-    import wtx
 
     full, rules = tp_weights()
-    ranks = [TpRank(), TpRank()]
-    servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
-               for r, m in enumerate(ranks)]
     addrs = ",".join(f"127.0.0.1:{random.randrange(20000, 32000)}" for _ in range(2))
-    try:
+    with tp_hosts(rules) as (ranks, servers):
         with tempfile.TemporaryDirectory() as d:
             procs = [subprocess.Popen(
                 [sys.executable, os.path.join(os.path.dirname(__file__), "dtensor_rank.py"),
@@ -95,9 +107,6 @@ def dtensor_sync(test, *extra: str) -> None:
         test.assertEqual("dt-1", results[0]["version"])
         expect_sent_once(test, full, results)
         expect_tp_slices(test, full, ranks)
-    finally:
-        for s in servers:
-            s.close()
 
 
 class Host:
@@ -720,12 +729,7 @@ class ContractTest(unittest.TestCase):
         import wtx
 
         full, rules = tp_weights()
-
-
-        ranks = [TpRank(), TpRank()]
-        servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
-                   for r, m in enumerate(ranks)]
-        try:
+        with tp_hosts(rules) as (ranks, servers):
             c = wtx.WorkerClient([s.address for s in servers])
             e = wtx.TrainerEngine.trainer_init({"rank": 0}, client=c,
                                                source=wtx.DictSource(full))
@@ -736,9 +740,6 @@ class ContractTest(unittest.TestCase):
             self.assertEqual(sum(t.numel() * t.element_size() for t in full.values())
                              + full["norm.weight"].numel() * 4, r["bytes"])  # norm: both
             expect_tp_slices(self, full, ranks)
-        finally:
-            for s in servers:
-                s.close()
 
     def test_a_delta_to_tensor_parallel_hosts_sends_only_their_changed_slices(self):
         # One element of col.weight's last row changes: only host 1 holds
@@ -747,10 +748,7 @@ class ContractTest(unittest.TestCase):
         import wtx
 
         full, rules = tp_weights()
-        ranks = [TpRank(), TpRank()]
-        servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
-                   for r, m in enumerate(ranks)]
-        try:
+        with tp_hosts(rules) as (ranks, servers):
             c = wtx.WorkerClient([s.address for s in servers])
             for step, mode in enumerate((True, "patches")):
                 e = wtx.TrainerEngine.trainer_init({"rank": 0, "delta": mode}, client=c,
@@ -769,9 +767,6 @@ class ContractTest(unittest.TestCase):
                     self.assertEqual(4 + 4, r["bytes"])  # one int32 index, one float32
                 expect_tp_slices(self, full, ranks)
             c.close()
-        finally:
-            for s in servers:
-                s.close()
 
     def test_two_trainer_ranks_each_send_their_own_parts_to_tensor_parallel_hosts(self):
         # Many senders: two TrainerEngine ranks, each holding only its half
@@ -828,26 +823,23 @@ class ContractTest(unittest.TestCase):
                     except OSError:
                         pass
 
-        ranks = [TpRank(), TpRank()]
-        servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
-                   for r, m in enumerate(ranks)]
-        addrs = [f"127.0.0.1:{port()}" for _ in range(2)]
-        results, errors = [None, None], []
+        with tp_hosts(rules) as (ranks, servers):
+            addrs = [f"127.0.0.1:{port()}" for _ in range(2)]
+            results, errors = [None, None], []
 
-        def rank(r):
-            try:
-                c = wtx.WorkerClient([s.address for s in servers])
-                e = wtx.TrainerEngine.trainer_init(
-                    {"rank": r, "transport": "tcp", "world_size": 2, "rank_addresses": addrs,
-                     "session_token": "python-many-senders-token"},
-                    client=c, source=RankSource(r))
-                results[r] = e.send_weights(version="m-1")
-                e.shutdown()
-                c.close()
-            except BaseException as ex:  # noqa: BLE001 (reported below)
-                errors.append(ex)
+            def rank(r):
+                try:
+                    c = wtx.WorkerClient([s.address for s in servers])
+                    e = wtx.TrainerEngine.trainer_init(
+                        {"rank": r, "transport": "tcp", "world_size": 2, "rank_addresses": addrs,
+                         "session_token": "python-many-senders-token"},
+                        client=c, source=RankSource(r))
+                    results[r] = e.send_weights(version="m-1")
+                    e.shutdown()
+                    c.close()
+                except BaseException as ex:  # noqa: BLE001 (reported below)
+                    errors.append(ex)
 
-        try:
             threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
             for t in threads:
                 t.start()
@@ -857,9 +849,6 @@ class ContractTest(unittest.TestCase):
             self.assertEqual("m-1", results[0]["version"])
             expect_sent_once(self, full, results)
             expect_tp_slices(self, full, ranks)
-        finally:
-            for s in servers:
-                s.close()
 
     def test_dtensor_ranks_send_their_local_parts_without_a_gather(self):
         # Two processes whose module's weights are DTensors, Shard(0) over a
