@@ -952,7 +952,7 @@ static int caller_begin(sync_state *s, int *lost) {
     int stale = wtx_client_last_status(t->client) == GRPC_STATUS_FAILED_PRECONDITION;
     return fail(t, stale ? WTX_ESTATE : src, "%s", wtx_client_last_error(t->client));
   }
-  if (rc == 0 && !wtx__client_patches(t->client))
+  if (rc == 0 && s->tb.n > 0 && !wtx__client_patches(t->client))
     rc = fail(t, WTX_ENOTSUP, "patches: a worker takes whole tensors only (its model cannot "
               "read its tensors back, or stages on the GPU)");
   return rc != 0 ? rc : sync_messages(s);
@@ -1109,30 +1109,23 @@ int wtx_trainer_send_weights(wtx_trainer *t, const wtx_send_options *opts,
   return send_run(t, &o, 1, result);
 }
 
-int wtx_trainer_send_patches(wtx_trainer *t, const wtx_patch *patches, size_t n,
-                             const wtx_send_options *opts, wtx_send_result *result) {
-  wtx_send_options o = WTX_SEND_OPTIONS_INIT;
-  if (opts != NULL) o = *opts;
-  t->err[0] = '\0';
-  if (result != NULL) *result = (wtx_send_result){0};
-  int rc = check_version(t, &o);
-  if (rc != 0) return rc;
-  if (t->sh != NULL || t->many != NULL)
-    return fail(t, WTX_ENOTSUP, "patches: not offered with tensor-parallel workers or many "
-                "senders yet");
-  if (t->rank != 0 || n == 0) return 0;
+/* One sync of the caller's patches on rank 0, published (commit) or
+ * prepared. map: each patch's tensor in t's table, which names its part
+ * (tensor-parallel groups); NULL: the patches name whole tensors. */
+static int patches_run(wtx_trainer *t, const wtx_patch *patches, size_t n, const size_t *map,
+                       const wtx_send_options *o, int commit, wtx_send_result *result) {
   double t0 = wtx__clock_s();
   char why[1400] = "";
-  rc = wtx__delta_caller(&t->cp, patches, n, t->args.wire.buffer_size, CHUNK_PARAMS,
-                         t->args.wire.packed, why, sizeof why);
+  int rc = wtx__delta_caller(&t->cp, patches, n, t->args.wire.buffer_size, CHUNK_PARAMS,
+                             t->args.wire.packed, why, sizeof why);
   if (rc != 0) return fail(t, rc, "%s", why[0] ? why : wtx_strerror(rc));
   uint64_t control0 = wtx__client_update_bytes(t->client);
-  sync_state s = {.t = t, .o = &o, .caller = 1, .delta = 1,
-                  .tb = {.metas = t->cp.metas, .n = n, .patch = t->cp.patch, .src = t->cp.src,
-                         .chunks = t->cp.chunks, .n_chunks = t->cp.n_chunks,
-                         .total = t->cp.total}};
+  sync_state s = {.t = t, .o = o, .caller = 1, .delta = 1,
+                  .tb = {.metas = t->cp.metas, .n = n, .map = map, .patch = t->cp.patch,
+                         .src = t->cp.src, .chunks = t->cp.chunks,
+                         .n_chunks = t->cp.n_chunks, .total = t->cp.total}};
   char version[WTX_MAX_VERSION_BYTES + 1] = "";
-  rc = sync_run(&s, 1, version, sizeof version);
+  rc = sync_run(&s, commit, version, sizeof version);
   /* Whatever happened, this trainer's own record of what they serve is
    * not theirs any more. */
   wtx__delta_forget(&t->dk);
@@ -1141,6 +1134,30 @@ int wtx_trainer_send_patches(wtx_trainer *t, const wtx_patch *patches, size_t n,
   else if (result != NULL) send_result(t, &s, result, wtx__clock_s() - t0, control0, version);
   sync_release(&s);
   return rc;
+}
+
+int wtx_trainer_send_patches(wtx_trainer *t, const wtx_patch *patches, size_t n,
+                             const wtx_send_options *opts, wtx_send_result *result) {
+  wtx_send_options o = WTX_SEND_OPTIONS_INIT;
+  if (opts != NULL) o = *opts;
+  t->err[0] = '\0';
+  if (result != NULL) *result = (wtx_send_result){0};
+  int rc = check_version(t, &o);
+  if (rc != 0) return rc;
+  if (t->many != NULL)
+    return fail(t, WTX_ENOTSUP, "patches: not offered with many senders yet");
+  if (t->sh != NULL)
+    return wtx__sharded_send_patches(t->sh, patches, n, &o, result, t->err, sizeof t->err);
+  if (t->rank != 0 || n == 0) return 0;
+  return patches_run(t, patches, n, NULL, &o, 1, result);
+}
+
+int wtx__trainer_patches_prepared(wtx_trainer *t, const wtx_patch *patches, size_t n,
+                                  const size_t *map, const wtx_send_options *opts,
+                                  wtx_send_result *result) {
+  t->err[0] = '\0';
+  if (result != NULL) *result = (wtx_send_result){0};
+  return patches_run(t, patches, n, map, opts, 0, result);
 }
 
 int wtx_trainer_verify(wtx_trainer *t) {

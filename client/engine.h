@@ -25,6 +25,13 @@ void wtx__trainer_set_parts(wtx_trainer *t, Wtx__V1__TensorPart *const *parts);
  * as wtx_trainer_send_weights's, less the version. */
 int wtx__trainer_send_prepared(wtx_trainer *t, const wtx_send_options *opts,
                                wtx_send_result *result);
+/* The caller's patches as wtx_trainer_send_patches sends them, prepared
+ * on every replica but not published (n may be 0: the replicas still
+ * prepare the new version). map[j]: patch j's tensor in t's source table,
+ * whose part it names (wtx__trainer_set_parts); NULL: whole tensors. */
+int wtx__trainer_patches_prepared(wtx_trainer *t, const wtx_patch *patches, size_t n,
+                                  const size_t *map, const wtx_send_options *opts,
+                                  wtx_send_result *result);
 /* After wtx__trainer_send_prepared: whether its update was published on
  * every replica (1) or not (0), for a delta's record of what they serve. */
 void wtx__trainer_landed(wtx_trainer *t, int published);
@@ -50,6 +57,11 @@ int wtx__sharded_create(const wtx_trainer_config *cfg, wtx_client *client, wtx_s
 int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *opts, wtx_send_result *result,
                       char *err, size_t errlen);
 /* wtx_trainer_verify of every group's engine; err names the group. */
+/* wtx_trainer_send_patches to tensor-parallel workers: each group gets the
+ * elements of each patch that fall in its parts, indexed in the part. */
+int wtx__sharded_send_patches(wtx__sharded *sh, const wtx_patch *patches, size_t n,
+                              const wtx_send_options *opts, wtx_send_result *result,
+                              char *err, size_t errlen);
 int wtx__sharded_verify(wtx__sharded *sh, char *err, size_t errlen);
 void wtx__sharded_destroy(wtx__sharded *sh);
 /* Replica i's parts of metas[0..n), from the shard rules it announced

@@ -25,6 +25,8 @@
 #include "client/fanout.h"
 #include "client/source.h"
 #include "common/clock.h"
+#include "common/patch.h"
+#include "common/strmap.h"
 #include "transport/plan.h"
 
 #define NONE SIZE_MAX
@@ -723,6 +725,193 @@ int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_resu
     snprintf(result->version, sizeof result->version, "%s", version);
   }
   return 0;
+}
+
+/* ---- the caller's patches ---- */
+
+/* A group's share of the caller's patches: per patch it gets any of, its
+ * elements in the part (indices in the part's row-major order, values
+ * copied), and the part's place in the group's table. */
+typedef struct group_patches {
+  wtx_patch *p;
+  size_t *map; /* per patch: its part in the group's table */
+  size_t n;
+  uint8_t *pool; /* every patch's indices (int64) and values, one after another */
+} group_patches;
+
+static void group_patches_free(group_patches *gp) {
+  free(gp->p);
+  free(gp->map);
+  free(gp->pool);
+  *gp = (group_patches){0};
+}
+
+/* Flat index idx of a tensor of full's shape, in box's row-major order; 0
+ * when it lies outside the box. */
+static int index_in_box(uint64_t idx, const wtx_tensor_meta *full, const wtx_box *box,
+                        uint64_t *out) {
+  uint64_t at = 0, stride = 1;
+  for (size_t d = full->ndim; d-- > 0;) {
+    uint64_t c = idx % full->shape[d];
+    idx /= full->shape[d];
+    if (c < box->lo[d] || c >= box->lo[d] + box->len[d]) return 0;
+    at += (c - box->lo[d]) * stride;
+    stride *= box->len[d];
+  }
+  *out = at;
+  return 1;
+}
+
+/* Patch p (checked: indices strictly increasing, in bounds) cut to the
+ * part k of group gr: into q, its indices and values written at *pool.
+ * 0 elements: q->count 0. */
+static void patch_in_part(const group *gr, size_t k, const wtx_patch *p, wtx_patch *q,
+                          uint8_t *pool) {
+  const part_src *ps = gr->parts_src;
+  const wtx_tensor_meta *full = &ps->full[ps->param[k]];
+  size_t es = wtx_dtype_size(p->dtype), isz = p->index_dtype == WTX_DTYPE_INT64 ? 8 : 4;
+  int64_t *idx = (int64_t *)(void *)pool;
+  uint8_t *val = pool + p->count * sizeof *idx;
+  uint64_t m = 0;
+  for (uint64_t e = 0; e < p->count; e++) {
+    int64_t i64 = 0;
+    int32_t i32 = 0;
+    if (isz == 8) memcpy(&i64, (const uint8_t *)p->indices + e * 8, 8);
+    else memcpy(&i32, (const uint8_t *)p->indices + e * 4, 4), i64 = i32;
+    uint64_t at;
+    if (!index_in_box((uint64_t)i64, full, &ps->box[k], &at)) continue;
+    idx[m] = (int64_t)at;
+    memcpy(val + m * es, (const uint8_t *)p->values + e * es, es);
+    m++;
+  }
+  *q = (wtx_patch){.name = p->name, .dtype = p->dtype, .shape = ps->metas[k].shape,
+                   .ndim = ps->metas[k].ndim, .index_dtype = WTX_DTYPE_INT64, .count = m,
+                   .indices = idx, .values = val};
+}
+
+/* The pool's room for patch p's cut: its indices as int64, its values,
+ * to the next 8 bytes (the next cut's indices start aligned). */
+static uint64_t cut_room(const wtx_patch *p) {
+  return (p->count * (8 + wtx_dtype_size(p->dtype)) + 7) & ~(uint64_t)7;
+}
+
+/* Group gr's share of the n patches; slot[param]: the part of param in
+ * gr's table, or NONE. */
+static int share_patches(const group *gr, const size_t *slot, const wtx_patch *p,
+                         const size_t *param, size_t n, group_patches *gp) {
+  uint64_t room = 0;
+  for (size_t j = 0; j < n; j++) room += cut_room(&p[j]);
+  gp->p = calloc(n + 1, sizeof *gp->p);
+  gp->map = calloc(n + 1, sizeof *gp->map);
+  gp->pool = malloc(room + 8);
+  if (gp->p == NULL || gp->map == NULL || gp->pool == NULL) return WTX_ENOMEM;
+  uint64_t used = 0;
+  for (size_t j = 0; j < n; j++) {
+    size_t k = slot[param[j]];
+    if (k == NONE) continue;
+    wtx_patch *q = &gp->p[gp->n];
+    patch_in_part(gr, k, &p[j], q, gp->pool + used);
+    used += cut_room(&p[j]);
+    if (q->count > 0) gp->map[gp->n++] = k;
+  }
+  return 0;
+}
+
+/* The checks a replica makes of patch p of m's tensor, before any byte
+ * moves (wtx__patch_check): its indices and values laid out as on the
+ * wire. */
+static int patch_check(const wtx_tensor_meta *m, const wtx_patch *p, char *why, size_t len) {
+  size_t isz = wtx__patch_index_size(p->index_dtype), es = wtx_dtype_size(m->dtype);
+  uint64_t bytes = wtx__patch_bytes(p->index_dtype, p->count, es);
+  int rc = wtx__patch_check(m, p->index_dtype, p->count, NULL, bytes, why, len);
+  if (rc == 0 && (p->indices == NULL || p->values == NULL)) {
+    snprintf(why, len, "indices and values are needed");
+    return WTX_EINVAL;
+  }
+  uint8_t *wire = rc == 0 ? malloc(bytes + 1) : NULL;
+  if (rc == 0 && wire == NULL) return WTX_ENOMEM;
+  if (rc == 0) {
+    memcpy(wire, p->indices, p->count * isz);
+    memcpy(wire + p->count * isz, p->values, p->count * es);
+    rc = wtx__patch_check(m, p->index_dtype, p->count, wire, bytes, why, len);
+  }
+  free(wire);
+  return rc;
+}
+
+/* Each patch's parameter in the source's table, each patch checked whole
+ * against it (the checks a single sender's replicas make) before any part
+ * is cut from it. */
+static int patch_params(const wtx__sharded *sh, const wtx_patch *p, size_t n, size_t *param,
+                        char *err, size_t errlen) {
+  wtx__strmap *names = NULL;
+  int rc = wtx__strmap_create(&names);
+  for (size_t i = 0; rc == 0 && i < sh->sp.n; i++)
+    rc = wtx__strmap_add(names, sh->sp.metas[i].name, i, NULL);
+  for (size_t j = 0; rc == 0 && j < n; j++) {
+    const wtx_tensor_meta *f;
+    wtx_tensor_meta m;
+    char why[1200];
+    if (p[j].name == NULL || !wtx__strmap_get(names, p[j].name, &param[j])) {
+      snprintf(err, errlen, "patches[%zu]: '%s' is not in the source's metadata", j,
+               p[j].name != NULL ? p[j].name : "");
+      rc = WTX_EINVAL;
+    } else if ((rc = wtx_tensor_meta_set(&m, p[j].name, p[j].dtype, p[j].shape, p[j].ndim, why,
+                                         sizeof why)) != 0 ||
+               !wtx_tensor_meta_same_layout(&m, f = &sh->sp.metas[param[j]])) {
+      snprintf(err, errlen, "patches[%zu]: '%s' is not the source's dtype and shape", j,
+               p[j].name);
+      rc = WTX_EINVAL;
+    } else if ((rc = patch_check(&m, &p[j], why, sizeof why)) != 0) {
+      snprintf(err, errlen, "patches[%zu]: %s", j, why);
+    }
+  }
+  wtx__strmap_destroy(names);
+  return rc;
+}
+
+/* Group g's share of the patches prepared on its replicas. */
+static int group_patch(wtx__sharded *sh, size_t g, const wtx_patch *p, const size_t *param,
+                       size_t n, size_t *slot, const wtx_send_options *o) {
+  group *gr = &sh->g[g];
+  for (size_t i = 0; i < sh->sp.n; i++) slot[i] = NONE;
+  for (size_t k = 0; k < gr->n_slices; k++) slot[gr->slices[k].param] = k;
+  group_patches gp = {0};
+  int rc = share_patches(gr, slot, p, param, n, &gp);
+  if (rc != 0) rc = wtx__trainer_fail(gr->t, rc, "out of memory");
+  else rc = wtx__trainer_patches_prepared(gr->t, gp.p, gp.n, gp.map, o, &gr->res);
+  group_patches_free(&gp);
+  return rc;
+}
+
+int wtx__sharded_send_patches(wtx__sharded *sh, const wtx_patch *patches, size_t n,
+                              const wtx_send_options *o, wtx_send_result *result, char *err,
+                              size_t errlen) {
+  if (n == 0) return 0;
+  double t0 = wtx__clock_s();
+  size_t *param = calloc(n, sizeof *param), *slot = calloc(sh->sp.n + 1, sizeof *slot);
+  int rc = param != NULL && slot != NULL ? 0 : WTX_ENOMEM;
+  if (rc != 0) snprintf(err, errlen, "out of memory");
+  if (rc == 0) rc = patch_params(sh, patches, n, param, err, errlen);
+  /* Every group prepares the new version, even one none of whose parts
+   * changed, so that all publish it or none. */
+  size_t g = 0;
+  for (; rc == 0 && g < sh->n; g++)
+    rc = sh->g[g].rc = group_patch(sh, g, patches, param, n, slot, o);
+  free(param);
+  free(slot);
+  if (rc != 0 && g > 0) { /* group g - 1 failed; those before it prepared */
+    group_failure(&sh->g[g - 1], err, errlen);
+    for (size_t b = 0; b + 1 < g; b++) wtx__trainer_abort(sh->g[b].t, err);
+  }
+  char version[WTX_MAX_VERSION_BYTES + 1] = "";
+  if (rc == 0) rc = commit_groups(sh, o->version, version, sizeof version, err, errlen);
+  if (rc == 0 && result != NULL) {
+    *result = sum_results(sh);
+    result->seconds = wtx__clock_s() - t0;
+    snprintf(result->version, sizeof result->version, "%s", version);
+  }
+  return rc;
 }
 
 int wtx__sharded_verify(wtx__sharded *sh, char *err, size_t errlen) {

@@ -88,7 +88,6 @@ static grpc_status_code list_params(wtx__rpc_ctx *ctx, const wtx_store_view *v,
   return GRPC_STATUS_OK;
 }
 
-/* The session's part of GetWeightInfo, copied under its lock. */
 /* The shard rules a trainer plans this worker's parts from. */
 static void describe_shard(wtx__rpc_ctx *ctx, const wtx__session_config *c,
                            Wtx__V1__GetWeightInfoResponse *resp) {
@@ -113,9 +112,13 @@ static void describe_shard(wtx__rpc_ctx *ctx, const wtx__session_config *c,
   resp->shard = sp;
 }
 
+/* The session's part of GetWeightInfo, copied under its lock. */
 static void describe_session(wtx__rpc_ctx *ctx, wtx_session *s,
                              Wtx__V1__GetWeightInfoResponse *resp) {
   pthread_mutex_lock(&s->mu);
+  /* A host's model keeps no version of its own: the session's label of
+   * what it published last is the one a trainer's delta names as base. */
+  resp->weight_version = wtx__rpc_ctx_strdup(ctx, s->cfg.store == NULL ? s->tb.label[0] : "");
   resp->state = s->state;
   resp->backend = wtx__rpc_ctx_strdup(ctx, s->transport ? s->transport->name : "");
   if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING ||
@@ -130,7 +133,6 @@ grpc_status_code wtx__handle_info(wtx__rpc_ctx *ctx,
     const Wtx__V1__GetWeightInfoRequest *req, Wtx__V1__GetWeightInfoResponse *resp) {
   wtx_session *s = wtx__rpc_ctx_user(ctx);
   describe_session(ctx, s, resp);
-  resp->weight_version = (char *)"";
   char serving[WTX_MAX_VERSION_BYTES + 1];
   if (s->cfg.serving_version != NULL &&
       s->cfg.serving_version(s->cfg.on_commit_user, serving, sizeof serving) == 0)

@@ -349,6 +349,8 @@ typedef struct wtx_patch {
  * serves nothing or another version (WTX_ESTATE, naming both; send the
  * whole model), a replica that takes whole tensors only (WTX_ENOTSUP).
  * With rank 0 sending, other ranks call nothing. n 0: nothing is sent.
+ * To tensor-parallel workers (a trainer with a source) each worker gets
+ * the elements that fall in its parts; with many senders, WTX_ENOTSUP.
  * opts and result may be NULL; result's bytes are the patches'. */
 int wtx_trainer_send_patches(wtx_trainer *t, const wtx_patch *patches, size_t n,
                              const wtx_send_options *opts, wtx_send_result *result);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -191,6 +192,79 @@ TEST_P(ShardedTest, ADeltaSendsEachTensorParallelWorkerOnlyItsChangedParts) {
 
 TEST_P(ShardedTest, ADeltaOfPatchesSendsEachTensorParallelWorkerOnlyItsChangedParts) {
   DeltaSendsOnlyChangedParts(WTX_DELTA_PATCHES);
+}
+
+// The caller's patches (vLLM's sparse_nccl shape: indices into the whole
+// tensor) reach each tensor-parallel worker cut to its parts: an element
+// of q_proj's row 2 only rank 0, of row 20 only rank 1, o_proj's column 3
+// (dim 1) only rank 0, an expert only the rank that hosts it; every worker
+// publishes the new version, even one with nothing to patch, and the
+// whole replica takes every element. A patch out of bounds is refused
+// before any worker starts.
+TEST_P(ShardedTest, TheCallersPatchesReachEachTensorParallelWorkerCutToItsParts) {
+  Llama model(1);
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  wtx_client *c = Client({r0, r1, whole});
+  wtx_source *src = model.Source();
+  wtx_trainer *t = Trainer(c, src, 60000);
+  ASSERT_NE(nullptr, t);
+  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+  so.version = "v1";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, nullptr)) << wtx_trainer_last_error(t);
+  auto find = [&](const std::string &name) -> Tensor & {
+    for (Tensor &x : model.t)
+      if (x.name == name) return x;
+    throw std::runtime_error(name);
+  };
+  Tensor &q = find("model.layers.0.self_attn.q_proj.weight");  // 32 x 32, rows split
+  Tensor &o = find("model.layers.0.self_attn.o_proj.weight");  // 32 x 32, columns split
+  Tensor &e3 = find("model.layers.1.mlp.experts.3.w1");        // rank 1's expert
+  std::vector<int32_t> qi = {2 * 32 + 7, 20 * 32 + 1}, oi = {5 * 32 + 3}, ei = {9};
+  std::vector<uint16_t> qv = {0x7fc0, 0x3f80}, ov = {0x4000}, ev = {0xc000};  // a NaN too
+  std::vector<wtx_patch> ps = {
+      {q.name.c_str(), q.dtype, q.shape.data(), 2, WTX_DTYPE_INT32, 2, qi.data(), qv.data()},
+      {o.name.c_str(), o.dtype, o.shape.data(), 2, WTX_DTYPE_INT32, 1, oi.data(), ov.data()},
+      {e3.name.c_str(), e3.dtype, e3.shape.data(), 2, WTX_DTYPE_INT32, 1, ei.data(), ev.data()}};
+  auto apply = [](Tensor &x, const std::vector<int32_t> &at, const std::vector<uint16_t> &v) {
+    for (size_t k = 0; k < at.size(); k++) memcpy(&x.data[at[k] * 2], &v[k], 2);
+  };
+  // Refused whole: an index past the tensor, then a name the source lacks.
+  std::vector<int32_t> far = {32 * 32};
+  wtx_patch bad = ps[0];
+  bad.count = 1;
+  bad.indices = far.data();
+  so.version = "bad";
+  EXPECT_EQ(WTX_EINVAL, wtx_trainer_send_patches(t, &bad, 1, &so, nullptr));
+  bad = ps[1];
+  bad.name = "model.nope";
+  EXPECT_EQ(WTX_EINVAL, wtx_trainer_send_patches(t, &bad, 1, &so, nullptr));
+  EXPECT_NE(std::string::npos, std::string(wtx_trainer_last_error(t)).find("'model.nope'"));
+  ExpectHolds(r0, 0, model, "v1");
+  ExpectHolds(r1, 1, model, "v1");
+  wtx_send_result res;
+  so.version = "v2";
+  ASSERT_EQ(0, wtx_trainer_send_patches(t, ps.data(), ps.size(), &so, &res))
+      << wtx_trainer_last_error(t);
+  apply(q, qi, qv);
+  apply(o, oi, ov);
+  apply(e3, ei, ev);
+  // rank 0: q, o; rank 1: q, e3; the replica: all three.
+  EXPECT_EQ(7u, res.patched_params);
+  EXPECT_EQ("v2", std::string(res.version));
+  ExpectHolds(r0, 0, model, "v2");
+  ExpectHolds(r1, 1, model, "v2");
+  EXPECT_EQ(model.total, ExpectHolds(whole, -1, model, "v2"));
+  // Patches for rank 1's expert only: rank 0 publishes v3 all the same.
+  so.version = "v3";
+  ev[0] = 0x3f00;
+  ASSERT_EQ(0, wtx_trainer_send_patches(t, &ps[2], 1, &so, &res)) << wtx_trainer_last_error(t);
+  apply(e3, ei, ev);
+  EXPECT_EQ(2u, res.patched_params);
+  ExpectHolds(r0, 0, model, "v3");
+  ExpectHolds(r1, 1, model, "v3");
+  wtx_trainer_shutdown(t);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
 }
 
 // One group stuck (its worker stopped before the sync starts) holds the

@@ -741,10 +741,11 @@ class ContractTest(unittest.TestCase):
                              + full["norm.weight"].numel() * 4, r["bytes"])  # norm: both
             expect_tp_slices(self, full, ranks)
 
-    def test_a_delta_to_tensor_parallel_hosts_sends_only_their_changed_slices(self):
+    def test_deltas_and_patches_to_tensor_parallel_hosts_reach_only_their_slices(self):
         # One element of col.weight's last row changes: only host 1 holds
         # it, so only its half of col.weight travels (whole, then as a patch
-        # of its slice), and host 0 keeps its slices.
+        # of its slice), and host 0 keeps its slices. Then the caller's own
+        # patches, cut to each host's slices.
         import wtx
 
         full, rules = tp_weights()
@@ -766,7 +767,20 @@ class ContractTest(unittest.TestCase):
                     self.assertEqual(1, r["patched_params"])
                     self.assertEqual(4 + 4, r["bytes"])  # one int32 index, one float32
                 expect_tp_slices(self, full, ranks)
+            # The caller's patches (vLLM's sparse_nccl shape, indices into the
+            # whole tensor): each host gets the elements in its slices.
+            e = wtx.TrainerEngine.trainer_init({"rank": 0}, client=c, source=wtx.DictSource(full))
+            idx = torch.tensor([1, 30])  # col.weight's rows 0 and 7: host 0, host 1
+            val = torch.tensor([-1.0, float("nan")])
+            r = e.send_weights([{"name": "col.weight", "indices": idx, "values": val,
+                                 "full_shape": (8, 4)}], version="p-1")
+            e.shutdown()
             c.close()
+            self.assertEqual(2, r["patched_params"])
+            full["col.weight"].view(-1)[idx] = val
+            for rank, m in enumerate(ranks):
+                got, want = m.col.weight.detach(), full["col.weight"].chunk(2, 0)[rank]
+                self.assertTrue(torch.equal(got.view(torch.int32), want.view(torch.int32)), rank)
 
     def test_two_trainer_ranks_each_send_their_own_parts_to_tensor_parallel_hosts(self):
         # Many senders: two TrainerEngine ranks, each holding only its half
