@@ -4,8 +4,8 @@
  *
  *  - Host staging (wtx_model_ops.stage): device to host, one copy per
  *    tensor piece; tensors under WTX__GPU_SMALL bytes go through a pinned
- *    bounce buffer a piece of the chunk at a time (a cudaMemcpy costs about
- *    10 us whatever its size).
+ *    bounce buffer a piece of the chunk at a time (a cudaMemcpy has a fixed
+ *    cost that dwarfs a small tensor's bytes).
  *  - Device staging (stage_device, wtx_rx_on_device): device to device,
  *    queued on the backend's stream, one copy per tensor piece; with
  *    checksums on, the chunk also comes to the bounce buffer a piece at a

@@ -107,7 +107,7 @@ class _Chunk:
         """(name, tensor) in order. A run of tensors of one kind at a
         constant step in the buffer (up to _RUN of them) is made in two
         calls, one view of the run and its unbind, instead of an as_strided
-        each (about 1.9 us a tensor); the run's views live while it is
+        each (a Python call per tensor); the run's views live while it is
         read."""
         view = [t.as_strided for t in self.typed]
         names, kind, offset = self.names, self.kind, self.offset

@@ -480,8 +480,8 @@ class CSource:
                 name, tensor = item
                 k += 1
                 cls = tensor.__class__
-                # The commonest case first, in the fewest calls (each costs
-                # ~0.1 us at 40k tensors): a module's own parameter on the
+                # The commonest case first, in the fewest calls (each is paid
+                # once per tensor per sync): a module's own parameter on the
                 # host, exactly as metadata describes it (same name, dtype
                 # object and shape: so the same bytes too).
                 if ((cls is param_t or (holds and cls is tensor_t)) and i < n
