@@ -746,22 +746,6 @@ static void group_patches_free(group_patches *gp) {
   *gp = (group_patches){0};
 }
 
-/* Flat index idx of a tensor of full's shape, in box's row-major order; 0
- * when it lies outside the box. */
-static int index_in_box(uint64_t idx, const wtx_tensor_meta *full, const wtx_box *box,
-                        uint64_t *out) {
-  uint64_t at = 0, stride = 1;
-  for (size_t d = full->ndim; d-- > 0;) {
-    uint64_t c = idx % full->shape[d];
-    idx /= full->shape[d];
-    if (c < box->lo[d] || c >= box->lo[d] + box->len[d]) return 0;
-    at += (c - box->lo[d]) * stride;
-    stride *= box->len[d];
-  }
-  *out = at;
-  return 1;
-}
-
 /* Patch p (checked: indices strictly increasing, in bounds) cut to the
  * part k of group gr: into q, its indices and values written at *pool.
  * 0 elements: q->count 0. */
@@ -769,21 +753,11 @@ static void patch_in_part(const group *gr, size_t k, const wtx_patch *p, wtx_pat
                           uint8_t *pool) {
   const part_src *ps = gr->parts_src;
   const wtx_tensor_meta *full = &ps->full[ps->param[k]];
-  size_t es = wtx_dtype_size(p->dtype), isz = p->index_dtype == WTX_DTYPE_INT64 ? 8 : 4;
   int64_t *idx = (int64_t *)(void *)pool;
   uint8_t *val = pool + p->count * sizeof *idx;
-  uint64_t m = 0;
-  for (uint64_t e = 0; e < p->count; e++) {
-    int64_t i64 = 0;
-    int32_t i32 = 0;
-    if (isz == 8) memcpy(&i64, (const uint8_t *)p->indices + e * 8, 8);
-    else memcpy(&i32, (const uint8_t *)p->indices + e * 4, 4), i64 = i32;
-    uint64_t at;
-    if (!index_in_box((uint64_t)i64, full, &ps->box[k], &at)) continue;
-    idx[m] = (int64_t)at;
-    memcpy(val + m * es, (const uint8_t *)p->values + e * es, es);
-    m++;
-  }
+  uint64_t m = wtx__patch_cut(full->shape, full->ndim, ps->box[k].lo, ps->box[k].len,
+                              p->index_dtype, p->count, p->indices, p->values,
+                              wtx_dtype_size(p->dtype), idx, val);
   *q = (wtx_patch){.name = p->name, .dtype = p->dtype, .shape = ps->metas[k].shape,
                    .ndim = ps->metas[k].ndim, .index_dtype = WTX_DTYPE_INT64, .count = m,
                    .indices = idx, .values = val};

@@ -74,6 +74,37 @@ void wtx__patch_apply(const wtx_tensor_meta *meta, int index_dtype, uint64_t cou
     memcpy(dst + index_at(bytes, isz, k) * es, values + k * es, es);
 }
 
+/* Flat index i of a tensor of shape[0..ndim), in the row-major order of
+ * the box lo + [0, len) of it; 0 when it lies outside the box. */
+static int in_box(uint64_t i, const uint64_t *shape, size_t ndim, const uint64_t *lo,
+                  const uint64_t *len, uint64_t *out) {
+  uint64_t at = 0, stride = 1;
+  for (size_t d = ndim; d-- > 0;) {
+    uint64_t c = i % shape[d];
+    i /= shape[d];
+    if (c < lo[d] || c - lo[d] >= len[d]) return 0;
+    at += (c - lo[d]) * stride;
+    stride *= len[d];
+  }
+  *out = at;
+  return 1;
+}
+
+uint64_t wtx__patch_cut(const uint64_t *shape, size_t ndim, const uint64_t *lo,
+                        const uint64_t *len, int index_dtype, uint64_t count,
+                        const void *indices, const void *values, size_t elsize, int64_t *idx,
+                        uint8_t *val) {
+  size_t isz = wtx__patch_index_size(index_dtype);
+  uint64_t m = 0, at;
+  for (uint64_t k = 0; k < count; k++) {
+    if (!in_box(index_at(indices, isz, k), shape, ndim, lo, len, &at)) continue;
+    idx[m] = (int64_t)at;
+    memcpy(val + m * elsize, (const uint8_t *)values + k * elsize, elsize);
+    m++;
+  }
+  return m;
+}
+
 /* Appends index i (and later its value) to a patch being made. */
 static void put_index(uint8_t *out, size_t isz, uint64_t k, uint64_t i) {
   if (isz == 4) {

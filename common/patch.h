@@ -3,7 +3,9 @@
  * values of the tensor's element size, little-endian. The trainer makes
  * one from the bytes a worker serves and the new ones (wtx__patch_diff);
  * the worker checks it whole (wtx__patch_check) before it applies it to a
- * copy of the served tensor (wtx__patch_apply). diff then apply gives back
+ * copy of the served tensor (wtx__patch_apply); a tensor-parallel worker
+ * gets the part of a caller's patch that falls in its slice
+ * (wtx__patch_cut). diff then apply gives back
  * the new bytes exactly, whatever they hold (NaN is just bits). Pure
  * functions: no allocation, no state. */
 #ifndef WTX_COMMON_PATCH_H
@@ -36,6 +38,15 @@ int wtx__patch_check(const wtx_tensor_meta *meta, int index_dtype, uint64_t coun
  * base tensor. */
 void wtx__patch_apply(const wtx_tensor_meta *meta, int index_dtype, uint64_t count,
                       const uint8_t *bytes, uint8_t *dst);
+/* The elements of a checked patch of a tensor of shape[0..ndim) that fall
+ * in the box of it at lo, len[d] long along each dim d: as a patch of the
+ * box read as a tensor of its own (row-major), their indices, increasing,
+ * into idx as int64 and their values (elsize bytes each) into val, room
+ * for count of each. Returns how many (0: none falls in the box). */
+uint64_t wtx__patch_cut(const uint64_t *shape, size_t ndim, const uint64_t *lo,
+                        const uint64_t *len, int index_dtype, uint64_t count,
+                        const void *indices, const void *values, size_t elsize, int64_t *idx,
+                        uint8_t *val);
 /* The elements (of elsize bytes) where cur differs from prev, nbytes each,
  * as a patch into out (room for max elements' indices and values: at
  * least wtx__patch_bytes(index_dtype, max, elsize)): the count, or max + 1

@@ -107,4 +107,57 @@ TEST(PatchTest, EachMalformedPatchIsRefusedNamingWhatIsWrong) {
   EXPECT_EQ(WTX_DTYPE_INT32, wtx__patch_index_dtype(UINT64_C(1) << 31));
 }
 
+// A caller's patch cut to a box of the tensor (a tensor-parallel worker's
+// slice) is the patch of the box: for random shapes, boxes and patches,
+// applying the cut to the box read out of the old tensor gives the box
+// read out of the patched tensor, and the cut's indices increase.
+TEST(PatchTest, ACutPatchAppliedToABoxGivesThatBoxOfThePatchedTensor) {
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 500; round++) {
+    size_t ndim = 1 + rng() % 3, es = (round % 2) ? 2 : 4;
+    uint64_t shape[3], lo[3], len[3], elements = 1, box_elements = 1;
+    for (size_t d = 0; d < ndim; d++) {
+      shape[d] = 1 + rng() % 9;
+      lo[d] = rng() % shape[d];
+      len[d] = 1 + rng() % (shape[d] - lo[d]);
+      elements *= shape[d];
+      box_elements *= len[d];
+    }
+    std::vector<uint8_t> old(elements * es);
+    for (auto &b : old) b = static_cast<uint8_t>(rng());
+    std::vector<int64_t> at;  // a random increasing subset, as int64 indices
+    for (uint64_t i = 0; i < elements; i++)
+      if (rng() % 3 == 0) at.push_back(static_cast<int64_t>(i));
+    std::vector<uint8_t> values(at.size() * es);
+    for (auto &b : values) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> now = old;
+    for (size_t k = 0; k < at.size(); k++) memcpy(&now[at[k] * es], &values[k * es], es);
+    auto box_of = [&](const std::vector<uint8_t> &t) {  // row-major, element by element
+      std::vector<uint8_t> b;
+      for (uint64_t i = 0; i < elements; i++) {
+        uint64_t r = i;
+        bool in = true;
+        for (size_t d = ndim; d-- > 0; r /= shape[d])
+          in = in && r % shape[d] >= lo[d] && r % shape[d] < lo[d] + len[d];
+        if (in) b.insert(b.end(), &t[i * es], &t[i * es] + es);
+      }
+      return b;
+    };
+    std::vector<int64_t> idx(at.size() + 1);
+    std::vector<uint8_t> val(values.size() + 1);
+    uint64_t m = wtx__patch_cut(shape, ndim, lo, len, WTX_DTYPE_INT64, at.size(), at.data(),
+                                values.data(), es, idx.data(), val.data());
+    std::vector<uint8_t> box = box_of(old);
+    ASSERT_EQ(box_elements * es, box.size());
+    for (uint64_t k = 0; k < m; k++) {
+      ASSERT_LT(static_cast<uint64_t>(idx[k]), box_elements) << "round " << round;
+      if (k > 0) {
+        ASSERT_LT(idx[k - 1], idx[k]) << "round " << round;
+      }
+      memcpy(&box[idx[k] * es], &val[k * es], es);
+    }
+    EXPECT_EQ(box_of(now), box) << "round " << round;
+  }
+}
+
 }  // namespace
