@@ -186,6 +186,55 @@ void ShardedTest::DeltaSendsOnlyChangedParts(int mode) {
   wtx_source_destroy(src);
 }
 
+// A tensor-parallel worker restarted between two deltas serves nothing: its
+// group's start refuses the base, and that group sends its parts whole in
+// the same sync (its send round begins after the others' hash round), while
+// the other group sends its delta; the next sync is a delta everywhere.
+TEST_P(ShardedTest, ARestartedTensorParallelWorkerGetsItsPartsWholeAndTheOthersADelta) {
+  Llama model(1);
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1);
+  wtx_client *c = Client({r0, r1});
+  wtx_source *src = model.Source();
+  wtx_trainer *t = Trainer(c, src, 60000, WTX_DELTA_TENSORS);
+  ASSERT_NE(nullptr, t);
+  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+  wtx_send_result res;
+  so.version = "v1";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  size_t parts = res.params;
+  int port = r1.port;
+  Stop(workers_[1]);
+  Worker again = SpawnRank(1, {"--listen", "127.0.0.1:" + std::to_string(port)});
+  ASSERT_EQ(port, again.port);
+  model.t[1].data[0] ^= 1;  // layer 0's q_proj, row 0: rank 0's half
+  so.version = "v2";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  EXPECT_EQ(0, res.delta);
+  ASSERT_NE(nullptr, res.full_reason);
+  size_t held[2] = {0, 0};
+  for (const Tensor &x : model.t)
+    for (int r : {0, 1}) {
+      std::vector<uint8_t> bytes;
+      std::vector<uint64_t> shape;
+      held[r] += wtxtest::Expected(x, r, &bytes, &shape);
+    }
+  ASSERT_EQ(parts, held[0] + held[1]);
+  EXPECT_EQ(held[1] + 1, res.params);  // rank 1's parts whole, rank 0's changed one
+  EXPECT_EQ(held[0] - 1, res.skipped_params);
+  ExpectHolds(r0, 0, model, "v2");
+  ExpectHolds(again, 1, model, "v2");
+  model.t[1].data[0] ^= 2;
+  so.version = "v3";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
+  EXPECT_EQ(1u, res.params);
+  ExpectHolds(r0, 0, model, "v3");
+  ExpectHolds(again, 1, model, "v3");
+  wtx_trainer_shutdown(t);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
 TEST_P(ShardedTest, ADeltaSendsEachTensorParallelWorkerOnlyItsChangedParts) {
   DeltaSendsOnlyChangedParts(WTX_DELTA_TENSORS);
 }
