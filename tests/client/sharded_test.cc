@@ -50,6 +50,20 @@ class ShardedTest : public wtxtest::ShardedFixture {
   }
 
   void DeltaSendsOnlyChangedParts(int mode);
+
+  // One sync of t as version v; res: its result.
+  static void Sync(wtx_trainer *t, const char *v, wtx_send_result *res) {
+    wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+    so.version = v;
+    ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, res)) << wtx_trainer_last_error(t);
+  }
+
+  // Ranks 0 and 1 (workers w0, w1) each hold their parts of model as v.
+  void ExpectRanksHold(const Worker &w0, const Worker &w1, const Llama &model,
+                       const std::string &v) {
+    ExpectHolds(w0, 0, model, v);
+    ExpectHolds(w1, 1, model, v);
+  }
 };
 
 TEST_P(ShardedTest, EachTensorParallelWorkerReceivesOnlyItsPartsAndAReplicaTheWhole) {
@@ -136,8 +150,8 @@ TEST_P(ShardedTest, VerifyComparesEveryWorkersPartsWithWhatWasSent) {
 // A delta to tensor-parallel workers sends each group only the parts whose
 // bytes changed since what it serves: one row of q_proj in rank 0's half
 // travels to rank 0 and to the whole replica (whole, or as a patch of the
-// part and of the tensor), and nothing to rank 1. A new trainer learns the parts' hashes from the
-// workers and sends nothing.
+// part and of the tensor), and nothing to rank 1. A new trainer learns the
+// parts' hashes from the workers and sends nothing.
 void ShardedTest::DeltaSendsOnlyChangedParts(int mode) {
   Llama model(1);
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
@@ -145,10 +159,8 @@ void ShardedTest::DeltaSendsOnlyChangedParts(int mode) {
   wtx_source *src = model.Source();
   wtx_trainer *t = Trainer(c, src, 60000, mode);
   ASSERT_NE(nullptr, t);
-  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
   wtx_send_result res;
-  so.version = "v1";
-  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  ASSERT_NO_FATAL_FAILURE(Sync(t, "v1", &res));
   EXPECT_EQ(0, res.delta);
   ASSERT_NE(nullptr, res.full_reason);
   size_t parts = res.params;
@@ -157,8 +169,7 @@ void ShardedTest::DeltaSendsOnlyChangedParts(int mode) {
     if (x.name == "model.layers.1.self_attn.q_proj.weight") q = &x;
   ASSERT_NE(nullptr, q);
   q->data[5] ^= 0x5a;  // row 0: rank 0's half
-  so.version = "v2";
-  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  ASSERT_NO_FATAL_FAILURE(Sync(t, "v2", &res));
   EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
   EXPECT_EQ(2u, res.params);  // rank 0's half of q_proj, and the whole q_proj
   if (mode == WTX_DELTA_TENSORS) {
@@ -168,19 +179,16 @@ void ShardedTest::DeltaSendsOnlyChangedParts(int mode) {
     EXPECT_LT(res.bytes, 64u);
   }
   EXPECT_EQ(parts - 2, res.skipped_params);
-  ExpectHolds(r0, 0, model, "v2");
-  ExpectHolds(r1, 1, model, "v2");
+  ExpectRanksHold(r0, r1, model, "v2");
   EXPECT_EQ(model.total, ExpectHolds(whole, -1, model, "v2"));
   wtx_trainer_shutdown(t);
   t = Trainer(c, src, 60000, mode);
   ASSERT_NE(nullptr, t);
-  so.version = "v3";
-  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  ASSERT_NO_FATAL_FAILURE(Sync(t, "v3", &res));
   EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
   EXPECT_EQ(0u, res.params);
   EXPECT_EQ(parts, res.skipped_params);
-  ExpectHolds(r0, 0, model, "v3");
-  ExpectHolds(r1, 1, model, "v3");
+  ExpectRanksHold(r0, r1, model, "v3");
   wtx_trainer_shutdown(t);
   wtx_client_destroy(c);
   wtx_source_destroy(src);
@@ -197,18 +205,15 @@ TEST_P(ShardedTest, ARestartedTensorParallelWorkerGetsItsPartsWholeAndTheOthersA
   wtx_source *src = model.Source();
   wtx_trainer *t = Trainer(c, src, 60000, WTX_DELTA_TENSORS);
   ASSERT_NE(nullptr, t);
-  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
   wtx_send_result res;
-  so.version = "v1";
-  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  ASSERT_NO_FATAL_FAILURE(Sync(t, "v1", &res));
   size_t parts = res.params;
   int port = r1.port;
   Stop(workers_[1]);
   Worker again = SpawnRank(1, {"--listen", "127.0.0.1:" + std::to_string(port)});
   ASSERT_EQ(port, again.port);
   model.t[1].data[0] ^= 1;  // layer 0's q_proj, row 0: rank 0's half
-  so.version = "v2";
-  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  ASSERT_NO_FATAL_FAILURE(Sync(t, "v2", &res));
   EXPECT_EQ(0, res.delta);
   ASSERT_NE(nullptr, res.full_reason);
   size_t held[2] = {0, 0};
@@ -221,15 +226,12 @@ TEST_P(ShardedTest, ARestartedTensorParallelWorkerGetsItsPartsWholeAndTheOthersA
   ASSERT_EQ(parts, held[0] + held[1]);
   EXPECT_EQ(held[1] + 1, res.params);  // rank 1's parts whole, rank 0's changed one
   EXPECT_EQ(held[0] - 1, res.skipped_params);
-  ExpectHolds(r0, 0, model, "v2");
-  ExpectHolds(again, 1, model, "v2");
+  ExpectRanksHold(r0, again, model, "v2");
   model.t[1].data[0] ^= 2;
-  so.version = "v3";
-  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  ASSERT_NO_FATAL_FAILURE(Sync(t, "v3", &res));
   EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
   EXPECT_EQ(1u, res.params);
-  ExpectHolds(r0, 0, model, "v3");
-  ExpectHolds(again, 1, model, "v3");
+  ExpectRanksHold(r0, again, model, "v3");
   wtx_trainer_shutdown(t);
   wtx_client_destroy(c);
   wtx_source_destroy(src);
@@ -288,8 +290,7 @@ TEST_P(ShardedTest, TheCallersPatchesReachEachTensorParallelWorkerCutToItsParts)
   bad.name = "model.nope";
   EXPECT_EQ(WTX_EINVAL, wtx_trainer_send_patches(t, &bad, 1, &so, nullptr));
   EXPECT_NE(std::string::npos, std::string(wtx_trainer_last_error(t)).find("'model.nope'"));
-  ExpectHolds(r0, 0, model, "v1");
-  ExpectHolds(r1, 1, model, "v1");
+  ExpectRanksHold(r0, r1, model, "v1");
   wtx_send_result res;
   so.version = "v2";
   ASSERT_EQ(0, wtx_trainer_send_patches(t, ps.data(), ps.size(), &so, &res))
@@ -300,8 +301,7 @@ TEST_P(ShardedTest, TheCallersPatchesReachEachTensorParallelWorkerCutToItsParts)
   // rank 0: q, o; rank 1: q, e3; the replica: all three.
   EXPECT_EQ(7u, res.patched_params);
   EXPECT_EQ("v2", std::string(res.version));
-  ExpectHolds(r0, 0, model, "v2");
-  ExpectHolds(r1, 1, model, "v2");
+  ExpectRanksHold(r0, r1, model, "v2");
   EXPECT_EQ(model.total, ExpectHolds(whole, -1, model, "v2"));
   // Patches for rank 1's expert only: rank 0 publishes v3 all the same.
   so.version = "v3";
@@ -309,8 +309,7 @@ TEST_P(ShardedTest, TheCallersPatchesReachEachTensorParallelWorkerCutToItsParts)
   ASSERT_EQ(0, wtx_trainer_send_patches(t, &ps[2], 1, &so, &res)) << wtx_trainer_last_error(t);
   apply(e3, ei, ev);
   EXPECT_EQ(2u, res.patched_params);
-  ExpectHolds(r0, 0, model, "v3");
-  ExpectHolds(r1, 1, model, "v3");
+  ExpectRanksHold(r0, r1, model, "v3");
   wtx_trainer_shutdown(t);
   wtx_client_destroy(c);
   wtx_source_destroy(src);
