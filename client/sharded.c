@@ -383,6 +383,7 @@ struct wtx__sharded {
   pthread_mutex_t mu;
   uint64_t done, total;
   const wtx_send_options *o;
+  wtx__strmap *names; /* the source's parameters by name (the caller's patches) */
 };
 
 int wtx__replica_slices(const Wtx__V1__ShardSpec *spec, const wtx_tensor_meta *metas,
@@ -563,6 +564,7 @@ void wtx__sharded_destroy(wtx__sharded *sh) {
   free(sh->sp.want);
   free(sh->sp.in_round);
   free(sh->sp.left);
+  wtx__strmap_destroy(sh->names);
   pthread_mutex_destroy(&sh->mu);
   free(sh->g);
   free(sh);
@@ -813,34 +815,39 @@ static int patch_check(const wtx_tensor_meta *m, const wtx_patch *p, char *why, 
   return rc;
 }
 
-/* Each patch's parameter in the source's table, each patch checked whole
- * against it (the checks a single sender's replicas make) before any part
- * is cut from it. */
-static int patch_params(const wtx__sharded *sh, const wtx_patch *p, size_t n, size_t *param,
-                        char *err, size_t errlen) {
-  wtx__strmap *names = NULL;
-  int rc = wtx__strmap_create(&names);
+/* The source's parameters by name, made at the first patches. */
+static int param_names(wtx__sharded *sh) {
+  if (sh->names != NULL) return 0;
+  int rc = wtx__strmap_create(&sh->names);
+  if (rc == 0) wtx__strmap_reserve(sh->names, sh->sp.n);
   for (size_t i = 0; rc == 0 && i < sh->sp.n; i++)
-    rc = wtx__strmap_add(names, sh->sp.metas[i].name, i, NULL);
-  for (size_t j = 0; rc == 0 && j < n; j++) {
-    const wtx_tensor_meta *f;
-    wtx_tensor_meta m;
-    char why[1200];
-    if (p[j].name == NULL || !wtx__strmap_get(names, p[j].name, &param[j])) {
-      snprintf(err, errlen, "patches[%zu]: '%s' is not in the source's metadata", j,
-               p[j].name != NULL ? p[j].name : "");
-      rc = WTX_EINVAL;
-    } else if ((rc = wtx_tensor_meta_set(&m, p[j].name, p[j].dtype, p[j].shape, p[j].ndim, why,
-                                         sizeof why)) != 0 ||
-               !wtx_tensor_meta_same_layout(&m, f = &sh->sp.metas[param[j]])) {
-      snprintf(err, errlen, "patches[%zu]: '%s' is not the source's dtype and shape", j,
-               p[j].name);
-      rc = WTX_EINVAL;
-    } else if ((rc = patch_check(&m, &p[j], why, sizeof why)) != 0) {
-      snprintf(err, errlen, "patches[%zu]: %s", j, why);
-    }
+    rc = wtx__strmap_add(sh->names, sh->sp.metas[i].name, i, NULL);
+  if (rc != 0) {
+    wtx__strmap_destroy(sh->names);
+    sh->names = NULL;
   }
-  wtx__strmap_destroy(names);
+  return rc;
+}
+
+/* Patch j's parameter in the source's table into *param, the patch checked
+ * whole against it (the checks a single sender's replicas make) before any
+ * part is cut from it. */
+static int patch_param(const wtx__sharded *sh, const wtx_patch *p, size_t j, size_t *param,
+                       char *err, size_t errlen) {
+  wtx_tensor_meta m;
+  char why[1200] = "";
+  if (p->name == NULL || !wtx__strmap_get(sh->names, p->name, param)) {
+    snprintf(err, errlen, "patches[%zu]: '%s' is not in the source's metadata", j,
+             p->name != NULL ? p->name : "");
+    return WTX_EINVAL;
+  }
+  if (wtx_tensor_meta_set(&m, p->name, p->dtype, p->shape, p->ndim, why, sizeof why) != 0 ||
+      !wtx_tensor_meta_same_layout(&m, &sh->sp.metas[*param])) {
+    snprintf(err, errlen, "patches[%zu]: '%s' is not the source's dtype and shape", j, p->name);
+    return WTX_EINVAL;
+  }
+  int rc = patch_check(&m, p, why, sizeof why);
+  if (rc != 0) snprintf(err, errlen, "patches[%zu]: %s", j, why);
   return rc;
 }
 
@@ -866,7 +873,9 @@ int wtx__sharded_send_patches(wtx__sharded *sh, const wtx_patch *patches, size_t
   size_t *param = calloc(n, sizeof *param), *slot = calloc(sh->sp.n + 1, sizeof *slot);
   int rc = param != NULL && slot != NULL ? 0 : WTX_ENOMEM;
   if (rc != 0) snprintf(err, errlen, "out of memory");
-  if (rc == 0) rc = patch_params(sh, patches, n, param, err, errlen);
+  if (rc == 0 && (rc = param_names(sh)) != 0) snprintf(err, errlen, "out of memory");
+  for (size_t j = 0; rc == 0 && j < n; j++)
+    rc = patch_param(sh, &patches[j], j, &param[j], err, errlen);
   /* Every group prepares the new version, even one none of whose parts
    * changed, so that all publish it or none. */
   size_t g = 0;
