@@ -1370,6 +1370,32 @@ TEST_F(SessionTest, AModelsFailedCommitIsInternalAndKeepsThePublishedWeights) {
   Stop();  // before the model on this stack goes
 }
 
+// A host's model keeps no version of its own: GetWeightInfo names the one
+// the session last published there (a new trainer's delta or patches name
+// it as their base), and a failed commit leaves it as it was.
+TEST_F(SessionTest, AHostModelsWeightInfoNamesTheVersionItLastPublished) {
+  HostModel hm;
+  Serve(&kHost, &hm);
+  auto version = [&] {
+    Wtx__V1__GetWeightInfoResponse *info = nullptr;
+    EXPECT_EQ(0, Info(&info)) << st_.message;
+    std::string v = info != nullptr ? info->weight_version : "?";
+    if (info != nullptr) protobuf_c_message_free_unpacked(&info->base, nullptr);
+    return v;
+  };
+  EXPECT_EQ("", version());
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("x", 8, 3)})) << st_.message;
+  ASSERT_EQ(0, Finish("good")) << st_.message;
+  EXPECT_EQ("good", version());
+  hm.commit_rc = WTX_EIO;
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("x", 8, 4)})) << st_.message;
+  EXPECT_NE(0, Finish("bad"));
+  EXPECT_EQ("good", version());
+  Stop();  // before the model on this stack goes
+}
+
 // A host model with the per-chunk ops (as the Python binding has): one call
 // of each per chunk over the chunk's tensors, never the per-tensor ones.
 struct ChunkModel : HostModel {
