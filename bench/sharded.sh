@@ -3,7 +3,8 @@
 # model pushed by one trainer (wtx push --repeat 3, the third sync measured)
 # to two workers of tensor-parallel ranks 0 and 1 of 2, and to two workers
 # that hold the whole model, over shm and tcp. Per worker: the bytes it
-# receives and publishes, its peak memory; per sync: the wall time. Then the
+# receives and publishes, its peak memory; per sync: the wall time; and a
+# delta sync to the tensor-parallel workers with nothing changed. Then the
 # planner at real scale (bench/plan_scale, Qwen3-235B-A22B on 64 ranks to
 # 8 x TP8). Every figure is a ratio to the whole-model figure of the same run.
 # Usage: bench/sharded.sh [SIZE]   (default 1G; run.sh --quick passes 256M)
@@ -34,6 +35,10 @@ for backend in shm tcp; do
   printf "%-8s %-6s %12s %12s %14s %12s\n" "$backend" "tp 2" "$tp_s" "$tp_b" \
     "$(ratio "$tp_b" "$whole_b")" "$(hwm_mib "$t0pid")"
   echo "$backend: a tensor-parallel sync takes $(ratio "$tp_s" "$whole_s") x the whole-model sync"
+  delta_s=$("$bin/client/wtx" push --workers "$t0,$t1" --backend "$backend" --repeat 3 --delta \
+    "synthetic:$size" | sync_s_all | tail -1)
+  echo "$backend: a delta to them with nothing changed (its hash pass) takes $delta_s s =" \
+    "$(ratio "$delta_s" "$tp_s") x their full sync"
   for _ in 1 2 3 4; do kill "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'; done
 done
 echo
