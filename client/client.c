@@ -73,6 +73,9 @@ struct wtx_client {
   int borrowed;      /* the channels are another client's (wtx__client_subset) */
   uint64_t update_bytes; /* UpdateInfo bytes sent, over every replica */
   int settle_rc; /* a start_begin's failure to undo, for start_end */
+  /* On a caller's control plane: the base its last start was given, until
+   * wtx__client_send_base sends it ("": none). */
+  char ctl_base[WTX_MAX_VERSION_BYTES + 1];
 };
 
 #define CONTROL_TARGET "the caller's control plane"
@@ -528,7 +531,6 @@ static void start_fill(fanout *f, size_t i, ProtobufCMessage *m) {
 }
 
 int wtx__client_set_bases(wtx_client *c, const char *const *bases) {
-  if (bases != NULL && !c->reach->services) return WTX_ENOTSUP;
   for (size_t i = 0; i < c->n; i++) {
     const char *b = bases != NULL ? bases[i] : "";
     if (strlen(b) > WTX_MAX_VERSION_BYTES) return WTX_EINVAL;
@@ -539,6 +541,16 @@ int wtx__client_set_bases(wtx_client *c, const char *const *bases) {
 
 int wtx__client_is_control(const wtx_client *c) { return !c->reach->services; }
 
+int wtx__client_send_base(wtx_client *c) {
+  if (c->reach->services || c->ctl_base[0] == '\0') return 0;
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  ui.base_version = c->ctl_base;
+  int rc = c->reach->update_start(c, &ui);
+  if (rc == 0) rc = c->reach->update_wait(c);
+  c->ctl_base[0] = '\0';
+  return rc;
+}
+
 int wtx__client_patches(const wtx_client *c) {
   if (!c->reach->services || c->n == 0) return 0;
   for (size_t i = 0; i < c->n; i++)
@@ -547,7 +559,7 @@ int wtx__client_patches(const wtx_client *c) {
 }
 
 const char *wtx__client_serves(const wtx_client *c, size_t i) {
-  return i < c->n && c->reach->services ? c->r[i].serves : "";
+  return i < c->n ? c->r[i].serves : "";
 }
 
 static int grpc_refused(wtx_client *c) {
@@ -1061,6 +1073,9 @@ static int control_init_wait(wtx_client *c, size_t i,
 /* vLLM's start answers at once; its result waits for start_end. */
 static void control_start_begin(wtx_client *c, int target, size_t params) {
   (void)params;
+  /* Its start carries no request: the base goes after it (send_base). */
+  snprintf(c->ctl_base, sizeof c->ctl_base, "%s", c->r[0].base);
+  c->r[0].base[0] = '\0';
   char why[1024];
   int rc = wtx__control_start(c->ctl, target, why, sizeof why);
   c->r[0].begun = rc != 0 ? control_failed(c, "start_weight_update", rc, why) : 0;
@@ -1097,8 +1112,12 @@ static int control_prepare(wtx_client *c, const char *version) {
 static int control_commit(wtx_client *c, const char *version, char *published, size_t publen) {
   char why[1024];
   int rc = wtx__control_finish(c->ctl, version, why, sizeof why);
-  if (rc == 0 && published != NULL) snprintf(published, publen, "%s", version ? version : "");
-  return rc != 0 ? control_failed(c, "finish_weight_update", rc, why) : 0;
+  if (rc != 0) return control_failed(c, "finish_weight_update", rc, why);
+  /* Its answer is empty: what it serves is the version this finish named
+   * ("" when the engine numbered it, not known here). */
+  snprintf(c->r[0].serves, sizeof c->r[0].serves, "%s", version ? version : "");
+  if (published != NULL) snprintf(published, publen, "%s", c->r[0].serves);
+  return 0;
 }
 
 static int control_abort(wtx_client *c, const char *reason) {

@@ -333,11 +333,6 @@ int wtx__trainer_init_plain(const wtx_trainer_config *cfg, wtx_client *client,
   t->client = client;
   t->source = source;
   int rc = resolve_config(t, cfg, err, errlen);
-  if (rc == 0 && t->delta && client != NULL && wtx__client_is_control(client)) {
-    snprintf(err, errlen, "delta: a caller's control plane carries no base version; "
-             "use wtx's gRPC workers (wtx_client_create)");
-    rc = WTX_ENOTSUP;
-  }
   if (rc == 0 && t->rank == 0 && (rc = rendezvous(t)) != 0)
     snprintf(err, errlen, "%s", t->err);
   /* Every sync uses the table's plan and identity: made once, here (a
@@ -883,6 +878,9 @@ static int delta_begin(sync_state *s, int *lost) {
   int src = wtx__client_start_end(t->client);
   int refused = src != 0 && s->delta &&
                 wtx_client_last_status(t->client) == GRPC_STATUS_FAILED_PRECONDITION;
+  /* A caller's control plane takes the base after its start; any failure
+   * of that call (its engine's refusal comes back as text) sends whole. */
+  if (src == 0 && s->delta && (src = wtx__client_send_base(t->client)) != 0) refused = 1;
   if (refused) {
     /* A replica serves another version than its base: the start is made
      * again, as a lost one is (sync_run), this time for the whole table. */

@@ -35,18 +35,24 @@ int wtx__client_start_end(wtx_client *c);
 /* The next start is a delta (StartWeightUpdateRequest.base_version):
  * bases[i] is the version replica i's delta applies to (wtx_client_size
  * entries, copied); NULL: an ordinary update. One start's: the start after
- * it is ordinary unless set again. WTX_ENOTSUP on a caller's control plane,
- * whose calls carry no base. */
+ * it is ordinary unless set again. A caller's control plane, whose start
+ * carries no request, takes it after the start: wtx__client_send_base. */
 int wtx__client_set_bases(wtx_client *c, const char *const *bases);
+/* After a start with bases, on a caller's control plane: one update call
+ * whose UpdateInfo carries only the base (UpdateInfo.base_version), which
+ * the engine behind it starts its update against or refuses (that call's
+ * error). 0 at once on gRPC workers, whose start carried it. */
+int wtx__client_send_base(wtx_client *c);
 /* 1 when c reaches its workers through a caller's control plane
- * (wtx_client_create_control), whose calls carry no base version. */
+ * (wtx_client_create_control), whose start carries no base version. */
 int wtx__client_is_control(const wtx_client *c);
 /* After a start: 1 when every replica said a delta may carry patches
  * (StartWeightUpdateResponse.patches). */
 int wtx__client_patches(const wtx_client *c);
 /* The version replica i serves as far as c saw: its last start's answer,
- * then what its Finish published or its undo returned to; "" when not
- * known. Owned by c, valid until the next call on c. */
+ * then what its Finish published or its undo returned to (on a caller's
+ * control plane, which answers nothing: the version its last finish
+ * named); "" when not known. Owned by c, valid until the next call on c. */
 const char *wtx__client_serves(const wtx_client *c, size_t i);
 /* After a start: the parameter table every replica announced
  * (StartWeightUpdateResponse.table_xxh3), or 0 when they differ or have

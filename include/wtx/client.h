@@ -72,7 +72,13 @@ void wtx_client_destroy(wtx_client *c);
  * UpdateInfo); a binding converts them, e.g. to their JSON form. Each call
  * returns 0, or a WTX_E* code with a message in err. init and update may
  * block until the worker has acted: the engine runs them on a thread of
- * its own while the data plane moves the bytes. */
+ * its own while the data plane moves the bytes. A delta sync
+ * (wtx_trainer_config.delta) calls update once right after start with an
+ * UpdateInfo carrying only base_version: the engine behind the control
+ * plane starts its update against that base, or fails the call, and the
+ * trainer then sends the whole model in the same sync (the wtx vLLM
+ * plugin does both). Deltas need named versions here: finish answers
+ * nothing, so what a replica serves is the version the last finish named. */
 /* The wtx_control_ops layout of this header: 1, every member below. */
 #define WTX_CONTROL_OPS_VERSION 1u
 

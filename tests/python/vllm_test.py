@@ -272,6 +272,53 @@ class HttpTest(unittest.TestCase):
             self.assertEqual(f"http-{step}",
                              requests.get(f"{self.url}/weight_info").json()["weight_version"])
 
+    def test_a_delta_through_vllms_routes_is_fenced_by_its_base(self):
+        # vLLM's start carries no request: the trainer names the delta's base
+        # in an UpdateInfo right after it, and the engine starts against it.
+        # A new trainer cannot ask vLLM what it serves, so its first sync is
+        # whole; after another trainer published there, the base is refused
+        # and the same sync sends the whole model.
+        import wtx
+        from vllm.distributed.weight_transfer.base import ModuleSource
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        client = HTTPVLLMWeightSyncClient(self.url, timeout=60)
+        trainer = tiny_llama(2)
+        n = len(list(trainer.parameters()))
+        engine = WeightTransferTrainerFactory.trainer_init(
+            wtx.WtxTrainerInitInfo(transport="shm", rank=0, delta=True), client=client,
+            source=ModuleSource(trainer))
+        r = engine.send_weights(version="d-1")
+        self.assertFalse(r["delta"])
+        self.assertTrue(r["full_reason"])
+        _, p = next(iter(trainer.named_parameters()))
+
+        def step(version):
+            with torch.no_grad():
+                p[0].add_(1.0)
+            r = engine.send_weights(version=version)
+            for name, q in self.model.named_parameters():
+                self.assertTrue(torch.equal(dict(trainer.named_parameters())[name].detach(),
+                                            q.detach()), name)
+            return r
+        r = step("d-2")
+        self.assertTrue(r["delta"], r["full_reason"])
+        self.assertEqual(1, r["params"])
+        self.assertEqual(n - 1, r["skipped_params"])
+        other = WeightTransferTrainerFactory.trainer_init(
+            wtx.WtxTrainerInitInfo(transport="shm", rank=0), client=client,
+            source=ModuleSource(tiny_llama(3)))
+        other.send_weights(version="other")
+        other.shutdown()
+        r = step("d-3")
+        self.assertFalse(r["delta"])
+        self.assertIn("update_weights", r["full_reason"])
+        self.assertEqual(n, r["params"])
+        r = step("d-4")
+        self.assertTrue(r["delta"], r["full_reason"])
+        self.assertEqual(1, r["params"])
+        engine.shutdown()
+
     def test_a_failed_load_reaches_the_trainer_and_the_weights_stay(self):
         import wtx
         from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient

@@ -130,18 +130,23 @@ class WorkerClient:
                            lambda i: wt.InitWeightTransferEngineRequest(init_info=info))
         self._sessions = [r.session_id for r in resps]
 
-    def start_weight_update(self, target: str = "main", expected_params: int = 0) -> None:
+    def start_weight_update(self, target: str = "main", expected_params: int = 0,
+                            base_version: str | None = None) -> None:
         """StartWeightUpdate on every replica (``target``: "main" or "draft").
         ``expected_params``: how many tensors the update will send, when
         known (0: not said): each worker sizes its tables for them and
-        refuses at once an update over its ``--max-params``."""
+        refuses at once an update over its ``--max-params``.
+        ``base_version``: the update is a delta of that version (what it does
+        not send carries over); a worker serving another refuses it
+        (FAILED_PRECONDITION, a WtxError naming both)."""
         t = {"main": types_pb2.UPDATE_TARGET_MAIN, "draft": types_pb2.UPDATE_TARGET_DRAFT}.get(target)
         if t is None:
             raise ValueError(f"target: 'main' or 'draft', got {target!r}")
         if not 0 <= expected_params < 2**32:
             raise ValueError(f"expected_params: 0..2^32-1, got {expected_params}")
         resps = self._each("StartWeightUpdate", lambda i: wt.StartWeightUpdateRequest(
-            session_id=self._sessions[i], target=t, expected_params=expected_params))
+            session_id=self._sessions[i], target=t, expected_params=expected_params,
+            base_version=base_version or ""))
         self._updates = [r.update_id for r in resps]
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:

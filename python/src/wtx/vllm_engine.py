@@ -6,7 +6,9 @@ embedded worker on loopback, loading into ``self.model`` (the draft model
 while vLLM targets it) through ``model.load_weights``; vLLM's four calls go
 to it, so the session, its checks and the data plane are wtx's own.
 ``init_info`` / ``update_info`` are the JSON form of ``wtx.v1.InitInfo`` /
-``UpdateInfo``, parsed strictly. An update that fails before loading
+``UpdateInfo``, parsed strictly. vLLM's start carries no request, so the
+engine's own start waits for the first update: a delta's names its base
+(``UpdateInfo.base_version``), which the start is fenced on. An update that fails before loading
 starts (a refused chunk, a checksum, an abort) leaves the weights as they
 were: tensors are staged and verified, then loaded at
 ``finish_weight_update``. If ``load_weights`` itself fails part way, the
@@ -75,6 +77,9 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
         super().__init__(config, vllm_config, device, model)
         self._server = None
         self._client: WorkerClient | None = None
+        # vLLM's start carries no request: the main model's start waits for
+        # the first update, whose UpdateInfo may name a delta's base.
+        self._pending_start = False
 
     def parse_init_info(self, init_dict: dict[str, Any]) -> WtxInitInfo:
         return WtxInitInfo(parse(wt.InitInfo, init_dict, "init_info"))
@@ -98,10 +103,12 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
                 self._client.abort("a new init_weight_transfer_engine")
             except WtxError:
                 pass
+        self._pending_start = False
         self._client.init_weight_transfer_engine(init_info.message)
 
     def start_weight_update(self) -> None:
-        self._need().start_weight_update()
+        self._need()
+        self._pending_start = True
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         # Synchronous: the chunk is received and verified when this returns
@@ -109,9 +116,20 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
         self.receive_weights(self.parse_update_info(update_info))
 
     def receive_weights(self, update_info: WtxUpdateInfo) -> None:
-        self._need().update_weights(update_info.messages)
+        msgs = update_info.messages
+        if self._pending_start:
+            # A delta's first UpdateInfo names its base, and only that.
+            base = msgs[0].base_version if msgs else ""
+            self._pending_start = False
+            self._need().start_weight_update(base_version=base or None)
+        chunks = [m for m in msgs if not m.base_version]
+        if chunks:
+            self._need().update_weights(chunks)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
+        if self._pending_start:  # an update of no chunk
+            self._pending_start = False
+            self._need().start_weight_update()
         self._need().finish_weight_update(weight_version)
 
     def shutdown(self) -> None:
