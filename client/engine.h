@@ -56,12 +56,12 @@ int wtx__sharded_create(const wtx_trainer_config *cfg, wtx_client *client, wtx_s
  * aborts every group. err receives the failure. */
 int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *opts, wtx_send_result *result,
                       char *err, size_t errlen);
-/* wtx_trainer_verify of every group's engine; err names the group. */
 /* wtx_trainer_send_patches to tensor-parallel workers: each group gets the
  * elements of each patch that fall in its parts, indexed in the part. */
 int wtx__sharded_send_patches(wtx__sharded *sh, const wtx_patch *patches, size_t n,
                               const wtx_send_options *opts, wtx_send_result *result,
                               char *err, size_t errlen);
+/* wtx_trainer_verify of every group's engine; err names the group. */
 int wtx__sharded_verify(wtx__sharded *sh, char *err, size_t errlen);
 void wtx__sharded_destroy(wtx__sharded *sh);
 /* Replica i's parts of metas[0..n), from the shard rules it announced

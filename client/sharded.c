@@ -771,10 +771,21 @@ static uint64_t cut_room(const wtx_patch *p) {
   return (p->count * (8 + wtx_dtype_size(p->dtype)) + 7) & ~(uint64_t)7;
 }
 
-/* Group gr's share of the n patches; slot[param]: the part of param in
- * gr's table, or NONE. */
-static int share_patches(const group *gr, const size_t *slot, const wtx_patch *p,
-                         const size_t *param, size_t n, group_patches *gp) {
+/* The part of parameter param in group gr's table, or NONE: its slices
+ * are in metadata order, at most one a parameter (wtx_shard_slices). */
+static size_t part_of(const group *gr, size_t param) {
+  size_t lo = 0, hi = gr->n_slices;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (gr->slices[mid].param < param) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < gr->n_slices && gr->slices[lo].param == param ? lo : NONE;
+}
+
+/* Group gr's share of the n patches, param[j] patch j's parameter. */
+static int share_patches(const group *gr, const wtx_patch *p, const size_t *param, size_t n,
+                         group_patches *gp) {
   uint64_t room = 0;
   for (size_t j = 0; j < n; j++) room += cut_room(&p[j]);
   gp->p = calloc(n + 1, sizeof *gp->p);
@@ -783,7 +794,7 @@ static int share_patches(const group *gr, const size_t *slot, const wtx_patch *p
   if (gp->p == NULL || gp->map == NULL || gp->pool == NULL) return WTX_ENOMEM;
   uint64_t used = 0;
   for (size_t j = 0; j < n; j++) {
-    size_t k = slot[param[j]];
+    size_t k = part_of(gr, param[j]);
     if (k == NONE) continue;
     wtx_patch *q = &gp->p[gp->n];
     patch_in_part(gr, k, &p[j], q, gp->pool + used);
@@ -852,13 +863,10 @@ static int patch_param(const wtx__sharded *sh, const wtx_patch *p, size_t j, siz
 }
 
 /* Group g's share of the patches prepared on its replicas. */
-static int group_patch(wtx__sharded *sh, size_t g, const wtx_patch *p, const size_t *param,
-                       size_t n, size_t *slot, const wtx_send_options *o) {
-  group *gr = &sh->g[g];
-  for (size_t i = 0; i < sh->sp.n; i++) slot[i] = NONE;
-  for (size_t k = 0; k < gr->n_slices; k++) slot[gr->slices[k].param] = k;
+static int group_patch(group *gr, const wtx_patch *p, const size_t *param, size_t n,
+                       const wtx_send_options *o) {
   group_patches gp = {0};
-  int rc = share_patches(gr, slot, p, param, n, &gp);
+  int rc = share_patches(gr, p, param, n, &gp);
   if (rc != 0) rc = wtx__trainer_fail(gr->t, rc, "out of memory");
   else rc = wtx__trainer_patches_prepared(gr->t, gp.p, gp.n, gp.map, o, &gr->res);
   group_patches_free(&gp);
@@ -870,8 +878,8 @@ int wtx__sharded_send_patches(wtx__sharded *sh, const wtx_patch *patches, size_t
                               size_t errlen) {
   if (n == 0) return 0;
   double t0 = wtx__clock_s();
-  size_t *param = calloc(n, sizeof *param), *slot = calloc(sh->sp.n + 1, sizeof *slot);
-  int rc = param != NULL && slot != NULL ? 0 : WTX_ENOMEM;
+  size_t *param = calloc(n, sizeof *param);
+  int rc = param != NULL ? 0 : WTX_ENOMEM;
   if (rc != 0) snprintf(err, errlen, "out of memory");
   if (rc == 0 && (rc = param_names(sh)) != 0) snprintf(err, errlen, "out of memory");
   for (size_t j = 0; rc == 0 && j < n; j++)
@@ -880,9 +888,8 @@ int wtx__sharded_send_patches(wtx__sharded *sh, const wtx_patch *patches, size_t
    * changed, so that all publish it or none. */
   size_t g = 0;
   for (; rc == 0 && g < sh->n; g++)
-    rc = sh->g[g].rc = group_patch(sh, g, patches, param, n, slot, o);
+    rc = sh->g[g].rc = group_patch(&sh->g[g], patches, param, n, o);
   free(param);
-  free(slot);
   if (rc != 0 && g > 0) { /* group g - 1 failed; those before it prepared */
     group_failure(&sh->g[g - 1], err, errlen);
     for (size_t b = 0; b + 1 < g; b++) wtx__trainer_abort(sh->g[b].t, err);
