@@ -258,35 +258,46 @@ void wtx__delta_hash(const uint8_t *const *at, const wtx_tensor_meta *metas, siz
   for (size_t i = 0; i < started; i++) pthread_join(th[i], NULL);
 }
 
+int wtx__delta_check_patch(const wtx_patch *p, wtx_tensor_meta *m, uint8_t *wire,
+                           uint64_t *bytes, char *why, size_t len) {
+  size_t isz = wtx__patch_index_size(p->index_dtype), es;
+  if (wire == NULL) {
+    if (wtx_tensor_meta_set(m, p->name != NULL ? p->name : "", p->dtype, p->shape, p->ndim,
+                            why, len) != 0)
+      return WTX_EINVAL;
+    es = wtx_dtype_size(m->dtype);
+    *bytes = wtx__patch_bytes(p->index_dtype, p->count, es);
+    int rc = wtx__patch_check(m, p->index_dtype, p->count, NULL, *bytes, why, len);
+    if (rc == 0 && (p->indices == NULL || p->values == NULL)) {
+      snprintf(why, len, "indices and values are needed");
+      rc = WTX_EINVAL;
+    }
+    return rc;
+  }
+  es = wtx_dtype_size(m->dtype);
+  memcpy(wire, p->indices, p->count * isz);
+  memcpy(wire + p->count * isz, p->values, p->count * es);
+  return wtx__patch_check(m, p->index_dtype, p->count, wire, *bytes, why, len);
+}
+
 /* Caller patch p as tensor j of the table: its meta, description and bytes
  * (indices then values) at arena + *used, checked as the worker checks it. */
 static int caller_one(wtx__delta *d, const wtx_patch *p, size_t j, uint64_t buffer_size,
                       uint64_t *used, char *err, size_t errlen) {
-  char why[1200];
+  char why[1200] = "";
   wtx_tensor_meta *m = &d->metas[j];
-  if (wtx_tensor_meta_set(m, p->name != NULL ? p->name : "", p->dtype, p->shape, p->ndim, why,
-                          sizeof why) != 0) {
-    snprintf(err, errlen, "patches[%zu]: %s", j, why);
-    return WTX_EINVAL;
-  }
-  size_t es = wtx_dtype_size(m->dtype), isz = wtx__patch_index_size(p->index_dtype);
-  uint64_t bytes = wtx__patch_bytes(p->index_dtype, p->count, es);
-  int rc = wtx__patch_check(m, p->index_dtype, p->count, NULL, bytes, why, sizeof why);
+  uint64_t bytes;
+  int rc = wtx__delta_check_patch(p, m, NULL, &bytes, why, sizeof why);
   if (rc == 0 && bytes > buffer_size) {
     snprintf(err, errlen, "patches[%zu]: the patch of '%s' is %llu bytes, more than a buffer "
              "(%llu): send the tensor whole", j, m->name, (unsigned long long)bytes,
              (unsigned long long)buffer_size);
     return WTX_ETOOBIG;
   }
-  if (rc == 0 && (p->indices == NULL || p->values == NULL)) rc = WTX_EINVAL;
   if (rc == 0 && (rc = arena_room(d, *used, bytes)) != 0) return rc;
-  if (rc == 0) {
-    memcpy(d->arena + *used, p->indices, p->count * isz);
-    memcpy(d->arena + *used + p->count * isz, p->values, p->count * es);
-    rc = wtx__patch_check(m, p->index_dtype, p->count, d->arena + *used, bytes, why, sizeof why);
-  }
+  if (rc == 0) rc = wtx__delta_check_patch(p, m, d->arena + *used, &bytes, why, sizeof why);
   if (rc != 0) {
-    snprintf(err, errlen, "patches[%zu]: %s", j, why[0] ? why : "indices and values are needed");
+    snprintf(err, errlen, "patches[%zu]: %s", j, why);
     return rc;
   }
   wtx__v1__patch__init(&d->patches[j]);

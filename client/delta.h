@@ -89,6 +89,15 @@ void wtx__delta_failed(wtx__delta *d);
 /* Another sync (the caller's patches) changed what they serve: nothing of
  * it is known any more. */
 void wtx__delta_forget(wtx__delta *d);
+/* The caller's patch p checked as every replica checks it, in two calls.
+ * Without wire: *m set from p (name, dtype, shape), the patch's header
+ * checked (index dtype, count, indices and values given) and *bytes its
+ * wire size. Then with wire (room for *bytes): its wire form written
+ * there, indices then values, and every index checked (below the element
+ * count, above the one before). 0, or WTX_EINVAL with why saying which
+ * (never echoing values). */
+int wtx__delta_check_patch(const wtx_patch *p, wtx_tensor_meta *m, uint8_t *wire,
+                           uint64_t *bytes, char *why, size_t len);
 /* The caller's n patches as d's subset (a table of their own): each
  * checked as a worker checks it (err names the first that does not, or
  * one larger than buffer_size) and copied, indices then values, into the

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/delta.h"
 #include "client/engine.h"
 #include "client/fanout.h"
 #include "client/source.h"
@@ -804,28 +805,6 @@ static int share_patches(const group *gr, const wtx_patch *p, const size_t *para
   return 0;
 }
 
-/* The checks a replica makes of patch p of m's tensor, before any byte
- * moves (wtx__patch_check): its indices and values laid out as on the
- * wire. */
-static int patch_check(const wtx_tensor_meta *m, const wtx_patch *p, char *why, size_t len) {
-  size_t isz = wtx__patch_index_size(p->index_dtype), es = wtx_dtype_size(m->dtype);
-  uint64_t bytes = wtx__patch_bytes(p->index_dtype, p->count, es);
-  int rc = wtx__patch_check(m, p->index_dtype, p->count, NULL, bytes, why, len);
-  if (rc == 0 && (p->indices == NULL || p->values == NULL)) {
-    snprintf(why, len, "indices and values are needed");
-    return WTX_EINVAL;
-  }
-  uint8_t *wire = rc == 0 ? malloc(bytes + 1) : NULL;
-  if (rc == 0 && wire == NULL) return WTX_ENOMEM;
-  if (rc == 0) {
-    memcpy(wire, p->indices, p->count * isz);
-    memcpy(wire + p->count * isz, p->values, p->count * es);
-    rc = wtx__patch_check(m, p->index_dtype, p->count, wire, bytes, why, len);
-  }
-  free(wire);
-  return rc;
-}
-
 /* The source's parameters by name, made at the first patches. */
 static int param_names(wtx__sharded *sh) {
   if (sh->names != NULL) return 0;
@@ -847,17 +826,21 @@ static int patch_param(const wtx__sharded *sh, const wtx_patch *p, size_t j, siz
                        char *err, size_t errlen) {
   wtx_tensor_meta m;
   char why[1200] = "";
+  uint64_t bytes = 0;
   if (p->name == NULL || !wtx__strmap_get(sh->names, p->name, param)) {
     snprintf(err, errlen, "patches[%zu]: '%s' is not in the source's metadata", j,
              p->name != NULL ? p->name : "");
     return WTX_EINVAL;
   }
-  if (wtx_tensor_meta_set(&m, p->name, p->dtype, p->shape, p->ndim, why, sizeof why) != 0 ||
-      !wtx_tensor_meta_same_layout(&m, &sh->sp.metas[*param])) {
+  int rc = wtx__delta_check_patch(p, &m, NULL, &bytes, why, sizeof why);
+  if (rc == 0 && !wtx_tensor_meta_same_layout(&m, &sh->sp.metas[*param])) {
     snprintf(err, errlen, "patches[%zu]: '%s' is not the source's dtype and shape", j, p->name);
     return WTX_EINVAL;
   }
-  int rc = patch_check(&m, p, why, sizeof why);
+  uint8_t *wire = rc == 0 ? malloc(bytes + 1) : NULL;
+  if (rc == 0 && wire == NULL) return WTX_ENOMEM;
+  if (rc == 0) rc = wtx__delta_check_patch(p, &m, wire, &bytes, why, sizeof why);
+  free(wire);
   if (rc != 0) snprintf(err, errlen, "patches[%zu]: %s", j, why);
   return rc;
 }
