@@ -73,9 +73,6 @@ struct wtx_client {
   int borrowed;      /* the channels are another client's (wtx__client_subset) */
   uint64_t update_bytes; /* UpdateInfo bytes sent, over every replica */
   int settle_rc; /* a start_begin's failure to undo, for start_end */
-  /* On a caller's control plane: the base its last start was given, until
-   * wtx__client_send_base sends it ("": none). */
-  char ctl_base[WTX_MAX_VERSION_BYTES + 1];
 };
 
 #define CONTROL_TARGET "the caller's control plane"
@@ -542,12 +539,14 @@ int wtx__client_set_bases(wtx_client *c, const char *const *bases) {
 int wtx__client_is_control(const wtx_client *c) { return !c->reach->services; }
 
 int wtx__client_send_base(wtx_client *c) {
-  if (c->reach->services || c->ctl_base[0] == '\0') return 0;
+  /* A control plane's start left the base set (its request carried none):
+   * it is sent here, once. */
+  if (c->reach->services || c->r[0].base[0] == '\0') return 0;
   Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
-  ui.base_version = c->ctl_base;
+  ui.base_version = c->r[0].base;
   int rc = c->reach->update_start(c, &ui);
   if (rc == 0) rc = c->reach->update_wait(c);
-  c->ctl_base[0] = '\0';
+  c->r[0].base[0] = '\0';
   return rc;
 }
 
@@ -1073,9 +1072,6 @@ static int control_init_wait(wtx_client *c, size_t i,
 /* vLLM's start answers at once; its result waits for start_end. */
 static void control_start_begin(wtx_client *c, int target, size_t params) {
   (void)params;
-  /* Its start carries no request: the base goes after it (send_base). */
-  snprintf(c->ctl_base, sizeof c->ctl_base, "%s", c->r[0].base);
-  c->r[0].base[0] = '\0';
   char why[1024];
   int rc = wtx__control_start(c->ctl, target, why, sizeof why);
   c->r[0].begun = rc != 0 ? control_failed(c, "start_weight_update", rc, why) : 0;
