@@ -116,9 +116,10 @@ static void describe_shard(wtx__rpc_ctx *ctx, const wtx__session_config *c,
 static void describe_session(wtx__rpc_ctx *ctx, wtx_session *s,
                              Wtx__V1__GetWeightInfoResponse *resp) {
   pthread_mutex_lock(&s->mu);
-  /* A host's model keeps no version of its own: the session's label of
-   * what it published last is the one a trainer's delta names as base. */
-  resp->weight_version = wtx__rpc_ctx_strdup(ctx, s->cfg.store == NULL ? s->tb.label[0] : "");
+  /* A store's version comes with its view (wtx__handle_info). */
+  char served[WTX_MAX_VERSION_BYTES + 1] = "";
+  if (s->cfg.store == NULL) wtx__session_served(s, WTX_TARGET_MAIN, served, sizeof served);
+  resp->weight_version = wtx__rpc_ctx_strdup(ctx, served);
   resp->state = s->state;
   resp->backend = wtx__rpc_ctx_strdup(ctx, s->transport ? s->transport->name : "");
   if (s->state == WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING ||

@@ -427,8 +427,6 @@ static grpc_status_code check_base(wtx__rpc_ctx *ctx, const char *base, const ch
                              serves[0] ? "'" : "no version yet", serves, serves[0] ? "'" : "");
 }
 
-static void served_label(wtx_session *s, wtx_target target, char *out, size_t len);
-
 /* Whether a delta may carry patches here: the model reads its tensors (or
  * a tensor-parallel rank's parts) back, and stages on the host, where the
  * session applies them. Caller holds mu. */
@@ -451,7 +449,7 @@ static grpc_status_code handle_start(wtx__rpc_ctx *ctx,
   pthread_mutex_lock(&s->mu);
   char serves[WTX_MAX_VERSION_BYTES + 1];
   code = check_session(s, ctx, req->session_id);
-  if (code == GRPC_STATUS_OK) served_label(s, target, serves, sizeof serves);
+  if (code == GRPC_STATUS_OK) wtx__session_served(s, target, serves, sizeof serves);
   if (code == GRPC_STATUS_OK) code = check_base(ctx, req->base_version, serves);
   if (code == GRPC_STATUS_OK) code = open_update(s, ctx, target, req->expected_params);
   if (code == GRPC_STATUS_OK) {
@@ -1433,8 +1431,7 @@ static grpc_status_code handle_finish(wtx__rpc_ctx *ctx,
   return code;
 }
 
-/* The label target's weights are published under now. Caller holds mu. */
-static void served_label(wtx_session *s, wtx_target target, char *out, size_t len) {
+void wtx__session_served(wtx_session *s, wtx_target target, char *out, size_t len) {
   if (s->cfg.store != NULL)
     wtx__store_version(s->cfg.store, target, out, len);
   else
@@ -1515,7 +1512,7 @@ grpc_status_code wtx__handle_abort(wtx__rpc_ctx *ctx,
     code = abort_published(s, ctx, req->update_id, reason, &reverted);
   }
   char label[WTX_MAX_VERSION_BYTES + 1];
-  served_label(s, target, label, sizeof label);
+  wtx__session_served(s, target, label, sizeof label);
   pthread_mutex_unlock(&s->mu);
   /* What the publish told the host (publish-dir, vLLM) is told again:
    * the version before is the published one now. */

@@ -192,6 +192,10 @@ int wtx__session_state(wtx_session *s);
 int wtx__session_watchdog(wtx_session *s);
 /* No new calls; the active update is aborted (once its receive returns). */
 void wtx__session_drain(wtx_session *s);
+/* The label target's weights are published under now: the store's, or
+ * for a host's model (which keeps none) what this session published last
+ * there. Caller holds mu. */
+void wtx__session_served(wtx_session *s, wtx_target target, char *out, size_t len);
 
 /* INVALID_ARGUMENT when a request's strings lost bytes in decoding: a NUL
  * inside a string (protobuf-c keeps C strings) shows as a request that
