@@ -717,9 +717,10 @@ int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_resu
       sh->total += wtx_box_elements(&b) * wtx_dtype_size(f.dtype);
     }
   int rc = run_groups(sh, err, errlen);
-  if (rc != 0) return rc;
   char version[WTX_MAX_VERSION_BYTES + 1] = "";
-  rc = commit_groups(sh, o->version, version, sizeof version, err, errlen);
+  if (rc == 0) rc = commit_groups(sh, o->version, version, sizeof version, err, errlen);
+  /* Every group's delta record settles with the sync: a group that
+   * prepared in a sync another group failed published nothing. */
   for (size_t g = 0; g < sh->n; g++) wtx__trainer_landed(sh->g[g].t, rc == 0);
   if (rc != 0) return rc;
   if (result != NULL) {
