@@ -999,6 +999,57 @@ class ContractTest(unittest.TestCase):
             self.assertTrue(torch.equal(model["a"].detach(), torch.full((4,), 3.0)))
             c.close()
 
+    def test_a_host_narrowing_loads_stages_only_what_its_loader_reads(self):
+        # serve(narrow_loads=True), as the vLLM plugin's tensor-parallel
+        # ranks: the trainer sends whole tensors, and the host keeps of each
+        # what load_weights reads. "col": rows 128..255 (a narrow); "expert":
+        # nothing (another rank's); "scaled": whole (the loader computes on
+        # it). At commit, a loader that reads beyond what it read when
+        # learned fails the commit, and the weights stay.
+        import wtx
+        full = {"col": torch.arange(256 * 128, dtype=torch.float32).reshape(256, 128),
+                "expert": torch.ones(256, 128), "scaled": torch.full((256, 128), 3.0)}
+
+        class Rank(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.col = torch.nn.Parameter(torch.zeros(128, 128))
+                self.scaled = torch.nn.Parameter(torch.zeros(256, 128))
+                self.start = 128
+
+            def load_weights(self, items):
+                for name, t in items:
+                    if name == "col":
+                        self.col.data.copy_(t.narrow(0, self.start, 128))
+                    elif name == "scaled":
+                        self.scaled.data.copy_(t * 2)
+
+        host = Rank()
+        with wtx.serve(host, "127.0.0.1:0", narrow_loads=True) as server:
+            c = wtx.WorkerClient([server.address])
+
+            def push(version):
+                e = wtx.TrainerEngine.trainer_init(
+                    {"rank": 0, "buffer_size": 128 << 10}, client=c, source=wtx.DictSource(full))
+                try:
+                    e.send_weights(version=version)
+                finally:
+                    e.shutdown()
+
+            push("v1")
+            self.assertTrue(torch.equal(host.col.detach(), full["col"][128:]))
+            self.assertTrue(torch.equal(host.scaled.detach(), full["scaled"] * 2))
+            # One 128 KiB tensor a chunk, each cut down once the next is
+            # staged: never all three whole (384 KiB) at once.
+            self.assertLessEqual(server.staged_peak_bytes, 192 << 10)
+            host.start = 0
+            full["col"] = full["col"] + 1
+            with self.assertRaisesRegex(wtx.WtxError, "commit failed"):
+                push("v2")
+            self.assertEqual("v1", server.version)
+            self.assertTrue(torch.equal(host.col.detach(), full["col"][128:] - 1))
+            c.close()
+
     def test_dtypes_map_both_ways(self):
         from wtx import _dtypes
         for wire, (name, size, st) in _dtypes.WIRE.items():

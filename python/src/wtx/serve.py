@@ -22,6 +22,7 @@ import ctypes as C
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -96,6 +97,7 @@ class _Chunk:
 
     def __init__(self, names: list[str]) -> None:
         self.names = names
+        self.first = 0  # its first tensor's index among the update's staged
         self.kind: list[int] = []  # per tensor: its kind's index, -1: its own
         self.offset: list[int] = []  # per tensor: elements into typed[kind], or into own
         self.own: list[Any] = []
@@ -116,7 +118,8 @@ class _Chunk:
         while i < n:
             k = kind[i]
             if k < 0:
-                yield names[i], own[offset[i]]
+                if own[offset[i]] is not None:  # None: load_weights reads none of it
+                    yield names[i], own[offset[i]]
                 i += 1
                 continue
             j = _run_end(kind, offset, i, min(n, i + _RUN))
@@ -156,10 +159,37 @@ class _Staged:
     def __init__(self) -> None:
         self.n = 0  # tensors staged
         self._parts: list[Any] = []
+        self.held = 0  # bytes staged now
+        self.peak = 0  # the most held in this update
+        # (index staged, chunk, place in its own, what load_weights reads)
+        # of each tensor to cut down to what the loader reads once complete.
+        self.to_narrow: list[tuple[int, _Chunk, int, Any]] = []
 
     def add_chunk(self, chunk: _Chunk) -> None:
+        chunk.first = self.n
         self._parts.append(chunk)
         self.n += len(chunk.names)
+
+    def hold(self, nbytes: int) -> None:
+        self.held += nbytes
+        self.peak = max(self.peak, self.held)
+
+    def narrow(self, complete: int) -> None:
+        """The tensors to narrow of the first `complete` staged, cut to
+        what the loader reads (their whole staging freed)."""
+        from . import _narrow
+        done = 0
+        for i, chunk, j, rule in self.to_narrow:
+            if i >= complete:
+                break
+            whole = chunk.own[j]
+            chunk.own[j] = None if rule == _narrow.NOTHING else \
+                _narrow.keep(chunk.names[i - chunk.first], whole, rule)
+            self.held -= whole.nbytes
+            if chunk.own[j] is not None:
+                self.hold(chunk.own[j].part.nbytes)
+            done += 1
+        del self.to_narrow[:done]
 
     def name_at(self, i: int) -> str:
         """The name of the i-th tensor staged (i < n)."""
@@ -169,10 +199,12 @@ class _Staged:
             i -= len(part.names)
         raise IndexError(i)
 
-    def add(self, name: str, tensor: Any) -> None:
+    def add(self, name: str, tensor: Any) -> _Chunk:
         chunk = _Chunk([name])
         chunk.kind, chunk.offset, chunk.own = [-1], [0], [tensor]
         self.add_chunk(chunk)
+        self.hold(tensor.nbytes)
+        return chunk
 
     def items(self) -> Iterator[tuple[str, Any]]:
         for part in self._parts:
@@ -181,16 +213,23 @@ class _Staged:
     def clear(self) -> None:
         self.n = 0
         self._parts.clear()
+        self.to_narrow.clear()
+        self.held = 0
 
 
 class _Host:
     """The model ops behind the C worker, for one torch module."""
 
     def __init__(self, module: Any, on_pause: Callable[[bool], None] | None,
-                 on_resume: Callable[[], None] | None, device_staging: bool) -> None:
+                 on_resume: Callable[[], None] | None, device_staging: bool,
+                 narrow_loads: bool = False) -> None:
         import torch
         self.torch = torch
         self.module = module
+        # What load_weights reads of each tensor (wtx._narrow), per model
+        # (vLLM switches to its draft model and back), learned once a name.
+        self.narrow_loads = narrow_loads
+        self.reads: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self.on_pause = on_pause
         self.on_resume = on_resume
         self.lock = threading.Lock()  # C calls one at a time; commit vs readers of .version
@@ -297,6 +336,7 @@ class _Host:
 
     def _begin(self, _m, target) -> int:
         self.staged.clear()
+        self.staged.peak = 0
         self.loaded = 0
         self.update_targets = None
         return 0
@@ -319,6 +359,7 @@ class _Host:
             return 0
         try:
             torch = self.torch
+            self.staged.narrow(self.loaded)
             table = _MetaTable(torch, metas, n)
             chunk = _Chunk(_meta_names(C.cast(metas, C.c_void_p).value, n))
             kind = torch.full((n,), -1, dtype=torch.int64)
@@ -334,6 +375,8 @@ class _Host:
             C.memmove(dst, addrs.data_ptr(), 8 * n)
             chunk.kind, chunk.offset = kind.tolist(), offset.tolist()
             self.staged.add_chunk(chunk)
+            if len(large) and self.narrow_loads:
+                self._mark_narrow(chunk, large.tolist(), "cpu")
             return 0
         except BaseException:  # noqa: BLE001
             log.exception("stage")
@@ -354,6 +397,7 @@ class _Host:
             t = torch.empty(row[2:2 + row[1]], dtype=self._torch_dtype(row[0]))
             chunk.own.append(t)
             ptrs.append(t.data_ptr())
+            self.staged.hold(t.nbytes)
         offset[large] = torch.arange(first, len(chunk.own), dtype=torch.int64)
         addrs[large] = torch.tensor(ptrs, dtype=torch.int64)
 
@@ -368,6 +412,7 @@ class _Host:
         room = (table.nbytes[small] + (_ALIGN - 1)) & ~(_ALIGN - 1)
         ends = torch.cumsum(room, 0)
         buf = torch.empty(max(int(ends[-1]), _ALIGN), dtype=torch.uint8)
+        self.staged.hold(buf.nbytes)
         offs = ends - room
         addrs[small] = offs + buf.data_ptr()
         sizes = []
@@ -383,14 +428,35 @@ class _Host:
         kind[small] = kind_of
         offset[small] = offs // torch.tensor(sizes, dtype=torch.int64)[kind_of]
 
+    def _mark_narrow(self, chunk: _Chunk, at: list[int], device: Any) -> None:
+        """Of chunk's tensors at positions at (each of its own), those the
+        loader reads only part of (or none of), to narrow once complete."""
+        from . import _narrow
+        loader = self._loader()
+        if loader is None:
+            return
+        reads = self.reads.setdefault(getattr(loader, "__self__", self.module), {})
+        own = [(i, chunk.own[chunk.offset[i]]) for i in at]
+        new = [(chunk.names[i], t.dtype, tuple(t.shape)) for i, t in own
+               if chunk.names[i] not in reads]
+        if new:
+            reads.update(_narrow.learn(loader, new, device))
+        for i, _ in own:
+            rule = reads[chunk.names[i]]
+            if rule != _narrow.WHOLE:
+                self.staged.to_narrow.append((chunk.first + i, chunk, chunk.offset[i], rule))
+
     def _stage_device(self, _m, meta, device, dst) -> int:
         # The C backend's copies into it run on its own CUDA stream and have
         # landed when the chunk's call returns, before commit reads it.
         try:
             m = meta[0]
+            self.staged.narrow(self.loaded)
             t = self.torch.empty(m.shape[:m.ndim], dtype=self._torch_dtype(m.dtype),
                                  device=f"cuda:{device}")
-            self.staged.add(m.name.decode(), t)
+            chunk = self.staged.add(m.name.decode(), t)
+            if self.narrow_loads:
+                self._mark_narrow(chunk, [0], t.device)
             dst[0] = t.data_ptr() if t.numel() else 0
             return 0
         except BaseException:  # noqa: BLE001
@@ -413,7 +479,13 @@ class _Host:
             first = self.staged.name_at(self.loaded)
             _capi.write_err(err, errlen, f"tensor '{first}' was staged but never completed")
             return _capi.ESTATE
-        return 0
+        try:
+            self.staged.narrow(self.loaded)
+            return 0
+        except BaseException as e:  # noqa: BLE001 (a callback must not raise into C)
+            log.exception("prepare")
+            _capi.write_err(err, errlen, f"cannot keep the slices the loader reads: {e}")
+            return _capi.ENOMEM
 
     def _commit(self, _m, version) -> int:
         try:
@@ -469,6 +541,14 @@ class Server:
         with self._host.lock:
             return self._host.version
 
+    @property
+    def staged_peak_bytes(self) -> int:
+        """The most bytes this host held staged at once in its last
+        update: about the model's size for a whole replica; with
+        ``narrow_loads``, its share of it, plus the tensors of a chunk in
+        flight."""
+        return self._host.staged.peak
+
     def set_serving(self, serving: bool) -> None:
         """gRPC health: SERVING or NOT_SERVING (an engine not ready yet)."""
         _capi.worker_set_serving(self._worker, 1 if serving else 0)
@@ -512,7 +592,7 @@ def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = N
           max_model_bytes: int = 0, max_params: int = 0, allow_upstream: str | None = None,
           reflection: str = "open", world_size: int = 1,
           cuda_device: int | None = None, shard_rules: str | None = None,
-          tp_rank: int = 0, tp_size: int = 1) -> Server:
+          tp_rank: int = 0, tp_size: int = 1, narrow_loads: bool = False) -> Server:
     """Hosts a wtx worker for ``model`` (a ``torch.nn.Module``) on ``listen``
     ("host:port"; port 0 picks one, see ``Server.port``). Trainers push
     with ``TrainerEngine`` or ``wtx push``; inspect with grpcurl. Options
@@ -530,13 +610,22 @@ def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = N
     of a rule file (as ``wtx-worker --shard-rules``: one rule a line,
     "PATTERN whole|skip|expert E|dim D [unit U]"), ``tp_rank`` of ``tp_size``
     its place. Trainers then send it exactly those parts, and ``model``'s
-    parameters of those names are loaded with the parts' shapes."""
+    parameters of those names are loaded with the parts' shapes.
+
+    ``narrow_loads``: trainers send whole tensors, but this host stages of
+    each only what ``model.load_weights`` reads of it (as a vLLM
+    tensor-parallel rank's loaders narrow), learned once a name by a dry
+    run of ``load_weights`` over placeholders (``wtx._narrow``). Its
+    staging then grows with its share of the model, plus the whole tensors
+    of a chunk or two in flight; tensors of 64 KiB or less are staged
+    whole. For a rank whose trainer cannot learn its rules (vLLM's routes)."""
     if reflection not in _REFLECTION:
         raise ValueError(f"reflection: one of {', '.join(_REFLECTION)}, got {reflection!r}")
     on_gpu = _cuda_index(model)
     if cuda_device is None:
         cuda_device = on_gpu
-    host = _Host(model, on_pause, on_resume, device_staging=on_gpu is not None)
+    host = _Host(model, on_pause, on_resume, device_staging=on_gpu is not None,
+                 narrow_loads=narrow_loads)
     names = [b.encode() for b in backends] if backends else []
     arr = (C.c_char_p * max(len(names), 1))(*names) if names else None
     opts = _capi.WorkerOptions(
