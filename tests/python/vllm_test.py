@@ -338,5 +338,191 @@ class HttpTest(unittest.TestCase):
             self.assertTrue(torch.equal(before[n], p.detach()), n)
 
 
+class Ranks:
+    """The processes of one tensor-parallel vLLM (vllm_tp_rank.py, vLLM's
+    real LlamaForCausalLM at tensor_parallel_size world, gloo), each with
+    its wtx engine, and a connection to each; every wait bounded."""
+
+    TIMEOUT = 180
+
+    def __init__(self, world):
+        import socket
+        import subprocess
+        import sys
+        import tempfile
+        from multiprocessing.connection import Connection
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.dir = tempfile.TemporaryDirectory()
+        sock = socket.create_server(("127.0.0.1", 0))
+        sock.settimeout(self.TIMEOUT)
+        addr = f"127.0.0.1:{sock.getsockname()[1]}"
+        self.procs = [subprocess.Popen(
+            [sys.executable, os.path.join(here, "vllm_tp_rank.py"), str(r), str(world),
+             os.path.join(self.dir.name, "init"), addr]) for r in range(world)]
+        self.conns = [None] * world
+        try:
+            for _ in range(world):
+                c = Connection(sock.accept()[0].detach())
+                _, rank = self._recv(c)
+                self.conns[rank] = c
+        finally:
+            sock.close()
+
+    def _recv(self, conn):
+        if not conn.poll(self.TIMEOUT):
+            raise TimeoutError("a tensor-parallel rank did not answer")
+        return conn.recv()
+
+    def ask(self, rank, *msg):
+        self.conns[rank].send(msg)
+        return self._recv(self.conns[rank])
+
+    def close(self):
+        for c in self.conns:
+            if c is not None:
+                c.close()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except Exception:  # noqa: BLE001
+                p.kill()
+        self.dir.cleanup()
+
+
+class RanksEngineClientStandIn(EngineClientStandIn):
+    """STAND-IN for vLLM's EngineClient of a tensor-parallel engine: each
+    call goes to every rank's engine at once and returns once all have
+    answered, failing if any failed (vLLM's collective_rpc)."""
+
+    def __init__(self, ranks):
+        self.ranks = ranks
+        self.version = None
+        outer = self
+
+        class Fan:
+            def __getattr__(self, method):
+                return lambda *args: outer.all(method, args)
+        self.engine = Fan()
+
+    def all(self, method, args):
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(len(self.ranks.conns)) as pool:
+            answers = list(pool.map(lambda r: self.ranks.ask(r, "call", method, list(args)),
+                                    range(len(self.ranks.conns))))
+        for a in answers:
+            if a[0] != "ok":
+                raise RuntimeError(a[1])
+
+    async def init_weight_transfer_engine(self, request):
+        import asyncio
+        await asyncio.to_thread(self.all, "init_transfer_engine", [request.init_info])
+
+
+def rank_slices(full, cfg, r, world):
+    """What vLLM's LlamaForCausalLM at rank r of world holds of each of its
+    parameters, made here from the full checkpoint tensors: q/k/v and
+    gate/up rows of whole heads fused, o/down columns, the vocabulary
+    padded to 64 and split evenly (its rows past the vocabulary zero),
+    norms whole."""
+    def rows(t):
+        return t.chunk(world, 0)[r]
+
+    def cols(t):
+        return t.chunk(world, 1)[r]
+    out = {}
+    per = -(-cfg.vocab_size // 64) * 64 // world
+    lo, hi = r * per, min((r + 1) * per, cfg.vocab_size)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        part = torch.zeros(per, cfg.hidden_size)
+        part[:hi - lo] = full[name][lo:hi]
+        out[name] = part
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out[p + "self_attn.qkv_proj.weight"] = torch.cat(
+            [rows(full[p + f"self_attn.{x}_proj.weight"]) for x in "qkv"])
+        out[p + "self_attn.o_proj.weight"] = cols(full[p + "self_attn.o_proj.weight"])
+        out[p + "mlp.gate_up_proj.weight"] = torch.cat(
+            [rows(full[p + "mlp.gate_proj.weight"]), rows(full[p + "mlp.up_proj.weight"])])
+        out[p + "mlp.down_proj.weight"] = cols(full[p + "mlp.down_proj.weight"])
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            out[p + n + ".weight"] = full[p + n + ".weight"]
+    out["model.norm.weight"] = full["model.norm.weight"]
+    return out
+
+
+class TensorParallelTest(unittest.TestCase):
+    """The plugin in a vLLM at tensor_parallel_size 2: vLLM's real
+    LlamaForCausalLM in two processes (gloo), vLLM's real RL router in
+    front of a stand-in engine client that fans each call out to both, and
+    vLLM's HTTPVLLMWeightSyncClient, trainer factory and ModuleSource on
+    the trainer side. Every rank gets every whole tensor (vLLM's routes
+    give them the same messages) and stages only its slices."""
+
+    WORLD = 2
+
+    @classmethod
+    def setUpClass(cls):
+        from vllm.entrypoints.rl.online.api_router import router
+        from vllm.plugins import load_general_plugins
+        from vllm_tp_rank import llama_config
+        load_general_plugins()
+        cls.cfg = llama_config()
+        cls.ranks = Ranks(cls.WORLD)
+        cls.app = AppServer([router], RanksEngineClientStandIn(cls.ranks))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.app.stop()
+        cls.ranks.close()
+
+    def held(self, rank):
+        """(XXH3-64 of each of rank's parameters, its staged_peak_bytes)."""
+        answer = self.ranks.ask(rank, "params")
+        self.assertEqual("ok", answer[0], answer)
+        return answer[1], answer[2]
+
+    def test_each_rank_stages_and_loads_only_its_slices(self):
+        import wtx
+        from transformers import LlamaForCausalLM
+        from vllm.distributed.weight_transfer.base import ModuleSource
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        torch.manual_seed(0)
+        trainer = LlamaForCausalLM(self.cfg).eval()
+        model_bytes = sum(p.nbytes for p in trainer.parameters())
+        client = HTTPVLLMWeightSyncClient(self.app.url, timeout=120)
+        for step in range(2):
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.add_(0.25 * (step + 1))
+            engine = WeightTransferTrainerFactory.trainer_init(
+                wtx.WtxTrainerInitInfo(transport="shm", rank=0), client=client,
+                source=ModuleSource(trainer))
+            engine.send_weights(version=f"tp-{step}")
+            engine.shutdown()
+            full = {n: p.detach() for n, p in trainer.named_parameters()}
+            for r in range(self.WORLD):
+                want = rank_slices(full, self.cfg, r, self.WORLD)
+                sums, peak = self.held(r)
+                self.assertEqual(sorted(want), sorted(sums))
+                for name, t in want.items():
+                    self.assertEqual(xxhash.xxh3_64_intdigest(t.contiguous().numpy().tobytes()),
+                                     sums[name], f"rank {r}: {name}")
+                # Its staging held its share, plus the whole tensors of the
+                # chunks in flight (the trainer's 4 MiB buffers), never the
+                # whole model.
+                share = sum(t.nbytes for t in want.values())
+                self.assertLessEqual(peak, share + (16 << 20), f"rank {r}")
+                self.assertLess(peak, 0.6 * model_bytes, f"rank {r}")
+        # tcp's one upstream connection would reach one rank: refused at
+        # init, and the ranks keep what they hold.
+        before = [self.held(r)[0] for r in range(self.WORLD)]
+        with self.assertRaises(Exception):
+            WeightTransferTrainerFactory.trainer_init(
+                wtx.WtxTrainerInitInfo(transport="tcp", rank=0), client=client,
+                source=ModuleSource(trainer))
+        self.assertEqual(before, [self.held(r)[0] for r in range(self.WORLD)])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

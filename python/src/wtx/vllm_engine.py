@@ -13,7 +13,10 @@ starts (a refused chunk, a checksum, an abort) leaves the weights as they
 were: tensors are staged and verified, then loaded at
 ``finish_weight_update``. If ``load_weights`` itself fails part way, the
 tensors loaded before the failure stay loaded, as with vLLM's own engines
-(which load as they receive); the finish reports the failure.
+(which load as they receive); the finish reports the failure. Under
+tensor (or pipeline) parallelism every rank receives the whole tensors
+(vLLM's routes give all ranks the same messages) and stages only what its
+loaders read of them (``serve(narrow_loads=True)``, ``wtx._narrow``).
 
 Trainer side, ``WtxTrainerWeightTransferEngine``: ``trainer_init`` with a
 ``wtx.WtxTrainerInitInfo`` drives wtx's C trainer engine, with either a
@@ -88,13 +91,31 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
         chunks = update_dict if isinstance(update_dict, list) else [update_dict]
         return WtxUpdateInfo([parse(wt.UpdateInfo, u, "update_info") for u in chunks])
 
+    def _ranks(self) -> int:
+        """This engine's model-parallel ranks (tensor x pipeline)."""
+        pc = self.parallel_config
+        return int(getattr(pc, "tensor_parallel_size", 1) or 1) * \
+            int(getattr(pc, "pipeline_parallel_size", 1) or 1)
+
     def init_transfer_engine(self, init_info: WtxInitInfo) -> None:
+        backend = init_info.message.WhichOneof("backend")
+        if self._ranks() > 1 and backend in ("tcp", "nccl"):
+            # vLLM's routes give every rank the same InitInfo: a chain's one
+            # upstream connection, or one NCCL peer, would reach one rank.
+            raise ValueError(
+                f"init_info: {backend} reaches one rank, and this vLLM runs "
+                f"{self._ranks()} (tensor x pipeline parallel): use shm (one host) "
+                "or cuda_ipc (one node), whose every rank reads the trainer's buffers")
         if self._server is None:
             # WTX_TOKEN_FILE (the deploy/ Secret): the embedded worker asks
             # for it even on loopback, and the engine sends it.
             token_file = os.environ.get("WTX_TOKEN_FILE") or None
             token = open(token_file).readline().strip() if token_file else None
-            self._server = serve(_CurrentModel(self), "127.0.0.1:0", token_file=token_file)
+            # A model-parallel rank receives whole tensors (its trainer cannot
+            # learn its slices through vLLM's routes) and stages only what
+            # its loaders read of them.
+            self._server = serve(_CurrentModel(self), "127.0.0.1:0", token_file=token_file,
+                                 narrow_loads=self._ranks() > 1)
             self._client = WorkerClient([self._server.address], token=token)
         else:
             # A new init means a new (or restarted) trainer; vLLM's calls have
