@@ -122,13 +122,16 @@ class WorkerClient:
 
     # ---- vLLM's VLLMWeightSyncClient ----
 
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> list[Any]:
         """InitWeightTransferEngine on every replica with ``init_info`` (the
-        JSON form of wtx.v1.InitInfo, e.g. ``{"shm": {}}``)."""
+        JSON form of wtx.v1.InitInfo, e.g. ``{"shm": {}}``); answers each
+        replica's InitWeightTransferEngineResponse (a relaying tcp worker's
+        ``data_address``, for instance)."""
         info = parse(wt.InitInfo, init_info, "init_info")
         resps = self._each("InitWeightTransferEngine",
                            lambda i: wt.InitWeightTransferEngineRequest(init_info=info))
         self._sessions = [r.session_id for r in resps]
+        return resps
 
     def start_weight_update(self, target: str = "main", expected_params: int = 0,
                             base_version: str | None = None) -> None:

@@ -98,22 +98,21 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
             int(getattr(pc, "pipeline_parallel_size", 1) or 1)
 
     def init_transfer_engine(self, init_info: WtxInitInfo) -> None:
-        backend = init_info.message.WhichOneof("backend")
-        if self._ranks() > 1 and backend in ("tcp", "nccl"):
-            # vLLM's routes give every rank the same InitInfo: a chain's one
-            # upstream connection, or one NCCL peer, would reach one rank.
+        if self._ranks() > 1 and init_info.message.WhichOneof("backend") == "nccl":
+            # vLLM's routes give every rank the same InitInfo: one NCCL peer.
             raise ValueError(
-                f"init_info: {backend} reaches one rank, and this vLLM runs "
-                f"{self._ranks()} (tensor x pipeline parallel): use shm (one host) "
-                "or cuda_ipc (one node), whose every rank reads the trainer's buffers")
+                f"init_info: nccl reaches one rank, and this vLLM runs {self._ranks()} "
+                "(tensor x pipeline parallel): use tcp, shm (one host) or cuda_ipc "
+                "(one node)")
         if self._server is None:
             # WTX_TOKEN_FILE (the deploy/ Secret): the embedded worker asks
             # for it even on loopback, and the engine sends it.
             token_file = os.environ.get("WTX_TOKEN_FILE") or None
             token = open(token_file).readline().strip() if token_file else None
             # A model-parallel rank receives whole tensors (its trainer cannot
-            # learn its slices through vLLM's routes) and stages only what
-            # its loaders read of them.
+            # learn its slices through vLLM's routes; over tcp the ranks
+            # relay them along a chain) and stages only what its loaders
+            # read of them.
             self._server = serve(_CurrentModel(self), "127.0.0.1:0", token_file=token_file,
                                  narrow_loads=self._ranks() > 1)
             self._client = WorkerClient([self._server.address], token=token)
@@ -125,7 +124,40 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
             except WtxError:
                 pass
         self._pending_start = False
-        self._client.init_weight_transfer_engine(init_info.message)
+        if self._ranks() > 1 and init_info.message.WhichOneof("backend") == "tcp":
+            self._chain(init_info.message)
+        else:
+            self._client.init_weight_transfer_engine(init_info.message)
+
+    def _chain(self, message: Any) -> None:
+        """tcp under model parallelism: vLLM's routes give every rank the
+        trainer's one upstream, so the ranks chain behind it in rank order
+        (rank 0 from the trainer, each next from the one before, each
+        relaying what it reads), initialized one after another over vLLM's
+        world group, each rank's relay address sent to the next. A rank
+        whose init fails sends its error instead, and every rank raises."""
+        import torch.distributed as dist
+        from vllm.distributed.parallel_state import get_world_group
+        group = get_world_group()
+        me, n, upstream = group.rank_in_group, group.world_size, None
+        for r in range(n):
+            said = [None]
+            if r == me:
+                mine = wt.InitInfo()
+                mine.CopyFrom(message)
+                mine.tcp.relay = r < n - 1
+                if upstream is not None:
+                    mine.tcp.upstream_address = upstream
+                try:
+                    resp = self._client.init_weight_transfer_engine(mine)[0]
+                    said = [("ok", resp.data_address)]
+                except Exception as e:  # noqa: BLE001 (sent on, then raised)
+                    said = [("error", f"{type(e).__name__}: {e}")]
+            dist.broadcast_object_list(said, src=group.ranks[r], group=group.cpu_group)
+            if said[0][0] != "ok":
+                raise RuntimeError(f"wtx: rank {r} of {n} could not join the tcp chain: "
+                                   f"{said[0][1]}")
+            upstream = said[0][1]
 
     def start_weight_update(self) -> None:
         self._need()
