@@ -486,6 +486,48 @@ class TensorParallelTest(unittest.TestCase):
         self.assertEqual("ok", answer[0], answer)
         return answer[1], answer[2]
 
+    def expect_slices(self, trainer):
+        """Checks that every rank holds its slices of trainer's weights;
+        yields (rank, its slices, its staged_peak_bytes)."""
+        full = {n: p.detach() for n, p in trainer.named_parameters()}
+        for r in range(self.WORLD):
+            want = rank_slices(full, self.cfg, r, self.WORLD)
+            sums, peak = self.held(r)
+            self.assertEqual(sorted(want), sorted(sums))
+            for name, t in want.items():
+                self.assertEqual(xxhash.xxh3_64_intdigest(t.contiguous().numpy().tobytes()),
+                                 sums[name], f"rank {r}: {name}")
+            yield r, want, peak
+
+    def test_a_delta_reaches_every_rank_which_keeps_its_slices_of_what_changed(self):
+        # One row of q_proj in rank 1's heads and one of the embedding in
+        # rank 0's vocabulary change: the delta sends those two tensors
+        # whole, through the ranks' tcp chain; each rank fences on the base,
+        # keeps its slices of both, and keeps what it holds of the rest.
+        import wtx
+        from transformers import LlamaForCausalLM
+        from vllm.distributed.weight_transfer.base import ModuleSource
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        torch.manual_seed(1)
+        trainer = LlamaForCausalLM(self.cfg).eval()
+        engine = WeightTransferTrainerFactory.trainer_init(
+            wtx.WtxTrainerInitInfo(transport="tcp", rank=0, buffer_size=CHUNK, delta=True),
+            client=HTTPVLLMWeightSyncClient(self.app.url, timeout=120),
+            source=ModuleSource(trainer))
+        r = engine.send_weights(version="tp-d1")
+        self.assertFalse(r["delta"])  # vLLM cannot say what it serves
+        list(self.expect_slices(trainer))
+        params = dict(trainer.named_parameters())
+        with torch.no_grad():
+            params["model.layers.0.self_attn.q_proj.weight"][400].add_(1.0)
+            params["model.embed_tokens.weight"][7].add_(1.0)
+        r = engine.send_weights(version="tp-d2")
+        engine.shutdown()
+        self.assertTrue(r["delta"], r["full_reason"])
+        self.assertEqual(2, r["params"])
+        list(self.expect_slices(trainer))
+
     def test_each_rank_stages_and_loads_only_its_slices(self):
         import wtx
         from transformers import LlamaForCausalLM
@@ -507,14 +549,7 @@ class TensorParallelTest(unittest.TestCase):
                 client=client, source=ModuleSource(trainer))
             engine.send_weights(version=f"tp-{step}")
             engine.shutdown()
-            full = {n: p.detach() for n, p in trainer.named_parameters()}
-            for r in range(self.WORLD):
-                want = rank_slices(full, self.cfg, r, self.WORLD)
-                sums, peak = self.held(r)
-                self.assertEqual(sorted(want), sorted(sums))
-                for name, t in want.items():
-                    self.assertEqual(xxhash.xxh3_64_intdigest(t.contiguous().numpy().tobytes()),
-                                     sums[name], f"rank {r}: {name}")
+            for r, want, peak in self.expect_slices(trainer):
                 # Its staging held its share, plus the whole tensors of the
                 # chunks in flight, never the whole model.
                 share = sum(t.nbytes for t in want.values())
