@@ -172,11 +172,20 @@ static int rendezvous(wtx_trainer *t) {
   return rc;
 }
 
+/* Whether each chunk is a call through a caller's control plane (vLLM's
+ * HTTP routes): milliseconds a chunk, not microseconds, so fewer, larger
+ * chunks pay there, whatever the backend prefers. */
+static int through_control(const wtx_trainer *t) {
+  return t->client != NULL && wtx__client_is_control(t->client);
+}
+
 /* The buffer asked for when the config leaves it at 0 (0: the protocol's
  * default): the backend's size per worker times the workers, at most the
- * protocol's default. A rank other than 0 may have no client: it sends
- * nothing, and one worker's worth stands in. */
+ * protocol's default (the protocol's through a control plane). A rank
+ * other than 0 may have no client: it sends nothing, and one worker's
+ * worth stands in. */
 static uint64_t default_buffer(const wtx_trainer *t) {
+  if (through_control(t)) return WTX_DEFAULT_BUFFER_SIZE;
   size_t workers = t->client != NULL ? wtx_client_size(t->client) : 1;
   uint64_t all = t->tt->default_buffer_per_worker * workers;
   return all < WTX_DEFAULT_BUFFER_SIZE ? all : WTX_DEFAULT_BUFFER_SIZE;
@@ -196,7 +205,9 @@ static int resolve_config(wtx_trainer *t, const wtx_trainer_config *cfg, char *e
   Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
   pk.packed = !cfg->unpacked;
   pk.buffer_size_bytes = cfg->buffer_size ? cfg->buffer_size : default_buffer(t);
-  pk.num_buffers = cfg->num_buffers ? cfg->num_buffers : t->tt->default_num_buffers;
+  pk.num_buffers = cfg->num_buffers        ? cfg->num_buffers
+                   : through_control(t) ? WTX_DEFAULT_NUM_BUFFERS
+                                        : t->tt->default_num_buffers;
   Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
   ii.packing = &pk;
   ii.checksum = (Wtx__V1__ChecksumAlgorithm)cfg->checksum;
