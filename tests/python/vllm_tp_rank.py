@@ -18,6 +18,7 @@ AttentionConfig, CompilationConfig and KernelConfig and the model's
 transformers config; the attention layer (it needs an attention backend)
 is a module of no parameters. Neither takes part in loading weights.
 """
+import os
 import socket
 import sys
 from multiprocessing.connection import Connection
@@ -28,10 +29,12 @@ import xxhash
 
 def llama_config():
     """The transformers config both sides build from: large enough that
-    every sharded tensor is staged on its own (over 64 KiB)."""
+    every sharded tensor is staged on its own (over 64 KiB). Layers: 8, or
+    WTX_TP_LAYERS (bench/vllm_tp.sh sizes the model by it)."""
     from transformers import LlamaConfig
+    layers = int(os.environ.get("WTX_TP_LAYERS", "8"))
     return LlamaConfig(vocab_size=4000, hidden_size=512, intermediate_size=1536,
-                       num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                       num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
                        max_position_embeddings=128, tie_word_embeddings=False)
 
 
