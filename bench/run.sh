@@ -35,6 +35,9 @@
 #   delta syncs    nothing, 5 % of the tensors and 1 % of every tensor's
 #                  elements changed vs a full sync (bench/delta.sh); and 40k
 #                  tiny tensors with nothing changed
+#   vLLM plugin    a vLLM of tensor-parallel size 2 vs one rank, through
+#                  vLLM's routes (bench/vllm_tp.sh; full runs only): sync
+#                  time and each rank's staged bytes vs the model's
 #   many senders   4 FSDP ranks vs rank 0 alone to two TP workers on loopback
 #                  (bench/many.sh: bytes per trainer link, sync time); and on
 #                  a simulated cluster of rate-limited namespaces, 4 ranks to
@@ -287,6 +290,11 @@ echo
 echo "## delta syncs (bench/delta.sh): each kind of change vs a full sync, same worker"
 bench/delta.sh "$size" | tail -n +2
 echo
+if [ $quick = 0 ]; then
+  echo "## the vLLM plugin, tensor-parallel size 2 vs 1 (bench/vllm_tp.sh)"
+  bench/vllm_tp.sh 2>/dev/null | grep -E '^(model|shm|tcp):'
+  echo
+fi
 echo "## many senders on a simulated cluster (bench/cluster.sh): links the limit"
 if [ $quick = 1 ]; then bench/cluster.sh 32M; else bench/cluster.sh 128M; fi
 
