@@ -136,38 +136,39 @@ def learn(load_weights: Any, metas: list[tuple[str, Any, tuple[int, ...]]],
           device: Any = "cpu") -> dict[str, Any]:
     """What load_weights reads of each (name, torch dtype, shape) in
     metas, staged on device: a box [(start, length)] per dim, WHOLE or
-    NOTHING. One call
-    over them all; where it raises, one call per name, and a name whose
-    call raises is WHOLE (its real load will raise the same)."""
+    NOTHING. One call over them all; where it raises, or leaves names of
+    the iterator untaken, one call per name, and a name whose call raises
+    or does not take it is WHOLE (its real load will do the same)."""
     seen: dict[str, list] = {name: [] for name, _, _ in metas}
+    taken: set[str] = set()
 
     def placeholders(which):
         for name, dtype, shape in which:
+            taken.add(name)
             yield name, _Slice(name, [(0, n) for n in shape], dtype, device, seen[name])
 
-    out: dict[str, Any] = {}
-    try:
-        with torch.no_grad():
-            load_weights(placeholders(metas))
-    except Exception:  # noqa: BLE001 (any failure: learn each name alone)
+    def run(which) -> bool:
+        try:
+            with torch.no_grad():
+                load_weights(placeholders(which))
+            return True
+        except Exception:  # noqa: BLE001 (any failure: the name stays whole)
+            return False
+
+    whole: set[str] = set()
+    if not run(metas) or len(taken) < len(metas):
         for m in metas:
             seen[m[0]].clear()
-            try:
-                with torch.no_grad():
-                    load_weights(placeholders([m]))
-            except Exception:  # noqa: BLE001
-                out[m[0]] = WHOLE
+            taken.discard(m[0])
+            if not run([m]) or m[0] not in taken:
+                whole.add(m[0])
+    out: dict[str, Any] = {}
     for name, _, shape in metas:
-        if name in out:
-            continue
-        boxes = seen[name]
-        box = _union(boxes) if boxes else None
-        if box is None:
-            out[name] = NOTHING
-        elif box == [(0, n) for n in shape]:
+        box = _union(seen[name]) if seen[name] else None
+        if name in whole or box == [(0, n) for n in shape]:
             out[name] = WHOLE
         else:
-            out[name] = box
+            out[name] = NOTHING if box is None else box
     return out
 
 
