@@ -617,7 +617,7 @@ def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = N
     tensor-parallel rank's loaders narrow), learned once a name by a dry
     run of ``load_weights`` over placeholders (``wtx._narrow``). Its
     staging then grows with its share of the model, plus the whole tensors
-    of a chunk or two in flight; tensors of 64 KiB or less are staged
+    of the chunk being received; tensors of 64 KiB or less are staged
     whole. For a rank whose trainer cannot learn its rules (vLLM's routes)."""
     if reflection not in _REFLECTION:
         raise ValueError(f"reflection: one of {', '.join(_REFLECTION)}, got {reflection!r}")
