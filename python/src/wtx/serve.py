@@ -455,7 +455,7 @@ class _Host:
             t = self.torch.empty(m.shape[:m.ndim], dtype=self._torch_dtype(m.dtype),
                                  device=f"cuda:{device}")
             chunk = self.staged.add(m.name.decode(), t)
-            if self.narrow_loads:
+            if self.narrow_loads and t.nbytes > _SMALL:  # as on the host
                 self._mark_narrow(chunk, [0], t.device)
             dst[0] = t.data_ptr() if t.numel() else 0
             return 0
