@@ -140,6 +140,11 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
         from vllm.distributed.parallel_state import get_world_group
         group = get_world_group()
         me, n, upstream = group.rank_in_group, group.world_size, None
+        if n != self._ranks():
+            # Every member of the group must join each broadcast below; ranks
+            # of other data-parallel engines may not be initializing now.
+            raise ValueError(f"init_info: tcp chains this engine's {self._ranks()} ranks over "
+                             f"vLLM's world group, which has {n} (data parallel): use shm")
         for r in range(n):
             said = [None]
             if r == me:
