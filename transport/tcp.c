@@ -1766,7 +1766,8 @@ int wtx__tcp_rank_check(const char *addr, uint32_t rank, const uint8_t *token, s
 }
 
 int wtx__tcp_link_alive(int link) {
-  /* Ranks never write on the link: readable means closed (a dead rank). */
+  /* Ranks write on the link only a delta's answer, which rank 0 reads in
+   * the same sync: readable between syncs means closed (a dead rank). */
   struct pollfd p = {.fd = link, .events = POLLIN | POLLRDHUP};
   return link >= 0 && poll(&p, 1, 0) == 0;
 }
@@ -1803,4 +1804,90 @@ int wtx__tcp_rank_go(wtx__tcp_rank *r, uint64_t *generation, uint8_t *payload, s
   if (r->link >= 0) close(r->link); /* rank 0 links again when it can */
   r->link = -1;
   return rc;
+}
+
+/* A delta record of kind with its len bytes of payload (may be NULL when
+ * len is 0) on fd. */
+static int delta_send(int fd, uint32_t kind, const uint8_t *payload, size_t len,
+                      const waitspec *ws, const char **why) {
+  uint8_t d[WTX__TCP_DELTA_BYTES];
+  wtx__tcp_delta_encode(d, kind, len);
+  struct iovec v[2] = {{d, sizeof d}, {(void *)payload, len}};
+  return write_iov_full(fd, v, len > 0 ? 2 : 1, ws, why);
+}
+
+/* A delta record of kind, whose payload must be len bytes, into payload. */
+static int delta_take(int fd, uint32_t kind, uint8_t *payload, size_t len, const waitspec *ws,
+                      const char **why) {
+  uint8_t d[WTX__TCP_DELTA_BYTES];
+  uint64_t n = 0;
+  int rc = read_full(fd, d, sizeof d, ws, why);
+  if (rc == 0 && (wtx__tcp_delta_decode(d, kind, &n) != 0 || n != len)) {
+    *why = "not the delta record expected, or not of the plan's size";
+    rc = WTX_EPROTO;
+  }
+  return rc != 0 || len == 0 ? rc : read_full(fd, payload, len, ws, why);
+}
+
+int wtx__tcp_link_ask(int link, const uint8_t *ask, size_t len, uint32_t timeout_ms, char *err,
+                      size_t errlen) {
+  const char *why = "";
+  waitspec ws = within(timeout_ms, -1);
+  int rc = delta_send(link, WTX__TCP_DELTA_ASK, ask, len, &ws, &why);
+  if (rc != 0) snprintf(err, errlen, "tcp: asking a rank what it changed: %s", why);
+  return rc;
+}
+
+int wtx__tcp_link_answer(int link, uint8_t *answer, size_t len, uint32_t timeout_ms, char *err,
+                         size_t errlen) {
+  const char *why = "";
+  waitspec ws = within(timeout_ms, -1);
+  int rc = delta_take(link, WTX__TCP_DELTA_ANSWER, answer, len, &ws, &why);
+  if (rc != 0) snprintf(err, errlen, "tcp: a rank's answer of what it changed: %s", why);
+  return rc;
+}
+
+int wtx__tcp_link_tell(int link, const uint8_t *decision, size_t len, uint32_t timeout_ms,
+                       char *err, size_t errlen) {
+  const char *why = "";
+  waitspec ws = within(timeout_ms, -1);
+  int rc = delta_send(link, WTX__TCP_DELTA_DECISION, decision, len, &ws, &why);
+  if (rc != 0) snprintf(err, errlen, "tcp: telling a rank what the delta sends: %s", why);
+  return rc;
+}
+
+/* A rank's side of the exchange failed: its link goes (rank 0 links again
+ * when it can). */
+static int rank_delta_failed(wtx__tcp_rank *r, int rc, const char *why, char *err,
+                             size_t errlen) {
+  snprintf(err, errlen, "tcp: the delta's exchange with rank 0: %s",
+           r->link < 0 ? "no link" : why);
+  if (r->link >= 0) close(r->link);
+  r->link = -1;
+  return rc;
+}
+
+int wtx__tcp_rank_asked(wtx__tcp_rank *r, uint8_t *ask, size_t len, char *err, size_t errlen) {
+  const char *why = "";
+  waitspec ws = within(r->timeout_ms, r->cancel_fd);
+  int rc = r->link >= 0 ? delta_take(r->link, WTX__TCP_DELTA_ASK, ask, len, &ws, &why)
+                        : WTX_ESTATE;
+  return rc == 0 ? 0 : rank_delta_failed(r, rc, why, err, errlen);
+}
+
+int wtx__tcp_rank_answer(wtx__tcp_rank *r, const uint8_t *mine, size_t len, uint8_t *decision,
+                         size_t dlen, char *err, size_t errlen) {
+  const char *why = "";
+  waitspec ws = within(r->timeout_ms, r->cancel_fd);
+  int rc = r->link >= 0 ? delta_send(r->link, WTX__TCP_DELTA_ANSWER, mine, len, &ws, &why)
+                        : WTX_ESTATE;
+  if (rc == 0) rc = delta_take(r->link, WTX__TCP_DELTA_DECISION, decision, dlen, &ws, &why);
+  return rc == 0 ? 0 : rank_delta_failed(r, rc, why, err, errlen);
+}
+
+int wtx__tcp_rank_linked(const wtx__tcp_rank *r) { return r->link >= 0; }
+
+void wtx__tcp_rank_unlink(wtx__tcp_rank *r) {
+  if (r->link >= 0) close(r->link);
+  r->link = -1;
 }

@@ -13,6 +13,7 @@ static const char who_magic[4] = {'W', 'T', 'X', 'W'};
 static const char plan_magic[4] = {'W', 'T', 'X', 'P'};
 static const char diff_magic[4] = {'W', 'T', 'X', 'D'};
 static const char go_magic[4] = {'W', 'T', 'X', 'G'};
+static const char delta_magic[4] = {'W', 'T', 'X', 'X'};
 static const char ring_magic[4] = {'W', 'T', 'X', 'R'};
 enum { VERSION = 1 };
 
@@ -101,6 +102,18 @@ void wtx__tcp_go_encode(uint8_t *g, uint64_t generation, uint32_t payload_len) {
 
 int wtx__tcp_go_decode(const uint8_t *g, uint64_t *generation, uint32_t *payload_len) {
   return get16(g, go_magic, WTX__TCP_GO_PAYLOAD_MAX, payload_len, generation);
+}
+
+void wtx__tcp_delta_encode(uint8_t *d, uint32_t kind, uint64_t len) {
+  put16(d, delta_magic, kind, len);
+}
+
+int wtx__tcp_delta_decode(const uint8_t *d, uint32_t kind, uint64_t *len) {
+  uint32_t k = 0;
+  if (get16(d, delta_magic, UINT32_MAX, &k, len) != 0 || k != kind ||
+      *len > WTX__TCP_DELTA_PAYLOAD_MAX)
+    return WTX_EPROTO;
+  return 0;
 }
 
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr) {

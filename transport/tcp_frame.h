@@ -13,7 +13,9 @@
  *    that parameter as the rank sees it. Where the rank asked for it, the
  *    check's connection stays open as rank 0's link, and each sync starts
  *    with a go record on it: "WTXG", a payload's length (4), the session
- *    generation (8), then the payload (nccl: the communicator's id);
+ *    generation (8), then the payload (nccl: the communicator's id); a
+ *    delta sync's exchange follows on it: "WTXX", the record's kind (4),
+ *    its payload's length (8), then the payload;
  *  - the 32-byte frame header before each chunk: "WTXC", version, chunk
  *    sequence, first_param_offset, chunk_bytes;
  *  - with TcpInitInfo.checksum_trailer, the trailer after each chunk's
@@ -90,6 +92,18 @@ int wtx__tcp_ring_decode(const uint8_t *r, uint64_t *cap, uint32_t *name_len);
 void wtx__tcp_go_encode(uint8_t *g, uint64_t generation, uint32_t payload_len);
 /* WTX_EPROTO when g is not one, or its payload is over WTX__TCP_GO_PAYLOAD_MAX. */
 int wtx__tcp_go_decode(const uint8_t *g, uint64_t *generation, uint32_t *payload_len);
+
+/* A delta sync's exchange on rank 0's link to another rank (client/many.c):
+ * d: WTX__TCP_DELTA_BYTES ("WTXX", the record's kind, its payload's
+ * length), then the payload. Rank 0 asks (no payload), the rank answers
+ * what it changed, rank 0 tells it the sync's decision. */
+#define WTX__TCP_DELTA_BYTES 16
+#define WTX__TCP_DELTA_PAYLOAD_MAX (UINT64_C(1) << 30)
+enum { WTX__TCP_DELTA_ASK = 1, WTX__TCP_DELTA_ANSWER = 2, WTX__TCP_DELTA_DECISION = 3 };
+void wtx__tcp_delta_encode(uint8_t *d, uint32_t kind, uint64_t len);
+/* WTX_EPROTO when d is not a record of kind, or its payload is over the
+ * maximum. */
+int wtx__tcp_delta_decode(const uint8_t *d, uint32_t kind, uint64_t *len);
 
 /* f: WTX__TCP_FRAME_BYTES. */
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr);

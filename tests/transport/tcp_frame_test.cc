@@ -106,4 +106,18 @@ TEST(TcpFrame, ADiffRecordRoundTripsAndItsTextIsBounded) {
   EXPECT_EQ(WTX_EPROTO, wtx__tcp_diff_decode(d, &index, &len));
 }
 
+TEST(TcpFrame, ADeltaRecordRoundTripsOnlyAsItsKindAndItsPayloadIsBounded) {
+  uint8_t d[WTX__TCP_DELTA_BYTES];
+  wtx__tcp_delta_encode(d, WTX__TCP_DELTA_ANSWER, 5000);
+  EXPECT_EQ(0, memcmp(d, "WTXX", 4));
+  uint64_t len = 0;
+  ASSERT_EQ(0, wtx__tcp_delta_decode(d, WTX__TCP_DELTA_ANSWER, &len));
+  EXPECT_EQ(5000u, len);
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_delta_decode(d, WTX__TCP_DELTA_DECISION, &len));
+  wtx__tcp_delta_encode(d, WTX__TCP_DELTA_ASK, WTX__TCP_DELTA_PAYLOAD_MAX + 1);
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_delta_decode(d, WTX__TCP_DELTA_ASK, &len));
+  wtx__tcp_diff_encode(d, 1, 1);  // another record where the exchange's belongs
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_delta_decode(d, WTX__TCP_DELTA_ASK, &len));
+}
+
 }  // namespace
