@@ -21,6 +21,7 @@
  * but through the workers. All workers prepare before any publishes; a
  * failure anywhere (a rank that dies closes its connections, and its
  * worker's UpdateWeights fails at once) aborts every worker's update. */
+#include <grpc/status.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,7 @@
 #include "transport/plan.h"
 #include "transport/tcp_rank.h"
 #include "transport/transport.h"
+#include "xxhash.h"
 
 /* A run of a worker's stream: bytes [off, off + len) of piece `piece`
  * (packed, row-major in its box), landing in worker tensor `tensor`: as
@@ -70,6 +72,20 @@ typedef struct wstream {
   mchunk *chunks;
   size_t nchunks;
   uint64_t bytes; /* the stream's, in all */
+  seg *runs; /* the runs the chunks were cut from (stream_segs'), for a delta's cut */
+  size_t nruns;
+  /* This sync's chunks: the stream's (whole), or a delta's of the tensors
+   * it sends (owned: segs, chunks and, by chunk's first, the tensors'
+   * ParamMeta). */
+  const mchunk *vchunks;
+  size_t nvchunks;
+  const seg *vsegs;
+  Wtx__V1__ParamMeta **vpmp;
+  int whole;
+  seg *dsegs;
+  mchunk *dchunks;
+  Wtx__V1__ParamMeta **dpmp;
+  size_t sent_tensors; /* this sync's tensors, of nt */
 } wstream;
 
 struct wtx__many {
@@ -105,6 +121,23 @@ struct wtx__many {
   wtx_box *mine;
   uint64_t *param_digests; /* to find where another rank's plan differs */
   wtx__tcp_params params;  /* what this rank's tcp half knows of its plan and mode */
+  /* Deltas (docs/data-plane.md, "Deltas with many senders"): each rank
+   * hashes the pieces it sends (ph, this sync's; sent, what the workers
+   * hold of them where sent_ok: the version rank 0 names as the base);
+   * rank 0 asks every rank which changed (changed: a bit per piece of the
+   * plan), and tells each the decision: whether the last sync landed, then
+   * per worker a bit per tensor of its stream, the tensors this sync
+   * sends. ph waits (pending) until a decision says whether it landed. */
+  int delta;
+  size_t my_first, my_n;
+  uint64_t *ph, *sent;
+  int sent_ok, pending;
+  uint8_t *changed, *theirs;
+  size_t changed_len;
+  uint8_t *decision;
+  size_t decision_len;
+  int landed; /* rank 0: the last sync landed on every worker */
+  char full_reason[512];
   /* this sync: where this rank's part of each parameter is */
   const uint8_t **local;
   uint8_t **copies; /* parts the source did not keep (freed after the sync) */
@@ -268,42 +301,60 @@ static int chunk_full(const mchunk *c, uint32_t sender, const seg *s, uint64_t m
          s->tensor - c->first + 1 > WTX_MAX_CHUNK_PARAMS;
 }
 
-/* Cuts the stream's runs into chunks: a chunk ends where the sender
- * changes, at max bytes, or at WTX_MAX_CHUNK_PARAMS tensors. The runs
- * become the chunks' segs (off: into the piece). */
-static int stream_chunks(wtx__many *m, wstream *st, uint64_t max) {
+/* Cuts runs (n, in stream order) into chunks: a chunk ends where the
+ * sender changes, at max bytes, or at WTX_MAX_CHUNK_PARAMS tensors. Only
+ * the runs of tensors sub names (sub[k]: tensor k's place among those
+ * sent, UINT32_MAX: not sent; NULL: every tensor, in place) are kept. The
+ * runs become the chunks' segs (off: into the piece); *bytes: the
+ * stream's. */
+static int cut_chunks(const wtx__many *m, const seg *runs, size_t n, const uint32_t *sub,
+                      uint64_t max, seg **segs, size_t *nseg, mchunk **chunks,
+                      size_t *nchunks, uint64_t *bytes) {
   const wtx_piece *pieces;
   wtx_plan_pieces(m->plan, &pieces);
   /* A run yields at most len / max + 2 segs: the rest of an open chunk,
    * whole chunks, and a start of one. */
   size_t cap = 1, nout = 0;
-  for (size_t i = 0; i < st->nseg; i++) cap += st->segs[i].len / max + 2;
+  for (size_t i = 0; i < n; i++) cap += runs[i].len / max + 2;
   seg *out = malloc(cap * sizeof *out);
-  st->chunks = calloc(cap, sizeof *st->chunks);
-  if (out == NULL || st->chunks == NULL) {
+  mchunk *ch = calloc(cap, sizeof *ch);
+  if (out == NULL || ch == NULL) {
     free(out);
+    free(ch);
     return WTX_ENOMEM;
   }
   mchunk *c = NULL;
-  for (size_t i = 0; i < st->nseg; i++) {
-    const seg *s = &st->segs[i];
-    uint32_t sender = pieces[s->piece].rank;
-    for (uint64_t done = 0; done < s->len;) {
-      if (chunk_full(c, sender, s, max)) {
+  size_t nc = 0;
+  for (size_t i = 0; i < n; i++) {
+    seg s = runs[i];
+    if (sub != NULL && (s.tensor = sub[s.tensor]) == UINT32_MAX) continue;
+    uint32_t sender = pieces[s.piece].rank;
+    for (uint64_t done = 0; done < s.len;) {
+      if (chunk_full(c, sender, &s, max)) {
         uint64_t at = c != NULL ? c->stream_offset + c->bytes : 0;
-        c = &st->chunks[st->nchunks++];
+        c = &ch[nc++];
         *c = (mchunk){.sender = sender, .seg0 = nout, .stream_offset = at};
       }
-      uint64_t k = s->len - done < max - c->bytes ? s->len - done : max - c->bytes;
-      chunk_add(c, s, done, k, out, &nout);
+      uint64_t k = s.len - done < max - c->bytes ? s.len - done : max - c->bytes;
+      chunk_add(c, &s, done, k, out, &nout);
       done += k;
     }
   }
-  free(st->segs);
-  st->segs = out;
-  st->nseg = nout;
-  st->bytes = c != NULL ? c->stream_offset + c->bytes : 0;
+  *segs = out;
+  *nseg = nout;
+  *chunks = ch;
+  *nchunks = nc;
+  *bytes = c != NULL ? c->stream_offset + c->bytes : 0;
   return 0;
+}
+
+/* Cuts the stream's runs into its chunks (the runs are kept). */
+static int stream_chunks(wtx__many *m, wstream *st, uint64_t max) {
+  st->runs = st->segs;
+  st->nruns = st->nseg;
+  st->segs = NULL;
+  return cut_chunks(m, st->runs, st->nruns, NULL, max, &st->segs, &st->nseg, &st->chunks,
+                    &st->nchunks, &st->bytes);
 }
 
 /* The stream's table as a worker records it once the update lands: its
@@ -345,8 +396,12 @@ static void stream_free(wstream *st) {
   free(st->part);
   free(st->dims);
   free(st->segs);
+  free(st->runs);
   free(st->boxes);
   free(st->chunks);
+  free(st->dsegs);
+  free(st->dchunks);
+  free(st->dpmp);
 }
 /* ---- the rendezvous ---- */
 
@@ -381,6 +436,11 @@ void wtx__many_destroy(wtx__many *m) {
   free(m->owns);
   free(m->mine);
   free(m->param_digests);
+  free(m->ph);
+  free(m->sent);
+  free(m->changed);
+  free(m->theirs);
+  free(m->decision);
   free(m);
 }
 
@@ -389,6 +449,7 @@ static int many_config(wtx__many *m, const wtx_trainer_config *cfg, char *err, s
   const char *tok = cfg->session_token;
   size_t tl = tok != NULL ? strlen(tok) : 0;
   m->nccl = cfg->backend != NULL && strcmp(cfg->backend, "nccl") == 0;
+  m->delta = cfg->delta == WTX_DELTA_TENSORS;
   m->shm = cfg->backend != NULL && strcmp(cfg->backend, "shm") == 0;
   m->ipc = cfg->backend != NULL && strcmp(cfg->backend, "cuda_ipc") == 0;
   if (cfg->backend != NULL && strcmp(cfg->backend, "tcp") != 0 && !m->nccl && !m->shm &&
@@ -454,6 +515,7 @@ static int many_plan(wtx__many *m, char *err, size_t errlen) {
 
 static int many_check(wtx__many *m, char *err, size_t errlen);
 static int many_go(wtx__many *m, char *err, size_t errlen);
+static int delta_open(wtx__many *m);
 
 /* Rank 0: worker w's session, as its init answered, against its stream:
  * a worker that refuses boxes must get none (its session would refuse the
@@ -565,13 +627,14 @@ static void describe_param(void *arg, size_t i, char *buf, size_t len) {
 static int many_check(wtx__many *m, char *err, size_t errlen) {
   int rc = 0;
   for (uint32_t r = 1; rc == 0 && r < m->world; r++) {
-    if (m->nccl && m->links[r] >= 0 && !wtx__tcp_link_alive(m->links[r])) {
+    int link = m->nccl || m->delta;
+    if (link && m->links[r] >= 0 && !wtx__tcp_link_alive(m->links[r])) {
       close(m->links[r]); /* that rank is gone: link its successor */
       m->links[r] = -1;
     }
-    if (!m->nccl || m->links[r] < 0)
+    if (!link || m->links[r] < 0)
       rc = wtx__tcp_rank_check(m->addrs[r], r, m->token, m->token_len, wtx_plan_digest(m->plan),
-                               &m->params, m->wire.timeout_ms, m->nccl ? &m->links[r] : NULL, err,
+                               &m->params, m->wire.timeout_ms, link ? &m->links[r] : NULL, err,
                                errlen);
   }
   return rc;
@@ -619,8 +682,6 @@ static int many_take_go(wtx__many *m, char *err, size_t errlen) {
 
 /* nccl: this rank's GPU side, and on rank 0 its links (none yet). */
 static int many_nccl_open(wtx__many *m, char *err, size_t errlen) {
-  if (m->rank == 0 && (m->links = malloc(m->world * sizeof *m->links)) == NULL) return WTX_ENOMEM;
-  for (uint32_t r = 0; m->links != NULL && r < m->world; r++) m->links[r] = -1;
   return wtx__nccl_rank_open(m->wire.buffer_size, m->wire.timeout_ms, &m->gpu, err, errlen);
 }
 
@@ -642,13 +703,20 @@ static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, siz
   if (rc == 0 && (m->param_digests = malloc((m->n + 1) * sizeof *m->param_digests)) == NULL)
     rc = WTX_ENOMEM;
   if (rc == 0) rc = wtx_plan_param_digests(m->metas, m->own, m->n, m->param_digests);
-  m->params = (wtx__tcp_params){m->param_digests, m->n, describe_param, m, m->nccl, m->shm,
-                                m->ipc};
+  /* A link from rank 0 to every other rank: nccl's go, a delta's exchange
+   * (rank 0's own port takes only workers). */
+  m->params = (wtx__tcp_params){m->param_digests, m->n, describe_param, m,
+                                m->nccl || (m->delta && m->rank != 0), m->shm, m->ipc};
   char bound[300];
   if (rc == 0)
     rc = wtx__tcp_rank_listen(m->addrs[m->rank], m->token, m->token_len,
                               wtx_plan_digest(m->plan), &m->params, m->nccl ? 0 : m->n_workers,
                               m->wire.timeout_ms, &m->tcp, bound, sizeof bound, err, errlen);
+  if (rc == 0 && (m->nccl || m->delta) && m->rank == 0 &&
+      (m->links = malloc(m->world * sizeof *m->links)) == NULL)
+    rc = WTX_ENOMEM;
+  for (uint32_t r = 0; m->links != NULL && r < m->world; r++) m->links[r] = -1;
+  if (rc == 0 && m->delta) rc = delta_open(m);
   if (rc == 0 && m->nccl) rc = many_nccl_open(m, err, errlen);
   if (rc == 0 && m->rank == 0) rc = many_check(m, err, errlen);
   /* nccl: every sync starts with a go, which names the communicator; the
@@ -776,8 +844,8 @@ static int send_chunk(wjob *j, const wstream *st, const mchunk *c, struct iovec 
   size_t n_ends = 0;
   uint64_t at = 0;
   for (size_t k = 0; k < c->nseg; k++) {
-    const seg *s = &st->segs[c->seg0 + k];
-    if (k > 0 && s->tensor != st->segs[c->seg0 + k - 1].tensor) ends[n_ends++] = at;
+    const seg *s = &st->vsegs[c->seg0 + k];
+    if (k > 0 && s->tensor != st->vsegs[c->seg0 + k - 1].tensor) ends[n_ends++] = at;
     const uint8_t *p = piece_bytes(j->m, s->piece, buf, held);
     if (p == NULL) return WTX_ENOMEM;
     iov[k] = (struct iovec){(void *)(p + s->off), s->len};
@@ -802,9 +870,9 @@ static int send_data(wjob *j) {
   size_t w0 = m->nccl ? 0 : j->w, w1 = m->nccl ? m->n_workers : j->w + 1, most = 1, rounds = 0;
   for (size_t w = w0; w < w1; w++) {
     const wstream *st = &m->ws[w];
-    rounds = st->nchunks > rounds ? st->nchunks : rounds;
-    for (size_t i = 0; i < st->nchunks; i++)
-      if (st->chunks[i].nseg > most) most = st->chunks[i].nseg;
+    rounds = st->nvchunks > rounds ? st->nvchunks : rounds;
+    for (size_t i = 0; i < st->nvchunks; i++)
+      if (st->vchunks[i].nseg > most) most = st->vchunks[i].nseg;
   }
   struct iovec *iov = malloc(most * sizeof *iov);
   uint64_t *ends = malloc((most + 1) * sizeof *ends);
@@ -814,8 +882,8 @@ static int send_data(wjob *j) {
   for (size_t i = 0; rc == 0 && i < rounds; i++)
     for (size_t w = w0; rc == 0 && w < w1; w++) {
       const wstream *st = &m->ws[w];
-      if (i >= st->nchunks || st->chunks[i].sender != m->rank) continue;
-      const mchunk *c = &st->chunks[i];
+      if (i >= st->nvchunks || st->vchunks[i].sender != m->rank) continue;
+      const mchunk *c = &st->vchunks[i];
       j->w = (uint32_t)w;
       rc = send_chunk(j, st, c, iov, ends, &buf, &held);
       j->bytes += rc == 0 ? c->bytes : 0;
@@ -851,16 +919,17 @@ static int send_control(wjob *j) {
   if (j->m->nccl) ui.nccl = &nu;
   else ui.tcp = &tu;
   /* After the first sync the worker holds this stream's table: chunks
-   * name their tensors by position, with no per-tensor metadata. */
-  int by_range = st->table != 0 && wtx__client_table(one) == st->table;
+   * name their tensors by position, with no per-tensor metadata (a delta's
+   * sends some of them: by their ParamMeta). */
+  int by_range = st->whole && st->table != 0 && wtx__client_table(one) == st->table;
   range.table_xxh3 = st->table;
-  for (size_t i = 0; i < st->nchunks; i++) {
-    const mchunk *c = &st->chunks[i];
+  for (size_t i = 0; i < st->nvchunks; i++) {
+    const mchunk *c = &st->vchunks[i];
     tu.sender = nu.sender = c->sender;
     range.first = (uint32_t)c->first;
     range.count = (uint32_t)c->count;
     ui.layout = by_range ? &range : NULL;
-    ui.params = by_range ? NULL : &st->pmp[c->first];
+    ui.params = by_range ? NULL : &st->vpmp[c->first];
     ui.n_params = by_range ? 0 : c->count;
     ui.first_param_offset = c->first_offset;
     ui.chunk_bytes = c->bytes;
@@ -869,7 +938,7 @@ static int send_control(wjob *j) {
     if (rc == 0) rc = wtx__client_update_wait(one);
     if (rc != 0) {
       snprintf(j->err, sizeof j->err, "%s (chunk %zu of %zu, from rank %u)",
-               wtx_client_last_error(one), i, st->nchunks, c->sender);
+               wtx_client_last_error(one), i, st->nvchunks, c->sender);
       return rc;
     }
   }
@@ -906,6 +975,235 @@ static int run_jobs(wtx__many *m, wjob *jobs, size_t n, char *err, size_t errlen
   return rc;
 }
 
+/* ---- deltas (docs/data-plane.md, "Deltas with many senders") ---- */
+
+/* Bit k of bits. */
+static int bit(const uint8_t *bits, size_t k) { return (bits[k / 8] >> (k % 8)) & 1; }
+static void set_bit(uint8_t *bits, size_t k) { bits[k / 8] |= (uint8_t)(1u << (k % 8)); }
+
+/* The decision's bits for worker w's tensors (after its first byte: 1
+ * when every worker takes a delta). */
+static uint8_t *decision_of(const wtx__many *m, size_t w) {
+  size_t at = 1;
+  for (size_t v = 0; v < w; v++) at += (m->ws[v].nt + 7) / 8;
+  return m->decision + at;
+}
+
+/* The delta's state, sized by the plan. */
+static int delta_open(wtx__many *m) {
+  const wtx_piece *pieces;
+  size_t np = wtx_plan_pieces(m->plan, &pieces);
+  wtx_plan_rank_pieces(m->plan, m->rank, &m->my_first, &m->my_n);
+  m->changed_len = (np + 7) / 8;
+  m->decision_len = 1;
+  for (size_t w = 0; w < m->n_workers; w++) m->decision_len += (m->ws[w].nt + 7) / 8;
+  m->ph = calloc(m->my_n + 1, sizeof *m->ph);
+  m->sent = calloc(m->my_n + 1, sizeof *m->sent);
+  m->changed = calloc(m->changed_len + 1, 1);
+  m->theirs = calloc(m->changed_len + 1, 1);
+  m->decision = calloc(m->decision_len, 1);
+  return m->ph && m->sent && m->changed && m->theirs && m->decision ? 0 : WTX_ENOMEM;
+}
+
+/* This sync's view of worker w's stream: all of it. */
+static void view_whole(wstream *st) {
+  st->vchunks = st->chunks;
+  st->nvchunks = st->nchunks;
+  st->vsegs = st->segs;
+  st->vpmp = st->pmp;
+  st->whole = 1;
+  st->sent_tensors = st->nt;
+}
+
+/* This sync's view of st: the tensors sel marks (a bit each), cut into
+ * chunks as the whole stream is, named by their ParamMeta. */
+static int view_some(const wtx__many *m, wstream *st, const uint8_t *sel) {
+  size_t kept = 0;
+  for (size_t k = 0; k < st->nt; k++) kept += bit(sel, k);
+  if (kept == st->nt) {
+    view_whole(st);
+    return 0;
+  }
+  uint32_t *sub = malloc((st->nt + 1) * sizeof *sub);
+  free(st->dpmp);
+  free(st->dsegs);
+  free(st->dchunks);
+  st->dsegs = NULL;
+  st->dchunks = NULL;
+  st->dpmp = calloc(kept + 1, sizeof *st->dpmp);
+  if (sub == NULL || st->dpmp == NULL) {
+    free(sub);
+    return WTX_ENOMEM;
+  }
+  for (size_t k = 0, j = 0; k < st->nt; k++) {
+    sub[k] = bit(sel, k) ? (uint32_t)j : UINT32_MAX;
+    if (bit(sel, k)) st->dpmp[j++] = &st->pm[k];
+  }
+  size_t nseg = 0, nch = 0;
+  uint64_t bytes = 0;
+  int rc = cut_chunks(m, st->runs, st->nruns, sub, m->wire.buffer_size, &st->dsegs, &nseg,
+                      &st->dchunks, &nch, &bytes);
+  free(sub);
+  if (rc != 0) return rc;
+  st->vchunks = st->dchunks;
+  st->nvchunks = nch;
+  st->vsegs = st->dsegs;
+  st->vpmp = st->dpmp;
+  st->whole = 0;
+  st->sent_tensors = kept;
+  return 0;
+}
+
+/* A sync's outcome reaches this rank: what it hashed is what the workers
+ * hold once it landed, and not otherwise. */
+static void delta_settle(wtx__many *m, int landed) {
+  if (m->pending && landed) {
+    memcpy(m->sent, m->ph, m->my_n * sizeof *m->sent);
+    m->sent_ok = 1;
+  }
+  m->pending = 0;
+}
+
+/* This rank's pieces hashed, and marked in changed where they differ from
+ * what the workers hold (all of them, when that is not known). */
+static int delta_hash(wtx__many *m) {
+  const wtx_piece *pieces;
+  wtx_plan_pieces(m->plan, &pieces);
+  uint8_t *buf = NULL;
+  uint32_t held = UINT32_MAX;
+  memset(m->changed, 0, m->changed_len);
+  for (size_t k = 0; k < m->my_n; k++) {
+    uint32_t p = (uint32_t)(m->my_first + k);
+    const uint8_t *b = piece_bytes(m, p, &buf, &held);
+    if (b == NULL) {
+      free(buf);
+      return WTX_ENOMEM;
+    }
+    m->ph[k] = XXH3_64bits(b, wtx_plan_piece_bytes(m->plan, &pieces[p]));
+    if (!m->sent_ok || m->ph[k] != m->sent[k]) set_bit(m->changed, p);
+  }
+  free(buf);
+  m->pending = 1;
+  return 0;
+}
+
+/* Appends to err which rank a failure of the exchange was with. */
+static void name_rank(const wtx__many *m, uint32_t r, char *err, size_t errlen) {
+  size_t n = strlen(err);
+  if (n + 1 < errlen) snprintf(err + n, errlen - n, " (rank %u at %s)", r, m->addrs[r]);
+}
+
+/* Rank 0: every worker's start, naming as its base the version this
+ * trainer's last landed sync left there, when there is one; full[w]: w
+ * takes the whole stream (no base, or w refused it: started again). */
+static int delta_start(wtx__many *m, int target, uint8_t *full, char *err, size_t errlen) {
+  m->full_reason[0] = '\0';
+  for (size_t w = 0; w < m->n_workers; w++) {
+    const char *base = m->landed && target != WTX_TARGET_DRAFT ? wtx__client_serves(m->one[w], 0)
+                                                                : "";
+    full[w] = base[0] == '\0';
+    if (full[w] && m->full_reason[0] == '\0')
+      snprintf(m->full_reason, sizeof m->full_reason, "delta: %s",
+               target == WTX_TARGET_DRAFT ? "the draft model takes whole syncs only"
+               : m->landed ? "a worker serves no version yet"
+                           : "no sync of this trainer has landed there yet");
+    if (!full[w] && wtx__client_set_bases(m->one[w], &base) != 0) return WTX_ENOMEM;
+    wtx__client_start_begin(m->one[w], target, 0);
+  }
+  int rc = 0;
+  for (size_t w = 0; w < m->n_workers; w++) {
+    int wrc = wtx__client_start_end(m->one[w]);
+    if (wrc != 0 && !full[w] &&
+        wtx_client_last_status(m->one[w]) == GRPC_STATUS_FAILED_PRECONDITION) {
+      /* It serves another version than its base: it takes the whole stream. */
+      snprintf(m->full_reason, sizeof m->full_reason, "%s", wtx_client_last_error(m->one[w]));
+      full[w] = 1;
+      wtx__client_start_begin(m->one[w], target, 0);
+      wrc = wtx__client_start_end(m->one[w]);
+    }
+    if (wrc != 0 && rc == 0) {
+      rc = wrc;
+      snprintf(err, errlen, "%s", wtx_client_last_error(m->one[w]));
+    }
+  }
+  return rc;
+}
+
+/* Rank 0: every rank's changes gathered (its own in changed), and the
+ * sync's decision made and told to every rank: worker w is sent every
+ * tensor (full[w]) or those a changed piece feeds. */
+static int delta_decide(wtx__many *m, const uint8_t *full, char *err, size_t errlen) {
+  uint8_t landed = (uint8_t)m->landed;
+  int rc = 0;
+  uint32_t r = 1;
+  for (; rc == 0 && r < m->world; r++)
+    rc = wtx__tcp_link_ask(m->links[r], &landed, 1, m->wire.timeout_ms, err, errlen);
+  delta_settle(m, m->landed);
+  if (rc == 0) rc = delta_hash(m);
+  for (r = rc == 0 ? 1 : r; rc == 0 && r < m->world; r++) {
+    rc = wtx__tcp_link_answer(m->links[r], m->theirs, m->changed_len, m->wire.timeout_ms, err,
+                              errlen);
+    for (size_t i = 0; rc == 0 && i < m->changed_len; i++) m->changed[i] |= m->theirs[i];
+  }
+  if (rc != 0 && r > 1) name_rank(m, r - 1, err, errlen);
+  if (rc != 0) return rc;
+  memset(m->decision, 0, m->decision_len);
+  m->decision[0] = 1;
+  for (size_t w = 0; w < m->n_workers; w++) m->decision[0] &= (uint8_t)!full[w];
+  for (size_t w = 0; w < m->n_workers; w++) {
+    const wstream *st = &m->ws[w];
+    uint8_t *sel = decision_of(m, w);
+    for (size_t k = 0; full[w] && k < st->nt; k++) set_bit(sel, k);
+    for (size_t i = 0; !full[w] && i < st->nruns; i++)
+      if (bit(m->changed, st->runs[i].piece)) set_bit(sel, st->runs[i].tensor);
+  }
+  for (r = 1; rc == 0 && r < m->world; r++)
+    rc = wtx__tcp_link_tell(m->links[r], m->decision, m->decision_len, m->wire.timeout_ms, err,
+                            errlen);
+  if (rc != 0) name_rank(m, r - 1, err, errlen);
+  return rc;
+}
+
+/* Another rank: rank 0's ask (whether the last sync landed), this rank's
+ * changes, and the decision. */
+static int delta_follow(wtx__many *m, char *err, size_t errlen) {
+  uint8_t landed = 0;
+  int rc = wtx__tcp_rank_asked(m->tcp, &landed, 1, err, errlen);
+  if (rc == 0) delta_settle(m, landed != 0);
+  if (rc == 0) rc = delta_hash(m);
+  if (rc == 0)
+    rc = wtx__tcp_rank_answer(m->tcp, m->changed, m->changed_len, m->decision, m->decision_len,
+                              err, errlen);
+  return rc;
+}
+
+/* This sync's view of every worker's stream: the decision's tensors. */
+static int delta_views(wtx__many *m, wtx_send_result *r) {
+  const wtx_piece *pieces;
+  wtx_plan_pieces(m->plan, &pieces);
+  uint8_t *params = calloc(m->n + 1, 1);
+  int rc = params != NULL ? 0 : WTX_ENOMEM;
+  int all;
+  for (size_t w = 0; rc == 0 && w < m->n_workers; w++) {
+    wstream *st = &m->ws[w];
+    rc = view_some(m, st, decision_of(m, w));
+    for (size_t i = 0; rc == 0 && i < st->nruns; i++)
+      if (bit(decision_of(m, w), st->runs[i].tensor)) params[pieces[st->runs[i].piece].param] = 1;
+  }
+  size_t sent = 0;
+  for (size_t i = 0; rc == 0 && i < m->n; i++) sent += params[i];
+  all = !(m->decision[0] & 1);
+  if (all && m->rank != 0)
+    snprintf(m->full_reason, sizeof m->full_reason, "delta: a worker takes the whole stream "
+             "(rank 0's result says why)");
+  free(params);
+  r->params = sent;
+  r->skipped_params = m->n - sent;
+  r->delta = !all;
+  r->full_reason = all ? m->full_reason : NULL;
+  return rc;
+}
+
 /* The connections this sync needs: rank 0 initializes the workers'
  * sessions again after a failed sync (they connect to every rank anew);
  * the other ranks take those connections when theirs were closed. */
@@ -916,13 +1214,16 @@ static int many_connect(wtx__many *m, char *err, size_t errlen) {
     /* nccl: a go each sync; a link that fails it makes a new session. */
     if (m->ready && m->nccl && wtx__nccl_rank_ready(m->gpu) && many_go(m, err, errlen) == 0)
       return 0;
-    if (m->ready && !m->nccl) return 0;
+    /* A delta asks every rank on its link: a link that died is made again. */
+    if (m->ready && !m->nccl) return m->delta ? many_check(m, err, errlen) : 0;
     wtx__tcp_rank_reset(m->tcp);
-    return many_sessions(m, err, errlen);
+    int rc = m->delta && !m->nccl ? many_check(m, err, errlen) : 0;
+    return rc != 0 ? rc : many_sessions(m, err, errlen);
   }
-  if (wtx__tcp_rank_connected(m->tcp)) return 0;
-  wtx__tcp_rank_reset(m->tcp);
-  return wtx__tcp_rank_accept(m->tcp, err, errlen);
+  int connected = wtx__tcp_rank_connected(m->tcp);
+  if (connected && (!m->delta || wtx__tcp_rank_linked(m->tcp))) return 0;
+  if (!connected) wtx__tcp_rank_reset(m->tcp);
+  return wtx__tcp_rank_accept(m->tcp, err, errlen); /* and rank 0's link, when it is down */
 }
 
 /* The sync's threads: per worker, this rank's bytes, and on rank 0 the
@@ -991,24 +1292,44 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   wtx_send_result r = {0};
   int64_t t0 = wtx__clock_ms();
   uint64_t control0 = many_control_bytes(m);
-  int rc = many_connect(m, err, errlen);
-  if (rc == 0 && m->rank == 0) rc = many_start(m, opts->target, err, errlen);
+  uint8_t *full = m->delta ? calloc(m->n_workers + 1, 1) : NULL;
+  int rc = m->delta && full == NULL ? WTX_ENOMEM : many_connect(m, err, errlen);
+  if (rc == 0 && m->rank == 0)
+    rc = m->delta ? delta_start(m, opts->target, full, err, errlen)
+                  : many_start(m, opts->target, err, errlen);
   if (rc == 0) rc = many_pass(m, err, errlen);
+  if (rc == 0 && m->delta)
+    rc = m->rank == 0 ? delta_decide(m, full, err, errlen) : delta_follow(m, err, errlen);
+  if (rc == 0 && m->delta) rc = delta_views(m, &r);
+  for (size_t w = 0; !m->delta && w < m->n_workers; w++) view_whole(&m->ws[w]);
   if (rc == 0) rc = many_move(m, &r, err, errlen);
   int moved = rc == 0;
   if (rc == 0 && m->rank == 0) rc = many_publish(m, opts, &r, err, errlen);
+  /* What every worker serves now is this sync's (or, undone, the last
+   * landed one's, which the ranks' records still describe). */
+  if (m->rank == 0 && m->delta) m->landed = rc == 0;
+  if (m->rank == 0 && m->delta) delta_settle(m, rc == 0);
+  free(full);
   pass_release(m);
   if (rc != 0 && !moved) {
     /* Every worker keeps its previous weights; the next sync starts over. */
     if (m->rank == 0) many_abort(m, err);
     if (m->rank == 0) m->ready = 0;
     wtx__tcp_rank_reset(m->tcp);
+    /* A rank waiting on its link for this sync's exchange fails now; so
+     * does rank 0 waiting for this rank's answer. */
+    for (uint32_t k = 1; m->delta && m->links != NULL && k < m->world; k++)
+      if (m->links[k] >= 0) {
+        close(m->links[k]);
+        m->links[k] = -1;
+      }
+    if (m->delta && m->rank != 0) wtx__tcp_rank_unlink(m->tcp);
   }
   /* A failed publish was undone on every worker (many_publish), and every
    * byte had moved: the sessions and connections stand, and the other
    * ranks, whose part succeeded, keep them for the next sync. A worker
    * that lost its session fails that sync's start, which starts over. */
-  r.params = m->n;
+  if (!m->delta) r.params = m->n;
   r.seconds = (double)(wtx__clock_ms() - t0) / 1000.0;
   r.control_bytes = many_control_bytes(m) - control0;
   if (rc == 0 && opts->progress != NULL) opts->progress(opts->progress_arg, r.bytes, r.bytes);

@@ -237,15 +237,19 @@ typedef struct wtx_trainer_config {
    * byte moves, and the sync sends the whole table instead
    * (wtx_send_result.full_reason says why). With rank 0 sending, every
    * rank must set it alike: each sync is then two passes over the source
-   * on every rank. Main target only; not with tensor-parallel workers,
-   * many senders or a caller's control plane; on cuda_ipc and nccl only
-   * with checksum XXH3_64, whose host copy the hash pass reads.
+   * on every rank. With many senders (world > 1) every rank sets it too:
+   * each hashes the pieces it sends, rank 0 gathers which changed over its
+   * link to each, and a changed tensor travels whole from all its owners;
+   * a trainer's first sync is whole. Main target only; on cuda_ipc and
+   * nccl with rank 0 sending only with checksum XXH3_64, whose host copy
+   * the hash pass reads.
    * WTX_DELTA_PATCHES also sends a changed tensor as a patch of the
    * elements that changed (wtx.v1.Patch) where that is fewer bytes than
    * the tensor and fits a buffer, to workers that take patches; for it the
    * trainer keeps a host copy of every tensor as the workers serve it: as
    * much memory as the model (tensors whose bytes the source does not keep
-   * put for the pass are always sent whole). */
+   * put for the pass are always sent whole). Not with many senders
+   * (WTX_ENOTSUP at init). */
   int delta;
 } wtx_trainer_config;
 

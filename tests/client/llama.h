@@ -66,6 +66,11 @@ struct Llama {
     total += n;
     t.push_back(std::move(x));
   }
+  // One byte of tensor name changed (a delta's change of one element).
+  void Bump(const std::string &name, size_t byte) {
+    for (Tensor &x : t)
+      if (x.name == name) x.data.at(byte) ^= 0x5a;
+  }
   wtx_source *Source() {
     wtx_source *s = nullptr;
     char e[256];

@@ -9,7 +9,12 @@
 // It initializes its trainer, prints "ready" (or "fail RC MESSAGE"), then
 // takes one command a line on stdin:
 //   sync SEED VERSION  its part of Llama(SEED), sent as VERSION; prints
-//                      "ok BYTES" or "fail RC MESSAGE".
+//                      "ok BYTES CONTROL DELTA PARAMS" (this rank's bytes,
+//                      rank 0's UpdateInfo bytes, whether the sync was a
+//                      delta, the parameters it sent) or "fail RC MESSAGE".
+//   bump SEED VERSION NAME BYTE   the same, of Llama(SEED) with byte BYTE
+//                      of tensor NAME changed (Llama::Bump).
+// WTX_MANY_DELTA=1: the trainer sends deltas (WTX_DELTA_TENSORS).
 #include <unistd.h>
 
 #include <cstdio>
@@ -95,6 +100,8 @@ int main(int argc, char **argv) {
   cfg.timeout_ms = std::stoul(argv[6]);
   cfg.buffer_size = g_rows ? 1024 : 4096;  // many chunks, and tensors cut across them
   cfg.checksum = WTX_CHECKSUM_XXH3_64;
+  const char *delta = getenv("WTX_MANY_DELTA");
+  if (delta != nullptr && std::string(delta) == "1") cfg.delta = WTX_DELTA_TENSORS;
   int rc = wtx_source_memory_owned(mem.data(), owners.data(), mem.size(), rank, &src, err,
                                    sizeof err);
   if (rc == 0) rc = wtx_client_create(wa.data(), wa.size(), &co, &c, err, sizeof err);
@@ -110,11 +117,14 @@ int main(int argc, char **argv) {
   std::fflush(stdout);
   for (std::string line; std::getline(std::cin, line);) {
     std::stringstream in(line);
-    std::string cmd, version;
+    std::string cmd, version, name;
     int seed = 0;
+    size_t byte = 0;
     in >> cmd >> seed >> version;
-    if (cmd != "sync") continue;
+    if (cmd == "bump") in >> name >> byte;
+    if (cmd != "sync" && cmd != "bump") continue;
     wtxtest::Llama next(static_cast<uint8_t>(seed));
+    if (cmd == "bump") next.Bump(name, byte);
     std::vector<std::vector<uint8_t>> fresh;
     FillParts(next, rank, &fresh);
     for (size_t i = 0; i < parts.size(); i++)
@@ -124,8 +134,8 @@ int main(int argc, char **argv) {
     wtx_send_result res;
     rc = wtx_trainer_send_weights(t, &so, &res);
     if (rc == 0)
-      std::printf("ok %llu %llu\n", static_cast<unsigned long long>(res.bytes),
-                  static_cast<unsigned long long>(res.control_bytes));
+      std::printf("ok %llu %llu %d %zu\n", static_cast<unsigned long long>(res.bytes),
+                  static_cast<unsigned long long>(res.control_bytes), res.delta, res.params);
     else std::printf("fail %d %s\n", rc, wtx_trainer_last_error(t));
     std::fflush(stdout);
   }

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,7 @@ class ManyTest : public wtxtest::ShardedFixture {
     std::vector<std::string> env_s;
     for (char **e = environ; *e != nullptr; e++) env_s.emplace_back(*e);
     if (backend_ != "tcp") env_s.push_back("WTX_MANY_BACKEND=" + backend_);
+    if (delta_) env_s.push_back("WTX_MANY_DELTA=1");
     if (rows_) env_s.push_back("WTX_MANY_LAYOUT=rows");
     if (backend_ == "nccl") {
       env_s.push_back("WTX_CUDA_DEVICE=0");
@@ -139,10 +141,13 @@ class ManyTest : public wtxtest::ShardedFixture {
     for (int r = 0; r < 4; r++) Start(r, ws);
     for (int r = 0; r < 4; r++) ASSERT_EQ("ready", Line(ranks_[r])) << "rank " << r;
   }
-  // One sync on every rank; each rank's answer.
-  std::vector<std::string> SyncAll(int seed, const std::string &v) {
+  // One sync on every rank (cmd: sync, or bump with its NAME BYTE);
+  // each rank's answer.
+  std::vector<std::string> SyncAll(int seed, const std::string &v,
+                                   const std::string &bump = "") {
     std::vector<std::string> got;
-    for (int r = 0; r < 4; r++) Say(ranks_[r], "sync " + std::to_string(seed) + " " + v);
+    std::string cmd = (bump.empty() ? "sync " : "bump ") + std::to_string(seed) + " " + v;
+    for (int r = 0; r < 4; r++) Say(ranks_[r], bump.empty() ? cmd : cmd + " " + bump);
     for (int r = 0; r < 4; r++) got.push_back(Line(ranks_[r]));
     return got;
   }
@@ -160,16 +165,21 @@ class ManyTest : public wtxtest::ShardedFixture {
     wtx_client_destroy(c);
     return updating;
   }
-  // Bytes a rank's "ok BYTES CONTROL" says it sent.
-  static uint64_t Sent(const std::string &line) {
+  // Field i (from 1) of a rank's "ok BYTES CONTROL DELTA PARAMS".
+  static uint64_t Field(const std::string &line, int i) {
     EXPECT_EQ(0u, line.rfind("ok ", 0)) << line;
-    return line.size() > 3 ? std::stoull(line.substr(3)) : 0;
+    std::stringstream in(line.substr(std::min<size_t>(3, line.size())));
+    uint64_t x = 0;
+    for (int k = 0; k < i && (in >> x); k++) {
+    }
+    return x;
   }
-  // And the control plane's bytes (rank 0's UpdateInfo).
-  static uint64_t Control(const std::string &line) {
-    size_t sp = line.rfind(' ');
-    return sp != std::string::npos && sp > 3 ? std::stoull(line.substr(sp + 1)) : 0;
-  }
+  // Bytes the rank sent; the control plane's (rank 0's UpdateInfo); 1
+  // when the sync was a delta; the parameters it sent.
+  static uint64_t Sent(const std::string &line) { return Field(line, 1); }
+  static uint64_t Control(const std::string &line) { return Field(line, 2); }
+  static uint64_t Delta(const std::string &line) { return Field(line, 3); }
+  static uint64_t Params(const std::string &line) { return Field(line, 4); }
 
   // Two syncs land on every worker, sent once, by the owners; then a rank
   // killed mid-sync leaves every worker on v2, and the next sync lands.
@@ -177,10 +187,15 @@ class ManyTest : public wtxtest::ShardedFixture {
   // Two row-parallel syncs land on 2 tensor-parallel workers and a whole
   // replica on the GPU (gpu_model_worker), whose device bytes are checked.
   void BoxesReachAWorkerStagingOnAGpu();
+  // Deltas: a first sync whole, then only what changed, from every owner
+  // of it; a restarted worker takes the whole stream while the others take
+  // a delta.
+  void DeltasSendOnlyTheChangedTensorsFromEveryOwner();
 
   std::vector<int> ports_;
   std::vector<Rank> ranks_;
   bool rows_ = false;  // the ranks own layer 1 row-parallel (OwnersOf's rows)
+  bool delta_ = false;  // the ranks' trainers send deltas (WTX_MANY_DELTA)
 };
 
 TEST_F(ManyTest, EveryRankSendsItsOwnBytesStraightToTheWorkersThatHoldThem) {
@@ -236,6 +251,135 @@ TEST_F(ManyTest, ARankKilledMidSyncLeavesEveryWorkerOnItsVersionAndTheNextSyncLa
   ExpectHolds(r0, 0, two, "v2");
   ExpectHolds(r1, 1, two, "v2");
   ExpectHolds(whole, -1, two, "v2");
+}
+
+// Deltas with many senders: every rank hashes the pieces it sends, and rank
+// 0 asks them which changed and tells them which tensors each worker gets.
+void ManyTest::DeltasSendOnlyTheChangedTensorsFromEveryOwner() {
+  delta_ = true;
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  std::vector<Worker> ws = {r0, r1, whole};
+  StartAll(ws);
+  Llama one(1);
+  // This trainer's first sync is whole.
+  for (const std::string &l : SyncAll(1, "v1")) EXPECT_EQ(0u, Delta(l)) << l;
+  ExpectHolds(r0, 0, one, "v1");
+  ExpectHolds(r1, 1, one, "v1");
+  ExpectHolds(whole, -1, one, "v1");
+  // Nothing changed: nothing moves, and every worker publishes v2.
+  for (const std::string &l : SyncAll(1, "v2")) {
+    EXPECT_EQ(1u, Delta(l)) << l;
+    EXPECT_EQ(0u, Sent(l)) << l;
+    EXPECT_EQ(0u, Params(l)) << l;
+  }
+  ExpectHolds(r0, 0, one, "v2");
+  ExpectHolds(r1, 1, one, "v2");
+  ExpectHolds(whole, -1, one, "v2");
+  // One byte of layer 0's up_proj, in tensor-parallel rank 1's rows: that
+  // tensor travels again, to rank 1's worker and the whole replica, from
+  // every rank that owns part of it; rank 0's worker gets nothing.
+  const std::string name = "model.layers.0.mlp.up_proj.weight";
+  const size_t byte = 50 * 32 * 2;  // row 50 of 64 (bf16)
+  Llama three(1);
+  three.Bump(name, byte);
+  std::vector<std::string> got = SyncAll(1, "v3", name + " " + std::to_string(byte));
+  uint64_t sent = 0;
+  for (const std::string &l : got) {
+    EXPECT_EQ(1u, Delta(l)) << l;
+    EXPECT_EQ(1u, Params(l)) << l;
+    sent += Sent(l);
+  }
+  std::vector<uint8_t> part;
+  std::vector<uint64_t> shape;
+  for (const wtxtest::Tensor &x : three.t)
+    if (x.name == name) {
+      ASSERT_TRUE(wtxtest::Expected(x, 1, &part, &shape));
+      EXPECT_EQ(part.size() + x.data.size(), sent) << "the tensor's bytes, once per worker";
+    }
+  ExpectHolds(r0, 0, three, "v3");
+  ExpectHolds(r1, 1, three, "v3");
+  ExpectHolds(whole, -1, three, "v3");
+  // Rank 1's worker restarts: the sync that finds its session gone fails
+  // (every worker keeps v3), and the next sends it the whole stream while
+  // the others take a delta.
+  Stop(workers_[1]);
+  Worker again = SpawnRank(1, {"--listen", r1.addr()});
+  ASSERT_EQ(r1.port, again.port);
+  Llama four(2);
+  got = SyncAll(2, "v4");
+  bool failed = got[0].rfind("fail", 0) == 0;
+  if (failed) got = SyncAll(2, "v4");
+  for (const std::string &l : got) {
+    EXPECT_EQ(0u, l.rfind("ok", 0)) << l;
+    EXPECT_EQ(0u, Delta(l)) << "a worker took the whole stream: " << l;
+  }
+  ExpectHolds(r0, 0, four, "v4");
+  ExpectHolds(again, 1, four, "v4");
+  ExpectHolds(whole, -1, four, "v4");
+}
+
+TEST_F(ManyTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwnerOverTcp) {
+  DeltasSendOnlyTheChangedTensorsFromEveryOwner();
+}
+
+TEST_F(ManyTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwnerOverShm) {
+  backend_ = "shm";
+  DeltasSendOnlyTheChangedTensorsFromEveryOwner();
+}
+
+// A rank killed while rank 0 waits for what it changed: rank 0 fails at
+// once naming it, every worker keeps v2, and once it is back (knowing
+// nothing of what it sent) the next sync lands.
+TEST_F(ManyTest, ARankKilledMidDeltaLeavesEveryWorkerOnItsVersionAndTheNextSyncLands) {
+  delta_ = true;
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  std::vector<Worker> ws = {r0, r1, whole};
+  StartAll(ws);
+  for (const std::string &line : SyncAll(1, "v1")) ASSERT_EQ(0u, line.rfind("ok", 0)) << line;
+  for (const std::string &line : SyncAll(1, "v2")) ASSERT_EQ(1u, Delta(line)) << line;
+  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 2 v3");
+  ASSERT_TRUE(Updating(r0));
+  Kill(ranks_[2]);
+  std::string err = Line(ranks_[0]);
+  EXPECT_EQ(0u, err.rfind("fail", 0)) << err;
+  EXPECT_NE(std::string::npos, err.find(RankAddr(2))) << "the error names the dead rank: " << err;
+  for (int r : {1, 3}) EXPECT_EQ(0u, Line(ranks_[r]).rfind("fail", 0)) << "rank " << r;
+  Llama one(1), two(2);
+  ExpectHolds(r0, 0, one, "v2");
+  ExpectHolds(r1, 1, one, "v2");
+  ExpectHolds(whole, -1, one, "v2");
+  ranks_[2] = Start(2, ws);
+  ranks_.pop_back();
+  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 2 v3");
+  ASSERT_EQ("ready", Line(ranks_[2]));
+  Say(ranks_[2], "sync 2 v3");
+  for (int r = 0; r < 4; r++) EXPECT_EQ(0u, Line(ranks_[r]).rfind("ok", 0)) << "rank " << r;
+  ExpectHolds(r0, 0, two, "v3");
+  ExpectHolds(r1, 1, two, "v3");
+  ExpectHolds(whole, -1, two, "v3");
+  // And a delta again: nothing changed, nothing moves.
+  for (const std::string &l : SyncAll(2, "v4")) {
+    EXPECT_EQ(1u, Delta(l)) << l;
+    EXPECT_EQ(0u, Sent(l)) << l;
+  }
+  ExpectHolds(r1, 1, two, "v4");
+}
+
+// On the TEST DOUBLE of CUDA and NCCL, and with layer 1 row-parallel (its
+// pieces boxes).
+TEST_F(ManyTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwnerOverNccl) {
+  backend_ = "nccl";
+  DeltasSendOnlyTheChangedTensorsFromEveryOwner();
+}
+
+TEST_F(ManyTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwnerOverCudaIpc) {
+  backend_ = "cuda_ipc";
+  DeltasSendOnlyTheChangedTensorsFromEveryOwner();
+}
+
+TEST_F(ManyTest, ADeltaOfARowParallelTrainerSendsOnlyTheChangedTensors) {
+  rows_ = true;
+  DeltasSendOnlyTheChangedTensorsFromEveryOwner();
 }
 
 // Every worker or none, with many senders: the whole replica is a sidecar
@@ -477,7 +621,7 @@ TEST_F(ManyTest, ARankThatPlansDifferentlyFailsTheInitOnBothSidesNamingTheParame
 class ManyInitTest : public ManyTest {
  protected:
   int Init(const std::vector<Worker> &ws, std::vector<wtx_ownership> owners, std::string *err,
-           const char *backend = "tcp") {
+           const char *backend = "tcp", int delta = WTX_DELTA_OFF) {
     Llama model(1);
     std::vector<const char *> ra;
     std::vector<std::string> addrs = {RankAddr(0), RankAddr(1)};
@@ -493,6 +637,7 @@ class ManyInitTest : public ManyTest {
     cfg.world = 2;
     cfg.rank_addresses = ra.data();
     cfg.session_token = kToken;
+    cfg.delta = delta;
     wtx_trainer *t = nullptr;
     if (rc == 0) rc = wtx_trainer_init(&cfg, c, src, &t, e, sizeof e);
     *err = e;
@@ -517,6 +662,15 @@ TEST_F(ManyInitTest, AnOrphanParameterIsRefusedByName) {
   std::string err;
   EXPECT_EQ(WTX_EINVAL, Init({r0}, o, &err));
   EXPECT_NE(std::string::npos, err.find(model.t[3].name)) << err;
+}
+
+// A patch is of a whole tensor, which no rank sees.
+TEST_F(ManyInitTest, PatchesAreRefusedWithManySenders) {
+  Worker r0 = SpawnRank(0);
+  Llama model(1);
+  std::string err;
+  EXPECT_EQ(WTX_ENOTSUP, Init({r0}, Owners(model, 2), &err, "tcp", WTX_DELTA_PATCHES));
+  EXPECT_NE(std::string::npos, err.find("patches")) << err;
 }
 
 TEST_F(ManyInitTest, ManySendersRunOverTheFourBackendsOnly) {
