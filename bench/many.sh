@@ -4,7 +4,9 @@
 # wtx push --world 4, one process per rank), synced over tcp to two workers
 # of tensor-parallel ranks 0 and 1 of 2; the same 4 ranks splitting dim 1
 # instead (--shard-dim 1, a row-parallel cut: every piece travels as
-# boxes); then the whole model synced by one process (rank 0 sending every
+# boxes); the same 4 ranks sending deltas of an unchanged model (--delta:
+# the third sync moves nothing); then the whole model synced by one
+# process (rank 0 sending every
 # byte) to the same workers. Per way: the
 # bytes each trainer link carries, and the third sync's wall time (rank 0's:
 # it answers for the sync). On loopback every link shares this machine's
@@ -35,14 +37,14 @@ control_all() { sed -nE 's/^pushed .* ([0-9]+) control bytes.*/\1/p'; }
 start_tp 0 t0; t0=$addr
 start_tp 1 t1; t1=$addr
 export WTX_SESSION_TOKEN=bench-many-session-token-0123
-# many_run DIM PREFIX: 4 ranks splitting dim DIM of every tensor, each
-# rank's output into $tmp/PREFIX$r.out.
+# many_run DIM PREFIX [FLAG]: 4 ranks splitting dim DIM of every tensor,
+# each rank's output into $tmp/PREFIX$r.out (FLAG: --delta).
 many_run() {
   local ranks="" rpids=()
   for r in 0 1 2 3; do ranks+="${ranks:+,}127.0.0.1:$(free_port)"; done
   for r in 0 1 2 3; do
     "$bin/client/wtx" push --workers "$t0,$t1" --backend "$backend" --world 4 --rank "$r" \
-      --shard-dim "$1" --rank-addresses "$ranks" --repeat 3 "synthetic:$size" \
+      --shard-dim "$1" --rank-addresses "$ranks" --repeat 3 ${3:-} "synthetic:$size" \
       >"$tmp/$2$r.out" &
     rpids+=($!)
   done
@@ -55,6 +57,10 @@ many_s=$(sync_s_all <"$tmp/rank0.out" | tail -1)
 # travels as boxes, which the workers scatter into staging.
 many_run 1 rows
 rows_s=$(sync_s_all <"$tmp/rows0.out" | tail -1)
+# Deltas: the same 4 ranks, the model unchanged between syncs, so the third
+# sync hashes every rank's pieces, asks the ranks, and moves nothing.
+many_run 0 delta --delta
+delta_s=$(sync_s_all <"$tmp/delta0.out" | tail -1)
 one=$("$bin/client/wtx" push --workers "$t0,$t1" --backend "$backend" --repeat 3 "synthetic:$size")
 one_s=$(echo "$one" | sync_s_all | tail -1)
 one_b=$(echo "$one" | bytes_all | tail -1)
@@ -76,6 +82,8 @@ echo "many senders splitting dim 1 (row-parallel: every piece as boxes): the syn
   "$(ratio "$rows_s" "$many_s") x dim 0's ($rows_s s against $many_s s), the busiest link" \
   "$(bytes_all <"$tmp/rows0.out" | tail -1) B from rank 0, rank 0's UpdateInfo of the" \
   "second sync $(control_all <"$tmp/rows0.out" | sed -n 2p) B"
+echo "many senders, a delta with nothing changed: the sync takes $(ratio "$delta_s" "$many_s")" \
+  "x the full sync's ($delta_s s against $many_s s; every rank's hash pass over its part)"
 c1=$(control_all <"$tmp/rank0.out" | head -1)
 c2=$(control_all <"$tmp/rank0.out" | sed -n 2p)
 echo "control plane (rank 0's UpdateInfo to every worker): first sync $c1 B, second $c2 B" \

@@ -6,7 +6,9 @@ the sync gathers nothing.
     dtensor_rank.py RANK INIT_FILE HOSTS(comma) RANK_ADDRESSES(comma) [vllm]
 
 "vllm": through vLLM's own trainer factory and ModuleSource instead of
-TorchModuleSource. Prints the send_weights result as JSON."""
+TorchModuleSource. "delta": a delta trainer; after dt-1, element [0, 0] of
+rank 1's shard of col.weight (row 4 of the full tensor) grows by 1 and
+dt-2 is sent. Prints the last send_weights result as JSON."""
 import json
 import sys
 
@@ -34,9 +36,10 @@ def main() -> None:
         owner, leaf = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
         setattr(owner, leaf, torch.nn.Parameter(distribute_tensor(full[name], mesh, [Shard(0)])))
     client = wtx.WorkerClient(hosts)
+    delta = sys.argv[5:] == ["delta"]
     info = wtx.WtxTrainerInitInfo(transport="tcp", rank=rank, world_size=2, timeout_ms=15000,
                                   rank_addresses=addrs,
-                                  session_token="python-dtensor-session-token")
+                                  session_token="python-dtensor-session-token", delta=delta)
     if sys.argv[5:] == ["vllm"]:
         from vllm.distributed.weight_transfer.base import ModuleSource
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
@@ -48,9 +51,14 @@ def main() -> None:
         engine = wtx.TrainerEngine.trainer_init(info, client=client,
                                                 source=wtx.TorchModuleSource(model))
     result = engine.send_weights(version="dt-1")
+    if delta:
+        with torch.no_grad():
+            if rank == 1:
+                model.col.weight.to_local()[0, 0] += 1
+        result = engine.send_weights(version="dt-2")
     engine.shutdown()
     client.close()
-    print(json.dumps({"bytes": result["bytes"], "version": result["version"]}))
+    print(json.dumps({k: result[k] for k in ("bytes", "version", "delta", "params")}))
     dist.destroy_process_group()
 
 

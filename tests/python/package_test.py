@@ -87,10 +87,13 @@ def expect_sent_once(test, full, results) -> None:
 def dtensor_sync(test, *extra: str) -> None:
     """Two dtensor_rank.py processes (extra: its further arguments) sync to
     two tensor-parallel hosts; each host must end with exactly its slices,
-    and the ranks' bytes must sum to what the hosts hold."""
+    and the ranks' bytes must sum to what the hosts hold (with "delta": to
+    the one part that changed, in a delta)."""
     import random
 
     full, rules = tp_weights()
+    if "delta" in extra:
+        full["col.weight"][4, 0] += 1
     addrs = ",".join(f"127.0.0.1:{random.randrange(20000, 32000)}" for _ in range(2))
     with tp_hosts(rules) as (ranks, servers):
         with tempfile.TemporaryDirectory() as d:
@@ -104,8 +107,16 @@ def dtensor_sync(test, *extra: str) -> None:
         for p in procs:
             test.assertEqual(0, p.returncode, errs)
         results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-        test.assertEqual("dt-1", results[0]["version"])
-        expect_sent_once(test, full, results)
+        if "delta" in extra:
+            test.assertEqual("dt-2", results[0]["version"])
+            test.assertEqual([True, True], [r["delta"] for r in results])
+            test.assertEqual([1, 1], [r["params"] for r in results])
+            # Only the host holding row 4 gets col's part again, from the
+            # rank owning those rows: 0 bytes from rank 0.
+            test.assertEqual([0, full["col.weight"][4:].nbytes], [r["bytes"] for r in results])
+        else:
+            test.assertEqual("dt-1", results[0]["version"])
+            expect_sent_once(test, full, results)
         expect_tp_slices(test, full, ranks)
 
 
@@ -870,6 +881,12 @@ class ContractTest(unittest.TestCase):
         # mesh and placements, and each rank sends its to_local() part to
         # the tensor-parallel hosts, which end with exactly their slices.
         dtensor_sync(self)
+
+    def test_dtensor_ranks_send_a_delta_of_the_one_part_that_changed(self):
+        # Many senders with delta=True: the ranks hash their own shards, rank
+        # 0 asks them which changed, and only the part of col.weight that
+        # holds the changed row travels, to the one host holding it.
+        dtensor_sync(self, "delta")
 
     def test_a_served_module_receives_every_kind_of_tensor_bit_exact(self):
         # The host stages a chunk's small tensors in one buffer, in order,
