@@ -1136,16 +1136,16 @@ static int delta_decide(wtx__many *m, const uint8_t *full, char *err, size_t err
   uint8_t landed = (uint8_t)m->landed;
   int rc = 0;
   uint32_t r = 1;
-  for (; rc == 0 && r < m->world; r++)
+  for (; rc == 0 && r < m->world; r += rc == 0)
     rc = wtx__tcp_link_ask(m->links[r], &landed, 1, m->wire.timeout_ms, err, errlen);
   delta_settle(m, m->landed);
-  if (rc == 0) rc = delta_hash(m);
-  for (r = rc == 0 ? 1 : r; rc == 0 && r < m->world; r++) {
+  if (rc == 0 && (rc = delta_hash(m)) != 0) return rc;
+  for (r = rc == 0 ? 1 : r; rc == 0 && r < m->world; r += rc == 0) {
     rc = wtx__tcp_link_answer(m->links[r], m->theirs, m->changed_len, m->wire.timeout_ms, err,
                               errlen);
     for (size_t i = 0; rc == 0 && i < m->changed_len; i++) m->changed[i] |= m->theirs[i];
   }
-  if (rc != 0 && r > 1) name_rank(m, r - 1, err, errlen);
+  if (rc != 0) name_rank(m, r, err, errlen);
   if (rc != 0) return rc;
   memset(m->decision, 0, m->decision_len);
   m->decision[0] = 1;
@@ -1157,10 +1157,10 @@ static int delta_decide(wtx__many *m, const uint8_t *full, char *err, size_t err
     for (size_t i = 0; !full[w] && i < st->nruns; i++)
       if (bit(m->changed, st->runs[i].piece)) set_bit(sel, st->runs[i].tensor);
   }
-  for (r = 1; rc == 0 && r < m->world; r++)
+  for (r = 1; rc == 0 && r < m->world; r += rc == 0)
     rc = wtx__tcp_link_tell(m->links[r], m->decision, m->decision_len, m->wire.timeout_ms, err,
                             errlen);
-  if (rc != 0) name_rank(m, r - 1, err, errlen);
+  if (rc != 0) name_rank(m, r, err, errlen);
   return rc;
 }
 
@@ -1305,10 +1305,10 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   if (rc == 0) rc = many_move(m, &r, err, errlen);
   int moved = rc == 0;
   if (rc == 0 && m->rank == 0) rc = many_publish(m, opts, &r, err, errlen);
-  /* What every worker serves now is this sync's (or, undone, the last
-   * landed one's, which the ranks' records still describe). */
-  if (m->rank == 0 && m->delta) m->landed = rc == 0;
-  if (m->rank == 0 && m->delta) delta_settle(m, rc == 0);
+  /* Whether what every worker serves is what the ranks hashed this sync:
+   * not after a failure, nor after a sync of the draft model. */
+  if (m->rank == 0 && m->delta) m->landed = rc == 0 && opts->target != WTX_TARGET_DRAFT;
+  if (m->rank == 0 && m->delta) delta_settle(m, m->landed);
   free(full);
   pass_release(m);
   if (rc != 0 && !moved) {
