@@ -1829,13 +1829,20 @@ static int delta_take(int fd, uint32_t kind, uint8_t *payload, size_t len, const
   return rc != 0 || len == 0 ? rc : read_full(fd, payload, len, ws, why);
 }
 
-int wtx__tcp_link_ask(int link, const uint8_t *ask, size_t len, uint32_t timeout_ms, char *err,
-                      size_t errlen) {
+/* Rank 0: a delta record of kind on link; what: the step, for err. */
+static int link_send(int link, uint32_t kind, const uint8_t *payload, size_t len,
+                     uint32_t timeout_ms, const char *what, char *err, size_t errlen) {
   const char *why = "";
   waitspec ws = within(timeout_ms, -1);
-  int rc = delta_send(link, WTX__TCP_DELTA_ASK, ask, len, &ws, &why);
-  if (rc != 0) snprintf(err, errlen, "tcp: asking a rank what it changed: %s", why);
+  int rc = delta_send(link, kind, payload, len, &ws, &why);
+  if (rc != 0) snprintf(err, errlen, "tcp: %s: %s", what, why);
   return rc;
+}
+
+int wtx__tcp_link_ask(int link, const uint8_t *ask, size_t len, uint32_t timeout_ms, char *err,
+                      size_t errlen) {
+  return link_send(link, WTX__TCP_DELTA_ASK, ask, len, timeout_ms,
+                   "asking a rank what it changed", err, errlen);
 }
 
 int wtx__tcp_link_answer(int link, uint8_t *answer, size_t len, uint32_t timeout_ms, char *err,
@@ -1849,11 +1856,8 @@ int wtx__tcp_link_answer(int link, uint8_t *answer, size_t len, uint32_t timeout
 
 int wtx__tcp_link_tell(int link, const uint8_t *decision, size_t len, uint32_t timeout_ms,
                        char *err, size_t errlen) {
-  const char *why = "";
-  waitspec ws = within(timeout_ms, -1);
-  int rc = delta_send(link, WTX__TCP_DELTA_DECISION, decision, len, &ws, &why);
-  if (rc != 0) snprintf(err, errlen, "tcp: telling a rank what the delta sends: %s", why);
-  return rc;
+  return link_send(link, WTX__TCP_DELTA_DECISION, decision, len, timeout_ms,
+                   "telling a rank what the delta sends", err, errlen);
 }
 
 /* A rank's side of the exchange failed: its link goes (rank 0 links again
