@@ -14,6 +14,7 @@
 //                      delta, the parameters it sent) or "fail RC MESSAGE".
 //   bump SEED VERSION NAME BYTE   the same, of Llama(SEED) with byte BYTE
 //                      of tensor NAME changed (Llama::Bump).
+//   draft SEED VERSION the same as sync, to the workers' draft model.
 // WTX_MANY_DELTA=1: the trainer sends deltas (WTX_DELTA_TENSORS).
 #include <unistd.h>
 
@@ -122,7 +123,7 @@ int main(int argc, char **argv) {
     size_t byte = 0;
     in >> cmd >> seed >> version;
     if (cmd == "bump") in >> name >> byte;
-    if (cmd != "sync" && cmd != "bump") continue;
+    if (cmd != "sync" && cmd != "bump" && cmd != "draft") continue;
     wtxtest::Llama next(static_cast<uint8_t>(seed));
     if (cmd == "bump") next.Bump(name, byte);
     std::vector<std::vector<uint8_t>> fresh;
@@ -131,6 +132,7 @@ int main(int argc, char **argv) {
       if (!parts[i].empty()) std::memcpy(parts[i].data(), fresh[i].data(), parts[i].size());
     wtx_send_options so = WTX_SEND_OPTIONS_INIT;
     so.version = version.c_str();
+    if (cmd == "draft") so.target = WTX_TARGET_DRAFT;
     wtx_send_result res;
     rc = wtx_trainer_send_weights(t, &so, &res);
     if (rc == 0)

@@ -365,6 +365,24 @@ TEST_F(ManyTest, ARankKilledMidDeltaLeavesEveryWorkerOnItsVersionAndTheNextSyncL
   ExpectHolds(r1, 1, two, "v4");
 }
 
+// A sync of the draft model leaves the ranks' records describing the draft:
+// the next sync of the main model is whole, so the main model gets what the
+// trainer holds even where the draft already had it. The draft's version
+// is named as the main model's is, so the fence alone would not see it.
+TEST_F(ManyTest, AfterADraftSyncTheNextDeltaIsWhole) {
+  delta_ = true;
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  StartAll({r0, r1, whole});
+  for (const std::string &l : SyncAll(1, "v1")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
+  for (int r = 0; r < 4; r++) Say(ranks_[r], "draft 2 v1");
+  for (int r = 0; r < 4; r++) ASSERT_EQ(0u, Line(ranks_[r]).rfind("ok", 0)) << "rank " << r;
+  for (const std::string &l : SyncAll(2, "v2")) EXPECT_EQ(0u, Delta(l)) << l;
+  Llama two(2);
+  ExpectHolds(r0, 0, two, "v2");
+  ExpectHolds(r1, 1, two, "v2");
+  ExpectHolds(whole, -1, two, "v2");
+}
+
 // On the TEST DOUBLE of CUDA and NCCL, and with layer 1 row-parallel (its
 // pieces boxes).
 TEST_F(ManyTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwnerOverNccl) {
