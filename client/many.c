@@ -81,11 +81,9 @@ typedef struct wstream {
   size_t nvchunks;
   const seg *vsegs;
   Wtx__V1__ParamMeta **vpmp;
-  int whole;
   seg *dsegs;
   mchunk *dchunks;
   Wtx__V1__ParamMeta **dpmp;
-  size_t sent_tensors; /* this sync's tensors, of nt */
 } wstream;
 
 struct wtx__many {
@@ -136,7 +134,8 @@ struct wtx__many {
   size_t changed_len;
   uint8_t *decision;
   size_t decision_len;
-  int landed; /* rank 0: the last sync landed on every worker */
+  int landed;    /* rank 0: the last sync landed on every worker */
+  uint8_t *full; /* rank 0, this sync: worker w takes the whole stream */
   char full_reason[512];
   /* this sync: where this rank's part of each parameter is */
   const uint8_t **local;
@@ -441,6 +440,7 @@ void wtx__many_destroy(wtx__many *m) {
   free(m->changed);
   free(m->theirs);
   free(m->decision);
+  free(m->full);
   free(m);
 }
 
@@ -921,7 +921,8 @@ static int send_control(wjob *j) {
   /* After the first sync the worker holds this stream's table: chunks
    * name their tensors by position, with no per-tensor metadata (a delta's
    * sends some of them: by their ParamMeta). */
-  int by_range = st->whole && st->table != 0 && wtx__client_table(one) == st->table;
+  int whole = st->vchunks == st->chunks;
+  int by_range = whole && st->table != 0 && wtx__client_table(one) == st->table;
   range.table_xxh3 = st->table;
   for (size_t i = 0; i < st->nvchunks; i++) {
     const mchunk *c = &st->vchunks[i];
@@ -1002,7 +1003,9 @@ static int delta_open(wtx__many *m) {
   m->changed = calloc(m->changed_len + 1, 1);
   m->theirs = calloc(m->changed_len + 1, 1);
   m->decision = calloc(m->decision_len, 1);
-  return m->ph && m->sent && m->changed && m->theirs && m->decision ? 0 : WTX_ENOMEM;
+  m->full = calloc(m->n_workers + 1, 1);
+  return m->ph && m->sent && m->changed && m->theirs && m->decision && m->full ? 0
+                                                                              : WTX_ENOMEM;
 }
 
 /* This sync's view of worker w's stream: all of it. */
@@ -1011,8 +1014,6 @@ static void view_whole(wstream *st) {
   st->nvchunks = st->nchunks;
   st->vsegs = st->segs;
   st->vpmp = st->pmp;
-  st->whole = 1;
-  st->sent_tensors = st->nt;
 }
 
 /* This sync's view of st: the tensors sel marks (a bit each), cut into
@@ -1049,8 +1050,6 @@ static int view_some(const wtx__many *m, wstream *st, const uint8_t *sel) {
   st->nvchunks = nch;
   st->vsegs = st->dsegs;
   st->vpmp = st->dpmp;
-  st->whole = 0;
-  st->sent_tensors = kept;
   return 0;
 }
 
@@ -1093,52 +1092,44 @@ static void name_rank(const wtx__many *m, uint32_t r, char *err, size_t errlen) 
   if (n + 1 < errlen) snprintf(err + n, errlen - n, " (rank %u at %s)", r, m->addrs[r]);
 }
 
-/* Rank 0: every worker's start, naming as its base the version this
- * trainer's last landed sync left there, when there is one; full[w]: w
- * takes the whole stream (no base, or w refused it: started again). */
-static int delta_start(wtx__many *m, int target, uint8_t *full, char *err, size_t errlen) {
-  m->full_reason[0] = '\0';
-  for (size_t w = 0; w < m->n_workers; w++) {
-    const char *base = m->landed && target != WTX_TARGET_DRAFT ? wtx__client_serves(m->one[w], 0)
-                                                                : "";
-    full[w] = base[0] == '\0';
-    if (full[w] && m->full_reason[0] == '\0')
-      snprintf(m->full_reason, sizeof m->full_reason, "delta: %s",
-               target == WTX_TARGET_DRAFT ? "the draft model takes whole syncs only"
-               : m->landed ? "a worker serves no version yet"
-                           : "no sync of this trainer has landed there yet");
-    if (!full[w] && wtx__client_set_bases(m->one[w], &base) != 0) return WTX_ENOMEM;
-    wtx__client_start_begin(m->one[w], target, 0);
-  }
-  int rc = 0;
-  for (size_t w = 0; w < m->n_workers; w++) {
-    int wrc = wtx__client_start_end(m->one[w]);
-    if (wrc != 0 && !full[w] &&
-        wtx_client_last_status(m->one[w]) == GRPC_STATUS_FAILED_PRECONDITION) {
-      /* It serves another version than its base: it takes the whole stream. */
-      snprintf(m->full_reason, sizeof m->full_reason, "%s", wtx_client_last_error(m->one[w]));
-      full[w] = 1;
-      wtx__client_start_begin(m->one[w], target, 0);
-      wrc = wtx__client_start_end(m->one[w]);
-    }
-    if (wrc != 0 && rc == 0) {
-      rc = wrc;
-      snprintf(err, errlen, "%s", wtx_client_last_error(m->one[w]));
-    }
-  }
-  return rc;
+/* Rank 0, a delta: worker w's next start names as its base the version
+ * this trainer's last landed sync left there, when there is one; else w
+ * takes the whole stream (full[w], and full_reason says why). */
+static int delta_base(wtx__many *m, size_t w, int target) {
+  const char *base = m->landed && target != WTX_TARGET_DRAFT ? wtx__client_serves(m->one[w], 0)
+                                                              : "";
+  m->full[w] = base[0] == '\0';
+  if (m->full[w] && m->full_reason[0] == '\0')
+    snprintf(m->full_reason, sizeof m->full_reason, "delta: %s",
+             target == WTX_TARGET_DRAFT ? "the draft model takes whole syncs only"
+             : m->landed ? "a worker serves no version yet"
+                         : "no sync of this trainer has landed there yet");
+  return m->full[w] ? 0 : wtx__client_set_bases(m->one[w], &base);
+}
+
+/* Rank 0, a delta whose start worker w refused (wrc): when it serves
+ * another version than its base, it takes the whole stream, started
+ * again. */
+static int delta_refused(wtx__many *m, size_t w, int target, int wrc) {
+  if (wrc == 0 || m->full[w] ||
+      wtx_client_last_status(m->one[w]) != GRPC_STATUS_FAILED_PRECONDITION)
+    return wrc;
+  snprintf(m->full_reason, sizeof m->full_reason, "%s", wtx_client_last_error(m->one[w]));
+  m->full[w] = 1;
+  wtx__client_start_begin(m->one[w], target, 0);
+  return wtx__client_start_end(m->one[w]);
 }
 
 /* Rank 0: every rank's changes gathered (its own in changed), and the
  * sync's decision made and told to every rank: worker w is sent every
- * tensor (full[w]) or those a changed piece feeds. */
-static int delta_decide(wtx__many *m, const uint8_t *full, char *err, size_t errlen) {
+ * tensor (m->full[w]) or those a changed piece feeds. */
+static int delta_decide(wtx__many *m, char *err, size_t errlen) {
   uint8_t landed = (uint8_t)m->landed;
   int rc = 0;
   uint32_t r = 1;
   for (; rc == 0 && r < m->world; r += rc == 0)
     rc = wtx__tcp_link_ask(m->links[r], &landed, 1, m->wire.timeout_ms, err, errlen);
-  delta_settle(m, m->landed);
+  /* Rank 0 settled its own record when its last sync ended. */
   if (rc == 0 && (rc = delta_hash(m)) != 0) return rc;
   for (r = rc == 0 ? 1 : r; rc == 0 && r < m->world; r += rc == 0) {
     rc = wtx__tcp_link_answer(m->links[r], m->theirs, m->changed_len, m->wire.timeout_ms, err,
@@ -1149,12 +1140,12 @@ static int delta_decide(wtx__many *m, const uint8_t *full, char *err, size_t err
   if (rc != 0) return rc;
   memset(m->decision, 0, m->decision_len);
   m->decision[0] = 1;
-  for (size_t w = 0; w < m->n_workers; w++) m->decision[0] &= (uint8_t)!full[w];
+  for (size_t w = 0; w < m->n_workers; w++) m->decision[0] &= (uint8_t)!m->full[w];
   for (size_t w = 0; w < m->n_workers; w++) {
     const wstream *st = &m->ws[w];
     uint8_t *sel = decision_of(m, w);
-    for (size_t k = 0; full[w] && k < st->nt; k++) set_bit(sel, k);
-    for (size_t i = 0; !full[w] && i < st->nruns; i++)
+    for (size_t k = 0; m->full[w] && k < st->nt; k++) set_bit(sel, k);
+    for (size_t i = 0; !m->full[w] && i < st->nruns; i++)
       if (bit(m->changed, st->runs[i].piece)) set_bit(sel, st->runs[i].tensor);
   }
   for (r = 1; rc == 0 && r < m->world; r += rc == 0)
@@ -1186,9 +1177,10 @@ static int delta_views(wtx__many *m, wtx_send_result *r) {
   int all;
   for (size_t w = 0; rc == 0 && w < m->n_workers; w++) {
     wstream *st = &m->ws[w];
-    rc = view_some(m, st, decision_of(m, w));
+    const uint8_t *sel = decision_of(m, w);
+    rc = view_some(m, st, sel);
     for (size_t i = 0; rc == 0 && i < st->nruns; i++)
-      if (bit(decision_of(m, w), st->runs[i].tensor)) params[pieces[st->runs[i].piece].param] = 1;
+      if (bit(sel, st->runs[i].tensor)) params[pieces[st->runs[i].piece].param] = 1;
   }
   size_t sent = 0;
   for (size_t i = 0; rc == 0 && i < m->n; i++) sent += params[i];
@@ -1245,12 +1237,17 @@ static int many_move(wtx__many *m, wtx_send_result *r, char *err, size_t errlen)
 }
 
 /* Rank 0: an update started on every worker (each its own client, whose
- * session it holds). */
+ * session it holds); with deltas, on the base delta_base names, a worker
+ * refusing it started again for the whole stream. */
 static int many_start(wtx__many *m, int target, char *err, size_t errlen) {
+  if (m->delta) m->full_reason[0] = '\0';
+  for (size_t w = 0; m->delta && w < m->n_workers; w++)
+    if (delta_base(m, w, target) != 0) return WTX_ENOMEM;
   for (size_t w = 0; w < m->n_workers; w++) wtx__client_start_begin(m->one[w], target, 0);
   int rc = 0;
   for (size_t w = 0; w < m->n_workers; w++) {
     int wrc = wtx__client_start_end(m->one[w]);
+    if (m->delta) wrc = delta_refused(m, w, target, wrc);
     if (wrc != 0 && rc == 0) {
       rc = wrc;
       snprintf(err, errlen, "%s", wtx_client_last_error(m->one[w]));
@@ -1292,14 +1289,11 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   wtx_send_result r = {0};
   int64_t t0 = wtx__clock_ms();
   uint64_t control0 = many_control_bytes(m);
-  uint8_t *full = m->delta ? calloc(m->n_workers + 1, 1) : NULL;
-  int rc = m->delta && full == NULL ? WTX_ENOMEM : many_connect(m, err, errlen);
-  if (rc == 0 && m->rank == 0)
-    rc = m->delta ? delta_start(m, opts->target, full, err, errlen)
-                  : many_start(m, opts->target, err, errlen);
+  int rc = many_connect(m, err, errlen);
+  if (rc == 0 && m->rank == 0) rc = many_start(m, opts->target, err, errlen);
   if (rc == 0) rc = many_pass(m, err, errlen);
   if (rc == 0 && m->delta)
-    rc = m->rank == 0 ? delta_decide(m, full, err, errlen) : delta_follow(m, err, errlen);
+    rc = m->rank == 0 ? delta_decide(m, err, errlen) : delta_follow(m, err, errlen);
   if (rc == 0 && m->delta) rc = delta_views(m, &r);
   for (size_t w = 0; !m->delta && w < m->n_workers; w++) view_whole(&m->ws[w]);
   if (rc == 0) rc = many_move(m, &r, err, errlen);
@@ -1307,9 +1301,10 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   if (rc == 0 && m->rank == 0) rc = many_publish(m, opts, &r, err, errlen);
   /* Whether what every worker serves is what the ranks hashed this sync:
    * not after a failure, nor after a sync of the draft model. */
-  if (m->rank == 0 && m->delta) m->landed = rc == 0 && opts->target != WTX_TARGET_DRAFT;
-  if (m->rank == 0 && m->delta) delta_settle(m, m->landed);
-  free(full);
+  if (m->rank == 0 && m->delta) {
+    m->landed = rc == 0 && opts->target != WTX_TARGET_DRAFT;
+    delta_settle(m, m->landed);
+  }
   pass_release(m);
   if (rc != 0 && !moved) {
     /* Every worker keeps its previous weights; the next sync starts over. */
