@@ -1801,8 +1801,7 @@ int wtx__tcp_rank_go(wtx__tcp_rank *r, uint64_t *generation, uint8_t *payload, s
     return 0;
   }
   snprintf(err, errlen, "tcp: waiting for rank 0's go: %s", r->link < 0 ? "no link" : why);
-  if (r->link >= 0) close(r->link); /* rank 0 links again when it can */
-  r->link = -1;
+  wtx__tcp_rank_unlink(r); /* rank 0 links again when it can */
   return rc;
 }
 
@@ -1866,8 +1865,7 @@ static int rank_delta_failed(wtx__tcp_rank *r, int rc, const char *why, char *er
                              size_t errlen) {
   snprintf(err, errlen, "tcp: the delta's exchange with rank 0: %s",
            r->link < 0 ? "no link" : why);
-  if (r->link >= 0) close(r->link);
-  r->link = -1;
+  wtx__tcp_rank_unlink(r);
   return rc;
 }
 
