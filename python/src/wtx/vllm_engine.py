@@ -8,9 +8,9 @@ to it, so the session, its checks and the data plane are wtx's own.
 ``init_info`` / ``update_info`` are the JSON form of ``wtx.v1.InitInfo`` /
 ``UpdateInfo``, parsed strictly. vLLM's start carries no request, so the
 engine's own start waits for the first update: a delta's names its base
-(``UpdateInfo.base_version``), which the start is fenced on. An update that fails before loading
-starts (a refused chunk, a checksum, an abort) leaves the weights as they
-were: tensors are staged and verified, then loaded at
+(``UpdateInfo.base_version``), which the start is fenced on. An update
+that fails before loading starts (a refused chunk, a checksum, an abort)
+leaves the weights as they were: tensors are staged and verified, then loaded at
 ``finish_weight_update``. If ``load_weights`` itself fails part way, the
 tensors loaded before the failure stay loaded, as with vLLM's own engines
 (which load as they receive); the finish reports the failure. Under
@@ -98,10 +98,11 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
             int(getattr(pc, "pipeline_parallel_size", 1) or 1)
 
     def init_transfer_engine(self, init_info: WtxInitInfo) -> None:
-        if self._ranks() > 1 and init_info.message.WhichOneof("backend") == "nccl":
+        ranks, backend = self._ranks(), init_info.message.WhichOneof("backend")
+        if ranks > 1 and backend == "nccl":
             # vLLM's routes give every rank the same InitInfo: one NCCL peer.
             raise ValueError(
-                f"init_info: nccl reaches one rank, and this vLLM runs {self._ranks()} "
+                f"init_info: nccl reaches one rank, and this vLLM runs {ranks} "
                 "(tensor x pipeline parallel): use tcp, shm (one host) or cuda_ipc "
                 "(one node)")
         if self._server is None:
@@ -114,7 +115,7 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
             # relay them along a chain) and stages only what its loaders
             # read of them.
             self._server = serve(_CurrentModel(self), "127.0.0.1:0", token_file=token_file,
-                                 narrow_loads=self._ranks() > 1)
+                                 narrow_loads=ranks > 1)
             self._client = WorkerClient([self._server.address], token=token)
         else:
             # A new init means a new (or restarted) trainer; vLLM's calls have
@@ -124,7 +125,7 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
             except WtxError:
                 pass
         self._pending_start = False
-        if self._ranks() > 1 and init_info.message.WhichOneof("backend") == "tcp":
+        if ranks > 1 and backend == "tcp":
             self._chain(init_info.message)
         else:
             self._client.init_weight_transfer_engine(init_info.message)
@@ -175,20 +176,21 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
 
     def receive_weights(self, update_info: WtxUpdateInfo) -> None:
         msgs = update_info.messages
-        if self._pending_start:
-            # A delta's first UpdateInfo names its base, and only that.
-            base = msgs[0].base_version if msgs else ""
-            self._pending_start = False
-            self._need().start_weight_update(base_version=base or None)
+        # A delta's first UpdateInfo names its base, and only that.
+        self._start_pending(msgs[0].base_version if msgs else "")
         chunks = [m for m in msgs if not m.base_version]
         if chunks:
             self._need().update_weights(chunks)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        if self._pending_start:  # an update of no chunk
-            self._pending_start = False
-            self._need().start_weight_update()
+        self._start_pending("")  # an update of no chunk
         self._need().finish_weight_update(weight_version)
+
+    def _start_pending(self, base: str) -> None:
+        """The start vLLM's call deferred, on base ("": a whole update)."""
+        if self._pending_start:
+            self._pending_start = False
+            self._need().start_weight_update(base_version=base or None)
 
     def shutdown(self) -> None:
         if self._client is not None:
