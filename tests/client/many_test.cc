@@ -318,14 +318,22 @@ void ManyTest::DeltasSendOnlyTheChangedTensorsFromEveryOwner() {
   ExpectHolds(whole, -1, four, "v4");
 }
 
-TEST_F(ManyTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwnerOverTcp) {
+// On every backend many senders run on (nccl and cuda_ipc on the TEST
+// DOUBLE of CUDA and NCCL).
+class ManyDeltaTest : public ManyTest {
+ protected:
+  void SetUp() override {
+    ManyTest::SetUp();
+    backend_ = GetParam();
+  }
+};
+
+TEST_P(ManyDeltaTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwner) {
   DeltasSendOnlyTheChangedTensorsFromEveryOwner();
 }
 
-TEST_F(ManyTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwnerOverShm) {
-  backend_ = "shm";
-  DeltasSendOnlyTheChangedTensorsFromEveryOwner();
-}
+INSTANTIATE_TEST_SUITE_P(Backends, ManyDeltaTest,
+                         ::testing::Values("tcp", "shm", "nccl", "cuda_ipc"));
 
 // A rank killed while rank 0 waits for what it changed: rank 0 fails at
 // once naming it, every worker keeps v2, and once it is back (knowing
@@ -383,18 +391,7 @@ TEST_F(ManyTest, AfterADraftSyncTheNextDeltaIsWhole) {
   ExpectHolds(whole, -1, two, "v2");
 }
 
-// On the TEST DOUBLE of CUDA and NCCL, and with layer 1 row-parallel (its
-// pieces boxes).
-TEST_F(ManyTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwnerOverNccl) {
-  backend_ = "nccl";
-  DeltasSendOnlyTheChangedTensorsFromEveryOwner();
-}
-
-TEST_F(ManyTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwnerOverCudaIpc) {
-  backend_ = "cuda_ipc";
-  DeltasSendOnlyTheChangedTensorsFromEveryOwner();
-}
-
+// With layer 1 row-parallel: its pieces boxes.
 TEST_F(ManyTest, ADeltaOfARowParallelTrainerSendsOnlyTheChangedTensors) {
   rows_ = true;
   DeltasSendOnlyTheChangedTensorsFromEveryOwner();
