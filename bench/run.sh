@@ -292,7 +292,7 @@ bench/delta.sh "$size" | tail -n +2
 echo
 if [ $quick = 0 ]; then
   echo "## the vLLM plugin, tensor-parallel size 2 vs 1 (bench/vllm_tp.sh)"
-  bench/vllm_tp.sh 2>/dev/null | grep -E '^(model|shm|tcp):'
+  bench/vllm_tp.sh 2>/dev/null | grep -E '^(model|shm|tcp)'
   echo
 fi
 echo "## many senders on a simulated cluster (bench/cluster.sh): links the limit"

@@ -5,9 +5,12 @@ Each side is vllm_test's harness: vLLM's real LlamaForCausalLM (in
 tests/python/vllm_tp_rank.py processes, gloo on CPU) behind vLLM's real RL
 router, a stand-in engine client fanning each route out to the ranks as
 collective_rpc does, and vLLM's HTTPVLLMWeightSyncClient and trainer
-factory on the trainer side. Per transport: the best of SYNCS syncs of
-one trainer (each after the first: the ranks have learned what their
-loaders read), and each rank's staged_peak_bytes against the model's bytes.
+factory on the trainer side. Per way: the best of SYNCS syncs of one
+trainer (each after the first: the ranks have learned what their loaders
+read), and each rank's staged_peak_bytes against the model's bytes. The
+ways: shm and tcp at the trainer's defaults through a control plane (64
+MiB chunks), and shm in the 4 MiB x 4 buffers shm asks for on its own,
+each chunk then one more HTTP request.
 
     vllm_tp.py LAYERS SYNCS"""
 import os
@@ -20,8 +23,12 @@ import vllm_test
 import vllm_tp_rank
 
 
-def measure(world: int, layers: int, syncs: int) -> dict:
-    """{transport: (best sync s, [peak bytes per rank])} for a vLLM of world ranks."""
+# way: (transport, buffer_size, num_buffers), 0: the trainer's default
+WAYS = {"shm": ("shm", 0, 0), "tcp": ("tcp", 0, 0), "shm 4 MiB": ("shm", 4 << 20, 4)}
+
+
+def measure(world: int, syncs: int) -> dict:
+    """{way: (best sync s, [peak bytes per rank])} for a vLLM of world ranks."""
     import wtx
     from transformers import LlamaForCausalLM
     from vllm.distributed.weight_transfer.base import ModuleSource
@@ -37,9 +44,10 @@ def measure(world: int, layers: int, syncs: int) -> dict:
     app = vllm_test.AppServer([router], vllm_test.RanksEngineClientStandIn(ranks))
     out = {}
     try:
-        for transport in ("shm", "tcp"):
+        for way, (transport, size, n) in WAYS.items():
             engine = WeightTransferTrainerFactory.trainer_init(
-                wtx.WtxTrainerInitInfo(transport=transport, rank=0),
+                wtx.WtxTrainerInitInfo(transport=transport, rank=0, buffer_size=size,
+                                       num_buffers=n),
                 client=HTTPVLLMWeightSyncClient(app.url, timeout=300),
                 source=ModuleSource(trainer))
             best = 1e30
@@ -48,7 +56,7 @@ def measure(world: int, layers: int, syncs: int) -> dict:
                 engine.send_weights()
                 best = min(best, time.perf_counter() - t0)
             engine.shutdown()
-            out[transport] = (best, [ranks.ask(r, "params")[2] for r in range(world)])
+            out[way] = (best, [ranks.ask(r, "params")[2] for r in range(world)])
     finally:
         app.stop()
         ranks.close()
@@ -60,13 +68,15 @@ def main() -> None:
     os.environ["WTX_TP_LAYERS"] = str(layers)  # the rank processes build from it too
     from transformers import LlamaForCausalLM
     model_bytes = sum(p.nbytes for p in LlamaForCausalLM(vllm_tp_rank.llama_config()).parameters())
-    one, two = measure(1, layers, syncs), measure(2, layers, syncs)
+    one, two = measure(1, syncs), measure(2, syncs)
     print(f"model: vllm_tp_rank.llama_config() with {layers} layers, {model_bytes / 1e6:.1f} MB "
           f"(fp32); best of {syncs} syncs of one trainer; peaks of staged bytes per rank")
-    for t in ("shm", "tcp"):
+    for t in WAYS:
         print(f"{t}: TP 1 sync {one[t][0]:.3f} s, staged peak {one[t][1][0] / model_bytes:.2f}x "
               f"the model | TP 2 sync {two[t][0]:.3f} s = {two[t][0] / one[t][0]:.2f}x TP 1's, "
               "staged peaks " + ", ".join(f"{p / model_bytes:.2f}x" for p in two[t][1]))
+    print(f"shm in 64 MiB chunks against 4 MiB: {one['shm'][0] / one['shm 4 MiB'][0]:.2f}x "
+          f"the time at TP 1, {two['shm'][0] / two['shm 4 MiB'][0]:.2f}x at TP 2")
 
 
 if __name__ == "__main__":
