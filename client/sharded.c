@@ -703,6 +703,22 @@ static wtx_send_result sum_results(const wtx__sharded *sh) {
   return sum;
 }
 
+/* After every group prepared (rc 0): every group published, or none;
+ * every group's delta record settled with the outcome (a group that
+ * prepared in a sync another group failed published nothing); the groups'
+ * results as one into result, t0 when the sync began. */
+static int publish_groups(wtx__sharded *sh, int rc, const wtx_send_options *o, double t0,
+                          wtx_send_result *result, char *err, size_t errlen) {
+  char version[WTX_MAX_VERSION_BYTES + 1] = "";
+  if (rc == 0) rc = commit_groups(sh, o->version, version, sizeof version, err, errlen);
+  for (size_t g = 0; g < sh->n; g++) wtx__trainer_landed(sh->g[g].t, rc == 0);
+  if (rc != 0 || result == NULL) return rc;
+  *result = sum_results(sh);
+  result->seconds = wtx__clock_s() - t0;
+  snprintf(result->version, sizeof result->version, "%s", version);
+  return 0;
+}
+
 int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_result *result,
                       char *err, size_t errlen) {
   double t0 = wtx__clock_s();
@@ -717,18 +733,7 @@ int wtx__sharded_send(wtx__sharded *sh, const wtx_send_options *o, wtx_send_resu
       sh->total += wtx_box_elements(&b) * wtx_dtype_size(f.dtype);
     }
   int rc = run_groups(sh, err, errlen);
-  char version[WTX_MAX_VERSION_BYTES + 1] = "";
-  if (rc == 0) rc = commit_groups(sh, o->version, version, sizeof version, err, errlen);
-  /* Every group's delta record settles with the sync: a group that
-   * prepared in a sync another group failed published nothing. */
-  for (size_t g = 0; g < sh->n; g++) wtx__trainer_landed(sh->g[g].t, rc == 0);
-  if (rc != 0) return rc;
-  if (result != NULL) {
-    *result = sum_results(sh);
-    result->seconds = wtx__clock_s() - t0;
-    snprintf(result->version, sizeof result->version, "%s", version);
-  }
-  return 0;
+  return publish_groups(sh, rc, o, t0, result, err, errlen);
 }
 
 /* ---- the caller's patches ---- */
@@ -878,14 +883,7 @@ int wtx__sharded_send_patches(wtx__sharded *sh, const wtx_patch *patches, size_t
     group_failure(&sh->g[g - 1], err, errlen);
     for (size_t b = 0; b + 1 < g; b++) wtx__trainer_abort(sh->g[b].t, err);
   }
-  char version[WTX_MAX_VERSION_BYTES + 1] = "";
-  if (rc == 0) rc = commit_groups(sh, o->version, version, sizeof version, err, errlen);
-  if (rc == 0 && result != NULL) {
-    *result = sum_results(sh);
-    result->seconds = wtx__clock_s() - t0;
-    snprintf(result->version, sizeof result->version, "%s", version);
-  }
-  return rc;
+  return publish_groups(sh, rc, o, t0, result, err, errlen);
 }
 
 int wtx__sharded_verify(wtx__sharded *sh, char *err, size_t errlen) {
