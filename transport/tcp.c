@@ -443,10 +443,14 @@ static void *ahead_fail(inlet *in, const char *why) {
 }
 
 /* The reader: receives into the ring's room while there is some, until it
- * is stopped or the connection fails. */
+ * is stopped or the connection fails. It takes whatever has come, so the
+ * socket wakes it at any byte: a low-water mark left by the handshake's
+ * reads would hide a stream's last few bytes (a trailer's sums, after a
+ * receive the ring's room cut short) until the taker's deadline. */
 static void *ahead_main(void *arg) {
   inlet *in = arg;
   wtx__ring_wait forever = {INT64_MAX, in->ra->stop_fd, -1};
+  wake_after(in->fd, 1);
   for (;;) {
     uint8_t *p;
     size_t room;
