@@ -303,12 +303,6 @@ static int wrapper(const wtx_trainer_config *cfg, wtx_client *client, wtx_source
 /* A trainer of many senders: every sync goes through many.c. */
 static int many_init(const wtx_trainer_config *cfg, wtx_client *client, wtx_source *source,
                      wtx_trainer **out, char *err, size_t errlen) {
-  if (cfg->delta == WTX_DELTA_PATCHES) {
-    snprintf(err, errlen, "delta: patches are not offered with many senders (world %u): "
-             "no rank sees a whole tensor; WTX_DELTA_TENSORS sends the changed ones whole",
-             cfg->world);
-    return WTX_ENOTSUP;
-  }
   wtx__many *many = NULL;
   wtx_transports_register_builtin();
   int rc = wtx__many_create(cfg, client, source, &many, err, errlen);

@@ -33,8 +33,10 @@
 #include "client/source.h"
 #include "common/clock.h"
 #include "common/layout.h"
+#include "common/patch.h"
 #include "transport/nccl_rank.h"
 #include "transport/plan.h"
+#include "transport/tcp_frame.h"
 #include "transport/tcp_rank.h"
 #include "transport/transport.h"
 #include "xxhash.h"
@@ -42,9 +44,10 @@
 /* A run of a worker's stream: bytes [off, off + len) of piece `piece`
  * (packed, row-major in its box), landing in worker tensor `tensor`: as
  * the next run of the tensor's bytes, or, where box is not 0, as box
- * boxes[box - 1] of it (UpdateInfo.box). */
+ * boxes[box - 1] of it (UpdateInfo.box); with patch, the bytes of this
+ * sync's patch of the piece, which is the whole tensor. */
 typedef struct seg {
-  uint32_t piece, tensor, box;
+  uint32_t piece, tensor, box, patch;
   uint64_t off, len;
 } seg;
 
@@ -84,6 +87,8 @@ typedef struct wstream {
   seg *dsegs;
   mchunk *dchunks;
   Wtx__V1__ParamMeta **dpmp;
+  Wtx__V1__ParamMeta *dpm; /* a delta's patched tensors: their ParamMeta, */
+  Wtx__V1__Patch *dpatch;  /* with the patch */
 } wstream;
 
 struct wtx__many {
@@ -135,6 +140,21 @@ struct wtx__many {
   uint8_t *decision;
   size_t decision_len;
   int landed;    /* rank 0: the last sync landed on every worker */
+  /* Patches (WTX_DELTA_PATCHES): a worker tensor that one piece feeds
+   * whole (sole[p]) may travel as a patch of the piece, which its rank
+   * makes from prev, its copy of the piece as the workers hold it (this
+   * rank's k-th piece at prev_off[k], valid where prev_ok[k]; written
+   * this sync where pend[k], valid once it lands). This sync's patch of
+   * the rank's k-th piece: pmine[k] elements (0: none) at parena +
+   * poff[k]; offered to rank 0 in the answer, whose decision sets
+   * pcount[p], the patch piece p travels as (0: whole), and, on rank 0,
+   * presult[p], its XXH3-64 once applied. Record buffers: answer (this
+   * rank's), theirs_cap and decision_cap bytes at most. */
+  int patches;
+  uint8_t *sole, *prev, *prev_ok, *pend, *parena, *answer;
+  uint64_t *prev_off, *pmine, *poff, *pcount, *presult;
+  uint64_t parena_cap;
+  size_t answer_len, theirs_cap, decision_cap, decided_len;
   uint8_t *full; /* rank 0, this sync: worker w takes the whole stream */
   char full_reason[512];
   /* this sync: where this rank's part of each parameter is */
@@ -261,7 +281,7 @@ static int stream_segs(wtx__many *m, uint32_t w, wstream *st, const wtx_slice *s
     uint64_t elem = 0;
     wtx_slice_box(full, &sl[p->slice], &part);
     wtx_plan_piece_box(m->plan, p, &box);
-    seg proto = {idx[i], p->slice, 0, 0, wtx_plan_piece_bytes(m->plan, p)};
+    seg proto = {.piece = idx[i], .tensor = p->slice, .len = wtx_plan_piece_bytes(m->plan, p)};
     if (!boxed[p->slice]) {
       wtx_box_contiguous(&part, &box, &elem);
       proto.off = elem * es;
@@ -289,26 +309,39 @@ static void chunk_add(mchunk *c, const seg *s, uint64_t from, uint64_t len, seg 
   c->bytes += len;
   c->box = s->box;
   /* A run's off was its place in the tensor, a box's already in its piece. */
-  out[(*nout)++] = (seg){s->piece, s->tensor, s->box, s->box != 0 ? s->off + from : from, len};
+  out[(*nout)++] = (seg){.piece = s->piece, .tensor = s->tensor, .box = s->box,
+                         .patch = s->patch, .off = s->box != 0 ? s->off + from : from,
+                         .len = len};
   c->nseg++;
 }
 
 /* Whether run s (from sender) cannot join chunk c: a box is a chunk of
- * its own. */
+ * its own, and a patch lies within one chunk (it is at most max). */
 static int chunk_full(const mchunk *c, uint32_t sender, const seg *s, uint64_t max) {
   return c == NULL || c->sender != sender || c->bytes == max || c->box != 0 || s->box != 0 ||
+         (s->patch && c->bytes + s->len > max) ||
          s->tensor - c->first + 1 > WTX_MAX_CHUNK_PARAMS;
+}
+
+/* Bytes on the wire of a patch of count elements of piece p. */
+static uint64_t patch_wire(const wtx__many *m, uint32_t p, uint64_t count) {
+  const wtx_piece *pieces;
+  wtx_plan_pieces(m->plan, &pieces);
+  size_t es = wtx_dtype_size(m->metas[pieces[p].param].dtype);
+  uint64_t elems = wtx_plan_piece_bytes(m->plan, &pieces[p]) / es;
+  return wtx__patch_bytes(wtx__patch_index_dtype(elems), count, es);
 }
 
 /* Cuts runs (n, in stream order) into chunks: a chunk ends where the
  * sender changes, at max bytes, or at WTX_MAX_CHUNK_PARAMS tensors. Only
  * the runs of tensors sub names (sub[k]: tensor k's place among those
- * sent, UINT32_MAX: not sent; NULL: every tensor, in place) are kept. The
- * runs become the chunks' segs (off: into the piece); *bytes: the
- * stream's. */
+ * sent, UINT32_MAX: not sent; NULL: every tensor, in place) are kept, and
+ * a run of a piece with pcount[piece] (pcount may be NULL) is its patch
+ * instead. The runs become the chunks' segs (off: into the piece, or its
+ * patch); *bytes: the stream's. */
 static int cut_chunks(const wtx__many *m, const seg *runs, size_t n, const uint32_t *sub,
-                      uint64_t max, seg **segs, size_t *nseg, mchunk **chunks,
-                      size_t *nchunks, uint64_t *bytes) {
+                      const uint64_t *pcount, uint64_t max, seg **segs, size_t *nseg,
+                      mchunk **chunks, size_t *nchunks, uint64_t *bytes) {
   const wtx_piece *pieces;
   wtx_plan_pieces(m->plan, &pieces);
   /* A run yields at most len / max + 2 segs: the rest of an open chunk,
@@ -327,6 +360,9 @@ static int cut_chunks(const wtx__many *m, const seg *runs, size_t n, const uint3
   for (size_t i = 0; i < n; i++) {
     seg s = runs[i];
     if (sub != NULL && (s.tensor = sub[s.tensor]) == UINT32_MAX) continue;
+    if (pcount != NULL && pcount[s.piece] > 0)
+      s = (seg){.piece = s.piece, .tensor = s.tensor, .patch = 1,
+                .len = patch_wire(m, s.piece, pcount[s.piece])};
     uint32_t sender = pieces[s.piece].rank;
     for (uint64_t done = 0; done < s.len;) {
       if (chunk_full(c, sender, &s, max)) {
@@ -352,8 +388,8 @@ static int stream_chunks(wtx__many *m, wstream *st, uint64_t max) {
   st->runs = st->segs;
   st->nruns = st->nseg;
   st->segs = NULL;
-  return cut_chunks(m, st->runs, st->nruns, NULL, max, &st->segs, &st->nseg, &st->chunks,
-                    &st->nchunks, &st->bytes);
+  return cut_chunks(m, st->runs, st->nruns, NULL, NULL, max, &st->segs, &st->nseg,
+                    &st->chunks, &st->nchunks, &st->bytes);
 }
 
 /* The stream's table as a worker records it once the update lands: its
@@ -401,6 +437,8 @@ static void stream_free(wstream *st) {
   free(st->dsegs);
   free(st->dchunks);
   free(st->dpmp);
+  free(st->dpm);
+  free(st->dpatch);
 }
 /* ---- the rendezvous ---- */
 
@@ -441,6 +479,17 @@ void wtx__many_destroy(wtx__many *m) {
   free(m->theirs);
   free(m->decision);
   free(m->full);
+  free(m->sole);
+  free(m->prev);
+  free(m->prev_ok);
+  free(m->pend);
+  free(m->parena);
+  free(m->answer);
+  free(m->prev_off);
+  free(m->pmine);
+  free(m->poff);
+  free(m->pcount);
+  free(m->presult);
   free(m);
 }
 
@@ -449,7 +498,8 @@ static int many_config(wtx__many *m, const wtx_trainer_config *cfg, char *err, s
   const char *tok = cfg->session_token;
   size_t tl = tok != NULL ? strlen(tok) : 0;
   m->nccl = cfg->backend != NULL && strcmp(cfg->backend, "nccl") == 0;
-  m->delta = cfg->delta == WTX_DELTA_TENSORS;
+  m->delta = cfg->delta == WTX_DELTA_TENSORS || cfg->delta == WTX_DELTA_PATCHES;
+  m->patches = cfg->delta == WTX_DELTA_PATCHES;
   m->shm = cfg->backend != NULL && strcmp(cfg->backend, "shm") == 0;
   m->ipc = cfg->backend != NULL && strcmp(cfg->backend, "cuda_ipc") == 0;
   if (cfg->backend != NULL && strcmp(cfg->backend, "tcp") != 0 && !m->nccl && !m->shm &&
@@ -846,7 +896,8 @@ static int send_chunk(wjob *j, const wstream *st, const mchunk *c, struct iovec 
   for (size_t k = 0; k < c->nseg; k++) {
     const seg *s = &st->vsegs[c->seg0 + k];
     if (k > 0 && s->tensor != st->vsegs[c->seg0 + k - 1].tensor) ends[n_ends++] = at;
-    const uint8_t *p = piece_bytes(j->m, s->piece, buf, held);
+    const uint8_t *p = s->patch ? j->m->parena + j->m->poff[s->piece - j->m->my_first]
+                                : piece_bytes(j->m, s->piece, buf, held);
     if (p == NULL) return WTX_ENOMEM;
     iov[k] = (struct iovec){(void *)(p + s->off), s->len};
     at += s->len;
@@ -990,6 +1041,52 @@ static uint8_t *decision_of(const wtx__many *m, size_t w) {
   return m->decision + at;
 }
 
+/* Marks in sole the pieces that each feed a tensor of st whole, alone
+ * (one run, not boxes). */
+static int sole_pieces(wtx__many *m, const wstream *st) {
+  uint32_t *runs = calloc(st->nt + 1, sizeof *runs);
+  if (runs == NULL) return WTX_ENOMEM;
+  for (size_t i = 0; i < st->nruns; i++) runs[st->runs[i].tensor]++;
+  for (size_t i = 0; i < st->nruns; i++)
+    if (runs[st->runs[i].tensor] == 1 && st->runs[i].box == 0) m->sole[st->runs[i].piece] = 1;
+  free(runs);
+  return 0;
+}
+
+/* The patches' state: which pieces may travel as patches, and room for
+ * this rank's copies of its own (prev: their bytes, as much memory as
+ * they are) and for the records of the exchange. */
+static int patches_open(wtx__many *m) {
+  const wtx_piece *pieces;
+  size_t np = wtx_plan_pieces(m->plan, &pieces), n = m->my_n + 1, nsole = 0, mine = 0;
+  m->sole = calloc(np + 1, 1);
+  m->pcount = calloc(np + 1, sizeof *m->pcount);
+  m->presult = calloc(np + 1, sizeof *m->presult);
+  m->prev_off = calloc(n, sizeof *m->prev_off);
+  m->pmine = calloc(n, sizeof *m->pmine);
+  m->poff = calloc(n, sizeof *m->poff);
+  m->prev_ok = calloc(n, 1);
+  m->pend = calloc(n, 1);
+  if (!m->sole || !m->pcount || !m->presult || !m->prev_off || !m->pmine || !m->poff ||
+      !m->prev_ok || !m->pend)
+    return WTX_ENOMEM;
+  int rc = 0;
+  for (size_t w = 0; rc == 0 && w < m->n_workers; w++) rc = sole_pieces(m, &m->ws[w]);
+  uint64_t total = 0;
+  for (size_t p = 0; p < np; p++) nsole += m->sole[p];
+  for (size_t k = 0; k < m->my_n; k++) {
+    m->prev_off[k] = total;
+    if (!m->sole[m->my_first + k]) continue;
+    total += wtx_plan_piece_bytes(m->plan, &pieces[m->my_first + k]);
+    mine++;
+  }
+  /* Any rank offers at most its sole pieces; a decision takes some. */
+  m->theirs_cap = m->decision_cap = nsole * WTX__TCP_PATCH_BYTES;
+  m->answer = malloc(m->changed_len + mine * WTX__TCP_PATCH_BYTES + 1);
+  m->prev = malloc(total ? total : 1);
+  return rc == 0 && (m->answer == NULL || m->prev == NULL) ? WTX_ENOMEM : rc;
+}
+
 /* The delta's state, sized by the plan. */
 static int delta_open(wtx__many *m) {
   const wtx_piece *pieces;
@@ -1001,11 +1098,15 @@ static int delta_open(wtx__many *m) {
   m->ph = calloc(m->my_n + 1, sizeof *m->ph);
   m->sent = calloc(m->my_n + 1, sizeof *m->sent);
   m->changed = calloc(m->changed_len + 1, 1);
-  m->theirs = calloc(m->changed_len + 1, 1);
-  m->decision = calloc(m->decision_len, 1);
+  int rc = m->patches ? patches_open(m) : 0;
+  m->theirs_cap += m->changed_len;
+  m->decision_cap += m->decision_len;
+  m->theirs = calloc(m->theirs_cap + 1, 1);
+  m->decision = calloc(m->decision_cap, 1);
   m->full = calloc(m->n_workers + 1, 1);
-  return m->ph && m->sent && m->changed && m->theirs && m->decision && m->full ? 0
-                                                                              : WTX_ENOMEM;
+  if (rc == 0 && !(m->ph && m->sent && m->changed && m->theirs && m->decision && m->full))
+    rc = WTX_ENOMEM;
+  return rc;
 }
 
 /* This sync's view of worker w's stream: all of it. */
@@ -1016,34 +1117,79 @@ static void view_whole(wstream *st) {
   st->vpmp = st->pmp;
 }
 
+/* The decision's patches of st's tensors: patched[k], 1 + the piece
+ * whose patch tensor k is this sync, or 0 (whole); how many. */
+static size_t stream_patches(const wtx__many *m, const wstream *st, uint32_t *patched) {
+  size_t n = 0;
+  for (size_t i = 0; m->patches && i < st->nruns; i++)
+    if (m->pcount[st->runs[i].piece] > 0) {
+      patched[st->runs[i].tensor] = st->runs[i].piece + 1;
+      n++;
+    }
+  return n;
+}
+
+/* The ParamMeta of st's tensor k as patch p of this sync: a copy of its
+ * own with the patch, into pm and pt. */
+static Wtx__V1__ParamMeta *patch_meta(const wtx__many *m, const wstream *st, size_t k,
+                                      uint32_t p, Wtx__V1__ParamMeta *pm, Wtx__V1__Patch *pt) {
+  const wtx_piece *pieces;
+  wtx_plan_pieces(m->plan, &pieces);
+  size_t es = wtx_dtype_size(m->metas[pieces[p].param].dtype);
+  wtx__v1__patch__init(pt);
+  pt->index_dtype =
+      (Wtx__V1__DType)wtx__patch_index_dtype(wtx_plan_piece_bytes(m->plan, &pieces[p]) / es);
+  pt->count = m->pcount[p];
+  pt->result_xxh3 = m->presult[p];
+  *pm = st->pm[k];
+  pm->patch = pt;
+  return pm;
+}
+
 /* This sync's view of st: the tensors sel marks (a bit each), cut into
- * chunks as the whole stream is, named by their ParamMeta. */
+ * chunks as the whole stream is (a patched one as its patch), named by
+ * their ParamMeta. */
 static int view_some(const wtx__many *m, wstream *st, const uint8_t *sel) {
   size_t kept = 0;
   for (size_t k = 0; k < st->nt; k++) kept += bit(sel, k);
-  if (kept == st->nt) {
+  uint32_t *sub = malloc((st->nt + 1) * sizeof *sub);
+  uint32_t *patched = calloc(st->nt + 1, sizeof *patched);
+  size_t np = sub != NULL && patched != NULL ? stream_patches(m, st, patched) : 0;
+  if (sub != NULL && patched != NULL && kept == st->nt && np == 0) {
+    free(sub);
+    free(patched);
     view_whole(st);
     return 0;
   }
-  uint32_t *sub = malloc((st->nt + 1) * sizeof *sub);
   free(st->dpmp);
   free(st->dsegs);
   free(st->dchunks);
+  free(st->dpm);
+  free(st->dpatch);
   st->dsegs = NULL;
   st->dchunks = NULL;
   st->dpmp = calloc(kept + 1, sizeof *st->dpmp);
-  if (sub == NULL || st->dpmp == NULL) {
+  st->dpm = calloc(np + 1, sizeof *st->dpm);
+  st->dpatch = calloc(np + 1, sizeof *st->dpatch);
+  if (sub == NULL || patched == NULL || st->dpmp == NULL || st->dpm == NULL ||
+      st->dpatch == NULL) {
     free(sub);
+    free(patched);
     return WTX_ENOMEM;
   }
-  for (size_t k = 0, j = 0; k < st->nt; k++) {
+  for (size_t k = 0, j = 0, q = 0; k < st->nt; k++) {
     sub[k] = bit(sel, k) ? (uint32_t)j : UINT32_MAX;
-    if (bit(sel, k)) st->dpmp[j++] = &st->pm[k];
+    if (!bit(sel, k)) continue;
+    st->dpmp[j++] = patched[k] == 0 ? &st->pm[k]
+                                     : patch_meta(m, st, k, patched[k] - 1, &st->dpm[q],
+                                                  &st->dpatch[q]);
+    q += patched[k] != 0;
   }
+  free(patched);
   size_t nseg = 0, nch = 0;
   uint64_t bytes = 0;
-  int rc = cut_chunks(m, st->runs, st->nruns, sub, m->wire.buffer_size, &st->dsegs, &nseg,
-                      &st->dchunks, &nch, &bytes);
+  int rc = cut_chunks(m, st->runs, st->nruns, sub, m->patches ? m->pcount : NULL,
+                      m->wire.buffer_size, &st->dsegs, &nseg, &st->dchunks, &nch, &bytes);
   free(sub);
   if (rc != 0) return rc;
   st->vchunks = st->dchunks;
@@ -1056,11 +1202,60 @@ static int view_some(const wtx__many *m, wstream *st, const uint8_t *sel) {
 /* A sync's outcome reaches this rank: what it hashed is what the workers
  * hold once it landed, and not otherwise. */
 static void delta_settle(wtx__many *m, int landed) {
+  for (size_t k = 0; m->patches && k < m->my_n; k++) {
+    m->prev_ok[k] |= (uint8_t)(m->pend[k] && m->pending && landed);
+    m->pend[k] = 0;
+  }
   if (m->pending && landed) {
     memcpy(m->sent, m->ph, m->my_n * sizeof *m->sent);
     m->sent_ok = 1;
   }
   m->pending = 0;
+}
+
+/* Room for want more bytes of patches in the arena (used so far). */
+static int arena_room(wtx__many *m, uint64_t used, uint64_t want) {
+  if (used + want <= m->parena_cap) return 0;
+  uint64_t cap = m->parena_cap ? m->parena_cap : (1u << 20);
+  while (cap < used + want) cap *= 2;
+  uint8_t *a = realloc(m->parena, cap);
+  if (a == NULL) return WTX_ENOMEM;
+  m->parena = a;
+  m->parena_cap = cap;
+  return 0;
+}
+
+/* This rank's k-th piece, cur (len bytes of dtype), which feeds its
+ * tensor alone: when it changed since prev, which holds it as the workers
+ * do, its patch of prev where that is fewer bytes and fits a buffer (at
+ * parena + *used); then prev becomes it (by the patch: what changed is
+ * written), valid once the sync lands. */
+static int patch_piece(wtx__many *m, size_t k, const uint8_t *cur, uint64_t len, int dtype,
+                       int changed, uint64_t *used) {
+  uint8_t *prev = m->prev + m->prev_off[k];
+  size_t es = wtx_dtype_size(dtype);
+  m->pmine[k] = 0;
+  if (!changed && m->prev_ok[k]) return 0;
+  int idt = wtx__patch_index_dtype(len / es);
+  uint64_t per = wtx__patch_index_size(idt) + es;
+  uint64_t cap = len > 0 && m->prev_ok[k]
+                     ? (len - 1 < m->wire.buffer_size ? len - 1 : m->wire.buffer_size) / per
+                     : 0;
+  int rc = cap > 0 ? arena_room(m, *used, cap * per) : 0;
+  uint64_t c = rc == 0 && cap > 0 ? wtx__patch_diff(cur, prev, len, es, idt, cap,
+                                                    m->parena + *used)
+                                  : 0;
+  if (c > 0 && c <= cap) {
+    wtx_tensor_meta flat = {.dtype = dtype, .ndim = 1, .shape = {len / es}, .nbytes = len};
+    wtx__patch_apply(&flat, idt, c, m->parena + *used, prev);
+    m->pmine[k] = c;
+    m->poff[k] = *used;
+    *used += c * per;
+  }
+  if (rc == 0 && m->pmine[k] == 0) memcpy(prev, cur, len);
+  m->prev_ok[k] = 0;
+  m->pend[k] = 1;
+  return rc;
 }
 
 /* This rank's pieces hashed, and marked in changed where they differ from
@@ -1070,19 +1265,59 @@ static int delta_hash(wtx__many *m) {
   wtx_plan_pieces(m->plan, &pieces);
   uint8_t *buf = NULL;
   uint32_t held = UINT32_MAX;
+  uint64_t used = 0;
+  int rc = 0;
   memset(m->changed, 0, m->changed_len);
-  for (size_t k = 0; k < m->my_n; k++) {
+  for (size_t k = 0; rc == 0 && k < m->my_n; k++) {
     uint32_t p = (uint32_t)(m->my_first + k);
+    uint64_t len = wtx_plan_piece_bytes(m->plan, &pieces[p]);
     const uint8_t *b = piece_bytes(m, p, &buf, &held);
     if (b == NULL) {
-      free(buf);
-      return WTX_ENOMEM;
+      rc = WTX_ENOMEM;
+      break;
     }
-    m->ph[k] = XXH3_64bits(b, wtx_plan_piece_bytes(m->plan, &pieces[p]));
-    if (!m->sent_ok || m->ph[k] != m->sent[k]) set_bit(m->changed, p);
+    m->ph[k] = XXH3_64bits(b, len);
+    int changed = !m->sent_ok || m->ph[k] != m->sent[k];
+    if (changed) set_bit(m->changed, p);
+    if (m->patches && m->sole[p])
+      rc = patch_piece(m, k, b, len, m->metas[pieces[p].param].dtype, changed, &used);
   }
   free(buf);
   m->pending = 1;
+  return rc;
+}
+
+/* This rank's answer: its changes, then an offer per patch it made. */
+static size_t delta_answer(wtx__many *m) {
+  memcpy(m->answer, m->changed, m->changed_len);
+  size_t at = m->changed_len;
+  for (size_t k = 0; m->patches && k < m->my_n; k++)
+    if (m->pmine[k] > 0) {
+      wtx__tcp_patch_encode(m->answer + at, (uint32_t)(m->my_first + k), m->pmine[k], m->ph[k]);
+      at += WTX__TCP_PATCH_BYTES;
+    }
+  return at;
+}
+
+/* Rank 0: the offers of rank r (n records at rec) into pcount and
+ * presult; one of a piece r does not send alone, or larger than a
+ * buffer, is WTX_EPROTO. */
+static int take_offers(wtx__many *m, uint32_t r, const uint8_t *rec, size_t n, char *err,
+                       size_t errlen) {
+  size_t first, count;
+  wtx_plan_rank_pieces(m->plan, r, &first, &count);
+  for (size_t i = 0; i < n; i++, rec += WTX__TCP_PATCH_BYTES) {
+    uint32_t p;
+    uint64_t c, sum;
+    if (wtx__tcp_patch_decode(rec, &p, &c, &sum) != 0 || p < first || p >= first + count ||
+        !m->sole[p] || patch_wire(m, p, c) > m->wire.buffer_size) {
+      snprintf(err, errlen, "delta: a patch offered of a piece this rank does not send alone, "
+               "or larger than a buffer");
+      return WTX_EPROTO;
+    }
+    m->pcount[p] = c;
+    m->presult[p] = sum;
+  }
   return 0;
 }
 
@@ -1120,10 +1355,27 @@ static int delta_refused(wtx__many *m, size_t w, int target, int wrc) {
   return wtx__client_start_end(m->one[w]);
 }
 
-/* Rank 0: every rank's changes gathered (its own in changed), and the
- * sync's decision made and told to every rank: worker w is sent every
- * tensor (m->full[w]) or those a changed piece feeds. */
-static int delta_decide(wtx__many *m, char *err, size_t errlen) {
+/* Rank 0: which offered patches this sync sends (to a worker that takes
+ * patches and a delta), as records after the decision's bits. */
+static void decide_patches(wtx__many *m) {
+  const wtx_piece *pieces;
+  size_t np = wtx_plan_pieces(m->plan, &pieces);
+  m->decided_len = m->decision_len;
+  for (size_t p = 0; p < np; p++) {
+    uint32_t w = pieces[p].worker;
+    if (m->pcount[p] > 0 && (m->full[w] || !wtx__client_patches(m->one[w]))) m->pcount[p] = 0;
+    if (m->pcount[p] == 0) continue;
+    wtx__tcp_patch_encode(m->decision + m->decided_len, (uint32_t)p, m->pcount[p],
+                          m->presult[p]);
+    m->decided_len += WTX__TCP_PATCH_BYTES;
+  }
+}
+
+/* Rank 0: every rank's changes and offers gathered (its own in changed
+ * and pmine). */
+static int delta_gather(wtx__many *m, char *err, size_t errlen) {
+  const wtx_piece *pieces;
+  size_t np = wtx_plan_pieces(m->plan, &pieces);
   uint8_t landed = (uint8_t)m->landed;
   int rc = 0;
   uint32_t r = 1;
@@ -1131,13 +1383,36 @@ static int delta_decide(wtx__many *m, char *err, size_t errlen) {
     rc = wtx__tcp_link_ask(m->links[r], &landed, 1, m->wire.timeout_ms, err, errlen);
   /* Rank 0 settled its own record when its last sync ended. */
   if (rc == 0 && (rc = delta_hash(m)) != 0) return rc;
+  if (m->patches) {
+    memset(m->pcount, 0, np * sizeof *m->pcount);
+    size_t n = delta_answer(m);
+    rc = take_offers(m, 0, m->answer + m->changed_len,
+                     (n - m->changed_len) / WTX__TCP_PATCH_BYTES, err, errlen);
+  }
   for (r = rc == 0 ? 1 : r; rc == 0 && r < m->world; r += rc == 0) {
-    rc = wtx__tcp_link_answer(m->links[r], m->theirs, m->changed_len, m->wire.timeout_ms, err,
-                              errlen);
+    size_t n = 0;
+    rc = wtx__tcp_link_answer(m->links[r], m->theirs, m->changed_len, m->theirs_cap, &n,
+                              m->wire.timeout_ms, err, errlen);
+    if (rc == 0 && (n - m->changed_len) % WTX__TCP_PATCH_BYTES != 0) {
+      snprintf(err, errlen, "delta: a rank's answer is not its changes and whole offers");
+      rc = WTX_EPROTO;
+    }
+    if (rc == 0)
+      rc = take_offers(m, r, m->theirs + m->changed_len,
+                       (n - m->changed_len) / WTX__TCP_PATCH_BYTES, err, errlen);
     for (size_t i = 0; rc == 0 && i < m->changed_len; i++) m->changed[i] |= m->theirs[i];
   }
   if (rc != 0) name_rank(m, r, err, errlen);
+  return rc;
+}
+
+/* Rank 0: every rank's changes gathered, and the sync's decision made and
+ * told to every rank: worker w is sent every tensor (m->full[w]) or those
+ * a changed piece feeds, and which of them travel as patches. */
+static int delta_decide(wtx__many *m, char *err, size_t errlen) {
+  int rc = delta_gather(m, err, errlen);
   if (rc != 0) return rc;
+  uint32_t r;
   memset(m->decision, 0, m->decision_len);
   m->decision[0] = 1;
   for (size_t w = 0; w < m->n_workers; w++) m->decision[0] &= (uint8_t)!m->full[w];
@@ -1148,11 +1423,34 @@ static int delta_decide(wtx__many *m, char *err, size_t errlen) {
     for (size_t i = 0; !m->full[w] && i < st->nruns; i++)
       if (bit(m->changed, st->runs[i].piece)) set_bit(sel, st->runs[i].tensor);
   }
+  m->decided_len = m->decision_len;
+  if (m->patches) decide_patches(m);
   for (r = 1; rc == 0 && r < m->world; r += rc == 0)
-    rc = wtx__tcp_link_tell(m->links[r], m->decision, m->decision_len, m->wire.timeout_ms, err,
+    rc = wtx__tcp_link_tell(m->links[r], m->decision, m->decided_len, m->wire.timeout_ms, err,
                             errlen);
   if (rc != 0) name_rank(m, r, err, errlen);
   return rc;
+}
+
+/* Another rank: the decision's patches (its records after the bits) into
+ * pcount; each must be of a piece that feeds its tensor alone, and of
+ * this rank's, the patch it offered. */
+static int follow_patches(wtx__many *m, size_t dlen, char *err, size_t errlen) {
+  const wtx_piece *pieces;
+  size_t np = wtx_plan_pieces(m->plan, &pieces);
+  int ok = (dlen - m->decision_len) % WTX__TCP_PATCH_BYTES == 0;
+  memset(m->pcount, 0, np * sizeof *m->pcount);
+  for (size_t i = m->decision_len; ok && i < dlen; i += WTX__TCP_PATCH_BYTES) {
+    uint32_t p;
+    uint64_t c, sum;
+    ok = wtx__tcp_patch_decode(m->decision + i, &p, &c, &sum) == 0 && p < np && m->sole[p];
+    int mine = ok && p >= m->my_first && p < m->my_first + m->my_n;
+    if (mine && m->pmine[p - m->my_first] != c) ok = 0;
+    if (ok) m->pcount[p] = c;
+  }
+  if (ok) return 0;
+  snprintf(err, errlen, "delta: rank 0's decision names a patch no rank offered");
+  return WTX_EPROTO;
 }
 
 /* Another rank: rank 0's ask (whether the last sync landed), this rank's
@@ -1162,9 +1460,14 @@ static int delta_follow(wtx__many *m, char *err, size_t errlen) {
   int rc = wtx__tcp_rank_asked(m->tcp, &landed, 1, err, errlen);
   if (rc == 0) delta_settle(m, landed != 0);
   if (rc == 0) rc = delta_hash(m);
-  if (rc == 0)
+  size_t dlen = 0;
+  if (rc == 0 && m->patches)
+    rc = wtx__tcp_rank_answer(m->tcp, m->answer, delta_answer(m), m->decision, m->decision_len,
+                              m->decision_cap, &dlen, err, errlen);
+  else if (rc == 0)
     rc = wtx__tcp_rank_answer(m->tcp, m->changed, m->changed_len, m->decision, m->decision_len,
-                              err, errlen);
+                              m->decision_len, &dlen, err, errlen);
+  if (rc == 0 && m->patches) rc = follow_patches(m, dlen, err, errlen);
   return rc;
 }
 
@@ -1189,6 +1492,11 @@ static int delta_views(wtx__many *m, wtx_send_result *r) {
     snprintf(m->full_reason, sizeof m->full_reason, "delta: a worker takes the whole stream "
              "(rank 0's result says why)");
   free(params);
+  for (size_t k = 0; rc == 0 && m->patches && k < m->my_n; k++)
+    if (m->pcount[m->my_first + k] > 0) {
+      r->patched_params++;
+      r->patched_whole_bytes += wtx_plan_piece_bytes(m->plan, &pieces[m->my_first + k]);
+    }
   r->params = sent;
   r->skipped_params = m->n - sent;
   r->delta = !all;

@@ -1819,17 +1819,19 @@ static int delta_send(int fd, uint32_t kind, const uint8_t *payload, size_t len,
   return write_iov_full(fd, v, len > 0 ? 2 : 1, ws, why);
 }
 
-/* A delta record of kind, whose payload must be len bytes, into payload. */
-static int delta_take(int fd, uint32_t kind, uint8_t *payload, size_t len, const waitspec *ws,
-                      const char **why) {
+/* A delta record of kind into payload: its payload at least min and at
+ * most cap bytes, *len of them. */
+static int delta_take(int fd, uint32_t kind, uint8_t *payload, size_t min, size_t cap,
+                      size_t *len, const waitspec *ws, const char **why) {
   uint8_t d[WTX__TCP_DELTA_BYTES];
   uint64_t n = 0;
   int rc = read_full(fd, d, sizeof d, ws, why);
-  if (rc == 0 && (wtx__tcp_delta_decode(d, kind, &n) != 0 || n != len)) {
+  if (rc == 0 && (wtx__tcp_delta_decode(d, kind, &n) != 0 || n < min || n > cap)) {
     *why = "not the delta record expected, or not of the plan's size";
     rc = WTX_EPROTO;
   }
-  return rc != 0 || len == 0 ? rc : read_full(fd, payload, len, ws, why);
+  if (rc == 0) *len = (size_t)n;
+  return rc != 0 || n == 0 ? rc : read_full(fd, payload, (size_t)n, ws, why);
 }
 
 /* Rank 0: a delta record of kind on link; what: the step, for err. */
@@ -1848,11 +1850,11 @@ int wtx__tcp_link_ask(int link, const uint8_t *ask, size_t len, uint32_t timeout
                    "asking a rank what it changed", err, errlen);
 }
 
-int wtx__tcp_link_answer(int link, uint8_t *answer, size_t len, uint32_t timeout_ms, char *err,
-                         size_t errlen) {
+int wtx__tcp_link_answer(int link, uint8_t *answer, size_t min, size_t cap, size_t *len,
+                         uint32_t timeout_ms, char *err, size_t errlen) {
   const char *why = "";
   waitspec ws = within(timeout_ms, -1);
-  int rc = delta_take(link, WTX__TCP_DELTA_ANSWER, answer, len, &ws, &why);
+  int rc = delta_take(link, WTX__TCP_DELTA_ANSWER, answer, min, cap, len, &ws, &why);
   if (rc != 0) snprintf(err, errlen, "tcp: a rank's answer of what it changed: %s", why);
   return rc;
 }
@@ -1876,18 +1878,20 @@ static int rank_delta_failed(wtx__tcp_rank *r, int rc, const char *why, char *er
 int wtx__tcp_rank_asked(wtx__tcp_rank *r, uint8_t *ask, size_t len, char *err, size_t errlen) {
   const char *why = "";
   waitspec ws = within(r->timeout_ms, r->cancel_fd);
-  int rc = r->link >= 0 ? delta_take(r->link, WTX__TCP_DELTA_ASK, ask, len, &ws, &why)
+  size_t got = 0;
+  int rc = r->link >= 0 ? delta_take(r->link, WTX__TCP_DELTA_ASK, ask, len, len, &got, &ws, &why)
                         : WTX_ESTATE;
   return rc == 0 ? 0 : rank_delta_failed(r, rc, why, err, errlen);
 }
 
 int wtx__tcp_rank_answer(wtx__tcp_rank *r, const uint8_t *mine, size_t len, uint8_t *decision,
-                         size_t dlen, char *err, size_t errlen) {
+                         size_t dmin, size_t dcap, size_t *dlen, char *err, size_t errlen) {
   const char *why = "";
   waitspec ws = within(r->timeout_ms, r->cancel_fd);
   int rc = r->link >= 0 ? delta_send(r->link, WTX__TCP_DELTA_ANSWER, mine, len, &ws, &why)
                         : WTX_ESTATE;
-  if (rc == 0) rc = delta_take(r->link, WTX__TCP_DELTA_DECISION, decision, dlen, &ws, &why);
+  if (rc == 0)
+    rc = delta_take(r->link, WTX__TCP_DELTA_DECISION, decision, dmin, dcap, dlen, &ws, &why);
   return rc == 0 ? 0 : rank_delta_failed(r, rc, why, err, errlen);
 }
 

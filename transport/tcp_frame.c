@@ -116,6 +116,21 @@ int wtx__tcp_delta_decode(const uint8_t *d, uint32_t kind, uint64_t *len) {
   return 0;
 }
 
+void wtx__tcp_patch_encode(uint8_t *rec, uint32_t piece, uint64_t count, uint64_t result) {
+  put32(rec, piece);
+  put32(rec + 4, 0);
+  put64(rec + 8, count);
+  put64(rec + 16, result);
+}
+
+int wtx__tcp_patch_decode(const uint8_t *rec, uint32_t *piece, uint64_t *count,
+                          uint64_t *result) {
+  *piece = get32(rec);
+  *count = get64(rec + 8);
+  *result = get64(rec + 16);
+  return get32(rec + 4) == 0 && *count > 0 ? 0 : WTX_EPROTO;
+}
+
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr) {
   memcpy(f, frame_magic, 4);
   put32(f + 4, VERSION);

@@ -105,6 +105,16 @@ void wtx__tcp_delta_encode(uint8_t *d, uint32_t kind, uint64_t len);
  * maximum. */
 int wtx__tcp_delta_decode(const uint8_t *d, uint32_t kind, uint64_t *len);
 
+/* A delta's patch records, after the bits of an answer (a rank's offers)
+ * or of a decision (the offers taken): per piece of the plan sent as a
+ * patch, its index (4), 4 zero bytes, the patch's element count (8) and
+ * the XXH3-64 of the piece once patched (8). */
+#define WTX__TCP_PATCH_BYTES 24
+void wtx__tcp_patch_encode(uint8_t *rec, uint32_t piece, uint64_t count, uint64_t result);
+/* WTX_EPROTO when the zero bytes are not, or count is 0. */
+int wtx__tcp_patch_decode(const uint8_t *rec, uint32_t *piece, uint64_t *count,
+                          uint64_t *result);
+
 /* f: WTX__TCP_FRAME_BYTES. */
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr);
 /* Checks a received header against the chunk UpdateWeights announced

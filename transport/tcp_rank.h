@@ -69,21 +69,22 @@ int wtx__tcp_link_go(int link, uint64_t generation, const uint8_t *payload, size
 int wtx__tcp_rank_go(wtx__tcp_rank *r, uint64_t *generation, uint8_t *payload, size_t cap,
                      size_t *len, char *err, size_t errlen);
 /* A delta sync's exchange (the link as for the go). Rank 0: ask sends
- * the rank its ask (len bytes), answer reads what the rank changed (which
- * must be len bytes), tell sends it the sync's decision. Another rank:
- * asked waits for rank 0's ask (len bytes); answer sends what it changed
- * (mine, len bytes), then waits for the decision (dlen bytes). On a
- * rank, a failure closes its link, as the go's does. Every wait is
- * bounded by the timeout (and, on a rank, cancellable). */
+ * the rank its ask (len bytes), answer reads what the rank changed (at
+ * least min and at most cap bytes, *len of them), tell sends it the sync's
+ * decision. Another rank: asked waits for rank 0's ask (len bytes);
+ * answer sends what it changed (mine, len bytes), then waits for the
+ * decision (dmin to dcap bytes, *dlen of them). A record of another size
+ * is WTX_EPROTO. On a rank, a failure closes its link, as the go's does.
+ * Every wait is bounded by the timeout (and, on a rank, cancellable). */
 int wtx__tcp_link_ask(int link, const uint8_t *ask, size_t len, uint32_t timeout_ms, char *err,
                       size_t errlen);
-int wtx__tcp_link_answer(int link, uint8_t *answer, size_t len, uint32_t timeout_ms, char *err,
-                         size_t errlen);
+int wtx__tcp_link_answer(int link, uint8_t *answer, size_t min, size_t cap, size_t *len,
+                         uint32_t timeout_ms, char *err, size_t errlen);
 int wtx__tcp_link_tell(int link, const uint8_t *decision, size_t len, uint32_t timeout_ms,
                        char *err, size_t errlen);
 int wtx__tcp_rank_asked(wtx__tcp_rank *r, uint8_t *ask, size_t len, char *err, size_t errlen);
 int wtx__tcp_rank_answer(wtx__tcp_rank *r, const uint8_t *mine, size_t len, uint8_t *decision,
-                         size_t dlen, char *err, size_t errlen);
+                         size_t dmin, size_t dcap, size_t *dlen, char *err, size_t errlen);
 /* Whether rank 0's link to this rank is up (as far as this rank knows). */
 int wtx__tcp_rank_linked(const wtx__tcp_rank *r);
 /* Closes rank 0's link to this rank: rank 0, waiting on it, learns at once

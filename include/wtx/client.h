@@ -248,8 +248,10 @@ typedef struct wtx_trainer_config {
    * the tensor and fits a buffer, to workers that take patches; for it the
    * trainer keeps a host copy of every tensor as the workers serve it: as
    * much memory as the model (tensors whose bytes the source does not keep
-   * put for the pass are always sent whole). Not with many senders
-   * (WTX_ENOTSUP at init). */
+   * put for the pass are always sent whole). With many senders, a
+   * worker's tensor that one piece of the plan feeds whole goes as a patch
+   * of that piece, made by the rank that sends it from its own copy (as
+   * much memory as such pieces); one that several ranks feed goes whole. */
   int delta;
 } wtx_trainer_config;
 

@@ -9,13 +9,15 @@
 // It initializes its trainer, prints "ready" (or "fail RC MESSAGE"), then
 // takes one command a line on stdin:
 //   sync SEED VERSION  its part of Llama(SEED), sent as VERSION; prints
-//                      "ok BYTES CONTROL DELTA PARAMS" (this rank's bytes,
-//                      rank 0's UpdateInfo bytes, whether the sync was a
-//                      delta, the parameters it sent) or "fail RC MESSAGE".
+//                      "ok BYTES CONTROL DELTA PARAMS PATCHED" (this rank's
+//                      bytes, rank 0's UpdateInfo bytes, whether the sync
+//                      was a delta, the parameters it sent, the pieces it
+//                      sent as patches) or "fail RC MESSAGE".
 //   bump SEED VERSION NAME BYTE   the same, of Llama(SEED) with byte BYTE
 //                      of tensor NAME changed (Llama::Bump).
 //   draft SEED VERSION the same as sync, to the workers' draft model.
-// WTX_MANY_DELTA=1: the trainer sends deltas (WTX_DELTA_TENSORS).
+// WTX_MANY_DELTA=1: the trainer sends deltas (WTX_DELTA_TENSORS); =patches:
+// with patches (WTX_DELTA_PATCHES).
 #include <unistd.h>
 
 #include <cstdio>
@@ -103,6 +105,7 @@ int main(int argc, char **argv) {
   cfg.checksum = WTX_CHECKSUM_XXH3_64;
   const char *delta = getenv("WTX_MANY_DELTA");
   if (delta != nullptr && std::string(delta) == "1") cfg.delta = WTX_DELTA_TENSORS;
+  if (delta != nullptr && std::string(delta) == "patches") cfg.delta = WTX_DELTA_PATCHES;
   int rc = wtx_source_memory_owned(mem.data(), owners.data(), mem.size(), rank, &src, err,
                                    sizeof err);
   if (rc == 0) rc = wtx_client_create(wa.data(), wa.size(), &co, &c, err, sizeof err);
@@ -136,8 +139,9 @@ int main(int argc, char **argv) {
     wtx_send_result res;
     rc = wtx_trainer_send_weights(t, &so, &res);
     if (rc == 0)
-      std::printf("ok %llu %llu %d %zu\n", static_cast<unsigned long long>(res.bytes),
-                  static_cast<unsigned long long>(res.control_bytes), res.delta, res.params);
+      std::printf("ok %llu %llu %d %zu %zu\n", static_cast<unsigned long long>(res.bytes),
+                  static_cast<unsigned long long>(res.control_bytes), res.delta, res.params,
+                  res.patched_params);
     else std::printf("fail %d %s\n", rc, wtx_trainer_last_error(t));
     std::fflush(stdout);
   }

@@ -69,7 +69,7 @@ class ManyTest : public wtxtest::ShardedFixture {
     std::vector<std::string> env_s;
     for (char **e = environ; *e != nullptr; e++) env_s.emplace_back(*e);
     if (backend_ != "tcp") env_s.push_back("WTX_MANY_BACKEND=" + backend_);
-    if (delta_) env_s.push_back("WTX_MANY_DELTA=1");
+    if (delta_) env_s.push_back(patches_ ? "WTX_MANY_DELTA=patches" : "WTX_MANY_DELTA=1");
     if (rows_) env_s.push_back("WTX_MANY_LAYOUT=rows");
     if (backend_ == "nccl") {
       env_s.push_back("WTX_CUDA_DEVICE=0");
@@ -165,7 +165,7 @@ class ManyTest : public wtxtest::ShardedFixture {
     wtx_client_destroy(c);
     return updating;
   }
-  // Field i (from 1) of a rank's "ok BYTES CONTROL DELTA PARAMS".
+  // Field i (from 1) of a rank's "ok BYTES CONTROL DELTA PARAMS PATCHED".
   static uint64_t Field(const std::string &line, int i) {
     EXPECT_EQ(0u, line.rfind("ok ", 0)) << line;
     std::stringstream in(line.substr(std::min<size_t>(3, line.size())));
@@ -180,6 +180,7 @@ class ManyTest : public wtxtest::ShardedFixture {
   static uint64_t Control(const std::string &line) { return Field(line, 2); }
   static uint64_t Delta(const std::string &line) { return Field(line, 3); }
   static uint64_t Params(const std::string &line) { return Field(line, 4); }
+  static uint64_t Patched(const std::string &line) { return Field(line, 5); }
 
   // Two syncs land on every worker, sent once, by the owners; then a rank
   // killed mid-sync leaves every worker on v2, and the next sync lands.
@@ -191,11 +192,15 @@ class ManyTest : public wtxtest::ShardedFixture {
   // of it; a restarted worker takes the whole stream while the others take
   // a delta.
   void DeltasSendOnlyTheChangedTensorsFromEveryOwner();
+  // Deltas with patches: what one rank feeds whole goes as a patch of the
+  // elements that changed; what several feed, whole from each.
+  void PatchesSendTheChangedElementsOfWhatOneRankFeeds();
 
   std::vector<int> ports_;
   std::vector<Rank> ranks_;
   bool rows_ = false;  // the ranks own layer 1 row-parallel (OwnersOf's rows)
   bool delta_ = false;  // the ranks' trainers send deltas (WTX_MANY_DELTA)
+  bool patches_ = false;  // with patches (WTX_DELTA_PATCHES)
 };
 
 TEST_F(ManyTest, EveryRankSendsItsOwnBytesStraightToTheWorkersThatHoldThem) {
@@ -318,6 +323,87 @@ void ManyTest::DeltasSendOnlyTheChangedTensorsFromEveryOwner() {
   ExpectHolds(whole, -1, four, "v4");
 }
 
+// Patches with many senders: a worker tensor that one piece feeds whole
+// (a layer one rank owns, to every worker; the column slice one rank's
+// shard covers, to its tensor-parallel worker) travels as a patch of the
+// elements that changed, made by that rank from its copy of the piece as
+// the workers hold it; one that several ranks feed travels whole from
+// each, as with WTX_DELTA_TENSORS.
+void ManyTest::PatchesSendTheChangedElementsOfWhatOneRankFeeds() {
+  delta_ = patches_ = true;
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  StartAll({r0, r1, whole});
+  for (const std::string &l : SyncAll(1, "v1")) {
+    EXPECT_EQ(0u, Delta(l)) << l;
+    EXPECT_EQ(0u, Patched(l)) << l;
+  }
+  // One element of layer 1's up_proj (replicated on ranks 2 and 3; the
+  // plan gives each worker's part to one of them), in tensor-parallel rank
+  // 1's rows: a patch to rank 1's worker and one to the whole replica, an
+  // int32 index and a bf16 value each.
+  const std::string l1 = "model.layers.1.mlp.up_proj.weight";
+  const std::string l0 = "model.layers.0.mlp.up_proj.weight";
+  const size_t byte = 50 * 32 * 2;  // row 50 of 64
+  auto sum = [](const std::vector<std::string> &got, uint64_t (*f)(const std::string &)) {
+    uint64_t n = 0;
+    for (const std::string &l : got) {
+      EXPECT_EQ(1u, Delta(l)) << l;
+      n += f(l);
+    }
+    return n;
+  };
+  Llama two(1);
+  two.Bump(l1, byte);
+  std::vector<std::string> got = SyncAll(1, "v2", l1 + " " + std::to_string(byte));
+  EXPECT_EQ(2u, sum(got, Patched));
+  EXPECT_EQ(2u * (4 + 2), sum(got, Sent)) << "two patches of one element";
+  ExpectHolds(r0, 0, two, "v2");
+  ExpectHolds(r1, 1, two, "v2");
+  ExpectHolds(whole, -1, two, "v2");
+  // Layer 1 back as it was, and one element of layer 0's up_proj (Shard(0)
+  // over ranks 0 and 1): rank 1's shard is tensor-parallel rank 1's slice,
+  // a patch; the whole replica's tensor comes from both ranks, whole.
+  Llama three(1);
+  three.Bump(l0, byte);
+  got = SyncAll(1, "v3", l0 + " " + std::to_string(byte));
+  EXPECT_EQ(3u, sum(got, Patched));
+  uint64_t sent = sum(got, Sent);
+  uint64_t whole_l0 = 0;
+  for (const wtxtest::Tensor &x : three.t) whole_l0 += x.name == l0 ? x.data.size() : 0;
+  EXPECT_EQ(3u * (4 + 2) + whole_l0, sent) << "three patches, and the whole replica's tensor";
+  ExpectHolds(r0, 0, three, "v3");
+  ExpectHolds(r1, 1, three, "v3");
+  ExpectHolds(whole, -1, three, "v3");
+  // Another model: every tensor that changed differs almost everywhere,
+  // so no patch is smaller and each travels whole, to every worker that
+  // holds part of it (those the same in both stay).
+  Llama four(2);
+  got = SyncAll(2, "v4");
+  EXPECT_EQ(0u, sum(got, Patched));
+  uint64_t changed = 0;
+  for (size_t i = 0; i < four.t.size(); i++) {
+    if (four.t[i].data == three.t[i].data) continue;
+    std::vector<uint8_t> part;
+    std::vector<uint64_t> shape;
+    for (int r : {0, 1})
+      if (wtxtest::Expected(four.t[i], r, &part, &shape)) changed += part.size();
+    changed += four.t[i].data.size();
+  }
+  EXPECT_EQ(changed, sum(got, Sent)) << "the changed tensors whole, once per worker";
+  ExpectHolds(r0, 0, four, "v4");
+  ExpectHolds(r1, 1, four, "v4");
+  ExpectHolds(whole, -1, four, "v4");
+  // The ranks' copies followed that whole sync: a patch again.
+  Llama five(2);
+  five.Bump(l1, byte);
+  got = SyncAll(2, "v5", l1 + " " + std::to_string(byte));
+  EXPECT_EQ(2u, sum(got, Patched));
+  EXPECT_EQ(2u * (4 + 2), sum(got, Sent));
+  ExpectHolds(r0, 0, five, "v5");
+  ExpectHolds(r1, 1, five, "v5");
+  ExpectHolds(whole, -1, five, "v5");
+}
+
 // On every backend many senders run on (nccl and cuda_ipc on the TEST
 // DOUBLE of CUDA and NCCL).
 class ManyDeltaTest : public ManyTest {
@@ -330,6 +416,10 @@ class ManyDeltaTest : public ManyTest {
 
 TEST_P(ManyDeltaTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwner) {
   DeltasSendOnlyTheChangedTensorsFromEveryOwner();
+}
+
+TEST_P(ManyDeltaTest, PatchesSendTheChangedElementsOfWhatOneRankFeeds) {
+  PatchesSendTheChangedElementsOfWhatOneRankFeeds();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ManyDeltaTest,
@@ -677,15 +767,6 @@ TEST_F(ManyInitTest, AnOrphanParameterIsRefusedByName) {
   std::string err;
   EXPECT_EQ(WTX_EINVAL, Init({r0}, o, &err));
   EXPECT_NE(std::string::npos, err.find(model.t[3].name)) << err;
-}
-
-// A patch is of a whole tensor, which no rank sees.
-TEST_F(ManyInitTest, PatchesAreRefusedWithManySenders) {
-  Worker r0 = SpawnRank(0);
-  Llama model(1);
-  std::string err;
-  EXPECT_EQ(WTX_ENOTSUP, Init({r0}, Owners(model, 2), &err, "tcp", WTX_DELTA_PATCHES));
-  EXPECT_NE(std::string::npos, err.find("patches")) << err;
 }
 
 TEST_F(ManyInitTest, ManySendersRunOverTheFourBackendsOnly) {

@@ -8,7 +8,8 @@ the sync gathers nothing.
 "vllm": through vLLM's own trainer factory and ModuleSource instead of
 TorchModuleSource. "delta": a delta trainer; after dt-1, element [0, 0] of
 rank 1's shard of col.weight (row 4 of the full tensor) grows by 1 and
-dt-2 is sent. Prints the last send_weights result as JSON."""
+dt-2 is sent; "patches": the same with delta="patches". Prints the last
+send_weights result as JSON."""
 import json
 import sys
 
@@ -36,7 +37,7 @@ def main() -> None:
         owner, leaf = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
         setattr(owner, leaf, torch.nn.Parameter(distribute_tensor(full[name], mesh, [Shard(0)])))
     client = wtx.WorkerClient(hosts)
-    delta = sys.argv[5:] == ["delta"]
+    delta = {"delta": True, "patches": "patches"}.get("".join(sys.argv[5:]), False)
     info = wtx.WtxTrainerInitInfo(transport="tcp", rank=rank, world_size=2, timeout_ms=15000,
                                   rank_addresses=addrs,
                                   session_token="python-dtensor-session-token", delta=delta)
@@ -58,7 +59,8 @@ def main() -> None:
         result = engine.send_weights(version="dt-2")
     engine.shutdown()
     client.close()
-    print(json.dumps({k: result[k] for k in ("bytes", "version", "delta", "params")}))
+    print(json.dumps({k: result[k] for k in ("bytes", "version", "delta", "params",
+                                             "patched_params")}))
     dist.destroy_process_group()
 
 

@@ -92,7 +92,8 @@ def dtensor_sync(test, *extra: str) -> None:
     import random
 
     full, rules = tp_weights()
-    if "delta" in extra:
+    delta = "delta" in extra or "patches" in extra
+    if delta:
         full["col.weight"][4, 0] += 1
     addrs = ",".join(f"127.0.0.1:{random.randrange(20000, 32000)}" for _ in range(2))
     with tp_hosts(rules) as (ranks, servers):
@@ -107,13 +108,18 @@ def dtensor_sync(test, *extra: str) -> None:
         for p in procs:
             test.assertEqual(0, p.returncode, errs)
         results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-        if "delta" in extra:
+        if delta:
             test.assertEqual("dt-2", results[0]["version"])
             test.assertEqual([True, True], [r["delta"] for r in results])
             test.assertEqual([1, 1], [r["params"] for r in results])
             # Only the host holding row 4 gets col's part again, from the
-            # rank owning those rows: 0 bytes from rank 0.
-            test.assertEqual([0, full["col.weight"][4:].nbytes], [r["bytes"] for r in results])
+            # rank owning those rows: 0 bytes from rank 0. With patches,
+            # that part (rank 1's whole shard) goes as a patch of its one
+            # changed element: an int32 index and a float32 value.
+            part = 8 if "patches" in extra else full["col.weight"][4:].nbytes
+            test.assertEqual([0, part], [r["bytes"] for r in results])
+            test.assertEqual([0, 1 if "patches" in extra else 0],
+                             [r["patched_params"] for r in results])
         else:
             test.assertEqual("dt-1", results[0]["version"])
             expect_sent_once(test, full, results)
@@ -887,6 +893,12 @@ class ContractTest(unittest.TestCase):
         # 0 asks them which changed, and only the part of col.weight that
         # holds the changed row travels, to the one host holding it.
         dtensor_sync(self, "delta")
+
+    def test_dtensor_ranks_send_a_patch_of_the_one_element_that_changed(self):
+        # delta="patches": the host's part of col.weight is rank 1's shard
+        # alone, so rank 1 sends a patch of its one changed element, which
+        # the host applies to its copy of the part it serves.
+        dtensor_sync(self, "patches")
 
     def test_a_served_module_receives_every_kind_of_tensor_bit_exact(self):
         # The host stages a chunk's small tensors in one buffer, in order,

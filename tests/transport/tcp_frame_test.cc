@@ -120,4 +120,24 @@ TEST(TcpFrame, ADeltaRecordRoundTripsOnlyAsItsKindAndItsPayloadIsBounded) {
   EXPECT_EQ(WTX_EPROTO, wtx__tcp_delta_decode(d, WTX__TCP_DELTA_ASK, &len));
 }
 
+// A patch offered or decided: the piece, its element count and its hash
+// once applied, little-endian; a record with its zero bytes set, or of no
+// element, is not one.
+TEST(TcpFrame, APatchRecordRoundTripsAndNamesAtLeastOneElement) {
+  uint8_t r[WTX__TCP_PATCH_BYTES];
+  wtx__tcp_patch_encode(r, 70000, (uint64_t)1 << 40, 0x0123456789abcdefull);
+  EXPECT_EQ(0x70, r[0]);  // 70000 = 0x11170
+  EXPECT_EQ(0x01, r[2]);
+  uint32_t piece = 0;
+  uint64_t count = 0, sum = 0;
+  ASSERT_EQ(0, wtx__tcp_patch_decode(r, &piece, &count, &sum));
+  EXPECT_EQ(70000u, piece);
+  EXPECT_EQ((uint64_t)1 << 40, count);
+  EXPECT_EQ(0x0123456789abcdefull, sum);
+  r[5] = 1;
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_patch_decode(r, &piece, &count, &sum));
+  wtx__tcp_patch_encode(r, 3, 0, 1);
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_patch_decode(r, &piece, &count, &sum));
+}
+
 }  // namespace
