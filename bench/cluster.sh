@@ -8,6 +8,10 @@
 # tensor-parallel workers (TP 4) two ways: every rank sending what it owns
 # (many senders), and one host sending every byte (rank 0 alone). Reports
 # the third sync of each and how near each sender's link ran to its rate.
+# Then deltas on the same links: 4 ranks that each own a quarter of the
+# tensors whole (bench/delta_bench.c, as a pipeline's stages own layers),
+# with 1 % of every tensor's elements changed between syncs, sent as whole
+# tensors and as patches, against the same ranks' full sync.
 # Root only (ip netns, veth, tbf); everything is torn down on exit.
 # Usage: bench/cluster.sh [SIZE] [RATE]   (default 128M 400mbit)
 set -euo pipefail
@@ -19,7 +23,8 @@ if [ "$(id -u)" != 0 ] || ! ip netns add wtx-probe 2>/dev/null; then
   exit 0
 fi
 ip netns del wtx-probe
-bazel build -c opt //server:wtx-worker //client:wtx 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
+bazel build -c opt //server:wtx-worker //client:wtx //bench:delta_bench 2>&1 |
+  grep -E '^(ERROR|FAILED)' && exit 1
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 tmp=$(mktemp -d)
 hosts=(r0 r1 r2 r3 w0 w1 w2 w3)
@@ -99,3 +104,37 @@ printf "%-18s %12s %10s %17s\n" "rank 0 alone" "$one_b" "$one_s" \
 echo "many senders: $(ratio "$one_s" "$many_s") x faster than rank 0 alone (goal: 3x)"
 goal "many senders, simulated cluster: speed vs rank 0 alone" "$(ratio "$one_s" "$many_s")" \
   "rank 0 sending every byte over the same links" ge 3
+# Deltas: a whole replica on each worker host (no model spec: delta_bench's
+# tensors are its own), each taking every tensor from the one rank that
+# owns it.
+replicas=""
+for k in 0 1 2 3; do
+  h=w$k; eval "a=\$ip_$h"
+  ip netns exec "wtx-$h" "$bin/server/wtx-worker" --listen "$a:0" --port-file "$tmp/q$k" \
+    --log-level warn 2>"$tmp/q$k.log" &
+  pids+=($!)
+  for _ in $(seq 1000); do [ -s "$tmp/q$k" ] && break; sleep 0.01; done
+  replicas+="${replicas:+,}$a:$(cat "$tmp/q$k")"
+done
+ranks=""
+for r in 0 1 2 3; do eval "a=\$ip_r$r"; ranks+="${ranks:+,}$a:47100"; done
+for r in 0 1 2 3; do
+  ip netns exec "wtx-r$r" "$bin/bench/delta_bench" "$replicas" "$size" 64 tcp "$r" 4 "$ranks" \
+    >"$tmp/pd$r.out" 2>&1 &
+  rp[$r]=$!
+done
+for r in 0 1 2 3; do wait "${rp[$r]}" || { cat "$tmp/pd$r.out" >&2; exit 1; }; done
+dfield() {
+  awk -v k="$1" -v f="$2" -v p="${4:-}" '/^# patches/ {in_p = 1} $1 == k && (in_p == (p != "")) {print $f}' "$tmp/pd$3.out"
+}
+dbytes() { local n=0; for r in 0 1 2 3; do n=$((n + $(dfield "$1" 3 "$r" "${2:-}"))); done; echo "$n"; }
+full_s=$(dfield full 2 0)
+full_b=$(dbytes full)
+for p in "" patches; do
+  echo "deltas, 1 % of every tensor's elements changed, ${p:-whole tensors}: the sync takes" \
+    "$(ratio "$(dfield elements1 2 0 $p)" "$full_s") x the 4 ranks' full sync" \
+    "($(dfield elements1 2 0 $p) s against $full_s s) and moves" \
+    "$(echo "$(dbytes elements1 $p) / $full_b" | bc -l | xargs printf "%.3f") x its bytes"
+done
+goal "many senders, simulated cluster: delta of 1 % of elements as patches, time" \
+  "$(ratio "$(dfield elements1 2 0 patches)" "$full_s")" "the same 4 ranks' full sync" le 0.10

@@ -10,7 +10,14 @@
  * Each line: kind, seconds, bytes sent, tensors sent. A delta's time
  * includes its hash pass over the whole model.
  *
- * usage: delta_bench WORKERS SIZE TENSORS BACKEND
+ * With RANK WORLD RANK_ADDRESSES, one of WORLD trainer ranks (a process
+ * each, every one run with the same arguments but RANK; the session token
+ * from WTX_SESSION_TOKEN): the tensors are split among the ranks in
+ * contiguous runs, as a pipeline's stages own layers, each rank holding
+ * and changing only its own, and a line's bytes are this rank's (the
+ * seconds are its sync's: rank 0's is the whole sync's).
+ *
+ * usage: delta_bench WORKERS SIZE TENSORS BACKEND [RANK WORLD RANK_ADDRESSES]
  *   WORKERS  comma-separated host:port; SIZE bytes (K/M/G); BACKEND shm|tcp
  * Exits 1 on a failed sync, 2 on bad usage. */
 #include <stdio.h>
@@ -22,9 +29,11 @@
 typedef struct model {
   size_t n;
   uint64_t *shapes;
-  uint8_t **data;
+  uint8_t **data; /* NULL: another rank's tensor */
   char **names;
   wtx_memory_tensor *ts;
+  uint32_t rank, world, *owner; /* owner[i]: the rank that holds tensor i */
+  wtx_ownership *own;
 } model;
 
 static uint64_t rnd(uint64_t *x) {
@@ -38,12 +47,17 @@ static int make_model(model *m, uint64_t size, size_t n) {
   m->data = calloc(n, sizeof *m->data);
   m->names = calloc(n, sizeof *m->names);
   m->ts = calloc(n, sizeof *m->ts);
-  if (!m->shapes || !m->data || !m->names || !m->ts) return -1;
+  m->owner = calloc(n, sizeof *m->owner);
+  m->own = calloc(n, sizeof *m->own);
+  if (!m->shapes || !m->data || !m->names || !m->ts || !m->owner || !m->own) return -1;
   uint64_t x = 0x9e3779b97f4a7c15ULL, per = size / n / 2 > 0 ? size / n / 2 : 1;
   for (size_t i = 0; i < n; i++) {
     m->shapes[i] = per; /* bf16 elements */
-    if ((m->data[i] = malloc(per * 2)) == NULL || (m->names[i] = malloc(64)) == NULL) return -1;
-    for (uint64_t k = 0; k + 8 <= per * 2; k += 8) {
+    m->owner[i] = (uint32_t)(i * m->world / n);
+    m->own[i] = (wtx_ownership){.owners = &m->owner[i], .n_owners = 1};
+    if ((m->names[i] = malloc(64)) == NULL) return -1;
+    if (m->owner[i] == m->rank && (m->data[i] = malloc(per * 2)) == NULL) return -1;
+    for (uint64_t k = 0; m->data[i] != NULL && k + 8 <= per * 2; k += 8) {
       uint64_t v = rnd(&x);
       memcpy(m->data[i] + k, &v, 8);
     }
@@ -69,20 +83,29 @@ static void report(const char *kind, double s, const wtx_send_result *r) {
          r->full_reason ? " full: " : "", r->full_reason ? r->full_reason : "");
 }
 
+/* Every rank draws the same numbers, and changes the tensors it holds. */
 static void change(model *m, int kind, uint64_t *x) {
   if (kind == 1) { /* 5 % of the tensors, one byte each */
     size_t k = m->n / 20 ? m->n / 20 : 1, at = rnd(x) % m->n;
-    for (size_t j = 0; j < k; j++) m->data[(at + j * 20) % m->n][0] ^= 1;
+    for (size_t j = 0; j < k; j++)
+      if (m->data[(at + j * 20) % m->n] != NULL) m->data[(at + j * 20) % m->n][0] ^= 1;
   } else if (kind == 2) { /* 1 % of every tensor's elements */
-    for (size_t i = 0; i < m->n; i++)
-      for (uint64_t e = rnd(x) % 100; e < m->shapes[i]; e += 100) m->data[i][e * 2] ^= 1;
+    for (size_t i = 0; i < m->n; i++) {
+      uint64_t e = rnd(x) % 100;
+      for (; m->data[i] != NULL && e < m->shapes[i]; e += 100) m->data[i][e * 2] ^= 1;
+    }
   }
 }
 
-static int run(wtx_client *c, wtx_source *src, model *m, const char *backend, int mode) {
+static int run(wtx_client *c, wtx_source *src, model *m, const char *backend, int mode,
+               const char *const *ranks) {
   static const char *const kinds[] = {"none", "tensors5", "elements1"};
   wtx_trainer_config cfg = WTX_TRAINER_CONFIG_INIT;
   cfg.backend = backend;
+  cfg.rank = m->rank;
+  cfg.world = m->world;
+  cfg.rank_addresses = m->world > 1 ? ranks : NULL;
+  cfg.session_token = getenv("WTX_SESSION_TOKEN");
   wtx_trainer *t = NULL;
   char err[1024];
   wtx_send_result res;
@@ -113,9 +136,20 @@ fail:
 }
 
 int main(int argc, char **argv) {
-  if (argc != 5) {
-    fprintf(stderr, "usage: delta_bench WORKERS SIZE TENSORS shm|tcp\n");
+  if (argc != 5 && argc != 8) {
+    fprintf(stderr, "usage: delta_bench WORKERS SIZE TENSORS shm|tcp [RANK WORLD "
+            "RANK_ADDRESSES]\n");
     return 2;
+  }
+  model m = {.rank = 0, .world = 1};
+  const char *ranks[256];
+  if (argc == 8) {
+    m.rank = (uint32_t)strtoul(argv[5], NULL, 10);
+    m.world = (uint32_t)strtoul(argv[6], NULL, 10);
+    uint32_t k = 0;
+    for (char *s = strtok(argv[7], ","); s != NULL && k < 256; s = strtok(NULL, ","))
+      ranks[k++] = s;
+    if (m.world < 2 || m.world != k || m.rank >= m.world) return 2;
   }
   char *end;
   uint64_t size = strtoull(argv[2], &end, 10);
@@ -125,20 +159,20 @@ int main(int argc, char **argv) {
   size_t nw = 0;
   for (char *s = strtok(argv[1], ","); s != NULL && nw < 64; s = strtok(NULL, ","))
     targets[nw++] = s;
-  model m = {0};
   wtx_client *c = NULL;
   wtx_source *src = NULL;
   char err[512];
   if (size == 0 || n == 0 || make_model(&m, size, n) != 0) return 2;
   if (wtx_client_create(targets, nw, NULL, &c, err, sizeof err) != 0 ||
-      wtx_source_memory(m.ts, n, &src, err, sizeof err) != 0) {
+      (m.world > 1 ? wtx_source_memory_owned(m.ts, m.own, n, m.rank, &src, err, sizeof err)
+                   : wtx_source_memory(m.ts, n, &src, err, sizeof err)) != 0) {
     fprintf(stderr, "delta_bench: %s\n", err);
     return 1;
   }
-  int rc = run(c, src, &m, argv[4], WTX_DELTA_TENSORS);
+  int rc = run(c, src, &m, argv[4], WTX_DELTA_TENSORS, ranks);
   if (rc == 0) {
     printf("# patches\n");
-    rc = run(c, src, &m, argv[4], WTX_DELTA_PATCHES);
+    rc = run(c, src, &m, argv[4], WTX_DELTA_PATCHES, ranks);
   }
   wtx_source_destroy(src);
   wtx_client_destroy(c);

@@ -7,7 +7,10 @@
 # boxes); the same 4 ranks sending deltas of an unchanged model (--delta:
 # the third sync moves nothing); then the whole model synced by one
 # process (rank 0 sending every
-# byte) to the same workers. Per way: the
+# byte) to the same workers; then deltas from 4 ranks that each own a
+# quarter of the tensors whole (a pipeline's stages: bench/delta_bench.c)
+# to a whole replica, with 1 % of every tensor's elements changed, sent as
+# whole tensors and as patches, against those ranks' full sync. Per way: the
 # bytes each trainer link carries, and the third sync's wall time (rank 0's:
 # it answers for the sync). On loopback every link shares this machine's
 # cores, so the wall time here shows the cost of the protocol, not the
@@ -84,6 +87,31 @@ echo "many senders splitting dim 1 (row-parallel: every piece as boxes): the syn
   "second sync $(control_all <"$tmp/rows0.out" | sed -n 2p) B"
 echo "many senders, a delta with nothing changed: the sync takes $(ratio "$delta_s" "$many_s")" \
   "x the full sync's ($delta_s s against $many_s s; every rank's hash pass over its part)"
+# Patches from many senders (bench/delta_bench.c, a process per rank):
+# field KIND N R [patches] of rank R's lines; bytes summed over ranks.
+bazel build -c opt //bench:delta_bench 2>&1 | grep -E '^(ERROR|FAILED)' && exit 1
+start_worker 0 pw
+ranks=""
+for r in 0 1 2 3; do ranks+="${ranks:+,}127.0.0.1:$(free_port)"; done
+dpids=()
+for r in 0 1 2 3; do
+  "$bin/bench/delta_bench" "$addr" "$size" 200 "$backend" "$r" 4 "$ranks" >"$tmp/pd$r.out" &
+  dpids+=($!)
+done
+for p in "${dpids[@]}"; do wait "$p"; done
+dfield() {
+  awk -v k="$1" -v f="$2" -v p="${4:-}" '/^# patches/ {in_p = 1} $1 == k && (in_p == (p != "")) {print $f}' "$tmp/pd$3.out"
+}
+dbytes() { local n=0; for r in 0 1 2 3; do n=$((n + $(dfield "$1" 3 "$r" "${2:-}"))); done; echo "$n"; }
+full_s=$(dfield full 2 0); full_b=$(dbytes full)
+for p in "" patches; do
+  for k in tensors5 elements1; do
+    echo "many senders, a delta ($size in 200 tensors, each one rank's) with $k changed," \
+      "${p:-whole tensors}: the sync takes $(ratio "$(dfield "$k" 2 0 $p)" "$full_s") x" \
+      "the 4 ranks' full sync ($(dfield "$k" 2 0 $p) s against $full_s s) and moves" \
+      "$(echo "$(dbytes "$k" $p) / $full_b" | bc -l | xargs printf "%.4f") x its bytes"
+  done
+done
 c1=$(control_all <"$tmp/rank0.out" | head -1)
 c2=$(control_all <"$tmp/rank0.out" | sed -n 2p)
 echo "control plane (rank 0's UpdateInfo to every worker): first sync $c1 B, second $c2 B" \

@@ -332,6 +332,18 @@ static uint64_t patch_wire(const wtx__many *m, uint32_t p, uint64_t count) {
   return wtx__patch_bytes(wtx__patch_index_dtype(elems), count, es);
 }
 
+/* Whether a patch record may name piece p with count elements: a piece
+ * of the plan that feeds its tensor alone, 1..its elements, within a
+ * buffer. */
+static int patch_ok(const wtx__many *m, uint32_t p, uint64_t count) {
+  const wtx_piece *pieces;
+  size_t np = wtx_plan_pieces(m->plan, &pieces);
+  if (p >= np || !m->sole[p] || count == 0) return 0;
+  size_t es = wtx_dtype_size(m->metas[pieces[p].param].dtype);
+  return count <= wtx_plan_piece_bytes(m->plan, &pieces[p]) / es &&
+         patch_wire(m, p, count) <= m->wire.buffer_size;
+}
+
 /* Cuts runs (n, in stream order) into chunks: a chunk ends where the
  * sender changes, at max bytes, or at WTX_MAX_CHUNK_PARAMS tensors. Only
  * the runs of tensors sub names (sub[k]: tensor k's place among those
@@ -1310,7 +1322,7 @@ static int take_offers(wtx__many *m, uint32_t r, const uint8_t *rec, size_t n, c
     uint32_t p;
     uint64_t c, sum;
     if (wtx__tcp_patch_decode(rec, &p, &c, &sum) != 0 || p < first || p >= first + count ||
-        !m->sole[p] || patch_wire(m, p, c) > m->wire.buffer_size) {
+        !patch_ok(m, p, c)) {
       snprintf(err, errlen, "delta: a patch offered of a piece this rank does not send alone, "
                "or larger than a buffer");
       return WTX_EPROTO;
@@ -1443,7 +1455,7 @@ static int follow_patches(wtx__many *m, size_t dlen, char *err, size_t errlen) {
   for (size_t i = m->decision_len; ok && i < dlen; i += WTX__TCP_PATCH_BYTES) {
     uint32_t p;
     uint64_t c, sum;
-    ok = wtx__tcp_patch_decode(m->decision + i, &p, &c, &sum) == 0 && p < np && m->sole[p];
+    ok = wtx__tcp_patch_decode(m->decision + i, &p, &c, &sum) == 0 && patch_ok(m, p, c);
     int mine = ok && p >= m->my_first && p < m->my_first + m->my_n;
     if (mine && m->pmine[p - m->my_first] != c) ok = 0;
     if (ok) m->pcount[p] = c;
