@@ -61,15 +61,23 @@ done
 in_ns() { local h=$1; shift; ip netns exec "wtx-$h" "$@"; }
 tx_bytes() { in_ns "$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
 . bench/lib.sh
+# serve_in HOST FILE [ARGS]: a wtx-worker on HOST, its port in $tmp/FILE;
+# served: its address.
+serve_in() {
+  local h=$1 f=$2 a
+  shift 2
+  eval "a=\$ip_$h"
+  ip netns exec "wtx-$h" "$bin/server/wtx-worker" --listen "$a:0" --port-file "$tmp/$f" \
+    --log-level warn "$@" 2>"$tmp/$f.log" &
+  pids+=($!)
+  for _ in $(seq 1000); do [ -s "$tmp/$f" ] && break; sleep 0.01; done
+  served="$a:$(cat "$tmp/$f")"
+}
 tp_rules "$tmp/rules"
 workers=""
 for k in 0 1 2 3; do
-  h=w$k; eval "a=\$ip_$h"
-  ip netns exec "wtx-$h" "$bin/server/wtx-worker" --listen "$a:0" --port-file "$tmp/p$k" --log-level warn \
-    --shard-rules "$tmp/rules" --tp-rank "$k" --tp-size 4 2>"$tmp/w$k.log" &
-  pids+=($!)
-  for _ in $(seq 1000); do [ -s "$tmp/p$k" ] && break; sleep 0.01; done
-  workers+="${workers:+,}$a:$(cat "$tmp/p$k")"
+  serve_in "w$k" "p$k" --shard-rules "$tmp/rules" --tp-rank "$k" --tp-size 4
+  workers+="${workers:+,}$served"
 done
 ranks=""
 for r in 0 1 2 3; do eval "a=\$ip_r$r"; ranks+="${ranks:+,}$a:47000"; done
@@ -109,12 +117,8 @@ goal "many senders, simulated cluster: speed vs rank 0 alone" "$(ratio "$one_s" 
 # owns it.
 replicas=""
 for k in 0 1 2 3; do
-  h=w$k; eval "a=\$ip_$h"
-  ip netns exec "wtx-$h" "$bin/server/wtx-worker" --listen "$a:0" --port-file "$tmp/q$k" \
-    --log-level warn 2>"$tmp/q$k.log" &
-  pids+=($!)
-  for _ in $(seq 1000); do [ -s "$tmp/q$k" ] && break; sleep 0.01; done
-  replicas+="${replicas:+,}$a:$(cat "$tmp/q$k")"
+  serve_in "w$k" "q$k"
+  replicas+="${replicas:+,}$served"
 done
 ranks=""
 for r in 0 1 2 3; do eval "a=\$ip_r$r"; ranks+="${ranks:+,}$a:47100"; done

@@ -161,39 +161,53 @@ static int prev_make(wtx__delta *d, const wtx_tensor_meta *metas) {
   return (d->prev = malloc(total ? total : 1)) != NULL ? 0 : WTX_ENOMEM;
 }
 
-/* Room for want more bytes of patches in the arena (used so far). */
-static int arena_room(wtx__delta *d, uint64_t used, uint64_t want) {
-  if (used + want <= d->arena_cap) return 0;
-  uint64_t cap = d->arena_cap ? d->arena_cap : (1u << 20);
-  while (cap < used + want) cap *= 2;
-  uint8_t *a = realloc(d->arena, cap);
+/* Room for want more bytes in *arena (*cap bytes, used so far). */
+static int arena_room(uint8_t **arena, uint64_t *cap, uint64_t used, uint64_t want) {
+  if (used + want <= *cap) return 0;
+  uint64_t c = *cap ? *cap : (1u << 20);
+  while (c < used + want) c *= 2;
+  uint8_t *a = realloc(*arena, c);
   if (a == NULL) return WTX_ENOMEM;
-  d->arena = a;
-  d->arena_cap = cap;
+  *arena = a;
+  *cap = c;
+  return 0;
+}
+
+int wtx__delta_patch(const uint8_t *cur, uint8_t *prev, const wtx_tensor_meta *m,
+                     uint64_t max_bytes, uint8_t **arena, uint64_t *cap, uint64_t *used,
+                     uint64_t *count) {
+  size_t es = wtx_dtype_size(m->dtype);
+  int idt = wtx__patch_index_dtype(m->nbytes / es);
+  uint64_t per = wtx__patch_index_size(idt) + es;
+  uint64_t most = m->nbytes > 0 ? (m->nbytes - 1 < max_bytes ? m->nbytes - 1 : max_bytes) / per
+                                : 0;
+  *count = 0;
+  if (most == 0) return 0;
+  int rc = arena_room(arena, cap, *used, most * per);
+  if (rc != 0) return rc;
+  uint64_t k = wtx__patch_diff(cur, prev, m->nbytes, es, idt, most, *arena + *used);
+  if (k == 0 || k > most) return 0;
+  wtx__patch_apply(m, idt, k, *arena + *used, prev);
+  *count = k;
+  *used += k * per;
   return 0;
 }
 
 /* Tensor i as a patch of prev, when cheaper than whole and at most
- * max_bytes: its bytes at arena + *used. */
+ * max_bytes: its bytes at arena + *used, and prev patched. */
 static int diff_one(wtx__delta *d, const wtx_tensor_meta *m, size_t i, uint64_t max_bytes,
                     uint64_t *used) {
-  size_t es = wtx_dtype_size(m->dtype);
-  int idt = wtx__patch_index_dtype(m->nbytes / es);
-  uint64_t per = wtx__patch_index_size(idt) + es;
-  uint64_t cap = (m->nbytes - 1 < max_bytes ? m->nbytes - 1 : max_bytes) / per;
-  if (cap == 0) return 0;
-  int rc = arena_room(d, *used, cap * per);
-  if (rc != 0) return rc;
-  uint64_t k = wtx__patch_diff(d->at[i], d->prev + d->prev_off[i], m->nbytes, es, idt, cap,
-                               d->arena + *used);
-  if (k == 0 || k > cap) return 0;
+  uint64_t at = *used, k = 0;
+  int rc = wtx__delta_patch(d->at[i], d->prev + d->prev_off[i], m, max_bytes, &d->arena,
+                            &d->arena_cap, used, &k);
+  if (rc != 0 || k == 0) return rc;
   wtx__v1__patch__init(&d->patches[i]);
-  d->patches[i].index_dtype = (Wtx__V1__DType)idt;
+  d->patches[i].index_dtype = (Wtx__V1__DType)wtx__patch_index_dtype(
+      m->nbytes / wtx_dtype_size(m->dtype));
   d->patches[i].count = k;
   d->patches[i].result_xxh3 = d->hashes[i];
-  d->patch_off[i] = *used;
-  d->patch_len[i] = k * per;
-  *used += k * per;
+  d->patch_off[i] = at;
+  d->patch_len[i] = *used - at;
   return 0;
 }
 
@@ -211,13 +225,9 @@ int wtx__delta_diff(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t max_by
     if (!changed && d->prev_ok[i]) continue;
     if (make && changed && d->prev_ok[i] && metas[i].nbytes > 0)
       rc = diff_one(d, &metas[i], i, max_bytes, &used);
-    /* prev becomes the tensor: by its patch (writing what changed only),
-     * or whole. */
-    if (d->patch_len[i] > 0)
-      wtx__patch_apply(&metas[i], d->patches[i].index_dtype, d->patches[i].count,
-                       d->arena + d->patch_off[i], d->prev + d->prev_off[i]);
-    else
-      memcpy(d->prev + d->prev_off[i], d->at[i], metas[i].nbytes);
+    /* prev becomes the tensor: by its patch (which wrote what changed
+     * only), or whole. */
+    if (d->patch_len[i] == 0) memcpy(d->prev + d->prev_off[i], d->at[i], metas[i].nbytes);
     d->prev_ok[i] = 0;
     d->pending[i] = 1;
   }
@@ -294,7 +304,7 @@ static int caller_one(wtx__delta *d, const wtx_patch *p, size_t j, uint64_t buff
              (unsigned long long)buffer_size);
     return WTX_ETOOBIG;
   }
-  if (rc == 0 && (rc = arena_room(d, *used, bytes)) != 0) return rc;
+  if (rc == 0 && (rc = arena_room(&d->arena, &d->arena_cap, *used, bytes)) != 0) return rc;
   if (rc == 0) rc = wtx__delta_check_patch(p, m, d->arena + *used, &bytes, why, sizeof why);
   if (rc != 0) {
     snprintf(err, errlen, "patches[%zu]: %s", j, why);

@@ -76,6 +76,14 @@ int wtx__delta_diff(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t max_by
  * patches: a patched tensor by this sync's patch, wtx__delta_diff's). */
 int wtx__delta_plan(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t buffer_size,
                     size_t max_params, int packed, int patches);
+/* cur as a patch of prev (m: their dtype and bytes) where that is fewer
+ * bytes than m->nbytes and at most max_bytes: its wire form at *arena +
+ * *used (the arena, *cap bytes, grown as needed; *used advanced), its
+ * element count in *count, and prev patched into cur. *count 0: no such
+ * patch (send cur whole), nothing written. */
+int wtx__delta_patch(const uint8_t *cur, uint8_t *prev, const wtx_tensor_meta *m,
+                     uint64_t max_bytes, uint8_t **arena, uint64_t *cap, uint64_t *used,
+                     uint64_t *count);
 /* out[i] = XXH3-64 of metas[i].nbytes bytes at at[i], for each i with
  * at[i] not NULL, on a few threads (tensors are spread over them, each
  * hashed whole). */

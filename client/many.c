@@ -30,6 +30,7 @@
 
 #include "client/engine.h"
 #include "client/fanout.h"
+#include "client/delta.h"
 #include "client/source.h"
 #include "common/clock.h"
 #include "common/layout.h"
@@ -1225,18 +1226,6 @@ static void delta_settle(wtx__many *m, int landed) {
   m->pending = 0;
 }
 
-/* Room for want more bytes of patches in the arena (used so far). */
-static int arena_room(wtx__many *m, uint64_t used, uint64_t want) {
-  if (used + want <= m->parena_cap) return 0;
-  uint64_t cap = m->parena_cap ? m->parena_cap : (1u << 20);
-  while (cap < used + want) cap *= 2;
-  uint8_t *a = realloc(m->parena, cap);
-  if (a == NULL) return WTX_ENOMEM;
-  m->parena = a;
-  m->parena_cap = cap;
-  return 0;
-}
-
 /* This rank's k-th piece, cur (len bytes of dtype), which feeds its
  * tensor alone: when it changed since prev, which holds it as the workers
  * do, its patch of prev where that is fewer bytes and fits a buffer (at
@@ -1245,25 +1234,15 @@ static int arena_room(wtx__many *m, uint64_t used, uint64_t want) {
 static int patch_piece(wtx__many *m, size_t k, const uint8_t *cur, uint64_t len, int dtype,
                        int changed, uint64_t *used) {
   uint8_t *prev = m->prev + m->prev_off[k];
-  size_t es = wtx_dtype_size(dtype);
+  wtx_tensor_meta flat = {.dtype = dtype, .ndim = 1,
+                          .shape = {len / wtx_dtype_size(dtype)}, .nbytes = len};
   m->pmine[k] = 0;
+  m->poff[k] = *used;
   if (!changed && m->prev_ok[k]) return 0;
-  int idt = wtx__patch_index_dtype(len / es);
-  uint64_t per = wtx__patch_index_size(idt) + es;
-  uint64_t cap = len > 0 && m->prev_ok[k]
-                     ? (len - 1 < m->wire.buffer_size ? len - 1 : m->wire.buffer_size) / per
-                     : 0;
-  int rc = cap > 0 ? arena_room(m, *used, cap * per) : 0;
-  uint64_t c = rc == 0 && cap > 0 ? wtx__patch_diff(cur, prev, len, es, idt, cap,
-                                                    m->parena + *used)
-                                  : 0;
-  if (c > 0 && c <= cap) {
-    wtx_tensor_meta flat = {.dtype = dtype, .ndim = 1, .shape = {len / es}, .nbytes = len};
-    wtx__patch_apply(&flat, idt, c, m->parena + *used, prev);
-    m->pmine[k] = c;
-    m->poff[k] = *used;
-    *used += c * per;
-  }
+  int rc = changed && m->prev_ok[k]
+               ? wtx__delta_patch(cur, prev, &flat, m->wire.buffer_size, &m->parena,
+                                  &m->parena_cap, used, &m->pmine[k])
+               : 0;
   if (rc == 0 && m->pmine[k] == 0) memcpy(prev, cur, len);
   m->prev_ok[k] = 0;
   m->pend[k] = 1;
