@@ -352,28 +352,32 @@ void ManyTest::PatchesSendTheChangedElementsOfWhatOneRankFeeds() {
     }
     return n;
   };
-  Llama two(1);
-  two.Bump(l1, byte);
-  std::vector<std::string> got = SyncAll(1, "v2", l1 + " " + std::to_string(byte));
-  EXPECT_EQ(2u, sum(got, Patched));
-  EXPECT_EQ(2u * (4 + 2), sum(got, Sent)) << "two patches of one element";
-  ExpectHolds(r0, 0, two, "v2");
-  ExpectHolds(r1, 1, two, "v2");
-  ExpectHolds(whole, -1, two, "v2");
+  auto holds = [&](const Llama &model, const std::string &v) {
+    ExpectHolds(r0, 0, model, v);
+    ExpectHolds(r1, 1, model, v);
+    ExpectHolds(whole, -1, model, v);
+  };
+  auto patch_l1 = [&](int seed, const std::string &v) {
+    Llama model(static_cast<uint8_t>(seed));
+    model.Bump(l1, byte);
+    std::vector<std::string> got = SyncAll(seed, v, l1 + " " + std::to_string(byte));
+    EXPECT_EQ(2u, sum(got, Patched));
+    EXPECT_EQ(2u * (4 + 2), sum(got, Sent)) << "two patches of one element";
+    holds(model, v);
+  };
+  patch_l1(1, "v2");
   // Layer 1 back as it was, and one element of layer 0's up_proj (Shard(0)
   // over ranks 0 and 1): rank 1's shard is tensor-parallel rank 1's slice,
   // a patch; the whole replica's tensor comes from both ranks, whole.
   Llama three(1);
   three.Bump(l0, byte);
-  got = SyncAll(1, "v3", l0 + " " + std::to_string(byte));
+  std::vector<std::string> got = SyncAll(1, "v3", l0 + " " + std::to_string(byte));
   EXPECT_EQ(3u, sum(got, Patched));
   uint64_t sent = sum(got, Sent);
   uint64_t whole_l0 = 0;
   for (const wtxtest::Tensor &x : three.t) whole_l0 += x.name == l0 ? x.data.size() : 0;
   EXPECT_EQ(3u * (4 + 2) + whole_l0, sent) << "three patches, and the whole replica's tensor";
-  ExpectHolds(r0, 0, three, "v3");
-  ExpectHolds(r1, 1, three, "v3");
-  ExpectHolds(whole, -1, three, "v3");
+  holds(three, "v3");
   // Another model: every tensor that changed differs almost everywhere,
   // so no patch is smaller and each travels whole, to every worker that
   // holds part of it (those the same in both stay).
@@ -390,18 +394,9 @@ void ManyTest::PatchesSendTheChangedElementsOfWhatOneRankFeeds() {
     changed += four.t[i].data.size();
   }
   EXPECT_EQ(changed, sum(got, Sent)) << "the changed tensors whole, once per worker";
-  ExpectHolds(r0, 0, four, "v4");
-  ExpectHolds(r1, 1, four, "v4");
-  ExpectHolds(whole, -1, four, "v4");
+  holds(four, "v4");
   // The ranks' copies followed that whole sync: a patch again.
-  Llama five(2);
-  five.Bump(l1, byte);
-  got = SyncAll(2, "v5", l1 + " " + std::to_string(byte));
-  EXPECT_EQ(2u, sum(got, Patched));
-  EXPECT_EQ(2u * (4 + 2), sum(got, Sent));
-  ExpectHolds(r0, 0, five, "v5");
-  ExpectHolds(r1, 1, five, "v5");
-  ExpectHolds(whole, -1, five, "v5");
+  patch_l1(2, "v5");
 }
 
 // On every backend many senders run on (nccl and cuda_ipc on the TEST
