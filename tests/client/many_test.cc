@@ -195,6 +195,10 @@ class ManyTest : public wtxtest::ShardedFixture {
   // Deltas with patches: what one rank feeds whole goes as a patch of the
   // elements that changed; what several feed, whole from each.
   void PatchesSendTheChangedElementsOfWhatOneRankFeeds();
+  // A rank killed while rank 0 waits for what it changed: rank 0 fails at
+  // once naming it, every worker keeps v2, the rank comes back, v3 lands
+  // and v4, nothing changed, is a delta that moves nothing.
+  void RankKilledMidDelta();
 
   std::vector<int> ports_;
   std::vector<Rank> ranks_;
@@ -424,6 +428,33 @@ INSTANTIATE_TEST_SUITE_P(Backends, ManyDeltaTest,
 // once naming it, every worker keeps v2, and once it is back (knowing
 // nothing of what it sent) the next sync lands.
 TEST_F(ManyTest, ARankKilledMidDeltaLeavesEveryWorkerOnItsVersionAndTheNextSyncLands) {
+  RankKilledMidDelta();
+}
+
+// The same with patches: the ranks' copies written for the lost sync are
+// not trusted, the restarted rank starts with none, and once a sync lands
+// a changed element goes as a patch again.
+TEST_F(ManyTest, ARankKilledMidPatchDeltaLeavesEveryWorkerOnItsVersionAndPatchesResume) {
+  patches_ = true;
+  RankKilledMidDelta();
+  const std::string l1 = "model.layers.1.mlp.up_proj.weight";
+  const size_t byte = 50 * 32 * 2;
+  Llama five(2);
+  five.Bump(l1, byte);
+  uint64_t patched = 0, sent = 0;
+  for (const std::string &l : SyncAll(2, "v5", l1 + " " + std::to_string(byte))) {
+    EXPECT_EQ(1u, Delta(l)) << l;
+    patched += Patched(l);
+    sent += Sent(l);
+  }
+  EXPECT_EQ(2u, patched);
+  EXPECT_EQ(2u * (4 + 2), sent);
+  ExpectHolds(workers_[0], 0, five, "v5");
+  ExpectHolds(workers_[1], 1, five, "v5");
+  ExpectHolds(workers_[2], -1, five, "v5");
+}
+
+void ManyTest::RankKilledMidDelta() {
   delta_ = true;
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   std::vector<Worker> ws = {r0, r1, whole};
@@ -653,6 +684,47 @@ void ManyTest::BoxesReachAWorkerStagingOnAGpu() {
     for (const wtxtest::Tensor &x : model.t)
       EXPECT_EQ(XXH3_64bits(x.data.data(), x.data.size()), dev[x.name]) << x.name << " " << v;
   }
+}
+
+// Patches go only to workers that take them: a model staging on its GPU
+// (gpu_model_worker over nccl, on the TEST DOUBLE) says it takes whole
+// tensors at each start, so rank 0 drops the offer of a patch for it and
+// the tensor's owner sends it whole there, while the tensor-parallel
+// worker holding the same element still gets a patch.
+TEST_F(ManyTest, PatchesGoOnlyToWorkersThatTakeThem) {
+  backend_ = "nccl";
+  delta_ = patches_ = true;
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1);
+  worker_binary_ = "tests/client/gpu_model_worker";
+  std::string sums = dir_ + "/sums";
+  Worker gpu = Spawn({"--sums", sums});
+  StartAll({r0, r1, gpu});
+  for (const std::string &l : SyncAll(1, "v1")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
+  const std::string l1 = "model.layers.1.mlp.up_proj.weight";
+  const size_t byte = 50 * 32 * 2;  // row 50 of 64: tensor-parallel rank 1's
+  Llama two(1);
+  two.Bump(l1, byte);
+  std::vector<std::string> got = SyncAll(1, "v2", l1 + " " + std::to_string(byte));
+  uint64_t sent = 0, patched = 0, whole_l1 = 0;
+  for (const std::string &l : got) {
+    EXPECT_EQ(1u, Delta(l)) << l;
+    sent += Sent(l);
+    patched += Patched(l);
+  }
+  for (const wtxtest::Tensor &x : two.t) whole_l1 += x.name == l1 ? x.data.size() : 0;
+  EXPECT_EQ(1u, patched);
+  EXPECT_EQ(4u + 2 + whole_l1, sent) << "a patch to rank 1's worker, the tensor whole to the GPU";
+  ExpectHolds(r0, 0, two, "v2");
+  ExpectHolds(r1, 1, two, "v2");
+  // The GPU model hashes what each update staged on it: l1 alone, whole.
+  std::string version;
+  std::map<std::string, uint64_t> dev = DeviceSums(sums, &version);
+  EXPECT_EQ("v2", version);
+  EXPECT_EQ(1u, dev.size());
+  uint64_t want = 0;
+  for (const wtxtest::Tensor &x : two.t)
+    want = x.name == l1 ? XXH3_64bits(x.data.data(), x.data.size()) : want;
+  EXPECT_EQ(want, dev[l1]);
 }
 
 // A model that only adopts tensors in place in the receive region
