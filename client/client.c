@@ -9,6 +9,7 @@
 
 #include "client/control.h"
 #include "client/fanout.h"
+#include "common/clock.h"
 #include "wtx/v1/weight_transfer.grpc-c.h"
 
 /* How a client reaches its workers, as transport.h's backends are tables:
@@ -1186,6 +1187,31 @@ int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
 }
 
 int wtx__client_update_wait(wtx_client *c) { return c->reach->update_wait(c); }
+
+/* How often a wait that a stop may end looks at it, and how long the
+ * calls still get once it fired: a worker's refusal, racing the failure
+ * it caused elsewhere, is the better error. */
+enum { STOP_POLL_MS = 20, STOP_GRACE_MS = 200 };
+
+/* 1 when replica i's call in flight ends within ms (or none is). */
+static int ended_within(wtx_client *c, size_t i, int ms) {
+  replica *r = &c->r[i];
+  return r->begun != 0 || r->pending == NULL || wtx__rpc_unary_poll_within(r->pending, ms, NULL);
+}
+
+int wtx__client_update_wait_stop(wtx_client *c, const wtx_stop *stop) {
+  int stopped = 0;
+  for (size_t i = 0; c->reach == &via_grpc && i < c->n && !stopped; i++)
+    while (!ended_within(c, i, STOP_POLL_MS) && !(stopped = wtx_stop_now(stop))) {
+    }
+  int64_t until = wtx__clock_ms() + STOP_GRACE_MS;
+  for (size_t i = 0; stopped && i < c->n; i++) {
+    int64_t left = until - wtx__clock_ms();
+    if (!ended_within(c, i, left > 0 ? (int)left : 0)) wtx__rpc_unary_cancel(c->r[i].pending);
+  }
+  int rc = c->reach->update_wait(c);
+  return rc != 0 && stopped && c->err_status == GRPC_STATUS_CANCELLED ? WTX_ECANCELED : rc;
+}
 int wtx__client_update_refused(wtx_client *c) { return c->reach->refused(c); }
 uint64_t wtx__client_table(const wtx_client *c) { return c->reach->table(c); }
 int wtx__client_prepare(wtx_client *c, const char *version) {

@@ -4,6 +4,7 @@
 #ifndef WTX_CLIENT_FANOUT_H
 #define WTX_CLIENT_FANOUT_H
 
+#include "common/stop.h"
 #include "wtx/client.h"
 #include "wtx/v1/weight_transfer.pb-c.h"
 
@@ -71,6 +72,12 @@ int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui);
  * control_bytes is a sync's share). */
 uint64_t wtx__client_update_bytes(const wtx_client *c);
 int wtx__client_update_wait(wtx_client *c);
+/* update_wait that ends early when stop fires (the sync failed elsewhere:
+ * another worker's part, the data plane): the calls still in flight after
+ * a short grace, in which a worker that refused the chunk answers so, are
+ * cancelled, and WTX_ECANCELED is returned when that is all that failed.
+ * Over a caller's control plane, plain update_wait. */
+int wtx__client_update_wait_stop(wtx_client *c, const wtx_stop *stop);
 /* Publishes the update on every replica or on none: PrepareWeightUpdate on
  * every replica first (a failure returns before any replica publishes; the
  * caller then aborts them all), then FinishWeightUpdate on each, retried on

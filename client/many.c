@@ -23,6 +23,7 @@
  * worker's UpdateWeights fails at once) aborts every worker's update. */
 #include <grpc/status.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,10 @@ typedef struct wstream {
 
 struct wtx__many {
   uint32_t rank, world;
+  /* Set by the first of a sync's jobs to fail: rank 0's calls still
+   * waiting for a worker's answer end then, rather than when that worker
+   * times out the bytes this sync will no longer send. */
+  atomic_int failed;
   wtx_client *client;
   size_t n_workers;
   wtx_client **one; /* rank 0: a client of each worker alone */
@@ -999,8 +1004,15 @@ static int send_control(wjob *j) {
     ui.first_param_offset = c->first_offset;
     ui.chunk_bytes = c->bytes;
     ui.box = c->box != 0 ? box_msg(&st->boxes[c->box - 1], &bx, lo, len) : NULL;
+    wtx_stop stop = {.flag = &j->m->failed};
     int rc = wtx__client_update_start(one, &ui);
-    if (rc == 0) rc = wtx__client_update_wait(one);
+    int wrc = wtx__client_update_wait_stop(one, &stop);
+    rc = rc != 0 ? rc : wrc;
+    if (rc == WTX_ECANCELED) {
+      snprintf(j->err, sizeof j->err, "worker %u: its chunk %zu cancelled: another part of "
+               "the sync failed", j->w, i);
+      return rc;
+    }
     if (rc != 0) {
       snprintf(j->err, sizeof j->err, "%s (chunk %zu of %zu, from rank %u)",
                wtx_client_last_error(one), i, st->nvchunks, c->sender);
@@ -1014,6 +1026,7 @@ static void *run_job(void *arg) {
   wjob *j = arg;
   j->rc = j->control ? send_control(j) : send_data(j);
   /* Once one worker's part fails the sync is lost: end the rest now. */
+  if (j->rc != 0) atomic_store(&j->m->failed, 1);
   if (j->rc != 0) wtx__tcp_rank_cancel(j->m->tcp);
   if (j->rc != 0 && j->m->gpu != NULL) wtx__nccl_rank_cancel(j->m->gpu);
   return NULL;
@@ -1023,20 +1036,22 @@ static void *run_job(void *arg) {
 static int run_jobs(wtx__many *m, wjob *jobs, size_t n, char *err, size_t errlen) {
   pthread_t *th = calloc(n, sizeof *th);
   if (th == NULL) return WTX_ENOMEM;
+  atomic_store(&m->failed, 0);
   size_t started = 0;
   for (; started < n; started++)
     if (pthread_create(&th[started], NULL, run_job, &jobs[started]) != 0) break;
   for (size_t i = 0; i < started; i++) pthread_join(th[i], NULL);
   free(th);
   int rc = started == n ? 0 : WTX_ENOMEM;
-  /* The telling failure: a worker's refusal over the data plane's echo of it. */
-  for (int pass = 0; pass < 2 && rc == 0; pass++)
+  /* The telling failure: a worker's refusal over the data plane's echo of
+   * it, and either over a call cancelled because of them. */
+  for (int pass = 0; pass < 3 && rc == 0; pass++)
     for (size_t i = 0; i < n && rc == 0; i++)
-      if (jobs[i].rc != 0 && (pass == 1 || jobs[i].control)) {
+      if (jobs[i].rc != 0 && (pass == 2 || jobs[i].rc != WTX_ECANCELED) &&
+          (pass >= 1 || jobs[i].control)) {
         rc = jobs[i].rc;
         snprintf(err, errlen, "%s", jobs[i].err);
       }
-  (void)m;
   return rc;
 }
 

@@ -345,9 +345,14 @@ int wtx__rpc_unary_start(wtx__rpc_channel *ch, const wtx__rpc_method *m,
 }
 
 int wtx__rpc_unary_poll(wtx__rpc_pending *p, int *code) {
+  return wtx__rpc_unary_poll_within(p, 0, code);
+}
+
+int wtx__rpc_unary_poll_within(wtx__rpc_pending *p, int ms, int *code) {
   if (!p->finished && !p->start_failed) {
-    grpc_event ev = grpc_completion_queue_pluck(p->c.cq, p, gpr_time_0(GPR_CLOCK_REALTIME),
-                                                NULL);
+    gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                      gpr_time_from_millis(ms > 0 ? ms : 0, GPR_TIMESPAN));
+    grpc_event ev = grpc_completion_queue_pluck(p->c.cq, p, until, NULL);
     p->finished = ev.type == GRPC_OP_COMPLETE;
   }
   if (code != NULL) *code = p->start_failed ? GRPC_STATUS_INTERNAL : (int)p->c.status;

@@ -167,6 +167,8 @@ int wtx__rpc_unary_wait(wtx__rpc_pending *p, ProtobufCMessage **resp,
 /* 1 when the call has ended (wtx__rpc_unary_wait then returns at once) with
  * *code (may be NULL) its status, else 0; never blocks. */
 int wtx__rpc_unary_poll(wtx__rpc_pending *p, int *code);
+/* The same, waiting at most ms milliseconds for the call to end. */
+int wtx__rpc_unary_poll_within(wtx__rpc_pending *p, int ms, int *code);
 /* Cancels the call (it then ends with CANCELLED); p must still be waited for.
  * Safe from any thread. */
 void wtx__rpc_unary_cancel(wtx__rpc_pending *p);
