@@ -691,31 +691,31 @@ static void describe_param(void *arg, size_t i, char *buf, size_t len) {
 
 /* Rank 0: every other rank planned this sync as rank 0 did, or the init
  * fails naming the first parameter where one differs, before any worker's
- * session starts. */
+ * session starts; the check stays open as that rank's link (made again
+ * when the rank is gone). */
 static int many_check(wtx__many *m, char *err, size_t errlen) {
   int rc = 0;
   for (uint32_t r = 1; rc == 0 && r < m->world; r++) {
-    int link = m->nccl || m->delta;
-    if (link && m->links[r] >= 0 && !wtx__tcp_link_alive(m->links[r])) {
+    if (m->links[r] >= 0 && !wtx__tcp_link_alive(m->links[r])) {
       close(m->links[r]); /* that rank is gone: link its successor */
       m->links[r] = -1;
     }
-    if (!link || m->links[r] < 0)
+    if (m->links[r] < 0)
       rc = wtx__tcp_rank_check(m->addrs[r], r, m->token, m->token_len, wtx_plan_digest(m->plan),
-                               &m->params, m->wire.timeout_ms, link ? &m->links[r] : NULL, err,
+                               &m->params, m->wire.timeout_ms, &m->links[r], err,
                                errlen);
   }
   return rc;
 }
 
-/* Rank 0, nccl: the sync's go to every other rank, on links checked (and
- * made again) first. A link that fails is closed, and the next sync makes
- * a new session. */
+/* Rank 0: the sync's go to every other rank, on links checked (and made
+ * again) first; with nccl it names the communicator. A link that fails is
+ * closed, and the next sync makes a new session. */
 static int many_go(wtx__many *m, char *err, size_t errlen) {
   int rc = many_check(m, err, errlen);
   for (uint32_t r = 1; rc == 0 && r < m->world; r++) {
-    rc = wtx__tcp_link_go(m->links[r], m->generation, m->id, sizeof m->id, m->wire.timeout_ms,
-                          err, errlen);
+    rc = wtx__tcp_link_go(m->links[r], m->generation, m->nccl ? m->id : NULL,
+                          m->nccl ? sizeof m->id : 0, m->wire.timeout_ms, err, errlen);
     if (rc != 0) {
       close(m->links[r]);
       m->links[r] = -1;
@@ -724,13 +724,27 @@ static int many_go(wtx__many *m, char *err, size_t errlen) {
   return rc;
 }
 
+/* Another rank: rank 0's go for this sync (payload: cap bytes at most,
+ * *len of them), on its link, linked again when it is down. A link that
+ * closes before the go is an earlier sync's, closed when that sync failed
+ * there: rank 0 links again for this one, within the timeout. So once the
+ * go is in, the link closing means this sync failed on rank 0. */
+static int take_go(wtx__many *m, uint64_t *gen, uint8_t *payload, size_t cap, size_t *len,
+                   char *err, size_t errlen) {
+  int64_t until = wtx__clock_ms() + m->wire.timeout_ms;
+  for (;;) {
+    int rc = wtx__tcp_rank_accept_link(m->tcp, err, errlen);
+    if (rc == 0) rc = wtx__tcp_rank_go(m->tcp, gen, payload, cap, len, err, errlen);
+    if (rc != WTX_EIO || wtx__clock_ms() >= until) return rc;
+  }
+}
+
 /* Another rank, nccl: rank 0's go, and the communicator it names joined
  * when it is a new one (or this rank's failed). */
 static int many_take_go(wtx__many *m, char *err, size_t errlen) {
   uint64_t gen = 0;
   size_t len = 0;
-  int rc = wtx__tcp_rank_accept(m->tcp, err, errlen); /* rank 0's link, when it is gone */
-  if (rc == 0) rc = wtx__tcp_rank_go(m->tcp, &gen, m->id, sizeof m->id, &len, err, errlen);
+  int rc = take_go(m, &gen, m->id, sizeof m->id, &len, err, errlen);
   if (rc == 0 && len != sizeof m->id) {
     snprintf(err, errlen, "nccl: rank 0's go carries %zu bytes, not a communicator id", len);
     rc = WTX_EPROTO;
@@ -771,16 +785,18 @@ static int many_open(wtx__many *m, const wtx_trainer_config *cfg, char *err, siz
   if (rc == 0 && (m->param_digests = malloc((m->n + 1) * sizeof *m->param_digests)) == NULL)
     rc = WTX_ENOMEM;
   if (rc == 0) rc = wtx_plan_param_digests(m->metas, m->own, m->n, m->param_digests);
-  /* A link from rank 0 to every other rank: nccl's go, a delta's exchange
-   * (rank 0's own port takes only workers). */
+  /* A link from rank 0 to every other rank: nccl's go, a delta's exchange,
+   * and rank 0's word that a sync failed (it closes the link), which ends
+   * a rank's wait for workers that will not come (rank 0's own port takes
+   * only workers). */
   m->params = (wtx__tcp_params){m->param_digests, m->n, describe_param, m,
-                                m->nccl || (m->delta && m->rank != 0), m->shm, m->ipc};
+                                m->nccl || m->rank != 0, m->shm, m->ipc};
   char bound[300];
   if (rc == 0)
     rc = wtx__tcp_rank_listen(m->addrs[m->rank], m->token, m->token_len,
                               wtx_plan_digest(m->plan), &m->params, m->nccl ? 0 : m->n_workers,
                               m->wire.timeout_ms, &m->tcp, bound, sizeof bound, err, errlen);
-  if (rc == 0 && (m->nccl || m->delta) && m->rank == 0 &&
+  if (rc == 0 && m->rank == 0 &&
       (m->links = malloc(m->world * sizeof *m->links)) == NULL)
     rc = WTX_ENOMEM;
   for (uint32_t r = 0; m->links != NULL && r < m->world; r++) m->links[r] = -1;
@@ -1520,16 +1536,20 @@ static int many_connect(wtx__many *m, char *err, size_t errlen) {
     /* nccl: a go each sync; a link that fails it makes a new session. */
     if (m->ready && m->nccl && wtx__nccl_rank_ready(m->gpu) && many_go(m, err, errlen) == 0)
       return 0;
-    /* A delta asks every rank on its link: a link that died is made again. */
-    if (m->ready && !m->nccl) return m->delta ? many_check(m, err, errlen) : 0;
+    /* tcp: a go each sync too, on every rank's link (one that died made
+     * again); one that fails fails the sync, and the next starts over. */
+    if (m->ready && !m->nccl) return many_go(m, err, errlen);
     wtx__tcp_rank_reset(m->tcp);
-    int rc = m->delta && !m->nccl ? many_check(m, err, errlen) : 0;
+    int rc = !m->nccl ? many_go(m, err, errlen) : 0;
     return rc != 0 ? rc : many_sessions(m, err, errlen);
   }
-  int connected = wtx__tcp_rank_connected(m->tcp);
-  if (connected && (!m->delta || wtx__tcp_rank_linked(m->tcp))) return 0;
-  if (!connected) wtx__tcp_rank_reset(m->tcp);
-  return wtx__tcp_rank_accept(m->tcp, err, errlen); /* and rank 0's link, when it is down */
+  /* tcp: the go, then the workers' connections when theirs closed */
+  uint64_t gen = 0;
+  size_t len = 0;
+  int rc = take_go(m, &gen, NULL, 0, &len, err, errlen);
+  if (rc != 0 || wtx__tcp_rank_connected(m->tcp)) return rc;
+  wtx__tcp_rank_reset(m->tcp);
+  return wtx__tcp_rank_accept(m->tcp, err, errlen);
 }
 
 /* The sync's threads: per worker, this rank's bytes, and on rank 0 the
@@ -1625,14 +1645,15 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
     if (m->rank == 0) many_abort(m, err);
     if (m->rank == 0) m->ready = 0;
     wtx__tcp_rank_reset(m->tcp);
-    /* A rank waiting on its link for this sync's exchange fails now; so
-     * does rank 0 waiting for this rank's answer. */
-    for (uint32_t k = 1; m->delta && m->links != NULL && k < m->world; k++)
+    /* A rank waiting on its link (for this sync's exchange, or for
+     * workers that will not come) fails now; so does rank 0 waiting for
+     * this rank's answer. */
+    for (uint32_t k = 1; m->links != NULL && k < m->world; k++)
       if (m->links[k] >= 0) {
         close(m->links[k]);
         m->links[k] = -1;
       }
-    if (m->delta && m->rank != 0) wtx__tcp_rank_unlink(m->tcp);
+    if (m->rank != 0) wtx__tcp_rank_unlink(m->tcp);
   }
   /* A failed publish was undone on every worker (many_publish), and every
    * byte had moved: the sessions and connections stand, and the other

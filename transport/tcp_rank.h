@@ -96,6 +96,9 @@ void wtx__tcp_rank_unlink(wtx__tcp_rank *r);
  * A worker bringing another plan of rank 0's fails it (WTX_EINVAL), as
  * does rank 0's check finding the plans differ (err says where). */
 int wtx__tcp_rank_accept(wtx__tcp_rank *r, char *err, size_t errlen);
+/* The same until rank 0's link is up (at once when it is); a worker that
+ * connects meanwhile is taken as accept takes it. */
+int wtx__tcp_rank_accept_link(wtx__tcp_rank *r, char *err, size_t errlen);
 /* Whether every worker's connection is still open (a worker whose update
  * was aborted closes it: its next session connects again). Never blocks. */
 int wtx__tcp_rank_connected(wtx__tcp_rank *r);

@@ -262,13 +262,43 @@ TEST_F(ManyTest, ARankKilledMidSyncLeavesEveryWorkerOnItsVersionAndTheNextSyncLa
   ExpectHolds(whole, -1, two, "v2");
 }
 
+// A worker that restarts loses its session: the next sync fails on rank 0
+// at that worker's start, and rank 0 says so to the other ranks on their
+// links, so each fails at once saying why, rather than waiting out its
+// timeout for workers that will not come. Every worker keeps v1, and the
+// sync after lands everywhere.
+TEST_F(ManyTest, AWorkerThatRestartedFailsOneSyncOnEveryRankAndTheNextLands) {
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  std::vector<Worker> ws = {r0, r1, whole};
+  ASSERT_NO_FATAL_FAILURE(StartAll(ws));
+  for (const std::string &line : SyncAll(1, "v1")) ASSERT_EQ(0u, line.rfind("ok", 0)) << line;
+  Stop(workers_[1]);
+  Worker again = SpawnRank(1, {"--listen", r1.addr()});
+  ASSERT_EQ(r1.port, again.port);
+  std::vector<std::string> got = SyncAll(2, "v2");
+  EXPECT_EQ(0u, got[0].rfind("fail", 0)) << got[0];
+  EXPECT_NE(std::string::npos, got[0].find("worker 1 (" + r1.addr() + ")")) << got[0];
+  for (int r = 1; r < 4; r++) {
+    EXPECT_EQ(0u, got[r].rfind("fail", 0)) << "rank " << r << ": " << got[r];
+    EXPECT_NE(std::string::npos, got[r].find("rank 0 ended this sync"))
+        << "rank " << r << ": " << got[r];
+  }
+  Llama one(1), two(2);
+  ExpectHolds(r0, 0, one, "v1");
+  ExpectHolds(whole, -1, one, "v1");
+  for (const std::string &line : SyncAll(2, "v2")) EXPECT_EQ(0u, line.rfind("ok", 0)) << line;
+  ExpectHolds(r0, 0, two, "v2");
+  ExpectHolds(again, 1, two, "v2");
+  ExpectHolds(whole, -1, two, "v2");
+}
+
 // Deltas with many senders: every rank hashes the pieces it sends, and rank
 // 0 asks them which changed and tells them which tensors each worker gets.
 void ManyTest::DeltasSendOnlyTheChangedTensorsFromEveryOwner() {
   delta_ = true;
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   std::vector<Worker> ws = {r0, r1, whole};
-  StartAll(ws);
+  ASSERT_NO_FATAL_FAILURE(StartAll(ws));
   Llama one(1);
   // This trainer's first sync is whole.
   for (const std::string &l : SyncAll(1, "v1")) EXPECT_EQ(0u, Delta(l)) << l;
