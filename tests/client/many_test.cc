@@ -34,6 +34,9 @@ class ManyTest : public wtxtest::ShardedFixture {
  protected:
   void SetUp() override {
     ShardedFixture::SetUp();
+    // A rank that died answers a write to its stdin with EPIPE, a failure
+    // of the test that wrote, not a signal that ends every test.
+    signal(SIGPIPE, SIG_IGN);
     backend_ = "tcp";
     for (int r = 0; r < 4; r++) ports_.push_back(FreePort());
   }
@@ -62,8 +65,10 @@ class ManyTest : public wtxtest::ShardedFixture {
   std::string RankAddr(int r) const { return "127.0.0.1:" + std::to_string(ports_[r]); }
 
   // Starts rank r of 4 against workers ws; it answers "ready" once its
-  // trainer is initialized.
-  Rank Start(int r, const std::vector<Worker> &ws, int timeout_ms = 5000, bool other = false) {
+  // trainer is initialized. Its timeout bounds every wait of its trainer
+  // and of the workers' sessions; generous, for a loaded machine, since
+  // no test but one waits it out.
+  Rank Start(int r, const std::vector<Worker> &ws, int timeout_ms = 20000, bool other = false) {
     // Over nccl each rank has a GPU of its own on the double (its UUID;
     // the workers take GPUs 1.. by ordinal) and names the backend.
     std::vector<std::string> env_s;
@@ -209,7 +214,7 @@ class ManyTest : public wtxtest::ShardedFixture {
 
 TEST_F(ManyTest, EveryRankSendsItsOwnBytesStraightToTheWorkersThatHoldThem) {
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
-  StartAll({r0, r1, whole});
+  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
   uint64_t first_control = 0;
   for (int seed = 1; seed <= 2; seed++) {
     Llama model(static_cast<uint8_t>(seed));
@@ -235,7 +240,7 @@ TEST_F(ManyTest, EveryRankSendsItsOwnBytesStraightToTheWorkersThatHoldThem) {
 TEST_F(ManyTest, ARankKilledMidSyncLeavesEveryWorkerOnItsVersionAndTheNextSyncLands) {
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   std::vector<Worker> ws = {r0, r1, whole};
-  StartAll(ws);
+  ASSERT_NO_FATAL_FAILURE(StartAll(ws));
   for (const std::string &line : SyncAll(1, "v1")) ASSERT_EQ(0u, line.rfind("ok", 0)) << line;
   // The sync starts without rank 2, which is killed once the workers
   // receive: its connections close under them.
@@ -366,7 +371,7 @@ void ManyTest::DeltasSendOnlyTheChangedTensorsFromEveryOwner() {
 void ManyTest::PatchesSendTheChangedElementsOfWhatOneRankFeeds() {
   delta_ = patches_ = true;
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
-  StartAll({r0, r1, whole});
+  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
   for (const std::string &l : SyncAll(1, "v1")) {
     EXPECT_EQ(0u, Delta(l)) << l;
     EXPECT_EQ(0u, Patched(l)) << l;
@@ -488,7 +493,7 @@ void ManyTest::RankKilledMidDelta() {
   delta_ = true;
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   std::vector<Worker> ws = {r0, r1, whole};
-  StartAll(ws);
+  ASSERT_NO_FATAL_FAILURE(StartAll(ws));
   for (const std::string &line : SyncAll(1, "v1")) ASSERT_EQ(0u, line.rfind("ok", 0)) << line;
   for (const std::string &line : SyncAll(1, "v2")) ASSERT_EQ(1u, Delta(line)) << line;
   for (int r : {0, 1, 3}) Say(ranks_[r], "sync 2 v3");
@@ -526,7 +531,7 @@ void ManyTest::RankKilledMidDelta() {
 TEST_F(ManyTest, AfterADraftSyncTheNextDeltaIsWhole) {
   delta_ = true;
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
-  StartAll({r0, r1, whole});
+  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
   for (const std::string &l : SyncAll(1, "v1")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
   for (int r = 0; r < 4; r++) Say(ranks_[r], "draft 2 v1");
   for (int r = 0; r < 4; r++) ASSERT_EQ(0u, Line(ranks_[r]).rfind("ok", 0)) << "rank " << r;
@@ -553,7 +558,7 @@ TEST_F(ManyTest, AFinishRefusedByOneWorkerIsUndoneOnEveryWorker) {
   std::string vdir = dir_ + "/vllm";
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1),
          whole = Spawn({"--vllm-url", vllm.url(), "--vllm-dir", vdir});
-  StartAll({r0, r1, whole});
+  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
   for (const std::string &line : SyncAll(1, "v1")) ASSERT_EQ(0u, line.rfind("ok", 0)) << line;
   ASSERT_EQ(1u, vllm.Reloads().size());
   const std::string v1_reload = vllm.Reloads()[0];
@@ -611,7 +616,7 @@ TEST_F(ManyTest, OverCudaIpcEveryRankSendsItsOwnBytesAndADeadRankCostsOneSync) {
 void ManyTest::SyncsLandAndADeadRankCostsOneSync() {
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   std::vector<Worker> ws = {r0, r1, whole};
-  StartAll(ws);
+  ASSERT_NO_FATAL_FAILURE(StartAll(ws));
   for (int seed = 1; seed <= 2; seed++) {
     Llama model(static_cast<uint8_t>(seed));
     std::string v = "v" + std::to_string(seed);
@@ -700,7 +705,7 @@ void ManyTest::BoxesReachAWorkerStagingOnAGpu() {
   std::string sums = dir_ + "/sums";
   Worker gpu = Spawn({"--sums", sums});
   std::vector<Worker> ws = {r0, r1, gpu};
-  StartAll(ws);
+  ASSERT_NO_FATAL_FAILURE(StartAll(ws));
   for (int seed = 1; seed <= 2; seed++) {
     Llama model(static_cast<uint8_t>(seed));
     std::string v = "v" + std::to_string(seed), version;
@@ -728,7 +733,7 @@ TEST_F(ManyTest, PatchesGoOnlyToWorkersThatTakeThem) {
   worker_binary_ = "tests/client/gpu_model_worker";
   std::string sums = dir_ + "/sums";
   Worker gpu = Spawn({"--sums", sums});
-  StartAll({r0, r1, gpu});
+  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, gpu}));
   for (const std::string &l : SyncAll(1, "v1")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
   const std::string l1 = "model.layers.1.mlp.up_proj.weight";
   const size_t byte = 50 * 32 * 2;  // row 50 of 64: tensor-parallel rank 1's
