@@ -99,6 +99,10 @@ struct wtx__many {
    * waiting for a worker's answer end then, rather than when that worker
    * times out the bytes this sync will no longer send. */
   atomic_int failed;
+  /* Another rank over tcp whose connections stood at the sync's start: it
+   * sends at once, and this sync's go is read once its bytes are out (or
+   * before a delta's ask). */
+  int go_due;
   wtx_client *client;
   size_t n_workers;
   wtx_client **one; /* rank 0: a client of each worker alone */
@@ -737,6 +741,21 @@ static int take_go(wtx__many *m, uint64_t *gen, uint8_t *payload, size_t cap, si
     if (rc == 0) rc = wtx__tcp_rank_go(m->tcp, gen, payload, cap, len, err, errlen);
     if (rc != WTX_EIO || wtx__clock_ms() >= until) return rc;
   }
+}
+
+/* Another rank over tcp, its connections standing at the sync's start:
+ * this sync's go, which rank 0 sent at its start. The link closed instead
+ * means rank 0 failed the sync before the bytes moved. */
+static int read_go(wtx__many *m, char *err, size_t errlen) {
+  if (!m->go_due) return 0;
+  m->go_due = 0;
+  uint64_t gen = 0;
+  size_t len = 0;
+  int rc = wtx__tcp_rank_go(m->tcp, &gen, NULL, 0, &len, err, errlen);
+  if (rc == WTX_EIO)
+    snprintf(err, errlen, "tcp: rank 0 ended this sync (it closed its link to this rank "
+             "before the sync's go)");
+  return rc;
 }
 
 /* Another rank, nccl: rank 0's go, and the communicator it names joined
@@ -1479,7 +1498,8 @@ static int follow_patches(wtx__many *m, size_t dlen, char *err, size_t errlen) {
  * changes, and the decision. */
 static int delta_follow(wtx__many *m, char *err, size_t errlen) {
   uint8_t landed = 0;
-  int rc = wtx__tcp_rank_asked(m->tcp, &landed, 1, err, errlen);
+  int rc = read_go(m, err, errlen); /* the ask follows the go */
+  if (rc == 0) rc = wtx__tcp_rank_asked(m->tcp, &landed, 1, err, errlen);
   if (rc == 0) delta_settle(m, landed != 0);
   if (rc == 0) rc = delta_hash(m);
   size_t dlen = 0;
@@ -1543,7 +1563,15 @@ static int many_connect(wtx__many *m, char *err, size_t errlen) {
     int rc = !m->nccl ? many_go(m, err, errlen) : 0;
     return rc != 0 ? rc : many_sessions(m, err, errlen);
   }
-  /* tcp: the go, then the workers' connections when theirs closed */
+  /* tcp: a rank whose connections stand sends at once (ahead of rank 0
+   * where the workers' read-ahead lets it) and reads the go later
+   * (read_go); one whose connections closed reads the go first, which
+   * tells a link rank 0 closed after an earlier sync from one it closes
+   * in this one, then takes the workers' new connections. */
+  if (wtx__tcp_rank_connected(m->tcp) && wtx__tcp_rank_linked(m->tcp)) {
+    m->go_due = 1;
+    return 0;
+  }
   uint64_t gen = 0;
   size_t len = 0;
   int rc = take_go(m, &gen, NULL, 0, &len, err, errlen);
@@ -1631,6 +1659,7 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   if (rc == 0 && m->delta) rc = delta_views(m, &r);
   for (size_t w = 0; !m->delta && w < m->n_workers; w++) view_whole(&m->ws[w]);
   if (rc == 0) rc = many_move(m, &r, err, errlen);
+  if (rc == 0 && m->rank != 0) rc = read_go(m, err, errlen);
   int moved = rc == 0;
   if (rc == 0 && m->rank == 0) rc = many_publish(m, opts, &r, err, errlen);
   /* Whether what every worker serves is what the ranks hashed this sync:
@@ -1654,6 +1683,7 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
         m->links[k] = -1;
       }
     if (m->rank != 0) wtx__tcp_rank_unlink(m->tcp);
+    m->go_due = 0; /* it went with the link */
   }
   /* A failed publish was undone on every worker (many_publish), and every
    * byte had moved: the sessions and connections stand, and the other
