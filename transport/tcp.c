@@ -1943,7 +1943,11 @@ int wtx__tcp_rank_answer(wtx__tcp_rank *r, const uint8_t *mine, size_t len, uint
   return rc == 0 ? 0 : rank_delta_failed(r, rc, why, err, errlen);
 }
 
-int wtx__tcp_rank_linked(const wtx__tcp_rank *r) { return r->link >= 0; }
+int wtx__tcp_rank_linked(const wtx__tcp_rank *r) {
+  /* POLLRDHUP and not POLLIN: a record waiting on the link is not a close. */
+  struct pollfd p = {.fd = r->link, .events = POLLRDHUP};
+  return r->link >= 0 && poll(&p, 1, 0) == 0;
+}
 
 void wtx__tcp_rank_unlink(wtx__tcp_rank *r) {
   if (r->link >= 0) close(r->link);

@@ -85,7 +85,8 @@ int wtx__tcp_link_tell(int link, const uint8_t *decision, size_t len, uint32_t t
 int wtx__tcp_rank_asked(wtx__tcp_rank *r, uint8_t *ask, size_t len, char *err, size_t errlen);
 int wtx__tcp_rank_answer(wtx__tcp_rank *r, const uint8_t *mine, size_t len, uint8_t *decision,
                          size_t dmin, size_t dcap, size_t *dlen, char *err, size_t errlen);
-/* Whether rank 0's link to this rank is up (as far as this rank knows). */
+/* Whether rank 0's link to this rank is up: open here, and not closed by
+ * rank 0 as far as this rank has heard. Never blocks. */
 int wtx__tcp_rank_linked(const wtx__tcp_rank *r);
 /* Closes rank 0's link to this rank: rank 0, waiting on it, learns at once
  * that this rank's sync failed (it links again for the next). */
