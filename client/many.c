@@ -1589,7 +1589,17 @@ static int many_move(wtx__many *m, wtx_send_result *r, char *err, size_t errlen)
   if (jobs == NULL) return WTX_ENOMEM;
   for (size_t i = 0; i < n; i++)
     jobs[i] = (wjob){.m = m, .w = (uint32_t)(i < nd ? i : i - nd), .control = i >= nd};
-  int rc = run_jobs(m, jobs, n, err, errlen);
+  /* Another rank over tcp: rank 0 closing the link meanwhile (it failed
+   * the sync) ends this rank's sends, which would otherwise wait on
+   * workers that no longer read. */
+  int watch = m->rank != 0 && !m->nccl;
+  int rc = watch ? wtx__tcp_rank_watch(m->tcp) : 0;
+  if (rc == 0) rc = run_jobs(m, jobs, n, err, errlen);
+  if (watch && wtx__tcp_rank_unwatch(m->tcp)) {
+    snprintf(err, errlen, "tcp: rank 0 ended this sync (it closed its link to this rank) "
+             "while this rank was sending");
+    rc = WTX_EABORTED;
+  }
   for (size_t i = 0; i < nd; i++) {
     r->bytes += jobs[i].bytes;
     r->chunks += jobs[i].chunks;

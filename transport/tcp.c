@@ -32,6 +32,7 @@
 #include <poll.h>
 #include <stdarg.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1380,6 +1381,12 @@ struct wtx__tcp_rank {
   int shm_ring;           /* each worker sends a ring to write into */
   int cuda_region;        /* each worker sends a receive region on its GPU */
   int link;               /* rank 0's connection, -1: none */
+  /* wtx__tcp_rank_watch's thread, while watching: it polls the link and
+   * stop_fd; ended: rank 0 closed the link meanwhile. */
+  pthread_t watcher;
+  int watching;
+  int watch_stop_fd;
+  atomic_int ended;
 };
 
 void wtx__tcp_rank_destroy(wtx__tcp_rank *r) {
@@ -1393,6 +1400,7 @@ void wtx__tcp_rank_destroy(wtx__tcp_rank *r) {
   if (r->lfd >= 0) close(r->lfd);
   if (r->link >= 0) close(r->link);
   if (r->cancel_fd >= 0) close(r->cancel_fd);
+  if (r->watch_stop_fd >= 0) close(r->watch_stop_fd);
   free(r->c);
   free(r);
 }
@@ -1431,7 +1439,8 @@ int wtx__tcp_rank_listen(const char *addr, const uint8_t *token, size_t token_le
   r->cuda_region = params->cuda_region;
   r->link = -1;
   r->cancel_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  int rc = r->cancel_fd < 0 ? WTX_ENOMEM : rank_alloc(r);
+  r->watch_stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  int rc = r->cancel_fd < 0 || r->watch_stop_fd < 0 ? WTX_ENOMEM : rank_alloc(r);
   if (rc == 0) rc = listen_on(addr, &r->lfd, bound, blen, err, errlen);
   if (rc == 0 && listen(r->lfd, WTX_MAX_WORKERS) != 0) rc = WTX_EIO; /* every worker at once */
   if (rc != 0) {
@@ -1941,6 +1950,42 @@ int wtx__tcp_rank_answer(wtx__tcp_rank *r, const uint8_t *mine, size_t len, uint
   if (rc == 0)
     rc = delta_take(r->link, WTX__TCP_DELTA_DECISION, decision, dmin, dcap, dlen, &ws, &why);
   return rc == 0 ? 0 : rank_delta_failed(r, rc, why, err, errlen);
+}
+
+/* The watch: until stop_fd is written, or rank 0 closes the link (its
+ * sync failed, or it died), which cancels every wait of this rank. Only
+ * POLLRDHUP of the link: a record waiting on it (the go) is no close. */
+static void *watch_main(void *arg) {
+  wtx__tcp_rank *r = arg;
+  struct pollfd p[2] = {{.fd = r->link, .events = POLLRDHUP},
+                        {.fd = r->watch_stop_fd, .events = POLLIN}};
+  while (poll(p, 2, -1) < 0 && errno == EINTR) {
+  }
+  if (p[1].revents == 0 && p[0].revents != 0) {
+    atomic_store(&r->ended, 1);
+    wtx__tcp_rank_cancel(r);
+  }
+  return NULL;
+}
+
+int wtx__tcp_rank_watch(wtx__tcp_rank *r) {
+  atomic_store(&r->ended, 0);
+  if (r->link < 0 || r->watching) return 0;
+  int rc = pthread_create(&r->watcher, NULL, watch_main, r);
+  r->watching = rc == 0;
+  return rc == 0 ? 0 : WTX_ENOMEM;
+}
+
+int wtx__tcp_rank_unwatch(wtx__tcp_rank *r) {
+  if (r->watching) {
+    uint64_t one = 1, v;
+    ssize_t n = write(r->watch_stop_fd, &one, sizeof one);
+    pthread_join(r->watcher, NULL);
+    n = read(r->watch_stop_fd, &v, sizeof v); /* spent: the next watch waits anew */
+    (void)n;
+    r->watching = 0;
+  }
+  return atomic_load(&r->ended);
 }
 
 int wtx__tcp_rank_linked(const wtx__tcp_rank *r) {

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -18,6 +19,7 @@
 
 #include "transport/rx.h"
 #include "transport/tcp_frame.h"
+#include "transport/tcp_rank.h"
 
 namespace {
 
@@ -272,6 +274,62 @@ TEST_F(TcpManyTest, ASenderThatPlannedDifferentlyFailsTheInitByItsAddress) {
   EXPECT_EQ(WTX_EINVAL, Init({&r0, &r1}, 0, &who, false, true, kPlan + 1));
   EXPECT_NE(std::string::npos, std::string(err_).find("sender " + r1.addr() + " planned"))
       << err_;
+}
+
+// A trainer rank's side (tcp_rank.h), with rank 0's link and one worker
+// that takes no bytes: while the rank sends a sync's chunk, rank 0 closing
+// the link (it failed the sync) ends the send at once (WTX_ECANCELED), not
+// at the timeout, and unwatch says the link closed; a watch that saw no
+// close answers 0.
+TEST(TcpRankTest, RankZeroClosingItsLinkEndsASendToAWorkerThatTakesNothing) {
+  const uint64_t digests[1] = {kPlan};
+  wtx__tcp_params params = {digests, 1, nullptr, nullptr, 1, 0, 0};
+  wtx__tcp_rank *r = nullptr;
+  char bound[64], err[512] = "", aerr[512] = "";
+  ASSERT_EQ(0, wtx__tcp_rank_listen("127.0.0.1:0", kToken, sizeof kToken, kPlan, &params, 1,
+                                    5000, &r, bound, sizeof bound, err, sizeof err))
+      << err;
+  int arc = -1;
+  std::thread acc([&] { arc = wtx__tcp_rank_accept(r, aerr, sizeof aerr); });
+  int link = -1;
+  ASSERT_EQ(0, wtx__tcp_rank_check(bound, 1, kToken, sizeof kToken, kPlan, &params, 5000, &link,
+                                   err, sizeof err))
+      << err;
+  // The worker: hello, who (index 0, rank 0's plan), the rank's answer.
+  std::string host(bound);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(host.substr(host.rfind(':') + 1))));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int wfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(0, connect(wfd, reinterpret_cast<sockaddr *>(&a), sizeof a));
+  uint8_t h[WTX__TCP_HELLO_BYTES], who[WTX__TCP_WHO_BYTES], plan[WTX__TCP_PLAN_BYTES];
+  wtx__tcp_hello_encode(h, kToken, sizeof kToken);
+  wtx__tcp_who_encode(who, 0, kPlan);
+  ASSERT_EQ(static_cast<ssize_t>(sizeof h), write(wfd, h, sizeof h));
+  ASSERT_EQ(static_cast<ssize_t>(sizeof who), write(wfd, who, sizeof who));
+  ASSERT_EQ(static_cast<ssize_t>(sizeof plan), recv(wfd, plan, sizeof plan, MSG_WAITALL));
+  acc.join();
+  ASSERT_EQ(0, arc) << aerr;
+  // A watch with nothing closed.
+  ASSERT_EQ(0, wtx__tcp_rank_watch(r));
+  EXPECT_EQ(0, wtx__tcp_rank_unwatch(r));
+  // A chunk far past the sockets' buffers, and rank 0 closing the link.
+  ASSERT_EQ(0, wtx__tcp_rank_watch(r));
+  std::vector<uint8_t> big(64 << 20, 7);
+  iovec v = {big.data(), big.size()};
+  uint64_t end = big.size();
+  std::thread closer([&] {
+    pollfd p = {wfd, POLLIN, 0};
+    poll(&p, 1, 5000);  // the chunk has begun
+    close(link);
+  });
+  int rc = wtx__tcp_rank_chunk(r, 0, 0, 0, big.size(), &v, 1, &end, 1, 1, err, sizeof err);
+  closer.join();
+  EXPECT_EQ(WTX_ECANCELED, rc) << err;
+  EXPECT_EQ(1, wtx__tcp_rank_unwatch(r));
+  close(wfd);
+  wtx__tcp_rank_destroy(r);
 }
 
 }  // namespace
