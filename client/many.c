@@ -758,6 +758,15 @@ static int read_go(wtx__many *m, char *err, size_t errlen) {
   return rc;
 }
 
+/* Another rank over tcp, once its bytes are out: the watch many_connect
+ * began ends. When rank 0 closed the link meanwhile (it failed the sync),
+ * that is the error, unless this rank failed first on its own. */
+static int watch_end(wtx__many *m, int rc, char *err, size_t errlen) {
+  if (!wtx__tcp_rank_unwatch(m->tcp) || (rc != 0 && rc != WTX_ECANCELED)) return rc;
+  snprintf(err, errlen, "tcp: rank 0 ended this sync (it closed its link to this rank)");
+  return WTX_EABORTED;
+}
+
 /* Another rank, nccl: rank 0's go, and the communicator it names joined
  * when it is a new one (or this rank's failed). */
 static int many_take_go(wtx__many *m, char *err, size_t errlen) {
@@ -1567,14 +1576,16 @@ static int many_connect(wtx__many *m, char *err, size_t errlen) {
    * where the workers' read-ahead lets it) and reads the go later
    * (read_go); one whose connections closed reads the go first, which
    * tells a link rank 0 closed after an earlier sync from one it closes
-   * in this one, then takes the workers' new connections. */
+   * in this one, then takes the workers' new connections. Either way the
+   * link is watched until the bytes are out (watch_end). */
   if (wtx__tcp_rank_connected(m->tcp) && wtx__tcp_rank_linked(m->tcp)) {
     m->go_due = 1;
-    return 0;
+    return wtx__tcp_rank_watch(m->tcp);
   }
   uint64_t gen = 0;
   size_t len = 0;
   int rc = take_go(m, &gen, NULL, 0, &len, err, errlen);
+  if (rc == 0) rc = wtx__tcp_rank_watch(m->tcp); /* a close from now on is this sync's */
   if (rc != 0 || wtx__tcp_rank_connected(m->tcp)) return rc;
   wtx__tcp_rank_reset(m->tcp);
   return wtx__tcp_rank_accept(m->tcp, err, errlen);
@@ -1589,17 +1600,7 @@ static int many_move(wtx__many *m, wtx_send_result *r, char *err, size_t errlen)
   if (jobs == NULL) return WTX_ENOMEM;
   for (size_t i = 0; i < n; i++)
     jobs[i] = (wjob){.m = m, .w = (uint32_t)(i < nd ? i : i - nd), .control = i >= nd};
-  /* Another rank over tcp: rank 0 closing the link meanwhile (it failed
-   * the sync) ends this rank's sends, which would otherwise wait on
-   * workers that no longer read. */
-  int watch = m->rank != 0 && !m->nccl;
-  int rc = watch ? wtx__tcp_rank_watch(m->tcp) : 0;
-  if (rc == 0) rc = run_jobs(m, jobs, n, err, errlen);
-  if (watch && wtx__tcp_rank_unwatch(m->tcp)) {
-    snprintf(err, errlen, "tcp: rank 0 ended this sync (it closed its link to this rank) "
-             "while this rank was sending");
-    rc = WTX_EABORTED;
-  }
+  int rc = run_jobs(m, jobs, n, err, errlen);
   for (size_t i = 0; i < nd; i++) {
     r->bytes += jobs[i].bytes;
     r->chunks += jobs[i].chunks;
@@ -1669,6 +1670,7 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   if (rc == 0 && m->delta) rc = delta_views(m, &r);
   for (size_t w = 0; !m->delta && w < m->n_workers; w++) view_whole(&m->ws[w]);
   if (rc == 0) rc = many_move(m, &r, err, errlen);
+  if (m->rank != 0 && !m->nccl) rc = watch_end(m, rc, err, errlen);
   if (rc == 0 && m->rank != 0) rc = read_go(m, err, errlen);
   int moved = rc == 0;
   if (rc == 0 && m->rank == 0) rc = many_publish(m, opts, &r, err, errlen);

@@ -1588,50 +1588,13 @@ static size_t rank_missing(const wtx__tcp_rank *r, int workers) {
   return n;
 }
 
-/* 1 when rank 0 closed its link (EOF or an error on it); 0 when it only
- * has the sync's next record waiting, or nothing. Never blocks. */
-static int link_closed(int link) {
-  uint8_t b;
-  ssize_t n = recv(link, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-/* Waits for the next connection on r's port, like wait_fd; while *watch,
- * also on rank 0's link: when rank 0 closes it (its sync failed, say at a
- * worker's start) no worker will come, so this wait ends at once
- * (WTX_EABORTED). A record already on the link ends the watch: rank 0 is
- * ahead, the workers still on their way. */
-static int wait_accept(wtx__tcp_rank *r, const waitspec *ws, int *watch) {
-  for (;;) {
-    if (!*watch || r->link < 0) return wait_fd(r->lfd, POLLIN, ws);
-    struct pollfd p[3] = {{.fd = r->lfd, .events = POLLIN},
-                          {.fd = r->link, .events = POLLIN | POLLRDHUP},
-                          {.fd = ws->cancel_fd, .events = POLLIN}};
-    int64_t left = ws->until - wtx__clock_ms();
-    int n = poll(p, ws->cancel_fd >= 0 ? 3 : 2, (int)(left < 0 ? 0 : left > 60000 ? 60000 : left));
-    if (n > 0 && ws->cancel_fd >= 0 && p[2].revents != 0) return WTX_ECANCELED;
-    if (n > 0 && p[1].revents != 0 && link_closed(r->link)) return WTX_EABORTED;
-    if (n > 0 && p[1].revents != 0) *watch = 0;
-    if (n > 0 && p[0].revents != 0) return 0;
-    if (n < 0 && errno != EINTR) return WTX_EIO;
-    if (n == 0 && wtx__clock_ms() >= ws->until) return WTX_ETIMEDOUT;
-  }
-}
-
 /* accept and accept_link: until nothing is missing (rank_missing). */
 static int rank_accept(wtx__tcp_rank *r, int workers, char *err, size_t errlen) {
   waitspec ws = within(r->timeout_ms, r->cancel_fd);
-  int differs = 0, watch = workers;
+  int differs = 0;
   for (size_t missing = rank_missing(r, workers); missing > 0;) {
-    int rc = wait_accept(r, &ws, &watch);
+    int rc = wait_fd(r->lfd, POLLIN, &ws);
     if (rc != 0 && differs) return WTX_EINVAL; /* that is the news, not the rest */
-    if (rc == WTX_EABORTED) {
-      snprintf(err, errlen, "tcp: rank 0 ended this sync (it closed its link to this rank) "
-               "while %zu of %zu workers had not connected to this rank", missing,
-               r->n_workers);
-      wtx__tcp_rank_unlink(r); /* rank 0 links again for the next sync */
-      return rc;
-    }
     if (rc != 0) {
       if (r->want_link && r->link < 0)
         snprintf(err, errlen, "tcp: rank 0 did not link to this rank's port %s",
@@ -1977,14 +1940,13 @@ int wtx__tcp_rank_watch(wtx__tcp_rank *r) {
 }
 
 int wtx__tcp_rank_unwatch(wtx__tcp_rank *r) {
-  if (r->watching) {
-    uint64_t one = 1, v;
-    ssize_t n = write(r->watch_stop_fd, &one, sizeof one);
-    pthread_join(r->watcher, NULL);
-    n = read(r->watch_stop_fd, &v, sizeof v); /* spent: the next watch waits anew */
-    (void)n;
-    r->watching = 0;
-  }
+  if (!r->watching) return 0;
+  uint64_t one = 1, v;
+  ssize_t n = write(r->watch_stop_fd, &one, sizeof one);
+  pthread_join(r->watcher, NULL);
+  n = read(r->watch_stop_fd, &v, sizeof v); /* spent: the next watch waits anew */
+  (void)n;
+  r->watching = 0;
   return atomic_load(&r->ended);
 }
 

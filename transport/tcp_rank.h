@@ -88,13 +88,14 @@ int wtx__tcp_rank_answer(wtx__tcp_rank *r, const uint8_t *mine, size_t len, uint
 /* Whether rank 0's link to this rank is up: open here, and not closed by
  * rank 0 as far as this rank has heard. Never blocks. */
 int wtx__tcp_rank_linked(const wtx__tcp_rank *r);
-/* While this rank sends a sync's bytes: a thread that ends every wait of
- * this rank at once (as wtx__tcp_rank_cancel does) when rank 0 closes its
- * link, which it does when it fails the sync before the bytes moved: the
- * rank's sends then stop waiting on workers that will not read them.
- * Nothing happens without a link. unwatch ends the thread and answers 1
- * when the link closed meanwhile (a cancel then stands until
- * wtx__tcp_rank_reset spends it), else 0. */
+/* During a sync, once its go is read or due: a thread that ends every
+ * wait of this rank at once (as wtx__tcp_rank_cancel does) when rank 0
+ * closes its link, which it does when it fails the sync before the bytes
+ * moved: accept stops waiting for workers that will not come, sends for
+ * workers that will not read. The link must stay the one watched until
+ * unwatch. Nothing happens without a link. unwatch ends the thread and
+ * answers 1 when the link closed meanwhile (a cancel then stands until
+ * wtx__tcp_rank_reset spends it), else 0 (also when none ran). */
 int wtx__tcp_rank_watch(wtx__tcp_rank *r);
 int wtx__tcp_rank_unwatch(wtx__tcp_rank *r);
 /* Closes rank 0's link to this rank: rank 0, waiting on it, learns at once
