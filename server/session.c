@@ -54,6 +54,7 @@ static wtx__end failure_kind(int rc) {
  * its params' layout kept for the next. */
 static void update_reset(wtx__update *u) {
   free(u->boxed.bits);
+  free(u->spans.wire);
   wtx__layout cur = u->cur;
   wtx__layout_clear(&cur);
   *u = (wtx__update){.by_range = -1, .cur = cur};
@@ -458,6 +459,7 @@ static grpc_status_code handle_start(wtx__rpc_ctx *ctx,
     resp->table_xxh3 = s->tb.xxh3[target == WTX_TARGET_DRAFT];
     resp->weight_version = wtx__rpc_ctx_strdup(ctx, serves);
     resp->patches = takes_patches(s);
+    resp->patch_spans = resp->patches; /* the session applies spans wherever it applies patches */
   }
   pthread_mutex_unlock(&s->mu);
   return code;
@@ -569,7 +571,8 @@ typedef struct wtx__chunk {
     const Wtx__V1__Patch *p;
     uint64_t bytes; /* on the wire */
     uint8_t *full;  /* the model's staging of the whole tensor */
-    uint8_t *wire;  /* the patch, received (malloc'd) */
+    uint8_t *wire;  /* the patch, received (malloc'd; or the update's spans') */
+    int carried;    /* a patch of spans the chunk before began (up.spans) */
   } *patches;
   size_t n_patches;
   /* A box of one tensor (UpdateInfo.box): its box in the tensor, the
@@ -585,16 +588,89 @@ typedef struct wtx__chunk {
 
 static void chunk_free(chunk *c) {
   free(c->boxed.wire);
-  for (size_t k = 0; k < c->n_patches; k++) free(c->patches[k].wire);
+  for (size_t k = 0; k < c->n_patches; k++)
+    if (!c->patches[k].carried) free(c->patches[k].wire);
   free(c->patches);
 }
 
-/* Tensor i of the chunk is a patch: refused unless this is a delta, this
- * worker takes patches and the patch lies within the chunk's tensors as
- * sent (not continued from the chunk before); else its slot. */
-static int check_patch(wtx_session *s, chunk *c, size_t i, int continues) {
+/* Span sp of tensor m read as a tensor of its own: flat, its elements. */
+static wtx_tensor_meta span_meta(const wtx_tensor_meta *m, const Wtx__V1__PatchSpan *sp) {
+  return (wtx_tensor_meta){.name = m->name, .dtype = m->dtype, .ndim = 1,
+                           .shape = {sp->elements},
+                           .nbytes = sp->elements * wtx_dtype_size(m->dtype)};
+}
+
+/* Tensor i's patch of spans: each a valid patch of elements within the
+ * tensor, after the span before; *bytes: theirs on the wire, in all. */
+static int check_spans(chunk *c, size_t i, uint64_t *bytes) {
   const Wtx__V1__Patch *p = c->ui->params[i]->patch;
   const wtx_tensor_meta *m = &c->metas[i];
+  uint64_t elements = m->nbytes / wtx_dtype_size(m->dtype), end = 0;
+  *bytes = 0;
+  if (p->count != 0 || p->index_dtype != 0) {
+    snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: count and index_dtype "
+             "are each span's where spans are set", i);
+    return WTX_EINVAL;
+  }
+  for (size_t j = 0; j < p->n_spans; j++) {
+    const Wtx__V1__PatchSpan *sp = p->spans[j];
+    if (sp->elements == 0 || sp->first < end || sp->first > elements ||
+        sp->elements > elements - sp->first) {
+      snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu]: [%llu, +%llu) "
+               "must lie within the %llu elements of '%s', after the span before", i, j,
+               (unsigned long long)sp->first, (unsigned long long)sp->elements,
+               (unsigned long long)elements, m->name);
+      return WTX_EINVAL;
+    }
+    wtx_tensor_meta flat = span_meta(m, sp);
+    uint64_t n = wtx__patch_bytes(sp->index_dtype, sp->count, wtx_dtype_size(m->dtype));
+    char why[1200];
+    int rc = wtx__patch_check(&flat, sp->index_dtype, sp->count, NULL, n, why, sizeof why);
+    if (rc != 0) {
+      snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu]: %s", i, j, why);
+      return rc;
+    }
+    *bytes += n;
+    end = sp->first + sp->elements;
+  }
+  return 0;
+}
+
+/* Tensor i's whole-tensor patch; *bytes: its on the wire. */
+static int check_whole(chunk *c, size_t i, uint64_t *bytes) {
+  const Wtx__V1__Patch *p = c->ui->params[i]->patch;
+  const wtx_tensor_meta *m = &c->metas[i];
+  *bytes = wtx__patch_bytes(p->index_dtype, p->count, wtx_dtype_size(m->dtype));
+  char why[1200];
+  int rc = wtx__patch_check(m, p->index_dtype, p->count, NULL, *bytes, why, sizeof why);
+  if (rc != 0) snprintf(c->err, sizeof c->err, "update_info.params[%zu].%s", i, why);
+  return rc;
+}
+
+/* A continued tensor's patch goes on the patch of spans the chunk before
+ * left open, of the same bytes; a whole-tensor patch lies in one chunk. */
+static int check_carried(wtx_session *s, chunk *c, size_t i, uint64_t bytes) {
+  const Wtx__V1__Patch *p = c->ui->params[i]->patch;
+  if (p->n_spans == 0) {
+    snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: a patch lies within one "
+             "chunk, and '%s' continues the chunk before", i, c->metas[i].name);
+    return WTX_EINVAL;
+  }
+  if (s->up.spans.wire != NULL && bytes == s->up.spans.bytes) return 0;
+  snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: '%s' continues the chunk "
+           "before, which began %s; its spans take %llu bytes", i, c->metas[i].name,
+           s->up.spans.wire != NULL ? "a patch of other bytes" : "no patch of spans",
+           (unsigned long long)bytes);
+  return WTX_EINVAL;
+}
+
+/* Tensor i of the chunk is a patch: refused unless this is a delta, this
+ * worker takes patches (of spans, where it has them) and the patch is
+ * valid, in the chunk's tensors as sent (a whole-tensor one not continued
+ * from the chunk before; one of spans only from a patch of spans); else
+ * its slot. */
+static int check_patch(wtx_session *s, chunk *c, size_t i, int continues) {
+  const Wtx__V1__Patch *p = c->ui->params[i]->patch;
   if (!s->up.delta) {
     snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: a patch applies only in "
              "a delta update (StartWeightUpdateRequest.base_version)", i);
@@ -605,23 +681,15 @@ static int check_patch(wtx_session *s, chunk *c, size_t i, int continues) {
              "tensors only (StartWeightUpdateResponse.patches)", i);
     return WTX_ESTATE;
   }
-  if (continues) {
-    snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: a patch lies within one "
-             "chunk, and '%s' continues the chunk before", i, m->name);
-    return WTX_EINVAL;
-  }
-  size_t es = wtx_dtype_size(m->dtype);
-  uint64_t bytes = wtx__patch_bytes(p->index_dtype, p->count, es);
-  char why[1200];
-  int rc = wtx__patch_check(m, p->index_dtype, p->count, NULL, bytes, why, sizeof why);
-  if (rc != 0) {
-    snprintf(c->err, sizeof c->err, "update_info.params[%zu].%s", i, why);
-    return rc;
-  }
+  uint64_t bytes = 0;
+  int rc = p->n_spans > 0 ? check_spans(c, i, &bytes) : check_whole(c, i, &bytes);
+  if (rc == 0 && continues) rc = check_carried(s, c, i, bytes);
+  if (rc != 0) return rc;
   struct patch_slot *grown = realloc(c->patches, (c->n_patches + 1) * sizeof *grown);
   if (grown == NULL) return WTX_ENOMEM;
   c->patches = grown;
-  c->patches[c->n_patches++] = (struct patch_slot){.i = i, .p = p, .bytes = bytes};
+  c->patches[c->n_patches++] =
+      (struct patch_slot){.i = i, .p = p, .bytes = bytes, .carried = continues};
   return 0;
 }
 
@@ -1087,7 +1155,7 @@ static void choose_stage(wtx_session *s) {
  * the same meta in check, stage and loaded, checked, staged and loaded in
  * that order within the chunk, and c->metas lives unchanged until the chunk
  * ends: the store relies on it to skip compares (server/store.c). */
-static int stage_patches(chunk *c);
+static int stage_patches(wtx_session *s, chunk *c);
 static int patches_fit(chunk *c);
 
 static int chunk_stage(wtx_session *s, chunk *c) {
@@ -1118,7 +1186,7 @@ static int chunk_stage(wtx_session *s, chunk *c) {
       ui->box != NULL && s->region != NULL ? stage_each_on_device : s->steps.stage;
   int rc = stage(s, c, first, first ? at + c->metas[0].nbytes : at);
   if (rc == 0 && ui->box != NULL) rc = box_stage(s, c);
-  if (rc == 0 && c->n_patches > 0) rc = stage_patches(c);
+  if (rc == 0 && c->n_patches > 0) rc = stage_patches(s, c);
   if (rc != 0) return rc;
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   /* A box comes to the host (box_stage), wherever its tensor is staged. */
@@ -1132,28 +1200,94 @@ static int chunk_stage(wtx_session *s, chunk *c) {
 }
 
 /* A patch's bytes are received apart from the tensor's staging (kept in
- * its slot), and only they travel. */
-static int stage_patches(chunk *c) {
+ * its slot), and only they travel; a patch of spans the chunk before
+ * began goes on in the update's. */
+static int stage_patches(wtx_session *s, chunk *c) {
   for (size_t k = 0; k < c->n_patches; k++) {
     struct patch_slot *p = &c->patches[k];
-    if ((p->wire = malloc(p->bytes)) == NULL) return WTX_ENOMEM;
-    p->full = c->rt[p->i].dst;
+    if (p->carried) {
+      p->wire = s->up.spans.wire;
+      p->full = s->up.spans.full;
+    } else if ((p->wire = malloc(p->bytes)) == NULL) {
+      return WTX_ENOMEM;
+    } else {
+      p->full = c->rt[p->i].dst;
+    }
     c->rt[p->i].dst = p->wire;
     c->rt[p->i].nbytes = p->bytes;
   }
   return 0;
 }
 
-/* The chunk's last patch ends within it: a patch is applied whole, once
- * received, in the chunk that carries it. */
+/* The chunk's last patch ends within it, unless it is of spans: a patch
+ * is applied whole, once received, in the chunk that carries its last
+ * byte. */
 static int patches_fit(chunk *c) {
   const struct patch_slot *last = &c->patches[c->n_patches - 1];
   uint64_t end = 0;
   for (size_t i = 0; i <= last->i; i++) end += c->rt[i].nbytes;
-  if (end - c->ui->first_param_offset <= c->bytes) return 0;
+  if (end - c->ui->first_param_offset <= c->bytes || last->p->n_spans > 0) return 0;
   snprintf(c->err, sizeof c->err, "update_info: the patch of '%s' continues past the chunk; "
            "a patch lies within one chunk", c->metas[last->i].name);
   return WTX_EINVAL;
+}
+
+/* The received bytes of a patch, each index checked (nothing is applied
+ * before every one is): the whole tensor's, or each span's. */
+static int check_received(chunk *c, const struct patch_slot *p) {
+  const wtx_tensor_meta *m = &c->metas[p->i];
+  char why[1200] = "";
+  if (p->p->n_spans == 0) {
+    int rc = wtx__patch_check(m, p->p->index_dtype, p->p->count, p->wire, p->bytes, why,
+                              sizeof why);
+    if (rc != 0)
+      snprintf(c->err, sizeof c->err, "update_info.params[%zu].%s (nothing applied)", p->i, why);
+    return rc;
+  }
+  const uint8_t *at = p->wire;
+  for (size_t j = 0; j < p->p->n_spans; j++) {
+    const Wtx__V1__PatchSpan *sp = p->p->spans[j];
+    wtx_tensor_meta flat = span_meta(m, sp);
+    uint64_t n = wtx__patch_bytes(sp->index_dtype, sp->count, wtx_dtype_size(m->dtype));
+    int rc = wtx__patch_check(&flat, sp->index_dtype, sp->count, at, n, why, sizeof why);
+    if (rc != 0) {
+      snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu]: %s (nothing "
+               "applied)", p->i, j, why);
+      return rc;
+    }
+    at += n;
+  }
+  return 0;
+}
+
+/* The refusal of a patched tensor (span -1) or span whose bytes (XXH3
+ * got) are not the trainer's (want). */
+static int not_trainers(chunk *c, size_t i, long span, uint64_t got, uint64_t want) {
+  char of[64] = "";
+  if (span >= 0) snprintf(of, sizeof of, "span %ld of ", span);
+  snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: %s'%s' patched is not the "
+           "trainer's %s (XXH3 %016llx, the trainer's %016llx): the base differs", i, of,
+           c->metas[i].name, span >= 0 ? "span" : "tensor", (unsigned long long)got,
+           (unsigned long long)want);
+  return WTX_ECHECKSUM;
+}
+
+/* A checked patch of spans applied to the base in full, each span's
+ * result checked where the trainer sent it. */
+static int apply_spans(chunk *c, const struct patch_slot *p) {
+  const wtx_tensor_meta *m = &c->metas[p->i];
+  size_t es = wtx_dtype_size(m->dtype);
+  const uint8_t *at = p->wire;
+  for (size_t j = 0; j < p->p->n_spans; j++) {
+    const Wtx__V1__PatchSpan *sp = p->p->spans[j];
+    wtx_tensor_meta flat = span_meta(m, sp);
+    uint8_t *dst = p->full + sp->first * es;
+    wtx__patch_apply(&flat, sp->index_dtype, sp->count, at, dst);
+    at += wtx__patch_bytes(sp->index_dtype, sp->count, es);
+    uint64_t got = sp->result_xxh3 != 0 ? XXH3_64bits(dst, flat.nbytes) : 0;
+    if (got != sp->result_xxh3) return not_trainers(c, p->i, (long)j, got, sp->result_xxh3);
+  }
+  return 0;
 }
 
 /* One received patch, checked whole, applied to a copy of the tensor the
@@ -1163,26 +1297,30 @@ static int apply_patch(wtx_session *s, chunk *c, const struct patch_slot *p, int
                        uint64_t *sum) {
   const wtx_tensor_meta *m = &c->metas[p->i];
   char why[1200] = "";
-  int rc = wtx__patch_check(m, p->p->index_dtype, p->p->count, p->wire, p->bytes, why,
-                            sizeof why);
-  if (rc != 0) {
-    snprintf(c->err, sizeof c->err, "update_info.params[%zu].%s (nothing applied)", p->i, why);
-    return rc;
-  }
+  int rc = check_received(c, p);
+  if (rc != 0) return rc;
   rc = s->cfg.model_ops->read(s->cfg.model, s->up.target, m, p->full, why, sizeof why);
   if (rc != 0) {
     snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: no base to apply it to: %s",
              p->i, why[0] ? why : wtx_strerror(rc));
     return rc == WTX_ENOENT ? WTX_EINVAL : rc;
   }
-  wtx__patch_apply(m, p->p->index_dtype, p->p->count, p->wire, p->full);
+  if (p->p->n_spans > 0 && (rc = apply_spans(c, p)) != 0) return rc;
+  if (p->p->n_spans == 0) wtx__patch_apply(m, p->p->index_dtype, p->p->count, p->wire, p->full);
   if (!want_sum && p->p->result_xxh3 == 0) return 0;
   *sum = XXH3_64bits(p->full, m->nbytes);
   if (p->p->result_xxh3 == 0 || *sum == p->p->result_xxh3) return 0;
-  snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: '%s' patched is not the "
-           "trainer's tensor (XXH3 %016llx, the trainer's %016llx): the base differs",
-           p->i, m->name, (unsigned long long)*sum, (unsigned long long)p->p->result_xxh3);
-  return WTX_ECHECKSUM;
+  return not_trainers(c, p->i, -1, *sum, p->p->result_xxh3);
+}
+
+/* A patch of spans the chunk did not complete goes on in the next: the
+ * update keeps its bytes so far and its staging. */
+static void carry_spans(wtx_session *s, chunk *c, size_t done) {
+  struct patch_slot *last = &c->patches[c->n_patches - 1];
+  if (last->i < done || last->carried) return;
+  s->up.spans = (struct wtx__spans){.wire = last->wire, .full = last->full,
+                                    .bytes = last->bytes};
+  last->carried = 1; /* the update's now */
 }
 
 /* The chunk's patches applied; *sums (when not NULL) becomes the session's
@@ -1197,7 +1335,13 @@ static int apply_patches(wtx_session *s, chunk *c, size_t done, const uint64_t *
     int rc = apply_patch(s, c, &c->patches[k], *sums != NULL, &sum);
     if (rc != 0) return rc;
     if (*sums != NULL) s->sc.sums[c->patches[k].i] = sum;
+    if (c->patches[k].carried) { /* the update's patch of spans, done */
+      free(s->up.spans.wire);
+      s->up.spans = (struct wtx__spans){0};
+      c->patches[k].wire = NULL;
+    }
   }
+  carry_spans(s, c, done);
   return 0;
 }
 

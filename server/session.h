@@ -83,6 +83,14 @@ typedef struct wtx__update {
   int by_range;      /* -1 not yet known, 0 params, 1 layout ranges */
   size_t range_next; /* the next position a range of this update starts at */
   uint8_t *carry_dst; /* staging of a tensor continued by the next chunk */
+  /* A patch of spans (Patch.spans) whose bytes run on into the next chunk:
+   * its bytes so far (wire, malloc'd, owned here until the patch is
+   * applied or the update ends; bytes in all) and its tensor's staging
+   * (full), where it applies once its last byte is in. */
+  struct wtx__spans {
+    uint8_t *wire, *full;
+    uint64_t bytes;
+  } spans;
   /* A tensor sent in boxes (UpdateInfo.box), open from its first box until
    * its boxes cover it: its position in cur (params) or in the table named
    * (layout), its staging, its elements received so far (a bit each, so

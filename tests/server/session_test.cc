@@ -529,6 +529,7 @@ TEST_F(PatchTest, TheStartSaysWhetherAWorkerTakesPatches) {
   ASSERT_EQ(0, wtx__v1__weight_transfer__start_weight_update__call(ch_, &req, &resp, nullptr,
                                                                     &st_));
   EXPECT_TRUE(resp->patches);  // the store reads its tensors back
+  EXPECT_TRUE(resp->patch_spans);
   protobuf_c_message_free_unpacked(&resp->base, nullptr);
 }
 
@@ -572,6 +573,165 @@ TEST_F(PatchTest, MalformedPatchesAreRefusedWithNothingApplied) {
   EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code);
   EXPECT_NE(nullptr, strstr(st_.message, "a patch applies only in a delta update")) << st_.message;
   ExpectV1Intact();
+}
+
+// A patch of spans (Patch.spans), as many trainer ranks send a tensor each
+// owns a part of: spans of v1's "a" (16 floats), each a patch of its own
+// elements, indices counted from its first.
+struct Span {
+  uint64_t first, elements;
+  std::vector<uint32_t> idx;
+  std::vector<float> vals;
+  uint64_t result_xxh3 = 0;
+};
+
+class SpanTest : public PatchTest {
+ protected:
+  // The spans' patches, one after another, as the wire has them.
+  static std::vector<uint8_t> Wire(const std::vector<Span> &spans) {
+    std::vector<uint8_t> b;
+    for (const Span &sp : spans) {
+      const uint8_t *i = reinterpret_cast<const uint8_t *>(sp.idx.data());
+      const uint8_t *v = reinterpret_cast<const uint8_t *>(sp.vals.data());
+      b.insert(b.end(), i, i + sp.idx.size() * 4);
+      b.insert(b.end(), v, v + sp.vals.size() * 4);
+    }
+    return b;
+  }
+  // v1's "a" with every span's elements set; each span's result_xxh3
+  // (where 0) becomes the hash of its bytes there.
+  std::vector<uint8_t> Apply(std::vector<Span> *spans) {
+    std::vector<uint8_t> a = v1_[0].second;
+    for (Span &sp : *spans) {
+      for (size_t k = 0; k < sp.idx.size(); k++)
+        memcpy(&a[(sp.first + sp.idx[k]) * 4], &sp.vals[k], 4);
+      if (sp.result_xxh3 == 0) sp.result_xxh3 = XXH3_64bits(&a[sp.first * 4], sp.elements * 4);
+    }
+    return a;
+  }
+  // "a" patched by spans, its bytes in two chunks cut at byte cut (0: one
+  // chunk); the second chunk names the spans of `then` where given.
+  int SendSpans(const std::vector<Span> &spans, size_t cut,
+                const std::vector<Span> *then = nullptr) {
+    std::vector<uint8_t> wire = Wire(spans);
+    size_t end = cut == 0 ? wire.size() : cut;
+    int rc = SendSpanChunk(spans, wire, 0, end, wire.size());
+    if (rc != 0 || end == wire.size()) return rc;
+    return SendSpanChunk(then != nullptr ? *then : spans, wire, end, wire.size(), wire.size());
+  }
+  // One chunk of "a" as spans: bytes [from, to) of wire; the chunk that
+  // completes it carries the whole wire's checksum.
+  int SendSpanChunk(const std::vector<Span> &spans, const std::vector<uint8_t> &wire,
+                    size_t from, size_t to, size_t total) {
+    std::vector<Wtx__V1__PatchSpan> sp(spans.size());
+    std::vector<Wtx__V1__PatchSpan *> spp;
+    for (size_t j = 0; j < spans.size(); j++) {
+      wtx__v1__patch_span__init(&sp[j]);
+      sp[j].first = spans[j].first;
+      sp[j].elements = spans[j].elements;
+      sp[j].index_dtype = WTX__V1__DTYPE__DTYPE_INT32;
+      sp[j].count = spans[j].idx.size();
+      sp[j].result_xxh3 = spans[j].result_xxh3;
+      spp.push_back(&sp[j]);
+    }
+    Wtx__V1__Patch patch = WTX__V1__PATCH__INIT;
+    patch.spans = spp.data();
+    patch.n_spans = spp.size();
+    Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT;
+    pm.name = const_cast<char *>("a");
+    pm.dtype = WTX__V1__DTYPE__DTYPE_FLOAT32;
+    uint64_t shape = 16;
+    pm.shape = &shape;
+    pm.n_shape = 1;
+    pm.patch = &patch;
+    Wtx__V1__ParamMeta *pmp = &pm;
+    uint64_t sum = XXH3_64bits(wire.data(), wire.size());
+    Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+    ui.params = &pmp;
+    ui.n_params = 1;
+    ui.first_param_offset = from;
+    ui.chunk_bytes = to - from;
+    ui.xxh3_64 = &sum;
+    ui.n_xxh3_64 = to == total;
+    return SendShm(std::vector<uint8_t>(wire.begin() + from, wire.begin() + to), &ui);
+  }
+  void ExpectPublished(const std::vector<uint8_t> &a) {
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+    EXPECT_EQ("v2", Published(&now));
+    ASSERT_EQ(2u, now.size());
+    EXPECT_EQ(a, now[0].second);
+    EXPECT_EQ(v1_[1], now[1]);
+    wtx_store_view v;
+    ASSERT_EQ(0, wtx_store_acquire(wtx_worker_store(w_), WTX_TARGET_MAIN, &v));
+    EXPECT_EQ(XXH3_64bits(a.data(), a.size()), v.params[0].xxh3);
+    wtx_store_release(wtx_worker_store(w_), &v);
+  }
+};
+
+// Two spans, each a patch of its own elements (a NaN among the values),
+// in one chunk, in two chunks cut between them, and cut inside one: each
+// applies once all bytes are in, and the elements outside every span
+// stay the base's.
+TEST_F(SpanTest, APatchOfSpansAppliesEachSpanOnceAllItsBytesAreIn) {
+  PublishV1();
+  for (size_t cut : {0, 16, 10}) {
+    std::vector<Span> spans = {{0, 8, {1, 7}, {std::numeric_limits<float>::quiet_NaN(), 2.5f}},
+                               {8, 8, {0, 7}, {-1.0f, 3.0f}}};
+    std::vector<uint8_t> want = Apply(&spans);
+    ASSERT_EQ(0, StartDelta()) << st_.message;
+    ASSERT_EQ(0, SendSpans(spans, cut)) << "cut " << cut << ": " << st_.message;
+    ASSERT_EQ(0, Finish("v2")) << st_.message;
+    ExpectPublished(want);
+    ASSERT_EQ(0, Start()) << st_.message;  // v1 again, for the next cut
+    ASSERT_EQ(0, Update({T("a", 16, 1), T("b", 8, 2)})) << st_.message;
+    ASSERT_EQ(0, Finish("v1")) << st_.message;
+  }
+  // One span of the second half: the first half is the base's.
+  std::vector<Span> one = {{12, 4, {3}, {9.0f}}};
+  std::vector<uint8_t> want = Apply(&one);
+  ASSERT_EQ(0, StartDelta()) << st_.message;
+  ASSERT_EQ(0, SendSpans(one, 0)) << st_.message;
+  ASSERT_EQ(0, Finish("v2")) << st_.message;
+  ExpectPublished(want);
+}
+
+// Every malformed patch of spans is refused, naming the span and what is
+// wrong, and nothing of it is applied: the worker still serves v1.
+TEST_F(SpanTest, MalformedSpansAreRefusedWithNothingApplied) {
+  PublishV1();
+  std::vector<Span> other = {{0, 8, {1}, {5.0f}}, {8, 8, {0}, {6.0f}}};
+  struct Case {
+    const char *what;
+    std::vector<Span> spans;
+    size_t cut;
+    int code;
+    const char *says;
+  } cases[] = {
+      {"spans that overlap", {{0, 8, {1}, {1}}, {4, 8, {1}, {2}}}, 0,
+       GRPC_STATUS_INVALID_ARGUMENT,
+       "patch.spans[1]: [4, +8) must lie within the 16 elements of 'a', after the span before"},
+      {"a span past the tensor", {{12, 8, {1}, {1}, 1}}, 0, GRPC_STATUS_INVALID_ARGUMENT,
+       "patch.spans[0]: [12, +8) must lie within the 16 elements of 'a'"},
+      {"an empty span", {{0, 0, {}, {}}}, 0, GRPC_STATUS_INVALID_ARGUMENT,
+       "patch.spans[0]: [0, +0)"},
+      {"an index past its span", {{0, 8, {1}, {1}}, {8, 4, {4}, {2}}}, 0,
+       GRPC_STATUS_INVALID_ARGUMENT, "patch.spans[1]: patch of 'a': index 0 of 1 is past"},
+      {"an index twice", {{0, 8, {3, 3}, {1, 2}}}, 0, GRPC_STATUS_INVALID_ARGUMENT,
+       "patch.spans[0]: patch of 'a': index 1 of 2 is not above the one before"},
+      {"a span's result unlike the trainer's", {{0, 8, {1}, {1}}, {8, 8, {1}, {2}, 0x1234}}, 0,
+       GRPC_STATUS_DATA_LOSS, "span 1 of 'a' patched is not the trainer's span"},
+      {"a chunk that goes on with other spans", {{0, 8, {1, 2}, {1, 2}}, {8, 8, {1}, {2}}}, 16,
+       GRPC_STATUS_INVALID_ARGUMENT,
+       "'a' continues the chunk before, which began a patch of other bytes"},
+  };
+  for (Case &k : cases) {
+    ASSERT_EQ(0, StartDelta()) << k.what << ": " << st_.message;
+    std::vector<uint8_t> ignored = Apply(&k.spans);
+    EXPECT_NE(0, SendSpans(k.spans, k.cut, &other)) << k.what;
+    EXPECT_EQ(k.code, st_.code) << k.what << ": " << st_.message;
+    EXPECT_NE(nullptr, strstr(st_.message, k.says)) << k.what << ": " << st_.message;
+    ExpectV1Intact();
+  }
 }
 
 // Tensors sent in boxes (UpdateInfo.box), as many senders send a piece
