@@ -50,7 +50,7 @@ typedef struct replica {
    * version the next start's delta names ("" an ordinary update). */
   char serves[WTX_MAX_VERSION_BYTES + 1];
   char base[WTX_MAX_VERSION_BYTES + 1];
-  int patches; /* its last start said a delta may carry patches */
+  int patches; /* its last start said a delta may carry patches (1), of spans too (2) */
   wtx__rpc_pending *pending;
   int begun; /* fan_begin's result for its call in flight (0: in flight) */
   /* An update the other replicas undid that may be published here, still
@@ -519,7 +519,7 @@ static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
   f->c->r[i].update_id = r->update_id;
   f->c->r[i].table_xxh3 = r->table_xxh3;
   snprintf(f->c->r[i].serves, sizeof f->c->r[i].serves, "%s", r->weight_version);
-  f->c->r[i].patches = r->patches;
+  f->c->r[i].patches = r->patches ? 1 + r->patch_spans : 0;
 }
 
 /* StartWeightUpdate's fill: the session, and the delta's base when set. */
@@ -551,12 +551,17 @@ int wtx__client_send_base(wtx_client *c) {
   return rc;
 }
 
-int wtx__client_patches(const wtx_client *c) {
+/* 1 when every replica's last start said patches of at least level. */
+static int all_patch(const wtx_client *c, int level) {
   if (!c->reach->services || c->n == 0) return 0;
   for (size_t i = 0; i < c->n; i++)
-    if (!c->r[i].patches) return 0;
+    if (c->r[i].patches < level) return 0;
   return 1;
 }
+
+int wtx__client_patches(const wtx_client *c) { return all_patch(c, 1); }
+
+int wtx__client_patch_spans(const wtx_client *c) { return all_patch(c, 2); }
 
 const char *wtx__client_serves(const wtx_client *c, size_t i) {
   return i < c->n ? c->r[i].serves : "";

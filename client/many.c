@@ -48,6 +48,9 @@
  * the next run of the tensor's bytes, or, where box is not 0, as box
  * boxes[box - 1] of it (UpdateInfo.box); with patch, the bytes of this
  * sync's patch of the piece, which is the whole tensor. */
+/* How a piece may travel as a patch (wtx__many.pform). */
+enum { PATCH_NONE, PATCH_WHOLE, PATCH_SPAN };
+
 typedef struct seg {
   uint32_t piece, tensor, box, patch;
   uint64_t off, len;
@@ -91,6 +94,7 @@ typedef struct wstream {
   Wtx__V1__ParamMeta **dpmp;
   Wtx__V1__ParamMeta *dpm; /* a delta's patched tensors: their ParamMeta, */
   Wtx__V1__Patch *dpatch;  /* with the patch */
+  Wtx__V1__PatchSpan *dspan, **dspanp; /* and its spans (a tensor several runs feed) */
 } wstream;
 
 struct wtx__many {
@@ -150,8 +154,9 @@ struct wtx__many {
   uint8_t *decision;
   size_t decision_len;
   int landed;    /* rank 0: the last sync landed on every worker */
-  /* Patches (WTX_DELTA_PATCHES): a worker tensor that one piece feeds
-   * whole (sole[p]) may travel as a patch of the piece, which its rank
+  /* Patches (WTX_DELTA_PATCHES): a piece that is one run of its worker
+   * tensor (pform[p]: the whole tensor, or a span of one other runs feed
+   * too) may travel as a patch of the piece, which its rank
    * makes from prev, its copy of the piece as the workers hold it (this
    * rank's k-th piece at prev_off[k], valid where prev_ok[k]; written
    * this sync where pend[k], valid once it lands). This sync's patch of
@@ -161,7 +166,7 @@ struct wtx__many {
    * presult[p], its XXH3-64 once applied. Record buffers: answer (this
    * rank's), theirs_cap and decision_cap bytes at most. */
   int patches;
-  uint8_t *sole, *prev, *prev_ok, *pend, *parena, *answer;
+  uint8_t *pform, *prev, *prev_ok, *pend, *parena, *answer;
   uint64_t *prev_off, *pmine, *poff, *pcount, *presult;
   uint64_t parena_cap;
   size_t answer_len, theirs_cap, decision_cap, decided_len;
@@ -343,15 +348,23 @@ static uint64_t patch_wire(const wtx__many *m, uint32_t p, uint64_t count) {
 }
 
 /* Whether a patch record may name piece p with count elements: a piece
- * of the plan that feeds its tensor alone, 1..its elements, within a
- * buffer. */
+ * of the plan that is one run of its tensor (pform), 1..its elements,
+ * within a buffer. */
 static int patch_ok(const wtx__many *m, uint32_t p, uint64_t count) {
   const wtx_piece *pieces;
   size_t np = wtx_plan_pieces(m->plan, &pieces);
-  if (p >= np || !m->sole[p] || count == 0) return 0;
+  if (p >= np || m->pform[p] == PATCH_NONE || count == 0) return 0;
   size_t es = wtx_dtype_size(m->metas[pieces[p].param].dtype);
   return count <= wtx_plan_piece_bytes(m->plan, &pieces[p]) / es &&
          patch_wire(m, p, count) <= m->wire.buffer_size;
+}
+
+/* Whether any run of the tensor runs[i] begins (in stream order, n in
+ * all) travels as a patch: of its piece with pcount[piece]. */
+static int tensor_patched(const seg *runs, size_t n, size_t i, const uint64_t *pcount) {
+  for (size_t j = i; pcount != NULL && j < n && runs[j].tensor == runs[i].tensor; j++)
+    if (pcount[runs[j].piece] > 0) return 1;
+  return 0;
 }
 
 /* Cuts runs (n, in stream order) into chunks: a chunk ends where the
@@ -359,8 +372,9 @@ static int patch_ok(const wtx__many *m, uint32_t p, uint64_t count) {
  * the runs of tensors sub names (sub[k]: tensor k's place among those
  * sent, UINT32_MAX: not sent; NULL: every tensor, in place) are kept, and
  * a run of a piece with pcount[piece] (pcount may be NULL) is its patch
- * instead. The runs become the chunks' segs (off: into the piece, or its
- * patch); *bytes: the stream's. */
+ * instead; the other runs of a patched tensor are not sent (a patch of
+ * spans: their bytes are the base's). The runs become the chunks' segs
+ * (off: into the piece, or its patch); *bytes: the stream's. */
 static int cut_chunks(const wtx__many *m, const seg *runs, size_t n, const uint32_t *sub,
                       const uint64_t *pcount, uint64_t max, seg **segs, size_t *nseg,
                       mchunk **chunks, size_t *nchunks, uint64_t *bytes) {
@@ -379,12 +393,21 @@ static int cut_chunks(const wtx__many *m, const seg *runs, size_t n, const uint3
   }
   mchunk *c = NULL;
   size_t nc = 0;
+  int patched = 0;
+  uint64_t wire = 0; /* a patched tensor's bytes on the wire so far */
   for (size_t i = 0; i < n; i++) {
     seg s = runs[i];
+    if (i == 0 || runs[i].tensor != runs[i - 1].tensor) {
+      patched = tensor_patched(runs, n, i, pcount);
+      wire = 0;
+    }
     if (sub != NULL && (s.tensor = sub[s.tensor]) == UINT32_MAX) continue;
-    if (pcount != NULL && pcount[s.piece] > 0)
-      s = (seg){.piece = s.piece, .tensor = s.tensor, .patch = 1,
+    if (patched && pcount[s.piece] == 0) continue;
+    if (patched) {
+      s = (seg){.piece = s.piece, .tensor = s.tensor, .patch = 1, .off = wire,
                 .len = patch_wire(m, s.piece, pcount[s.piece])};
+      wire += s.len;
+    }
     uint32_t sender = pieces[s.piece].rank;
     for (uint64_t done = 0; done < s.len;) {
       if (chunk_full(c, sender, &s, max)) {
@@ -447,6 +470,24 @@ static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_s
   return rc != 0 ? rc : stream_chunks(m, st, m->wire.buffer_size);
 }
 
+/* A delta's view of the stream (view_some's). */
+static void view_free(wstream *st) {
+  free(st->dpmp);
+  free(st->dsegs);
+  free(st->dchunks);
+  free(st->dpm);
+  free(st->dpatch);
+  free(st->dspan);
+  free(st->dspanp);
+  st->dpmp = NULL;
+  st->dsegs = NULL;
+  st->dchunks = NULL;
+  st->dpm = NULL;
+  st->dpatch = NULL;
+  st->dspan = NULL;
+  st->dspanp = NULL;
+}
+
 static void stream_free(wstream *st) {
   free(st->pm);
   free(st->pmp);
@@ -456,11 +497,7 @@ static void stream_free(wstream *st) {
   free(st->runs);
   free(st->boxes);
   free(st->chunks);
-  free(st->dsegs);
-  free(st->dchunks);
-  free(st->dpmp);
-  free(st->dpm);
-  free(st->dpatch);
+  view_free(st);
 }
 /* ---- the rendezvous ---- */
 
@@ -501,7 +538,7 @@ void wtx__many_destroy(wtx__many *m) {
   free(m->theirs);
   free(m->decision);
   free(m->full);
-  free(m->sole);
+  free(m->pform);
   free(m->prev);
   free(m->prev_ok);
   free(m->pend);
@@ -1113,16 +1150,24 @@ static uint8_t *decision_of(const wtx__many *m, size_t w) {
   return m->decision + at;
 }
 
-/* Marks in sole the pieces that each feed a tensor of st whole, alone
- * (one run, not boxes). */
-static int sole_pieces(wtx__many *m, const wstream *st) {
+/* Marks in pform how each piece feeding st may travel as a patch: of
+ * the tensor it feeds alone, or of its span of one that other runs feed
+ * too; never a piece of a tensor that comes in boxes. */
+static int patch_forms(wtx__many *m, const wstream *st) {
   uint32_t *runs = calloc(st->nt + 1, sizeof *runs);
-  if (runs == NULL) return WTX_ENOMEM;
-  for (size_t i = 0; i < st->nruns; i++) runs[st->runs[i].tensor]++;
-  for (size_t i = 0; i < st->nruns; i++)
-    if (runs[st->runs[i].tensor] == 1 && st->runs[i].box == 0) m->sole[st->runs[i].piece] = 1;
+  uint8_t *boxed = calloc(st->nt + 1, 1);
+  int rc = runs != NULL && boxed != NULL ? 0 : WTX_ENOMEM;
+  for (size_t i = 0; rc == 0 && i < st->nruns; i++) {
+    runs[st->runs[i].tensor]++;
+    boxed[st->runs[i].tensor] |= st->runs[i].box != 0;
+  }
+  for (size_t i = 0; rc == 0 && i < st->nruns; i++) {
+    uint32_t t = st->runs[i].tensor;
+    if (!boxed[t]) m->pform[st->runs[i].piece] = runs[t] == 1 ? PATCH_WHOLE : PATCH_SPAN;
+  }
   free(runs);
-  return 0;
+  free(boxed);
+  return rc;
 }
 
 /* The patches' state: which pieces may travel as patches, and room for
@@ -1130,8 +1175,8 @@ static int sole_pieces(wtx__many *m, const wstream *st) {
  * they are) and for the records of the exchange. */
 static int patches_open(wtx__many *m) {
   const wtx_piece *pieces;
-  size_t np = wtx_plan_pieces(m->plan, &pieces), n = m->my_n + 1, nsole = 0, mine = 0;
-  m->sole = calloc(np + 1, 1);
+  size_t np = wtx_plan_pieces(m->plan, &pieces), n = m->my_n + 1, nform = 0, mine = 0;
+  m->pform = calloc(np + 1, 1);
   m->pcount = calloc(np + 1, sizeof *m->pcount);
   m->presult = calloc(np + 1, sizeof *m->presult);
   m->prev_off = calloc(n, sizeof *m->prev_off);
@@ -1139,21 +1184,22 @@ static int patches_open(wtx__many *m) {
   m->poff = calloc(n, sizeof *m->poff);
   m->prev_ok = calloc(n, 1);
   m->pend = calloc(n, 1);
-  if (!m->sole || !m->pcount || !m->presult || !m->prev_off || !m->pmine || !m->poff ||
+  if (!m->pform || !m->pcount || !m->presult || !m->prev_off || !m->pmine || !m->poff ||
       !m->prev_ok || !m->pend)
     return WTX_ENOMEM;
   int rc = 0;
-  for (size_t w = 0; rc == 0 && w < m->n_workers; w++) rc = sole_pieces(m, &m->ws[w]);
+  for (size_t w = 0; rc == 0 && w < m->n_workers; w++) rc = patch_forms(m, &m->ws[w]);
   uint64_t total = 0;
-  for (size_t p = 0; p < np; p++) nsole += m->sole[p];
+  for (size_t p = 0; p < np; p++) nform += m->pform[p] != PATCH_NONE;
   for (size_t k = 0; k < m->my_n; k++) {
     m->prev_off[k] = total;
-    if (!m->sole[m->my_first + k]) continue;
+    if (m->pform[m->my_first + k] == PATCH_NONE) continue;
     total += wtx_plan_piece_bytes(m->plan, &pieces[m->my_first + k]);
     mine++;
   }
-  /* Any rank offers at most its sole pieces; a decision takes some. */
-  m->theirs_cap = m->decision_cap = nsole * WTX__TCP_PATCH_BYTES;
+  /* Any rank offers at most its pieces that may be patches; a decision
+   * takes some. */
+  m->theirs_cap = m->decision_cap = nform * WTX__TCP_PATCH_BYTES;
   m->answer = malloc(m->changed_len + mine * WTX__TCP_PATCH_BYTES + 1);
   m->prev = malloc(total ? total : 1);
   return rc == 0 && (m->answer == NULL || m->prev == NULL) ? WTX_ENOMEM : rc;
@@ -1189,32 +1235,55 @@ static void view_whole(wstream *st) {
   st->vpmp = st->pmp;
 }
 
-/* The decision's patches of st's tensors: patched[k], 1 + the piece
- * whose patch tensor k is this sync, or 0 (whole); how many. */
-static size_t stream_patches(const wtx__many *m, const wstream *st, uint32_t *patched) {
+/* The decision's patches of st's tensors: patched[k], how many runs of
+ * tensor k travel as patches this sync (0: it travels whole); how many
+ * tensors are patched, and *spans, the patches that are spans. */
+static size_t stream_patches(const wtx__many *m, const wstream *st, uint32_t *patched,
+                             size_t *spans) {
   size_t n = 0;
+  *spans = 0;
   for (size_t i = 0; m->patches && i < st->nruns; i++)
     if (m->pcount[st->runs[i].piece] > 0) {
-      patched[st->runs[i].tensor] = st->runs[i].piece + 1;
-      n++;
+      n += patched[st->runs[i].tensor]++ == 0;
+      *spans += m->pform[st->runs[i].piece] == PATCH_SPAN;
     }
   return n;
 }
 
-/* The ParamMeta of st's tensor k as patch p of this sync: a copy of its
- * own with the patch, into pm and pt. */
-static Wtx__V1__ParamMeta *patch_meta(const wtx__many *m, const wstream *st, size_t k,
-                                      uint32_t p, Wtx__V1__ParamMeta *pm, Wtx__V1__Patch *pt) {
+/* The ParamMeta of st's tensor k, whose runs are st->runs[i0, i1), as
+ * this sync's patch of it: a copy of its own with the patch, into pm and
+ * pt; of spans (from st->dspan at *used), one per run that travels, where
+ * several runs feed it. */
+static Wtx__V1__ParamMeta *patch_meta(const wtx__many *m, wstream *st, size_t k, size_t i0,
+                                      size_t i1, Wtx__V1__ParamMeta *pm, Wtx__V1__Patch *pt,
+                                      size_t *used) {
   const wtx_piece *pieces;
   wtx_plan_pieces(m->plan, &pieces);
-  size_t es = wtx_dtype_size(m->metas[pieces[p].param].dtype);
+  size_t es = wtx_dtype_size(m->metas[pieces[st->runs[i0].piece].param].dtype);
   wtx__v1__patch__init(pt);
-  pt->index_dtype =
-      (Wtx__V1__DType)wtx__patch_index_dtype(wtx_plan_piece_bytes(m->plan, &pieces[p]) / es);
-  pt->count = m->pcount[p];
-  pt->result_xxh3 = m->presult[p];
   *pm = st->pm[k];
   pm->patch = pt;
+  pt->spans = &st->dspanp[*used];
+  for (size_t i = i0; i < i1; i++) {
+    uint32_t p = st->runs[i].piece;
+    uint64_t elements = wtx_plan_piece_bytes(m->plan, &pieces[p]) / es;
+    if (m->pform[p] == PATCH_WHOLE) {
+      pt->index_dtype = (Wtx__V1__DType)wtx__patch_index_dtype(elements);
+      pt->count = m->pcount[p];
+      pt->result_xxh3 = m->presult[p];
+      return pm;
+    }
+    if (m->pcount[p] == 0) continue; /* unchanged: the base's bytes stand */
+    Wtx__V1__PatchSpan *sp = &st->dspan[*used];
+    wtx__v1__patch_span__init(sp);
+    sp->first = st->runs[i].off / es;
+    sp->elements = elements;
+    sp->index_dtype = (Wtx__V1__DType)wtx__patch_index_dtype(elements);
+    sp->count = m->pcount[p];
+    sp->result_xxh3 = m->presult[p];
+    st->dspanp[(*used)++] = sp;
+    pt->n_spans++;
+  }
   return pm;
 }
 
@@ -1222,39 +1291,37 @@ static Wtx__V1__ParamMeta *patch_meta(const wtx__many *m, const wstream *st, siz
  * chunks as the whole stream is (a patched one as its patch), named by
  * their ParamMeta. */
 static int view_some(const wtx__many *m, wstream *st, const uint8_t *sel) {
-  size_t kept = 0;
+  size_t kept = 0, nspans = 0, used = 0;
   for (size_t k = 0; k < st->nt; k++) kept += bit(sel, k);
   uint32_t *sub = malloc((st->nt + 1) * sizeof *sub);
   uint32_t *patched = calloc(st->nt + 1, sizeof *patched);
-  size_t np = sub != NULL && patched != NULL ? stream_patches(m, st, patched) : 0;
+  size_t np = sub != NULL && patched != NULL ? stream_patches(m, st, patched, &nspans) : 0;
   if (sub != NULL && patched != NULL && kept == st->nt && np == 0) {
     free(sub);
     free(patched);
     view_whole(st);
     return 0;
   }
-  free(st->dpmp);
-  free(st->dsegs);
-  free(st->dchunks);
-  free(st->dpm);
-  free(st->dpatch);
-  st->dsegs = NULL;
-  st->dchunks = NULL;
+  view_free(st);
   st->dpmp = calloc(kept + 1, sizeof *st->dpmp);
   st->dpm = calloc(np + 1, sizeof *st->dpm);
   st->dpatch = calloc(np + 1, sizeof *st->dpatch);
+  st->dspan = calloc(nspans + 1, sizeof *st->dspan);
+  st->dspanp = calloc(nspans + 1, sizeof *st->dspanp);
   if (sub == NULL || patched == NULL || st->dpmp == NULL || st->dpm == NULL ||
-      st->dpatch == NULL) {
+      st->dpatch == NULL || st->dspan == NULL || st->dspanp == NULL) {
     free(sub);
     free(patched);
     return WTX_ENOMEM;
   }
-  for (size_t k = 0, j = 0, q = 0; k < st->nt; k++) {
+  for (size_t k = 0, j = 0, q = 0, i1 = 0; k < st->nt; k++) {
+    size_t i0 = i1; /* tensor k's runs: [i0, i1) */
+    while (i1 < st->nruns && st->runs[i1].tensor == k) i1++;
     sub[k] = bit(sel, k) ? (uint32_t)j : UINT32_MAX;
     if (!bit(sel, k)) continue;
     st->dpmp[j++] = patched[k] == 0 ? &st->pm[k]
-                                     : patch_meta(m, st, k, patched[k] - 1, &st->dpm[q],
-                                                  &st->dpatch[q]);
+                                     : patch_meta(m, st, k, i0, i1, &st->dpm[q],
+                                                  &st->dpatch[q], &used);
     q += patched[k] != 0;
   }
   free(patched);
@@ -1285,8 +1352,8 @@ static void delta_settle(wtx__many *m, int landed) {
   m->pending = 0;
 }
 
-/* This rank's k-th piece, cur (len bytes of dtype), which feeds its
- * tensor alone: when it changed since prev, which holds it as the workers
+/* This rank's k-th piece, cur (len bytes of dtype), one run of its
+ * tensor: when it changed since prev, which holds it as the workers
  * do, its patch of prev where that is fewer bytes and fits a buffer (at
  * parena + *used); then prev becomes it (by the patch: what changed is
  * written), valid once the sync lands. */
@@ -1329,7 +1396,7 @@ static int delta_hash(wtx__many *m) {
     m->ph[k] = XXH3_64bits(b, len);
     int changed = !m->sent_ok || m->ph[k] != m->sent[k];
     if (changed) set_bit(m->changed, p);
-    if (m->patches && m->sole[p])
+    if (m->patches && m->pform[p] != PATCH_NONE)
       rc = patch_piece(m, k, b, len, m->metas[pieces[p].param].dtype, changed, &used);
   }
   free(buf);
@@ -1350,8 +1417,8 @@ static size_t delta_answer(wtx__many *m) {
 }
 
 /* Rank 0: the offers of rank r (n records at rec) into pcount and
- * presult; one of a piece r does not send alone, or larger than a
- * buffer, is WTX_EPROTO. */
+ * presult; one of a piece r does not send as one run of its tensor, or
+ * larger than a buffer, is WTX_EPROTO. */
 static int take_offers(wtx__many *m, uint32_t r, const uint8_t *rec, size_t n, char *err,
                        size_t errlen) {
   size_t first, count;
@@ -1361,8 +1428,8 @@ static int take_offers(wtx__many *m, uint32_t r, const uint8_t *rec, size_t n, c
     uint64_t c, sum;
     if (wtx__tcp_patch_decode(rec, &p, &c, &sum) != 0 || p < first || p >= first + count ||
         !patch_ok(m, p, c)) {
-      snprintf(err, errlen, "delta: a patch offered of a piece this rank does not send alone, "
-               "or larger than a buffer");
+      snprintf(err, errlen, "delta: a patch offered of a piece this rank does not send as "
+               "one run of its tensor, or larger than a buffer");
       return WTX_EPROTO;
     }
     m->pcount[p] = c;
@@ -1405,12 +1472,31 @@ static int delta_refused(wtx__many *m, size_t w, int target, int wrc) {
   return wtx__client_start_end(m->one[w]);
 }
 
+/* Rank 0: worker w's tensor that several runs feed (st->runs[i0, i1))
+ * travels as a patch of spans when w takes them and every run that
+ * changed was offered as a patch (the others' bytes stay the base's);
+ * else each run whole, its offer dropped. */
+static void decide_spans(wtx__many *m, size_t w, size_t i0, size_t i1) {
+  const seg *runs = m->ws[w].runs;
+  int spans = wtx__client_patch_spans(m->one[w]);
+  for (size_t i = i0; spans && i < i1; i++)
+    spans = !bit(m->changed, runs[i].piece) || m->pcount[runs[i].piece] > 0;
+  for (size_t i = i0; !spans && i < i1; i++) m->pcount[runs[i].piece] = 0;
+}
+
 /* Rank 0: which offered patches this sync sends (to a worker that takes
  * patches and a delta), as records after the decision's bits. */
 static void decide_patches(wtx__many *m) {
   const wtx_piece *pieces;
   size_t np = wtx_plan_pieces(m->plan, &pieces);
   m->decided_len = m->decision_len;
+  for (size_t w = 0; w < m->n_workers; w++) {
+    const wstream *st = &m->ws[w];
+    for (size_t i0 = 0, i1; i0 < st->nruns; i0 = i1) {
+      for (i1 = i0 + 1; i1 < st->nruns && st->runs[i1].tensor == st->runs[i0].tensor;) i1++;
+      if (m->pform[st->runs[i0].piece] == PATCH_SPAN) decide_spans(m, w, i0, i1);
+    }
+  }
   for (size_t p = 0; p < np; p++) {
     uint32_t w = pieces[p].worker;
     if (m->pcount[p] > 0 && (m->full[w] || !wtx__client_patches(m->one[w]))) m->pcount[p] = 0;
@@ -1483,7 +1569,7 @@ static int delta_decide(wtx__many *m, char *err, size_t errlen) {
 }
 
 /* Another rank: the decision's patches (its records after the bits) into
- * pcount; each must be of a piece that feeds its tensor alone, and of
+ * pcount; each must be of a piece that is one run of its tensor, and of
  * this rank's, the patch it offered. */
 static int follow_patches(wtx__many *m, size_t dlen, char *err, size_t errlen) {
   const wtx_piece *pieces;

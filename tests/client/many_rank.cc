@@ -13,8 +13,10 @@
 //                      bytes, rank 0's UpdateInfo bytes, whether the sync
 //                      was a delta, the parameters it sent, the pieces it
 //                      sent as patches) or "fail RC MESSAGE".
-//   bump SEED VERSION NAME BYTE   the same, of Llama(SEED) with byte BYTE
-//                      of tensor NAME changed (Llama::Bump).
+//   bump SEED VERSION NAME BYTE [NAME BYTE ...]   the same, of Llama(SEED)
+//                      with byte BYTE of tensor NAME changed (Llama::Bump),
+//                      each pair; BYTE as FIRST+COUNT: COUNT bytes from
+//                      FIRST.
 //   draft SEED VERSION the same as sync, to the workers' draft model.
 // WTX_MANY_DELTA=1: the trainer sends deltas (WTX_DELTA_TENSORS); =patches:
 // with patches (WTX_DELTA_PATCHES).
@@ -121,14 +123,16 @@ int main(int argc, char **argv) {
   std::fflush(stdout);
   for (std::string line; std::getline(std::cin, line);) {
     std::stringstream in(line);
-    std::string cmd, version, name;
+    std::string cmd, version, name, bytes;
     int seed = 0;
-    size_t byte = 0;
     in >> cmd >> seed >> version;
-    if (cmd == "bump") in >> name >> byte;
     if (cmd != "sync" && cmd != "bump" && cmd != "draft") continue;
     wtxtest::Llama next(static_cast<uint8_t>(seed));
-    if (cmd == "bump") next.Bump(name, byte);
+    while (cmd == "bump" && in >> name >> bytes) {
+      size_t plus = bytes.find('+'), first = std::stoul(bytes.substr(0, plus));
+      size_t count = plus == std::string::npos ? 1 : std::stoul(bytes.substr(plus + 1));
+      for (size_t b = first; b < first + count; b++) next.Bump(name, b);
+    }
     std::vector<std::vector<uint8_t>> fresh;
     FillParts(next, rank, &fresh);
     for (size_t i = 0; i < parts.size(); i++)

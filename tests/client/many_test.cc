@@ -198,8 +198,9 @@ class ManyTest : public wtxtest::ShardedFixture {
   // a delta.
   void DeltasSendOnlyTheChangedTensorsFromEveryOwner();
   // Deltas with patches: what one rank feeds whole goes as a patch of the
-  // elements that changed; what several feed, whole from each.
-  void PatchesSendTheChangedElementsOfWhatOneRankFeeds();
+  // elements that changed; what several feed, as a patch of the spans
+  // that changed, each from its rank.
+  void PatchesSendTheChangedElementsFromEachRankThatOwnsThem();
   // A rank killed while rank 0 waits for what it changed: rank 0 fails at
   // once naming it, every worker keeps v2, the rank comes back, v3 lands
   // and v4, nothing changed, is a delta that moves nothing.
@@ -366,9 +367,10 @@ void ManyTest::DeltasSendOnlyTheChangedTensorsFromEveryOwner() {
 // (a layer one rank owns, to every worker; the column slice one rank's
 // shard covers, to its tensor-parallel worker) travels as a patch of the
 // elements that changed, made by that rank from its copy of the piece as
-// the workers hold it; one that several ranks feed travels whole from
-// each, as with WTX_DELTA_TENSORS.
-void ManyTest::PatchesSendTheChangedElementsOfWhatOneRankFeeds() {
+// the workers hold it; one that several ranks feed (a trainer's shards
+// of it) as a patch of spans, one from each rank whose shard changed, or,
+// where a changed shard has no smaller patch, whole from each.
+void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
   delta_ = patches_ = true;
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
@@ -407,15 +409,14 @@ void ManyTest::PatchesSendTheChangedElementsOfWhatOneRankFeeds() {
   patch_l1(1, "v2");
   // Layer 1 back as it was, and one element of layer 0's up_proj (Shard(0)
   // over ranks 0 and 1): rank 1's shard is tensor-parallel rank 1's slice,
-  // a patch; the whole replica's tensor comes from both ranks, whole.
+  // a patch; the whole replica's tensor is a patch of one span, rank 1's
+  // (rank 0's shard did not change, and does not travel).
   Llama three(1);
   three.Bump(l0, byte);
   std::vector<std::string> got = SyncAll(1, "v3", l0 + " " + std::to_string(byte));
-  EXPECT_EQ(3u, sum(got, Patched));
-  uint64_t sent = sum(got, Sent);
-  uint64_t whole_l0 = 0;
-  for (const wtxtest::Tensor &x : three.t) whole_l0 += x.name == l0 ? x.data.size() : 0;
-  EXPECT_EQ(3u * (4 + 2) + whole_l0, sent) << "three patches, and the whole replica's tensor";
+  EXPECT_EQ(4u, sum(got, Patched));
+  EXPECT_EQ(4u * (4 + 2), sum(got, Sent)) << "two patches of l1, one of l0, one span of l0";
+  EXPECT_EQ(0u, Sent(got[0])) << "rank 0's shard of l0 did not change";
   holds(three, "v3");
   // Another model: every tensor that changed differs almost everywhere,
   // so no patch is smaller and each travels whole, to every worker that
@@ -436,6 +437,39 @@ void ManyTest::PatchesSendTheChangedElementsOfWhatOneRankFeeds() {
   holds(four, "v4");
   // The ranks' copies followed that whole sync: a patch again.
   patch_l1(2, "v5");
+  // lm_head is Shard(0) over the four ranks, 24 rows each; tensor-parallel
+  // rank 0 holds rows 0-47 (ranks 0 and 1), rank 1 rows 48-95. One element
+  // in row 10 (rank 0's) and one in row 60 (rank 2's): each worker's
+  // lm_head is a patch of the spans that changed, the whole replica's of
+  // two, from two ranks, in two chunks.
+  const std::string head = "lm_head.weight";
+  const std::string l1_bumped = l1 + " " + std::to_string(byte);
+  const std::string six_bumps = l1_bumped + " " + head + " 640 " + head + " 3840";
+  Llama six(2);
+  six.Bump(l1, byte);
+  six.Bump(head, 640);
+  six.Bump(head, 3840);
+  got = SyncAll(2, "v6", six_bumps);
+  EXPECT_EQ(4u, sum(got, Patched));
+  EXPECT_EQ(4u * (4 + 2), sum(got, Sent)) << "four spans of one element";
+  EXPECT_EQ(2u * (4 + 2), Sent(got[0])) << got[0];
+  EXPECT_EQ(2u * (4 + 2), Sent(got[2])) << got[2];
+  holds(six, "v6");
+  // One element in row 30 (rank 1's) and every byte of rank 3's rows:
+  // rank 3 has no smaller patch, so the whole replica's lm_head and
+  // tensor-parallel rank 1's travel whole, from each of their ranks, while
+  // rank 0's worker still gets rank 1's span.
+  Llama seven(2);
+  seven.Bump(l1, byte);
+  seven.Bump(head, 640);
+  seven.Bump(head, 3840);
+  seven.Bump(head, 1920);
+  for (size_t b = 72 * 64; b < 96 * 64; b++) seven.Bump(head, b);
+  got = SyncAll(2, "v7", six_bumps + " " + head + " 1920 " + head + " 4608+1536");
+  EXPECT_EQ(1u, sum(got, Patched));
+  EXPECT_EQ(4u + 2 + 48 * 64 + 96 * 64, sum(got, Sent))
+      << "a span to rank 0's worker, rows 48-95 to rank 1's, every row to the whole replica";
+  holds(seven, "v7");
 }
 
 // On every backend many senders run on (nccl and cuda_ipc on the TEST
@@ -452,8 +486,8 @@ TEST_P(ManyDeltaTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwner) {
   DeltasSendOnlyTheChangedTensorsFromEveryOwner();
 }
 
-TEST_P(ManyDeltaTest, PatchesSendTheChangedElementsOfWhatOneRankFeeds) {
-  PatchesSendTheChangedElementsOfWhatOneRankFeeds();
+TEST_P(ManyDeltaTest, PatchesSendTheChangedElementsFromEachRankThatOwnsThem) {
+  PatchesSendTheChangedElementsFromEachRankThatOwnsThem();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ManyDeltaTest,
