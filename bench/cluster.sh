@@ -8,10 +8,13 @@
 # tensor-parallel workers (TP 4) two ways: every rank sending what it owns
 # (many senders), and one host sending every byte (rank 0 alone). Reports
 # the third sync of each and how near each sender's link ran to its rate.
-# Then deltas on the same links: 4 ranks that each own a quarter of the
-# tensors whole (bench/delta_bench.c, as a pipeline's stages own layers),
-# with 1 % of every tensor's elements changed between syncs, sent as whole
-# tensors and as patches, against the same ranks' full sync.
+# Then deltas on the same links, to a whole replica on each worker host:
+# 4 ranks that each own a quarter of the tensors whole (bench/delta_bench.c,
+# as a pipeline's stages own layers), then 4 ranks that each hold a shard
+# of every tensor (FSDP: Shard(0) over all 4, so each replica's tensor is
+# fed by 4 ranks), with 1 % of every tensor's elements changed between
+# syncs, sent as whole tensors and as patches, against the same ranks'
+# full sync.
 # Root only (ip netns, veth, tbf); everything is torn down on exit.
 # Usage: bench/cluster.sh [SIZE] [RATE]   (default 128M 400mbit)
 set -euo pipefail
@@ -120,25 +123,40 @@ for k in 0 1 2 3; do
   serve_in "w$k" "q$k"
   replicas+="${replicas:+,}$served"
 done
-ranks=""
-for r in 0 1 2 3; do eval "a=\$ip_r$r"; ranks+="${ranks:+,}$a:47100"; done
-for r in 0 1 2 3; do
-  ip netns exec "wtx-r$r" "$bin/bench/delta_bench" "$replicas" "$size" 64 tcp "$r" 4 "$ranks" \
-    >"$tmp/pd$r.out" 2>&1 &
-  rp[$r]=$!
-done
-for r in 0 1 2 3; do wait "${rp[$r]}" || { cat "$tmp/pd$r.out" >&2; exit 1; }; done
-dfield() {
-  awk -v k="$1" -v f="$2" -v p="${4:-}" '/^# patches/ {in_p = 1} $1 == k && (in_p == (p != "")) {print $f}' "$tmp/pd$3.out"
+# deltas LAYOUT PORT: delta_bench on the 4 ranks, owning the tensors as
+# LAYOUT says (pipeline: a quarter of the tensors whole each; fsdp: every
+# tensor Shard(0) over all 4), its ranks listening from PORT; $tmp/LAYOUT$r.out.
+deltas() {
+  local layout=$1 port=$2 ranks="" r a
+  for r in 0 1 2 3; do eval "a=\$ip_r$r"; ranks+="${ranks:+,}$a:$port"; done
+  for r in 0 1 2 3; do
+    ip netns exec "wtx-r$r" env DELTA_BENCH_LAYOUT="$layout" "$bin/bench/delta_bench" \
+      "$replicas" "$size" 64 tcp "$r" 4 "$ranks" >"$tmp/$layout$r.out" 2>&1 &
+    rp[$r]=$!
+  done
+  for r in 0 1 2 3; do wait "${rp[$r]}" || { cat "$tmp/$layout$r.out" >&2; exit 1; }; done
 }
-dbytes() { local n=0; for r in 0 1 2 3; do n=$((n + $(dfield "$1" 3 "$r" "${2:-}"))); done; echo "$n"; }
-full_s=$(dfield full 2 0)
-full_b=$(dbytes full)
-for p in "" patches; do
-  echo "deltas, 1 % of every tensor's elements changed, ${p:-whole tensors}: the sync takes" \
-    "$(ratio "$(dfield elements1 2 0 $p)" "$full_s") x the 4 ranks' full sync" \
-    "($(dfield elements1 2 0 $p) s against $full_s s) and moves" \
-    "$(echo "$(dbytes elements1 $p) / $full_b" | bc -l | xargs printf "%.3f") x its bytes"
+# dfield KIND FIELD RANK [patches] [LAYOUT]: a field of delta_bench's line
+dfield() {
+  awk -v k="$1" -v f="$2" -v p="${4:-}" '/^# patches/ {in_p = 1} $1 == k && (in_p == (p != "")) {print $f}' "$tmp/${5:-pipeline}$3.out"
+}
+dbytes() {
+  local n=0 r
+  for r in 0 1 2 3; do n=$((n + $(dfield "$1" 3 "$r" "${2:-}" "${3:-pipeline}"))); done
+  echo "$n"
+}
+deltas pipeline 47100
+deltas fsdp 47200
+for layout in pipeline fsdp; do
+  full_s=$(dfield full 2 0 "" "$layout")
+  full_b=$(dbytes full "" "$layout")
+  for p in "" patches; do
+    s=$(dfield elements1 2 0 "$p" "$layout")
+    echo "deltas ($layout), 1 % of every tensor's elements changed, ${p:-whole tensors}:" \
+      "the sync takes $(ratio "$s" "$full_s") x the 4 ranks' full sync ($s s against" \
+      "$full_s s) and moves $(echo "$(dbytes elements1 "$p" "$layout") / $full_b" | bc -l |
+      xargs printf "%.3f") x its bytes"
+  done
+  goal "many senders, simulated cluster ($layout): delta of 1 % of elements as patches, time" \
+    "$(ratio "$(dfield elements1 2 0 patches "$layout")" "$full_s")" "the same 4 ranks' full sync" le 0.10
 done
-goal "many senders, simulated cluster: delta of 1 % of elements as patches, time" \
-  "$(ratio "$(dfield elements1 2 0 patches)" "$full_s")" "the same 4 ranks' full sync" le 0.10

@@ -15,7 +15,10 @@
  * from WTX_SESSION_TOKEN): the tensors are split among the ranks in
  * contiguous runs, as a pipeline's stages own layers, each rank holding
  * and changing only its own, and a line's bytes are this rank's (the
- * seconds are its sync's: rank 0's is the whole sync's).
+ * seconds are its sync's: rank 0's is the whole sync's). With
+ * DELTA_BENCH_LAYOUT=fsdp in the environment every tensor is Shard(0)
+ * over all the ranks instead (FSDP), each rank holding and changing its
+ * shard of each.
  *
  * usage: delta_bench WORKERS SIZE TENSORS BACKEND [RANK WORLD RANK_ADDRESSES]
  *   WORKERS  comma-separated host:port; SIZE bytes (K/M/G); BACKEND shm|tcp
@@ -24,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "transport/plan.h"
 #include "wtx/client.h"
 
 typedef struct model {
@@ -34,7 +38,29 @@ typedef struct model {
   wtx_memory_tensor *ts;
   uint32_t rank, world, *owner; /* owner[i]: the rank that holds tensor i */
   wtx_ownership *own;
+  int fsdp;          /* every tensor Shard(0) over every rank */
+  uint32_t *all;     /* fsdp: the ranks, 0..world-1 */
+  uint64_t *lo, *len; /* this rank's elements of tensor i: [lo, lo + len) */
 } model;
+
+/* Tensor i's owners, and the elements of it this rank holds. */
+static void own_tensor(model *m, size_t i) {
+  static const int32_t shard0[] = {0};
+  m->owner[i] = (uint32_t)(i * m->world / m->n);
+  m->own[i] = m->fsdp ? (wtx_ownership){.owners = m->all, .n_owners = m->world,
+                                        .placements = shard0}
+                      : (wtx_ownership){.owners = &m->owner[i], .n_owners = 1};
+  wtx_tensor_meta meta;
+  wtx_box mine;
+  char why[256];
+  wtx_tensor_meta_set(&meta, m->names[i], WTX_DTYPE_BFLOAT16, &m->shapes[i], 1, why,
+                      sizeof why);
+  m->lo[i] = m->len[i] = 0;
+  if (wtx_ownership_rank_box(&meta, &m->own[i], m->rank, &mine)) {
+    m->lo[i] = mine.lo[0];
+    m->len[i] = mine.len[0];
+  }
+}
 
 static uint64_t rnd(uint64_t *x) {
   *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
@@ -49,19 +75,24 @@ static int make_model(model *m, uint64_t size, size_t n) {
   m->ts = calloc(n, sizeof *m->ts);
   m->owner = calloc(n, sizeof *m->owner);
   m->own = calloc(n, sizeof *m->own);
-  if (!m->shapes || !m->data || !m->names || !m->ts || !m->owner || !m->own) return -1;
+  m->all = calloc(m->world, sizeof *m->all);
+  m->lo = calloc(n, sizeof *m->lo);
+  m->len = calloc(n, sizeof *m->len);
+  if (!m->shapes || !m->data || !m->names || !m->ts || !m->owner || !m->own || !m->all ||
+      !m->lo || !m->len)
+    return -1;
+  for (uint32_t r = 0; r < m->world; r++) m->all[r] = r;
   uint64_t x = 0x9e3779b97f4a7c15ULL, per = size / n / 2 > 0 ? size / n / 2 : 1;
   for (size_t i = 0; i < n; i++) {
     m->shapes[i] = per; /* bf16 elements */
-    m->owner[i] = (uint32_t)(i * m->world / n);
-    m->own[i] = (wtx_ownership){.owners = &m->owner[i], .n_owners = 1};
     if ((m->names[i] = malloc(64)) == NULL) return -1;
-    if (m->owner[i] == m->rank && (m->data[i] = malloc(per * 2)) == NULL) return -1;
-    for (uint64_t k = 0; m->data[i] != NULL && k + 8 <= per * 2; k += 8) {
-      uint64_t v = rnd(&x);
-      memcpy(m->data[i] + k, &v, 8);
-    }
     snprintf(m->names[i], 64, "model.layers.%zu.w", i);
+    own_tensor(m, i);
+    if (m->len[i] > 0 && (m->data[i] = malloc(m->len[i] * 2)) == NULL) return -1;
+    for (uint64_t k = 0; m->data[i] != NULL && k < m->len[i] * 2; k += 8) {
+      uint64_t v = rnd(&x);
+      memcpy(m->data[i] + k, &v, m->len[i] * 2 - k < 8 ? m->len[i] * 2 - k : 8);
+    }
     m->ts[i] = (wtx_memory_tensor){m->names[i], WTX_DTYPE_BFLOAT16, &m->shapes[i], 1,
                                    m->data[i], 0};
   }
@@ -83,17 +114,19 @@ static void report(const char *kind, double s, const wtx_send_result *r) {
          r->full_reason ? " full: " : "", r->full_reason ? r->full_reason : "");
 }
 
-/* Every rank draws the same numbers, and changes the tensors it holds. */
+/* Element e of tensor i, where this rank holds it, its low byte flipped. */
+static void flip(model *m, size_t i, uint64_t e) {
+  if (e >= m->lo[i] && e - m->lo[i] < m->len[i]) m->data[i][(e - m->lo[i]) * 2] ^= 1;
+}
+
+/* Every rank draws the same numbers, and changes what it holds of them. */
 static void change(model *m, int kind, uint64_t *x) {
-  if (kind == 1) { /* 5 % of the tensors, one byte each */
+  if (kind == 1) { /* 5 % of the tensors, their first element each */
     size_t k = m->n / 20 ? m->n / 20 : 1, at = rnd(x) % m->n;
-    for (size_t j = 0; j < k; j++)
-      if (m->data[(at + j * 20) % m->n] != NULL) m->data[(at + j * 20) % m->n][0] ^= 1;
+    for (size_t j = 0; j < k; j++) flip(m, (at + j * 20) % m->n, 0);
   } else if (kind == 2) { /* 1 % of every tensor's elements */
-    for (size_t i = 0; i < m->n; i++) {
-      uint64_t e = rnd(x) % 100;
-      for (; m->data[i] != NULL && e < m->shapes[i]; e += 100) m->data[i][e * 2] ^= 1;
-    }
+    for (size_t i = 0; i < m->n; i++)
+      for (uint64_t e = rnd(x) % 100; e < m->shapes[i]; e += 100) flip(m, i, e);
   }
 }
 
@@ -150,6 +183,8 @@ int main(int argc, char **argv) {
     for (char *s = strtok(argv[7], ","); s != NULL && k < 256; s = strtok(NULL, ","))
       ranks[k++] = s;
     if (m.world < 2 || m.world != k || m.rank >= m.world) return 2;
+    const char *layout = getenv("DELTA_BENCH_LAYOUT");
+    m.fsdp = layout != NULL && strcmp(layout, "fsdp") == 0;
   }
   char *end;
   uint64_t size = strtoull(argv[2], &end, 10);
