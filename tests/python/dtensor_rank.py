@@ -8,8 +8,9 @@ the sync gathers nothing.
 "vllm": through vLLM's own trainer factory and ModuleSource instead of
 TorchModuleSource. "delta": a delta trainer; after dt-1, element [0, 0] of
 rank 1's shard of col.weight (row 4 of the full tensor) grows by 1 and
-dt-2 is sent; "patches": the same with delta="patches". Prints the last
-send_weights result as JSON."""
+dt-2 is sent; "patches": the same with delta="patches"; "patches-both":
+that, with element [0, 0] of rank 0's shard (row 0) grown by 1 too. Prints
+the last send_weights result as JSON."""
 import json
 import sys
 
@@ -37,7 +38,8 @@ def main() -> None:
         owner, leaf = model.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
         setattr(owner, leaf, torch.nn.Parameter(distribute_tensor(full[name], mesh, [Shard(0)])))
     client = wtx.WorkerClient(hosts)
-    delta = {"delta": True, "patches": "patches"}.get("".join(sys.argv[5:]), False)
+    mode = "".join(sys.argv[5:])
+    delta = {"delta": True, "patches": "patches", "patches-both": "patches"}.get(mode, False)
     info = wtx.WtxTrainerInitInfo(transport="tcp", rank=rank, world_size=2, timeout_ms=15000,
                                   rank_addresses=addrs,
                                   session_token="python-dtensor-session-token", delta=delta)
@@ -54,7 +56,7 @@ def main() -> None:
     result = engine.send_weights(version="dt-1")
     if delta:
         with torch.no_grad():
-            if rank == 1:
+            if rank == 1 or mode == "patches-both":
                 model.col.weight.to_local()[0, 0] += 1
         result = engine.send_weights(version="dt-2")
     engine.shutdown()

@@ -894,6 +894,42 @@ class ContractTest(unittest.TestCase):
         # holds the changed row travels, to the one host holding it.
         dtensor_sync(self, "delta")
 
+    def test_dtensor_ranks_send_a_whole_host_a_patch_of_each_changed_shard(self):
+        # delta="patches" to a host that keeps whole tensors: its col.weight
+        # is fed by both ranks' shards, and an element changed in each, so
+        # it travels as a patch of two spans, one from each rank (an int32
+        # index and a float32 value each), applied to the host's copy.
+        import random
+
+        import wtx
+        full, _ = tp_weights()
+        full["col.weight"][0, 0] += 1
+        full["col.weight"][4, 0] += 1
+        host = TpRank()
+        host.col = torch.nn.Linear(4, 8, bias=False)
+        host.row = torch.nn.Linear(8, 4, bias=False).to(torch.bfloat16)
+        server = wtx.serve(host, "127.0.0.1:0")
+        addrs = ",".join(f"127.0.0.1:{random.randrange(20000, 32000)}" for _ in range(2))
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                procs = [subprocess.Popen(
+                    [sys.executable, os.path.join(os.path.dirname(__file__), "dtensor_rank.py"),
+                     str(r), os.path.join(d, "init"), server.address, addrs, "patches-both"],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    for r in range(2)]
+                outs = [p.communicate(timeout=120) for p in procs]
+        finally:
+            server.close()
+        errs = "\n".join(f"rank {r}: {err[-1500:]}" for r, (_, err) in enumerate(outs))
+        for p in procs:
+            self.assertEqual(0, p.returncode, errs)
+        results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+        self.assertEqual([True, True], [r["delta"] for r in results])
+        self.assertEqual([8, 8], [r["bytes"] for r in results])
+        self.assertEqual([1, 1], [r["patched_params"] for r in results])
+        for name, want in full.items():
+            self.assertTrue(torch.equal(host.get_parameter(name).detach(), want), name)
+
     def test_dtensor_ranks_send_a_patch_of_the_one_element_that_changed(self):
         # delta="patches": the host's part of col.weight is rank 1's shard
         # alone, so rank 1 sends a patch of its one changed element, which
