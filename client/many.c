@@ -5,8 +5,9 @@
  * into the worker's receive region on its GPU (cuda_ipc); or by ncclSend in
  * one communicator of ranks and workers (transport/nccl_rank.h).
  *
- * Each worker's stream is its parts of the model in metadata order, the
- * same stream a single sender would send it. The plan (transport/plan.h)
+ * Each worker's stream is its parts of the model in metadata order, begun
+ * at a tensor of its own so the workers start on different ranks' links
+ * (stream_start), and wrapped round. The plan (transport/plan.h)
  * cuts each part into pieces, one per owning rank; a piece must be one
  * contiguous run of the worker's part (a trainer sharding the dim a worker
  * slices, or an outer one), so the stream is a sequence of runs, each from
@@ -272,13 +273,14 @@ static int boxed_tensors(wtx__many *m, const wtx_slice *sl, size_t n_sl, const u
   return 0;
 }
 
-/* Worker w's pieces as segs of its stream, in stream order. A piece that
+/* Worker w's pieces as segs of its stream, in stream order (slice k is
+ * the stream's tensor pos[k]). A piece that
  * is one run of the worker's part is one seg; a tensor with any piece
  * that is not comes in boxes, a piece's cut to fit a chunk each (each one
  * run of the piece's packed bytes, in order: wtx_box_cut), which
  * the worker scatters into its staging (many_staging: unless it refuses). */
 static int stream_segs(wtx__many *m, uint32_t w, wstream *st, const wtx_slice *sl,
-                       size_t n_sl) {
+                       size_t n_sl, const uint32_t *pos) {
   const wtx_piece *pieces;
   const uint32_t *idx;
   size_t n, cap;
@@ -296,7 +298,8 @@ static int stream_segs(wtx__many *m, uint32_t w, wstream *st, const wtx_slice *s
     uint64_t elem = 0;
     wtx_slice_box(full, &sl[p->slice], &part);
     wtx_plan_piece_box(m->plan, p, &box);
-    seg proto = {.piece = idx[i], .tensor = p->slice, .len = wtx_plan_piece_bytes(m->plan, p)};
+    seg proto = {.piece = idx[i], .tensor = pos[p->slice],
+                 .len = wtx_plan_piece_bytes(m->plan, p)};
     if (!boxed[p->slice]) {
       wtx_box_contiguous(&part, &box, &elem);
       proto.off = elem * es;
@@ -453,8 +456,28 @@ static int stream_table(wstream *st) {
   return 0;
 }
 
-/* Worker w's stream: its tensors (slices sl, n_sl of them, metadata
- * order), their ParamMeta, and its chunks. */
+/* Where worker w's stream begins: at its first slice that rank w % world
+ * sends a piece of (0 when none). Every worker reads its stream in
+ * order, and a rank can send only so far ahead of that reading (the
+ * workers' read-ahead); were every stream in metadata order, the workers
+ * would all read the first ranks' tensors first, one link carrying every
+ * worker's bytes while the others wait (a pipeline's stages own runs of
+ * layers). Begun at different ranks, the links carry one worker each. */
+static size_t stream_start(const wtx__many *m, uint32_t w) {
+  const wtx_piece *pieces;
+  const uint32_t *idx;
+  size_t n, start = SIZE_MAX;
+  wtx_plan_pieces(m->plan, &pieces);
+  wtx_plan_worker_pieces(m->plan, w, &idx, &n);
+  for (size_t i = 0; i < n; i++)
+    if (pieces[idx[i]].rank == w % m->world && pieces[idx[i]].slice < start)
+      start = pieces[idx[i]].slice;
+  return start == SIZE_MAX ? 0 : start;
+}
+
+/* Worker w's stream: its tensors (slices sl, n_sl of them, metadata order
+ * from stream_start's on, then those before it), their ParamMeta, and its
+ * chunks. */
 static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_sl) {
   wstream *st = &m->ws[w];
   st->nt = n_sl;
@@ -462,11 +485,16 @@ static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_s
   st->pmp = calloc(n_sl + 1, sizeof *st->pmp);
   st->part = calloc(n_sl + 1, sizeof *st->part);
   st->dims = calloc((n_sl + 1) * 3 * WTX_MAX_DIMS, sizeof *st->dims);
-  if (st->pm == NULL || st->pmp == NULL || st->part == NULL || st->dims == NULL)
-    return WTX_ENOMEM;
-  for (size_t k = 0; k < n_sl; k++) part_meta(m, st, k, &sl[k]);
-  int rc = stream_table(st);
-  if (rc == 0) rc = stream_segs(m, w, st, sl, n_sl);
+  uint32_t *pos = calloc(n_sl + 1, sizeof *pos);
+  int rc = st->pm && st->pmp && st->part && st->dims && pos ? 0 : WTX_ENOMEM;
+  size_t start = rc == 0 ? stream_start(m, w) : 0;
+  for (size_t k = 0; rc == 0 && k < n_sl; k++) {
+    pos[k] = (uint32_t)((k + n_sl - start) % n_sl);
+    part_meta(m, st, pos[k], &sl[k]);
+  }
+  if (rc == 0) rc = stream_table(st);
+  if (rc == 0) rc = stream_segs(m, w, st, sl, n_sl, pos);
+  free(pos);
   return rc != 0 ? rc : stream_chunks(m, st, m->wire.buffer_size);
 }
 
