@@ -478,24 +478,47 @@ class PatchTest : public SessionTest {
     patch.index_dtype = (Wtx__V1__DType)p.index_dtype;
     patch.count = p.idx.size();
     patch.result_xxh3 = p.result_xxh3;
-    Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT;
-    pm.name = const_cast<char *>(p.name.c_str());
-    pm.dtype = (Wtx__V1__DType)p.dtype;
-    uint64_t shape = p.floats * 4 / wtx_dtype_size(p.dtype);
-    pm.shape = &shape;
-    pm.n_shape = 1;
-    pm.patch = &patch;
-    Wtx__V1__ParamMeta *pmp = &pm;
     uint64_t sum = XXH3_64bits(wire.data(), wire.size());
+    return SendPatchChunk(p.name, p.dtype, p.floats * 4 / wtx_dtype_size(p.dtype), &patch, wire,
+                          0, wire.size() + p.bytes_delta, &sum);
+  }
+  // UpdateWeights of one chunk of the one tensor `name` (elements of
+  // dtype), sent as patch: bytes [from, from + chunk.size()) of its wire
+  // and the chunk_bytes given; sum (where not null): the wire's XXH3.
+  int SendPatchChunk(const std::string &name, int dtype, uint64_t elements,
+                     Wtx__V1__Patch *patch, const std::vector<uint8_t> &chunk, uint64_t from,
+                     uint64_t chunk_bytes, uint64_t *sum) {
+    Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT;
+    pm.name = const_cast<char *>(name.c_str());
+    pm.dtype = (Wtx__V1__DType)dtype;
+    pm.shape = &elements;
+    pm.n_shape = 1;
+    pm.patch = patch;
+    Wtx__V1__ParamMeta *pmp = &pm;
     Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
     ui.params = &pmp;
     ui.n_params = 1;
-    ui.chunk_bytes = wire.size() + p.bytes_delta;
-    ui.xxh3_64 = &sum;
-    ui.n_xxh3_64 = 1;
-    return SendShm(wire, &ui);
+    ui.first_param_offset = from;
+    ui.chunk_bytes = chunk_bytes;
+    ui.xxh3_64 = sum;
+    ui.n_xxh3_64 = sum != nullptr;
+    return SendShm(chunk, &ui);
   }
   int StartDelta() { return Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, 0, "v1"); }
+  // v2 is published: "a" as a, "b" as v1 had it, and the worker reports
+  // the whole patched tensor's checksum.
+  void ExpectPublished(const std::vector<uint8_t> &a) {
+    std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+    EXPECT_EQ("v2", Published(&now));
+    ASSERT_EQ(2u, now.size());
+    EXPECT_EQ(a, now[0].second);
+    EXPECT_EQ(v1_[1], now[1]);
+    wtx_store_view v;
+    ASSERT_EQ(0, wtx_store_acquire(wtx_worker_store(w_), WTX_TARGET_MAIN, &v));
+    EXPECT_EQ(1, v.params[0].has_xxh3);
+    EXPECT_EQ(XXH3_64bits(a.data(), a.size()), v.params[0].xxh3);
+    wtx_store_release(wtx_worker_store(w_), &v);
+  }
 };
 
 // A patch changes only its elements (a NaN among its values), the rest of
@@ -509,16 +532,7 @@ TEST_F(PatchTest, APatchInADeltaChangesOnlyItsElements) {
   p.result_xxh3 = XXH3_64bits(want.data(), want.size());
   ASSERT_EQ(0, SendPatch(p)) << st_.message;
   ASSERT_EQ(0, Finish("v2")) << st_.message;
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
-  EXPECT_EQ("v2", Published(&now));
-  ASSERT_EQ(2u, now.size());
-  EXPECT_EQ(want, now[0].second);
-  EXPECT_EQ(v1_[1], now[1]);
-  wtx_store_view v;
-  ASSERT_EQ(0, wtx_store_acquire(wtx_worker_store(w_), WTX_TARGET_MAIN, &v));
-  EXPECT_EQ(1, v.params[0].has_xxh3);
-  EXPECT_EQ(XXH3_64bits(want.data(), want.size()), v.params[0].xxh3);
-  wtx_store_release(wtx_worker_store(w_), &v);
+  ExpectPublished(want);
 }
 
 TEST_F(PatchTest, TheStartSaysWhetherAWorkerTakesPatches) {
@@ -637,34 +651,10 @@ class SpanTest : public PatchTest {
     Wtx__V1__Patch patch = WTX__V1__PATCH__INIT;
     patch.spans = spp.data();
     patch.n_spans = spp.size();
-    Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT;
-    pm.name = const_cast<char *>("a");
-    pm.dtype = WTX__V1__DTYPE__DTYPE_FLOAT32;
-    uint64_t shape = 16;
-    pm.shape = &shape;
-    pm.n_shape = 1;
-    pm.patch = &patch;
-    Wtx__V1__ParamMeta *pmp = &pm;
     uint64_t sum = XXH3_64bits(wire.data(), wire.size());
-    Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
-    ui.params = &pmp;
-    ui.n_params = 1;
-    ui.first_param_offset = from;
-    ui.chunk_bytes = to - from;
-    ui.xxh3_64 = &sum;
-    ui.n_xxh3_64 = to == total;
-    return SendShm(std::vector<uint8_t>(wire.begin() + from, wire.begin() + to), &ui);
-  }
-  void ExpectPublished(const std::vector<uint8_t> &a) {
-    std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
-    EXPECT_EQ("v2", Published(&now));
-    ASSERT_EQ(2u, now.size());
-    EXPECT_EQ(a, now[0].second);
-    EXPECT_EQ(v1_[1], now[1]);
-    wtx_store_view v;
-    ASSERT_EQ(0, wtx_store_acquire(wtx_worker_store(w_), WTX_TARGET_MAIN, &v));
-    EXPECT_EQ(XXH3_64bits(a.data(), a.size()), v.params[0].xxh3);
-    wtx_store_release(wtx_worker_store(w_), &v);
+    return SendPatchChunk("a", WTX__V1__DTYPE__DTYPE_FLOAT32, 16, &patch,
+                          std::vector<uint8_t>(wire.begin() + from, wire.begin() + to), from,
+                          to - from, to == total ? &sum : nullptr);
   }
 };
 
