@@ -685,6 +685,23 @@ TEST_F(SpanTest, APatchOfSpansAppliesEachSpanOnceAllItsBytesAreIn) {
   ExpectPublished(want);
 }
 
+// A patch of spans whose first chunk is in when the update is aborted (a
+// trainer rank gone mid-delta): v1 stays, bit-exact, and the next delta
+// applies in full.
+TEST_F(SpanTest, AnAbortMidPatchOfSpansKeepsTheServedVersion) {
+  PublishV1();
+  std::vector<Span> spans = {{0, 8, {2}, {4.0f}}, {8, 8, {5}, {8.0f}}};
+  std::vector<uint8_t> want = Apply(&spans), wire = Wire(spans);
+  ASSERT_EQ(0, StartDelta()) << st_.message;
+  ASSERT_EQ(0, SendSpanChunk(spans, wire, 0, 8, wire.size())) << st_.message;
+  ASSERT_EQ(0, Abort()) << st_.message;
+  ExpectV1Intact();
+  ASSERT_EQ(0, StartDelta()) << st_.message;
+  ASSERT_EQ(0, SendSpans(spans, 8)) << st_.message;
+  ASSERT_EQ(0, Finish("v2")) << st_.message;
+  ExpectPublished(want);
+}
+
 // Every malformed patch of spans is refused, naming the span and what is
 // wrong, and nothing of it is applied: the worker still serves v1.
 TEST_F(SpanTest, MalformedSpansAreRefusedWithNothingApplied) {
