@@ -460,6 +460,7 @@ static grpc_status_code handle_start(wtx__rpc_ctx *ctx,
     resp->weight_version = wtx__rpc_ctx_strdup(ctx, serves);
     resp->patches = takes_patches(s);
     resp->patch_spans = resp->patches; /* the session applies spans wherever it applies patches */
+    resp->chunk_batches = 1;
   }
   pthread_mutex_unlock(&s->mu);
   return code;
@@ -1384,11 +1385,34 @@ static int chunk_receive(wtx_session *s, chunk *c) {
   return rc;
 }
 
+/* One chunk's steps, in order, until one fails. Caller holds mu. */
+static int update_chunk(wtx_session *s, chunk *c) {
+  int rc;
+  if ((rc = chunk_check_frame(s, c)) != 0 || (rc = chunk_check_tensors(s, c)) != 0 ||
+      (rc = chunk_stage(s, c)) != 0 || (rc = chunk_receive(s, c)) != 0)
+    return rc;
+  return chunk_loaded(s, c);
+}
+
+/* Chunk k of the call (0: update_info, else then[k - 1]) failed with rc:
+ * the update ends; the published weights stay. Every step but the
+ * receive answers the session's own codes, none transient, or the
+ * model's: a transient one there is the model's own I/O. Caller holds
+ * mu. */
+static grpc_status_code chunk_failed(wtx_session *s, wtx__rpc_ctx *ctx, chunk *c, size_t k,
+                                     int rc) {
+  char why[sizeof c->err + 32];
+  const char *what = c->err[0] ? c->err : wtx_strerror(rc);
+  if (k == 0) snprintf(why, sizeof why, "%s", what);
+  else snprintf(why, sizeof why, "then[%zu]: %s", k - 1, what);
+  int model = !c->receive_failed && transient(rc);
+  abort_locked(s, model ? WTX__END_MODEL : failure_kind(rc), why);
+  return (model ? model_failed : from_wtx)(ctx, rc, "UpdateWeights (update aborted)", why);
+}
+
 static grpc_status_code handle_update(wtx__rpc_ctx *ctx,
     const Wtx__V1__UpdateWeightsRequest *req, Wtx__V1__UpdateWeightsResponse *resp) {
   wtx_session *s = wtx__rpc_ctx_user(ctx);
-  chunk c = {.ui = req->update_info};
-  int rc, model;
   grpc_status_code code = wtx__check_request(ctx, &req->base);
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
@@ -1398,26 +1422,20 @@ static grpc_status_code handle_update(wtx__rpc_ctx *ctx,
                               "another UpdateWeights of update %llu is still "
                               "receiving; chunks go one at a time",
                               (unsigned long long)s->update_id);
-  if (code != GRPC_STATUS_OK) goto done;
-  s->last_activity_ms = wtx__clock_ms();
-  if ((rc = chunk_check_frame(s, &c)) != 0 || (rc = chunk_check_tensors(s, &c)) != 0 ||
-      (rc = chunk_stage(s, &c)) != 0 || (rc = chunk_receive(s, &c)) != 0 ||
-      (rc = chunk_loaded(s, &c)) != 0)
-    goto fail;
+  if (code == GRPC_STATUS_OK) s->last_activity_ms = wtx__clock_ms();
+  for (size_t k = 0; code == GRPC_STATUS_OK && k <= req->n_then; k++) {
+    chunk c = {.ui = k == 0 ? req->update_info : req->then[k - 1]};
+    if (k > 0) /* the update may have ended while the chunk before received */
+      code = check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights", 0);
+    int rc = code == GRPC_STATUS_OK ? update_chunk(s, &c) : 0;
+    if (rc != 0) code = chunk_failed(s, ctx, &c, k, rc);
+    else if (code == GRPC_STATUS_OK)
+      wtx__metrics_received(s->cfg.metrics, s->transport->name, c.bytes);
+    chunk_free(&c);
+  }
   resp->staged_params = (uint32_t)s->up.staged_params;
   resp->staged_bytes = s->up.staged_bytes;
-  wtx__metrics_received(s->cfg.metrics, s->transport->name, c.bytes);
-  goto done;
-fail:
-  /* Any failed chunk ends the update; the published weights stay. Every
-   * step but the receive answers the session's own codes, none transient,
-   * or the model's: a transient one there is the model's own I/O. */
-  model = !c.receive_failed && transient(rc);
-  abort_locked(s, model ? WTX__END_MODEL : failure_kind(rc), c.err[0] ? c.err : wtx_strerror(rc));
-  code = (model ? model_failed : from_wtx)(ctx, rc, "UpdateWeights (update aborted)", c.err);
-done:
   pthread_mutex_unlock(&s->mu);
-  chunk_free(&c);
   return code;
 }
 

@@ -339,6 +339,120 @@ TEST_F(SessionTest, FullUpdatePublishesBitExactWithChecksums) {
   wtx_store_release(wtx_worker_store(w_), &v);
 }
 
+// Several chunks in one UpdateWeights (UpdateWeightsRequest.then), as rank
+// 0 of many senders names them: "a" (16 floats) cut across the first two,
+// "b" after it, "c" in the third. Each chunk's bytes lie in the region at
+// its own offset.
+class BatchTest : public SessionTest {
+ protected:
+  // The update's chunks: [from, to) of the stream each, and the tensors
+  // (name, floats) each touches, as ParamMeta.
+  struct Chunk {
+    size_t from, to;
+    std::vector<std::pair<std::string, uint64_t>> params;
+  };
+  // One call of chunks over bytes (the whole stream): checksums of every
+  // tensor whose last byte is in its chunk, flipped in chunk `corrupt`.
+  int SendBatch(const std::vector<uint8_t> &bytes, const std::vector<Chunk> &chunks,
+                int corrupt = -1) {
+    size_t n = chunks.size();
+    std::vector<Wtx__V1__UpdateInfo> ui(n);
+    std::vector<Wtx__V1__UpdateInfo *> uip;
+    std::vector<Wtx__V1__ShmUpdateInfo> su(n);
+    std::vector<std::vector<Wtx__V1__ParamMeta>> pm(n);
+    std::vector<std::vector<Wtx__V1__ParamMeta *>> pmp(n);
+    std::vector<std::vector<uint64_t>> shapes(n), sums(n);
+    std::map<std::string, size_t> begins;  // each tensor's first byte in the stream
+    size_t next = 0;
+    for (const Chunk &c : chunks)
+      for (const auto &p : c.params)
+        if (begins.emplace(p.first, next).second) next += p.second * 4;
+    for (size_t k = 0; k < n; k++) {
+      const Chunk &c = chunks[k];
+      for (const auto &p : c.params) {
+        size_t b = begins[p.first], e = b + p.second * 4;
+        if (e > c.from && e <= c.to)
+          sums[k].push_back(XXH3_64bits(bytes.data() + b, e - b) ^ ((int)k == corrupt));
+      }
+      shapes[k].resize(c.params.size());
+      pm[k].resize(c.params.size());
+      for (size_t i = 0; i < c.params.size(); i++) {
+        wtx__v1__param_meta__init(&pm[k][i]);
+        pm[k][i].name = const_cast<char *>(c.params[i].first.c_str());
+        pm[k][i].dtype = WTX__V1__DTYPE__DTYPE_FLOAT32;
+        shapes[k][i] = c.params[i].second;
+        pm[k][i].shape = &shapes[k][i];
+        pm[k][i].n_shape = 1;
+        pmp[k].push_back(&pm[k][i]);
+      }
+      wtx__v1__update_info__init(&ui[k]);
+      wtx__v1__shm_update_info__init(&su[k]);
+      su[k].region = const_cast<char *>(region_.c_str());
+      su[k].offset = c.from;
+      ui[k].backend_case = WTX__V1__UPDATE_INFO__BACKEND_SHM;
+      ui[k].shm = &su[k];
+      ui[k].params = pmp[k].data();
+      ui[k].n_params = pmp[k].size();
+      ui[k].first_param_offset = c.from - begins[c.params[0].first];
+      ui[k].chunk_bytes = c.to - c.from;
+      ui[k].xxh3_64 = sums[k].data();
+      ui[k].n_xxh3_64 = sums[k].size();
+      uip.push_back(&ui[k]);
+    }
+    int fd = shm_open(region_.c_str(), O_RDWR | O_CREAT, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(0, ftruncate(fd, (off_t)bytes.size()));
+    EXPECT_EQ((ssize_t)bytes.size(), pwrite(fd, bytes.data(), bytes.size(), 0));
+    Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
+    req.session_id = const_cast<char *>(session_.c_str());
+    req.update_id = update_;
+    req.update_info = uip[0];
+    req.then = uip.data() + 1;
+    req.n_then = n - 1;
+    Wtx__V1__UpdateWeightsResponse *resp = nullptr;
+    int rc = wtx__v1__weight_transfer__update_weights__call(ch_, &req, &resp, nullptr, &st_);
+    if (resp) protobuf_c_message_free_unpacked(&resp->base, nullptr);
+    close(fd);
+    return rc;
+  }
+};
+
+TEST_F(BatchTest, SeveralChunksInOneCallLandAsIfEachCameAlone) {
+  ASSERT_EQ(0, Init()) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  std::vector<uint8_t> bytes;
+  for (const Tensor &t : {T("a", 16, 1), T("b", 8, 2), T("c", 4, 3)})
+    bytes.insert(bytes.end(), t.data.begin(), t.data.end());
+  ASSERT_EQ(0, SendBatch(bytes, {{0, 40, {{"a", 16}}},
+                                 {40, 96, {{"a", 16}, {"b", 8}}},
+                                 {96, 112, {{"c", 4}}}}))
+      << st_.message;
+  ASSERT_EQ(0, Finish("v1")) << st_.message;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+  EXPECT_EQ("v1", Published(&now));
+  ASSERT_EQ(3u, now.size());
+  EXPECT_EQ(T("a", 16, 1).data, now[0].second);
+  EXPECT_EQ(T("b", 8, 2).data, now[1].second);
+  EXPECT_EQ(T("c", 4, 3).data, now[2].second);
+}
+
+// A chunk of the call that fails ends the call and the update, named by
+// its place (then[k]); what the chunks before it staged is discarded.
+TEST_F(BatchTest, AChunkThatFailsInACallEndsTheUpdateNamingIt) {
+  PublishV1();
+  ASSERT_EQ(0, Start()) << st_.message;
+  std::vector<uint8_t> bytes;
+  for (const Tensor &t : {T("a", 16, 9), T("b", 8, 9)})
+    bytes.insert(bytes.end(), t.data.begin(), t.data.end());
+  EXPECT_NE(0, SendBatch(bytes, {{0, 40, {{"a", 16}}}, {40, 64, {{"a", 16}}},
+                                 {64, 96, {{"b", 8}}}}, 2));
+  EXPECT_EQ(GRPC_STATUS_DATA_LOSS, st_.code) << st_.message;
+  EXPECT_NE(nullptr, strstr(st_.message, "then[1]: checksum mismatch for 'b'")) << st_.message;
+  ExpectV1Intact();
+  EXPECT_NE(0, Finish("v2"));  // the update ended with the call
+  ExpectV1Intact();
+}
+
 // The table of the params an update sent, as the trainer computes it.
 uint64_t TableOf(const std::vector<std::pair<std::string, uint64_t>> &floats) {
   std::vector<wtx_tensor_meta> m(floats.size());
@@ -544,6 +658,7 @@ TEST_F(PatchTest, TheStartSaysWhetherAWorkerTakesPatches) {
                                                                     &st_));
   EXPECT_TRUE(resp->patches);  // the store reads its tensors back
   EXPECT_TRUE(resp->patch_spans);
+  EXPECT_TRUE(resp->chunk_batches);
   protobuf_c_message_free_unpacked(&resp->base, nullptr);
 }
 
