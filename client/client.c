@@ -51,6 +51,7 @@ typedef struct replica {
   char serves[WTX_MAX_VERSION_BYTES + 1];
   char base[WTX_MAX_VERSION_BYTES + 1];
   int patches; /* its last start said a delta may carry patches (1), of spans too (2) */
+  int batches; /* its last start said it takes UpdateWeightsRequest.then */
   wtx__rpc_pending *pending;
   int begun; /* fan_begin's result for its call in flight (0: in flight) */
   /* An update the other replicas undid that may be published here, still
@@ -520,6 +521,7 @@ static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
   f->c->r[i].table_xxh3 = r->table_xxh3;
   snprintf(f->c->r[i].serves, sizeof f->c->r[i].serves, "%s", r->weight_version);
   f->c->r[i].patches = r->patches ? 1 + r->patch_spans : 0;
+  f->c->r[i].batches = r->chunk_batches;
 }
 
 /* StartWeightUpdate's fill: the session, and the delta's base when set. */
@@ -622,9 +624,13 @@ static fanout update_fanout(wtx_client *c, Wtx__V1__UpdateWeightsRequest *req) {
                    .arg = NULL, .retries = 0};
 }
 
-static int grpc_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
+/* UpdateWeights of ui and the n_then chunks after it on every replica. */
+static int grpc_update_send(wtx_client *c, const Wtx__V1__UpdateInfo *ui,
+                            Wtx__V1__UpdateInfo *const *then, size_t n_then) {
   Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
   req.update_info = (Wtx__V1__UpdateInfo *)ui;
+  req.then = (Wtx__V1__UpdateInfo **)then;
+  req.n_then = n_then;
   fanout f = update_fanout(c, &req); /* each request is packed as it starts */
   fan_begin(&f);
   for (size_t i = 0; i < c->n; i++)
@@ -634,6 +640,10 @@ static int grpc_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
       return c->r[i].begun;
     }
   return 0;
+}
+
+static int grpc_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
+  return grpc_update_send(c, ui, NULL, 0);
 }
 
 uint64_t wtx__client_update_bytes(const wtx_client *c) { return c->update_bytes; }
@@ -1189,6 +1199,19 @@ int wtx__client_start_end(wtx_client *c) { return c->reach->start_end(c); }
 int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
   c->update_bytes += wtx__v1__update_info__get_packed_size(ui) * c->n;
   return c->reach->update_start(c, ui);
+}
+
+int wtx__client_batches(const wtx_client *c) {
+  for (size_t i = 0; i < c->n; i++)
+    if (!c->r[i].batches) return 0;
+  return c->reach == &via_grpc && c->n > 0;
+}
+
+int wtx__client_update_start_batch(wtx_client *c, Wtx__V1__UpdateInfo *const *ui, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    c->update_bytes += wtx__v1__update_info__get_packed_size(ui[k]) * c->n;
+  if (n == 1) return c->reach->update_start(c, ui[0]);
+  return wtx__client_batches(c) ? grpc_update_send(c, ui[0], ui + 1, n - 1) : WTX_ENOTSUP;
 }
 
 int wtx__client_update_wait(wtx_client *c) { return c->reach->update_wait(c); }

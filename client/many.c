@@ -1083,52 +1083,96 @@ static Wtx__V1__Box *box_msg(const wtx_box *b, Wtx__V1__Box *out, uint64_t *lo, 
   return out;
 }
 
-/* Rank 0: every chunk's UpdateWeights to one worker, in stream order. */
+/* Chunks rank 0 names in one UpdateWeights at most, where the worker takes
+ * several (wtx__client_batches), and their bytes at most: many senders'
+ * chunks never span two senders, so a tensor every rank feeds is a chunk
+ * per rank, and each call is a round trip; a call's bytes stay one large
+ * chunk's, within its deadline. */
+enum { BATCH_CHUNKS = 64 };
+#define BATCH_BYTES ((uint64_t)64 << 20)
+
+/* One chunk's UpdateInfo and what it points to. */
+typedef struct info_slot {
+  Wtx__V1__UpdateInfo ui;
+  Wtx__V1__TcpUpdateInfo tu;
+  Wtx__V1__NcclUpdateInfo nu;
+  Wtx__V1__ParamRange range;
+  Wtx__V1__Box bx;
+  uint64_t lo[WTX_MAX_DIMS], len[WTX_MAX_DIMS];
+} info_slot;
+
+/* Chunk c of st as UpdateInfo, in o: after the first sync the worker
+ * holds this stream's table, and chunks name their tensors by position
+ * (by_range), with no per-tensor metadata (a delta's sends some of them:
+ * by their ParamMeta). */
+static Wtx__V1__UpdateInfo *chunk_info(const wtx__many *m, const wstream *st, const mchunk *c,
+                                       int by_range, info_slot *o) {
+  wtx__v1__update_info__init(&o->ui);
+  wtx__v1__tcp_update_info__init(&o->tu);
+  wtx__v1__nccl_update_info__init(&o->nu);
+  wtx__v1__param_range__init(&o->range);
+  wtx__v1__box__init(&o->bx);
+  Wtx__V1__UpdateInfo *ui = &o->ui;
+  ui->backend_case = m->nccl ? WTX__V1__UPDATE_INFO__BACKEND_NCCL : WTX__V1__UPDATE_INFO__BACKEND_TCP;
+  if (m->nccl) ui->nccl = &o->nu;
+  else ui->tcp = &o->tu;
+  o->tu.sender = o->nu.sender = c->sender;
+  o->range.table_xxh3 = st->table;
+  o->range.first = (uint32_t)c->first;
+  o->range.count = (uint32_t)c->count;
+  ui->layout = by_range ? &o->range : NULL;
+  ui->params = by_range ? NULL : &st->vpmp[c->first];
+  ui->n_params = by_range ? 0 : c->count;
+  ui->first_param_offset = c->first_offset;
+  ui->chunk_bytes = c->bytes;
+  ui->box = c->box != 0 ? box_msg(&st->boxes[c->box - 1], &o->bx, o->lo, o->len) : NULL;
+  return ui;
+}
+
+/* Rank 0: one UpdateWeights of chunks [i, i + n) of st to worker j->w. */
+static int control_call(wjob *j, const wstream *st, Wtx__V1__UpdateInfo **uis, size_t i,
+                        size_t n) {
+  wtx_client *one = j->m->one[j->w];
+  wtx_stop stop = {.flag = &j->m->failed};
+  int rc = wtx__client_update_start_batch(one, uis, n);
+  int wrc = wtx__client_update_wait_stop(one, &stop);
+  rc = rc != 0 ? rc : wrc;
+  if (rc == WTX_ECANCELED)
+    snprintf(j->err, sizeof j->err, "worker %u: its chunk%s %zu-%zu cancelled: another part "
+             "of the sync failed", j->w, n > 1 ? "s" : "", i, i + n - 1);
+  else if (rc != 0 && n == 1)
+    snprintf(j->err, sizeof j->err, "%s (chunk %zu of %zu, from rank %u)",
+             wtx_client_last_error(one), i, st->nvchunks, st->vchunks[i].sender);
+  else if (rc != 0) /* the worker's error names the chunk: then[k] is chunk i + 1 + k */
+    snprintf(j->err, sizeof j->err, "%s (chunks %zu-%zu of %zu in one call)",
+             wtx_client_last_error(one), i, i + n - 1, st->nvchunks);
+  return rc;
+}
+
+/* Rank 0: every chunk's UpdateWeights to one worker, in stream order,
+ * several to a call where it takes them. */
 static int send_control(wjob *j) {
   const wstream *st = &j->m->ws[j->w];
   wtx_client *one = j->m->one[j->w];
-  Wtx__V1__TcpUpdateInfo tu = WTX__V1__TCP_UPDATE_INFO__INIT;
-  Wtx__V1__NcclUpdateInfo nu = WTX__V1__NCCL_UPDATE_INFO__INIT;
-  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
-  Wtx__V1__ParamRange range = WTX__V1__PARAM_RANGE__INIT;
-  Wtx__V1__Box bx = WTX__V1__BOX__INIT;
-  uint64_t lo[WTX_MAX_DIMS], len[WTX_MAX_DIMS];
-  ui.backend_case = j->m->nccl ? WTX__V1__UPDATE_INFO__BACKEND_NCCL : WTX__V1__UPDATE_INFO__BACKEND_TCP;
-  if (j->m->nccl) ui.nccl = &nu;
-  else ui.tcp = &tu;
-  /* After the first sync the worker holds this stream's table: chunks
-   * name their tensors by position, with no per-tensor metadata (a delta's
-   * sends some of them: by their ParamMeta). */
   int whole = st->vchunks == st->chunks;
   int by_range = whole && st->table != 0 && wtx__client_table(one) == st->table;
-  range.table_xxh3 = st->table;
-  for (size_t i = 0; i < st->nvchunks; i++) {
-    const mchunk *c = &st->vchunks[i];
-    tu.sender = nu.sender = c->sender;
-    range.first = (uint32_t)c->first;
-    range.count = (uint32_t)c->count;
-    ui.layout = by_range ? &range : NULL;
-    ui.params = by_range ? NULL : &st->vpmp[c->first];
-    ui.n_params = by_range ? 0 : c->count;
-    ui.first_param_offset = c->first_offset;
-    ui.chunk_bytes = c->bytes;
-    ui.box = c->box != 0 ? box_msg(&st->boxes[c->box - 1], &bx, lo, len) : NULL;
-    wtx_stop stop = {.flag = &j->m->failed};
-    int rc = wtx__client_update_start(one, &ui);
-    int wrc = wtx__client_update_wait_stop(one, &stop);
-    rc = rc != 0 ? rc : wrc;
-    if (rc == WTX_ECANCELED) {
-      snprintf(j->err, sizeof j->err, "worker %u: its chunk %zu cancelled: another part of "
-               "the sync failed", j->w, i);
-      return rc;
+  size_t most = wtx__client_batches(one) ? BATCH_CHUNKS : 1;
+  info_slot *slots = malloc(most * sizeof *slots);
+  Wtx__V1__UpdateInfo **uis = malloc(most * sizeof *uis);
+  int rc = slots != NULL && uis != NULL ? 0 : WTX_ENOMEM;
+  for (size_t i = 0, n = 0; rc == 0 && i < st->nvchunks; i += n) {
+    uint64_t bytes = 0;
+    for (n = 0; n < most && i + n < st->nvchunks; n++) {
+      const mchunk *c = &st->vchunks[i + n];
+      if (n > 0 && bytes + c->bytes > BATCH_BYTES) break;
+      bytes += c->bytes;
+      uis[n] = chunk_info(j->m, st, c, by_range, &slots[n]);
     }
-    if (rc != 0) {
-      snprintf(j->err, sizeof j->err, "%s (chunk %zu of %zu, from rank %u)",
-               wtx_client_last_error(one), i, st->nvchunks, c->sender);
-      return rc;
-    }
+    rc = control_call(j, st, uis, i, n);
   }
-  return 0;
+  free(slots);
+  free(uis);
+  return rc;
 }
 
 static void *run_job(void *arg) {
