@@ -824,10 +824,14 @@ static int read_go(wtx__many *m, char *err, size_t errlen) {
 }
 
 /* Another rank over tcp, once its bytes are out: the watch many_connect
- * began ends. When rank 0 closed the link meanwhile (it failed the sync),
- * that is the error, unless this rank failed first on its own. */
-static int watch_end(wtx__many *m, int rc, char *err, size_t errlen) {
-  if (!wtx__tcp_rank_unwatch(m->tcp) || (rc != 0 && rc != WTX_ECANCELED)) return rc;
+ * began ends, *ended 1 when rank 0 closed the link meanwhile. That close
+ * is this rank's error where it cut the rank's own work short (a wait it
+ * cancelled); where every byte was out the rank's part stands, as another
+ * rank's result says (rank 0 failed the sync after it, or landed it and
+ * shut down before this rank looked). */
+static int watch_end(wtx__many *m, int rc, int *ended, char *err, size_t errlen) {
+  *ended = wtx__tcp_rank_unwatch(m->tcp);
+  if (!*ended || rc != WTX_ECANCELED) return rc;
   snprintf(err, errlen, "tcp: rank 0 ended this sync (it closed its link to this rank)");
   return WTX_EABORTED;
 }
@@ -1834,7 +1838,8 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   if (rc == 0 && m->delta) rc = delta_views(m, &r);
   for (size_t w = 0; !m->delta && w < m->n_workers; w++) view_whole(&m->ws[w]);
   if (rc == 0) rc = many_move(m, &r, err, errlen);
-  if (m->rank != 0 && !m->nccl) rc = watch_end(m, rc, err, errlen);
+  int ended = 0;
+  if (m->rank != 0 && !m->nccl) rc = watch_end(m, rc, &ended, err, errlen);
   if (rc == 0 && m->rank != 0) rc = read_go(m, err, errlen);
   int moved = rc == 0;
   if (rc == 0 && m->rank == 0) rc = many_publish(m, opts, &r, err, errlen);
@@ -1860,6 +1865,13 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
       }
     if (m->rank != 0) wtx__tcp_rank_unlink(m->tcp);
     m->go_due = 0; /* it went with the link */
+  } else if (rc == 0 && ended) {
+    /* The link rank 0 closed, and this sync's connections, are done with
+     * (the close's cancel is spent with them): the next sync takes new
+     * ones after its go. */
+    wtx__tcp_rank_reset(m->tcp);
+    wtx__tcp_rank_unlink(m->tcp);
+    m->go_due = 0;
   }
   /* A failed publish was undone on every worker (many_publish), and every
    * byte had moved: the sessions and connections stand, and the other
