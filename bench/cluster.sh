@@ -157,6 +157,6 @@ for layout in pipeline fsdp; do
       "$full_s s) and moves $(echo "$(dbytes elements1 "$p" "$layout") / $full_b" | bc -l |
       xargs printf "%.3f") x its bytes"
   done
-  goal "many senders, simulated cluster ($layout): delta of 1 % of elements as patches, time" \
+  goal "many senders, cluster, $layout: 1 % patch delta, time" \
     "$(ratio "$(dfield elements1 2 0 patches "$layout")" "$full_s")" "the same 4 ranks' full sync" le 0.10
 done
