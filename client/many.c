@@ -44,14 +44,14 @@
 #include "transport/transport.h"
 #include "xxhash.h"
 
+/* How a piece may travel as a patch (wtx__many.pform). */
+enum { PATCH_NONE, PATCH_WHOLE, PATCH_SPAN };
+
 /* A run of a worker's stream: bytes [off, off + len) of piece `piece`
  * (packed, row-major in its box), landing in worker tensor `tensor`: as
  * the next run of the tensor's bytes, or, where box is not 0, as box
  * boxes[box - 1] of it (UpdateInfo.box); with patch, the bytes of this
- * sync's patch of the piece, which is the whole tensor. */
-/* How a piece may travel as a patch (wtx__many.pform). */
-enum { PATCH_NONE, PATCH_WHOLE, PATCH_SPAN };
-
+ * sync's patch of the piece (the whole tensor, or a span of it). */
 typedef struct seg {
   uint32_t piece, tensor, box, patch;
   uint64_t off, len;
