@@ -37,6 +37,13 @@ typedef struct reach {
 } reach;
 
 static const reach via_grpc, via_control;
+
+/* What a worker's StartWeightUpdateResponse says it takes (replica.can). */
+enum {
+  CAN_PATCHES = 1,     /* patches */
+  CAN_PATCH_SPANS = 2, /* patch_spans */
+  CAN_BATCHES = 4,     /* chunk_batches */
+};
 static int commit_one(wtx_client *c, const char *version, char *published, size_t publen);
 
 typedef struct replica {
@@ -50,8 +57,7 @@ typedef struct replica {
    * version the next start's delta names ("" an ordinary update). */
   char serves[WTX_MAX_VERSION_BYTES + 1];
   char base[WTX_MAX_VERSION_BYTES + 1];
-  int patches; /* its last start said a delta may carry patches (1), of spans too (2) */
-  int batches; /* its last start said it takes UpdateWeightsRequest.then */
+  unsigned can; /* what its last start said it takes (CAN_* bits) */
   wtx__rpc_pending *pending;
   int begun; /* fan_begin's result for its call in flight (0: in flight) */
   /* An update the other replicas undid that may be published here, still
@@ -520,8 +526,8 @@ static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
   f->c->r[i].update_id = r->update_id;
   f->c->r[i].table_xxh3 = r->table_xxh3;
   snprintf(f->c->r[i].serves, sizeof f->c->r[i].serves, "%s", r->weight_version);
-  f->c->r[i].patches = r->patches ? 1 + r->patch_spans : 0;
-  f->c->r[i].batches = r->chunk_batches;
+  f->c->r[i].can = (r->patches ? CAN_PATCHES : 0u) | (r->patch_spans ? CAN_PATCH_SPANS : 0u) |
+                   (r->chunk_batches ? CAN_BATCHES : 0u);
 }
 
 /* StartWeightUpdate's fill: the session, and the delta's base when set. */
@@ -553,17 +559,22 @@ int wtx__client_send_base(wtx_client *c) {
   return rc;
 }
 
-/* 1 when every replica's last start said patches of at least level. */
-static int all_patch(const wtx_client *c, int level) {
+/* 1 when every replica's last start said it takes what the bits of can
+ * name; never over a caller's control plane, whose start answers none. */
+static int all_can(const wtx_client *c, unsigned can) {
   if (!c->reach->services || c->n == 0) return 0;
   for (size_t i = 0; i < c->n; i++)
-    if (c->r[i].patches < level) return 0;
+    if ((c->r[i].can & can) != can) return 0;
   return 1;
 }
 
-int wtx__client_patches(const wtx_client *c) { return all_patch(c, 1); }
+int wtx__client_patches(const wtx_client *c) { return all_can(c, CAN_PATCHES); }
 
-int wtx__client_patch_spans(const wtx_client *c) { return all_patch(c, 2); }
+int wtx__client_patch_spans(const wtx_client *c) {
+  return all_can(c, CAN_PATCHES | CAN_PATCH_SPANS);
+}
+
+int wtx__client_batches(const wtx_client *c) { return all_can(c, CAN_BATCHES); }
 
 const char *wtx__client_serves(const wtx_client *c, size_t i) {
   return i < c->n ? c->r[i].serves : "";
@@ -626,7 +637,7 @@ static fanout update_fanout(wtx_client *c, Wtx__V1__UpdateWeightsRequest *req) {
 
 /* UpdateWeights of ui and the n_then chunks after it on every replica. */
 static int grpc_update_send(wtx_client *c, const Wtx__V1__UpdateInfo *ui,
-                            Wtx__V1__UpdateInfo *const *then, size_t n_then) {
+                            const Wtx__V1__UpdateInfo *const *then, size_t n_then) {
   Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
   req.update_info = (Wtx__V1__UpdateInfo *)ui;
   req.then = (Wtx__V1__UpdateInfo **)then;
@@ -1197,17 +1208,11 @@ void wtx__client_start_begin(wtx_client *c, int target, size_t params) {
 int wtx__client_start_end(wtx_client *c) { return c->reach->start_end(c); }
 
 int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
-  c->update_bytes += wtx__v1__update_info__get_packed_size(ui) * c->n;
-  return c->reach->update_start(c, ui);
+  return wtx__client_update_start_batch(c, &ui, 1);
 }
 
-int wtx__client_batches(const wtx_client *c) {
-  for (size_t i = 0; i < c->n; i++)
-    if (!c->r[i].batches) return 0;
-  return c->reach == &via_grpc && c->n > 0;
-}
-
-int wtx__client_update_start_batch(wtx_client *c, Wtx__V1__UpdateInfo *const *ui, size_t n) {
+int wtx__client_update_start_batch(wtx_client *c, const Wtx__V1__UpdateInfo *const *ui,
+                                   size_t n) {
   for (size_t k = 0; k < n; k++)
     c->update_bytes += wtx__v1__update_info__get_packed_size(ui[k]) * c->n;
   if (n == 1) return c->reach->update_start(c, ui[0]);

@@ -75,7 +75,8 @@ int wtx__client_batches(const wtx_client *c);
 /* update_start of n chunks (ui[0..n), in stream order; n >= 1) in one call
  * on every replica: WTX_ENOTSUP for n > 1 where wtx__client_batches is 0.
  * Waited for with update_wait, as one chunk's call is. */
-int wtx__client_update_start_batch(wtx_client *c, Wtx__V1__UpdateInfo *const *ui, size_t n);
+int wtx__client_update_start_batch(wtx_client *c, const Wtx__V1__UpdateInfo *const *ui,
+                                   size_t n);
 /* The packed UpdateInfo bytes update_start has sent so far, over every
  * replica: what the chunks cost the control plane (wtx_send_result.
  * control_bytes is a sync's share). */

@@ -1137,7 +1137,7 @@ static Wtx__V1__UpdateInfo *chunk_info(const wtx__many *m, const wstream *st, co
 }
 
 /* Rank 0: one UpdateWeights of chunks [i, i + n) of st to worker j->w. */
-static int control_call(wjob *j, const wstream *st, Wtx__V1__UpdateInfo **uis, size_t i,
+static int control_call(wjob *j, const wstream *st, const Wtx__V1__UpdateInfo **uis, size_t i,
                         size_t n) {
   wtx_client *one = j->m->one[j->w];
   wtx_stop stop = {.flag = &j->m->failed};
@@ -1165,7 +1165,7 @@ static int send_control(wjob *j) {
   int by_range = whole && st->table != 0 && wtx__client_table(one) == st->table;
   size_t most = wtx__client_batches(one) ? BATCH_CHUNKS : 1;
   info_slot *slots = malloc(most * sizeof *slots);
-  Wtx__V1__UpdateInfo **uis = malloc(most * sizeof *uis);
+  const Wtx__V1__UpdateInfo **uis = malloc(most * sizeof *uis);
   int rc = slots != NULL && uis != NULL ? 0 : WTX_ENOMEM;
   for (size_t i = 0, n = 0; rc == 0 && i < st->nvchunks; i += n) {
     uint64_t bytes = 0;
