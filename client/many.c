@@ -1088,15 +1088,14 @@ static Wtx__V1__Box *box_msg(const wtx_box *b, Wtx__V1__Box *out, uint64_t *lo, 
 }
 
 /* Chunks rank 0 names in one UpdateWeights at most, where the worker takes
- * several (wtx__client_batches), their bytes and their UpdateInfo's at
- * most: many senders' chunks never span two senders, so a tensor every
- * rank feeds is a chunk per rank, and each call is a round trip. A call's
- * bytes stay one large chunk's, within its deadline, and its request far
- * below a worker's message limit (a chunk of many tensors' metadata goes
- * alone, as before). */
+ * several (wtx__client_batches): many senders' chunks never span two
+ * senders, so a tensor every rank feeds is a chunk per rank, and each call
+ * is a round trip. A call carries no more than one chunk may: its bytes
+ * (BATCH_BYTES), within the call's deadline, and the tensors its
+ * ParamMeta name (WTX_MAX_CHUNK_PARAMS), within a worker's message limit;
+ * a chunk at either alone goes alone, as before. */
 enum { BATCH_CHUNKS = 64 };
 #define BATCH_BYTES ((uint64_t)64 << 20)
-#define BATCH_INFO_BYTES ((size_t)256 << 10)
 
 /* One chunk's UpdateInfo and what it points to. */
 typedef struct info_slot {
@@ -1169,14 +1168,15 @@ static int send_control(wjob *j) {
   int rc = slots != NULL && uis != NULL ? 0 : WTX_ENOMEM;
   for (size_t i = 0, n = 0; rc == 0 && i < st->nvchunks; i += n) {
     uint64_t bytes = 0;
-    size_t info = 0;
+    size_t params = 0;
     for (n = 0; n < most && i + n < st->nvchunks; n++) {
       const mchunk *c = &st->vchunks[i + n];
-      uis[n] = chunk_info(j->m, st, c, by_range, &slots[n]);
-      size_t packed = most > 1 ? wtx__v1__update_info__get_packed_size(uis[n]) : 0;
-      if (n > 0 && (bytes + c->bytes > BATCH_BYTES || info + packed > BATCH_INFO_BYTES)) break;
+      size_t named = by_range ? 0 : c->count;
+      if (n > 0 && (bytes + c->bytes > BATCH_BYTES || params + named > WTX_MAX_CHUNK_PARAMS))
+        break;
       bytes += c->bytes;
-      info += packed;
+      params += named;
+      uis[n] = chunk_info(j->m, st, c, by_range, &slots[n]);
     }
     rc = control_call(j, st, uis, i, n);
   }
