@@ -362,10 +362,18 @@ static int patch_ok(const wtx__many *m, uint32_t p, uint64_t count) {
          patch_wire(m, p, count) <= m->wire.buffer_size;
 }
 
-/* Whether any run of the tensor runs[i] begins (in stream order, n in
- * all) travels as a patch: of its piece with pcount[piece]. */
+/* The end of the runs of the tensor runs[i] is of (runs in stream order,
+ * n in all, each tensor's together): the first run past i of another. */
+static size_t runs_end(const seg *runs, size_t n, size_t i) {
+  size_t j = i + 1;
+  while (j < n && runs[j].tensor == runs[i].tensor) j++;
+  return j;
+}
+
+/* Whether any run of the tensor runs[i] begins travels as a patch: of its
+ * piece with pcount[piece]. */
 static int tensor_patched(const seg *runs, size_t n, size_t i, const uint64_t *pcount) {
-  for (size_t j = i; pcount != NULL && j < n && runs[j].tensor == runs[i].tensor; j++)
+  for (size_t j = i, end = runs_end(runs, n, i); pcount != NULL && j < end; j++)
     if (pcount[runs[j].piece] > 0) return 1;
   return 0;
 }
@@ -1575,7 +1583,7 @@ static void decide_patches(wtx__many *m) {
   for (size_t w = 0; w < m->n_workers; w++) {
     const wstream *st = &m->ws[w];
     for (size_t i0 = 0, i1; i0 < st->nruns; i0 = i1) {
-      for (i1 = i0 + 1; i1 < st->nruns && st->runs[i1].tensor == st->runs[i0].tensor;) i1++;
+      i1 = runs_end(st->runs, st->nruns, i0);
       if (m->pform[st->runs[i0].piece] == PATCH_SPAN) decide_spans(m, w, i0, i1);
     }
   }
