@@ -601,18 +601,29 @@ static wtx_tensor_meta span_meta(const wtx_tensor_meta *m, const Wtx__V1__PatchS
                            .nbytes = sp->elements * wtx_dtype_size(m->dtype)};
 }
 
-/* Tensor i's patch of spans: each a valid patch of elements within the
- * tensor, after the span before; *bytes: theirs on the wire, in all. */
-static int check_spans(chunk *c, size_t i, uint64_t *bytes) {
-  const Wtx__V1__Patch *p = c->ui->params[i]->patch;
+/* Tensor i's patch p checked, *bytes its bytes on the wire: before they
+ * come (wire NULL) its form, once they are in (at wire) every index too,
+ * so nothing is applied before all of it checks. A whole-tensor patch,
+ * or each span's, within the tensor and after the span before. */
+static int check_patch_bytes(chunk *c, size_t i, const Wtx__V1__Patch *p, const uint8_t *wire,
+                             uint64_t *bytes) {
   const wtx_tensor_meta *m = &c->metas[i];
-  uint64_t elements = m->nbytes / wtx_dtype_size(m->dtype), end = 0;
-  *bytes = 0;
+  const char *then = wire != NULL ? " (nothing applied)" : "";
+  size_t es = wtx_dtype_size(m->dtype);
+  char why[1200];
+  if (p->n_spans == 0) {
+    *bytes = wtx__patch_bytes(p->index_dtype, p->count, es);
+    int rc = wtx__patch_check(m, p->index_dtype, p->count, wire, *bytes, why, sizeof why);
+    if (rc != 0) snprintf(c->err, sizeof c->err, "update_info.params[%zu].%s%s", i, why, then);
+    return rc;
+  }
   if (p->count != 0 || p->index_dtype != 0) {
     snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch: count and index_dtype "
              "are each span's where spans are set", i);
     return WTX_EINVAL;
   }
+  uint64_t elements = m->nbytes / es, end = 0;
+  *bytes = 0;
   for (size_t j = 0; j < p->n_spans; j++) {
     const Wtx__V1__PatchSpan *sp = p->spans[j];
     if (sp->elements == 0 || sp->first < end || sp->first > elements ||
@@ -624,28 +635,18 @@ static int check_spans(chunk *c, size_t i, uint64_t *bytes) {
       return WTX_EINVAL;
     }
     wtx_tensor_meta flat = span_meta(m, sp);
-    uint64_t n = wtx__patch_bytes(sp->index_dtype, sp->count, wtx_dtype_size(m->dtype));
-    char why[1200];
-    int rc = wtx__patch_check(&flat, sp->index_dtype, sp->count, NULL, n, why, sizeof why);
+    uint64_t n = wtx__patch_bytes(sp->index_dtype, sp->count, es);
+    int rc = wtx__patch_check(&flat, sp->index_dtype, sp->count,
+                              wire != NULL ? wire + *bytes : NULL, n, why, sizeof why);
     if (rc != 0) {
-      snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu]: %s", i, j, why);
+      snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu]: %s%s", i, j,
+               why, then);
       return rc;
     }
     *bytes += n;
     end = sp->first + sp->elements;
   }
   return 0;
-}
-
-/* Tensor i's whole-tensor patch; *bytes: its on the wire. */
-static int check_whole(chunk *c, size_t i, uint64_t *bytes) {
-  const Wtx__V1__Patch *p = c->ui->params[i]->patch;
-  const wtx_tensor_meta *m = &c->metas[i];
-  *bytes = wtx__patch_bytes(p->index_dtype, p->count, wtx_dtype_size(m->dtype));
-  char why[1200];
-  int rc = wtx__patch_check(m, p->index_dtype, p->count, NULL, *bytes, why, sizeof why);
-  if (rc != 0) snprintf(c->err, sizeof c->err, "update_info.params[%zu].%s", i, why);
-  return rc;
 }
 
 /* A continued tensor's patch goes on the patch of spans the chunk before
@@ -683,7 +684,7 @@ static int check_patch(wtx_session *s, chunk *c, size_t i, int continues) {
     return WTX_ESTATE;
   }
   uint64_t bytes = 0;
-  int rc = p->n_spans > 0 ? check_spans(c, i, &bytes) : check_whole(c, i, &bytes);
+  int rc = check_patch_bytes(c, i, p, NULL, &bytes);
   if (rc == 0 && continues) rc = check_carried(s, c, i, bytes);
   if (rc != 0) return rc;
   struct patch_slot *grown = realloc(c->patches, (c->n_patches + 1) * sizeof *grown);
@@ -1233,34 +1234,6 @@ static int patches_fit(chunk *c) {
   return WTX_EINVAL;
 }
 
-/* The received bytes of a patch, each index checked (nothing is applied
- * before every one is): the whole tensor's, or each span's. */
-static int check_received(chunk *c, const struct patch_slot *p) {
-  const wtx_tensor_meta *m = &c->metas[p->i];
-  char why[1200] = "";
-  if (p->p->n_spans == 0) {
-    int rc = wtx__patch_check(m, p->p->index_dtype, p->p->count, p->wire, p->bytes, why,
-                              sizeof why);
-    if (rc != 0)
-      snprintf(c->err, sizeof c->err, "update_info.params[%zu].%s (nothing applied)", p->i, why);
-    return rc;
-  }
-  const uint8_t *at = p->wire;
-  for (size_t j = 0; j < p->p->n_spans; j++) {
-    const Wtx__V1__PatchSpan *sp = p->p->spans[j];
-    wtx_tensor_meta flat = span_meta(m, sp);
-    uint64_t n = wtx__patch_bytes(sp->index_dtype, sp->count, wtx_dtype_size(m->dtype));
-    int rc = wtx__patch_check(&flat, sp->index_dtype, sp->count, at, n, why, sizeof why);
-    if (rc != 0) {
-      snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu]: %s (nothing "
-               "applied)", p->i, j, why);
-      return rc;
-    }
-    at += n;
-  }
-  return 0;
-}
-
 /* The refusal of a patched tensor (span -1) or span whose bytes (XXH3
  * got) are not the trainer's (want). */
 static int not_trainers(chunk *c, size_t i, long span, uint64_t got, uint64_t want) {
@@ -1298,7 +1271,8 @@ static int apply_patch(wtx_session *s, chunk *c, const struct patch_slot *p, int
                        uint64_t *sum) {
   const wtx_tensor_meta *m = &c->metas[p->i];
   char why[1200] = "";
-  int rc = check_received(c, p);
+  uint64_t bytes;
+  int rc = check_patch_bytes(c, p->i, p->p, p->wire, &bytes);
   if (rc != 0) return rc;
   rc = s->cfg.model_ops->read(s->cfg.model, s->up.target, m, p->full, why, sizeof why);
   if (rc != 0) {
