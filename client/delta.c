@@ -346,3 +346,38 @@ void wtx__delta_forget(wtx__delta *d) {
   wtx__delta_failed(d);
   if (d->prev_ok != NULL) memset(d->prev_ok, 0, d->n);
 }
+
+int wtx__delta_names(const wtx_tensor_meta *metas, size_t n, wtx__strmap **out) {
+  int rc = wtx__strmap_create(out);
+  if (rc == 0) wtx__strmap_reserve(*out, n);
+  for (size_t i = 0; rc == 0 && i < n; i++) rc = wtx__strmap_add(*out, metas[i].name, i, NULL);
+  if (rc != 0) {
+    wtx__strmap_destroy(*out);
+    *out = NULL;
+  }
+  return rc;
+}
+
+int wtx__delta_patch_param(const wtx__strmap *names, const wtx_tensor_meta *metas,
+                           const wtx_patch *p, size_t j, size_t *param, char *err,
+                           size_t errlen) {
+  wtx_tensor_meta m;
+  char why[1200] = "";
+  uint64_t bytes = 0;
+  if (p->name == NULL || !wtx__strmap_get(names, p->name, param)) {
+    snprintf(err, errlen, "patches[%zu]: '%s' is not in the source's metadata", j,
+             p->name != NULL ? p->name : "");
+    return WTX_EINVAL;
+  }
+  int rc = wtx__delta_check_patch(p, &m, NULL, &bytes, why, sizeof why);
+  if (rc == 0 && !wtx_tensor_meta_same_layout(&m, &metas[*param])) {
+    snprintf(err, errlen, "patches[%zu]: '%s' is not the source's dtype and shape", j, p->name);
+    return WTX_EINVAL;
+  }
+  uint8_t *wire = rc == 0 ? malloc(bytes + 1) : NULL;
+  if (rc == 0 && wire == NULL) return WTX_ENOMEM;
+  if (rc == 0) rc = wtx__delta_check_patch(p, &m, wire, &bytes, why, sizeof why);
+  free(wire);
+  if (rc != 0) snprintf(err, errlen, "patches[%zu]: %s", j, why);
+  return rc;
+}

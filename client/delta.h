@@ -8,6 +8,7 @@
 #ifndef WTX_CLIENT_DELTA_H
 #define WTX_CLIENT_DELTA_H
 
+#include "common/strmap.h"
 #include "transport/transport.h"
 #include "wtx/client.h"
 #include "wtx/v1/types.pb-c.h"
@@ -112,6 +113,19 @@ int wtx__delta_check_patch(const wtx_patch *p, wtx_tensor_meta *m, uint8_t *wire
  * arena; then planned, each within one chunk. */
 int wtx__delta_caller(wtx__delta *d, const wtx_patch *p, size_t n, uint64_t buffer_size,
                       size_t max_params, int packed, char *err, size_t errlen);
+/* A map of the n names of metas to their places, into *out (the caller's,
+ * wtx__strmap_destroy): to find the tensor each of the caller's patches
+ * names. */
+int wtx__delta_names(const wtx_tensor_meta *metas, size_t n, wtx__strmap **out);
+/* The caller's patch p (patches[j]) against the table metas (names: its
+ * map): its tensor's place in *param, and the patch checked whole as a
+ * single sender's replicas check it (a name the table lacks, another dtype
+ * or shape, a bound, an index repeated or out of order) before any part of
+ * it is cut for a worker's slices. 0, or WTX_EINVAL / WTX_ENOMEM with err
+ * naming patches[j]. */
+int wtx__delta_patch_param(const wtx__strmap *names, const wtx_tensor_meta *metas,
+                           const wtx_patch *p, size_t j, size_t *param, char *err,
+                           size_t errlen);
 
 #ifdef __cplusplus
 }

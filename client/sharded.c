@@ -811,46 +811,6 @@ static int share_patches(const group *gr, const wtx_patch *p, const size_t *para
   return 0;
 }
 
-/* The source's parameters by name, made at the first patches. */
-static int param_names(wtx__sharded *sh) {
-  if (sh->names != NULL) return 0;
-  int rc = wtx__strmap_create(&sh->names);
-  if (rc == 0) wtx__strmap_reserve(sh->names, sh->sp.n);
-  for (size_t i = 0; rc == 0 && i < sh->sp.n; i++)
-    rc = wtx__strmap_add(sh->names, sh->sp.metas[i].name, i, NULL);
-  if (rc != 0) {
-    wtx__strmap_destroy(sh->names);
-    sh->names = NULL;
-  }
-  return rc;
-}
-
-/* Patch j's parameter in the source's table into *param, the patch checked
- * whole against it (the checks a single sender's replicas make) before any
- * part is cut from it. */
-static int patch_param(const wtx__sharded *sh, const wtx_patch *p, size_t j, size_t *param,
-                       char *err, size_t errlen) {
-  wtx_tensor_meta m;
-  char why[1200] = "";
-  uint64_t bytes = 0;
-  if (p->name == NULL || !wtx__strmap_get(sh->names, p->name, param)) {
-    snprintf(err, errlen, "patches[%zu]: '%s' is not in the source's metadata", j,
-             p->name != NULL ? p->name : "");
-    return WTX_EINVAL;
-  }
-  int rc = wtx__delta_check_patch(p, &m, NULL, &bytes, why, sizeof why);
-  if (rc == 0 && !wtx_tensor_meta_same_layout(&m, &sh->sp.metas[*param])) {
-    snprintf(err, errlen, "patches[%zu]: '%s' is not the source's dtype and shape", j, p->name);
-    return WTX_EINVAL;
-  }
-  uint8_t *wire = rc == 0 ? malloc(bytes + 1) : NULL;
-  if (rc == 0 && wire == NULL) return WTX_ENOMEM;
-  if (rc == 0) rc = wtx__delta_check_patch(p, &m, wire, &bytes, why, sizeof why);
-  free(wire);
-  if (rc != 0) snprintf(err, errlen, "patches[%zu]: %s", j, why);
-  return rc;
-}
-
 /* Group g's share of the patches prepared on its replicas. */
 static int group_patch(group *gr, const wtx_patch *p, const size_t *param, size_t n,
                        const wtx_send_options *o) {
@@ -870,9 +830,11 @@ int wtx__sharded_send_patches(wtx__sharded *sh, const wtx_patch *patches, size_t
   size_t *param = calloc(n, sizeof *param);
   int rc = param != NULL ? 0 : WTX_ENOMEM;
   if (rc != 0) snprintf(err, errlen, "out of memory");
-  if (rc == 0 && (rc = param_names(sh)) != 0) snprintf(err, errlen, "out of memory");
+  if (rc == 0 && sh->names == NULL)
+    rc = wtx__delta_names(sh->sp.metas, sh->sp.n, &sh->names);
+  if (rc != 0) snprintf(err, errlen, "out of memory");
   for (size_t j = 0; rc == 0 && j < n; j++)
-    rc = patch_param(sh, &patches[j], j, &param[j], err, errlen);
+    rc = wtx__delta_patch_param(sh->names, sh->sp.metas, &patches[j], j, &param[j], err, errlen);
   /* Every group prepares the new version, even one none of whose parts
    * changed, so that all publish it or none. */
   size_t g = 0;
