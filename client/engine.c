@@ -1149,7 +1149,7 @@ int wtx_trainer_send_patches(wtx_trainer *t, const wtx_patch *patches, size_t n,
   int rc = check_version(t, &o);
   if (rc != 0) return rc;
   if (t->many != NULL)
-    return fail(t, WTX_ENOTSUP, "patches: not offered with many senders yet");
+    return wtx__many_send_patches(t->many, patches, n, &o, result, t->err, sizeof t->err);
   if (t->sh != NULL)
     return wtx__sharded_send_patches(t->sh, patches, n, &o, result, t->err, sizeof t->err);
   if (t->rank != 0 || n == 0) return 0;

@@ -83,6 +83,14 @@ int wtx__many_create(const wtx_trainer_config *cfg, wtx_client *client, wtx_sour
  * and publishes on all or none. err receives the failure. */
 int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *result,
                    char *err, size_t errlen);
+/* wtx_trainer_send_patches with many senders: rank 0 alone sends the
+ * caller's patches (as vLLM's sparse sender does), each worker the part
+ * that falls in its tensors, over the sessions a sync of every rank made;
+ * the other ranks' calls send nothing. Once they land every rank's next
+ * delta sends its pieces whole (rank 0 tells the others with its ask). */
+int wtx__many_send_patches(wtx__many *m, const wtx_patch *patches, size_t n,
+                           const wtx_send_options *opts, wtx_send_result *result, char *err,
+                           size_t errlen);
 void wtx__many_destroy(wtx__many *m);
 
 #ifdef __cplusplus

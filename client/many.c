@@ -47,11 +47,15 @@
 /* How a piece may travel as a patch (wtx__many.pform). */
 enum { PATCH_NONE, PATCH_WHOLE, PATCH_SPAN };
 
+/* A seg's patch: the caller's (wtx__many_send_patches), at carena + off. */
+enum { SEG_CALLER = 2 };
+
 /* A run of a worker's stream: bytes [off, off + len) of piece `piece`
  * (packed, row-major in its box), landing in worker tensor `tensor`: as
  * the next run of the tensor's bytes, or, where box is not 0, as box
  * boxes[box - 1] of it (UpdateInfo.box); with patch, the bytes of this
- * sync's patch of the piece (the whole tensor, or a span of it). */
+ * sync's patch of the piece (the whole tensor, or a span of it); with
+ * SEG_CALLER, the caller's patch of the tensor (piece unused). */
 typedef struct seg {
   uint32_t piece, tensor, box, patch;
   uint64_t off, len;
@@ -69,6 +73,7 @@ typedef struct mchunk {
 /* One worker's stream and the ParamMeta of its tensors. */
 typedef struct wstream {
   size_t nt;
+  uint32_t *param; /* per tensor: the parameter it is a part of */
   uint64_t table; /* the tensors' table (wtx__layout_xxh3), as the worker keeps it */
   Wtx__V1__ParamMeta *pm;
   Wtx__V1__ParamMeta **pmp;
@@ -173,6 +178,15 @@ struct wtx__many {
   size_t answer_len, theirs_cap, decision_cap, decided_len;
   uint8_t *full; /* rank 0, this sync: worker w takes the whole stream */
   char full_reason[512];
+  /* The caller's patches (wtx__many_send_patches), rank 0 alone: each
+   * worker's part of them in wire form at carena (carena_cap bytes);
+   * names, the parameters by name, made at the first. Once they land no
+   * rank's record of what the workers hold stands: rank 0 forgets its
+   * own, and `forget` tells the others with the next delta's ask. */
+  uint8_t *carena;
+  uint64_t carena_cap;
+  wtx__strmap *names;
+  int forget;
   /* this sync: where this rank's part of each parameter is */
   const uint8_t **local;
   uint8_t **copies; /* parts the source did not keep (freed after the sync) */
@@ -492,12 +506,14 @@ static int stream_make(wtx__many *m, uint32_t w, const wtx_slice *sl, size_t n_s
   st->pm = calloc(n_sl + 1, sizeof *st->pm);
   st->pmp = calloc(n_sl + 1, sizeof *st->pmp);
   st->part = calloc(n_sl + 1, sizeof *st->part);
+  st->param = calloc(n_sl + 1, sizeof *st->param);
   st->dims = calloc((n_sl + 1) * 3 * WTX_MAX_DIMS, sizeof *st->dims);
   uint32_t *pos = calloc(n_sl + 1, sizeof *pos);
-  int rc = st->pm && st->pmp && st->part && st->dims && pos ? 0 : WTX_ENOMEM;
+  int rc = st->pm && st->pmp && st->part && st->param && st->dims && pos ? 0 : WTX_ENOMEM;
   size_t start = rc == 0 ? stream_start(m, w) : 0;
   for (size_t k = 0; rc == 0 && k < n_sl; k++) {
     pos[k] = (uint32_t)((k + n_sl - start) % n_sl);
+    st->param[pos[k]] = sl[k].param;
     part_meta(m, st, pos[k], &sl[k]);
   }
   if (rc == 0) rc = stream_table(st);
@@ -525,6 +541,7 @@ static void view_free(wstream *st) {
 }
 
 static void stream_free(wstream *st) {
+  free(st->param);
   free(st->pm);
   free(st->pmp);
   free(st->part);
@@ -579,6 +596,8 @@ void wtx__many_destroy(wtx__many *m) {
   free(m->prev_ok);
   free(m->pend);
   free(m->parena);
+  free(m->carena);
+  wtx__strmap_destroy(m->names);
   free(m->answer);
   free(m->prev_off);
   free(m->pmine);
@@ -1035,8 +1054,9 @@ static int send_chunk(wjob *j, const wstream *st, const mchunk *c, struct iovec 
   for (size_t k = 0; k < c->nseg; k++) {
     const seg *s = &st->vsegs[c->seg0 + k];
     if (k > 0 && s->tensor != st->vsegs[c->seg0 + k - 1].tensor) ends[n_ends++] = at;
-    const uint8_t *p = s->patch ? j->m->parena + j->m->poff[s->piece - j->m->my_first]
-                                : piece_bytes(j->m, s->piece, buf, held);
+    const uint8_t *p = s->patch == SEG_CALLER ? j->m->carena
+                       : s->patch ? j->m->parena + j->m->poff[s->piece - j->m->my_first]
+                                  : piece_bytes(j->m, s->piece, buf, held);
     if (p == NULL) return WTX_ENOMEM;
     iov[k] = (struct iovec){(void *)(p + s->off), s->len};
     at += s->len;
@@ -1227,6 +1247,11 @@ static int run_jobs(wtx__many *m, wjob *jobs, size_t n, char *err, size_t errlen
 }
 
 /* ---- deltas (docs/data-plane.md, "Deltas with many senders") ---- */
+
+/* Rank 0's ask, a byte: whether the last sync landed (what each rank
+ * hashed for it is what the workers hold), and whether the caller's
+ * patches landed since (nothing a rank hashed stands). */
+enum { ASK_LANDED = 1, ASK_FORGET = 2 };
 
 /* Bit k of bits. */
 static int bit(const uint8_t *bits, size_t k) { return (bits[k / 8] >> (k % 8)) & 1; }
@@ -1442,6 +1467,16 @@ static void delta_settle(wtx__many *m, int landed) {
   m->pending = 0;
 }
 
+/* What this rank knew the workers hold no longer stands: its next delta
+ * sends each of its pieces whole. */
+static void many_forget(wtx__many *m) {
+  if (!m->delta) return;
+  m->sent_ok = 0;
+  m->pending = 0;
+  if (m->prev_ok != NULL) memset(m->prev_ok, 0, m->my_n);
+  if (m->pend != NULL) memset(m->pend, 0, m->my_n);
+}
+
 /* This rank's k-th piece, cur (len bytes of dtype), one run of its
  * tensor: when it changed since prev, which holds it as the workers
  * do, its patch of prev where that is fewer bytes and fits a buffer (at
@@ -1602,11 +1637,12 @@ static void decide_patches(wtx__many *m) {
 static int delta_gather(wtx__many *m, char *err, size_t errlen) {
   const wtx_piece *pieces;
   size_t np = wtx_plan_pieces(m->plan, &pieces);
-  uint8_t landed = (uint8_t)m->landed;
+  uint8_t ask = (uint8_t)(m->landed ? ASK_LANDED : 0) | (uint8_t)(m->forget ? ASK_FORGET : 0);
   int rc = 0;
   uint32_t r = 1;
   for (; rc == 0 && r < m->world; r += rc == 0)
-    rc = wtx__tcp_link_ask(m->links[r], &landed, 1, m->wire.timeout_ms, err, errlen);
+    rc = wtx__tcp_link_ask(m->links[r], &ask, 1, m->wire.timeout_ms, err, errlen);
+  if (rc == 0) m->forget = 0; /* every rank was told */
   /* Rank 0 settled its own record when its last sync ended. */
   if (rc == 0 && (rc = delta_hash(m)) != 0) return rc;
   if (m->patches) {
@@ -1682,10 +1718,11 @@ static int follow_patches(wtx__many *m, size_t dlen, char *err, size_t errlen) {
 /* Another rank: rank 0's ask (whether the last sync landed), this rank's
  * changes, and the decision. */
 static int delta_follow(wtx__many *m, char *err, size_t errlen) {
-  uint8_t landed = 0;
+  uint8_t ask = 0;
   int rc = read_go(m, err, errlen); /* the ask follows the go */
-  if (rc == 0) rc = wtx__tcp_rank_asked(m->tcp, &landed, 1, err, errlen);
-  if (rc == 0) delta_settle(m, landed != 0);
+  if (rc == 0) rc = wtx__tcp_rank_asked(m->tcp, &ask, 1, err, errlen);
+  if (rc == 0) delta_settle(m, (ask & ASK_LANDED) != 0);
+  if (rc == 0 && (ask & ASK_FORGET)) many_forget(m);
   if (rc == 0) rc = delta_hash(m);
   size_t dlen = 0;
   if (rc == 0 && m->patches)
@@ -1825,6 +1862,25 @@ static void many_abort(wtx__many *m, const char *reason) {
   for (size_t w = 0; w < m->n_workers; w++) wtx__client_abort(m->one[w], reason);
 }
 
+/* A sync failed before its bytes were all out: every worker keeps its
+ * previous weights (rank 0 aborts their updates), and the next sync starts
+ * over, with new sessions and connections. */
+static void many_reset(wtx__many *m, const char *err) {
+  if (m->rank == 0) many_abort(m, err);
+  if (m->rank == 0) m->ready = 0;
+  wtx__tcp_rank_reset(m->tcp);
+  /* A rank waiting on its link (for this sync's exchange, or for
+   * workers that will not come) fails now; so does rank 0 waiting for
+   * this rank's answer. */
+  for (uint32_t k = 1; m->links != NULL && k < m->world; k++)
+    if (m->links[k] >= 0) {
+      close(m->links[k]);
+      m->links[k] = -1;
+    }
+  if (m->rank != 0) wtx__tcp_rank_unlink(m->tcp);
+  m->go_due = 0; /* it went with the link */
+}
+
 /* Rank 0: the UpdateInfo bytes sent to the workers so far (0 elsewhere). */
 static uint64_t many_control_bytes(const wtx__many *m) {
   uint64_t n = 0;
@@ -1859,20 +1915,7 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   }
   pass_release(m);
   if (rc != 0 && !moved) {
-    /* Every worker keeps its previous weights; the next sync starts over. */
-    if (m->rank == 0) many_abort(m, err);
-    if (m->rank == 0) m->ready = 0;
-    wtx__tcp_rank_reset(m->tcp);
-    /* A rank waiting on its link (for this sync's exchange, or for
-     * workers that will not come) fails now; so does rank 0 waiting for
-     * this rank's answer. */
-    for (uint32_t k = 1; m->links != NULL && k < m->world; k++)
-      if (m->links[k] >= 0) {
-        close(m->links[k]);
-        m->links[k] = -1;
-      }
-    if (m->rank != 0) wtx__tcp_rank_unlink(m->tcp);
-    m->go_due = 0; /* it went with the link */
+    many_reset(m, err);
   } else if (rc == 0 && ended) {
     /* The link rank 0 closed, and this sync's connections, are done with
      * (the close's cancel is spent with them): the next sync takes new
@@ -1889,6 +1932,234 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   r.seconds = (double)(wtx__clock_ms() - t0) / 1000.0;
   r.control_bytes = many_control_bytes(m) - control0;
   if (rc == 0 && opts->progress != NULL) opts->progress(opts->progress_arg, r.bytes, r.bytes);
+  if (result != NULL) *result = r;
+  return rc;
+}
+
+/* ---- the caller's patches (wtx__many_send_patches) ---- */
+
+/* Rank 0: whether the caller's patches may go now. They go on the
+ * workers' sessions and connections as they stand, which only a sync of
+ * every rank makes, and apply to the version each worker serves, which
+ * this trainer must have seen. */
+static int caller_ready(wtx__many *m, int target, char *err, size_t errlen) {
+  if (target == WTX_TARGET_DRAFT) {
+    snprintf(err, errlen, "patches: the draft model takes whole syncs only");
+    return WTX_EINVAL;
+  }
+  if (!m->ready || (m->nccl && !wtx__nccl_rank_ready(m->gpu))) {
+    snprintf(err, errlen, "patches: with many senders rank 0 sends them over the workers' "
+             "sessions, which only a sync of every rank makes; none stands (no sync yet, or "
+             "the last one failed): send one first");
+    return WTX_ESTATE;
+  }
+  for (size_t w = 0; w < m->n_workers; w++)
+    if (wtx__client_serves(m->one[w], 0)[0] == '\0') {
+      snprintf(err, errlen, "patches: worker %zu (%s) serves no version this trainer saw, "
+               "for them to apply to: send the whole model", w,
+               wtx_client_target(m->client, w));
+      return WTX_ESTATE;
+    }
+  return 0;
+}
+
+/* Patch p (patches[j], checked whole) cut to worker w's tensor k, a part
+ * of its parameter: the elements there, as a patch of the part, in wire
+ * form at carena + *used (grown as needed), described by pt; *len its
+ * bytes (0: none falls in the part). tmp: room for p's cut. */
+static int caller_cut(wtx__many *m, size_t w, size_t k, const wtx_patch *p, size_t j,
+                      uint8_t *tmp, uint64_t *used, uint64_t *len, Wtx__V1__Patch *pt,
+                      char *err, size_t errlen) {
+  const Wtx__V1__ParamMeta *pm = &m->ws[w].pm[k];
+  const wtx_tensor_meta *full = &m->metas[m->ws[w].param[k]];
+  size_t es = wtx_dtype_size(full->dtype);
+  uint64_t lo[WTX_MAX_DIMS] = {0}, elements = 1;
+  for (size_t d = 0; d < full->ndim; d++) {
+    lo[d] = pm->part != NULL ? pm->part->offset[d] : 0;
+    elements *= pm->shape[d];
+  }
+  int64_t *idx = (int64_t *)(void *)tmp;
+  uint8_t *val = tmp + p->count * sizeof *idx;
+  uint64_t c = wtx__patch_cut(full->shape, full->ndim, lo, pm->shape, p->index_dtype, p->count,
+                              p->indices, p->values, es, idx, val);
+  *len = 0;
+  if (c == 0) return 0;
+  int idt = wtx__patch_index_dtype(elements);
+  size_t isz = wtx__patch_index_size(idt);
+  uint64_t bytes = wtx__patch_bytes(idt, c, es);
+  if (bytes > m->wire.buffer_size) {
+    snprintf(err, errlen, "patches[%zu]: the part of '%s' worker %zu (%s) holds is %llu bytes "
+             "as a patch, more than a buffer (%llu): send the tensor whole", j, full->name, w,
+             wtx_client_target(m->client, w), (unsigned long long)bytes,
+             (unsigned long long)m->wire.buffer_size);
+    return WTX_ETOOBIG;
+  }
+  if (*used + bytes > m->carena_cap) {
+    uint64_t cap = 2 * (*used + bytes);
+    uint8_t *a = realloc(m->carena, cap);
+    if (a == NULL) return WTX_ENOMEM;
+    m->carena = a;
+    m->carena_cap = cap;
+  }
+  uint8_t *out = m->carena + *used;
+  for (uint64_t e = 0; e < c; e++) {
+    if (isz == 4) {
+      uint32_t v = (uint32_t)idx[e];
+      memcpy(out + e * 4, &v, 4);
+    } else {
+      memcpy(out + e * 8, &idx[e], 8);
+    }
+  }
+  memcpy(out + c * isz, val, c * es);
+  wtx__v1__patch__init(pt);
+  pt->index_dtype = (Wtx__V1__DType)idt;
+  pt->count = c;
+  *used += bytes;
+  *len = bytes;
+  return 0;
+}
+
+/* Worker w's view of this sync: each of its tensors the patches touch
+ * (pidx[i]: the patch of parameter i, or SIZE_MAX), as its ParamMeta with
+ * the patch of its part, in chunks of whole patches, all from rank 0. */
+static int caller_view(wtx__many *m, size_t w, const wtx_patch *patches, const size_t *pidx,
+                       uint8_t *tmp, uint64_t *used, char *err, size_t errlen) {
+  wstream *st = &m->ws[w];
+  size_t n = 0, q = 0, nc = 0;
+  for (size_t k = 0; k < st->nt; k++) n += pidx[st->param[k]] != SIZE_MAX;
+  view_free(st);
+  st->dpmp = calloc(n + 1, sizeof *st->dpmp);
+  st->dpm = calloc(n + 1, sizeof *st->dpm);
+  st->dpatch = calloc(n + 1, sizeof *st->dpatch);
+  st->dsegs = calloc(n + 1, sizeof *st->dsegs);
+  st->dchunks = calloc(n + 1, sizeof *st->dchunks);
+  int rc = st->dpmp && st->dpm && st->dpatch && st->dsegs && st->dchunks ? 0 : WTX_ENOMEM;
+  mchunk *c = NULL;
+  for (size_t k = 0; rc == 0 && k < st->nt; k++) {
+    size_t j = pidx[st->param[k]];
+    uint64_t len = 0;
+    if (j == SIZE_MAX) continue;
+    rc = caller_cut(m, w, k, &patches[j], j, tmp, used, &len, &st->dpatch[q], err, errlen);
+    if (rc != 0 || len == 0) continue;
+    st->dpm[q] = st->pm[k];
+    st->dpm[q].patch = &st->dpatch[q];
+    st->dpmp[q] = &st->dpm[q];
+    st->dsegs[q] = (seg){.tensor = (uint32_t)q, .patch = SEG_CALLER, .off = *used - len,
+                         .len = len};
+    if (c == NULL || c->bytes + len > m->wire.buffer_size ||
+        q - c->first + 1 > WTX_MAX_CHUNK_PARAMS) {
+      uint64_t at = c != NULL ? c->stream_offset + c->bytes : 0;
+      c = &st->dchunks[nc++];
+      *c = (mchunk){.sender = 0, .first = q, .seg0 = q, .stream_offset = at};
+    }
+    c->count = q - c->first + 1;
+    c->nseg++;
+    c->bytes += len;
+    q++;
+  }
+  st->vchunks = st->dchunks;
+  st->nvchunks = nc;
+  st->vsegs = st->dsegs;
+  st->vpmp = st->dpmp;
+  return rc;
+}
+
+/* Rank 0: the caller's patches checked whole against the source's table
+ * (before any byte moves), then every worker's view of them; *params, how
+ * many tensors they patch. */
+static int caller_views(wtx__many *m, const wtx_patch *patches, size_t n, size_t *params,
+                        char *err, size_t errlen) {
+  size_t *pidx = malloc((m->n + 1) * sizeof *pidx);
+  uint64_t room = 0, used = 0;
+  int rc = pidx != NULL ? 0 : WTX_ENOMEM;
+  if (rc == 0 && m->names == NULL) rc = wtx__delta_names(m->metas, m->n, &m->names);
+  if (rc != 0) snprintf(err, errlen, "out of memory");
+  for (size_t i = 0; rc == 0 && i < m->n; i++) pidx[i] = SIZE_MAX;
+  for (size_t j = 0; rc == 0 && j < n; j++) {
+    size_t i;
+    rc = wtx__delta_patch_param(m->names, m->metas, &patches[j], j, &i, err, errlen);
+    if (rc == 0 && pidx[i] != SIZE_MAX) {
+      snprintf(err, errlen, "patches: '%s' is patched twice; merge its patches into one",
+               m->metas[i].name);
+      rc = WTX_EINVAL;
+    }
+    if (rc != 0) break;
+    pidx[i] = j;
+    uint64_t r = patches[j].count * (sizeof(int64_t) + wtx_dtype_size(patches[j].dtype));
+    room = r > room ? r : room;
+  }
+  *params = n;
+  uint8_t *tmp = rc == 0 ? malloc(room + 8) : NULL;
+  if (rc == 0 && tmp == NULL) rc = WTX_ENOMEM;
+  for (size_t w = 0; rc == 0 && w < m->n_workers; w++)
+    rc = caller_view(m, w, patches, pidx, tmp, &used, err, errlen);
+  if (rc == WTX_ENOMEM) snprintf(err, errlen, "out of memory");
+  free(tmp);
+  free(pidx);
+  return rc;
+}
+
+/* Rank 0: every worker's update started on the version it serves, each
+ * of them one that takes patches. */
+static int caller_start(wtx__many *m, int target, char *err, size_t errlen) {
+  int rc = 0;
+  for (size_t w = 0; rc == 0 && w < m->n_workers; w++) {
+    const char *base = wtx__client_serves(m->one[w], 0);
+    rc = wtx__client_set_bases(m->one[w], &base);
+  }
+  if (rc != 0) return rc;
+  for (size_t w = 0; w < m->n_workers; w++)
+    wtx__client_start_begin(m->one[w], target, m->ws[w].nvchunks);
+  for (size_t w = 0; w < m->n_workers; w++) { /* every begin is ended */
+    int wrc = wtx__client_start_end(m->one[w]);
+    if (wrc != 0 && rc == 0) {
+      int stale = wtx_client_last_status(m->one[w]) == GRPC_STATUS_FAILED_PRECONDITION;
+      rc = stale ? WTX_ESTATE : wrc;
+      snprintf(err, errlen, "%s", wtx_client_last_error(m->one[w]));
+    }
+  }
+  for (size_t w = 0; rc == 0 && w < m->n_workers; w++)
+    if (m->ws[w].nvchunks > 0 && !wtx__client_patches(m->one[w])) {
+      snprintf(err, errlen, "patches: worker %zu (%s) takes whole tensors only (its model "
+               "cannot read its tensors back, or stages on the GPU)", w,
+               wtx_client_target(m->client, w));
+      rc = WTX_ENOTSUP;
+    }
+  return rc;
+}
+
+int wtx__many_send_patches(wtx__many *m, const wtx_patch *patches, size_t n,
+                           const wtx_send_options *o, wtx_send_result *result, char *err,
+                           size_t errlen) {
+  wtx_send_result r = {0};
+  if (m->rank != 0 || n == 0) return 0;
+  int64_t t0 = wtx__clock_ms();
+  uint64_t control0 = many_control_bytes(m);
+  size_t params = 0;
+  int rc = caller_ready(m, o->target, err, errlen);
+  if (rc == 0) rc = caller_views(m, patches, n, &params, err, errlen);
+  int checked = rc == 0;
+  if (rc == 0) rc = caller_start(m, o->target, err, errlen);
+  if (rc == 0 && m->gpu != NULL) wtx__nccl_rank_rearm(m->gpu);
+  if (rc == 0) rc = many_move(m, &r, err, errlen);
+  int moved = rc == 0;
+  if (rc == 0) rc = many_publish(m, o, &r, err, errlen);
+  if (rc == 0) {
+    many_forget(m);
+    m->forget = m->delta;
+  }
+  /* A refusal before any start leaves the sessions as they were. */
+  if (rc != 0 && checked && !moved) many_reset(m, err);
+  for (size_t w = 0; w < m->n_workers; w++) {
+    view_free(&m->ws[w]);
+    view_whole(&m->ws[w]);
+  }
+  r.delta = 1;
+  r.params = r.patched_params = params;
+  r.skipped_params = m->n - params;
+  r.seconds = (double)(wtx__clock_ms() - t0) / 1000.0;
+  r.control_bytes = many_control_bytes(m) - control0;
+  if (rc == 0 && o->progress != NULL) o->progress(o->progress_arg, r.bytes, r.bytes);
   if (result != NULL) *result = r;
   return rc;
 }

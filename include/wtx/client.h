@@ -362,7 +362,10 @@ typedef struct wtx_patch {
  * whole model), a replica that takes whole tensors only (WTX_ENOTSUP).
  * With rank 0 sending, other ranks call nothing. n 0: nothing is sent.
  * To tensor-parallel workers (a trainer with a source) each worker gets
- * the elements that fall in its parts; with many senders, WTX_ENOTSUP.
+ * the elements that fall in its parts. With many senders every rank calls
+ * it and rank 0 sends them all (the others' calls send nothing), over the
+ * sessions a sync of every rank made (none standing: WTX_ESTATE); the
+ * ranks' next delta after them sends every piece whole.
  * opts and result may be NULL; result's bytes are the patches'. */
 int wtx_trainer_send_patches(wtx_trainer *t, const wtx_patch *patches, size_t n,
                              const wtx_send_options *opts, wtx_send_result *result);

@@ -67,6 +67,11 @@ struct Llama {
     t.push_back(std::move(x));
   }
   // One byte of tensor name changed (a delta's change of one element).
+  const Tensor *Find(const std::string &name) const {
+    for (const Tensor &x : t)
+      if (x.name == name) return &x;
+    return nullptr;
+  }
   void Bump(const std::string &name, size_t byte) {
     for (Tensor &x : t)
       if (x.name == name) x.data.at(byte) ^= 0x5a;

@@ -18,12 +18,20 @@
 //                      each pair; BYTE as FIRST+COUNT: COUNT bytes from
 //                      FIRST.
 //   draft SEED VERSION the same as sync, to the workers' draft model.
+//   patch SEED VERSION NAME BYTE [NAME BYTE ...]   the caller's patches
+//                      (wtx_trainer_send_patches), on every rank: of each
+//                      NAME, the elements holding the bytes BYTE (as bump
+//                      names them) with Llama(SEED)'s values bumped; BYTE
+//                      "past": one index past the tensor's end. Prints as
+//                      sync; the rank's part becomes Llama(SEED) bumped.
 // WTX_MANY_DELTA=1: the trainer sends deltas (WTX_DELTA_TENSORS); =patches:
 // with patches (WTX_DELTA_PATCHES).
 #include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -63,6 +71,31 @@ void FillParts(const wtxtest::Llama &model, uint32_t rank,
     (*parts)[i].resize(wtx_box_elements(&mine) * x.Elsize());
     wtx_box_copy((*parts)[i].data(), nullptr, x.data.data(), &whole, &mine, x.Elsize());
   }
+}
+
+// The caller's patches of next's tensors at the elements touched names
+// (an index past a tensor's end has a zero value), sent.
+int SendPatches(wtx_trainer *t, const wtxtest::Llama &next,
+                const std::map<std::string, std::set<uint64_t>> &touched,
+                const wtx_send_options *so, wtx_send_result *res) {
+  std::vector<wtx_patch> patches;
+  std::vector<std::vector<int64_t>> idx;
+  std::vector<std::vector<uint8_t>> val;
+  for (const auto &[name, elements] : touched) {
+    const wtxtest::Tensor *x = next.Find(name);
+    size_t es = x->Elsize(), n = x->data.size() / es;
+    idx.emplace_back(elements.begin(), elements.end());
+    val.emplace_back();
+    for (uint64_t e : elements) {
+      const uint8_t *v = &x->data[(e < n ? e : 0) * es];
+      val.back().insert(val.back().end(), v, v + es);
+      if (e >= n) std::fill(val.back().end() - es, val.back().end(), 0);
+    }
+    patches.push_back({x->name.c_str(), x->dtype, x->shape.data(), x->shape.size(),
+                       WTX_DTYPE_INT64, idx.back().size(), idx.back().data(),
+                       val.back().data()});
+  }
+  return wtx_trainer_send_patches(t, patches.data(), patches.size(), so, res);
 }
 
 }  // namespace
@@ -126,12 +159,20 @@ int main(int argc, char **argv) {
     std::string cmd, version, name, bytes;
     int seed = 0;
     in >> cmd >> seed >> version;
-    if (cmd != "sync" && cmd != "bump" && cmd != "draft") continue;
+    if (cmd != "sync" && cmd != "bump" && cmd != "draft" && cmd != "patch") continue;
     wtxtest::Llama next(static_cast<uint8_t>(seed));
-    while (cmd == "bump" && in >> name >> bytes) {
+    std::map<std::string, std::set<uint64_t>> touched;  // patch: elements by tensor
+    while ((cmd == "bump" || cmd == "patch") && in >> name >> bytes) {
+      const wtxtest::Tensor *x = next.Find(name);
+      if (bytes == "past" && x != nullptr) {
+        touched[name].insert(x->data.size() / x->Elsize());
+        continue;
+      }
       size_t plus = bytes.find('+'), first = std::stoul(bytes.substr(0, plus));
       size_t count = plus == std::string::npos ? 1 : std::stoul(bytes.substr(plus + 1));
       for (size_t b = first; b < first + count; b++) next.Bump(name, b);
+      for (size_t b = first; x != nullptr && b < first + count; b++)
+        touched[name].insert(b / x->Elsize());
     }
     std::vector<std::vector<uint8_t>> fresh;
     FillParts(next, rank, &fresh);
@@ -141,7 +182,8 @@ int main(int argc, char **argv) {
     so.version = version.c_str();
     if (cmd == "draft") so.target = WTX_TARGET_DRAFT;
     wtx_send_result res;
-    rc = wtx_trainer_send_weights(t, &so, &res);
+    if (cmd == "patch") rc = SendPatches(t, next, touched, &so, &res);
+    else rc = wtx_trainer_send_weights(t, &so, &res);
     if (rc == 0)
       std::printf("ok %llu %llu %d %zu %zu\n", static_cast<unsigned long long>(res.bytes),
                   static_cast<unsigned long long>(res.control_bytes), res.delta, res.params,

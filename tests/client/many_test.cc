@@ -146,12 +146,12 @@ class ManyTest : public wtxtest::ShardedFixture {
     for (int r = 0; r < 4; r++) Start(r, ws);
     for (int r = 0; r < 4; r++) ASSERT_EQ("ready", Line(ranks_[r])) << "rank " << r;
   }
-  // One sync on every rank (cmd: sync, or bump with its NAME BYTE);
-  // each rank's answer.
+  // One sync on every rank (cmd: sync, or bump with its NAME BYTE; or
+  // patch, the caller's patches); each rank's answer.
   std::vector<std::string> SyncAll(int seed, const std::string &v,
-                                   const std::string &bump = "") {
+                                   const std::string &bump = "", const char *how = "bump ") {
     std::vector<std::string> got;
-    std::string cmd = (bump.empty() ? "sync " : "bump ") + std::to_string(seed) + " " + v;
+    std::string cmd = (bump.empty() ? "sync " : how) + std::to_string(seed) + " " + v;
     for (int r = 0; r < 4; r++) Say(ranks_[r], bump.empty() ? cmd : cmd + " " + bump);
     for (int r = 0; r < 4; r++) got.push_back(Line(ranks_[r]));
     return got;
@@ -205,6 +205,10 @@ class ManyTest : public wtxtest::ShardedFixture {
   // once naming it, every worker keeps v2, the rank comes back, v3 lands
   // and v4, nothing changed, is a delta that moves nothing.
   void RankKilledMidDelta();
+  // The caller's patches: rank 0 sends them all, each worker the part in
+  // its tensors; refusals leave the sessions standing, and once they land
+  // the ranks' next delta sends whole what it sends.
+  void CallerPatchesGoFromRankZeroToEveryWorkersPart();
 
   std::vector<int> ports_;
   std::vector<Rank> ranks_;
@@ -472,6 +476,98 @@ void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
   holds(seven, "v7");
 }
 
+// The caller's patches with many senders (wtx_trainer_send_patches, vLLM's
+// sparse sender's shape): every rank calls it, and rank 0 alone sends,
+// each worker the elements that fall in its tensors.
+void ManyTest::CallerPatchesGoFromRankZeroToEveryWorkersPart() {
+  delta_ = patches_ = true;
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
+  auto holds = [&](const Llama &model, const std::string &v) {
+    return ExpectHolds(r0, 0, model, v) + ExpectHolds(r1, 1, model, v) +
+           ExpectHolds(whole, -1, model, v);
+  };
+  auto patch_all = [&](int seed, const std::string &v, const std::string &what) {
+    std::vector<std::string> got = SyncAll(seed, v, what, "patch ");
+    for (int r = 1; r < 4; r++) EXPECT_EQ("ok 0 0 0 0 0", got[r]) << "rank " << r << " sent";
+    return got[0];
+  };
+  const std::string head = "lm_head.weight", l1 = "model.layers.1.mlp.up_proj.weight";
+  // No sync of every rank has made the workers' sessions yet.
+  std::string got = patch_all(1, "v0", head + " 640");
+  EXPECT_EQ(0u, got.rfind("fail " + std::to_string(WTX_ESTATE) + " ", 0)) << got;
+  for (const std::string &l : SyncAll(1, "v1")) EXPECT_EQ(0u, l.rfind("ok", 0)) << l;
+  // lm_head is Shard(0) over the four ranks (tensor-parallel rank 0 holds
+  // rows 0-47, rank 1 rows 48-95): one element in row 10 and one in row
+  // 60; layer 1's up_proj, ranks 2 and 3's: one in row 50 (tensor-parallel
+  // rank 1's). Each worker gets its elements, an int32 index and a bf16
+  // value each: 1 to rank 0's worker, 2 to rank 1's, 3 to the whole one.
+  const std::string bumps = head + " 640 " + head + " 3840 " + l1 + " 3200";
+  Llama two(1);
+  two.Bump(head, 640);
+  two.Bump(head, 3840);
+  two.Bump(l1, 3200);
+  got = patch_all(1, "v2", bumps);
+  EXPECT_EQ(6u * (4 + 2), Sent(got)) << got;
+  EXPECT_EQ(1u, Delta(got)) << got;
+  EXPECT_EQ(2u, Patched(got)) << got;
+  holds(two, "v2");
+  // The ranks' records of what the workers hold went with those patches:
+  // a delta of Llama(1) as it was sends every tensor whole (skipping one
+  // on a record that no longer stands would leave the patched elements)
+  // ...
+  Llama one(1);
+  std::vector<std::string> all = SyncAll(1, "v3");
+  uint64_t sent = 0;
+  for (const std::string &l : all) {
+    EXPECT_EQ(1u, Delta(l)) << l;
+    EXPECT_EQ(0u, Patched(l)) << l;
+    sent += Sent(l);
+  }
+  EXPECT_EQ(holds(one, "v3"), sent) << "every tensor, whole, once per worker";
+  // ... and the next sends patches again.
+  Llama four(1);
+  four.Bump(l1, 3202);
+  all = SyncAll(1, "v4", l1 + " 3202");
+  sent = 0;
+  for (const std::string &l : all) sent += Sent(l);
+  EXPECT_EQ(2u * (4 + 2), sent) << "one element to rank 1's worker and the whole one";
+  holds(four, "v4");
+  // Refused before any byte moves, each naming what: an index past the
+  // tensor, a worker's part too large for a buffer as a patch (every
+  // element of lm_head, to the whole replica). Every worker keeps v4 and
+  // its session: the next patches land.
+  got = patch_all(1, "v5", head + " past");
+  EXPECT_EQ(0u, got.rfind("fail " + std::to_string(WTX_EINVAL) + " ", 0)) << got;
+  EXPECT_NE(std::string::npos, got.find("'lm_head.weight': index 0 of 1 is past")) << got;
+  got = patch_all(1, "v5", head + " 0+6144");
+  EXPECT_EQ(0u, got.rfind("fail " + std::to_string(WTX_ETOOBIG) + " ", 0)) << got;
+  EXPECT_NE(std::string::npos, got.find("more than a buffer")) << got;
+  holds(four, "v4");
+  got = patch_all(1, "v5", l1 + " 3202 " + l1 + " 3202");
+  EXPECT_EQ(2u * (4 + 2), Sent(got)) << "l1's element back, to two workers: " << got;
+  holds(one, "v5");
+  // Rank 1's worker restarts: the patches fail (its session is gone) and
+  // every other worker keeps v5; with no sessions standing the next are
+  // refused, and a sync of every rank lands (rank 0 closed its links to
+  // the others, who take the workers' new connections).
+  Stop(workers_[1]);
+  Worker again = SpawnRank(1, {"--listen", r1.addr()});
+  ASSERT_EQ(r1.port, again.port);
+  got = patch_all(1, "v6", head + " 640");
+  EXPECT_EQ(0u, got.rfind("fail ", 0)) << got;
+  ExpectHolds(r0, 0, one, "v5");
+  ExpectHolds(whole, -1, one, "v5");
+  got = patch_all(1, "v6", head + " 640");
+  EXPECT_EQ(0u, got.rfind("fail " + std::to_string(WTX_ESTATE) + " ", 0)) << got;
+  Llama six(2);
+  all = SyncAll(2, "v6");
+  for (const std::string &l : all) EXPECT_EQ(0u, l.rfind("ok", 0)) << l;
+  ExpectHolds(r0, 0, six, "v6");
+  ExpectHolds(again, 1, six, "v6");
+  ExpectHolds(whole, -1, six, "v6");
+}
+
 // On every backend many senders run on (nccl and cuda_ipc on the TEST
 // DOUBLE of CUDA and NCCL).
 class ManyDeltaTest : public ManyTest {
@@ -488,6 +584,10 @@ TEST_P(ManyDeltaTest, ADeltaSendsOnlyTheChangedTensorsFromEveryOwner) {
 
 TEST_P(ManyDeltaTest, PatchesSendTheChangedElementsFromEachRankThatOwnsThem) {
   PatchesSendTheChangedElementsFromEachRankThatOwnsThem();
+}
+
+TEST_P(ManyDeltaTest, CallerPatchesGoFromRankZeroToEveryWorkersPart) {
+  CallerPatchesGoFromRankZeroToEveryWorkersPart();
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ManyDeltaTest,

@@ -9,8 +9,11 @@ the sync gathers nothing.
 TorchModuleSource. "delta": a delta trainer; after dt-1, element [0, 0] of
 rank 1's shard of col.weight (row 4 of the full tensor) grows by 1 and
 dt-2 is sent; "patches": the same with delta="patches"; "patches-both":
-that, with element [0, 0] of rank 0's shard (row 0) grown by 1 too. Prints
-the last send_weights result as JSON."""
+that, with element [0, 0] of rank 0's shard (row 0) grown by 1 too;
+"caller": after dt-1 every rank calls send_weights(patches) with the
+caller's patches of col.weight's elements [0, 0] and [4, 0] grown by 1
+(vLLM's sparse_nccl shape), sent as dt-2 by rank 0 alone. Prints the last
+send_weights result as JSON."""
 import json
 import sys
 
@@ -54,6 +57,11 @@ def main() -> None:
         engine = wtx.TrainerEngine.trainer_init(info, client=client,
                                                 source=wtx.TorchModuleSource(model))
     result = engine.send_weights(version="dt-1")
+    if mode == "caller":
+        values = full["col.weight"].reshape(-1)[[0, 16]] + 1
+        result = engine.send_weights([{"name": "col.weight", "indices": torch.tensor([16, 0]),
+                                       "values": values.flip(0), "full_shape": [8, 4]}],
+                                     version="dt-2")
     if delta:
         with torch.no_grad():
             if rank == 1 or mode == "patches-both":

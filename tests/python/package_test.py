@@ -93,8 +93,11 @@ def dtensor_sync(test, *extra: str) -> None:
 
     full, rules = tp_weights()
     delta = "delta" in extra or "patches" in extra
-    if delta:
+    caller = "caller" in extra
+    if delta or caller:
         full["col.weight"][4, 0] += 1
+    if caller:
+        full["col.weight"][0, 0] += 1
     addrs = ",".join(f"127.0.0.1:{random.randrange(20000, 32000)}" for _ in range(2))
     with tp_hosts(rules) as (ranks, servers):
         with tempfile.TemporaryDirectory() as d:
@@ -108,7 +111,13 @@ def dtensor_sync(test, *extra: str) -> None:
         for p in procs:
             test.assertEqual(0, p.returncode, errs)
         results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-        if delta:
+        if caller:
+            # Rank 0 sends the caller's patches, each host the element in
+            # its rows (an int32 index and a float32 value); rank 1 nothing.
+            test.assertEqual("dt-2", results[0]["version"])
+            test.assertEqual([16, 0], [r["bytes"] for r in results])
+            test.assertEqual([True, False], [r["delta"] for r in results])
+        elif delta:
             test.assertEqual("dt-2", results[0]["version"])
             test.assertEqual([True, True], [r["delta"] for r in results])
             test.assertEqual([1, 1], [r["params"] for r in results])
@@ -929,6 +938,13 @@ class ContractTest(unittest.TestCase):
         self.assertEqual([1, 1], [r["patched_params"] for r in results])
         for name, want in full.items():
             self.assertTrue(torch.equal(host.get_parameter(name).detach(), want), name)
+
+    def test_dtensor_ranks_send_the_callers_patches_from_rank_0(self):
+        # send_weights(patches) on every rank of a DTensor trainer, as
+        # vLLM's sparse_nccl trainer calls it: rank 0 sends them all, each
+        # tensor-parallel host the elements in its slice, and rank 1's call
+        # sends nothing.
+        dtensor_sync(self, "caller")
 
     def test_dtensor_ranks_send_a_patch_of_the_one_element_that_changed(self):
         # delta="patches": the host's part of col.weight is rank 1's shard
