@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -47,11 +48,13 @@ class ManyTest : public wtxtest::ShardedFixture {
 
   // A port free now, below the kernel's ephemeral range (32768 on), so
   // that no connection or port-0 listener of the test takes it before the
-  // rank listens on it.
-  static int FreePort() {
+  // rank listens on it; and not another rank's (closed again, it is free
+  // to bind here until that rank listens).
+  int FreePort() const {
     static unsigned seed = static_cast<unsigned>(getpid());
     for (;;) {
       int port = 20000 + static_cast<int>(rand_r(&seed) % 12000);
+      if (std::find(ports_.begin(), ports_.end(), port) != ports_.end()) continue;
       int fd = socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in a{};
       a.sin_family = AF_INET;
