@@ -43,6 +43,7 @@ enum {
   CAN_PATCHES = 1,     /* patches */
   CAN_PATCH_SPANS = 2, /* patch_spans */
   CAN_BATCHES = 4,     /* chunk_batches */
+  CAN_PATCH_BOXES = 8, /* patch_boxes */
 };
 static int commit_one(wtx_client *c, const char *version, char *published, size_t publen);
 
@@ -527,7 +528,8 @@ static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
   f->c->r[i].table_xxh3 = r->table_xxh3;
   snprintf(f->c->r[i].serves, sizeof f->c->r[i].serves, "%s", r->weight_version);
   f->c->r[i].can = (r->patches ? CAN_PATCHES : 0u) | (r->patch_spans ? CAN_PATCH_SPANS : 0u) |
-                   (r->chunk_batches ? CAN_BATCHES : 0u);
+                   (r->chunk_batches ? CAN_BATCHES : 0u) |
+                   (r->patch_boxes ? CAN_PATCH_BOXES : 0u);
 }
 
 /* StartWeightUpdate's fill: the session, and the delta's base when set. */
@@ -572,6 +574,10 @@ int wtx__client_patches(const wtx_client *c) { return all_can(c, CAN_PATCHES); }
 
 int wtx__client_patch_spans(const wtx_client *c) {
   return all_can(c, CAN_PATCHES | CAN_PATCH_SPANS);
+}
+
+int wtx__client_patch_boxes(const wtx_client *c) {
+  return all_can(c, CAN_PATCHES | CAN_PATCH_SPANS | CAN_PATCH_BOXES);
 }
 
 int wtx__client_batches(const wtx_client *c) { return all_can(c, CAN_BATCHES); }

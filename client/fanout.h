@@ -52,6 +52,8 @@ int wtx__client_is_control(const wtx_client *c);
 int wtx__client_patches(const wtx_client *c);
 /* The same for patches of spans (StartWeightUpdateResponse.patch_spans). */
 int wtx__client_patch_spans(const wtx_client *c);
+/* The same for spans that are boxes (StartWeightUpdateResponse.patch_boxes). */
+int wtx__client_patch_boxes(const wtx_client *c);
 /* The version replica i serves as far as c saw: its last start's answer,
  * then what its Finish published or its undo returned to (on a caller's
  * control plane, which answers nothing: the version its last finish

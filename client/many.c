@@ -45,7 +45,7 @@
 #include "xxhash.h"
 
 /* How a piece may travel as a patch (wtx__many.pform). */
-enum { PATCH_NONE, PATCH_WHOLE, PATCH_SPAN };
+enum { PATCH_NONE, PATCH_WHOLE, PATCH_SPAN, PATCH_BOX };
 
 /* A seg's patch: the caller's (wtx__many_send_patches), at carena + off. */
 enum { SEG_CALLER = 2 };
@@ -101,6 +101,8 @@ typedef struct wstream {
   Wtx__V1__ParamMeta *dpm; /* a delta's patched tensors: their ParamMeta, */
   Wtx__V1__Patch *dpatch;  /* with the patch */
   Wtx__V1__PatchSpan *dspan, **dspanp; /* and its spans (a tensor several runs feed) */
+  Wtx__V1__Box *dbox; /* a span's box (a tensor fed in boxes), */
+  uint64_t *dboxdims; /* its offset and shape, 2 * WTX_MAX_DIMS a span */
 } wstream;
 
 struct wtx__many {
@@ -160,9 +162,9 @@ struct wtx__many {
   uint8_t *decision;
   size_t decision_len;
   int landed;    /* rank 0: the last sync landed on every worker */
-  /* Patches (WTX_DELTA_PATCHES): a piece that is one run of its worker
-   * tensor (pform[p]: the whole tensor, or a span of one other runs feed
-   * too) may travel as a patch of the piece, which its rank
+  /* Patches (WTX_DELTA_PATCHES): any piece (pform[p]: the whole worker
+   * tensor, a span of one other runs feed too, or a box of one fed in
+   * boxes) may travel as a patch of the piece, which its rank
    * makes from prev, its copy of the piece as the workers hold it (this
    * rank's k-th piece at prev_off[k], valid where prev_ok[k]; written
    * this sync where pend[k], valid once it lands). This sync's patch of
@@ -365,8 +367,8 @@ static uint64_t patch_wire(const wtx__many *m, uint32_t p, uint64_t count) {
 }
 
 /* Whether a patch record may name piece p with count elements: a piece
- * of the plan that is one run of its tensor (pform), 1..its elements,
- * within a buffer. */
+ * of the plan (pform: patches are on), 1..its elements, within a
+ * buffer. */
 static int patch_ok(const wtx__many *m, uint32_t p, uint64_t count) {
   const wtx_piece *pieces;
   size_t np = wtx_plan_pieces(m->plan, &pieces);
@@ -428,6 +430,10 @@ static int cut_chunks(const wtx__many *m, const seg *runs, size_t n, const uint3
     }
     if (sub != NULL && (s.tensor = sub[s.tensor]) == UINT32_MAX) continue;
     if (patched && pcount[s.piece] == 0) continue;
+    /* A piece of a tensor fed in boxes is several runs: its patch is one. */
+    if (patched && i > 0 && runs[i - 1].tensor == runs[i].tensor &&
+        runs[i - 1].piece == runs[i].piece)
+      continue;
     if (patched) {
       s = (seg){.piece = s.piece, .tensor = s.tensor, .patch = 1, .off = wire,
                 .len = patch_wire(m, s.piece, pcount[s.piece])};
@@ -531,6 +537,10 @@ static void view_free(wstream *st) {
   free(st->dpatch);
   free(st->dspan);
   free(st->dspanp);
+  free(st->dbox);
+  free(st->dboxdims);
+  st->dbox = NULL;
+  st->dboxdims = NULL;
   st->dpmp = NULL;
   st->dsegs = NULL;
   st->dchunks = NULL;
@@ -1266,8 +1276,8 @@ static uint8_t *decision_of(const wtx__many *m, size_t w) {
 }
 
 /* Marks in pform how each piece feeding st may travel as a patch: of
- * the tensor it feeds alone, or of its span of one that other runs feed
- * too; never a piece of a tensor that comes in boxes. */
+ * the tensor it feeds alone, of its span of one that other runs feed
+ * too, or of its box of one that comes in boxes. */
 static int patch_forms(wtx__many *m, const wstream *st) {
   uint32_t *runs = calloc(st->nt + 1, sizeof *runs);
   uint8_t *boxed = calloc(st->nt + 1, 1);
@@ -1278,7 +1288,7 @@ static int patch_forms(wtx__many *m, const wstream *st) {
   }
   for (size_t i = 0; rc == 0 && i < st->nruns; i++) {
     uint32_t t = st->runs[i].tensor;
-    if (!boxed[t]) m->pform[st->runs[i].piece] = runs[t] == 1 ? PATCH_WHOLE : PATCH_SPAN;
+    m->pform[st->runs[i].piece] = boxed[t] ? PATCH_BOX : runs[t] == 1 ? PATCH_WHOLE : PATCH_SPAN;
   }
   free(runs);
   free(boxed);
@@ -1360,15 +1370,30 @@ static size_t stream_patches(const wtx__many *m, const wstream *st, uint32_t *pa
   for (size_t i = 0; m->patches && i < st->nruns; i++)
     if (m->pcount[st->runs[i].piece] > 0) {
       n += patched[st->runs[i].tensor]++ == 0;
-      *spans += m->pform[st->runs[i].piece] == PATCH_SPAN;
+      *spans += m->pform[st->runs[i].piece] != PATCH_WHOLE; /* a box's boxes: a bound */
     }
   return n;
 }
 
+/* Piece p's box in st's tensor k (its part of the parameter), as the
+ * wire's Box in out, its offset and shape at dims. */
+static Wtx__V1__Box *span_box(const wtx__many *m, const wstream *st, size_t k, uint32_t p,
+                              Wtx__V1__Box *out, uint64_t *dims) {
+  const wtx_piece *pieces;
+  wtx_plan_pieces(m->plan, &pieces);
+  wtx_box b;
+  wtx_plan_piece_box(m->plan, &pieces[p], &b);
+  const Wtx__V1__TensorPart *part = st->pm[k].part;
+  for (size_t d = 0; part != NULL && d < b.ndim; d++) b.lo[d] -= part->offset[d];
+  wtx__v1__box__init(out);
+  return box_msg(&b, out, dims, dims + WTX_MAX_DIMS);
+}
+
 /* The ParamMeta of st's tensor k, whose runs are st->runs[i0, i1), as
  * this sync's patch of it: a copy of its own with the patch, into pm and
- * pt; of spans (from st->dspan at *used), one per run that travels, where
- * several runs feed it. */
+ * pt; of spans (from st->dspan at *used), one per piece that travels,
+ * where several feed it (a piece of a tensor fed in boxes: of its box,
+ * whatever boxes it was cut into). */
 static Wtx__V1__ParamMeta *patch_meta(const wtx__many *m, wstream *st, size_t k, size_t i0,
                                       size_t i1, Wtx__V1__ParamMeta *pm, Wtx__V1__Patch *pt,
                                       size_t *used) {
@@ -1389,9 +1414,13 @@ static Wtx__V1__ParamMeta *patch_meta(const wtx__many *m, wstream *st, size_t k,
       return pm;
     }
     if (m->pcount[p] == 0) continue; /* unchanged: the base's bytes stand */
+    if (i > i0 && st->runs[i - 1].piece == p) continue; /* a box's later boxes */
     Wtx__V1__PatchSpan *sp = &st->dspan[*used];
     wtx__v1__patch_span__init(sp);
-    sp->first = st->runs[i].off / es;
+    sp->first = m->pform[p] == PATCH_BOX ? 0 : st->runs[i].off / es;
+    if (m->pform[p] == PATCH_BOX)
+      sp->box = span_box(m, st, k, p, &st->dbox[*used],
+                         &st->dboxdims[*used * 2 * WTX_MAX_DIMS]);
     sp->elements = elements;
     sp->index_dtype = (Wtx__V1__DType)wtx__patch_index_dtype(elements);
     sp->count = m->pcount[p];
@@ -1423,8 +1452,11 @@ static int view_some(const wtx__many *m, wstream *st, const uint8_t *sel) {
   st->dpatch = calloc(np + 1, sizeof *st->dpatch);
   st->dspan = calloc(nspans + 1, sizeof *st->dspan);
   st->dspanp = calloc(nspans + 1, sizeof *st->dspanp);
+  st->dbox = calloc(nspans + 1, sizeof *st->dbox);
+  st->dboxdims = calloc((nspans + 1) * 2 * WTX_MAX_DIMS, sizeof *st->dboxdims);
   if (sub == NULL || patched == NULL || st->dpmp == NULL || st->dpm == NULL ||
-      st->dpatch == NULL || st->dspan == NULL || st->dspanp == NULL) {
+      st->dpatch == NULL || st->dspan == NULL || st->dspanp == NULL || st->dbox == NULL ||
+      st->dboxdims == NULL) {
     free(sub);
     free(patched);
     return WTX_ENOMEM;
@@ -1542,8 +1574,8 @@ static size_t delta_answer(wtx__many *m) {
 }
 
 /* Rank 0: the offers of rank r (n records at rec) into pcount and
- * presult; one of a piece r does not send as one run of its tensor, or
- * larger than a buffer, is WTX_EPROTO. */
+ * presult; one of a piece r does not send, or larger than a buffer, is
+ * WTX_EPROTO. */
 static int take_offers(wtx__many *m, uint32_t r, const uint8_t *rec, size_t n, char *err,
                        size_t errlen) {
   size_t first, count;
@@ -1553,8 +1585,8 @@ static int take_offers(wtx__many *m, uint32_t r, const uint8_t *rec, size_t n, c
     uint64_t c, sum;
     if (wtx__tcp_patch_decode(rec, &p, &c, &sum) != 0 || p < first || p >= first + count ||
         !patch_ok(m, p, c)) {
-      snprintf(err, errlen, "delta: a patch offered of a piece this rank does not send as "
-               "one run of its tensor, or larger than a buffer");
+      snprintf(err, errlen, "delta: a patch offered of a piece this rank does not send, or "
+               "larger than a buffer");
       return WTX_EPROTO;
     }
     m->pcount[p] = c;
@@ -1598,12 +1630,14 @@ static int delta_refused(wtx__many *m, size_t w, int target, int wrc) {
 }
 
 /* Rank 0: worker w's tensor that several runs feed (st->runs[i0, i1))
- * travels as a patch of spans when w takes them and every run that
- * changed was offered as a patch (the others' bytes stay the base's);
- * else each run whole, its offer dropped. */
+ * travels as a patch of spans (of boxes, for a tensor fed in boxes) when
+ * w takes them and every run that changed was offered as a patch (the
+ * others' bytes stay the base's); else each run whole, its offer
+ * dropped. */
 static void decide_spans(wtx__many *m, size_t w, size_t i0, size_t i1) {
   const seg *runs = m->ws[w].runs;
-  int spans = wtx__client_patch_spans(m->one[w]);
+  int spans = m->pform[runs[i0].piece] == PATCH_BOX ? wtx__client_patch_boxes(m->one[w])
+                                                    : wtx__client_patch_spans(m->one[w]);
   for (size_t i = i0; spans && i < i1; i++)
     spans = !bit(m->changed, runs[i].piece) || m->pcount[runs[i].piece] > 0;
   for (size_t i = i0; !spans && i < i1; i++) m->pcount[runs[i].piece] = 0;
@@ -1619,7 +1653,8 @@ static void decide_patches(wtx__many *m) {
     const wstream *st = &m->ws[w];
     for (size_t i0 = 0, i1; i0 < st->nruns; i0 = i1) {
       i1 = runs_end(st->runs, st->nruns, i0);
-      if (m->pform[st->runs[i0].piece] == PATCH_SPAN) decide_spans(m, w, i0, i1);
+      int form = m->pform[st->runs[i0].piece];
+      if (form == PATCH_SPAN || form == PATCH_BOX) decide_spans(m, w, i0, i1);
     }
   }
   for (size_t p = 0; p < np; p++) {
@@ -1695,8 +1730,8 @@ static int delta_decide(wtx__many *m, char *err, size_t errlen) {
 }
 
 /* Another rank: the decision's patches (its records after the bits) into
- * pcount; each must be of a piece that is one run of its tensor, and of
- * this rank's, the patch it offered. */
+ * pcount; each must be of a piece of the plan, and of this rank's, the
+ * patch it offered. */
 static int follow_patches(wtx__many *m, size_t dlen, char *err, size_t errlen) {
   const wtx_piece *pieces;
   size_t np = wtx_plan_pieces(m->plan, &pieces);

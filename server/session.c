@@ -459,7 +459,8 @@ static grpc_status_code handle_start(wtx__rpc_ctx *ctx,
     resp->table_xxh3 = s->tb.xxh3[target == WTX_TARGET_DRAFT];
     resp->weight_version = wtx__rpc_ctx_strdup(ctx, serves);
     resp->patches = takes_patches(s);
-    resp->patch_spans = resp->patches; /* the session applies spans wherever it applies patches */
+    /* the session applies spans, boxes too, wherever it applies patches */
+    resp->patch_spans = resp->patch_boxes = resp->patches;
     resp->chunk_batches = 1;
   }
   pthread_mutex_unlock(&s->mu);
@@ -601,6 +602,36 @@ static wtx_tensor_meta span_meta(const wtx_tensor_meta *m, const Wtx__V1__PatchS
                            .nbytes = sp->elements * wtx_dtype_size(m->dtype)};
 }
 
+/* Span sp's box (PatchSpan.box) of tensor i, spans[j] of its patch:
+ * within the tensor, its first 0 and elements the box's, and clear of the
+ * boxes before it (marked in *marks, made at the first). */
+static int check_span_box(chunk *c, size_t i, size_t j, const Wtx__V1__PatchSpan *sp,
+                          uint64_t **marks) {
+  const wtx_tensor_meta *m = &c->metas[i];
+  const Wtx__V1__Box *bx = sp->box;
+  wtx_box whole, box = {.ndim = m->ndim};
+  wtx_box_whole(m, &whole);
+  int ok = bx->n_offset == m->ndim && bx->n_shape == m->ndim;
+  for (size_t d = 0; ok && d < m->ndim; d++) {
+    ok = bx->shape[d] > 0 && bx->offset[d] <= m->shape[d] &&
+         bx->shape[d] <= m->shape[d] - bx->offset[d];
+    box.lo[d] = bx->offset[d];
+    box.len[d] = bx->shape[d];
+  }
+  if (!ok || sp->first != 0 || sp->elements != wtx_box_elements(&box)) {
+    snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu].box: must lie "
+             "within '%s' (an offset and a shape of at least 1 per dim), with first 0 and "
+             "elements its own", i, j, m->name);
+    return WTX_EINVAL;
+  }
+  if (*marks == NULL && (*marks = calloc(wtx_box_elements(&whole) / 64 + 1, 8)) == NULL)
+    return WTX_ENOMEM;
+  if (wtx_box_mark(*marks, &whole, &box) == 0) return 0;
+  snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu].box: overlaps a "
+           "box before it in '%s'", i, j, m->name);
+  return WTX_EINVAL;
+}
+
 /* Tensor i's patch p checked, *bytes its bytes on the wire: before they
  * come (wire NULL) its form, once they are in (at wire) every index too,
  * so nothing is applied before all of it checks. A whole-tensor patch,
@@ -623,30 +654,38 @@ static int check_patch_bytes(chunk *c, size_t i, const Wtx__V1__Patch *p, const 
     return WTX_EINVAL;
   }
   uint64_t elements = m->nbytes / es, end = 0;
+  uint64_t *marks = NULL; /* boxes: the elements they cover so far */
+  int rc = 0;
   *bytes = 0;
-  for (size_t j = 0; j < p->n_spans; j++) {
+  for (size_t j = 0; rc == 0 && j < p->n_spans; j++) {
     const Wtx__V1__PatchSpan *sp = p->spans[j];
-    if (sp->elements == 0 || sp->first < end || sp->first > elements ||
-        sp->elements > elements - sp->first) {
+    if ((sp->box != NULL) != (p->spans[0]->box != NULL)) {
+      snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu]: a patch's "
+               "spans are all boxes or none", i, j);
+      rc = WTX_EINVAL;
+    } else if (sp->box != NULL) {
+      rc = check_span_box(c, i, j, sp, &marks);
+    } else if (sp->elements == 0 || sp->first < end || sp->first > elements ||
+               sp->elements > elements - sp->first) {
       snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu]: [%llu, +%llu) "
                "must lie within the %llu elements of '%s', after the span before", i, j,
                (unsigned long long)sp->first, (unsigned long long)sp->elements,
                (unsigned long long)elements, m->name);
-      return WTX_EINVAL;
+      rc = WTX_EINVAL;
     }
+    if (rc != 0) break;
     wtx_tensor_meta flat = span_meta(m, sp);
     uint64_t n = wtx__patch_bytes(sp->index_dtype, sp->count, es);
-    int rc = wtx__patch_check(&flat, sp->index_dtype, sp->count,
-                              wire != NULL ? wire + *bytes : NULL, n, why, sizeof why);
-    if (rc != 0) {
+    rc = wtx__patch_check(&flat, sp->index_dtype, sp->count, wire != NULL ? wire + *bytes : NULL,
+                          n, why, sizeof why);
+    if (rc != 0)
       snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu]: %s%s", i, j,
                why, then);
-      return rc;
-    }
     *bytes += n;
     end = sp->first + sp->elements;
   }
-  return 0;
+  free(marks);
+  return rc;
 }
 
 /* A continued tensor's patch goes on the patch of spans the chunk before
@@ -1247,21 +1286,41 @@ static int not_trainers(chunk *c, size_t i, long span, uint64_t got, uint64_t wa
 }
 
 /* A checked patch of spans applied to the base in full, each span's
- * result checked where the trainer sent it. */
+ * result checked where the trainer sent it: a box's once its elements,
+ * gathered, are patched (and scattered back). */
 static int apply_spans(chunk *c, const struct patch_slot *p) {
   const wtx_tensor_meta *m = &c->metas[p->i];
   size_t es = wtx_dtype_size(m->dtype);
   const uint8_t *at = p->wire;
-  for (size_t j = 0; j < p->p->n_spans; j++) {
+  uint8_t *packed = NULL; /* a box's elements, gathered to be patched */
+  wtx_box whole, box = {.ndim = m->ndim};
+  wtx_box_whole(m, &whole);
+  int rc = 0;
+  for (size_t j = 0; rc == 0 && j < p->p->n_spans; j++) {
     const Wtx__V1__PatchSpan *sp = p->p->spans[j];
     wtx_tensor_meta flat = span_meta(m, sp);
     uint8_t *dst = p->full + sp->first * es;
+    for (size_t d = 0; sp->box != NULL && d < m->ndim; d++) {
+      box.lo[d] = sp->box->offset[d];
+      box.len[d] = sp->box->shape[d];
+    }
+    if (sp->box != NULL) {
+      uint8_t *grown = realloc(packed, flat.nbytes ? flat.nbytes : 1);
+      if (grown == NULL) {
+        rc = WTX_ENOMEM;
+        break;
+      }
+      dst = packed = grown;
+      wtx_box_copy(dst, NULL, p->full, &whole, &box, es);
+    }
     wtx__patch_apply(&flat, sp->index_dtype, sp->count, at, dst);
     at += wtx__patch_bytes(sp->index_dtype, sp->count, es);
+    if (sp->box != NULL) wtx_box_copy(p->full, &whole, dst, NULL, &box, es);
     uint64_t got = sp->result_xxh3 != 0 ? XXH3_64bits(dst, flat.nbytes) : 0;
-    if (got != sp->result_xxh3) return not_trainers(c, p->i, (long)j, got, sp->result_xxh3);
+    if (got != sp->result_xxh3) rc = not_trainers(c, p->i, (long)j, got, sp->result_xxh3);
   }
-  return 0;
+  free(packed);
+  return rc;
 }
 
 /* One received patch, checked whole, applied to a copy of the tensor the

@@ -685,6 +685,58 @@ TEST_F(ManyTest, ADeltaOfARowParallelTrainerSendsOnlyTheChangedTensors) {
   DeltasSendOnlyTheChangedTensorsFromEveryOwner();
 }
 
+// Patches from a row-parallel trainer (layer 1's q_proj, o_proj and
+// down_proj Shard(1) over ranks 2 and 3): a piece that is no run of the
+// worker's tensor travels as a patch of its box, from its rank, as one
+// that is a run travels as a patch of its span.
+TEST_F(ManyTest, PatchesOfARowParallelTrainerTravelAsPatchesOfItsBoxes) {
+  rows_ = delta_ = patches_ = true;
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
+  auto holds = [&](const Llama &model, const std::string &v) {
+    ExpectHolds(r0, 0, model, v);
+    ExpectHolds(r1, 1, model, v);
+    ExpectHolds(whole, -1, model, v);
+  };
+  auto sum = [](const std::vector<std::string> &got, uint64_t (*f)(const std::string &)) {
+    uint64_t n = 0;
+    for (const std::string &l : got) {
+      EXPECT_EQ(1u, Delta(l)) << l;
+      n += f(l);
+    }
+    return n;
+  };
+  for (const std::string &l : SyncAll(1, "v1")) EXPECT_EQ(0u, l.rfind("ok", 0)) << l;
+  // q_proj's element (20, 3): rank 2's columns, tensor-parallel rank 1's
+  // rows; both its worker and the whole replica get it in boxes (rows by
+  // the workers' cut, columns by the trainer's), so each gets a patch of
+  // rank 2's box. o_proj's (5, 20): rank 3's columns, which are all of
+  // tensor-parallel rank 1's part (a patch of the whole part) and a box of
+  // the whole replica's. An int32 index and a bf16 value each.
+  const std::string q = "model.layers.1.self_attn.q_proj.weight";
+  const std::string o = "model.layers.1.self_attn.o_proj.weight";
+  const std::string bumps = q + " 1286 " + o + " 360";
+  Llama two(1);
+  two.Bump(q, 1286);
+  two.Bump(o, 360);
+  std::vector<std::string> got = SyncAll(1, "v2", bumps);
+  EXPECT_EQ(4u, sum(got, Patched));
+  EXPECT_EQ(4u * (4 + 2), sum(got, Sent));
+  EXPECT_EQ(2u * (4 + 2), Sent(got[2])) << got[2];
+  EXPECT_EQ(2u * (4 + 2), Sent(got[3])) << got[3];
+  holds(two, "v2");
+  // Every byte of q_proj changed: neither rank's box has a smaller patch,
+  // so q_proj travels whole from both to every worker; o_proj's element
+  // back as it was is a patch again.
+  Llama three(1);
+  for (size_t b = 0; b < 2048; b++) three.Bump(q, b);
+  got = SyncAll(1, "v3", q + " 0+2048");
+  EXPECT_EQ(2u, sum(got, Patched));
+  EXPECT_EQ(2048u * 2 + 2 * (4 + 2), sum(got, Sent))
+      << "q_proj: half to each tensor-parallel worker, all to the whole one";
+  holds(three, "v3");
+}
+
 // Every worker or none, with many senders: the whole replica is a sidecar
 // whose vLLM (a stand-in) refuses to load v2, so its Finish fails after
 // the tensor-parallel workers published v2. Rank 0 undoes v2 on every

@@ -658,6 +658,7 @@ TEST_F(PatchTest, TheStartSaysWhetherAWorkerTakesPatches) {
                                                                     &st_));
   EXPECT_TRUE(resp->patches);  // the store reads its tensors back
   EXPECT_TRUE(resp->patch_spans);
+  EXPECT_TRUE(resp->patch_boxes);
   EXPECT_TRUE(resp->chunk_batches);
   protobuf_c_message_free_unpacked(&resp->base, nullptr);
 }
@@ -991,6 +992,134 @@ TEST_F(BoxTest, BoxesThatOverlapStrayOrLeaveAHoleAreRefusedAndKeepTheOldWeights)
   EXPECT_NE(0, Finish("v2"));
   expect_refused("a hole", GRPC_STATUS_FAILED_PRECONDITION,
                  "tensor 'm' is incomplete: 64 of 96 bytes");
+}
+
+// A patch of spans that are boxes (PatchSpan.box), as a row-parallel
+// trainer's ranks send a tensor each owns columns of: "m" (4x6) served as
+// v1, then a delta patching a 4x2 column band and a 2x3 box, each read as
+// a tensor of its own (row-major within the box).
+struct BoxSpan {
+  uint64_t lo[2], len[2];
+  std::vector<uint32_t> idx;
+  std::vector<float> vals;
+  uint64_t result_xxh3 = 0;
+  bool flat = false;  // a flat span of the box's elements instead (first lo[0])
+};
+
+class BoxSpanTest : public BoxTest {
+ protected:
+  // full with each box's elements set; a box's result_xxh3 (where 0)
+  // becomes the hash of its packed elements so patched.
+  static std::vector<uint8_t> Apply(std::vector<uint8_t> full, std::vector<BoxSpan> *spans) {
+    for (BoxSpan &sp : *spans) {
+      std::vector<uint8_t> packed;
+      for (size_t k = 0; k < sp.idx.size(); k++) {
+        uint64_t r = sp.lo[0] + sp.idx[k] / sp.len[1], c = sp.lo[1] + sp.idx[k] % sp.len[1];
+        memcpy(&full[(r * 6 + c) * 4], &sp.vals[k], 4);
+      }
+      for (uint64_t r = sp.lo[0]; r < sp.lo[0] + sp.len[0]; r++)
+        packed.insert(packed.end(), &full[(r * 6 + sp.lo[1]) * 4],
+                      &full[(r * 6 + sp.lo[1] + sp.len[1]) * 4]);
+      if (sp.result_xxh3 == 0) sp.result_xxh3 = XXH3_64bits(packed.data(), packed.size());
+    }
+    return full;
+  }
+  // One chunk: "m" as the patch of spans.
+  int SendBoxSpans(const std::vector<BoxSpan> &spans) {
+    std::vector<uint8_t> wire;
+    std::vector<Wtx__V1__PatchSpan> sp(spans.size());
+    std::vector<Wtx__V1__Box> bx(spans.size());
+    std::vector<Wtx__V1__PatchSpan *> spp;
+    for (size_t j = 0; j < spans.size(); j++) {
+      const BoxSpan &b = spans[j];
+      const uint8_t *i = reinterpret_cast<const uint8_t *>(b.idx.data());
+      const uint8_t *v = reinterpret_cast<const uint8_t *>(b.vals.data());
+      wire.insert(wire.end(), i, i + b.idx.size() * 4);
+      wire.insert(wire.end(), v, v + b.vals.size() * 4);
+      wtx__v1__patch_span__init(&sp[j]);
+      wtx__v1__box__init(&bx[j]);
+      bx[j].offset = const_cast<uint64_t *>(b.lo);
+      bx[j].shape = const_cast<uint64_t *>(b.len);
+      bx[j].n_offset = bx[j].n_shape = 2;
+      sp[j].box = b.flat ? nullptr : &bx[j];
+      sp[j].first = b.flat ? b.lo[0] : 0;
+      sp[j].elements = b.len[0] * b.len[1];
+      sp[j].index_dtype = WTX__V1__DTYPE__DTYPE_INT32;
+      sp[j].count = b.idx.size();
+      sp[j].result_xxh3 = b.result_xxh3;
+      spp.push_back(&sp[j]);
+    }
+    Wtx__V1__Patch patch = WTX__V1__PATCH__INIT;
+    patch.spans = spp.data();
+    patch.n_spans = spp.size();
+    uint64_t shape[2] = {4, 6};
+    Wtx__V1__ParamMeta pm = WTX__V1__PARAM_META__INIT;
+    pm.name = const_cast<char *>("m");
+    pm.dtype = WTX__V1__DTYPE__DTYPE_FLOAT32;
+    pm.shape = shape;
+    pm.n_shape = 2;
+    pm.patch = &patch;
+    Wtx__V1__ParamMeta *pmp = &pm;
+    uint64_t sum = XXH3_64bits(wire.data(), wire.size());
+    Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+    ui.params = &pmp;
+    ui.n_params = 1;
+    ui.chunk_bytes = wire.size();
+    ui.xxh3_64 = &sum;
+    ui.n_xxh3_64 = 1;
+    return SendShm(wire, &ui);
+  }
+  void PublishV1() {
+    ASSERT_EQ(0, Init()) << st_.message;
+    ASSERT_EQ(0, Start()) << st_.message;
+    SendInBoxes(Full(1));
+    ASSERT_EQ(0, Finish("v1")) << st_.message;
+  }
+};
+
+TEST_F(BoxSpanTest, EachBoxIsPatchedWhereItLiesAndTheRestIsTheBase) {
+  PublishV1();
+  // The column band's element (2, 1) (a NaN) and (3, 0); the 2x3 box at
+  // (1, 3)'s first and last elements: (1, 3) and (2, 5).
+  std::vector<BoxSpan> spans = {
+      {{0, 0}, {4, 2}, {5, 6}, {std::numeric_limits<float>::quiet_NaN(), 7.5f}},
+      {{1, 3}, {2, 3}, {0, 5}, {-2.0f, 4.0f}}};
+  std::vector<uint8_t> want = Apply(Full(1), &spans);
+  ASSERT_EQ(0, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, 0, "v1")) << st_.message;
+  ASSERT_EQ(0, SendBoxSpans(spans)) << st_.message;
+  ASSERT_EQ(0, Finish("v2")) << st_.message;
+  ExpectServes(want, "v2");
+}
+
+TEST_F(BoxSpanTest, MalformedBoxSpansAreRefusedWithNothingApplied) {
+  PublishV1();
+  struct Case {
+    const char *what;
+    std::vector<BoxSpan> spans;
+    int code;
+    const char *says;
+  } cases[] = {
+      {"boxes that overlap", {{{0, 0}, {4, 2}, {0}, {1}}, {{1, 1}, {2, 3}, {0}, {2}}},
+       GRPC_STATUS_INVALID_ARGUMENT, "patch.spans[1].box: overlaps a box before it in 'm'"},
+      {"a box past the tensor", {{{3, 0}, {2, 2}, {0}, {1}}}, GRPC_STATUS_INVALID_ARGUMENT,
+       "patch.spans[0].box: must lie within 'm'"},
+      {"a box and a flat span", {{{0, 0}, {4, 2}, {0}, {1}}, {{20, 0}, {1, 4}, {0}, {2}, 0, true}},
+       GRPC_STATUS_INVALID_ARGUMENT, "patch.spans[1]: a patch's spans are all boxes or none"},
+      {"an index past its box", {{{1, 3}, {2, 3}, {6}, {1}}}, GRPC_STATUS_INVALID_ARGUMENT,
+       "patch.spans[0]: patch of 'm': index 0 of 1 is past"},
+      {"a box's result unlike the trainer's", {{{0, 0}, {4, 2}, {1}, {1}}, {{1, 3}, {2, 3}, {1}, {2}, 0x1234}},
+       GRPC_STATUS_DATA_LOSS, "span 1 of 'm' patched is not the trainer's span"},
+  };
+  std::vector<uint8_t> v1 = Full(1);
+  for (Case &k : cases) {
+    ASSERT_EQ(0, Start(WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN, 0, "v1"))
+        << k.what << ": " << st_.message;
+    Apply(v1, &k.spans);
+    EXPECT_NE(0, SendBoxSpans(k.spans)) << k.what;
+    EXPECT_EQ(k.code, st_.code) << k.what << ": " << st_.message;
+    EXPECT_NE(nullptr, strstr(st_.message, k.says)) << k.what << ": " << st_.message;
+    ExpectServes(v1, "v1");
+  }
 }
 
 TEST_F(SessionTest, ADeltaToAWorkerServingNothingIsRefused) {
