@@ -12,9 +12,10 @@
 # 4 ranks that each own a quarter of the tensors whole (bench/delta_bench.c,
 # as a pipeline's stages own layers), then 4 ranks that each hold a shard
 # of every tensor (FSDP: Shard(0) over all 4, so each replica's tensor is
-# fed by 4 ranks), with 1 % of every tensor's elements changed between
-# syncs, sent as whole tensors and as patches, against the same ranks'
-# full sync.
+# fed by 4 ranks), then 4 ranks that each hold a quarter of every tensor's
+# columns (row-parallel: Shard(1), so each replica's tensor comes in
+# boxes), with 1 % of every tensor's elements changed between syncs, sent
+# as whole tensors and as patches, against the same ranks' full sync.
 # Root only (ip netns, veth, tbf); everything is torn down on exit.
 # Usage: bench/cluster.sh [SIZE] [RATE]   (default 128M 400mbit)
 set -euo pipefail
@@ -116,16 +117,21 @@ echo "many senders: $(ratio "$one_s" "$many_s") x faster than rank 0 alone (goal
 goal "many senders, simulated cluster: speed vs rank 0 alone" "$(ratio "$one_s" "$many_s")" \
   "rank 0 sending every byte over the same links" ge 3
 # Deltas: a whole replica on each worker host (no model spec: delta_bench's
-# tensors are its own), each taking every tensor from the one rank that
-# owns it.
-replicas=""
-for k in 0 1 2 3; do
-  serve_in "w$k" "q$k"
-  replicas+="${replicas:+,}$served"
-done
+# tensors are its own), each taking every tensor from the ranks that own
+# it; fresh ones (replicas NAME) for a layout of other shapes, since a
+# worker keeps its tensors' shapes.
+replicas() {
+  replicas=""
+  for k in 0 1 2 3; do
+    serve_in "w$k" "$1$k"
+    replicas+="${replicas:+,}$served"
+  done
+}
+replicas q
 # deltas LAYOUT PORT: delta_bench on the 4 ranks, owning the tensors as
 # LAYOUT says (pipeline: a quarter of the tensors whole each; fsdp: every
-# tensor Shard(0) over all 4), its ranks listening from PORT; $tmp/LAYOUT$r.out.
+# tensor Shard(0) over all 4; rows: every tensor Shard(1) over all 4), its
+# ranks listening from PORT; $tmp/LAYOUT$r.out.
 deltas() {
   local layout=$1 port=$2 ranks="" r a
   for r in 0 1 2 3; do eval "a=\$ip_r$r"; ranks+="${ranks:+,}$a:$port"; done
@@ -147,7 +153,9 @@ dbytes() {
 }
 deltas pipeline 47100
 deltas fsdp 47200
-for layout in pipeline fsdp; do
+replicas rows
+deltas rows 47300
+for layout in pipeline fsdp rows; do
   full_s=$(dfield full 2 0 "" "$layout")
   full_b=$(dbytes full "" "$layout")
   for p in "" patches; do

@@ -18,7 +18,9 @@
  * seconds are its sync's: rank 0's is the whole sync's). With
  * DELTA_BENCH_LAYOUT=fsdp in the environment every tensor is Shard(0)
  * over all the ranks instead (FSDP), each rank holding and changing its
- * shard of each.
+ * shard of each; with =rows, every tensor is [elements / 64, 64] and
+ * Shard(1) over all the ranks (a row-parallel trainer's columns, which
+ * whole replicas receive as boxes).
  *
  * usage: delta_bench WORKERS SIZE TENSORS BACKEND [RANK WORLD RANK_ADDRESSES]
  *   WORKERS  comma-separated host:port; SIZE bytes (K/M/G); BACKEND shm|tcp
@@ -39,26 +41,35 @@ typedef struct model {
   uint32_t rank, world, *owner; /* owner[i]: the rank that holds tensor i */
   wtx_ownership *own;
   int fsdp;          /* every tensor Shard(0) over every rank */
-  uint32_t *all;     /* fsdp: the ranks, 0..world-1 */
-  uint64_t *lo, *len; /* this rank's elements of tensor i: [lo, lo + len) */
+  int rows;          /* every tensor [shapes[i] / COLS, COLS], Shard(1) over every rank */
+  uint32_t *all;     /* fsdp, rows: the ranks, 0..world-1 */
+  uint64_t *dims;    /* tensor i's shape: dims[2 * i], and dims[2 * i + 1] with rows */
+  /* This rank's elements of tensor i: [lo, lo + len) of it, or with rows
+   * of each row (held[i] elements in all). */
+  uint64_t *lo, *len, *held;
 } model;
+
+enum { COLS = 64 };
 
 /* Tensor i's owners, and the elements of it this rank holds. */
 static void own_tensor(model *m, size_t i) {
-  static const int32_t shard0[] = {0};
+  static const int32_t shard0[] = {0}, shard1[] = {1};
+  size_t nd = m->rows ? 2 : 1;
   m->owner[i] = (uint32_t)(i * m->world / m->n);
-  m->own[i] = m->fsdp ? (wtx_ownership){.owners = m->all, .n_owners = m->world,
-                                        .placements = shard0}
-                      : (wtx_ownership){.owners = &m->owner[i], .n_owners = 1};
+  m->own[i] = m->fsdp || m->rows
+                  ? (wtx_ownership){.owners = m->all, .n_owners = m->world,
+                                    .placements = m->rows ? shard1 : shard0}
+                  : (wtx_ownership){.owners = &m->owner[i], .n_owners = 1};
   wtx_tensor_meta meta;
   wtx_box mine;
   char why[256];
-  wtx_tensor_meta_set(&meta, m->names[i], WTX_DTYPE_BFLOAT16, &m->shapes[i], 1, why,
+  wtx_tensor_meta_set(&meta, m->names[i], WTX_DTYPE_BFLOAT16, &m->dims[2 * i], nd, why,
                       sizeof why);
-  m->lo[i] = m->len[i] = 0;
+  m->lo[i] = m->len[i] = m->held[i] = 0;
   if (wtx_ownership_rank_box(&meta, &m->own[i], m->rank, &mine)) {
-    m->lo[i] = mine.lo[0];
-    m->len[i] = mine.len[0];
+    m->lo[i] = mine.lo[nd - 1];
+    m->len[i] = mine.len[nd - 1];
+    m->held[i] = wtx_box_elements(&mine);
   }
 }
 
@@ -78,23 +89,29 @@ static int make_model(model *m, uint64_t size, size_t n) {
   m->all = calloc(m->world, sizeof *m->all);
   m->lo = calloc(n, sizeof *m->lo);
   m->len = calloc(n, sizeof *m->len);
+  m->held = calloc(n, sizeof *m->held);
+  m->dims = calloc(2 * n, sizeof *m->dims);
   if (!m->shapes || !m->data || !m->names || !m->ts || !m->owner || !m->own || !m->all ||
-      !m->lo || !m->len)
+      !m->lo || !m->len || !m->held || !m->dims)
     return -1;
   for (uint32_t r = 0; r < m->world; r++) m->all[r] = r;
   uint64_t x = 0x9e3779b97f4a7c15ULL, per = size / n / 2 > 0 ? size / n / 2 : 1;
+  if (m->rows && per >= COLS) per -= per % COLS;
   for (size_t i = 0; i < n; i++) {
     m->shapes[i] = per; /* bf16 elements */
+    m->dims[2 * i] = m->rows && per >= COLS ? per / COLS : per;
+    m->dims[2 * i + 1] = m->rows && per >= COLS ? COLS : 1;
     if ((m->names[i] = malloc(64)) == NULL) return -1;
     snprintf(m->names[i], 64, "model.layers.%zu.w", i);
     own_tensor(m, i);
-    if (m->len[i] > 0 && (m->data[i] = malloc(m->len[i] * 2)) == NULL) return -1;
-    for (uint64_t k = 0; m->data[i] != NULL && k < m->len[i] * 2; k += 8) {
+    uint64_t bytes = m->held[i] * 2;
+    if (bytes > 0 && (m->data[i] = malloc(bytes)) == NULL) return -1;
+    for (uint64_t k = 0; m->data[i] != NULL && k < bytes; k += 8) {
       uint64_t v = rnd(&x);
-      memcpy(m->data[i] + k, &v, m->len[i] * 2 - k < 8 ? m->len[i] * 2 - k : 8);
+      memcpy(m->data[i] + k, &v, bytes - k < 8 ? bytes - k : 8);
     }
-    m->ts[i] = (wtx_memory_tensor){m->names[i], WTX_DTYPE_BFLOAT16, &m->shapes[i], 1,
-                                   m->data[i], 0};
+    m->ts[i] = (wtx_memory_tensor){m->names[i], WTX_DTYPE_BFLOAT16, &m->dims[2 * i],
+                                   m->rows ? 2 : 1, m->data[i], 0};
   }
   return 0;
 }
@@ -114,9 +131,12 @@ static void report(const char *kind, double s, const wtx_send_result *r) {
          r->full_reason ? " full: " : "", r->full_reason ? r->full_reason : "");
 }
 
-/* Element e of tensor i, where this rank holds it, its low byte flipped. */
+/* Element e of tensor i (flat), where this rank holds it, its low byte
+ * flipped. */
 static void flip(model *m, size_t i, uint64_t e) {
-  if (e >= m->lo[i] && e - m->lo[i] < m->len[i]) m->data[i][(e - m->lo[i]) * 2] ^= 1;
+  uint64_t cols = m->rows ? m->dims[2 * i + 1] : m->shapes[i], r = e / cols, c = e % cols;
+  if (c >= m->lo[i] && c - m->lo[i] < m->len[i])
+    m->data[i][(r * m->len[i] + c - m->lo[i]) * 2] ^= 1;
 }
 
 /* Every rank draws the same numbers, and changes what it holds of them. */
@@ -185,6 +205,7 @@ int main(int argc, char **argv) {
     if (m.world < 2 || m.world != k || m.rank >= m.world) return 2;
     const char *layout = getenv("DELTA_BENCH_LAYOUT");
     m.fsdp = layout != NULL && strcmp(layout, "fsdp") == 0;
+    m.rows = layout != NULL && strcmp(layout, "rows") == 0;
   }
   char *end;
   uint64_t size = strtoull(argv[2], &end, 10);

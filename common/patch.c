@@ -105,6 +105,30 @@ uint64_t wtx__patch_cut(const uint64_t *shape, size_t ndim, const uint64_t *lo,
   return m;
 }
 
+/* Index i of the box lo + [0, len) (row-major in it) as a flat index of
+ * the tensor of shape[0..ndim) it lies in. */
+static uint64_t from_box(uint64_t i, const uint64_t *shape, size_t ndim, const uint64_t *lo,
+                         const uint64_t *len) {
+  uint64_t at = 0, stride = 1;
+  for (size_t d = ndim; d-- > 0;) {
+    at += (lo[d] + i % len[d]) * stride;
+    i /= len[d];
+    stride *= shape[d];
+  }
+  return at;
+}
+
+void wtx__patch_apply_box(const uint64_t *shape, size_t ndim, const uint64_t *lo,
+                          const uint64_t *len, int index_dtype, uint64_t count,
+                          const uint8_t *bytes, size_t elsize, uint8_t *dst) {
+  size_t isz = wtx__patch_index_size(index_dtype);
+  const uint8_t *values = bytes + count * isz;
+  for (uint64_t k = 0; k < count; k++) {
+    uint64_t at = from_box(index_at(bytes, isz, k), shape, ndim, lo, len);
+    memcpy(dst + at * elsize, values + k * elsize, elsize);
+  }
+}
+
 /* Appends index i (and later its value) to a patch being made. */
 static void put_index(uint8_t *out, size_t isz, uint64_t k, uint64_t i) {
   if (isz == 4) {

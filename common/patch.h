@@ -47,6 +47,13 @@ uint64_t wtx__patch_cut(const uint64_t *shape, size_t ndim, const uint64_t *lo,
                         const uint64_t *len, int index_dtype, uint64_t count,
                         const void *indices, const void *values, size_t elsize, int64_t *idx,
                         uint8_t *val);
+/* Writes the values of a checked patch of the box lo + [0, len) of a
+ * tensor of shape[0..ndim) (its indices in the box's row-major order, as
+ * wtx__patch_cut makes them) into dst, that whole tensor, row-major: where
+ * each element lies in the tensor, with no copy of the box. */
+void wtx__patch_apply_box(const uint64_t *shape, size_t ndim, const uint64_t *lo,
+                          const uint64_t *len, int index_dtype, uint64_t count,
+                          const uint8_t *bytes, size_t elsize, uint8_t *dst);
 /* The elements (of elsize bytes) where cur differs from prev, nbytes each,
  * as a patch into out (room for max elements' indices and values: at
  * least wtx__patch_bytes(index_dtype, max, elsize)): the count, or max + 1

@@ -602,31 +602,54 @@ static wtx_tensor_meta span_meta(const wtx_tensor_meta *m, const Wtx__V1__PatchS
                            .nbytes = sp->elements * wtx_dtype_size(m->dtype)};
 }
 
-/* Span sp's box (PatchSpan.box) of tensor i, spans[j] of its patch:
- * within the tensor, its first 0 and elements the box's, and clear of the
- * boxes before it (marked in *marks, made at the first). */
-static int check_span_box(chunk *c, size_t i, size_t j, const Wtx__V1__PatchSpan *sp,
-                          uint64_t **marks) {
-  const wtx_tensor_meta *m = &c->metas[i];
-  const Wtx__V1__Box *bx = sp->box;
-  wtx_box whole, box = {.ndim = m->ndim};
-  wtx_box_whole(m, &whole);
+/* Spans' boxes a patch checks pairwise for overlap; past them, with a
+ * bit per element of the tensor (a trainer's pieces are few: its ranks'). */
+enum { BOX_PAIRS = 64 };
+
+/* PatchSpan box bx of tensor m into *box: 1 when it lies within m (an
+ * offset and a shape of at least 1 per dim). */
+static int span_box(const wtx_tensor_meta *m, const Wtx__V1__Box *bx, wtx_box *box) {
   int ok = bx->n_offset == m->ndim && bx->n_shape == m->ndim;
+  box->ndim = m->ndim;
   for (size_t d = 0; ok && d < m->ndim; d++) {
     ok = bx->shape[d] > 0 && bx->offset[d] <= m->shape[d] &&
          bx->shape[d] <= m->shape[d] - bx->offset[d];
-    box.lo[d] = bx->offset[d];
-    box.len[d] = bx->shape[d];
+    box->lo[d] = bx->offset[d];
+    box->len[d] = bx->shape[d];
   }
-  if (!ok || sp->first != 0 || sp->elements != wtx_box_elements(&box)) {
+  return ok;
+}
+
+static int boxes_meet(const wtx_box *a, const wtx_box *b) {
+  for (size_t d = 0; d < a->ndim; d++)
+    if (a->lo[d] >= b->lo[d] + b->len[d] || b->lo[d] >= a->lo[d] + a->len[d]) return 0;
+  return 1;
+}
+
+/* Span sp's box (PatchSpan.box) of tensor i, spans[j] of its patch p:
+ * within the tensor, its first 0 and elements the box's, and clear of the
+ * boxes before it (compared with each, or marked in *marks, made at the
+ * first, where the patch has many). */
+static int check_span_box(chunk *c, size_t i, const Wtx__V1__Patch *p, size_t j,
+                          uint64_t **marks) {
+  const wtx_tensor_meta *m = &c->metas[i];
+  const Wtx__V1__PatchSpan *sp = p->spans[j];
+  wtx_box whole, box, other;
+  wtx_box_whole(m, &whole);
+  if (!span_box(m, sp->box, &box) || sp->first != 0 || sp->elements != wtx_box_elements(&box)) {
     snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu].box: must lie "
              "within '%s' (an offset and a shape of at least 1 per dim), with first 0 and "
              "elements its own", i, j, m->name);
     return WTX_EINVAL;
   }
-  if (*marks == NULL && (*marks = calloc(wtx_box_elements(&whole) / 64 + 1, 8)) == NULL)
+  int meets = 0;
+  for (size_t k = 0; p->n_spans <= BOX_PAIRS && !meets && k < j; k++)
+    meets = span_box(m, p->spans[k]->box, &other) && boxes_meet(&box, &other);
+  if (p->n_spans > BOX_PAIRS && *marks == NULL &&
+      (*marks = calloc(wtx_box_elements(&whole) / 64 + 1, 8)) == NULL)
     return WTX_ENOMEM;
-  if (wtx_box_mark(*marks, &whole, &box) == 0) return 0;
+  if (p->n_spans > BOX_PAIRS) meets = wtx_box_mark(*marks, &whole, &box) != 0;
+  if (!meets) return 0;
   snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu].box: overlaps a "
            "box before it in '%s'", i, j, m->name);
   return WTX_EINVAL;
@@ -664,7 +687,7 @@ static int check_patch_bytes(chunk *c, size_t i, const Wtx__V1__Patch *p, const 
                "spans are all boxes or none", i, j);
       rc = WTX_EINVAL;
     } else if (sp->box != NULL) {
-      rc = check_span_box(c, i, j, sp, &marks);
+      if (wire == NULL) rc = check_span_box(c, i, p, j, &marks); /* the form, once */
     } else if (sp->elements == 0 || sp->first < end || sp->first > elements ||
                sp->elements > elements - sp->first) {
       snprintf(c->err, sizeof c->err, "update_info.params[%zu].patch.spans[%zu]: [%llu, +%llu) "
@@ -1285,42 +1308,89 @@ static int not_trainers(chunk *c, size_t i, long span, uint64_t got, uint64_t wa
   return WTX_ECHECKSUM;
 }
 
+/* XXH3-64 of a box's elements, read where they lie (wtx_box_runs): short
+ * runs (a row-parallel rank's columns) are gathered into buf, so that the
+ * hash takes large blocks, not a call per run. */
+enum { BOX_HASH_BUF = 64 << 10 };
+typedef struct box_hash {
+  XXH3_state_t *st;
+  const uint8_t *base;
+  size_t es, used;
+  uint8_t buf[BOX_HASH_BUF];
+} box_hash;
+
+static int hash_run(void *arg, uint64_t in_a, uint64_t in_b, uint64_t n) {
+  box_hash *h = arg;
+  const uint8_t *src = h->base + in_a * h->es;
+  uint64_t len = n * h->es;
+  (void)in_b;
+  if (h->used + len > sizeof h->buf || len >= sizeof h->buf / 4) {
+    XXH3_64bits_update(h->st, h->buf, h->used);
+    h->used = 0;
+  }
+  if (len >= sizeof h->buf / 4) {
+    XXH3_64bits_update(h->st, src, len);
+    return 0;
+  }
+  memcpy(h->buf + h->used, src, len);
+  h->used += len;
+  return 0;
+}
+
+/* A box span's patch applied where its elements lie in full (tensor m),
+ * and into *got the XXH3-64 of the box once patched, its elements in
+ * row-major order, as the trainer's rank hashed its piece (0 where it
+ * sent none). */
+static int apply_box(const wtx_tensor_meta *m, const Wtx__V1__PatchSpan *sp,
+                     const uint8_t *wire, uint8_t *full, uint64_t *got) {
+  size_t es = wtx_dtype_size(m->dtype);
+  wtx_box whole, box;
+  wtx_box_whole(m, &whole);
+  span_box(m, sp->box, &box); /* checked with the patch's form */
+  wtx__patch_apply_box(m->shape, m->ndim, box.lo, box.len, sp->index_dtype, sp->count, wire,
+                       es, full);
+  *got = 0;
+  if (sp->result_xxh3 == 0) return 0;
+  box_hash *h = malloc(sizeof *h);
+  if (h == NULL || (h->st = XXH3_createState()) == NULL) {
+    free(h);
+    return WTX_ENOMEM;
+  }
+  h->base = full;
+  h->es = es;
+  h->used = 0;
+  XXH3_64bits_reset(h->st);
+  wtx_box_runs(&whole, NULL, &box, hash_run, h);
+  XXH3_64bits_update(h->st, h->buf, h->used);
+  *got = XXH3_64bits_digest(h->st);
+  XXH3_freeState(h->st);
+  free(h);
+  return 0;
+}
+
 /* A checked patch of spans applied to the base in full, each span's
- * result checked where the trainer sent it: a box's once its elements,
- * gathered, are patched (and scattered back). */
+ * result checked where the trainer sent it (a box's over its elements in
+ * its own row-major order). */
 static int apply_spans(chunk *c, const struct patch_slot *p) {
   const wtx_tensor_meta *m = &c->metas[p->i];
   size_t es = wtx_dtype_size(m->dtype);
   const uint8_t *at = p->wire;
-  uint8_t *packed = NULL; /* a box's elements, gathered to be patched */
-  wtx_box whole, box = {.ndim = m->ndim};
-  wtx_box_whole(m, &whole);
-  int rc = 0;
-  for (size_t j = 0; rc == 0 && j < p->p->n_spans; j++) {
+  for (size_t j = 0; j < p->p->n_spans; j++) {
     const Wtx__V1__PatchSpan *sp = p->p->spans[j];
     wtx_tensor_meta flat = span_meta(m, sp);
     uint8_t *dst = p->full + sp->first * es;
-    for (size_t d = 0; sp->box != NULL && d < m->ndim; d++) {
-      box.lo[d] = sp->box->offset[d];
-      box.len[d] = sp->box->shape[d];
-    }
+    uint64_t got = 0;
     if (sp->box != NULL) {
-      uint8_t *grown = realloc(packed, flat.nbytes ? flat.nbytes : 1);
-      if (grown == NULL) {
-        rc = WTX_ENOMEM;
-        break;
-      }
-      dst = packed = grown;
-      wtx_box_copy(dst, NULL, p->full, &whole, &box, es);
+      int rc = apply_box(m, sp, at, p->full, &got);
+      if (rc != 0) return rc;
+    } else {
+      wtx__patch_apply(&flat, sp->index_dtype, sp->count, at, dst);
+      got = sp->result_xxh3 != 0 ? XXH3_64bits(dst, flat.nbytes) : 0;
     }
-    wtx__patch_apply(&flat, sp->index_dtype, sp->count, at, dst);
     at += wtx__patch_bytes(sp->index_dtype, sp->count, es);
-    if (sp->box != NULL) wtx_box_copy(p->full, &whole, dst, NULL, &box, es);
-    uint64_t got = sp->result_xxh3 != 0 ? XXH3_64bits(dst, flat.nbytes) : 0;
-    if (got != sp->result_xxh3) rc = not_trainers(c, p->i, (long)j, got, sp->result_xxh3);
+    if (got != sp->result_xxh3) return not_trainers(c, p->i, (long)j, got, sp->result_xxh3);
   }
-  free(packed);
-  return rc;
+  return 0;
 }
 
 /* One received patch, checked whole, applied to a copy of the tensor the

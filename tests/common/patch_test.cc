@@ -110,7 +110,10 @@ TEST(PatchTest, EachMalformedPatchIsRefusedNamingWhatIsWrong) {
 // A caller's patch cut to a box of the tensor (a tensor-parallel worker's
 // slice) is the patch of the box: for random shapes, boxes and patches,
 // applying the cut to the box read out of the old tensor gives the box
-// read out of the patched tensor, and the cut's indices increase.
+// read out of the patched tensor, and the cut's indices increase; and
+// applied where the box lies in the old tensor (wtx__patch_apply_box, a
+// worker patching a trainer rank's box), it gives the patched tensor in
+// the box and the old one outside it.
 TEST(PatchTest, ACutPatchAppliedToABoxGivesThatBoxOfThePatchedTensor) {
   std::mt19937_64 rng(11);
   for (int round = 0; round < 500; round++) {
@@ -157,6 +160,20 @@ TEST(PatchTest, ACutPatchAppliedToABoxGivesThatBoxOfThePatchedTensor) {
       memcpy(&box[idx[k] * es], &val[k * es], es);
     }
     EXPECT_EQ(box_of(now), box) << "round " << round;
+    std::vector<uint8_t> wire(m * (8 + es) + 1), in_place = old;
+    memcpy(wire.data(), idx.data(), m * 8);
+    memcpy(wire.data() + m * 8, val.data(), m * es);
+    wtx__patch_apply_box(shape, ndim, lo, len, WTX_DTYPE_INT64, m, wire.data(), es,
+                         in_place.data());
+    for (uint64_t i = 0; i < elements; i++) {
+      uint64_t r = i;
+      bool in = true;
+      for (size_t d = ndim; d-- > 0; r /= shape[d])
+        in = in && r % shape[d] >= lo[d] && r % shape[d] < lo[d] + len[d];
+      const std::vector<uint8_t> &want = in ? now : old;
+      ASSERT_EQ(0, memcmp(&want[i * es], &in_place[i * es], es)) << "round " << round << ", "
+                                                                  << i;
+    }
   }
 }
 
