@@ -189,6 +189,16 @@ class ManyTest : public wtxtest::ShardedFixture {
   static uint64_t Delta(const std::string &line) { return Field(line, 3); }
   static uint64_t Params(const std::string &line) { return Field(line, 4); }
   static uint64_t Patched(const std::string &line) { return Field(line, 5); }
+  // f summed over the ranks' answers, each of which must be a delta's.
+  static uint64_t DeltaSum(const std::vector<std::string> &got,
+                           uint64_t (*f)(const std::string &)) {
+    uint64_t n = 0;
+    for (const std::string &l : got) {
+      EXPECT_EQ(1u, Delta(l)) << l;
+      n += f(l);
+    }
+    return n;
+  }
 
   // Two syncs land on every worker, sent once, by the owners; then a rank
   // killed mid-sync leaves every worker on v2, and the next sync lands.
@@ -392,14 +402,6 @@ void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
   const std::string l1 = "model.layers.1.mlp.up_proj.weight";
   const std::string l0 = "model.layers.0.mlp.up_proj.weight";
   const size_t byte = 50 * 32 * 2;  // row 50 of 64
-  auto sum = [](const std::vector<std::string> &got, uint64_t (*f)(const std::string &)) {
-    uint64_t n = 0;
-    for (const std::string &l : got) {
-      EXPECT_EQ(1u, Delta(l)) << l;
-      n += f(l);
-    }
-    return n;
-  };
   auto holds = [&](const Llama &model, const std::string &v) {
     ExpectHolds(r0, 0, model, v);
     ExpectHolds(r1, 1, model, v);
@@ -409,8 +411,8 @@ void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
     Llama model(static_cast<uint8_t>(seed));
     model.Bump(l1, byte);
     std::vector<std::string> got = SyncAll(seed, v, l1 + " " + std::to_string(byte));
-    EXPECT_EQ(2u, sum(got, Patched));
-    EXPECT_EQ(2u * (4 + 2), sum(got, Sent)) << "two patches of one element";
+    EXPECT_EQ(2u, DeltaSum(got, Patched));
+    EXPECT_EQ(2u * (4 + 2), DeltaSum(got, Sent)) << "two patches of one element";
     holds(model, v);
   };
   patch_l1(1, "v2");
@@ -421,8 +423,8 @@ void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
   Llama three(1);
   three.Bump(l0, byte);
   std::vector<std::string> got = SyncAll(1, "v3", l0 + " " + std::to_string(byte));
-  EXPECT_EQ(4u, sum(got, Patched));
-  EXPECT_EQ(4u * (4 + 2), sum(got, Sent)) << "two patches of l1, one of l0, one span of l0";
+  EXPECT_EQ(4u, DeltaSum(got, Patched));
+  EXPECT_EQ(4u * (4 + 2), DeltaSum(got, Sent)) << "two patches of l1, one of l0, one span of l0";
   EXPECT_EQ(0u, Sent(got[0])) << "rank 0's shard of l0 did not change";
   holds(three, "v3");
   // Another model: every tensor that changed differs almost everywhere,
@@ -430,7 +432,7 @@ void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
   // holds part of it (those the same in both stay).
   Llama four(2);
   got = SyncAll(2, "v4");
-  EXPECT_EQ(0u, sum(got, Patched));
+  EXPECT_EQ(0u, DeltaSum(got, Patched));
   uint64_t changed = 0;
   for (size_t i = 0; i < four.t.size(); i++) {
     if (four.t[i].data == three.t[i].data) continue;
@@ -440,7 +442,7 @@ void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
       if (wtxtest::Expected(four.t[i], r, &part, &shape)) changed += part.size();
     changed += four.t[i].data.size();
   }
-  EXPECT_EQ(changed, sum(got, Sent)) << "the changed tensors whole, once per worker";
+  EXPECT_EQ(changed, DeltaSum(got, Sent)) << "the changed tensors whole, once per worker";
   holds(four, "v4");
   // The ranks' copies followed that whole sync: a patch again.
   patch_l1(2, "v5");
@@ -457,8 +459,8 @@ void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
   six.Bump(head, 640);
   six.Bump(head, 3840);
   got = SyncAll(2, "v6", six_bumps);
-  EXPECT_EQ(4u, sum(got, Patched));
-  EXPECT_EQ(4u * (4 + 2), sum(got, Sent)) << "four spans of one element";
+  EXPECT_EQ(4u, DeltaSum(got, Patched));
+  EXPECT_EQ(4u * (4 + 2), DeltaSum(got, Sent)) << "four spans of one element";
   EXPECT_EQ(2u * (4 + 2), Sent(got[0])) << got[0];
   EXPECT_EQ(2u * (4 + 2), Sent(got[2])) << got[2];
   holds(six, "v6");
@@ -473,8 +475,8 @@ void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
   seven.Bump(head, 1920);
   for (size_t b = 72 * 64; b < 96 * 64; b++) seven.Bump(head, b);
   got = SyncAll(2, "v7", six_bumps + " " + head + " 1920 " + head + " 4608+1536");
-  EXPECT_EQ(1u, sum(got, Patched));
-  EXPECT_EQ(4u + 2 + 48 * 64 + 96 * 64, sum(got, Sent))
+  EXPECT_EQ(1u, DeltaSum(got, Patched));
+  EXPECT_EQ(4u + 2 + 48 * 64 + 96 * 64, DeltaSum(got, Sent))
       << "a span to rank 0's worker, rows 48-95 to rank 1's, every row to the whole replica";
   holds(seven, "v7");
 }
@@ -698,14 +700,6 @@ TEST_F(ManyTest, PatchesOfARowParallelTrainerTravelAsPatchesOfItsBoxes) {
     ExpectHolds(r1, 1, model, v);
     ExpectHolds(whole, -1, model, v);
   };
-  auto sum = [](const std::vector<std::string> &got, uint64_t (*f)(const std::string &)) {
-    uint64_t n = 0;
-    for (const std::string &l : got) {
-      EXPECT_EQ(1u, Delta(l)) << l;
-      n += f(l);
-    }
-    return n;
-  };
   for (const std::string &l : SyncAll(1, "v1")) EXPECT_EQ(0u, l.rfind("ok", 0)) << l;
   // q_proj's element (20, 3): rank 2's columns, tensor-parallel rank 1's
   // rows; both its worker and the whole replica get it in boxes (rows by
@@ -720,8 +714,8 @@ TEST_F(ManyTest, PatchesOfARowParallelTrainerTravelAsPatchesOfItsBoxes) {
   two.Bump(q, 1286);
   two.Bump(o, 360);
   std::vector<std::string> got = SyncAll(1, "v2", bumps);
-  EXPECT_EQ(4u, sum(got, Patched));
-  EXPECT_EQ(4u * (4 + 2), sum(got, Sent));
+  EXPECT_EQ(4u, DeltaSum(got, Patched));
+  EXPECT_EQ(4u * (4 + 2), DeltaSum(got, Sent));
   EXPECT_EQ(2u * (4 + 2), Sent(got[2])) << got[2];
   EXPECT_EQ(2u * (4 + 2), Sent(got[3])) << got[3];
   holds(two, "v2");
@@ -731,8 +725,8 @@ TEST_F(ManyTest, PatchesOfARowParallelTrainerTravelAsPatchesOfItsBoxes) {
   Llama three(1);
   for (size_t b = 0; b < 2048; b++) three.Bump(q, b);
   got = SyncAll(1, "v3", q + " 0+2048");
-  EXPECT_EQ(2u, sum(got, Patched));
-  EXPECT_EQ(2048u * 2 + 2 * (4 + 2), sum(got, Sent))
+  EXPECT_EQ(2u, DeltaSum(got, Patched));
+  EXPECT_EQ(2048u * 2 + 2 * (4 + 2), DeltaSum(got, Sent))
       << "q_proj: half to each tensor-parallel worker, all to the whole one";
   holds(three, "v3");
 }
