@@ -1109,8 +1109,9 @@ TEST_F(BoxSpanTest, MalformedBoxSpansAreRefusedWithNothingApplied) {
        GRPC_STATUS_INVALID_ARGUMENT, "patch.spans[1]: a patch's spans are all boxes or none"},
       {"an index past its box", {{{1, 3}, {2, 3}, {6}, {1}}}, GRPC_STATUS_INVALID_ARGUMENT,
        "patch.spans[0]: patch of 'm': index 0 of 1 is past"},
-      {"a box's result unlike the trainer's", {{{0, 0}, {4, 2}, {1}, {1}}, {{1, 3}, {2, 3}, {1}, {2}, 0x1234}},
-       GRPC_STATUS_DATA_LOSS, "span 1 of 'm' patched is not the trainer's span"},
+      {"a box's result unlike the trainer's",
+       {{{0, 0}, {4, 2}, {1}, {1}}, {{1, 3}, {2, 3}, {1}, {2}, 0x1234}}, GRPC_STATUS_DATA_LOSS,
+       "span 1 of 'm' patched is not the trainer's span"},
   };
   std::vector<uint8_t> v1 = Full(1);
   for (Case &k : cases) {
