@@ -2144,7 +2144,7 @@ static int caller_start(wtx__many *m, int target, char *err, size_t errlen) {
   }
   if (rc != 0) return rc;
   for (size_t w = 0; w < m->n_workers; w++)
-    wtx__client_start_begin(m->one[w], target, m->ws[w].nvchunks);
+    wtx__client_start_begin(m->one[w], target, 0);
   for (size_t w = 0; w < m->n_workers; w++) { /* every begin is ended */
     int wrc = wtx__client_start_end(m->one[w]);
     if (wrc != 0 && rc == 0) {
