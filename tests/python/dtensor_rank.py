@@ -3,10 +3,10 @@ its module's weights are DTensors sharded Shard(0) over 2 ranks (gloo, on
 CPU), and TorchModuleSource hands wtx each rank's own part (to_local), so
 the sync gathers nothing.
 
-    dtensor_rank.py RANK INIT_FILE HOSTS(comma) RANK_ADDRESSES(comma) [vllm]
+    dtensor_rank.py RANK INIT_FILE HOSTS(comma) RANK_ADDRESSES(comma) [vllm] [MODE]
 
 "vllm": through vLLM's own trainer factory and ModuleSource instead of
-TorchModuleSource. "delta": a delta trainer; after dt-1, element [0, 0] of
+TorchModuleSource (with "caller" too: vLLM's SparseWeightPatch). "delta": a delta trainer; after dt-1, element [0, 0] of
 rank 1's shard of col.weight (row 4 of the full tensor) grows by 1 and
 dt-2 is sent; "patches": the same with delta="patches"; "patches-both":
 that, with element [0, 0] of rank 0's shard (row 0) grown by 1 too;
@@ -46,7 +46,7 @@ def main() -> None:
     info = wtx.WtxTrainerInitInfo(transport="tcp", rank=rank, world_size=2, timeout_ms=15000,
                                   rank_addresses=addrs,
                                   session_token="python-dtensor-session-token", delta=delta)
-    if sys.argv[5:] == ["vllm"]:
+    if "vllm" in sys.argv[5:]:
         from vllm.distributed.weight_transfer.base import ModuleSource
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         from vllm.plugins import load_general_plugins
@@ -57,11 +57,14 @@ def main() -> None:
         engine = wtx.TrainerEngine.trainer_init(info, client=client,
                                                 source=wtx.TorchModuleSource(model))
     result = engine.send_weights(version="dt-1")
-    if mode == "caller":
+    if "caller" in sys.argv[5:]:
         values = full["col.weight"].reshape(-1)[[0, 16]] + 1
-        result = engine.send_weights([{"name": "col.weight", "indices": torch.tensor([16, 0]),
-                                       "values": values.flip(0), "full_shape": [8, 4]}],
-                                     version="dt-2")
+        patch = {"name": "col.weight", "indices": torch.tensor([16, 0]),
+                 "values": values.flip(0), "full_shape": (8, 4)}
+        if "vllm" in sys.argv[5:]:  # vLLM's own patch type
+            from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
+            patch = SparseWeightPatch(**patch)
+        result = engine.send_weights([patch], version="dt-2")
     if delta:
         with torch.no_grad():
             if rank == 1 or mode == "patches-both":

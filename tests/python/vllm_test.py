@@ -94,6 +94,13 @@ class ShardedTrainerTest(unittest.TestCase):
         from package_test import dtensor_sync
         dtensor_sync(self, "vllm")
 
+    def test_vllms_factory_sends_sparse_patches_from_rank_0(self):
+        # send_weights with vLLM's SparseWeightPatch list on both ranks of
+        # that trainer, as vLLM's sparse_nccl trainer is called: rank 0
+        # sends them, each host the element in its slice.
+        from package_test import dtensor_sync
+        dtensor_sync(self, "vllm", "caller")
+
 
 class WorkerSideTest(unittest.TestCase):
     """vLLM's engine factory with backend "wtx", driven as vLLM's RL routes
