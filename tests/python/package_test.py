@@ -138,11 +138,12 @@ def dtensor_sync(test, *extra: str) -> None:
 class Host:
     """A wtx_host.py process: a tiny Llama of its own seed, served."""
 
-    def __init__(self, seed: int, loader: bool = False) -> None:
+    def __init__(self, seed: int, loader: bool = False, keep_base: bool = False) -> None:
         self.dir = tempfile.mkdtemp(prefix="wtx-host-")
         port_file = os.path.join(self.dir, "port")
         args = [sys.executable, os.path.join(os.path.dirname(__file__), "wtx_host.py"),
-                "--seed", str(seed), "--port-file", port_file] + (["--loader"] if loader else [])
+                "--seed", str(seed), "--port-file", port_file] + (["--loader"] if loader else []) \
+            + (["--keep-base"] if keep_base else [])
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True)
         for _ in range(600):
@@ -330,6 +331,47 @@ class PushTest(unittest.TestCase):
             self.assertTrue(torch.equal(bits(st["params"][name]), bits(p)))
         engine.shutdown()
         both.close()
+
+    def test_a_host_that_keeps_its_base_takes_patches_through_load_weights(self):
+        import wtx
+        model = tiny_llama(7)
+        host = Host(3, loader=True, keep_base=True)
+        try:
+            client = wtx.WorkerClient([host.addr])
+            engine = wtx.TrainerEngine.trainer_init(
+                wtx.WtxTrainerInitInfo(transport="tcp", rank=0, delta="patches"),
+                client=client, source=wtx.TorchModuleSource(model))
+            engine.send_weights(version="b1")
+            params = list(model.named_parameters())
+            (name, p), (other, q) = params[0], params[-1]
+            bits = lambda t: t.detach().contiguous().view(torch.uint8)  # NaN compared as bits
+            with torch.no_grad():
+                p.view(-1)[3] = float("nan")
+            r = engine.send_weights(version="b2")
+            self.assertEqual(1, r["patched_params"], r)
+            self.assertEqual(4 + p.element_size(), r["bytes"])
+            st = host.state()
+            self.assertEqual("b2", st["version"])
+            # load_weights got the patched tensor whole, and only it.
+            self.assertEqual([name], st["loaded"][len(params):])
+            self.assertTrue(torch.equal(bits(st["params"][name]), bits(p)))
+            # A second patch applies to the first's result (the base kept
+            # at the last commit), here of another tensor too.
+            with torch.no_grad():
+                p.view(-1)[4] = 5.0
+                q.view(-1)[0] = -1.0
+            r = engine.send_weights(version="b3")
+            self.assertEqual(2, r["patched_params"], r)
+            st = host.state()
+            self.assertEqual("b3", st["version"])
+            for n, t in params:
+                self.assertTrue(torch.equal(bits(st["params"][n]), bits(t)), n)
+            engine.shutdown()
+            client.close()
+        finally:
+            self.assertEqual(0, host.stop())
+        with self.assertRaisesRegex(ValueError, "keep_base"):
+            wtx.serve(model, keep_base=True, narrow_loads=True)
 
     def test_pause_and_resume_reach_the_hosts_callbacks(self):
         import wtx

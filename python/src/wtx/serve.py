@@ -212,6 +212,17 @@ class _Staged:
         for part in self._parts:
             yield from part.items()
 
+    def kept(self) -> list[tuple[str, Any]]:
+        """items() to keep past the update (keep_base): a large tensor as
+        staged (its own buffer), a small one copied out of its chunk's
+        buffer, which would otherwise live as long as any of its tensors
+        is kept."""
+        out = []
+        for part in self._parts:
+            own = {id(t) for t in part.own}
+            out.extend((n, t if id(t) in own else t.clone()) for n, t in part.items())
+        return out
+
     def clear(self) -> None:
         self.n = 0
         self._parts.clear()
@@ -224,13 +235,17 @@ class _Host:
 
     def __init__(self, module: Any, on_pause: Callable[[bool], None] | None,
                  on_resume: Callable[[], None] | None, device_staging: bool,
-                 narrow_loads: bool = False) -> None:
+                 narrow_loads: bool = False, keep_base: bool = False) -> None:
         import torch
         self.torch = torch
         self.module = module
         # What load_weights reads of each tensor (wtx._narrow), per model
         # (vLLM switches to its draft model and back), learned once a name.
         self.narrow_loads = narrow_loads
+        # keep_base: the checkpoint tensors load_weights was last given, by
+        # name, in host memory: what a delta's patch applies to, as a module
+        # whose load_weights maps names cannot be read back by them.
+        self.base: dict[str, Any] | None = {} if keep_base else None
         self.reads: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
         self.on_pause = on_pause
         self.on_resume = on_resume
@@ -257,8 +272,10 @@ class _Host:
             _capi.M_LOADED_CHUNK(self._loaded_chunk), _capi.M_CHECK_RANGE(), _capi.M_REVERT(),
             # A delta's patches need the served tensor by its checkpoint name:
             # the module's own names, unless a load_weights maps them (vLLM's
-            # fused and sharded parameters), which cannot be read back.
-            _capi.M_READ() if self._loader() is not None else _capi.M_READ(self._read))
+            # fused and sharded parameters), which cannot be read back; then
+            # only what keep_base kept.
+            _capi.M_READ() if self._loader() is not None and self.base is None
+            else _capi.M_READ(self._read))
         self.pause_cb = _capi.ON_PAUSE(self._pause)
         self.resume_cb = _capi.ON_RESUME(self._resume)
 
@@ -322,6 +339,11 @@ class _Host:
         meta.nbytes), for the C worker to apply a patch to."""
         try:
             with self.lock:
+                if self.base is not None and self._loader() is not None:
+                    rc, why = self._read_base(meta.contents, target, dst)
+                    if rc != 0:
+                        _capi.write_err(err, errlen, why)
+                    return rc
                 rc, why = self._refusal(meta.contents)
                 if rc != 0 or target != 1:
                     _capi.write_err(err, errlen, why or "this host has no draft model")
@@ -335,6 +357,20 @@ class _Host:
         except BaseException as e:  # noqa: BLE001 (a callback must not raise into C)
             _capi.write_err(err, errlen, f"read failed: {e}")
             return _capi.EIO
+
+    def _read_base(self, m: Any, target: int, dst: Any) -> tuple[int, str]:
+        """_read from what load_weights was last given (keep_base)."""
+        name = m.name.decode()
+        t = self.base.get(name) if target == 1 else None
+        if t is None:
+            return _capi.ENOENT, (f"'{name}': this host has loaded no such tensor"
+                                  if target == 1 else "this host has no draft model")
+        shape = tuple(m.shape[:m.ndim])
+        if tuple(t.shape) != shape or _dtypes.to_wire(t.dtype) != m.dtype:
+            return _capi.EINVAL, (f"'{name}': {_dtypes.WIRE[m.dtype][0]} {list(shape)}, "
+                                  f"this host last loaded {t.dtype} {list(t.shape)}")
+        C.memmove(dst, t.data_ptr(), m.nbytes)
+        return 0, ""
 
     def _begin(self, _m, target) -> int:
         self.staged.clear()
@@ -493,7 +529,11 @@ class _Host:
         try:
             with self.lock, self.torch.no_grad():
                 loader = self._loader()
-                if loader is not None:
+                if loader is not None and self.base is not None:
+                    kept = self.staged.kept()
+                    loader(iter(kept))
+                    self.base.update(kept)
+                elif loader is not None:
                     loader(self.staged.items())  # each view made as it is read
                 else:
                     targets = self._update_targets()
@@ -594,7 +634,8 @@ def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = N
           max_model_bytes: int = 0, max_params: int = 0, allow_upstream: str | None = None,
           reflection: str = "open", world_size: int = 1,
           cuda_device: int | None = None, shard_rules: str | None = None,
-          tp_rank: int = 0, tp_size: int = 1, narrow_loads: bool = False) -> Server:
+          tp_rank: int = 0, tp_size: int = 1, narrow_loads: bool = False,
+          keep_base: bool = False) -> Server:
     """Hosts a wtx worker for ``model`` (a ``torch.nn.Module``) on ``listen``
     ("host:port"; port 0 picks one, see ``Server.port``). Trainers push
     with ``TrainerEngine`` or ``wtx push``; inspect with grpcurl. Options
@@ -620,14 +661,29 @@ def serve(model: Any, listen: str = "127.0.0.1:0", *, token_file: str | None = N
     run of ``load_weights`` over placeholders (``wtx._narrow``). Its
     staging then grows with its share of the model, plus the whole tensors
     of the chunk being received; tensors of 64 KiB or less are staged
-    whole. For a rank whose trainer cannot learn its rules (vLLM's routes)."""
+    whole. For a rank whose trainer cannot learn its rules (vLLM's routes).
+
+    ``keep_base``: a module with ``load_weights`` takes a delta's patches
+    (``delta="patches"``, or the caller's own) instead of whole tensors.
+    Its ``load_weights`` maps names, so the tensors it serves cannot be read
+    back by their checkpoint names; this host keeps instead, in host
+    memory, every tensor ``load_weights`` was last given (about the
+    model's bytes), and the worker
+    applies each patch to a copy of that. Staging is then on the host even
+    for a module on a GPU (``load_weights`` copies to the device).
+    ``load_weights`` must not write into the tensors it is given: a patch
+    applied to a base that changed fails its checksum (DATA_LOSS), loudly.
+    Not with ``narrow_loads``, whose ranks keep slices of whole tensors."""
     if reflection not in _REFLECTION:
         raise ValueError(f"reflection: one of {', '.join(_REFLECTION)}, got {reflection!r}")
+    if keep_base and narrow_loads:
+        raise ValueError("keep_base: a narrow_loads host keeps only the slices its loaders "
+                         "read of each tensor, and a patch applies to the whole tensor")
     on_gpu = _cuda_index(model)
     if cuda_device is None:
         cuda_device = on_gpu
-    host = _Host(model, on_pause, on_resume, device_staging=on_gpu is not None,
-                 narrow_loads=narrow_loads)
+    host = _Host(model, on_pause, on_resume, device_staging=on_gpu is not None and not keep_base,
+                 narrow_loads=narrow_loads, keep_base=keep_base)
     names = [b.encode() for b in backends] if backends else []
     arr = (C.c_char_p * max(len(names), 1))(*names) if names else None
     opts = _capi.WorkerOptions(
