@@ -1035,10 +1035,50 @@ typedef struct wjob {
   char err[800];
 } wjob;
 
+/* Pieces gathered from this rank's part (those not one run of it), each
+ * in a buffer of its own: a chunk's iov points into every one its segs
+ * use until the chunk is sent, so one buffer for all would hand the chunk
+ * the last piece's bytes in place of the others'. */
+typedef struct gathered {
+  uint8_t **buf;
+  uint32_t *piece;
+  size_t n, cap;
+} gathered;
+
+/* Frees every buffer but the last gathered, which the next chunk may go
+ * on with (a piece's segs are consecutive in a stream); all with all. */
+static void gathered_drop(gathered *g, int all) {
+  size_t keep = !all && g->n > 0;
+  for (size_t i = 0; i + keep < g->n; i++) free(g->buf[i]);
+  if (keep) {
+    g->buf[0] = g->buf[g->n - 1];
+    g->piece[0] = g->piece[g->n - 1];
+  }
+  g->n = keep;
+  if (!all) return;
+  free(g->buf);
+  free(g->piece);
+  *g = (gathered){0};
+}
+
+/* Room for one more in g. */
+static int gathered_grow(gathered *g) {
+  if (g->n < g->cap) return 0;
+  size_t cap = g->cap ? 2 * g->cap : 8;
+  uint8_t **b = realloc(g->buf, cap * sizeof *b);
+  if (b != NULL) g->buf = b;
+  uint32_t *p = b != NULL ? realloc(g->piece, cap * sizeof *p) : NULL;
+  if (p == NULL) return WTX_ENOMEM;
+  g->piece = p;
+  g->cap = cap;
+  return 0;
+}
+
 /* Where piece p's packed bytes are: in this rank's part when they are one
- * run of it, else gathered into *buf (kept for the piece's next segs). */
-static const uint8_t *piece_bytes(wtx__many *m, uint32_t p, uint8_t **buf, uint32_t *held) {
-  if (*held == p && *buf != NULL) return *buf; /* gathered for its earlier segs */
+ * run of it, else gathered into a buffer of g (the one it has when the
+ * seg before was of p). */
+static const uint8_t *piece_bytes(wtx__many *m, uint32_t p, gathered *g) {
+  if (g->n > 0 && g->piece[g->n - 1] == p) return g->buf[g->n - 1];
   const wtx_piece *pieces;
   wtx_plan_pieces(m->plan, &pieces);
   uint32_t i = pieces[p].param;
@@ -1049,16 +1089,17 @@ static const uint8_t *piece_bytes(wtx__many *m, uint32_t p, uint8_t **buf, uint3
   wtx_plan_piece_box(m->plan, &pieces[p], &box);
   const uint8_t *local = m->local[i];
   if (wtx_box_contiguous(own, &box, &elem)) return local + elem * es;
-  free(*buf);
-  if ((*buf = malloc(wtx_box_elements(&box) * es)) == NULL) return NULL;
-  wtx_box_copy(*buf, NULL, local, own, &box, es);
-  *held = p;
-  return *buf;
+  uint8_t *buf = gathered_grow(g) == 0 ? malloc(wtx_box_elements(&box) * es) : NULL;
+  if (buf == NULL) return NULL;
+  wtx_box_copy(buf, NULL, local, own, &box, es);
+  g->buf[g->n] = buf;
+  g->piece[g->n++] = p;
+  return buf;
 }
 
 /* Chunk c's bytes to worker j->w: its segs as iov, the spans' ends. */
 static int send_chunk(wjob *j, const wstream *st, const mchunk *c, struct iovec *iov,
-                      uint64_t *ends, uint8_t **buf, uint32_t *held) {
+                      uint64_t *ends, gathered *g) {
   size_t n_ends = 0;
   uint64_t at = 0;
   for (size_t k = 0; k < c->nseg; k++) {
@@ -1066,7 +1107,7 @@ static int send_chunk(wjob *j, const wstream *st, const mchunk *c, struct iovec 
     if (k > 0 && s->tensor != st->vsegs[c->seg0 + k - 1].tensor) ends[n_ends++] = at;
     const uint8_t *p = s->patch == SEG_CALLER ? j->m->carena
                        : s->patch ? j->m->parena + j->m->poff[s->piece - j->m->my_first]
-                                  : piece_bytes(j->m, s->piece, buf, held);
+                                  : piece_bytes(j->m, s->piece, g);
     if (p == NULL) return WTX_ENOMEM;
     iov[k] = (struct iovec){(void *)(p + s->off), s->len};
     at += s->len;
@@ -1096,8 +1137,7 @@ static int send_data(wjob *j) {
   }
   struct iovec *iov = malloc(most * sizeof *iov);
   uint64_t *ends = malloc((most + 1) * sizeof *ends);
-  uint8_t *buf = NULL;
-  uint32_t held = UINT32_MAX;
+  gathered g = {0};
   int rc = iov != NULL && ends != NULL ? 0 : WTX_ENOMEM;
   for (size_t i = 0; rc == 0 && i < rounds; i++)
     for (size_t w = w0; rc == 0 && w < w1; w++) {
@@ -1105,13 +1145,14 @@ static int send_data(wjob *j) {
       if (i >= st->nvchunks || st->vchunks[i].sender != m->rank) continue;
       const mchunk *c = &st->vchunks[i];
       j->w = (uint32_t)w;
-      rc = send_chunk(j, st, c, iov, ends, &buf, &held);
+      rc = send_chunk(j, st, c, iov, ends, &g);
+      gathered_drop(&g, 0);
       j->bytes += rc == 0 ? c->bytes : 0;
       j->chunks += rc == 0;
     }
   free(iov);
   free(ends);
-  free(buf);
+  gathered_drop(&g, 1);
   return rc;
 }
 
@@ -1537,15 +1578,14 @@ static int patch_piece(wtx__many *m, size_t k, const uint8_t *cur, uint64_t len,
 static int delta_hash(wtx__many *m) {
   const wtx_piece *pieces;
   wtx_plan_pieces(m->plan, &pieces);
-  uint8_t *buf = NULL;
-  uint32_t held = UINT32_MAX;
+  gathered g = {0};
   uint64_t used = 0;
   int rc = 0;
   memset(m->changed, 0, m->changed_len);
   for (size_t k = 0; rc == 0 && k < m->my_n; k++) {
     uint32_t p = (uint32_t)(m->my_first + k);
     uint64_t len = wtx_plan_piece_bytes(m->plan, &pieces[p]);
-    const uint8_t *b = piece_bytes(m, p, &buf, &held);
+    const uint8_t *b = piece_bytes(m, p, &g);
     if (b == NULL) {
       rc = WTX_ENOMEM;
       break;
@@ -1555,8 +1595,9 @@ static int delta_hash(wtx__many *m) {
     if (changed) set_bit(m->changed, p);
     if (m->patches && m->pform[p] != PATCH_NONE)
       rc = patch_piece(m, k, b, len, m->metas[pieces[p].param].dtype, changed, &used);
+    gathered_drop(&g, 0);
   }
-  free(buf);
+  gathered_drop(&g, 1);
   m->pending = 1;
   return rc;
 }

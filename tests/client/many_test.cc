@@ -591,6 +591,30 @@ TEST_P(ManyDeltaTest, PatchesSendTheChangedElementsFromEachRankThatOwnsThem) {
   PatchesSendTheChangedElementsFromEachRankThatOwnsThem();
 }
 
+// A delta of layer 1's o_proj and down_proj, every byte: each
+// tensor-parallel worker keeps columns of both, which their rank gathers
+// from its whole tensors, and both parts go to it in one chunk, each with
+// its own bytes.
+TEST_P(ManyDeltaTest, TwoGatheredPartsInOneChunkEachCarryTheirOwnBytes) {
+  delta_ = true;
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
+  for (const std::string &l : SyncAll(1, "v1")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
+  std::string bumps;
+  Llama two(1);
+  for (const char *n : {"self_attn.o_proj.weight", "mlp.down_proj.weight"}) {
+    const std::string name = std::string("model.layers.1.") + n;
+    size_t size = two.Find(name)->data.size();
+    bumps += (bumps.empty() ? "" : " ") + name + " 0+" + std::to_string(size);
+    for (size_t b = 0; b < size; b++) two.Bump(name, b);
+  }
+  std::vector<std::string> got = SyncAll(1, "v2", bumps);
+  EXPECT_EQ(2u * (2048 + 4096), DeltaSum(got, Sent)) << "both, to the whole replica and in parts";
+  ExpectHolds(r0, 0, two, "v2");
+  ExpectHolds(r1, 1, two, "v2");
+  ExpectHolds(whole, -1, two, "v2");
+}
+
 TEST_P(ManyDeltaTest, CallerPatchesGoFromRankZeroToEveryWorkersPart) {
   CallerPatchesGoFromRankZeroToEveryWorkersPart();
 }
