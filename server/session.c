@@ -55,6 +55,7 @@ static wtx__end failure_kind(int rc) {
 static void update_reset(wtx__update *u) {
   free(u->boxed.bits);
   free(u->spans.wire);
+  free(u->bounce.host);
   wtx__layout cur = u->cur;
   wtx__layout_clear(&cur);
   *u = (wtx__update){.by_range = -1, .cur = cur};
@@ -430,9 +431,12 @@ static grpc_status_code check_base(wtx__rpc_ctx *ctx, const char *base, const ch
 
 /* Whether a delta may carry patches here: the model reads its tensors (or
  * a tensor-parallel rank's parts) back, and stages on the host, where the
- * session applies them. Caller holds mu. */
+ * session applies them, or on a GPU the backend copies to from the host
+ * (put_box; see bounce), but not in place in a receive region. Caller
+ * holds mu. */
 static int takes_patches(const wtx_session *s) {
-  return s->cfg.model_ops->read != NULL && s->stage_device < 0 && s->region == NULL;
+  return s->cfg.model_ops->read != NULL && s->region == NULL &&
+         (s->stage_device < 0 || s->transport->put_box != NULL);
 }
 
 static grpc_status_code handle_start(wtx__rpc_ctx *ctx,
@@ -585,10 +589,17 @@ typedef struct wtx__chunk {
     uint64_t bytes;
     uint8_t *wire;
   } boxed;
+  /* Device staging received on the host (bounce): per tensor its host
+   * copy (malloc'd, the chunk's until freed or handed to up.bounce) and
+   * its device staging. NULL: received where it is staged. */
+  uint8_t **host, **dev;
   char err[1600];
 } chunk;
 
 static void chunk_free(chunk *c) {
+  for (size_t i = 0; c->host != NULL && i < c->n; i++) free(c->host[i]);
+  free(c->host);
+  free(c->dev);
   free(c->boxed.wire);
   for (size_t k = 0; k < c->n_patches; k++)
     if (!c->patches[k].carried) free(c->patches[k].wire);
@@ -1214,6 +1225,76 @@ static void choose_stage(wtx_session *s) {
                                             : stage_each_on_host;
 }
 
+/* A patch applies on the host (apply_patch), and a chunk is received into
+ * host or device memory, not both. So where tensors are staged on a GPU,
+ * a chunk that carries patches, or continues a tensor such a chunk began,
+ * is received on the host: each of its tensors into a host copy (a
+ * bounce), then put into its device staging through the backend (put_box)
+ * once its bytes are in, a patched one once applied. Only deltas bounce,
+ * and a delta's tensors are the few that changed. */
+static int bounces(const wtx_session *s, const chunk *c) {
+  return s->stage_device >= 0 && c->ui->box == NULL &&
+         (c->n_patches > 0 || s->up.bounce.host != NULL);
+}
+
+/* Host copies of the chunk's tensors, their device staging kept in dev; a
+ * tensor continued from the chunk before keeps its copy (up.bounce) or,
+ * begun on the device, gets a new one, which holds only this chunk's
+ * bytes of it (so the chunk is received WTX__RX_UNREAD). */
+static int bounce_stage(wtx_session *s, chunk *c, size_t first) {
+  if ((c->host = calloc(c->n, sizeof *c->host)) == NULL ||
+      (c->dev = calloc(c->n, sizeof *c->dev)) == NULL)
+    return WTX_ENOMEM;
+  for (size_t i = 0; i < c->n; i++) {
+    c->dev[i] = c->rt[i].dst;
+    if (i == 0 && first && s->up.bounce.host != NULL) {
+      c->host[0] = s->up.bounce.host;
+      c->dev[0] = s->up.bounce.dev;
+      s->up.bounce = (struct wtx__bounce){0};
+    } else if ((c->host[i] = malloc(c->metas[i].nbytes ? c->metas[i].nbytes : 1)) == NULL) {
+      return WTX_ENOMEM;
+    }
+    c->rt[i].dst = c->host[i];
+  }
+  return 0;
+}
+
+/* n bytes from byte lo of tensor i's host copy into its device staging. */
+static int bounce_copy(wtx_session *s, chunk *c, size_t i, uint64_t lo, uint64_t n) {
+  wtx_box whole = {.ndim = 1, .len = {c->metas[i].nbytes}};
+  wtx_box box = {.ndim = 1, .lo = {lo}, .len = {n}};
+  return s->transport->put_box(s->engine, c->dev[i], &whole, c->host[i] + lo, &box, 1,
+                               c->err, sizeof c->err);
+}
+
+/* After a bounced chunk's receive (and its patches applied): the bytes
+ * each tensor received, or a patched tensor whole, onto the GPU; the
+ * tensor the next chunk continues goes on in up.bounce. Called under the
+ * lock, as the patches' reads are: the copies are the GPU's own, bounded
+ * by the backend's timeout. */
+static int bounce_put(wtx_session *s, chunk *c, size_t done) {
+  uint64_t left = c->bytes;
+  size_t k = 0; /* the chunk's next patch */
+  for (size_t i = 0; i < c->n; i++) {
+    uint64_t lo = i == 0 ? c->ui->first_param_offset : 0;
+    uint64_t take = c->rt[i].nbytes - lo < left ? c->rt[i].nbytes - lo : left;
+    left -= take;
+    if (k < c->n_patches && c->patches[k].i == i) { /* its wire bytes were the patch's */
+      k++;
+      lo = 0;
+      take = i < done ? c->metas[i].nbytes : 0;
+    }
+    int rc = take > 0 ? bounce_copy(s, c, i, lo, take) : 0;
+    if (rc != 0) return rc;
+  }
+  if (done < c->n) {
+    free(s->up.bounce.host);
+    s->up.bounce = (struct wtx__bounce){.host = c->host[c->n - 1], .dev = c->dev[c->n - 1]};
+    c->host[c->n - 1] = NULL;
+  }
+  return 0;
+}
+
 /* Step 3: staging memory for the tensors that begin in this chunk, and the
  * assembler set up to receive into it. The model sees each tensor through
  * the same meta in check, stage and loaded, checked, staged and loaded in
@@ -1250,12 +1331,15 @@ static int chunk_stage(wtx_session *s, chunk *c) {
       ui->box != NULL && s->region != NULL ? stage_each_on_device : s->steps.stage;
   int rc = stage(s, c, first, first ? at + c->metas[0].nbytes : at);
   if (rc == 0 && ui->box != NULL) rc = box_stage(s, c);
+  if (rc == 0 && bounces(s, c)) rc = bounce_stage(s, c, first);
   if (rc == 0 && c->n_patches > 0) rc = stage_patches(s, c);
   if (rc != 0) return rc;
   int verify = s->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
-  /* A box comes to the host (box_stage), wherever its tensor is staged. */
-  int device = s->stage_device >= 0 && ui->box == NULL;
-  int flags = (verify ? WTX__RX_VERIFY : 0) | (device ? WTX__RX_DEVICE : 0);
+  /* A box comes to the host (box_stage), wherever its tensor is staged,
+   * and so does a bounced chunk. */
+  int device = s->stage_device >= 0 && ui->box == NULL && c->host == NULL;
+  int flags = (verify ? WTX__RX_VERIFY : 0) | (device ? WTX__RX_DEVICE : 0) |
+              (c->host != NULL ? WTX__RX_UNREAD : 0);
   rc = wtx__rx_begin(s->rx, c->rt, c->n, ui->first_param_offset, ui->chunk_bytes, flags);
   if (rc != 0) snprintf(c->err, sizeof c->err, "%s", wtx__rx_error(s->rx));
   else if (verify) wtx__rx_expect_checksums(s->rx, ui->xxh3_64, ui->n_xxh3_64);
@@ -1456,12 +1540,14 @@ static int chunk_loaded(wtx_session *s, chunk *c) {
   const uint64_t *sums = wtx__rx_whole_sums(s->rx) ? wtx__rx_checksums(s->rx) : NULL;
   int rc = c->n_patches > 0 ? apply_patches(s, c, done, &sums) : 0;
   if (c->ui->box != NULL && done == 1) box_scatter(s, c, &done, &sums);
+  if (rc == 0 && c->host != NULL) rc = bounce_put(s, c, done);
   if (rc == 0)
     rc = s->steps.loaded(s, c, done, sums);
   if (rc != 0) return rc;
   s->up.staged_params += done;
   for (size_t i = 0; i < done; i++) s->up.staged_bytes += c->metas[i].nbytes;
-  if (done < c->n && c->ui->box == NULL) s->up.carry_dst = c->rt[c->n - 1].dst;
+  if (done < c->n && c->ui->box == NULL)
+    s->up.carry_dst = c->host != NULL ? c->dev[c->n - 1] : c->rt[c->n - 1].dst;
   if (s->up.abort_requested) {
     snprintf(c->err, sizeof c->err, "aborted while receiving");
     return WTX_EABORTED;

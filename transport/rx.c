@@ -21,6 +21,7 @@ struct wtx_rx {
   int span;        /* checksums per tensor touched, of its bytes in the chunk */
   uint64_t *wholes; /* span chunks: per tensor, its whole XXH3, read back */
   int device;      /* dst is device memory */
+  int unread;      /* dst is not read back (WTX__RX_UNREAD) */
   uint64_t stream; /* the chunk's offset in the update's stream */
   XXH3_state_t *h; /* hash of t[cur] so far, when it arrives in pieces */
   int whole;       /* t[cur] arrived in one piece: its digest is set */
@@ -99,7 +100,7 @@ static void complete_filled(wtx_rx *rx) {
     }
     /* No sender hashed the whole tensor: the model's checksum of it is
      * read back from the staging its bytes just went to. */
-    if (rx->span && rx->verify && !rx->device)
+    if (rx->span && rx->verify && !rx->device && !rx->unread)
       rx->wholes[rx->cur] = XXH3_64bits(rx->t[rx->cur].dst, rx->t[rx->cur].nbytes);
     rx->whole = 0;
     rx->completed++;
@@ -172,6 +173,7 @@ int wtx__rx_begin(wtx_rx *rx, const wtx_rx_tensor *tensors, size_t n,
   rx->span = 0;
   rx->verify = (flags & WTX__RX_VERIFY) != 0;
   rx->device = (flags & WTX__RX_DEVICE) != 0;
+  rx->unread = (flags & WTX__RX_UNREAD) != 0;
   rx->completed = 0;
   rx->expected = NULL;
   rx->n_expected = 0;
@@ -208,7 +210,9 @@ int wtx_rx_span_checksums(wtx_rx *rx) {
   return 0;
 }
 
-int wtx__rx_whole_sums(const wtx_rx *rx) { return rx->verify && !(rx->span && rx->device); }
+int wtx__rx_whole_sums(const wtx_rx *rx) {
+  return rx->verify && !(rx->span && (rx->device || rx->unread));
+}
 
 /* Fresh staging (a worker's first syncs allocate it as they go) takes a
  * page fault per page where a copy first writes it. Asking the kernel to

@@ -30,6 +30,10 @@ void wtx__rx_destroy(wtx_rx *rx);
 enum {
   WTX__RX_VERIFY = 1, /* checksums are expected and checked */
   WTX__RX_DEVICE = 2, /* every dst is device memory (wtx_rx_on_device) */
+  /* A dst may hold only this chunk's bytes of its tensor (the session's
+   * host copies of device staging): no whole checksum is read back from
+   * it, as from device memory. */
+  WTX__RX_UNREAD = 4,
 };
 
 /* The stream offset the next chunk begins at (the bytes of this update's

@@ -134,7 +134,8 @@ typedef struct wtx_model_ops {
    * its published version's) into dst, host memory the session owns.
    * Called during an update, between stage and loaded of that tensor, for
    * a delta's patch (wtx.v1.Patch): the session applies the patch to the
-   * copy in the tensor's staging. WTX_ENOENT when the model serves no such
+   * copy in the tensor's staging (device staging: in a host copy, which
+   * the backend then copies there). WTX_ENOENT when the model serves no such
    * tensor. NULL: this worker takes no patches (whole tensors only), and
    * says so at each start (StartWeightUpdateResponse.patches). */
   int (*read)(void *model, wtx_target target, const wtx_tensor_meta *meta, uint8_t *dst,

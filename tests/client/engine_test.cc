@@ -1501,6 +1501,18 @@ class DeltaTest : public EngineTest {
     c_ = Client(ws_, 10000);
   }
 
+  // Two workers whose model stages on the GPU and keeps the version it
+  // publishes there (gpu_model_worker --read), each writing its tensors'
+  // device hashes at each commit, and a client of both.
+  void TwoGpuWorkers() {
+    worker_binary_ = "tests/client/gpu_model_worker";
+    for (int k = 0; k < 2; k++) {
+      sums_.push_back(dir_ + "/sums" + std::to_string(k));
+      ws_.push_back(Spawn({"--read", "--sums", sums_.back()}));
+    }
+    c_ = Client(ws_, 10000);
+  }
+
   // A trainer of c in the test's delta mode, from src (NULL: the model).
   wtx_trainer *Trainer(wtx_client *c, wtx_source *src = nullptr) {
     std::string backend = GetParam();
@@ -1546,6 +1558,11 @@ class DeltaTest : public EngineTest {
     so.version = v.c_str();
     ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, res)) << v << ": " << wtx_trainer_last_error(t);
     for (size_t k = 0; k < pubs_.size(); k++) EXPECT_EQ(Mine(), OnDisk(k, v)) << v << " on worker " << k;
+    for (const std::string &path : sums_) {
+      std::string version;
+      EXPECT_EQ(Mine(), DeviceSums(path, &version)) << v << " in " << path;
+      EXPECT_EQ(v, version);
+    }
   }
 
   // Sets one element of tensor i (of its dtype's size) to the bytes at v.
@@ -1581,6 +1598,7 @@ class DeltaTest : public EngineTest {
   wtx_memory_tensor ts_[kN];
   wtx_source *src_ = nullptr;
   std::vector<std::string> pubs_;
+  std::vector<std::string> sums_;  // TwoGpuWorkers' --sums files
   std::vector<Worker> ws_;
   wtx_client *c_ = nullptr;
 
@@ -1854,11 +1872,55 @@ TEST_P(DeltaTest, TheCallersPatchesLandExactAndBadOnesAreRefusedBeforeAnyByteMov
   wtx_trainer_shutdown(t);
 }
 
+// Patches into a model staging on the GPU (on the TEST DOUBLE, whose
+// device memory the CPU cannot touch): a chunk carrying a patch is
+// received on the host, where the patch applies to the published tensor
+// read back, and each of its tensors then goes to its device staging. One
+// delta of whole tensors and patches in 64 KiB chunks: tensor 4 begins in
+// a chunk without a patch and ends in one with tensor 5's, and tensor 8
+// runs on from that chunk into the next. The model's device bytes, hashed
+// at each commit, are the trainer's, every tensor of them.
+class GpuDeltaTest : public DeltaTest {};
+
+TEST_P(GpuDeltaTest, PatchesReachAModelStagingOnTheGpuAmongWholeTensors) {
+  mode_ = WTX_DELTA_PATCHES;
+  TwoGpuWorkers();
+  wtx_trainer *t = Trainer(c_);
+  ASSERT_NE(nullptr, t);
+  wtx_send_result res;
+  Sync(t, "v0", &res);
+  std::vector<std::vector<uint8_t>> before(data_, data_ + kN);
+  for (size_t i : {1, 2, 4, 6, 8})
+    for (auto &b : data_[i]) b ^= 0x33;
+  const float two = 2.0f;
+  Poke(5, 100, &two);
+  size_t changed, patched;
+  uint64_t bytes;
+  Expect(before, &changed, &bytes, &patched);
+  ASSERT_EQ(1u, patched);
+  Sync(t, "v1", &res);
+  EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
+  EXPECT_EQ(6u, res.params);
+  EXPECT_EQ(1u, res.patched_params);
+  EXPECT_EQ(bytes, res.bytes);
+  // Patches alone, over the version those made.
+  Poke(0, 7, &two);
+  Poke(19, 3, &two);
+  Sync(t, "v2", &res);
+  EXPECT_EQ(2u, res.patched_params);
+  wtx_trainer_shutdown(t);
+}
+
 INSTANTIATE_TEST_SUITE_P(HostBackends, DeltaTest, ::testing::Values("shm", "tcp"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                            return std::string(i.param);
                          });
 INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, DeltaTest,
+                         ::testing::Values("nccl", "cuda_ipc"),
+                         [](const ::testing::TestParamInfo<const char *> &i) {
+                           return std::string(i.param);
+                         });
+INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheCudaDouble, GpuDeltaTest,
                          ::testing::Values("nccl", "cuda_ipc"),
                          [](const ::testing::TestParamInfo<const char *> &i) {
                            return std::string(i.param);

@@ -18,8 +18,14 @@
  * hashes at each commit ("version V", then "NAME HEX" per tensor) for the
  * test to compare with its own; without --sums, run it with checksums on.
  *
+ * --read: the model keeps the version it published on the device (each
+ * commit replaces the tensors the update staged, copying those adopted in
+ * the receive region), reads them back for a delta's patches
+ * (wtx_model_ops.read, device to host), and --sums then lists every
+ * tensor it serves, not only those the update staged.
+ *
  * Usage: gpu_model_worker --listen HOST:PORT --port-file FILE [--no-check]
- *                         [--in-place-only] [--sums FILE]
+ *                         [--in-place-only] [--read] [--sums FILE]
  * (the CUDA runtime as the worker finds it: WTX_CUDART_LIB, ...; the
  * device from WTX_CUDA_DEVICE). --no-check, for throughput figures: prepare
  * trusts the staging (checksums may then be off). SIGTERM or SIGINT ends
@@ -50,7 +56,12 @@ typedef struct gpu_model {
   int device;
   int no_check;
   int in_place_only;
+  int read; /* --read */
   const char *sums; /* --sums FILE, or NULL */
+  /* --read: the version published, each tensor's device memory its own
+   * (owned), in the order first published. */
+  staged *pub;
+  size_t n_pub, cap_pub;
 } gpu_model;
 
 static void drop_staged(gpu_model *m) {
@@ -172,17 +183,77 @@ static void write_sums(const gpu_model *m, const char *version) {
   FILE *f = fopen(tmp, "w");
   if (f == NULL) return;
   fprintf(f, "version %s\n", version);
-  for (size_t i = 0; i < m->n; i++)
-    fprintf(f, "%s %016llx\n", m->t[i].meta.name, (unsigned long long)m->t[i].seen);
+  const staged *t = m->read ? m->pub : m->t;
+  for (size_t i = 0; i < (m->read ? m->n_pub : m->n); i++)
+    fprintf(f, "%s %016llx\n", t[i].meta.name, (unsigned long long)t[i].seen);
   if (fclose(f) == 0) rename(tmp, m->sums);
+}
+
+/* --read: staged tensor s replaces its name's in the published version
+ * (appended when new); the device memory becomes the version's, a copy
+ * where s was adopted in the receive region (the worker's). */
+static int publish_one(gpu_model *m, staged *s) {
+  size_t i = 0;
+  while (i < m->n_pub && strcmp(m->pub[i].meta.name, s->meta.name) != 0) i++;
+  if (i == m->n_pub && m->n_pub == m->cap_pub) {
+    size_t cap = m->cap_pub ? 2 * m->cap_pub : 64;
+    staged *p = realloc(m->pub, cap * sizeof *p);
+    if (p == NULL) return WTX_ENOMEM;
+    m->pub = p;
+    m->cap_pub = cap;
+  }
+  void *dev = s->dev;
+  if (!s->owned && m->cuda->Malloc(&dev, s->meta.nbytes ? s->meta.nbytes : 1) != 0)
+    return WTX_ENOMEM;
+  if (!s->owned && m->cuda->Memcpy(dev, s->dev, s->meta.nbytes, WTX_CUDA_D2D) != 0) {
+    m->cuda->Free(dev);
+    return WTX_EIO;
+  }
+  if (i < m->n_pub) {
+    m->cuda->Free(m->pub[i].dev);
+    free((char *)m->pub[i].meta.name);
+  } else {
+    m->n_pub++;
+  }
+  m->pub[i] = *s;
+  m->pub[i].owned = 1;
+  m->pub[i].dev = dev;
+  s->meta.name = strdup(s->meta.name); /* the staged entry's, freed with it */
+  s->owned = 0;
+  return s->meta.name != NULL ? 0 : WTX_ENOMEM;
 }
 
 static int m_commit(void *model, const char *version) {
   gpu_model *m = model;
   fprintf(stderr, "gpu_model_worker: version %s loaded from device staging\n", version);
+  int prev, rc = 0;
+  wtx__cuda_enter(m->cuda, m->device, &prev);
+  for (size_t i = 0; m->read && rc == 0 && i < m->n; i++) rc = publish_one(m, &m->t[i]);
+  wtx__cuda_leave(m->cuda, prev);
+  if (rc != 0) fprintf(stderr, "gpu_model_worker: cannot keep version %s\n", version);
   if (m->sums != NULL && !m->no_check) write_sums(m, version);
   drop_staged(model);
-  return 0;
+  return rc;
+}
+
+/* --read: the published bytes of meta's tensor, device to host. */
+static int m_read(void *model, wtx_target target, const wtx_tensor_meta *meta, uint8_t *dst,
+                  char *err, size_t errlen) {
+  gpu_model *m = model;
+  size_t i = 0;
+  while (i < m->n_pub && strcmp(m->pub[i].meta.name, meta->name) != 0) i++;
+  if (target != WTX_TARGET_MAIN || i == m->n_pub || m->pub[i].meta.nbytes != meta->nbytes) {
+    snprintf(err, errlen, "'%s': not published here as the update has it", meta->name);
+    return WTX_ENOENT;
+  }
+  int prev;
+  int e = wtx__cuda_enter(m->cuda, m->device, &prev);
+  if (e == WTX_CUDA_SUCCESS && meta->nbytes > 0)
+    e = m->cuda->Memcpy(dst, m->pub[i].dev, meta->nbytes, WTX_CUDA_D2H);
+  wtx__cuda_leave(m->cuda, prev);
+  if (e == WTX_CUDA_SUCCESS) return 0;
+  snprintf(err, errlen, "'%s': cannot copy it to the host", meta->name);
+  return WTX_EIO;
 }
 
 static void m_abort(void *model) { drop_staged(model); }
@@ -211,6 +282,7 @@ int main(int argc, char **argv) {
   gpu_model m = {0};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--no-check") == 0) m.no_check = 1;
+    else if (strcmp(argv[i], "--read") == 0) m.read = 1;
     else if (strcmp(argv[i], "--in-place-only") == 0) m.in_place_only = 1;
     else if (i + 1 == argc) break;
     else if (strcmp(argv[i], "--listen") == 0) listen = argv[++i];
@@ -220,7 +292,7 @@ int main(int argc, char **argv) {
   }
   if (listen == NULL || port_file == NULL) {
     fprintf(stderr, "usage: gpu_model_worker --listen HOST:PORT --port-file FILE "
-            "[--no-check] [--in-place-only] [--sums FILE]\n");
+            "[--no-check] [--in-place-only] [--read] [--sums FILE]\n");
     return 2;
   }
   sigset_t set;
@@ -237,6 +309,7 @@ int main(int argc, char **argv) {
    * the worker then sees it: one that refuses boxes. */
   wtx_model_ops ops = gpu_model_ops;
   if (m.in_place_only) ops.stage_device = NULL;
+  if (m.read) ops.read = m_read;
   o.model_ops = &ops;
   o.model = &m;
   if (rc == 0) rc = wtx_worker_start(&o, &w, err, sizeof err);
@@ -250,5 +323,10 @@ int main(int argc, char **argv) {
   wtx_worker_destroy(w);
   drop_staged(&m);
   free(m.t);
+  for (size_t i = 0; i < m.n_pub; i++) {
+    m.cuda->Free(m.pub[i].dev);
+    free((char *)m.pub[i].meta.name);
+  }
+  free(m.pub);
   return 0;
 }

@@ -213,7 +213,19 @@ class ManyTest : public wtxtest::ShardedFixture {
   // Deltas with patches: what one rank feeds whole goes as a patch of the
   // elements that changed; what several feed, as a patch of the spans
   // that changed, each from its rank.
-  void PatchesSendTheChangedElementsFromEachRankThatOwnsThem();
+  // whole_on_gpu: the whole replica stages on its GPU and reads back what
+  // it serves (gpu_model_worker --read).
+  void PatchesSendTheChangedElementsFromEachRankThatOwnsThem(bool whole_on_gpu = false);
+  // What gpu_model_worker --sums wrote at its last commit is model, every
+  // tensor of it, published as v.
+  void ExpectHoldsOnGpu(const std::string &sums, const Llama &model, const std::string &v) {
+    std::string version;
+    std::map<std::string, uint64_t> dev = DeviceSums(sums, &version);
+    EXPECT_EQ(v, version);
+    EXPECT_EQ(model.t.size(), dev.size()) << v;
+    for (const wtxtest::Tensor &x : model.t)
+      EXPECT_EQ(XXH3_64bits(x.data.data(), x.data.size()), dev[x.name]) << x.name << " " << v;
+  }
   // A rank killed while rank 0 waits for what it changed: rank 0 fails at
   // once naming it, every worker keeps v2, the rank comes back, v3 lands
   // and v4, nothing changed, is a delta that moves nothing.
@@ -387,9 +399,12 @@ void ManyTest::DeltasSendOnlyTheChangedTensorsFromEveryOwner() {
 // the workers hold it; one that several ranks feed (a trainer's shards
 // of it) as a patch of spans, one from each rank whose shard changed, or,
 // where a changed shard has no smaller patch, whole from each.
-void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
+void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem(bool whole_on_gpu) {
   delta_ = patches_ = true;
-  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1);
+  const std::string sums = dir_ + "/sums";
+  if (whole_on_gpu) worker_binary_ = "tests/client/gpu_model_worker";
+  Worker whole = whole_on_gpu ? Spawn({"--read", "--sums", sums}) : Spawn();
   ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
   for (const std::string &l : SyncAll(1, "v1")) {
     EXPECT_EQ(0u, Delta(l)) << l;
@@ -405,7 +420,8 @@ void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
   auto holds = [&](const Llama &model, const std::string &v) {
     ExpectHolds(r0, 0, model, v);
     ExpectHolds(r1, 1, model, v);
-    ExpectHolds(whole, -1, model, v);
+    if (whole_on_gpu) ExpectHoldsOnGpu(sums, model, v);
+    else ExpectHolds(whole, -1, model, v);
   };
   auto patch_l1 = [&](int seed, const std::string &v) {
     Llama model(static_cast<uint8_t>(seed));
@@ -479,6 +495,31 @@ void ManyTest::PatchesSendTheChangedElementsFromEachRankThatOwnsThem() {
   EXPECT_EQ(4u + 2 + 48 * 64 + 96 * 64, DeltaSum(got, Sent))
       << "a span to rank 0's worker, rows 48-95 to rank 1's, every row to the whole replica";
   holds(seven, "v7");
+  // Another element of layer 1's up_proj beside every byte of five more
+  // of layer 1's tensors, from the same ranks, cut across the 4 KiB
+  // buffers: chunks hold a patch and whole tensors, which run on into the
+  // next chunk or began in the one before, and the row-parallel workers'
+  // parts of o_proj and down_proj (columns, gathered by their rank) share
+  // a chunk.
+  const std::string p1 = "model.layers.1.";
+  const std::vector<std::pair<std::string, size_t>> whole_tensors = {
+      {p1 + "self_attn.q_proj.weight", 2048}, {p1 + "self_attn.k_proj.weight", 1024},
+      {p1 + "self_attn.v_proj.weight", 1024}, {p1 + "self_attn.o_proj.weight", 2048},
+      {p1 + "mlp.down_proj.weight", 4096}};
+  Llama eight(2);
+  for (size_t b : {size_t{640}, size_t{3840}, size_t{1920}}) eight.Bump(head, b);
+  for (size_t b = 72 * 64; b < 96 * 64; b++) eight.Bump(head, b);
+  eight.Bump(l1, byte);
+  std::string eight_bumps = six_bumps + " " + head + " 1920 " + head + " 4608+1536 " + l1 +
+                            " " + std::to_string(byte + 2);
+  eight.Bump(l1, byte + 2);
+  for (const auto &[name, n] : whole_tensors) {
+    eight_bumps += " " + name + " 0+" + std::to_string(n);
+    for (size_t b = 0; b < n; b++) eight.Bump(name, b);
+  }
+  got = SyncAll(2, "v8", eight_bumps);
+  EXPECT_EQ(2u, DeltaSum(got, Patched)) << "l1 to rank 1's worker and to the whole replica";
+  holds(eight, "v8");
 }
 
 // The caller's patches with many senders (wtx_trainer_send_patches, vLLM's
@@ -621,6 +662,18 @@ TEST_P(ManyDeltaTest, CallerPatchesGoFromRankZeroToEveryWorkersPart) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, ManyDeltaTest,
                          ::testing::Values("tcp", "shm", "nccl", "cuda_ipc"));
+
+// The patches above with the whole replica staging on its GPU
+// (gpu_model_worker --read, over nccl on the TEST DOUBLE): a chunk
+// carrying patches comes to the host, where each patch applies to the
+// published tensor read back, and every tensor of the chunk then goes to
+// its device staging; the replica takes the same patches and bytes as one
+// staging on the host. (shm and tcp stage on the host; cuda_ipc's receive
+// region is adopted in place, where no patch applies.)
+TEST_F(ManyTest, PatchesReachAWorkerStagingOnAGpu) {
+  backend_ = "nccl";
+  PatchesSendTheChangedElementsFromEachRankThatOwnsThem(true);
+}
 
 // A rank killed while rank 0 waits for what it changed: rank 0 fails at
 // once naming it, every worker keeps v2, and once it is back (knowing

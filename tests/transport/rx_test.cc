@@ -448,4 +448,38 @@ TEST_F(RxTest, DeviceStagingIsHashedFromTheBackendsHostCopyAndNeverTouched) {
   munmap(dev, 4096);
 }
 
+// With the senders' span checksums (many senders), a tensor's whole
+// checksum is read back from its staging once complete; a chunk received
+// WTX__RX_UNREAD (the session's host copy of device staging, holding only
+// this chunk's bytes of a tensor another chunk began) gives none, as a
+// chunk into device memory does, instead of the hash of bytes it never
+// held.
+TEST_F(RxTest, AnUnreadChunkGivesNoWholeChecksumReadBackFromItsStaging) {
+  std::vector<uint8_t> s = Stream(20);
+  for (int unread : {0, 1}) {
+    std::vector<uint8_t> a(20), b(20);  // chunk 1 into a, chunk 2 into b
+    wtx_rx_tensor first[1] = {{"a", 20, a.data()}}, second[1] = {{"a", 20, b.data()}};
+    uint64_t head = XXH3_64bits(s.data(), 8), tail = XXH3_64bits(s.data() + 8, 12);
+    ASSERT_EQ(0, wtx__rx_begin(rx_, first, 1, 0, 8, WTX__RX_VERIFY));
+    ASSERT_EQ(0, wtx_rx_span_checksums(rx_));
+    wtx__rx_expect_checksums(rx_, &head, 1);
+    ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data(), 8));
+    ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+    int flags = WTX__RX_VERIFY | (unread ? WTX__RX_UNREAD : 0);
+    ASSERT_EQ(0, wtx__rx_begin(rx_, second, 1, 8, 12, flags));
+    ASSERT_EQ(0, wtx_rx_span_checksums(rx_));
+    wtx__rx_expect_checksums(rx_, &tail, 1);
+    ASSERT_EQ(0, wtx_rx_bytes(rx_, s.data() + 8, 12));
+    ASSERT_EQ(0, wtx__rx_end(rx_)) << wtx__rx_error(rx_);
+    ASSERT_EQ(1u, wtx__rx_completed(rx_));
+    EXPECT_EQ(!unread, wtx__rx_whole_sums(rx_)) << unread;
+    // Read back, b's whole is not the tensor's: it lacks bytes 0-7.
+    if (!unread) {
+      EXPECT_EQ(XXH3_64bits(b.data(), 20), wtx__rx_checksum(rx_, 0));
+    }
+    EXPECT_NE(XXH3_64bits(s.data(), 20), XXH3_64bits(b.data(), 20));
+    EXPECT_EQ(0, memcmp(b.data() + 8, s.data() + 8, 12));
+  }
+}
+
 }  // namespace
