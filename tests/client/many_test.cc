@@ -660,47 +660,55 @@ TEST_P(ManyDeltaTest, TwoGatheredPartsInOneChunkEachCarryTheirOwnBytes) {
 // Deltas of random changes, each from the one before: a few tensors, each
 // with one byte, a run of bytes or every byte changed (so a patch, a patch
 // of spans or boxes, or whole, by what is smaller), in the pipeline and
-// the row-parallel layouts, with patches and without. After each, every
-// worker holds exactly its part of the model, hashed by the test. The
-// generator's seed is fixed: a failure names the changes that made it.
+// the row-parallel layouts, with patches and without, and over nccl with
+// the whole replica staging on its GPU. After each, every worker holds
+// exactly its part of the model, hashed by the test. The generator's seed
+// is fixed: a failure names the changes that made it.
 TEST_P(ManyDeltaTest, RandomDeltasKeepEveryWorkerExact) {
   std::mt19937 gen(20261207);
-  for (int layout = 0; layout < 2; layout++) {
-    for (int with_patches = 0; with_patches < 2; with_patches++) {
-      rows_ = layout == 1;
-      delta_ = true;
-      patches_ = with_patches == 1;
-      ranks_.clear();
-      Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
-      ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
-      for (const std::string &l : SyncAll(1, "v0")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
-      const Llama base(1);
-      for (int step = 1; step <= 12; step++) {
-        Llama model(1);
-        std::string bumps;
-        int changes = 1 + static_cast<int>(gen() % 12);
-        for (int k = 0; k < changes; k++) {
-          const wtxtest::Tensor &x = base.t[gen() % base.t.size()];
-          size_t n = x.data.size(), first = gen() % n, len = 1;
-          int how = static_cast<int>(gen() % 4);  // a byte, a run, every byte (two in four)
-          if (how == 1) len = 1 + gen() % (n - first);
-          if (how >= 2) first = 0, len = n;
-          bumps += (bumps.empty() ? "" : " ") + x.name + " " + std::to_string(first) + "+" +
-                   std::to_string(len);
-          for (size_t b = first; b < first + len; b++) model.Bump(x.name, b);
-        }
-        std::string v = "r" + std::to_string(step);
-        std::vector<std::string> got = SyncAll(1, v, bumps);
-        for (const std::string &l : got) ASSERT_EQ(0u, l.rfind("ok", 0)) << l << " after " << bumps;
-        SCOPED_TRACE("layout " + std::to_string(layout) + ", patches " +
-                     std::to_string(with_patches) + ", " + v + ": " + bumps);
-        ExpectHolds(r0, 0, model, v);
-        ExpectHolds(r1, 1, model, v);
-        ExpectHolds(whole, -1, model, v);
+  const std::string binary = worker_binary_, sums = dir_ + "/sums";
+  // Over nccl, two more rounds with patches: the whole replica on its GPU.
+  int rounds = backend_ == "nccl" ? 6 : 4;
+  for (int round = 0; round < rounds; round++) {
+    const int layout = round % 2, with_patches = round >= 2;
+    const bool on_gpu = round >= 4;
+    rows_ = layout == 1;
+    delta_ = true;
+    patches_ = with_patches == 1;
+    ranks_.clear();
+    worker_binary_ = binary;
+    Worker r0 = SpawnRank(0), r1 = SpawnRank(1);
+    if (on_gpu) worker_binary_ = "tests/client/gpu_model_worker";
+    Worker whole = on_gpu ? Spawn({"--read", "--sums", sums}) : Spawn();
+    ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
+    for (const std::string &l : SyncAll(1, "v0")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
+    const Llama base(1);
+    for (int step = 1; step <= 12; step++) {
+      Llama model(1);
+      std::string bumps;
+      int changes = 1 + static_cast<int>(gen() % 12);
+      for (int k = 0; k < changes; k++) {
+        const wtxtest::Tensor &x = base.t[gen() % base.t.size()];
+        size_t n = x.data.size(), first = gen() % n, len = 1;
+        int how = static_cast<int>(gen() % 4);  // a byte, a run, every byte (two in four)
+        if (how == 1) len = 1 + gen() % (n - first);
+        if (how >= 2) first = 0, len = n;
+        bumps += (bumps.empty() ? "" : " ") + x.name + " " + std::to_string(first) + "+" +
+                 std::to_string(len);
+        for (size_t b = first; b < first + len; b++) model.Bump(x.name, b);
       }
-      for (Rank &r : ranks_) Finish(r);
-      ranks_.clear();
+      std::string v = "r" + std::to_string(step);
+      std::vector<std::string> got = SyncAll(1, v, bumps);
+      for (const std::string &l : got) ASSERT_EQ(0u, l.rfind("ok", 0)) << l << " after " << bumps;
+      SCOPED_TRACE("layout " + std::to_string(layout) + ", patches " +
+                   std::to_string(with_patches) + ", " + v + ": " + bumps);
+      ExpectHolds(r0, 0, model, v);
+      ExpectHolds(r1, 1, model, v);
+      if (on_gpu) ExpectHoldsOnGpu(sums, model, v);
+      else ExpectHolds(whole, -1, model, v);
     }
+    for (Rank &r : ranks_) Finish(r);
+    ranks_.clear();
   }
 }
 
