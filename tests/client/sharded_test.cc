@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -243,6 +244,46 @@ TEST_P(ShardedTest, ADeltaSendsEachTensorParallelWorkerOnlyItsChangedParts) {
 
 TEST_P(ShardedTest, ADeltaOfPatchesSendsEachTensorParallelWorkerOnlyItsChangedParts) {
   DeltaSendsOnlyChangedParts(WTX_DELTA_PATCHES);
+}
+
+// Deltas of random changes from one trainer to two tensor-parallel
+// workers and a whole replica: each step changes a few random tensors by
+// one byte, a run of bytes or every byte, from the step before, with
+// tensor deltas and with patches. After each, every worker holds exactly
+// its parts, hashed by the test. Fixed seed; a failure names the changes.
+TEST_P(ShardedTest, RandomDeltasKeepEveryWorkerExact) {
+  std::mt19937 gen(20261207);
+  for (int mode : {WTX_DELTA_TENSORS, WTX_DELTA_PATCHES}) {
+    Llama model(1);
+    Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+    wtx_client *c = Client({r0, r1, whole});
+    wtx_source *src = model.Source();
+    wtx_trainer *t = Trainer(c, src, 60000, mode);
+    ASSERT_NE(nullptr, t);
+    wtx_send_result res;
+    ASSERT_NO_FATAL_FAILURE(Sync(t, "v0", &res));
+    for (int step = 1; step <= 12; step++) {
+      std::string changes;
+      for (int k = 1 + static_cast<int>(gen() % 12); k > 0; k--) {
+        Tensor &x = model.t[gen() % model.t.size()];
+        size_t n = x.data.size(), first = gen() % n, len = 1;
+        int how = static_cast<int>(gen() % 4);  // a byte, a run, every byte (two in four)
+        if (how == 1) len = 1 + gen() % (n - first);
+        if (how >= 2) first = 0, len = n;
+        for (size_t b = first; b < first + len; b++) x.data[b] ^= 0x5a;
+        changes += " " + x.name + " " + std::to_string(first) + "+" + std::to_string(len);
+      }
+      std::string v = "r" + std::to_string(step);
+      SCOPED_TRACE("mode " + std::to_string(mode) + ", " + v + ":" + changes);
+      ASSERT_NO_FATAL_FAILURE(Sync(t, v.c_str(), &res));
+      EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
+      ExpectRanksHold(r0, r1, model, v);
+      ExpectHolds(whole, -1, model, v);
+    }
+    wtx_trainer_shutdown(t);
+    wtx_client_destroy(c);
+    wtx_source_destroy(src);
+  }
 }
 
 // The caller's patches (vLLM's sparse_nccl shape: indices into the whole
