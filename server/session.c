@@ -593,6 +593,10 @@ typedef struct wtx__chunk {
    * copy (malloc'd, the chunk's until freed or handed to up.bounce) and
    * its device staging. NULL: received where it is staged. */
   uint8_t **host, **dev;
+  /* Once received: the tensors it completed, their checksums (NULL: none
+   * whole), a patched one's the whole tensor's (chunk_settle). */
+  size_t done;
+  const uint64_t *sums;
   char err[1600];
 } chunk;
 
@@ -1269,9 +1273,8 @@ static int bounce_copy(wtx_session *s, chunk *c, size_t i, uint64_t lo, uint64_t
 
 /* After a bounced chunk's receive (and its patches applied): the bytes
  * each tensor received, or a patched tensor whole, onto the GPU; the
- * tensor the next chunk continues goes on in up.bounce. Called under the
- * lock, as the patches' reads are: the copies are the GPU's own, bounded
- * by the backend's timeout. */
+ * tensor the next chunk continues goes on in up.bounce. Called while
+ * receiving, outside the lock (chunk_settle). */
 static int bounce_put(wtx_session *s, chunk *c, size_t done) {
   uint64_t left = c->bytes;
   size_t k = 0; /* the chunk's next patch */
@@ -1536,13 +1539,10 @@ static int apply_patches(wtx_session *s, chunk *c, size_t done, const uint64_t *
 /* Step 5 (after the receive): hands the completed tensors to the model.
  * Caller holds mu. */
 static int chunk_loaded(wtx_session *s, chunk *c) {
-  size_t done = wtx__rx_completed(s->rx);
-  const uint64_t *sums = wtx__rx_whole_sums(s->rx) ? wtx__rx_checksums(s->rx) : NULL;
-  int rc = c->n_patches > 0 ? apply_patches(s, c, done, &sums) : 0;
+  size_t done = c->done;
+  const uint64_t *sums = c->sums;
   if (c->ui->box != NULL && done == 1) box_scatter(s, c, &done, &sums);
-  if (rc == 0 && c->host != NULL) rc = bounce_put(s, c, done);
-  if (rc == 0)
-    rc = s->steps.loaded(s, c, done, sums);
+  int rc = s->steps.loaded(s, c, done, sums);
   if (rc != 0) return rc;
   s->up.staged_params += done;
   for (size_t i = 0; i < done; i++) s->up.staged_bytes += c->metas[i].nbytes;
@@ -1553,6 +1553,20 @@ static int chunk_loaded(wtx_session *s, chunk *c) {
     return WTX_EABORTED;
   }
   return 0;
+}
+
+/* After the receive, still outside the lock: the tensors the chunk
+ * completed and their checksums (c->done, c->sums), its patches applied
+ * and a bounced chunk's tensors put on the GPU; work in proportion to the
+ * patched tensors' bytes, which inspection does not wait on. The update
+ * is the receiving thread's meanwhile (no abort ends it until the
+ * receive's end). */
+static int chunk_settle(wtx_session *s, chunk *c) {
+  c->done = wtx__rx_completed(s->rx);
+  c->sums = wtx__rx_whole_sums(s->rx) ? wtx__rx_checksums(s->rx) : NULL;
+  int rc = c->n_patches > 0 ? apply_patches(s, c, c->done, &c->sums) : 0;
+  if (rc == 0 && c->host != NULL) rc = bounce_put(s, c, c->done);
+  return rc;
 }
 
 /* Step 4: the data plane moves the chunk's bytes, outside the lock (which
@@ -1568,6 +1582,7 @@ static int chunk_receive(wtx_session *s, chunk *c) {
   /* While receiving, no abort frees the staging (it waits for the end). */
   else if (c->ui->box != NULL) rc = box_put(s, c);
   c->receive_failed = rc != 0;
+  if (rc == 0) rc = chunk_settle(s, c);
   pthread_mutex_lock(&s->mu);
   s->up.receiving = 0;
   s->last_activity_ms = wtx__clock_ms();

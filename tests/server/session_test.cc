@@ -649,6 +649,81 @@ TEST_F(PatchTest, APatchInADeltaChangesOnlyItsElements) {
   ExpectPublished(want);
 }
 
+// The store's ops with a read (a delta's base) that blocks until the test
+// releases it, or 20 s pass (g_read_done then).
+std::mutex g_read_mu;
+std::condition_variable g_read_cv;
+bool g_in_read = false, g_read_release = false, g_read_done = false;
+int BlockingRead(void *m, wtx_target t, const wtx_tensor_meta *meta, uint8_t *dst, char *e,
+                 size_t n) {
+  {
+    std::unique_lock<std::mutex> lk(g_read_mu);
+    g_in_read = true;
+    g_read_cv.notify_all();
+    g_read_cv.wait_for(lk, std::chrono::seconds(20), [] { return g_read_release; });
+    g_read_done = true;
+  }
+  return wtx_store_model_ops.read(m, t, meta, dst, e, n);
+}
+
+// A patch's base is read, and the patch applied, outside the session's
+// lock: inspection answers while the model's read takes its time, and the
+// patch then lands.
+TEST_F(PatchTest, InspectionAnswersWhileAPatchsBaseIsRead) {
+  wtx_store *store = nullptr;
+  ASSERT_EQ(0, wtx_store_create(&store));
+  wtx_model_ops ops = wtx_store_model_ops;
+  ops.read = BlockingRead;
+  wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
+  o.model_ops = &ops;
+  o.model = store;
+  Restart(o);
+  g_in_read = g_read_release = g_read_done = false;
+  ASSERT_EQ(0, Init()) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  ASSERT_EQ(0, Update({T("a", 16, 1), T("b", 8, 2)})) << st_.message;
+  ASSERT_EQ(0, Finish("v1")) << st_.message;
+  ASSERT_EQ(0, StartDelta()) << st_.message;
+  PatchChunk p{"a", 16, {3}, {1.5f}};
+  std::vector<uint8_t> want = Patched(T("a", 16, 1).data, p);
+  p.result_xxh3 = XXH3_64bits(want.data(), want.size());
+  int sent = -1;
+  std::thread sender([&] { sent = SendPatch(p); });
+  {
+    std::unique_lock<std::mutex> lk(g_read_mu);
+    ASSERT_TRUE(g_read_cv.wait_for(lk, std::chrono::seconds(20), [] { return g_in_read; }));
+  }
+  Wtx__V1__GetWeightInfoRequest req = WTX__V1__GET_WEIGHT_INFO_REQUEST__INIT;
+  Wtx__V1__GetWeightInfoResponse *info = nullptr;
+  wtx__rpc_status st;
+  int rc = wtx__v1__weight_transfer__get_weight_info__call(ch_, &req, &info, nullptr, &st);
+  bool reading;
+  {
+    std::lock_guard<std::mutex> lk(g_read_mu);
+    reading = !g_read_done;
+    g_read_release = true;
+    g_read_cv.notify_all();
+  }
+  sender.join();
+  EXPECT_EQ(0, rc) << st.message;
+  EXPECT_TRUE(reading) << "inspection waited for the model's read";
+  if (info != nullptr) {
+    EXPECT_EQ(WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING, info->state);
+    EXPECT_STREQ("v1", info->weight_version);
+    protobuf_c_message_free_unpacked(&info->base, nullptr);
+  }
+  EXPECT_EQ(0, sent) << st_.message;
+  EXPECT_EQ(0, Finish("v2")) << st_.message;
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(store, WTX_TARGET_MAIN, &v));
+  EXPECT_STREQ("v2", v.version);
+  ASSERT_EQ(2u, v.n_params);
+  EXPECT_EQ(want, std::vector<uint8_t>(v.params[0].data, v.params[0].data + want.size()));
+  wtx_store_release(store, &v);
+  Stop();
+  wtx_store_destroy(store);
+}
+
 TEST_F(PatchTest, TheStartSaysWhetherAWorkerTakesPatches) {
   PublishV1();
   Wtx__V1__StartWeightUpdateRequest req = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
