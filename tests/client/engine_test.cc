@@ -933,6 +933,69 @@ TEST_P(HardDoubleTest, AWorkerOnADeviceTheMachineLacksIsRefusedByNumber) {
   wtx_source_destroy(src);
 }
 
+// A delta with patches into a model staging on the GPU whose copy or
+// synchronize fails partway (the chunk's bytes out of the backend's
+// buffer, the base read back, or the patched tensors put on the device):
+// the sync fails naming the CUDA error, the model serves the version
+// before, bit for bit, and the next delta lands.
+TEST_P(HardDoubleTest, AFailedCopyInAPatchedDeltaKeepsTheVersionBefore) {
+  const size_t kN = 6;
+  std::vector<uint8_t> data[kN];
+  std::vector<uint64_t> shapes[kN];
+  std::string names[kN];
+  wtx_memory_tensor ts[kN];
+  for (size_t i = 0; i < kN; i++) {
+    shapes[i] = {16, 1024 + 64 * i};
+    names[i] = "w" + std::to_string(i);
+    data[i].assign(shapes[i][0] * shapes[i][1] * 4, static_cast<uint8_t>(i + 1));
+    ts[i] = {names[i].c_str(), WTX_DTYPE_FLOAT32, shapes[i].data(), 2, data[i].data(), 0};
+  }
+  auto mine = [&] {
+    std::map<std::string, uint64_t> out;
+    for (size_t i = 0; i < kN; i++) out[names[i]] = XXH3_64bits(data[i].data(), data[i].size());
+    return out;
+  };
+  worker_binary_ = "tests/client/gpu_model_worker";
+  std::string sums = dir_ + "/sums", version;
+  std::vector<Worker> ws = {SpawnFailing({"--read", "--sums", sums})};
+  wtx_client *c = Client(ws, 5000);
+  wtx_source *src = nullptr;
+  char e[1024] = "";
+  ASSERT_EQ(0, wtx_source_memory(ts, kN, &src, e, sizeof e)) << e;
+  std::string backend = GetParam();
+  wtx_trainer_config cfg = Config(backend, 64 << 10, 2, 5000);
+  cfg.delta = WTX_DELTA_PATCHES;
+  wtx_trainer *t = nullptr;
+  ASSERT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
+  wtx_send_options so = WTX_SEND_OPTIONS_INIT;
+  wtx_send_result res;
+  so.version = "v1";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  std::map<std::string, uint64_t> v1 = mine();
+  // A patch of w2 beside w3 rewritten whole, each time anew.
+  const float two = 2.0f;
+  for (const char *kind : {"copy", "sync"}) {
+    memcpy(&data[2][(kind[0] == 'c' ? 5 : 9) * 4], &two, 4);
+    for (auto &b : data[3]) b ^= 0x33;
+    FailNext("worker", kind);
+    so.version = kind;
+    EXPECT_NE(0, wtx_trainer_send_weights(t, &so, &res)) << kind;
+    EXPECT_TRUE(Fired("worker", kind)) << kind << ": no call failed";
+    EXPECT_NE(nullptr, strstr(wtx_trainer_last_error(t), "unspecified launch failure"))
+        << kind << ": " << wtx_trainer_last_error(t);
+    EXPECT_EQ(v1, DeviceSums(sums, &version)) << kind;
+    EXPECT_EQ("v1", version) << kind;
+  }
+  so.version = "v2";
+  ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
+  EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
+  EXPECT_EQ(mine(), DeviceSums(sums, &version));
+  EXPECT_EQ("v2", version);
+  wtx_trainer_shutdown(t);
+  wtx_client_destroy(c);
+  wtx_source_destroy(src);
+}
+
 INSTANTIATE_TEST_SUITE_P(GpuBackendsOnTheHardDouble, HardDoubleTest,
                          ::testing::Values("nccl", "cuda_ipc"),
                          [](const auto &info) { return std::string(info.param); });
