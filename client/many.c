@@ -1040,8 +1040,10 @@ typedef struct wjob {
  * use until the chunk is sent, so one buffer for all would hand the chunk
  * the last piece's bytes in place of the others'. */
 typedef struct gathered {
-  uint8_t **buf;
-  uint32_t *piece;
+  struct gathered_piece {
+    uint8_t *buf;
+    uint32_t piece;
+  } *v;
   size_t n, cap;
 } gathered;
 
@@ -1049,36 +1051,19 @@ typedef struct gathered {
  * on with (a piece's segs are consecutive in a stream); all with all. */
 static void gathered_drop(gathered *g, int all) {
   size_t keep = !all && g->n > 0;
-  for (size_t i = 0; i + keep < g->n; i++) free(g->buf[i]);
-  if (keep) {
-    g->buf[0] = g->buf[g->n - 1];
-    g->piece[0] = g->piece[g->n - 1];
-  }
+  for (size_t i = 0; i + keep < g->n; i++) free(g->v[i].buf);
+  if (keep) g->v[0] = g->v[g->n - 1];
   g->n = keep;
   if (!all) return;
-  free(g->buf);
-  free(g->piece);
+  free(g->v);
   *g = (gathered){0};
-}
-
-/* Room for one more in g. */
-static int gathered_grow(gathered *g) {
-  if (g->n < g->cap) return 0;
-  size_t cap = g->cap ? 2 * g->cap : 8;
-  uint8_t **b = realloc(g->buf, cap * sizeof *b);
-  if (b != NULL) g->buf = b;
-  uint32_t *p = b != NULL ? realloc(g->piece, cap * sizeof *p) : NULL;
-  if (p == NULL) return WTX_ENOMEM;
-  g->piece = p;
-  g->cap = cap;
-  return 0;
 }
 
 /* Where piece p's packed bytes are: in this rank's part when they are one
  * run of it, else gathered into a buffer of g (the one it has when the
  * seg before was of p). */
 static const uint8_t *piece_bytes(wtx__many *m, uint32_t p, gathered *g) {
-  if (g->n > 0 && g->piece[g->n - 1] == p) return g->buf[g->n - 1];
+  if (g->n > 0 && g->v[g->n - 1].piece == p) return g->v[g->n - 1].buf;
   const wtx_piece *pieces;
   wtx_plan_pieces(m->plan, &pieces);
   uint32_t i = pieces[p].param;
@@ -1089,11 +1074,17 @@ static const uint8_t *piece_bytes(wtx__many *m, uint32_t p, gathered *g) {
   wtx_plan_piece_box(m->plan, &pieces[p], &box);
   const uint8_t *local = m->local[i];
   if (wtx_box_contiguous(own, &box, &elem)) return local + elem * es;
-  uint8_t *buf = gathered_grow(g) == 0 ? malloc(wtx_box_elements(&box) * es) : NULL;
+  if (g->n == g->cap) {
+    size_t cap = g->cap ? 2 * g->cap : 8;
+    struct gathered_piece *v = realloc(g->v, cap * sizeof *v);
+    if (v == NULL) return NULL;
+    g->v = v;
+    g->cap = cap;
+  }
+  uint8_t *buf = malloc(wtx_box_elements(&box) * es);
   if (buf == NULL) return NULL;
   wtx_box_copy(buf, NULL, local, own, &box, es);
-  g->buf[g->n] = buf;
-  g->piece[g->n++] = p;
+  g->v[g->n++] = (struct gathered_piece){buf, p};
   return buf;
 }
 
