@@ -55,7 +55,7 @@ static wtx__end failure_kind(int rc) {
 static void update_reset(wtx__update *u) {
   free(u->boxed.bits);
   free(u->spans.wire);
-  free(u->bounce.host);
+  free(u->bounce_host);
   wtx__layout cur = u->cur;
   wtx__layout_clear(&cur);
   *u = (wtx__update){.by_range = -1, .cur = cur};
@@ -590,7 +590,7 @@ typedef struct wtx__chunk {
     uint8_t *wire;
   } boxed;
   /* Device staging received on the host (bounce): per tensor its host
-   * copy (malloc'd, the chunk's until freed or handed to up.bounce) and
+   * copy (malloc'd, the chunk's until freed or handed to up.bounce_host) and
    * its device staging. NULL: received where it is staged. */
   uint8_t **host, **dev;
   /* Once received: the tensors it completed, their checksums (NULL: none
@@ -1238,23 +1238,23 @@ static void choose_stage(wtx_session *s) {
  * and a delta's tensors are the few that changed. */
 static int bounces(const wtx_session *s, const chunk *c) {
   return s->stage_device >= 0 && c->ui->box == NULL &&
-         (c->n_patches > 0 || s->up.bounce.host != NULL);
+         (c->n_patches > 0 || s->up.bounce_host != NULL);
 }
 
 /* Host copies of the chunk's tensors, their device staging kept in dev; a
- * tensor continued from the chunk before keeps its copy (up.bounce) or,
- * begun on the device, gets a new one, which holds only this chunk's
- * bytes of it (so the chunk is received WTX__RX_UNREAD). */
+ * tensor continued from the chunk before (its device staging carry_dst)
+ * keeps its copy (up.bounce_host) or, begun on the device, gets a new one,
+ * which holds only this chunk's bytes of it (so the chunk is received
+ * WTX__RX_UNREAD). */
 static int bounce_stage(wtx_session *s, chunk *c, size_t first) {
   if ((c->host = calloc(c->n, sizeof *c->host)) == NULL ||
       (c->dev = calloc(c->n, sizeof *c->dev)) == NULL)
     return WTX_ENOMEM;
   for (size_t i = 0; i < c->n; i++) {
     c->dev[i] = c->rt[i].dst;
-    if (i == 0 && first && s->up.bounce.host != NULL) {
-      c->host[0] = s->up.bounce.host;
-      c->dev[0] = s->up.bounce.dev;
-      s->up.bounce = (struct wtx__bounce){0};
+    if (i == 0 && first && s->up.bounce_host != NULL) {
+      c->host[0] = s->up.bounce_host;
+      s->up.bounce_host = NULL;
     } else if ((c->host[i] = malloc(c->metas[i].nbytes ? c->metas[i].nbytes : 1)) == NULL) {
       return WTX_ENOMEM;
     }
@@ -1272,9 +1272,9 @@ static int bounce_copy(wtx_session *s, chunk *c, size_t i, uint64_t lo, uint64_t
 }
 
 /* After a bounced chunk's receive (and its patches applied): the bytes
- * each tensor received, or a patched tensor whole, onto the GPU; the
- * tensor the next chunk continues goes on in up.bounce. Called while
- * receiving, outside the lock (chunk_settle). */
+ * each tensor received, or a patched tensor whole, onto the GPU; the host
+ * copy of the tensor the next chunk continues goes on in up.bounce_host.
+ * Called while receiving, outside the lock (chunk_settle). */
 static int bounce_put(wtx_session *s, chunk *c, size_t done) {
   uint64_t left = c->bytes;
   size_t k = 0; /* the chunk's next patch */
@@ -1291,8 +1291,8 @@ static int bounce_put(wtx_session *s, chunk *c, size_t done) {
     if (rc != 0) return rc;
   }
   if (done < c->n) {
-    free(s->up.bounce.host);
-    s->up.bounce = (struct wtx__bounce){.host = c->host[c->n - 1], .dev = c->dev[c->n - 1]};
+    free(s->up.bounce_host);
+    s->up.bounce_host = c->host[c->n - 1];
     c->host[c->n - 1] = NULL;
   }
   return 0;

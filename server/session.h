@@ -93,11 +93,9 @@ typedef struct wtx__update {
   } spans;
   /* A tensor staged on the GPU but received on the host (a delta's chunk
    * with patches, session.c's bounce) that the next chunk continues: its
-   * host copy (malloc'd, owned here until the tensor or the update ends)
-   * and its device staging. */
-  struct wtx__bounce {
-    uint8_t *host, *dev;
-  } bounce;
+   * host copy (malloc'd, owned here until the tensor or the update ends);
+   * its device staging is carry_dst. */
+  uint8_t *bounce_host;
   /* A tensor sent in boxes (UpdateInfo.box), open from its first box until
    * its boxes cover it: its position in cur (params) or in the table named
    * (layout), its staging, its elements received so far (a bit each, so
