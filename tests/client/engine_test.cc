@@ -939,44 +939,23 @@ TEST_P(HardDoubleTest, AWorkerOnADeviceTheMachineLacksIsRefusedByNumber) {
 // the sync fails naming the CUDA error, the model serves the version
 // before, bit for bit, and the next delta lands.
 TEST_P(HardDoubleTest, AFailedCopyInAPatchedDeltaKeepsTheVersionBefore) {
-  const size_t kN = 6;
-  std::vector<uint8_t> data[kN];
-  std::vector<uint64_t> shapes[kN];
-  std::string names[kN];
-  wtx_memory_tensor ts[kN];
-  for (size_t i = 0; i < kN; i++) {
-    shapes[i] = {16, 1024 + 64 * i};
-    names[i] = "w" + std::to_string(i);
-    data[i].assign(shapes[i][0] * shapes[i][1] * 4, static_cast<uint8_t>(i + 1));
-    ts[i] = {names[i].c_str(), WTX_DTYPE_FLOAT32, shapes[i].data(), 2, data[i].data(), 0};
-  }
-  auto mine = [&] {
-    std::map<std::string, uint64_t> out;
-    for (size_t i = 0; i < kN; i++) out[names[i]] = XXH3_64bits(data[i].data(), data[i].size());
-    return out;
-  };
+  wtxtest::FloatModel model(6);
   worker_binary_ = "tests/client/gpu_model_worker";
   std::string sums = dir_ + "/sums", version;
   std::vector<Worker> ws = {SpawnFailing({"--read", "--sums", sums})};
   wtx_client *c = Client(ws, 5000);
-  wtx_source *src = nullptr;
-  char e[1024] = "";
-  ASSERT_EQ(0, wtx_source_memory(ts, kN, &src, e, sizeof e)) << e;
-  std::string backend = GetParam();
-  wtx_trainer_config cfg = Config(backend, 64 << 10, 2, 5000);
-  cfg.delta = WTX_DELTA_PATCHES;
-  wtx_trainer *t = nullptr;
-  ASSERT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
+  wtx_source *src = model.Source();
+  wtx_trainer *t = DeltaTrainer(c, src, WTX_DELTA_PATCHES, 5000);
+  ASSERT_NE(nullptr, t);
   wtx_send_options so = WTX_SEND_OPTIONS_INIT;
   wtx_send_result res;
   so.version = "v1";
   ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
-  std::map<std::string, uint64_t> v1 = mine();
-  // A patch of w2 beside w3 rewritten whole, each time anew.
-  const float two = 2.0f;
+  std::map<std::string, uint64_t> v1 = model.Hashes();
+  // A patch of tensor 2 beside tensor 3 rewritten whole, each time anew.
   for (const char *kind : {"copy", "sync"}) {
-    memcpy(&data[2][(kind[0] == 'c' ? 5 : 9) * 4], &two, 4);
-    for (auto &b : data[3]) b ^= 0x33;
+    model.Set(2, kind[0] == 'c' ? 5 : 9, 2.0f);
+    for (auto &b : model.data[3]) b ^= 0x33;
     FailNext("worker", kind);
     so.version = kind;
     EXPECT_NE(0, wtx_trainer_send_weights(t, &so, &res)) << kind;
@@ -989,7 +968,7 @@ TEST_P(HardDoubleTest, AFailedCopyInAPatchedDeltaKeepsTheVersionBefore) {
   so.version = "v2";
   ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
   EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
-  EXPECT_EQ(mine(), DeviceSums(sums, &version));
+  EXPECT_EQ(model.Hashes(), DeviceSums(sums, &version));
   EXPECT_EQ("v2", version);
   wtx_trainer_shutdown(t);
   wtx_client_destroy(c);
@@ -1578,13 +1557,7 @@ class DeltaTest : public EngineTest {
 
   // A trainer of c in the test's delta mode, from src (NULL: the model).
   wtx_trainer *Trainer(wtx_client *c, wtx_source *src = nullptr) {
-    std::string backend = GetParam();
-    wtx_trainer_config cfg = Config(backend, 64 << 10, 2, 10000);
-    cfg.delta = mode_;
-    wtx_trainer *t = nullptr;
-    char e[1024] = "";
-    EXPECT_EQ(0, wtx_trainer_init(&cfg, c, src != nullptr ? src : src_, &t, e, sizeof e)) << e;
-    return t;
+    return DeltaTrainer(c, src != nullptr ? src : src_, mode_, 10000);
   }
 
   // The tensors' XXH3 as the test holds them.

@@ -40,6 +40,45 @@ struct Worker {
   std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
 };
 
+// n float32 tensors "model.layers.I.w" of shape [16, 1024 + 64 I] and
+// pseudo-random bytes, in memory, for tests that change some of them
+// between syncs (data) and compare what workers hold with Hashes().
+struct FloatModel {
+  explicit FloatModel(size_t n) : names(n), shapes(n), data(n), ts(n) {
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    for (size_t i = 0; i < n; i++) {
+      shapes[i] = {16, 1024 + 64 * i};
+      names[i] = "model.layers." + std::to_string(i) + ".w";
+      data[i].resize(shapes[i][0] * shapes[i][1] * 4);
+      for (auto &b : data[i]) x ^= x << 13, x ^= x >> 7, x ^= x << 17, b = (uint8_t)x;
+      ts[i] = {names[i].c_str(), WTX_DTYPE_FLOAT32, shapes[i].data(), 2, data[i].data(), 0};
+    }
+  }
+  FloatModel(const FloatModel &) = delete;
+  FloatModel &operator=(const FloatModel &) = delete;
+  // A source over the tensors as they are at each sync (the caller's);
+  // nullptr, with a failure recorded, when it cannot be made.
+  wtx_source *Source() {
+    wtx_source *src = nullptr;
+    char e[512] = "";
+    EXPECT_EQ(0, wtx_source_memory(ts.data(), ts.size(), &src, e, sizeof e)) << e;
+    return src;
+  }
+  // Each tensor's XXH3 by name, as the test holds it.
+  std::map<std::string, uint64_t> Hashes() const {
+    std::map<std::string, uint64_t> out;
+    for (size_t i = 0; i < data.size(); i++)
+      out[names[i]] = XXH3_64bits(data[i].data(), data[i].size());
+    return out;
+  }
+  // Element e of tensor i set to v.
+  void Set(size_t i, size_t e, float v) { memcpy(&data[i][e * 4], &v, 4); }
+  std::vector<std::string> names;
+  std::vector<std::vector<uint64_t>> shapes;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<wtx_memory_tensor> ts;
+};
+
 class EngineTest : public ::testing::TestWithParam<const char *> {
  protected:
   void SetUp() override {
@@ -134,6 +173,19 @@ class EngineTest : public ::testing::TestWithParam<const char *> {
     cfg.checksum = WTX_CHECKSUM_XXH3_64;
     cfg.backend = backend.c_str();  // the caller keeps backend alive
     return cfg;
+  }
+
+  // A trainer of c over src for the backend under test, in delta mode
+  // delta, 64 KiB buffers (tensors cut across chunks); nullptr, with a
+  // failure recorded, when it cannot start.
+  wtx_trainer *DeltaTrainer(wtx_client *c, wtx_source *src, int delta, uint32_t timeout_ms) {
+    std::string backend = backend_.empty() ? GetParam() : backend_;
+    wtx_trainer_config cfg = Config(backend, 64 << 10, 2, timeout_ms);
+    cfg.delta = delta;
+    wtx_trainer *t = nullptr;
+    char e[1024] = "";
+    EXPECT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
+    return t;
   }
 
   // One push of src to c's workers; returns the engine's result code.

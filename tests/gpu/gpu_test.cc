@@ -179,57 +179,34 @@ TEST_P(GpuTest, WithChecksumsOffEveryByteLandsAsTheTestHashesIt) {
 TEST_P(GpuTest, PatchesReachAModelStagingOnTheGpu) {
   if (std::string(GetParam()) == "nccl" && gpus_ < 2)
     GTEST_SKIP() << "nccl needs 2 GPUs (trainer + worker), this machine has " << gpus_;
-  const size_t kN = 12;
-  std::vector<uint8_t> data[kN];
-  std::vector<uint64_t> shapes[kN];
-  std::string names[kN];
-  wtx_memory_tensor ts[kN];
-  uint64_t x = 0x9e3779b97f4a7c15ULL;
-  for (size_t i = 0; i < kN; i++) {
-    shapes[i] = {16, 1024 + 64 * i};
-    names[i] = "model.layers." + std::to_string(i) + ".w";
-    data[i].resize(shapes[i][0] * shapes[i][1] * 4);
-    for (auto &b : data[i]) x ^= x << 13, x ^= x >> 7, x ^= x << 17, b = (uint8_t)x;
-    ts[i] = {names[i].c_str(), WTX_DTYPE_FLOAT32, shapes[i].data(), 2, data[i].data(), 0};
-  }
-  auto mine = [&] {
-    std::map<std::string, uint64_t> out;
-    for (size_t i = 0; i < kN; i++) out[names[i]] = XXH3_64bits(data[i].data(), data[i].size());
-    return out;
-  };
+  wtxtest::FloatModel model(12);
   worker_binary_ = "tests/client/gpu_model_worker";
   std::string dev = std::string(GetParam()) == "nccl" ? "1" : "0", sums = dir_ + "/sums";
   setenv("WTX_CUDA_DEVICE", dev.c_str(), 1);
   std::vector<Worker> ws = {Spawn({"--read", "--sums", sums})};
   setenv("WTX_CUDA_DEVICE", "0", 1);
   wtx_client *c = Client(ws);
-  wtx_source *src = nullptr;
-  char e[1024] = "";
-  ASSERT_EQ(0, wtx_source_memory(ts, kN, &src, e, sizeof e)) << e;
-  std::string backend = GetParam();
-  wtx_trainer_config cfg = Config(backend, 64 << 10, 2, 60000);
-  cfg.delta = WTX_DELTA_PATCHES;
-  wtx_trainer *t = nullptr;
-  ASSERT_EQ(0, wtx_trainer_init(&cfg, c, src, &t, e, sizeof e)) << e;
+  wtx_source *src = model.Source();
+  wtx_trainer *t = DeltaTrainer(c, src, WTX_DELTA_PATCHES, 60000);
+  ASSERT_NE(nullptr, t);
   auto sync = [&](const char *v, wtx_send_result *res) {
     wtx_send_options so = WTX_SEND_OPTIONS_INIT;
     so.version = v;
     ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, res)) << v << ": " << wtx_trainer_last_error(t);
     std::string got;
-    EXPECT_EQ(mine(), DeviceSums(sums, &got)) << v;
+    EXPECT_EQ(model.Hashes(), DeviceSums(sums, &got)) << v;
     EXPECT_EQ(v, got);
   };
   wtx_send_result res;
   sync("p0", &res);
   for (size_t i : {1, 2, 4, 6, 8})
-    for (auto &b : data[i]) b ^= 0x33;
-  const float two = 2.0f;
-  memcpy(&data[5][100 * 4], &two, 4);
+    for (auto &b : model.data[i]) b ^= 0x33;
+  model.Set(5, 100, 2.0f);
   sync("p1", &res);
   EXPECT_EQ(1, res.delta);
   EXPECT_EQ(1u, res.patched_params);
-  memcpy(&data[0][7 * 4], &two, 4);
-  memcpy(&data[11][3 * 4], &two, 4);
+  model.Set(0, 7, 2.0f);
+  model.Set(11, 3, 2.0f);
   sync("p2", &res);
   EXPECT_EQ(2u, res.patched_params);
   wtx_trainer_shutdown(t);
