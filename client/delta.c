@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "client/delta.h"
+#include "client/fanout.h"
 #include "common/hash.h"
 #include "common/patch.h"
 #include "common/strmap.h"
@@ -47,6 +48,7 @@ void wtx__delta_free(wtx__delta *d) {
   free(d->pending);
   free(d->arena);
   free(d->chunks);
+  free(d->based);
   *d = (wtx__delta){0};
 }
 
@@ -80,6 +82,22 @@ static int narrow(wtx__delta *d, const wtx_weight_info *info, const wtx_tensor_m
   return rc;
 }
 
+/* The record describes what each replica of c serves now: valid, at
+ * those versions (not valid when there is no room to keep them). */
+static void mark(wtx__delta *d, const wtx_client *c) {
+  size_t n = wtx_client_size(c);
+  d->valid = 0;
+  if (n != d->n_based) {
+    free(d->based);
+    d->n_based = 0;
+    if ((d->based = calloc(n ? n : 1, sizeof *d->based)) == NULL) return;
+    d->n_based = n;
+  }
+  for (size_t r = 0; r < n; r++)
+    snprintf(d->based[r], sizeof d->based[r], "%s", wtx__client_serves(c, r));
+  d->valid = 1;
+}
+
 int wtx__delta_learn(wtx__delta *d, wtx_client *c, const wtx_tensor_meta *metas) {
   d->valid = 0;
   memset(d->ok, 1, d->n);
@@ -93,8 +111,8 @@ int wtx__delta_learn(wtx__delta *d, wtx_client *c, const wtx_tensor_meta *metas)
       return rc;
     }
   }
-  d->valid = 1;
-  return 0;
+  mark(d, c);
+  return d->valid ? 0 : WTX_ENOMEM;
 }
 
 int wtx__delta_plan(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t buffer_size,
@@ -129,10 +147,10 @@ int wtx__delta_plan(wtx__delta *d, const wtx_tensor_meta *metas, uint64_t buffer
   return rc;
 }
 
-void wtx__delta_landed(wtx__delta *d, int diffed) {
+void wtx__delta_landed(wtx__delta *d, int diffed, const wtx_client *c) {
   memcpy(d->known, d->hashes, d->n * sizeof *d->known);
   memset(d->ok, 1, d->n);
-  d->valid = 1;
+  mark(d, c);
   /* Without this sync's diff, prev missed what it changed. */
   if (!diffed && d->prev_ok != NULL) memset(d->prev_ok, 0, d->n);
   for (size_t i = 0; d->pending != NULL && i < d->n; i++) {
@@ -142,7 +160,6 @@ void wtx__delta_landed(wtx__delta *d, int diffed) {
 }
 
 void wtx__delta_failed(wtx__delta *d) {
-  d->valid = 0;
   if (d->pending != NULL) memset(d->pending, 0, d->n);
 }
 
@@ -344,6 +361,7 @@ int wtx__delta_caller(wtx__delta *d, const wtx_patch *p, size_t n, uint64_t buff
 
 void wtx__delta_forget(wtx__delta *d) {
   wtx__delta_failed(d);
+  d->valid = 0;
   if (d->prev_ok != NULL) memset(d->prev_ok, 0, d->n);
 }
 

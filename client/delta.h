@@ -20,11 +20,15 @@ extern "C" {
 typedef struct wtx__delta {
   size_t n; /* the table's tensors */
   /* Per tensor: the XXH3-64 every replica serves, where ok[i]; valid:
-   * they describe the versions the replicas serve now (the last sync
-   * landed, or wtx__delta_learn asked them). */
+   * they describe the versions in based (the last sync that landed, or
+   * wtx__delta_learn, saw replica r serve based[r]). A failed sync leaves
+   * them standing: a delta names based[r] as replica r's base, so a
+   * replica that serves anything else refuses it before a byte moves. */
   uint64_t *known;
   uint8_t *ok;
   int valid;
+  char (*based)[WTX_MAX_VERSION_BYTES + 1];
+  size_t n_based;
   uint64_t *hashes; /* this sync's: every tensor's XXH3-64 (the hash pass) */
   /* The hash pass's tensors that stay put until it ends, hashed together
    * at its end (wtx__delta_hash): where; NULL: hashed as it went. */
@@ -90,10 +94,12 @@ int wtx__delta_patch(const uint8_t *cur, uint8_t *prev, const wtx_tensor_meta *m
  * hashed whole). */
 void wtx__delta_hash(const uint8_t *const *at, const wtx_tensor_meta *metas, size_t n,
                      uint64_t *out);
-/* The sync landed on every replica: they serve hashes now (and prev,
- * when diffed: the sync ran wtx__delta_diff). */
-void wtx__delta_landed(wtx__delta *d, int diffed);
-/* The sync failed: what it copied into prev is not what they serve. */
+/* The sync landed on every replica of c: they serve hashes now, at the
+ * versions c saw them publish (and prev, when diffed: the sync ran
+ * wtx__delta_diff). */
+void wtx__delta_landed(wtx__delta *d, int diffed, const wtx_client *c);
+/* The sync failed: what it copied into prev is not what they serve; the
+ * record of what they served before it stands (valid, with based). */
 void wtx__delta_failed(wtx__delta *d);
 /* Another sync (the caller's patches) changed what they serve: nothing of
  * it is known any more. */

@@ -857,11 +857,13 @@ static int delta_bases(sync_state *s) {
              "known: %s", wtx_client_last_error(t->client));
     return 0;
   }
+  /* The record stands for the versions it was made at, a failed sync
+   * after it or not: those are the bases. */
   size_t n = wtx_client_size(t->client);
-  const char **bases = calloc(n, sizeof *bases);
+  const char **bases = n == t->dk.n_based ? calloc(n, sizeof *bases) : NULL;
   if (bases == NULL) return 0;
   size_t i = 0;
-  while (i < n && (bases[i] = wtx__client_serves(t->client, i))[0] != '\0') i++;
+  while (i < n && (bases[i] = t->dk.based[i])[0] != '\0') i++;
   if (i < n)
     snprintf(t->full_reason, sizeof t->full_reason, "delta: worker %zu (%s) serves no "
              "version yet", i, wtx_client_target(t->client, i));
@@ -1025,7 +1027,7 @@ static void delta_landed(wtx_trainer *t, const sync_state *s, int commit) {
   memcpy(t->xxh3, t->dk.hashes, t->n * sizeof *t->xxh3);
   int to_main = s->o->target != WTX_TARGET_DRAFT;
   if (commit && to_main) {
-    wtx__delta_landed(&t->dk, s->diffed);
+    wtx__delta_landed(&t->dk, s->diffed, t->client);
   } else if (to_main) {
     t->dk.valid = 0; /* until the caller publishes it: wtx__trainer_landed */
     t->dk_prepared = 1 + s->diffed;
@@ -1075,8 +1077,10 @@ static int send_run(wtx_trainer *t, const wtx_send_options *o, int commit,
   t->sums_sent = rc == 0 && s.verify;
   if (rc != 0) {
     /* Keep every replica's previous weights; a broken stream means the
-     * sessions must be initialized again. What they serve is asked again
-     * (an undo may have reached some and not others). */
+     * sessions must be initialized again. The record of what they served
+     * stands: the next delta names those versions as its bases, and a
+     * replica that serves another (an undo that did not reach it) refuses
+     * it, so the whole table goes. */
     wtx__delta_failed(&t->dk);
     wtx__trainer_abort(t, t->err);
   } else {
@@ -1185,7 +1189,7 @@ int wtx__trainer_send_prepared(wtx_trainer *t, const wtx_send_options *opts,
 
 void wtx__trainer_landed(wtx_trainer *t, int published) {
   if (t->dk_prepared == 0) return;
-  if (published) wtx__delta_landed(&t->dk, t->dk_prepared == 2);
+  if (published) wtx__delta_landed(&t->dk, t->dk_prepared == 2, t->client);
   else wtx__delta_failed(&t->dk);
   t->dk_prepared = 0;
 }

@@ -152,7 +152,12 @@ struct wtx__many {
    * rank 0 asks every rank which changed (changed: a bit per piece of the
    * plan), and tells each the decision: whether the last sync landed, then
    * per worker a bit per tensor of its stream, the tensors this sync
-   * sends. ph waits (pending) until a decision says whether it landed. */
+   * sends. ph waits (pending) until a decision says whether it landed.
+   * Syncs are numbered by rank 0 (seq, in the ask); a rank's ph is of
+   * sync pending_seq, and the ask names the last that landed (landed_seq,
+   * 0: none). On rank 0, based[w] is the version that sync left on worker
+   * w: what every rank's record describes there, through failed syncs
+   * after it, and the base a delta names. */
   int delta;
   size_t my_first, my_n;
   uint64_t *ph, *sent;
@@ -161,7 +166,8 @@ struct wtx__many {
   size_t changed_len;
   uint8_t *decision;
   size_t decision_len;
-  int landed;    /* rank 0: the last sync landed on every worker */
+  uint64_t seq, pending_seq, landed_seq;
+  char (*based)[WTX_MAX_VERSION_BYTES + 1];
   /* Patches (WTX_DELTA_PATCHES): any piece (pform[p]: the whole worker
    * tensor, a span of one other runs feed too, or a box of one fed in
    * boxes) may travel as a patch of the piece, which its rank
@@ -601,6 +607,7 @@ void wtx__many_destroy(wtx__many *m) {
   free(m->theirs);
   free(m->decision);
   free(m->full);
+  free(m->based);
   free(m->pform);
   free(m->prev);
   free(m->prev_ok);
@@ -1290,10 +1297,11 @@ static int run_jobs(wtx__many *m, wjob *jobs, size_t n, char *err, size_t errlen
 
 /* ---- deltas (docs/data-plane.md, "Deltas with many senders") ---- */
 
-/* Rank 0's ask, a byte: whether the last sync landed (what each rank
- * hashed for it is what the workers hold), and whether the caller's
- * patches landed since (nothing a rank hashed stands). */
-enum { ASK_LANDED = 1, ASK_FORGET = 2 };
+/* Rank 0's ask (WTX__TCP_ASK_BYTES): this sync's number, the last that
+ * landed on every worker (what each rank hashed for it is what the
+ * workers hold), and its flags: whether the caller's patches landed since
+ * (nothing a rank hashed stands). */
+enum { ASK_FORGET = 2 };
 
 /* Bit k of bits. */
 static int bit(const uint8_t *bits, size_t k) { return (bits[k / 8] >> (k % 8)) & 1; }
@@ -1379,7 +1387,9 @@ static int delta_open(wtx__many *m) {
   m->theirs = calloc(m->theirs_cap + 1, 1);
   m->decision = calloc(m->decision_cap, 1);
   m->full = calloc(m->n_workers + 1, 1);
-  if (rc == 0 && !(m->ph && m->sent && m->changed && m->theirs && m->decision && m->full))
+  m->based = calloc(m->n_workers + 1, sizeof *m->based);
+  if (rc == 0 && !(m->ph && m->sent && m->changed && m->theirs && m->decision && m->full &&
+                   m->based))
     rc = WTX_ENOMEM;
   return rc;
 }
@@ -1633,18 +1643,24 @@ static void name_rank(const wtx__many *m, uint32_t r, char *err, size_t errlen) 
   if (n + 1 < errlen) snprintf(err + n, errlen - n, " (rank %u at %s)", r, m->addrs[r]);
 }
 
+/* Rank 0: this sync landed on every worker's main model; what each
+ * serves now is what every rank's record of it describes. */
+static void mark_based(wtx__many *m) {
+  m->landed_seq = m->seq;
+  for (size_t w = 0; w < m->n_workers; w++)
+    snprintf(m->based[w], sizeof m->based[w], "%s", wtx__client_serves(m->one[w], 0));
+}
+
 /* Rank 0, a delta: worker w's next start names as its base the version
  * this trainer's last landed sync left there, when there is one; else w
  * takes the whole stream (full[w], and full_reason says why). */
 static int delta_base(wtx__many *m, size_t w, int target) {
-  const char *base = m->landed && target != WTX_TARGET_DRAFT ? wtx__client_serves(m->one[w], 0)
-                                                              : "";
+  const char *base = target != WTX_TARGET_DRAFT ? m->based[w] : "";
   m->full[w] = base[0] == '\0';
   if (m->full[w] && m->full_reason[0] == '\0')
     snprintf(m->full_reason, sizeof m->full_reason, "delta: %s",
              target == WTX_TARGET_DRAFT ? "the draft model takes whole syncs only"
-             : m->landed ? "a worker serves no version yet"
-                         : "no sync of this trainer has landed there yet");
+             : "no sync of this trainer has landed there yet");
   return m->full[w] ? 0 : wtx__client_set_bases(m->one[w], &base);
 }
 
@@ -1704,11 +1720,12 @@ static void decide_patches(wtx__many *m) {
 static int delta_gather(wtx__many *m, char *err, size_t errlen) {
   const wtx_piece *pieces;
   size_t np = wtx_plan_pieces(m->plan, &pieces);
-  uint8_t ask = (uint8_t)(m->landed ? ASK_LANDED : 0) | (uint8_t)(m->forget ? ASK_FORGET : 0);
+  uint8_t ask[WTX__TCP_ASK_BYTES];
+  wtx__tcp_ask_encode(ask, (uint8_t)(m->forget ? ASK_FORGET : 0), ++m->seq, m->landed_seq);
   int rc = 0;
   uint32_t r = 1;
   for (; rc == 0 && r < m->world; r += rc == 0)
-    rc = wtx__tcp_link_ask(m->links[r], &ask, 1, m->wire.timeout_ms, err, errlen);
+    rc = wtx__tcp_link_ask(m->links[r], ask, sizeof ask, m->wire.timeout_ms, err, errlen);
   if (rc == 0) m->forget = 0; /* every rank was told */
   /* Rank 0 settled its own record when its last sync ended. */
   if (rc == 0 && (rc = delta_hash(m)) != 0) return rc;
@@ -1782,15 +1799,21 @@ static int follow_patches(wtx__many *m, size_t dlen, char *err, size_t errlen) {
   return WTX_EPROTO;
 }
 
-/* Another rank: rank 0's ask (whether the last sync landed), this rank's
+/* Another rank: rank 0's ask (which sync landed last), this rank's
  * changes, and the decision. */
 static int delta_follow(wtx__many *m, char *err, size_t errlen) {
-  uint8_t ask = 0;
+  uint8_t ask[WTX__TCP_ASK_BYTES], flags = 0;
+  uint64_t seq = 0, landed = 0;
   int rc = read_go(m, err, errlen); /* the ask follows the go */
-  if (rc == 0) rc = wtx__tcp_rank_asked(m->tcp, &ask, 1, err, errlen);
-  if (rc == 0) delta_settle(m, (ask & ASK_LANDED) != 0);
-  if (rc == 0 && (ask & ASK_FORGET)) many_forget(m);
+  if (rc == 0) rc = wtx__tcp_rank_asked(m->tcp, ask, sizeof ask, err, errlen);
+  if (rc == 0 && wtx__tcp_ask_decode(ask, &flags, &seq, &landed) != 0) {
+    snprintf(err, errlen, "delta: rank 0's ask is not one");
+    rc = WTX_EPROTO;
+  }
+  if (rc == 0) delta_settle(m, m->pending_seq == landed);
+  if (rc == 0 && (flags & ASK_FORGET)) many_forget(m);
   if (rc == 0) rc = delta_hash(m);
+  m->pending_seq = seq;
   size_t dlen = 0;
   if (rc == 0 && m->patches)
     rc = wtx__tcp_rank_answer(m->tcp, m->answer, delta_answer(m), m->decision, m->decision_len,
@@ -1977,8 +2000,9 @@ int wtx__many_send(wtx__many *m, const wtx_send_options *opts, wtx_send_result *
   /* Whether what every worker serves is what the ranks hashed this sync:
    * not after a failure, nor after a sync of the draft model. */
   if (m->rank == 0 && m->delta) {
-    m->landed = rc == 0 && opts->target != WTX_TARGET_DRAFT;
-    delta_settle(m, m->landed);
+    int landed = rc == 0 && opts->target != WTX_TARGET_DRAFT;
+    if (landed) mark_based(m);
+    delta_settle(m, landed);
   }
   pass_release(m);
   if (rc != 0 && !moved) {
@@ -2214,6 +2238,11 @@ int wtx__many_send_patches(wtx__many *m, const wtx_patch *patches, size_t n,
   if (rc == 0) {
     many_forget(m);
     m->forget = m->delta;
+    /* No rank's record stands, so the next delta sends every piece; its
+     * base is the version the patches published. */
+    for (size_t w = 0; m->delta && w < m->n_workers; w++)
+      if (m->based[w][0] != '\0')
+        snprintf(m->based[w], sizeof m->based[w], "%s", wtx__client_serves(m->one[w], 0));
   }
   /* A refusal before any start leaves the sessions as they were. */
   if (rc != 0 && checked && !moved) many_reset(m, err);

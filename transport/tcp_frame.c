@@ -123,6 +123,22 @@ void wtx__tcp_patch_encode(uint8_t *rec, uint32_t piece, uint64_t count, uint64_
   put64(rec + 16, result);
 }
 
+void wtx__tcp_ask_encode(uint8_t *rec, uint8_t flags, uint64_t seq, uint64_t landed) {
+  memset(rec, 0, 8);
+  rec[0] = flags;
+  put64(rec + 8, seq);
+  put64(rec + 16, landed);
+}
+
+int wtx__tcp_ask_decode(const uint8_t *rec, uint8_t *flags, uint64_t *seq, uint64_t *landed) {
+  static const uint8_t zero[7];
+  *flags = rec[0];
+  *seq = get64(rec + 8);
+  *landed = get64(rec + 16);
+  return memcmp(rec + 1, zero, sizeof zero) == 0 && *seq > 0 && *landed < *seq ? 0
+                                                                              : WTX_EPROTO;
+}
+
 int wtx__tcp_patch_decode(const uint8_t *rec, uint32_t *piece, uint64_t *count,
                           uint64_t *result) {
   *piece = get32(rec);

@@ -95,8 +95,8 @@ int wtx__tcp_go_decode(const uint8_t *g, uint64_t *generation, uint32_t *payload
 
 /* A delta sync's exchange on rank 0's link to another rank (client/many.c):
  * d: WTX__TCP_DELTA_BYTES ("WTXX", the record's kind, its payload's
- * length), then the payload. Rank 0 asks (no payload), the rank answers
- * what it changed, rank 0 tells it the sync's decision. */
+ * length), then the payload. Rank 0 asks (WTX__TCP_ASK_BYTES), the rank
+ * answers what it changed, rank 0 tells it the sync's decision. */
 #define WTX__TCP_DELTA_BYTES 16
 #define WTX__TCP_DELTA_PAYLOAD_MAX (UINT64_C(1) << 30)
 enum { WTX__TCP_DELTA_ASK = 1, WTX__TCP_DELTA_ANSWER = 2, WTX__TCP_DELTA_DECISION = 3 };
@@ -114,6 +114,18 @@ void wtx__tcp_patch_encode(uint8_t *rec, uint32_t piece, uint64_t count, uint64_
 /* WTX_EPROTO when the zero bytes are not, or count is 0. */
 int wtx__tcp_patch_decode(const uint8_t *rec, uint32_t *piece, uint64_t *count,
                           uint64_t *result);
+
+/* Rank 0's ask, the payload of WTX__TCP_DELTA_ASK: its flags (1 byte,
+ * client/many.c's ASK_*), 7 zero bytes, then this sync's number and the
+ * number of the last sync that landed on every worker (0: none), 8 bytes
+ * each. A rank takes what it hashed for a sync as what the workers hold
+ * only when that sync is the one that landed: a failed sync's ask may
+ * never have reached it. */
+#define WTX__TCP_ASK_BYTES 24
+void wtx__tcp_ask_encode(uint8_t *rec, uint8_t flags, uint64_t seq, uint64_t landed);
+/* WTX_EPROTO when the zero bytes are not, seq is 0, or landed is not
+ * before seq. */
+int wtx__tcp_ask_decode(const uint8_t *rec, uint8_t *flags, uint64_t *seq, uint64_t *landed);
 
 /* f: WTX__TCP_FRAME_BYTES. */
 void wtx__tcp_frame_encode(uint8_t *f, const wtx__tcp_frame *fr);

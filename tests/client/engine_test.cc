@@ -965,9 +965,14 @@ TEST_P(HardDoubleTest, AFailedCopyInAPatchedDeltaKeepsTheVersionBefore) {
     EXPECT_EQ(v1, DeviceSums(sums, &version)) << kind;
     EXPECT_EQ("v1", version) << kind;
   }
+  // This model reports no per-tensor hashes: what the trainer knew of v1
+  // stands through both failures, so only tensor 2 travels (tensor 3,
+  // flipped twice, is as v1 has it).
   so.version = "v2";
   ASSERT_EQ(0, wtx_trainer_send_weights(t, &so, &res)) << wtx_trainer_last_error(t);
   EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
+  EXPECT_EQ(1u, res.params);
+  EXPECT_EQ(5u, res.skipped_params);
   EXPECT_EQ(model.Hashes(), DeviceSums(sums, &version));
   EXPECT_EQ("v2", version);
   wtx_trainer_shutdown(t);

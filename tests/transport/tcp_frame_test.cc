@@ -140,4 +140,27 @@ TEST(TcpFrame, APatchRecordRoundTripsAndNamesAtLeastOneElement) {
   EXPECT_EQ(WTX_EPROTO, wtx__tcp_patch_decode(r, &piece, &count, &sum));
 }
 
+// Rank 0's ask: its flags, this sync's number and the last that landed,
+// little-endian; a sync numbered 0, one that landed no earlier than the
+// sync asking, or a zero byte set, is no ask.
+TEST(TcpFrame, AnAskRoundTripsAndNamesAnEarlierSyncAsLanded) {
+  uint8_t r[WTX__TCP_ASK_BYTES];
+  wtx__tcp_ask_encode(r, 2, (uint64_t)1 << 33, 7);
+  uint8_t flags = 0;
+  uint64_t seq = 0, landed = 0;
+  ASSERT_EQ(0, wtx__tcp_ask_decode(r, &flags, &seq, &landed));
+  EXPECT_EQ(2, flags);
+  EXPECT_EQ((uint64_t)1 << 33, seq);
+  EXPECT_EQ(7u, landed);
+  EXPECT_EQ(7, r[16]);
+  r[3] = 1;
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_ask_decode(r, &flags, &seq, &landed));
+  wtx__tcp_ask_encode(r, 0, 7, 7);
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_ask_decode(r, &flags, &seq, &landed));
+  wtx__tcp_ask_encode(r, 0, 0, 0);
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_ask_decode(r, &flags, &seq, &landed));
+  wtx__tcp_ask_encode(r, 0, 1, 0);
+  EXPECT_EQ(0, wtx__tcp_ask_decode(r, &flags, &seq, &landed));
+}
+
 }  // namespace
