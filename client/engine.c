@@ -1029,7 +1029,8 @@ static void delta_landed(wtx_trainer *t, const sync_state *s, int commit) {
   if (commit && to_main) {
     wtx__delta_landed(&t->dk, s->diffed, t->client);
   } else if (to_main) {
-    t->dk.valid = 0; /* until the caller publishes it: wtx__trainer_landed */
+    /* Prepared, not published: the record stands for what the replicas
+     * serve until the caller says it published (wtx__trainer_landed). */
     t->dk_prepared = 1 + s->diffed;
   } else {
     wtx__delta_failed(&t->dk);
