@@ -608,6 +608,7 @@ class StandaloneWorkerTest(unittest.TestCase):
                      torch.full((3,), -5.0))), 2),
                  ("a storage moved", lambda: setattr(m[7], "data", torch.full((3,), 99.0)), 3),
                  ("nothing", lambda: None, 3)]
+        results = []
         for what, change, passes in steps:
             with self.subTest(what):
                 if change is not None:
@@ -619,6 +620,18 @@ class StandaloneWorkerTest(unittest.TestCase):
                 info = c.get_weight_info(include_params=True)[0]
                 self.assertEqual(what, info["weight_version"])
                 self.assertEqual(sums(), [int(p["xxh3_64"]) for p in info["params"]])
+                results.append((r["xxh3"], sums()))
+        # Each result keeps its own sums (a sequence over a copy, not over
+        # the engine's array, which the next sync rewrites), and reads as
+        # the list does.
+        first, later = results[0], results[1]
+        self.assertNotEqual(first[1], later[1])
+        self.assertEqual(first[1], first[0])
+        self.assertEqual(first[0], first[1])
+        self.assertEqual(len(first[1]), len(first[0]))
+        self.assertEqual(first[1][2:5], first[0][2:5])
+        self.assertEqual(first[1][-1], first[0][-1])
+        self.assertNotEqual(later[0], first[0])
         e.shutdown()
         c.close()
 

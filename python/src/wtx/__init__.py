@@ -17,8 +17,9 @@ in C; Python passes tensors' memory, never their bytes.
 from .client import Tls, WorkerClient, WtxError
 from .serve import Server, serve
 from .sources import DictSource, ParamMeta, SafetensorsSource, TorchModuleSource
-from .trainer import TrainerEngine, WtxTrainerInitInfo
+from .trainer import Checksums, TrainerEngine, WtxTrainerInitInfo
 
 __version__ = "0.1.0"
-__all__ = ["DictSource", "ParamMeta", "SafetensorsSource", "Server", "Tls", "TorchModuleSource",
-           "TrainerEngine", "WorkerClient", "WtxError", "WtxTrainerInitInfo", "serve"]
+__all__ = ["Checksums", "DictSource", "ParamMeta", "SafetensorsSource", "Server", "Tls",
+           "TorchModuleSource", "TrainerEngine", "WorkerClient", "WtxError", "WtxTrainerInitInfo",
+           "serve"]

@@ -11,7 +11,7 @@ control plane never touch Python.
 from __future__ import annotations
 
 import ctypes as C
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -224,7 +224,8 @@ class TrainerEngine:
         {bytes, params, chunks, seconds, version, xxh3, direct, control_bytes,
         delta, skipped_params, skipped_bytes, full_reason}: bytes and params
         are what the sync sent (a delta's changed tensors), xxh3 every
-        tensor's checksum. ``progress`` is called (done_bytes, total_bytes)
+        tensor's checksum (a Checksums sequence; None when the sync made
+        none). ``progress`` is called (done_bytes, total_bytes)
         after every chunk.
 
         ``patches`` (vLLM's sparse_nccl shape: SparseWeightPatch, or dicts
@@ -270,10 +271,11 @@ class TrainerEngine:
         return self._result(res)
 
     def _result(self, res: Any) -> dict[str, Any]:
+        n = res.params + res.skipped_params
         self.last_result = {
             "bytes": res.bytes, "params": res.params, "chunks": res.chunks,
             "seconds": res.seconds, "version": res.version.decode(),
-            "xxh3": res.xxh3[:res.params + res.skipped_params] if res.xxh3 else None,
+            "xxh3": Checksums(C.addressof(res.xxh3.contents), n) if res.xxh3 else None,
             "direct": bool(res.direct), "control_bytes": res.control_bytes,
             "delta": bool(res.delta), "skipped_params": res.skipped_params,
             "skipped_bytes": res.skipped_bytes,
@@ -302,6 +304,37 @@ class TrainerEngine:
 
 _CONTROL_CALLS = ("init_weight_transfer_engine", "start_weight_update", "update_weights",
                   "finish_weight_update")
+
+
+class Checksums(Sequence):
+    """Every tensor's XXH3-64 from one sync, in the source's order: a
+    read-only sequence of ints over a copy of the engine's array. An int is
+    made only when one is read (making 40k of them at every sync would cost
+    most of a millisecond); ``list(sums)`` gives a list."""
+
+    __slots__ = ("_v",)
+
+    def __init__(self, address: int, n: int) -> None:
+        self._v = memoryview(C.string_at(address, n * 8)).cast("Q")
+
+    def __len__(self) -> int:
+        return len(self._v)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._v[i].tolist() if isinstance(i, slice) else self._v[i]
+
+    def __iter__(self) -> Any:
+        return iter(self._v)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Checksums, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Checksums({self._v.tolist()!r})"
 
 
 class _ControlPlane:
