@@ -562,9 +562,10 @@ int wtx__client_send_base(wtx_client *c) {
 }
 
 /* 1 when every replica's last start said it takes what the bits of can
- * name; never over a caller's control plane, whose start answers none. */
+ * name; over a caller's control plane, whose start answers none, what the
+ * caller said (patches, or nothing). */
 static int all_can(const wtx_client *c, unsigned can) {
-  if (!c->reach->services || c->n == 0) return 0;
+  if (c->n == 0) return 0;
   for (size_t i = 0; i < c->n; i++)
     if ((c->r[i].can & can) != can) return 0;
   return 1;
@@ -1108,6 +1109,9 @@ static void control_start_begin(wtx_client *c, int target, size_t params) {
   char why[1024];
   int rc = wtx__control_start(c->ctl, target, why, sizeof why);
   c->r[0].begun = rc != 0 ? control_failed(c, "start_weight_update", rc, why) : 0;
+  /* Its start answers nothing: whether the engines take patches is the
+   * caller's word. */
+  c->r[0].can = wtx__control_patches(c->ctl) ? CAN_PATCHES : 0u;
 }
 
 static int control_start_end(wtx_client *c) { return c->r[0].begun; }

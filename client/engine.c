@@ -953,6 +953,9 @@ static int caller_begin(sync_state *s, int *lost) {
   rc = sync_buffers(s);
   if (rc == 0 && s->tb.n_chunks > 0) rc = sync_pack(s, 0);
   int src = wtx__client_start_end(t->client);
+  /* A caller's control plane takes the base after its start. */
+  if (src == 0 && (src = wtx__client_send_base(t->client)) != 0)
+    return fail(t, WTX_ESTATE, "%s", wtx_client_last_error(t->client));
   if (src != 0) {
     *lost = session_lost(t->client);
     int stale = wtx_client_last_status(t->client) == GRPC_STATUS_FAILED_PRECONDITION;

@@ -79,8 +79,9 @@ void wtx_client_destroy(wtx_client *c);
  * trainer then sends the whole model in the same sync (the wtx vLLM
  * plugin does both). Deltas need named versions here: finish answers
  * nothing, so what a replica serves is the version the last finish named. */
-/* The wtx_control_ops layout of this header: 1, every member below. */
-#define WTX_CONTROL_OPS_VERSION 1u
+/* The wtx_control_ops layout of this header: 2, every member below (1:
+ * without patches). */
+#define WTX_CONTROL_OPS_VERSION 2u
 
 typedef struct wtx_control_ops {
   /* WTX_CONTROL_OPS_VERSION as the caller built it (0 is refused): the
@@ -95,6 +96,13 @@ typedef struct wtx_control_ops {
   /* Optional (NULL: nothing is called): ends the active update, the
    * previous weights staying. */
   void (*abort)(void *self, const char *reason);
+  /* Version 2. Nonzero: the engines behind this control plane take a
+   * delta's patches (the wtx vLLM plugin's, started with
+   * WTX_VLLM_KEEP_BASE=1). Their start answers nothing, so only the caller
+   * can say so; 0: every changed tensor goes whole, and the caller's own
+   * patches are refused. An engine that takes none refuses the first
+   * patch (FAILED_PRECONDITION): that sync fails, every weight stays. */
+  int patches;
 } wtx_control_ops;
 
 /* A client of one endpoint (however many workers stand behind it) reached

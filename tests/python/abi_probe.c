@@ -54,7 +54,8 @@ int main(void) {
   F(wtx_model_ops, stage_chunk); F(wtx_model_ops, loaded_chunk);
   F(wtx_model_ops, check_range); F(wtx_model_ops, revert); F(wtx_model_ops, read); END();
   BEGIN(wtx_control_ops); F(wtx_control_ops, version); F(wtx_control_ops, init); F(wtx_control_ops, start);
-  F(wtx_control_ops, update); F(wtx_control_ops, finish); F(wtx_control_ops, abort); END();
+  F(wtx_control_ops, update); F(wtx_control_ops, finish); F(wtx_control_ops, abort);
+  F(wtx_control_ops, patches); END();
   BEGIN(wtx_worker_options); F(wtx_worker_options, listen); F(wtx_worker_options, backends);
   F(wtx_worker_options, n_backends); F(wtx_worker_options, model_ops);
   F(wtx_worker_options, model); F(wtx_worker_options, world_size);

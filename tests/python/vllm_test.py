@@ -345,6 +345,115 @@ class HttpTest(unittest.TestCase):
             self.assertTrue(torch.equal(before[n], p.detach()), n)
 
 
+class HttpPatchesTest(unittest.TestCase):
+    """Patches through vLLM's routes: the engine started with
+    WTX_VLLM_KEEP_BASE=1 keeps what load_weights was last given and takes
+    patches; vLLM's start answers nothing, so the trainer is told
+    (engines_take_patches)."""
+
+    @classmethod
+    def setUpClass(cls):
+        from vllm.entrypoints.rl.online.api_router import router
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        cls.model = with_load_weights(tiny_llama(4))
+        cls.engine = engine_for(cls.model)
+        cls.app = AppServer([router], EngineClientStandIn(cls.engine))
+        os.environ["WTX_VLLM_KEEP_BASE"] = "1"
+        try:  # the engine reads it at its first init, made here
+            cls.engine.init_transfer_engine(cls.engine.parse_init_info({"shm": {}}))
+        finally:
+            del os.environ["WTX_VLLM_KEEP_BASE"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.app.stop()
+        cls.engine.shutdown()
+
+    def trainer(self, source, **kw):
+        import wtx
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        return WeightTransferTrainerFactory.trainer_init(
+            wtx.WtxTrainerInitInfo(transport="shm", rank=0, **kw),
+            client=HTTPVLLMWeightSyncClient(self.app.url, timeout=60), source=source)
+
+    def assert_serves(self, trainer):
+        served = dict(self.model.named_parameters())
+        for n, p in trainer.named_parameters():
+            self.assertTrue(torch.equal(p.detach(), served[n].detach()), n)
+
+    def test_deltas_and_the_callers_patches_arrive_as_patches(self):
+        from vllm.distributed.weight_transfer.base import ModuleSource
+        from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
+        trainer = tiny_llama(5)
+        engine = self.trainer(ModuleSource(trainer), delta="patches", engines_take_patches=True)
+        self.assertFalse(engine.send_weights(version="p-1")["delta"])
+        self.assert_serves(trainer)
+        name, w = "model.layers.0.mlp.gate_proj.weight", None
+        w = dict(trainer.named_parameters())[name]
+        with torch.no_grad():
+            w.view(-1)[[3, 700]] += 1.0
+        r = engine.send_weights(version="p-2")
+        self.assertTrue(r["delta"], r["full_reason"])
+        self.assertEqual((1, 1), (r["params"], r["patched_params"]))
+        self.assertLess(r["bytes"], w.numel() * w.element_size() // 10)
+        self.assert_serves(trainer)
+        # vLLM's sparse_nccl shape, NaN included: load_weights gets the
+        # patched tensor whole, bit-exact.
+        idx = torch.tensor([900, 5])
+        vals = torch.tensor([float("nan"), -2.5])
+        r = engine.send_weights([SparseWeightPatch(name, idx, vals, tuple(w.shape))],
+                                version="p-3")
+        self.assertEqual((1, 1), (r["params"], r["patched_params"]))
+        want = w.detach().clone().view(-1)
+        want[idx] = vals
+        got = dict(self.model.named_parameters())[name].detach().view(-1)
+        self.assertTrue(torch.equal(want.view(torch.int32), got.view(torch.int32)))
+        engine.shutdown()
+
+    def test_patches_to_an_engine_that_keeps_no_base_are_refused_and_the_weights_stay(self):
+        from vllm.distributed.weight_transfer.base import ModuleSource
+        from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
+        import wtx
+        from vllm.entrypoints.rl.online.api_router import router
+        model = with_load_weights(tiny_llama(6))
+        plain = engine_for(model)
+        app = AppServer([router], EngineClientStandIn(plain))
+        try:
+            from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+            from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+            trainer = tiny_llama(7)
+            engine = WeightTransferTrainerFactory.trainer_init(
+                wtx.WtxTrainerInitInfo(transport="shm", rank=0, engines_take_patches=True),
+                client=HTTPVLLMWeightSyncClient(app.url, timeout=60),
+                source=ModuleSource(trainer))
+            engine.send_weights(version="q-1")
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            # vLLM's route answers 500, its body not read by vLLM's client;
+            # the engine's log says "this worker takes whole tensors only".
+            with self.assertRaisesRegex(wtx.WtxError, "update_weights: HTTPError: 500"):
+                engine.send_weights([SparseWeightPatch("model.norm.weight", torch.tensor([0]),
+                                                       torch.tensor([9.0]), (64,))],
+                                    version="q-2")
+            for n, p in model.named_parameters():
+                self.assertTrue(torch.equal(before[n], p.detach()), n)
+            with torch.no_grad():
+                trainer.model.norm.weight.add_(1.0)
+            engine.send_weights(version="q-2")  # the next sync lands
+            served = dict(model.named_parameters())
+            for n, p in trainer.named_parameters():
+                self.assertTrue(torch.equal(p.detach(), served[n].detach()), n)
+            engine.shutdown()
+            with self.assertRaisesRegex(ValueError, "engines_take_patches"):
+                wtx.TrainerEngine.trainer_init(
+                    {"rank": 0, "engines_take_patches": True},
+                    client=wtx.WorkerClient([plain._server.address]))
+        finally:
+            app.stop()
+            plain.shutdown()
+
+
 class Ranks:
     """The processes of one tensor-parallel vLLM (vllm_tp_rank.py, vLLM's
     real LlamaForCausalLM at tensor_parallel_size world, gloo), each with

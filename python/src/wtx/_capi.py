@@ -97,7 +97,8 @@ SRC_OWNERSHIP = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(C.POINTER(Ownership))
 
 
 # The ops structs' layouts this package was written for (WTX_*_OPS_VERSION).
-SOURCE_OPS_VERSION = MODEL_OPS_VERSION = CONTROL_OPS_VERSION = 1
+SOURCE_OPS_VERSION = MODEL_OPS_VERSION = 1
+CONTROL_OPS_VERSION = 2
 
 
 class SourceOps(C.Structure):
@@ -177,7 +178,7 @@ C_ABORT = C.CFUNCTYPE(None, C.c_void_p, C.c_char_p)
 
 class ControlOps(C.Structure):
     _fields_ = [("version", C.c_uint), ("init", C_INIT), ("start", C_START), ("update", C_UPDATE),
-                ("finish", C_FINISH), ("abort", C_ABORT)]
+                ("finish", C_FINISH), ("abort", C_ABORT), ("patches", C.c_int)]
 
 
 STRUCTS = {"wtx_control_ops": ControlOps, "wtx_tensor_meta": TensorMeta, "wtx_client_options": ClientOptions,

@@ -47,7 +47,12 @@ class WtxTrainerInitInfo:
     it was a delta, ``["full_reason"]`` why the whole model went instead.
     True or "tensors"; "patches": a changed tensor goes as a patch of the
     elements that changed where that is fewer bytes (the engine keeps a
-    host copy of the model for it)."""
+    host copy of the model for it). engines_take_patches: with a client of
+    vLLM's (its HTTP or Ray client), whose start answers nothing, the
+    caller's word that every engine behind it takes patches (vLLM started
+    with the wtx plugin and WTX_VLLM_KEEP_BASE=1); without it a delta
+    sends changed tensors whole there, and the caller's own patches are
+    refused. wtx workers say it themselves: not with a WorkerClient."""
 
     backend: ClassVar[str] = "wtx"
 
@@ -70,6 +75,7 @@ class WtxTrainerInitInfo:
     world_size: int = field(default=1, kw_only=True)
     rank_addresses: list[str] | None = field(default=None, kw_only=True)
     session_token: str | None = field(default=None, kw_only=True)
+    engines_take_patches: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -185,9 +191,13 @@ class TrainerEngine:
         self._source = source
         if self.is_sender:
             if isinstance(client, WorkerClient):
+                if info.engines_take_patches:
+                    raise ValueError("engines_take_patches: for a client of vLLM's, whose start "
+                                     "answers nothing; wtx workers say whether they take "
+                                     "patches themselves")
                 self._client = _c_client(client)
             elif all(callable(getattr(client, m, None)) for m in _CONTROL_CALLS):
-                self._control = _ControlPlane(client)
+                self._control = _ControlPlane(client, info.engines_take_patches)
                 self._client = self._control.c
             else:
                 raise TypeError("client: a wtx.WorkerClient, or an object with vLLM's four "
@@ -342,12 +352,12 @@ class _ControlPlane:
     caller's) as the C engine's control plane: the engine hands over
     serialized wtx.v1 messages, which go to the client as their JSON form."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, patches: bool = False) -> None:
         self.client = client
         self.ops = _capi.ControlOps(_capi.CONTROL_OPS_VERSION,
                                     _capi.C_INIT(self._init), _capi.C_START(self._start),
                                     _capi.C_UPDATE(self._update), _capi.C_FINISH(self._finish),
-                                    _capi.C_ABORT(self._abort))
+                                    _capi.C_ABORT(self._abort), 1 if patches else 0)
         self.c = C.c_void_p()
         rc = _capi.client_create_control(C.byref(self.ops), None, C.byref(self.c))
         if rc != 0:

@@ -114,8 +114,17 @@ class WtxWeightTransferEngine(WeightTransferEngine[WtxInitInfo, WtxUpdateInfo]):
             # learn its slices through vLLM's routes; over tcp the ranks
             # relay them along a chain) and stages only what its loaders
             # read of them.
+            # WTX_VLLM_KEEP_BASE=1: the host keeps, in host memory, what
+            # load_weights was last given (the model's bytes), so a delta's
+            # patches apply to it; its trainer must be told
+            # (WtxTrainerInitInfo.engines_take_patches).
+            keep_base = os.environ.get("WTX_VLLM_KEEP_BASE", "") == "1"
+            if keep_base and ranks > 1:
+                raise ValueError(f"WTX_VLLM_KEEP_BASE: this vLLM runs {ranks} ranks (tensor x "
+                                 "pipeline parallel), each keeping only the slices its "
+                                 "loaders read, not the whole tensors a patch applies to")
             self._server = serve(_CurrentModel(self), "127.0.0.1:0", token_file=token_file,
-                                 narrow_loads=ranks > 1)
+                                 narrow_loads=ranks > 1, keep_base=keep_base)
             self._client = WorkerClient([self._server.address], token=token)
         else:
             # A new init means a new (or restarted) trainer; vLLM's calls have
