@@ -234,6 +234,16 @@ class AppServer:
         self.thread.join(timeout=10)
 
 
+def behind_routes(model):
+    """(engine, app): vLLM's engine factory's wtx engine for model, behind
+    vLLM's real RL router on FastAPI (app.url)."""
+    from vllm.entrypoints.rl.online.api_router import router
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    engine = engine_for(model)
+    return engine, AppServer([router], EngineClientStandIn(engine))
+
+
 class HttpTest(unittest.TestCase):
     """vLLM's real RL router on FastAPI, in front of the wtx engine; the
     trainer uses vLLM's real HTTPVLLMWeightSyncClient, ModuleSource and
@@ -241,12 +251,8 @@ class HttpTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        from vllm.entrypoints.rl.online.api_router import router
-        from vllm.plugins import load_general_plugins
-        load_general_plugins()
         cls.model = with_load_weights(tiny_llama(1))
-        cls.engine = engine_for(cls.model)
-        cls.app = AppServer([router], EngineClientStandIn(cls.engine))
+        cls.engine, cls.app = behind_routes(cls.model)
         cls.url = cls.app.url
 
     @classmethod
@@ -353,12 +359,8 @@ class HttpPatchesTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        from vllm.entrypoints.rl.online.api_router import router
-        from vllm.plugins import load_general_plugins
-        load_general_plugins()
         cls.model = with_load_weights(tiny_llama(4))
-        cls.engine = engine_for(cls.model)
-        cls.app = AppServer([router], EngineClientStandIn(cls.engine))
+        cls.engine, cls.app = behind_routes(cls.model)
         os.environ["WTX_VLLM_KEEP_BASE"] = "1"
         try:  # the engine reads it at its first init, made here
             cls.engine.init_transfer_engine(cls.engine.parse_init_info({"shm": {}}))
@@ -416,10 +418,8 @@ class HttpPatchesTest(unittest.TestCase):
         from vllm.distributed.weight_transfer.base import ModuleSource
         from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
         import wtx
-        from vllm.entrypoints.rl.online.api_router import router
         model = with_load_weights(tiny_llama(6))
-        plain = engine_for(model)
-        app = AppServer([router], EngineClientStandIn(plain))
+        plain, app = behind_routes(model)
         try:
             from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
             from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
