@@ -1810,10 +1810,15 @@ static int delta_follow(wtx__many *m, char *err, size_t errlen) {
     snprintf(err, errlen, "delta: rank 0's ask is not one");
     rc = WTX_EPROTO;
   }
-  if (rc == 0) delta_settle(m, m->pending_seq == landed);
-  if (rc == 0 && (flags & ASK_FORGET)) many_forget(m);
-  if (rc == 0) rc = delta_hash(m);
-  m->pending_seq = seq;
+  if (rc == 0) {
+    delta_settle(m, m->pending_seq == landed);
+    if (flags & ASK_FORGET) many_forget(m);
+    /* What this rank hashes from here on is this sync's, even if the
+     * pass fails partway; without an ask read, what it holds stays the
+     * sync's it last answered. */
+    m->pending_seq = seq;
+    rc = delta_hash(m);
+  }
   size_t dlen = 0;
   if (rc == 0 && m->patches)
     rc = wtx__tcp_rank_answer(m->tcp, m->answer, delta_answer(m), m->decision, m->decision_len,

@@ -18,6 +18,8 @@
 //                      each pair; BYTE as FIRST+COUNT: COUNT bytes from
 //                      FIRST.
 //   draft SEED VERSION the same as sync, to the workers' draft model.
+//   failsync SEED VERSION  the same as sync, but on rank 0 its source fails
+//                      the sync's pass (after rank 0's go, before its ask).
 //   patch SEED VERSION NAME BYTE [NAME BYTE ...]   the caller's patches
 //                      (wtx_trainer_send_patches), on every rank: of each
 //                      NAME, the elements holding the bytes BYTE (as bump
@@ -40,6 +42,37 @@
 #include "transport/plan.h"
 
 namespace {
+
+// The rank's memory source, whose next pass fails when told (failsync).
+struct Failing {
+  wtx_source *inner = nullptr;
+  bool fail_next = false;
+  static int Metadata(void *self, const wtx_tensor_meta **metas, size_t *n) {
+    return wtx_source_metadata(static_cast<Failing *>(self)->inner, metas, n);
+  }
+  static int Open(void *self, void **iter) {
+    auto *s = static_cast<Failing *>(self);
+    if (s->fail_next) {
+      s->fail_next = false;
+      return WTX_EIO;
+    }
+    return wtx_source_open(s->inner, iter);
+  }
+  static int Next(void *self, void *iter, wtx_tensor_meta *meta, const uint8_t **data) {
+    return wtx_source_next(static_cast<Failing *>(self)->inner, iter, meta, data);
+  }
+  static void Close(void *self, void *iter) {
+    wtx_source_close(static_cast<Failing *>(self)->inner, iter);
+  }
+  static void Destroy(void *) {}
+  static int Ownership(void *self, const wtx_ownership **owners, size_t *n) {
+    return wtx_source_ownership(static_cast<Failing *>(self)->inner, owners, n);
+  }
+};
+
+const wtx_source_ops kFailingOps = {WTX_SOURCE_OPS_VERSION, "failing", Failing::Metadata,
+                                    Failing::Open, Failing::Next, Failing::Close,
+                                    Failing::Destroy, nullptr, Failing::Ownership};
 
 std::vector<std::string> Split(const std::string &s) {
   std::vector<std::string> out;
@@ -141,8 +174,10 @@ int main(int argc, char **argv) {
   const char *delta = getenv("WTX_MANY_DELTA");
   if (delta != nullptr && std::string(delta) == "1") cfg.delta = WTX_DELTA_TENSORS;
   if (delta != nullptr && std::string(delta) == "patches") cfg.delta = WTX_DELTA_PATCHES;
-  int rc = wtx_source_memory_owned(mem.data(), owners.data(), mem.size(), rank, &src, err,
-                                   sizeof err);
+  Failing failing;
+  int rc = wtx_source_memory_owned(mem.data(), owners.data(), mem.size(), rank,
+                                   &failing.inner, err, sizeof err);
+  if (rc == 0) rc = wtx_source_create(&kFailingOps, &failing, &src);
   if (rc == 0) rc = wtx_client_create(wa.data(), wa.size(), &co, &c, err, sizeof err);
   if (rc == 0) rc = wtx_trainer_init(&cfg, c, src, &t, err, sizeof err);
   if (rc != 0) {
@@ -150,6 +185,7 @@ int main(int argc, char **argv) {
     std::fflush(stdout);
     wtx_client_destroy(c);
     wtx_source_destroy(src);
+    wtx_source_destroy(failing.inner);
     return 1;
   }
   std::printf("ready\n");
@@ -159,6 +195,10 @@ int main(int argc, char **argv) {
     std::string cmd, version, name, bytes;
     int seed = 0;
     in >> cmd >> seed >> version;
+    if (cmd == "failsync") {
+      failing.fail_next = rank == 0;
+      cmd = "sync";
+    }
     if (cmd != "sync" && cmd != "bump" && cmd != "draft" && cmd != "patch") continue;
     wtxtest::Llama next(static_cast<uint8_t>(seed));
     std::map<std::string, std::set<uint64_t>> touched;  // patch: elements by tensor
@@ -194,5 +234,6 @@ int main(int argc, char **argv) {
   wtx_trainer_shutdown(t);
   wtx_client_destroy(c);
   wtx_source_destroy(src);
+  wtx_source_destroy(failing.inner);
   return 0;
 }

@@ -155,10 +155,19 @@ class ManyTest : public wtxtest::ShardedFixture {
   std::vector<std::string> SyncAll(int seed, const std::string &v,
                                    const std::string &bump = "", const char *how = "bump ") {
     std::vector<std::string> got;
-    std::string cmd = (bump.empty() ? "sync " : how) + std::to_string(seed) + " " + v;
+    std::string verb = bump.empty() && std::string(how) == "bump " ? "sync " : how;
+    std::string cmd = verb + std::to_string(seed) + " " + v;
     for (int r = 0; r < 4; r++) Say(ranks_[r], bump.empty() ? cmd : cmd + " " + bump);
     for (int r = 0; r < 4; r++) got.push_back(Line(ranks_[r]));
     return got;
+  }
+  // An element of each rank's, as bump takes them: up_proj's rows over
+  // ranks 0 and 1, layer 1's tensors (each sent by rank 2 or 3) and
+  // model.scale (rank 3's).
+  static std::string EachRanksBumps() {
+    return "model.layers.0.mlp.up_proj.weight 10 model.layers.0.mlp.up_proj.weight 3202 "
+           "model.layers.1.mlp.up_proj.weight 3202 model.layers.1.self_attn.q_proj.weight 0 "
+           "model.scale 0";
   }
   // Waits (30 s at most) until w's session is receiving an update.
   bool Updating(const Worker &w) {
@@ -844,15 +853,7 @@ TEST_F(ManyTest, ASyncThatFailsBeforeTheAskKeepsTheRecordOfTheOneThatLanded) {
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
   for (const std::string &l : SyncAll(1, "v1")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
-  // An element of each rank's: up_proj's rows over ranks 0 and 1, layer
-  // 1's tensors (each sent by rank 2 or 3) and model.scale (rank 3's).
-  std::string bumps;
-  for (const char *b : {"model.layers.0.mlp.up_proj.weight 10",
-                        "model.layers.0.mlp.up_proj.weight 3202",
-                        "model.layers.1.mlp.up_proj.weight 3202",
-                        "model.layers.1.self_attn.q_proj.weight 0", "model.scale 0"})
-    bumps += std::string(bumps.empty() ? "" : " ") + b;
-  for (const std::string &l : SyncAll(1, "v2", bumps)) ASSERT_EQ(1u, Delta(l)) << l;
+  for (const std::string &l : SyncAll(1, "v2", EachRanksBumps())) ASSERT_EQ(1u, Delta(l)) << l;
   Stop(workers_[1]);
   Worker again = SpawnRank(1, {"--listen", r1.addr()});
   ASSERT_EQ(r1.port, again.port);
@@ -861,6 +862,23 @@ TEST_F(ManyTest, ASyncThatFailsBeforeTheAskKeepsTheRecordOfTheOneThatLanded) {
   Llama one(1);
   ExpectHolds(r0, 0, one, "v3");
   ExpectHolds(again, 1, one, "v3");
+  ExpectHolds(whole, -1, one, "v3");
+}
+
+// The same when rank 0 fails after its go has reached the other ranks (its
+// source fails the sync's pass): they wait for its ask, which never comes.
+TEST_F(ManyTest, ARankZeroThatFailsAfterItsGoLeavesEveryRanksRecordOfTheSyncThatLanded) {
+  delta_ = true;
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
+  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
+  for (const std::string &l : SyncAll(1, "v1")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
+  for (const std::string &l : SyncAll(1, "v2", EachRanksBumps())) ASSERT_EQ(1u, Delta(l)) << l;
+  std::vector<std::string> got = SyncAll(1, "v3", "", "failsync ");
+  for (const std::string &l : got) EXPECT_EQ(0u, l.rfind("fail", 0)) << l;
+  for (const std::string &l : SyncAll(1, "v3")) EXPECT_EQ(0u, l.rfind("ok", 0)) << l;
+  Llama one(1);
+  ExpectHolds(r0, 0, one, "v3");
+  ExpectHolds(r1, 1, one, "v3");
   ExpectHolds(whole, -1, one, "v3");
 }
 
