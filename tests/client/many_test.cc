@@ -240,6 +240,10 @@ class ManyTest : public wtxtest::ShardedFixture {
   // once naming it, every worker keeps v2, the rank comes back, v3 lands
   // and v4, nothing changed, is a delta that moves nothing.
   void RankKilledMidDelta();
+  // A delta sync fails before rank 0's ask reaches the other ranks (a
+  // worker restarted, or rank 0's pass failing after its go); the next
+  // lands exact.
+  void FailBeforeTheAsk(bool restart);
   // The caller's patches: rank 0 sends them all, each worker the part in
   // its tensors; refusals leave the sessions standing, and once they land
   // the ranks' next delta sends whole what it sends.
@@ -843,38 +847,34 @@ TEST_F(ManyTest, AfterAFailedDeltaTheNextSendsOnlyWhatChanged) {
   ExpectHolds(whole, -1, two, "v3");
 }
 
-// A sync that fails before rank 0's ask reaches the other ranks (a worker
-// restarted, so its start fails) leaves each rank holding the hashes of the
-// sync before, which did land: the next ask names that sync, and each rank
-// takes them for what the workers hold. A tensor changed by that sync and
-// changed back after it must travel again, or the workers keep the change.
+// A sync that fails before rank 0's ask reaches the other ranks leaves each
+// rank holding the hashes of the sync before, which did land: the next ask
+// names that sync, and each rank takes them for what the workers hold. A
+// tensor changed by that sync and changed back after it must travel again,
+// or the workers keep the change. Here a worker restarted, so rank 0's
+// start fails (and the ranks' connections to it are gone)...
 TEST_F(ManyTest, ASyncThatFailsBeforeTheAskKeepsTheRecordOfTheOneThatLanded) {
-  delta_ = true;
-  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
-  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
-  for (const std::string &l : SyncAll(1, "v1")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
-  for (const std::string &l : SyncAll(1, "v2", EachRanksBumps())) ASSERT_EQ(1u, Delta(l)) << l;
-  Stop(workers_[1]);
-  Worker again = SpawnRank(1, {"--listen", r1.addr()});
-  ASSERT_EQ(r1.port, again.port);
-  for (const std::string &l : SyncAll(1, "v3")) EXPECT_EQ(0u, l.rfind("fail", 0)) << l;
-  for (const std::string &l : SyncAll(1, "v3")) EXPECT_EQ(0u, l.rfind("ok", 0)) << l;
-  Llama one(1);
-  ExpectHolds(r0, 0, one, "v3");
-  ExpectHolds(again, 1, one, "v3");
-  ExpectHolds(whole, -1, one, "v3");
+  FailBeforeTheAsk(true);
 }
 
-// The same when rank 0 fails after its go has reached the other ranks (its
-// source fails the sync's pass): they wait for its ask, which never comes.
+// ... and here rank 0's source fails the sync's pass after its go has
+// reached the other ranks, which wait for an ask that never comes.
 TEST_F(ManyTest, ARankZeroThatFailsAfterItsGoLeavesEveryRanksRecordOfTheSyncThatLanded) {
+  FailBeforeTheAsk(false);
+}
+
+void ManyTest::FailBeforeTheAsk(bool restart) {
   delta_ = true;
   Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
   ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, whole}));
   for (const std::string &l : SyncAll(1, "v1")) ASSERT_EQ(0u, l.rfind("ok", 0)) << l;
   for (const std::string &l : SyncAll(1, "v2", EachRanksBumps())) ASSERT_EQ(1u, Delta(l)) << l;
-  std::vector<std::string> got = SyncAll(1, "v3", "", "failsync ");
-  for (const std::string &l : got) EXPECT_EQ(0u, l.rfind("fail", 0)) << l;
+  if (restart) {
+    Stop(workers_[1]);
+    r1 = SpawnRank(1, {"--listen", r1.addr()});
+  }
+  for (const std::string &l : SyncAll(1, "v3", "", restart ? "bump " : "failsync "))
+    EXPECT_EQ(0u, l.rfind("fail", 0)) << l;
   for (const std::string &l : SyncAll(1, "v3")) EXPECT_EQ(0u, l.rfind("ok", 0)) << l;
   Llama one(1);
   ExpectHolds(r0, 0, one, "v3");
