@@ -930,8 +930,13 @@ static int caller_bases(wtx_trainer *t) {
   int rc = 0;
   for (size_t i = 0; i < n && rc == 0; i++) {
     wtx_weight_info info = {0};
-    if (wtx__client_serves(t->client, i)[0] == '\0' &&
-        (rc = wtx_client_weight_info(t->client, i, 0, &info)) != 0)
+    int unseen = wtx__client_serves(t->client, i)[0] == '\0';
+    /* A caller's control plane cannot be asked what it serves. */
+    if (unseen && wtx__client_is_control(t->client))
+      rc = fail(t, WTX_ESTATE, "patches: this trainer has not seen what the engine behind "
+                "the caller's control plane serves (it cannot be asked); send the whole "
+                "model first, naming its version");
+    else if (unseen && (rc = wtx_client_weight_info(t->client, i, 0, &info)) != 0)
       fail(t, rc, "%s", wtx_client_last_error(t->client));
     wtx_weight_info_free(&info);
     if (rc == 0 && (bases[i] = wtx__client_serves(t->client, i))[0] == '\0')

@@ -388,8 +388,17 @@ class HttpPatchesTest(unittest.TestCase):
     def test_deltas_and_the_callers_patches_arrive_as_patches(self):
         from vllm.distributed.weight_transfer.base import ModuleSource
         from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
+        import wtx
         trainer = tiny_llama(5)
         engine = self.trainer(ModuleSource(trainer), delta="patches", engines_take_patches=True)
+        # A new trainer cannot ask vLLM what it serves, so it has no base
+        # for the caller's patches yet: refused before any call.
+        before = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        with self.assertRaisesRegex(wtx.WtxError, "send the whole model first"):
+            engine.send_weights([SparseWeightPatch("model.norm.weight", torch.tensor([0]),
+                                                   torch.tensor([9.0]), (64,))])
+        for n, p in self.model.named_parameters():
+            self.assertTrue(torch.equal(before[n], p.detach()), n)
         self.assertFalse(engine.send_weights(version="p-1")["delta"])
         self.assert_serves(trainer)
         name, w = "model.layers.0.mlp.gate_proj.weight", None
