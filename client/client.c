@@ -38,7 +38,8 @@ typedef struct reach {
 
 static const reach via_grpc, via_control;
 
-/* What a worker's StartWeightUpdateResponse says it takes (replica.can). */
+/* What a worker's StartWeightUpdateResponse says it takes (replica.can); over
+ * a caller's control plane, what the caller said (wtx_control_ops.patches). */
 enum {
   CAN_PATCHES = 1,     /* patches */
   CAN_PATCH_SPANS = 2, /* patch_spans */
@@ -226,6 +227,9 @@ int wtx_client_create_control(const wtx_control_ops *ops, void *self, wtx_client
   }
   c->reach = &via_control;
   c->n = 1;
+  /* Its start answers nothing: whether the engines take patches is the
+   * caller's word, given once. */
+  c->r[0].can = ops->version >= 2 && ops->patches ? CAN_PATCHES : 0u;
   c->timeout_ms = WTX_DEFAULT_TIMEOUT_MS;
   c->err_replica = -1;
   *out = c;
@@ -1109,9 +1113,6 @@ static void control_start_begin(wtx_client *c, int target, size_t params) {
   char why[1024];
   int rc = wtx__control_start(c->ctl, target, why, sizeof why);
   c->r[0].begun = rc != 0 ? control_failed(c, "start_weight_update", rc, why) : 0;
-  /* Its start answers nothing: whether the engines take patches is the
-   * caller's word. */
-  c->r[0].can = wtx__control_patches(c->ctl) ? CAN_PATCHES : 0u;
 }
 
 static int control_start_end(wtx_client *c) { return c->r[0].begun; }

@@ -16,7 +16,6 @@ struct wtx__control {
   int running;     /* th started and not yet joined */
   atomic_int done; /* th has returned */
   int is_update;
-  int patches; /* ops->patches, where its version has it */
   int rc;
   uint8_t *msg;
   size_t len;
@@ -30,14 +29,11 @@ int wtx__control_create(const wtx_control_ops *ops, void *self, wtx__control **o
   wtx__control *ctl = calloc(1, sizeof *ctl);
   if (ctl == NULL) return WTX_ENOMEM;
   ctl->ops = ops;
-  ctl->patches = ops->version >= 2 && ops->patches;
   ctl->self = self;
   atomic_init(&ctl->done, 0);
   *out = ctl;
   return 0;
 }
-
-int wtx__control_patches(const wtx__control *ctl) { return ctl->patches; }
 
 void wtx__control_destroy(wtx__control *ctl) {
   if (ctl == NULL) return;

@@ -22,8 +22,6 @@ int wtx__control_begin(wtx__control *ctl, int is_update, const ProtobufCMessage 
 int wtx__control_end(wtx__control *ctl, char *err, size_t errlen);
 /* 1 when the started call has already failed; never blocks. */
 int wtx__control_failed(wtx__control *ctl);
-/* Whether the caller said its engines take patches (ops->patches). */
-int wtx__control_patches(const wtx__control *ctl);
 /* The synchronous calls. */
 int wtx__control_start(wtx__control *ctl, int target, char *err, size_t errlen);
 int wtx__control_finish(wtx__control *ctl, const char *version, char *err, size_t errlen);
