@@ -150,14 +150,14 @@ struct wtx__many {
    * hashes the pieces it sends (ph, this sync's; sent, what the workers
    * hold of them where sent_ok: the version rank 0 names as the base);
    * rank 0 asks every rank which changed (changed: a bit per piece of the
-   * plan), and tells each the decision: whether the last sync landed, then
-   * per worker a bit per tensor of its stream, the tensors this sync
-   * sends. ph waits (pending) until a decision says whether it landed.
-   * Syncs are numbered by rank 0 (seq, in the ask); a rank's ph is of
-   * sync pending_seq, and the ask names the last that landed (landed_seq,
-   * 0: none). On rank 0, based[w] is the version that sync left on worker
-   * w: what every rank's record describes there, through failed syncs
-   * after it, and the base a delta names. */
+   * plan), and tells each the decision: whether every worker takes a
+   * delta, then per worker a bit per tensor of its stream, the tensors
+   * this sync sends. Syncs are numbered by rank 0 (seq, in the ask); a
+   * rank's ph is of sync pending_seq and waits (pending) until an ask
+   * names the last sync that landed (landed_seq, 0: none): sent once that
+   * is its sync, dropped otherwise. On rank 0, based[w] is the version
+   * that sync left on worker w: what every rank's record describes there,
+   * through failed syncs after it, and the base a delta names. */
   int delta;
   size_t my_first, my_n;
   uint64_t *ph, *sent;
