@@ -52,6 +52,33 @@ class ShardedTest : public wtxtest::ShardedFixture {
 
   void DeltaSendsOnlyChangedParts(int mode);
 
+  // Llama(1) to two tensor-parallel workers and a whole replica through a
+  // trainer of delta mode (StandUp); its trainer, client and source go
+  // with it.
+  struct DeltaStand {
+    Llama model{1};
+    Worker r0, r1, whole;
+    wtx_client *c = nullptr;
+    wtx_source *src = nullptr;
+    wtx_trainer *t = nullptr;
+    ~DeltaStand() {
+      if (t != nullptr) wtx_trainer_shutdown(t);
+      wtx_client_destroy(c);
+      wtx_source_destroy(src);
+    }
+  };
+  // Starts s's workers and trainer, and sends its first sync as v (res).
+  void StandUp(DeltaStand *s, int mode, const char *v, wtx_send_result *res) {
+    s->r0 = SpawnRank(0);
+    s->r1 = SpawnRank(1);
+    s->whole = Spawn();
+    s->c = Client({s->r0, s->r1, s->whole});
+    s->src = s->model.Source();
+    s->t = Trainer(s->c, s->src, 60000, mode);
+    ASSERT_NE(nullptr, s->t);
+    ASSERT_NO_FATAL_FAILURE(Sync(s->t, v, res));
+  }
+
   // One sync of t as version v; res: its result.
   static void Sync(wtx_trainer *t, const char *v, wtx_send_result *res) {
     wtx_send_options so = WTX_SEND_OPTIONS_INIT;
@@ -154,14 +181,10 @@ TEST_P(ShardedTest, VerifyComparesEveryWorkersPartsWithWhatWasSent) {
 // part and of the tensor), and nothing to rank 1. A new trainer learns the
 // parts' hashes from the workers and sends nothing.
 void ShardedTest::DeltaSendsOnlyChangedParts(int mode) {
-  Llama model(1);
-  Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
-  wtx_client *c = Client({r0, r1, whole});
-  wtx_source *src = model.Source();
-  wtx_trainer *t = Trainer(c, src, 60000, mode);
-  ASSERT_NE(nullptr, t);
+  DeltaStand s;
   wtx_send_result res;
-  ASSERT_NO_FATAL_FAILURE(Sync(t, "v1", &res));
+  ASSERT_NO_FATAL_FAILURE(StandUp(&s, mode, "v1", &res));
+  Llama &model = s.model;
   EXPECT_EQ(0, res.delta);
   ASSERT_NE(nullptr, res.full_reason);
   size_t parts = res.params;
@@ -170,7 +193,7 @@ void ShardedTest::DeltaSendsOnlyChangedParts(int mode) {
     if (x.name == "model.layers.1.self_attn.q_proj.weight") q = &x;
   ASSERT_NE(nullptr, q);
   q->data[5] ^= 0x5a;  // row 0: rank 0's half
-  ASSERT_NO_FATAL_FAILURE(Sync(t, "v2", &res));
+  ASSERT_NO_FATAL_FAILURE(Sync(s.t, "v2", &res));
   EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
   EXPECT_EQ(2u, res.params);  // rank 0's half of q_proj, and the whole q_proj
   if (mode == WTX_DELTA_TENSORS) {
@@ -180,19 +203,16 @@ void ShardedTest::DeltaSendsOnlyChangedParts(int mode) {
     EXPECT_LT(res.bytes, 64u);
   }
   EXPECT_EQ(parts - 2, res.skipped_params);
-  ExpectRanksHold(r0, r1, model, "v2");
-  EXPECT_EQ(model.total, ExpectHolds(whole, -1, model, "v2"));
-  wtx_trainer_shutdown(t);
-  t = Trainer(c, src, 60000, mode);
-  ASSERT_NE(nullptr, t);
-  ASSERT_NO_FATAL_FAILURE(Sync(t, "v3", &res));
+  ExpectRanksHold(s.r0, s.r1, model, "v2");
+  EXPECT_EQ(model.total, ExpectHolds(s.whole, -1, model, "v2"));
+  wtx_trainer_shutdown(s.t);  // a new trainer
+  s.t = Trainer(s.c, s.src, 60000, mode);
+  ASSERT_NE(nullptr, s.t);
+  ASSERT_NO_FATAL_FAILURE(Sync(s.t, "v3", &res));
   EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
   EXPECT_EQ(0u, res.params);
   EXPECT_EQ(parts, res.skipped_params);
-  ExpectRanksHold(r0, r1, model, "v3");
-  wtx_trainer_shutdown(t);
-  wtx_client_destroy(c);
-  wtx_source_destroy(src);
+  ExpectRanksHold(s.r0, s.r1, model, "v3");
 }
 
 // A tensor-parallel worker restarted between two deltas serves nothing: its
@@ -254,14 +274,10 @@ TEST_P(ShardedTest, ADeltaOfPatchesSendsEachTensorParallelWorkerOnlyItsChangedPa
 TEST_P(ShardedTest, RandomDeltasKeepEveryWorkerExact) {
   std::mt19937 gen(20261207);
   for (int mode : {WTX_DELTA_TENSORS, WTX_DELTA_PATCHES}) {
-    Llama model(1);
-    Worker r0 = SpawnRank(0), r1 = SpawnRank(1), whole = Spawn();
-    wtx_client *c = Client({r0, r1, whole});
-    wtx_source *src = model.Source();
-    wtx_trainer *t = Trainer(c, src, 60000, mode);
-    ASSERT_NE(nullptr, t);
+    DeltaStand s;
     wtx_send_result res;
-    ASSERT_NO_FATAL_FAILURE(Sync(t, "v0", &res));
+    ASSERT_NO_FATAL_FAILURE(StandUp(&s, mode, "v0", &res));
+    Llama &model = s.model;
     for (int step = 1; step <= 12; step++) {
       std::string changes;
       for (int k = 1 + static_cast<int>(gen() % 12); k > 0; k--) {
@@ -275,14 +291,11 @@ TEST_P(ShardedTest, RandomDeltasKeepEveryWorkerExact) {
       }
       std::string v = "r" + std::to_string(step);
       SCOPED_TRACE("mode " + std::to_string(mode) + ", " + v + ":" + changes);
-      ASSERT_NO_FATAL_FAILURE(Sync(t, v.c_str(), &res));
+      ASSERT_NO_FATAL_FAILURE(Sync(s.t, v.c_str(), &res));
       EXPECT_EQ(1, res.delta) << (res.full_reason ? res.full_reason : "");
-      ExpectRanksHold(r0, r1, model, v);
-      ExpectHolds(whole, -1, model, v);
+      ExpectRanksHold(s.r0, s.r1, model, v);
+      ExpectHolds(s.whole, -1, model, v);
     }
-    wtx_trainer_shutdown(t);
-    wtx_client_destroy(c);
-    wtx_source_destroy(src);
   }
 }
 
