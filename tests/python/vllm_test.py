@@ -351,6 +351,22 @@ class HttpTest(unittest.TestCase):
             self.assertTrue(torch.equal(before[n], p.detach()), n)
 
 
+def http_trainer(url, source, **kw):
+    """vLLM's trainer factory over vLLM's HTTP client to url, on shm."""
+    import wtx
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+    from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+    return WeightTransferTrainerFactory.trainer_init(
+        wtx.WtxTrainerInitInfo(transport="shm", rank=0, **kw),
+        client=HTTPVLLMWeightSyncClient(url, timeout=60), source=source)
+
+
+def norm_patch():
+    """vLLM's SparseWeightPatch of element 0 of tiny_llama's final norm."""
+    from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
+    return SparseWeightPatch("model.norm.weight", torch.tensor([0]), torch.tensor([9.0]), (64,))
+
+
 class HttpPatchesTest(unittest.TestCase):
     """Patches through vLLM's routes: the engine started with
     WTX_VLLM_KEEP_BASE=1 keeps what load_weights was last given and takes
@@ -372,36 +388,28 @@ class HttpPatchesTest(unittest.TestCase):
         cls.app.stop()
         cls.engine.shutdown()
 
-    def trainer(self, source, **kw):
-        import wtx
-        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
-        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-        return WeightTransferTrainerFactory.trainer_init(
-            wtx.WtxTrainerInitInfo(transport="shm", rank=0, **kw),
-            client=HTTPVLLMWeightSyncClient(self.app.url, timeout=60), source=source)
-
-    def assert_serves(self, trainer):
-        served = dict(self.model.named_parameters())
-        for n, p in trainer.named_parameters():
-            self.assertTrue(torch.equal(p.detach(), served[n].detach()), n)
+    def assert_holds(self, model, want):
+        """Every parameter of model equals want's (a module, or a dict)."""
+        want = want if isinstance(want, dict) else dict(want.named_parameters())
+        for n, p in model.named_parameters():
+            self.assertTrue(torch.equal(want[n].detach(), p.detach()), n)
 
     def test_deltas_and_the_callers_patches_arrive_as_patches(self):
         from vllm.distributed.weight_transfer.base import ModuleSource
         from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
         import wtx
         trainer = tiny_llama(5)
-        engine = self.trainer(ModuleSource(trainer), delta="patches", engines_take_patches=True)
+        engine = http_trainer(self.app.url, ModuleSource(trainer), delta="patches",
+                              engines_take_patches=True)
         # A new trainer cannot ask vLLM what it serves, so it has no base
         # for the caller's patches yet: refused before any call.
         before = {n: p.detach().clone() for n, p in self.model.named_parameters()}
         with self.assertRaisesRegex(wtx.WtxError, "send the whole model first"):
-            engine.send_weights([SparseWeightPatch("model.norm.weight", torch.tensor([0]),
-                                                   torch.tensor([9.0]), (64,))])
-        for n, p in self.model.named_parameters():
-            self.assertTrue(torch.equal(before[n], p.detach()), n)
+            engine.send_weights([norm_patch()])
+        self.assert_holds(self.model, before)
         self.assertFalse(engine.send_weights(version="p-1")["delta"])
-        self.assert_serves(trainer)
-        name, w = "model.layers.0.mlp.gate_proj.weight", None
+        self.assert_holds(self.model, trainer)
+        name = "model.layers.0.mlp.gate_proj.weight"
         w = dict(trainer.named_parameters())[name]
         with torch.no_grad():
             w.view(-1)[[3, 700]] += 1.0
@@ -409,7 +417,7 @@ class HttpPatchesTest(unittest.TestCase):
         self.assertTrue(r["delta"], r["full_reason"])
         self.assertEqual((1, 1), (r["params"], r["patched_params"]))
         self.assertLess(r["bytes"], w.numel() * w.element_size() // 10)
-        self.assert_serves(trainer)
+        self.assert_holds(self.model, trainer)
         # vLLM's sparse_nccl shape, NaN included: load_weights gets the
         # patched tensor whole, bit-exact.
         idx = torch.tensor([900, 5])
@@ -425,39 +433,29 @@ class HttpPatchesTest(unittest.TestCase):
 
     def test_patches_to_an_engine_that_keeps_no_base_are_refused_and_the_weights_stay(self):
         from vllm.distributed.weight_transfer.base import ModuleSource
-        from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
         import wtx
         model = with_load_weights(tiny_llama(6))
         plain, app = behind_routes(model)
         try:
-            from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
-            from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
             trainer = tiny_llama(7)
-            engine = WeightTransferTrainerFactory.trainer_init(
-                wtx.WtxTrainerInitInfo(transport="shm", rank=0, engines_take_patches=True),
-                client=HTTPVLLMWeightSyncClient(app.url, timeout=60),
-                source=ModuleSource(trainer))
+            engine = http_trainer(app.url, ModuleSource(trainer), engines_take_patches=True)
             engine.send_weights(version="q-1")
             before = {n: p.detach().clone() for n, p in model.named_parameters()}
             # vLLM's route answers 500, its body not read by vLLM's client;
             # the engine's log says "this worker takes whole tensors only".
             with self.assertRaisesRegex(wtx.WtxError, "update_weights: HTTPError: 500"):
-                engine.send_weights([SparseWeightPatch("model.norm.weight", torch.tensor([0]),
-                                                       torch.tensor([9.0]), (64,))],
-                                    version="q-2")
-            for n, p in model.named_parameters():
-                self.assertTrue(torch.equal(before[n], p.detach()), n)
+                engine.send_weights([norm_patch()], version="q-2")
+            self.assert_holds(model, before)
             with torch.no_grad():
                 trainer.model.norm.weight.add_(1.0)
             engine.send_weights(version="q-2")  # the next sync lands
-            served = dict(model.named_parameters())
-            for n, p in trainer.named_parameters():
-                self.assertTrue(torch.equal(p.detach(), served[n].detach()), n)
+            self.assert_holds(model, trainer)
             engine.shutdown()
+            client = wtx.WorkerClient([plain._server.address])
             with self.assertRaisesRegex(ValueError, "engines_take_patches"):
-                wtx.TrainerEngine.trainer_init(
-                    {"rank": 0, "engines_take_patches": True},
-                    client=wtx.WorkerClient([plain._server.address]))
+                wtx.TrainerEngine.trainer_init({"rank": 0, "engines_take_patches": True},
+                                               client=client)
+            client.close()
         finally:
             app.stop()
             plain.shutdown()
