@@ -31,16 +31,21 @@ void wtx__layout_prefetch(const wtx__layout *l, const char *name) {
   wtx__strmap_prefetch(l->names, name);
 }
 
+int wtx__layout_room(wtx__layout *l, size_t k) {
+  if (l->n + k <= l->cap) return 0;
+  size_t cap = l->cap ? 2 * l->cap : 64;
+  while (cap < l->n + k) cap *= 2;
+  wtx_tensor_meta *m = realloc(l->metas, cap * sizeof *m);
+  if (m != NULL) l->metas = m;
+  uint64_t *e = m != NULL ? realloc(l->ends, cap * sizeof *e) : NULL;
+  if (e == NULL) return WTX_ENOMEM;
+  l->ends = e;
+  l->cap = cap;
+  return 0;
+}
+
 int wtx__layout_add(wtx__layout *l, const wtx_tensor_meta *meta) {
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? 2 * l->cap : 64;
-    wtx_tensor_meta *m = realloc(l->metas, cap * sizeof *m);
-    if (m != NULL) l->metas = m;
-    uint64_t *e = m != NULL ? realloc(l->ends, cap * sizeof *e) : NULL;
-    if (e == NULL) return WTX_ENOMEM;
-    l->ends = e;
-    l->cap = cap;
-  }
+  if (wtx__layout_room(l, 1) != 0) return WTX_ENOMEM;
   const char *name;
   int rc = wtx__strmap_add(l->names, meta->name, l->n, &name);
   if (rc != 0) return rc;

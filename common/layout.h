@@ -35,8 +35,13 @@ void wtx__layout_clear(wtx__layout *l);
 void wtx__layout_reserve(wtx__layout *l, size_t n);
 /* wtx__strmap_prefetch for name, a few adds ahead. */
 void wtx__layout_prefetch(const wtx__layout *l, const char *name);
+/* Room for k more tensors, so that the next k adds move no meta
+ * (WTX_ENOMEM). */
+int wtx__layout_room(wtx__layout *l, size_t k);
 /* Appends a copy of meta (its name copied); WTX_EEXIST when the name is
- * already in l, WTX_ENOMEM; l is unchanged on error. */
+ * already in l, WTX_ENOMEM; l is unchanged on error. meta may be the slot
+ * it goes to, &l->metas[l->n] (room made first), for a caller that fills
+ * the table's own memory rather than a copy of its own. */
 int wtx__layout_add(wtx__layout *l, const wtx_tensor_meta *meta);
 /* The bytes of tensors [first, first + n) of l (in range). */
 uint64_t wtx__layout_bytes(const wtx__layout *l, size_t first, size_t n);

@@ -92,8 +92,7 @@ void wtx__strmap_destroy(wtx__strmap *m) {
 }
 
 /* Adds key unless present: copied into the item, or with borrow the
- * caller's own string, which must outlive the map (first_duplicate's
- * names, read through once and never kept). */
+ * caller's own string, which must outlive the map. */
 static int add(wtx__strmap *m, const char *key, size_t value, int borrow, const char **stored) {
   size_t len = strlen(key);
   unsigned hashv = 0;
@@ -119,6 +118,10 @@ int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value, const char **
   return add(m, key, value, 0, stored);
 }
 
+int wtx__strmap_add_borrowed(wtx__strmap *m, const char *key, size_t value) {
+  return add(m, key, value, 1, NULL);
+}
+
 static const char *name_at(const void *names, size_t stride, size_t i) {
   return *(const char *const *)((const char *)names + i * stride);
 }
@@ -130,7 +133,7 @@ const char *wtx__strmap_first_duplicate(const void *names, size_t n, size_t stri
   wtx__strmap_reserve(m, n);
   for (size_t i = 0; i < n && *rc == 0 && dup == NULL; i++) {
     if (i + 8 < n) wtx__strmap_prefetch(m, name_at(names, stride, i + 8));
-    if ((*rc = add(m, name_at(names, stride, i), i, 1, NULL)) == WTX_EEXIST) {
+    if ((*rc = wtx__strmap_add_borrowed(m, name_at(names, stride, i), i)) == WTX_EEXIST) {
       dup = name_at(names, stride, i);
       *rc = 0;
     }

@@ -24,6 +24,10 @@ void wtx__strmap_destroy(wtx__strmap *m);
  * of keeping their own. WTX_EEXIST when key is present (its value stays),
  * WTX_ENOMEM; m is unchanged on error. */
 int wtx__strmap_add(wtx__strmap *m, const char *key, size_t value, const char **stored);
+/* As wtx__strmap_add, but m keeps key itself, not a copy: key must stay
+ * unchanged until m is cleared or destroyed (an owner that holds the names
+ * already: a copy each would be megabytes more at 40k names). */
+int wtx__strmap_add_borrowed(wtx__strmap *m, const char *key, size_t value);
 /* The first of n names that appears a second time among them, or NULL:
  * name i is the string pointer at (const char *)names + i * stride, as the
  * name field that starts a wtx_tensor_meta in an array of them, or of

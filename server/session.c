@@ -563,8 +563,9 @@ typedef struct wtx__chunk {
   const Wtx__V1__UpdateInfo *ui;
   uint64_t bytes; /* the chunk's, once its tensors are staged */
   size_t n;
-  /* The session's: its table's when named by range, else its scratch
-   * (as rt and dst), valid until the chunk ends. */
+  /* The session's: its table's when named by range or when each is a new
+   * entry of the update's table (chunk_check_frame), else its scratch (as rt and
+   * dst); valid until the chunk ends. */
   wtx_tensor_meta *metas;
   int by_range;
   wtx_rx_tensor *rt;
@@ -924,6 +925,15 @@ static int chunk_check_frame(wtx_session *s, chunk *c) {
   c->rt = s->sc.rt; /* every field set by chunk_stage */
   c->dst = s->sc.dst;
   if (!c->by_range) c->metas = s->sc.metas; /* each set by check_meta */
+  /* A chunk of whole new tensors is checked straight into the update's
+   * table (each meta becomes its table entry as it is added), not into
+   * the scratch and then copied: at 40k tensors the copy is megabytes, each
+   * page a fault in a new worker. A chunk that continues a tensor (or
+   * boxes one) adds fewer than it names, so it uses the scratch. */
+  if (!c->by_range && ui->box == NULL && ui->first_param_offset == 0) {
+    if (wtx__layout_room(&s->up.cur, c->n) != 0) return WTX_ENOMEM;
+    c->metas = &s->up.cur.metas[s->up.cur.n];
+  }
   return 0;
 }
 

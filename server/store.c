@@ -324,20 +324,24 @@ static void blobs_unref(pool *p, const entry *e, size_t n) {
   if (dead != NULL) pool_put_list(p, dead, 0);
 }
 
-/* A version's tensors in order (metas, named by the index's keys) and
- * their index (name -> position). Every snapshot with the same tensors in
- * the same order shares one (every RL step after the first), so publishing
- * copies no meta and builds no index. */
+/* A version's tensors in order (metas) and their index (name ->
+ * position). Every snapshot with the same tensors in the same order shares
+ * one (every RL step after the first), so publishing copies no meta and
+ * builds no index. The metas' names are the index's keys, or, in a first
+ * version's layout (staged_take), names' strings, which the index
+ * borrows. */
 typedef struct layout {
   atomic_int refs;
   wtx__strmap *ix;
   wtx_tensor_meta *metas;
   size_t n;
+  wtx__arena names;
 } layout;
 
 static void layout_free(layout *l) {
   if (l == NULL) return;
   wtx__strmap_destroy(l->ix);
+  wtx__arena_free(&l->names);
   free(l->metas);
   free(l);
 }
@@ -348,13 +352,9 @@ static void layout_unref(layout *l) {
 
 /* A new layout of the n metas (malloc'd; the layout takes them, or frees
  * them on failure; NULL when n is 0), each named by its key in a new
- * index; or, with adopt (may be NULL; *adopt not NULL), one that takes
- * over the index *adopt, whose keys the metas' names are and whose values
- * their positions (the first version: what staging indexed), and *adopt
- * becomes NULL. Duplicate names are WTX_EEXIST (callers have refused them
+ * index. Duplicate names are WTX_EEXIST (callers have refused them
  * before). */
-static int layout_build(wtx_tensor_meta *metas, size_t n, wtx__strmap **adopt,
-                        layout **out) {
+static int layout_build(wtx_tensor_meta *metas, size_t n, layout **out) {
   layout *l = calloc(1, sizeof *l);
   if (l != NULL) l->metas = metas != NULL ? metas : malloc(sizeof *l->metas);
   int rc = l != NULL && l->metas != NULL ? 0 : WTX_ENOMEM;
@@ -363,14 +363,10 @@ static int layout_build(wtx_tensor_meta *metas, size_t n, wtx__strmap **adopt,
     goto fail;
   }
   l->n = n;
-  if (adopt == NULL) rc = wtx__strmap_create(&l->ix);
-  for (size_t i = 0; rc == 0 && adopt == NULL && i < n; i++)
+  rc = wtx__strmap_create(&l->ix);
+  for (size_t i = 0; rc == 0 && i < n; i++)
     rc = wtx__strmap_add(l->ix, l->metas[i].name, i, &l->metas[i].name);
   if (rc != 0) goto fail;
-  if (adopt != NULL) {
-    l->ix = *adopt;
-    *adopt = NULL;
-  }
   atomic_init(&l->refs, 1);
   *out = l;
   return 0;
@@ -480,16 +476,19 @@ struct wtx_store {
    * holds a reference), so nothing describes it but base's layout, and no
    * index is built. From the first tensor out of that order (or the first
    * of all, when nothing is published), st_meta[i] describes staged tensor
-   * i, named by a copy in st_names; st_ix, name -> index into st, is built
-   * only when a lookup by name needs it, at the latest by prepare, then
-   * sized for every tensor at once (grown a tensor at a time, it was a
-   * quarter of a first sync's CPU at 40k tensors), and its keys name them
-   * from then on. */
+   * i, named by a copy in st_names (or by base's name, copied in order);
+   * st_ix, name -> index into st, borrowing those names, is built only
+   * when a lookup by name needs it, at the latest by prepare, then sized
+   * for every tensor at once (grown a tensor at a time, it was a quarter
+   * of a first sync's CPU at 40k tensors). A first version's prepare makes
+   * st_meta, st_names and st_ix its layout, st_lay (staged_take). */
   snapshot *base;
   int in_order;
   wtx__strmap *st_ix;
   wtx__arena st_names;
-  wtx_tensor_meta *st_meta; /* cap_st of them */
+  wtx_tensor_meta *st_meta; /* cap_meta of them */
+  size_t cap_meta;
+  layout *st_lay; /* one reference; NULL: not taken */
   /* Where the next check and loaded() look first: an update usually names
    * the tensors in the layout's order, so a compare replaces a hash. */
   size_t check_next, loaded_next;
@@ -541,6 +540,8 @@ static void staged_free(wtx_store *s) {
   wtx__strmap_destroy(s->st_ix);
   s->st_ix = NULL;
   wtx__arena_free(&s->st_names);
+  layout_unref(s->st_lay);
+  s->st_lay = NULL;
   snapshot_unref(s->base);
   s->base = NULL;
 }
@@ -574,7 +575,7 @@ int wtx_store_declare(wtx_store *s, const wtx_tensor_meta *metas, size_t n) {
   } else {
     wtx_tensor_meta *m = malloc((n ? n : 1) * sizeof *m);
     if (m != NULL && n > 0) memcpy(m, metas, n * sizeof *m);
-    rc = m != NULL ? layout_build(m, n, NULL, &s->declared) : WTX_ENOMEM;
+    rc = m != NULL ? layout_build(m, n, &s->declared) : WTX_ENOMEM;
     if (rc == WTX_EEXIST) rc = WTX_EINVAL;
   }
   pthread_mutex_unlock(&s->mu);
@@ -670,55 +671,97 @@ static int staged_grow(wtx_store *s) {
   size_t cap = s->cap_st ? s->cap_st * 2 : 64;
   entry *e = realloc(s->st, cap * sizeof *e);
   if (e != NULL) s->st = e;
-  wtx_tensor_meta *m = e != NULL ? realloc(s->st_meta, cap * sizeof *m) : NULL;
-  if (m != NULL) s->st_meta = m;
-  const wtx_tensor_meta **c = m != NULL ? realloc(s->caller, cap * sizeof *c) : NULL;
+  const wtx_tensor_meta **c = e != NULL ? realloc(s->caller, cap * sizeof *c) : NULL;
   if (c == NULL) return WTX_ENOMEM;
   s->caller = c;
   s->cap_st = cap;
   return 0;
 }
 
+/* Room in st_meta for staged tensors [0, n): grown only when staging
+ * leaves base's order, which an RL step's update never does. */
+static int meta_room(wtx_store *s, size_t n) {
+  if (n <= s->cap_meta) return 0;
+  size_t cap = s->cap_meta ? s->cap_meta : 64;
+  while (cap < n) cap *= 2;
+  wtx_tensor_meta *m = realloc(s->st_meta, cap * sizeof *m);
+  if (m == NULL) return WTX_ENOMEM;
+  s->st_meta = m;
+  s->cap_meta = cap;
+  return 0;
+}
+
+/* What the staged tensors are, when out of base's order: st_meta, or the
+ * layout a first version's prepare made of it. */
+static const wtx_tensor_meta *staged_metas(const wtx_store *s) {
+  return s->st_lay != NULL ? s->st_lay->metas : s->st_meta;
+}
+
 /* What staged tensor i is. */
 static const wtx_tensor_meta *staged_meta(const wtx_store *s, size_t i) {
-  return s->in_order ? &s->base->lay->metas[i] : &s->st_meta[i];
+  return s->in_order ? &s->base->lay->metas[i] : &staged_metas(s)[i];
 }
 
 /* From now on st_meta describes every staged tensor: those staged so far
  * in base's order are base's (its layout, which staging holds, names
  * them). */
-static void leave_order(wtx_store *s) {
-  for (size_t i = 0; s->in_order && i < s->n_st; i++) s->st_meta[i] = s->base->lay->metas[i];
+static int leave_order(wtx_store *s) {
+  if (!s->in_order) return 0;
+  if (meta_room(s, s->n_st) != 0) return WTX_ENOMEM;
+  for (size_t i = 0; i < s->n_st; i++) s->st_meta[i] = s->base->lay->metas[i];
   s->in_order = 0;
+  return 0;
 }
 
 /* The staged tensors' index (*ix), built now if none is: sized for them
- * all, its keys then naming them in st_meta (the copies in st_names go).
- * WTX_EEXIST: a name staged twice; WTX_ENOMEM. Caller holds mu. */
+ * all, borrowing their names. WTX_EEXIST: a name staged twice;
+ * WTX_ENOMEM. Caller holds mu. */
 static int staged_index(wtx_store *s, const wtx__strmap **ix) {
   int rc = 0;
-  if (s->st_ix == NULL && (rc = wtx__strmap_create(&s->st_ix)) == 0) {
-    leave_order(s);
+  if (s->st_lay != NULL) {
+    *ix = s->st_lay->ix;
+    return 0;
+  }
+  if (s->st_ix == NULL && (rc = leave_order(s)) == 0 &&
+      (rc = wtx__strmap_create(&s->st_ix)) == 0) {
     wtx__strmap_reserve(s->st_ix, s->n_st);
     for (size_t i = 0; rc == 0 && i < s->n_st; i++) {
       if (i + 8 < s->n_st) wtx__strmap_prefetch(s->st_ix, s->st_meta[i + 8].name);
-      rc = wtx__strmap_add(s->st_ix, s->st_meta[i].name, i, &s->st_meta[i].name);
+      rc = wtx__strmap_add_borrowed(s->st_ix, s->st_meta[i].name, i);
     }
     if (rc != 0) {
       wtx__strmap_destroy(s->st_ix);
       s->st_ix = NULL;
-      return rc;
     }
-    wtx__arena_free(&s->st_names);
   }
   *ix = s->st_ix;
   return rc;
 }
 
+/* The staged metas, names and index become the layout of a first version
+ * (nothing published to merge with) instead of being copied into one: at
+ * 40k tensors a copy is megabytes, each page of it a fault in a worker's
+ * first sync. Staging then reads them there (st_lay) until commit or
+ * abort, and stages nothing more. After staged_index. Caller holds mu. */
+static int staged_take(wtx_store *s) {
+  layout *l = calloc(1, sizeof *l);
+  if (l == NULL) return WTX_ENOMEM;
+  atomic_init(&l->refs, 1);
+  l->metas = s->st_meta;
+  l->n = s->n_st;
+  l->ix = s->st_ix;
+  l->names = s->st_names;
+  s->st_meta = NULL;
+  s->cap_meta = 0;
+  s->st_ix = NULL;
+  s->st_names = (wtx__arena)WTX__ARENA_INIT;
+  s->st_lay = l;
+  return 0;
+}
+
 /* Describes staged tensor n_st as meta: while in the base version's order,
  * by base's tensor at that position when it is the same (nothing is
- * copied); else by a copy (its name in st_names, or the index's key once
- * there is an index). */
+ * copied); else by a copy, its name in st_names. */
 static int staged_add(wtx_store *s, const wtx_tensor_meta *meta) {
   const snapshot *base = s->base;
   if (s->in_order && base != NULL && s->n_st < base->n) {
@@ -726,15 +769,13 @@ static int staged_add(wtx_store *s, const wtx_tensor_meta *meta) {
     if (s->seen != NULL && s->seen[s->n_st] == meta) return 0;
     if (strcmp(m->name, meta->name) == 0 && wtx_tensor_meta_same_layout(m, meta)) return 0;
   }
-  s->st_meta[s->n_st] = *meta;
-  if (s->st_ix != NULL)
-    return wtx__strmap_add(s->st_ix, meta->name, s->n_st, &s->st_meta[s->n_st].name);
-  leave_order(s);
+  if (leave_order(s) != 0 || meta_room(s, s->n_st + 1) != 0) return WTX_ENOMEM;
   size_t len = strlen(meta->name) + 1;
   char *name = wtx__arena_alloc(&s->st_names, len);
   if (name == NULL) return WTX_ENOMEM;
+  s->st_meta[s->n_st] = *meta;
   s->st_meta[s->n_st].name = memcpy(name, meta->name, len);
-  return 0;
+  return s->st_ix != NULL ? wtx__strmap_add_borrowed(s->st_ix, name, s->n_st) : 0;
 }
 
 /* Finds the staged tensor named as meta, trying *next first. Caller holds mu. */
@@ -753,11 +794,12 @@ static int staged_find(wtx_store *s, const wtx_tensor_meta *meta, size_t *next, 
   const wtx__strmap *ix = NULL;
   int rc = staged_index(s, &ix);
   if (rc != 0) return rc;
-  return find(s->st_meta, s->n_st, ix, name, next, at) ? 0 : WTX_ENOENT;
+  return find(staged_metas(s), s->n_st, ix, name, next, at) ? 0 : WTX_ENOENT;
 }
 
 static int store_stage(void *model, const wtx_tensor_meta *meta, uint8_t **dst) {
   wtx_store *s = model;
+  if (s->st_lay != NULL) return WTX_ESTATE; /* prepared: its tensors are fixed */
   entry e = {0};
   if (meta->nbytes <= SMALL) e.data = slab_alloc(&s->pool, &s->st_sl, meta->nbytes);
   else if ((e.b = blob_new(&s->pool, meta->nbytes)) != NULL) e.data = e.b->data;
@@ -858,14 +900,27 @@ static int snapshot_merge(snapshot *snap, const snapshot *old, const entry *st,
  * of them with a buffer of their own), their small tensors in slabs sl
  * (NULL: nothing staged, a relabel); meta NULL: e are the old version's
  * first n, staged in its order; else meta describes them, indexed by name
- * in *ix (ix NULL or *ix NULL when n is 0). */
+ * in ix (NULL when n is 0), and are the tensors of lay, in its order, when
+ * lay is not NULL (a first version's, staged_take). */
 typedef struct staged {
   const entry *e;
   size_t n, own;
   const wtx_tensor_meta *meta;
-  wtx__strmap **ix;
+  const wtx__strmap *ix;
+  layout *lay;
   const slabs *sl;
 } staged;
+
+/* Fills snap with st's tensors in their order: a version with nothing to
+ * carry over. */
+static int snapshot_fill(snapshot *snap, const staged *st) {
+  int rc = 0;
+  for (size_t j = 0; rc == 0 && j < st->n; j++) {
+    snap->total += st->meta[j].nbytes;
+    rc = snapshot_add(snap, &st->e[j], &st->meta[j], 0);
+  }
+  return rc;
+}
 
 /* Fills snap with old's tensors, its first st->n replaced by st's, in
  * old's order (st->meta NULL). Staged entries without a buffer of their
@@ -888,19 +943,17 @@ static int snapshot_fill_aligned(snapshot *snap, const snapshot *old, const stag
 
 /* The one place a snapshot is made, labelled version, of old and what st
  * staged, sharing bytes and copying none but carried small tensors. With
- * st->meta NULL old's layout serves. Else snapshot_merge says what goes
- * where, and old's layout serves when st adds no tensor; when old has no
- * tensor, the new layout takes over *st->ix (set to NULL) instead of
- * indexing the names again. *out has one reference. */
+ * st->meta NULL old's layout serves; with st->lay and no tensor in old,
+ * st->lay. Else snapshot_merge says what goes where, and old's layout
+ * serves when st adds no tensor. *out has one reference. */
 static int snapshot_build(pool *p, const snapshot *old, const staged *st, const char *version,
                           uint64_t generation, snapshot **out) {
   size_t n_old = old != NULL ? old->n : 0, n_st = st->n;
   size_t replaced = st->meta == NULL ? n_st : 0;
   int copy = st->sl != NULL; /* a publish: carried small tensors are copied */
-  int same = 1;
+  int same = 1, whole = st->meta != NULL && st->lay != NULL && n_old == 0;
   char *used = NULL;
   wtx_tensor_meta *m = NULL;
-  wtx__strmap **ix = st->ix;
   snapshot *snap = calloc(1, sizeof *snap);
   int rc = snap != NULL ? 0 : WTX_ENOMEM;
   if (rc != 0) goto fail;
@@ -910,24 +963,25 @@ static int snapshot_build(pool *p, const snapshot *old, const staged *st, const 
   if ((snap->version = strdup(version)) == NULL) rc = WTX_ENOMEM;
   if (rc == 0) rc = arrays_take(p, n_old + n_st + 1, snap);
   if (rc == 0) rc = slabs_share(&snap->sl, copy ? st->sl : old != NULL ? &old->sl : NULL);
-  if (rc == 0 && st->meta != NULL &&
+  if (rc == 0 && st->meta != NULL && !whole &&
       ((used = calloc(n_st + 1, 1)) == NULL ||
        (m = malloc((n_old + n_st + 1) * sizeof *m)) == NULL))
     rc = WTX_ENOMEM;
   if (rc != 0) goto fail;
   if (st->meta == NULL)
     rc = snapshot_fill_aligned(snap, old, st, copy);
+  else if (whole)
+    rc = snapshot_fill(snap, st);
   else
-    rc = snapshot_merge(snap, old, st->e, st->meta, n_st, ix != NULL ? *ix : NULL, used, m,
-                        &same, &replaced);
+    rc = snapshot_merge(snap, old, st->e, st->meta, n_st, st->ix, used, m, &same, &replaced);
   if (rc != 0) goto fail;
   snap->alloc += snap->sl.bytes;
-  if (old != NULL && replaced == n_st && same) {
-    snap->lay = old->lay;
+  layout *shared = whole ? st->lay : old != NULL && replaced == n_st && same ? old->lay : NULL;
+  if (shared != NULL) {
+    snap->lay = shared;
     atomic_fetch_add(&snap->lay->refs, 1);
   } else {
-    int adopt = n_old == 0 && ix != NULL && *ix != NULL; /* snap is st, in st's order */
-    rc = layout_build(m, snap->n, adopt ? ix : NULL, &snap->lay);
+    rc = layout_build(m, snap->n, &snap->lay);
     m = NULL; /* the layout's, or freed */
   }
   if (rc != 0) goto fail;
@@ -966,9 +1020,7 @@ static int store_prepare(void *model, const char *version, char *err, size_t err
   wtx_store *s = model;
   pthread_mutex_lock(&s->mu);
   snapshot *old = PUB(s, s->target);
-  /* A snapshot prepared before may own the index the staged names point
-   * into (the first version's): it goes once the new one is built. */
-  snapshot *stale = s->prepared;
+  snapshot *stale = s->prepared; /* prepared before: replaced */
   s->prepared = NULL;
   int rc = s->staging ? check_complete(s, err, errlen) : WTX_ESTATE;
   /* Staged in the order of old's layout: position i of old is position i
@@ -976,9 +1028,11 @@ static int store_prepare(void *model, const char *version, char *err, size_t err
   int aligned = s->in_order && s->base != NULL && old != NULL && old->lay == s->base->lay;
   const wtx__strmap *ix = NULL;
   if (rc == 0 && !aligned) rc = staged_index(s, &ix);
+  if (rc == 0 && !aligned && (old == NULL || old->n == 0) && s->st_lay == NULL && s->n_st > 0)
+    rc = staged_take(s);
   if (rc == 0) {
     staged st = {.e = s->st, .n = s->n_st, .own = s->st_own, .sl = &s->st_sl,
-                 .meta = aligned ? NULL : s->st_meta, .ix = aligned ? NULL : &s->st_ix};
+                 .meta = aligned ? NULL : staged_metas(s), .ix = ix, .lay = s->st_lay};
     rc = snapshot_build(&s->pool, old, &st, version, (old ? old->generation : 0) + 1,
                         &s->prepared);
   }

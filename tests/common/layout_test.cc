@@ -87,6 +87,40 @@ TEST(LayoutTest, NamesAreCopiedAndRefusedTwice) {
   wtx__layout_free(&other);
 }
 
+// A caller may fill the table's next slots itself and add each from where
+// it lies (the worker checks a chunk's params straight into its table):
+// room made first, the slots do not move while they are added, each name
+// is interned as from a copy, and a name refused leaves the table as it was.
+TEST(LayoutTest, MetasFilledInTheTablesOwnSlotsAreAddedWhereTheyLie) {
+  wtx__layout l;
+  ASSERT_EQ(0, wtx__layout_init(&l));
+  wtx_tensor_meta first = Meta("embed", WTX_DTYPE_UINT8, {2});
+  ASSERT_EQ(0, wtx__layout_add(&l, &first));
+  ASSERT_EQ(0, wtx__layout_room(&l, 1000));
+  const wtx_tensor_meta *slots = &l.metas[l.n];
+  std::vector<std::string> names;
+  for (int i = 0; i < 1000; i++) names.push_back("layers." + std::to_string(i) + ".w");
+  for (int i = 0; i < 1000; i++) {
+    wtx_tensor_meta *slot = &l.metas[l.n];
+    *slot = Meta(names[i].c_str(), WTX_DTYPE_UINT8, {static_cast<uint64_t>(i + 1)});
+    ASSERT_EQ(0, wtx__layout_add(&l, slot)) << i;
+    ASSERT_EQ(slots, &l.metas[1]) << "the slots moved at " << i;
+  }
+  for (auto &n : names) n[0] = 'X';  // the caller's strings change: the table's do not
+  ASSERT_EQ(1001u, l.n);
+  EXPECT_STREQ("layers.0.w", l.metas[1].name);
+  EXPECT_STREQ("layers.999.w", l.metas[1000].name);
+  EXPECT_EQ(1000u, l.metas[1000].nbytes);
+  EXPECT_EQ(2u + 1000u * 1001u / 2, wtx__layout_bytes(&l, 0, l.n));
+  // A repeat in the slot: refused, nothing added.
+  wtx_tensor_meta *slot = &l.metas[l.n];
+  *slot = Meta("layers.5.w", WTX_DTYPE_UINT8, {7});
+  EXPECT_EQ(WTX_EEXIST, wtx__layout_add(&l, slot));
+  EXPECT_EQ(1001u, l.n);
+  EXPECT_EQ(2u + 1000u * 1001u / 2, wtx__layout_bytes(&l, 0, l.n));
+  wtx__layout_free(&l);
+}
+
 // The bytes of any run of a table's tensors, in O(1) (a by-position chunk
 // of 8192 tensors counts its bytes without reading their metas), across the
 // growth of its arrays and after a clear.

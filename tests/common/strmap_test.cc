@@ -43,6 +43,28 @@ TEST(StrmapTest, KeysAreCopied) {
   wtx__strmap_destroy(m);
 }
 
+// A borrowed key (an owner that holds the names already indexes them
+// without a second copy) is found, refused twice whether borrowed or
+// copied, and sits beside copied keys.
+TEST(StrmapTest, BorrowedKeysAreFoundAndRefusedTwiceBesideCopiedOnes) {
+  wtx__strmap *m = nullptr;
+  ASSERT_EQ(0, wtx__strmap_create(&m));
+  char key[] = "layer.0.weight";
+  ASSERT_EQ(0, wtx__strmap_add_borrowed(m, key, 7));
+  ASSERT_EQ(0, wtx__strmap_add(m, "layer.1.weight", 8, nullptr));
+  size_t v = 0;
+  EXPECT_EQ(1, wtx__strmap_get(m, "layer.0.weight", &v));
+  EXPECT_EQ(7u, v);
+  EXPECT_EQ(WTX_EEXIST, wtx__strmap_add(m, "layer.0.weight", 9, nullptr));
+  EXPECT_EQ(WTX_EEXIST, wtx__strmap_add_borrowed(m, "layer.1.weight", 9));
+  EXPECT_EQ(2u, wtx__strmap_count(m));
+  wtx__strmap_clear(m);
+  EXPECT_EQ(0, wtx__strmap_get(m, key, nullptr));
+  EXPECT_EQ(0, wtx__strmap_add_borrowed(m, key, 1));  // usable after clear
+  EXPECT_EQ(1, wtx__strmap_get(m, "layer.0.weight", nullptr));
+  wtx__strmap_destroy(m);
+}
+
 // The first name seen a second time, read through a stride as the callers
 // read tensor tables: NULL when every name is new, in O(n).
 TEST(StrmapTest, FindsTheFirstDuplicateName) {

@@ -601,6 +601,40 @@ TEST_F(StoreTest, AFirstVersionPreparedTwiceOrAbortedKeepsItsNames) {
   wtx_store_release(s_, &v);
 }
 
+// A first version's prepare makes what staging described its layout, not a
+// copy: after it the update's tensors are fixed. Another tensor staged then
+// is refused (nothing else changes), a tensor loaded again is still found
+// by name, the prepared version publishes whole, and the next update (a
+// merge, out of order) names every tensor right, after the staging that
+// described the first one has been reused.
+TEST_F(StoreTest, AFirstVersionPreparedIsFixedAndItsLayoutOutlivesItsStaging) {
+  const wtx_model_ops &ops = wtx_store_model_ops;
+  char err[256] = "";
+  Stage({{"a", 8, 1}, {"b", 4, 2}, {"c", 2, 3}});
+  ASSERT_EQ(0, ops.prepare(s_, "v1", err, sizeof err)) << err;
+  wtx_tensor_meta d = Meta("d", 4);
+  uint8_t *dst = nullptr;
+  EXPECT_EQ(WTX_ESTATE, ops.stage(s_, &d, &dst));
+  wtx_tensor_meta b = Meta("b", 4);
+  uint64_t sum = 2;
+  EXPECT_EQ(0, ops.loaded(s_, &b, &sum));  // by name, through the prepared layout
+  ASSERT_EQ(0, ops.commit(s_, "v1"));
+  Publish("v2", {{"c", 2, 6}, {"e", 16, 7}, {"a", 8, 5}});
+  wtx_store_view v;
+  ASSERT_EQ(0, wtx_store_acquire(s_, WTX_TARGET_MAIN, &v));
+  const char *want[4] = {"a", "b", "c", "e"};
+  const int fill[4] = {5, 2, 6, 7};
+  ASSERT_EQ(4u, v.n_params);
+  for (int i = 0; i < 4; i++) {
+    EXPECT_STREQ(want[i], v.params[i].meta.name);
+    EXPECT_TRUE(Filled(v.params[i], fill[i])) << want[i];
+  }
+  EXPECT_EQ(30u, v.total_bytes);
+  wtx_store_release(s_, &v);
+  wtx_tensor_meta e = Meta("e", 16);
+  EXPECT_EQ(0, ops.check(s_, WTX_TARGET_MAIN, &e, err, sizeof err)) << err;
+}
+
 // A first version (nothing published, so no order to follow) keeps its
 // own copies of the names it was staged with: the caller's go as each
 // chunk ends (the session's are in the call's request), here overwritten
