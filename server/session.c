@@ -1,4 +1,5 @@
 /* The WorkerEngine session: the calls that change it (see session.h). */
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -52,7 +53,10 @@ static wtx__end failure_kind(int rc) {
 
 /* An update as none has begun: every field at its start, the memory of
  * its params' layout kept for the next. */
-static void update_reset(wtx__update *u) {
+static void update_reset(wtx_session *s) {
+  wtx__update *u = &s->up;
+  /* A call waiting for its turn in the update ends: it finds it gone. */
+  pthread_cond_broadcast(&s->turn);
   free(u->boxed.bits);
   free(u->spans.wire);
   free(u->bounce_host);
@@ -70,7 +74,7 @@ static void abort_locked(wtx_session *s, wtx__end kind, const char *why) {
   if (s->transport != NULL && s->transport->reset != NULL)
     s->transport->reset(s->engine);
   wtx__rx_reset(s->rx);
-  update_reset(&s->up);
+  update_reset(s);
   s->state = s->draining ? WTX__V1__SESSION_STATE__SESSION_STATE_DRAINING
                          : WTX__V1__SESSION_STATE__SESSION_STATE_READY;
   char q[512];
@@ -84,6 +88,11 @@ static void choose_stage(wtx_session *s);
 int wtx__session_init(wtx_session *s, const wtx__session_config *cfg) {
   memset(s, 0, sizeof *s);
   pthread_mutex_init(&s->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->turn, &ca);
+  pthread_condattr_destroy(&ca);
   s->cfg = *cfg;
   if (s->cfg.world_size == 0) s->cfg.world_size = 1;
   if (s->cfg.watchdog_ms <= 0) s->cfg.watchdog_ms = WTX_DEFAULT_WATCHDOG_MS;
@@ -99,6 +108,7 @@ int wtx__session_init(wtx_session *s, const wtx__session_config *cfg) {
     wtx__layout_free(&s->up.cur);
     wtx__layout_free(&s->tb.table[0]);
     wtx__layout_free(&s->tb.table[1]);
+    pthread_cond_destroy(&s->turn);
     pthread_mutex_destroy(&s->mu);
   }
   return rc;
@@ -118,6 +128,7 @@ void wtx__session_destroy(wtx_session *s) {
   wtx__layout_free(&s->up.cur);
   wtx__layout_free(&s->tb.table[0]);
   wtx__layout_free(&s->tb.table[1]);
+  pthread_cond_destroy(&s->turn);
   pthread_mutex_destroy(&s->mu);
 }
 
@@ -405,7 +416,7 @@ static grpc_status_code open_update(wtx_session *s, wtx__rpc_ctx *ctx,
   if (rc != 0) return model_failed(ctx, rc, "model", "cannot begin an update");
   s->revertible = 0; /* begin released what the last commit replaced */
   s->update_id++;
-  update_reset(&s->up);
+  update_reset(s);
   s->up.target = target;
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_UPDATING;
   if (expected > 0)
@@ -466,6 +477,7 @@ static grpc_status_code handle_start(wtx__rpc_ctx *ctx,
     /* the session applies spans, boxes too, wherever it applies patches */
     resp->patch_spans = resp->patch_boxes = resp->patches;
     resp->chunk_batches = 1;
+    resp->ordered_calls = 1;
   }
   pthread_mutex_unlock(&s->mu);
   return code;
@@ -1624,6 +1636,43 @@ static grpc_status_code chunk_failed(wtx_session *s, wtx__rpc_ctx *ctx, chunk *c
   return (model ? model_failed : from_wtx)(ctx, rc, "UpdateWeights (update aborted)", why);
 }
 
+/* An ordered call (call_index k, from 1) is taken after calls 1..k-1 of
+ * its update have ended: one that arrives ahead of its turn waits, the
+ * lock released, within the session's timeout; the update ending (a call
+ * before it failed, an abort, a drain) ends the wait at once, and the
+ * call then finds no update to join. A k already taken is refused: a
+ * trainer sends each call once. Caller holds mu and has checked the
+ * update. */
+static grpc_status_code await_turn(wtx_session *s, wtx__rpc_ctx *ctx,
+                                   const Wtx__V1__UpdateWeightsRequest *req) {
+  uint32_t k = req->call_index;
+  if (k <= s->up.calls_done)
+    return wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_INVALID_ARGUMENT, "call_index: %u, but "
+                              "calls 1..%u of update %llu have been taken already", k,
+                              s->up.calls_done, (unsigned long long)s->update_id);
+  int64_t ms = s->wire.timeout_ms > 0 ? s->wire.timeout_ms : s->cfg.watchdog_ms;
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (ms % 1000) * 1000000;
+  if (until.tv_nsec >= 1000000000) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000;
+  }
+  grpc_status_code code = GRPC_STATUS_OK;
+  int late = 0;
+  while (code == GRPC_STATUS_OK && k > s->up.calls_done + 1 && !late) {
+    late = pthread_cond_timedwait(&s->turn, &s->mu, &until) == ETIMEDOUT;
+    code = check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights", 0);
+  }
+  if (code == GRPC_STATUS_OK && k > s->up.calls_done + 1)
+    code = wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_DEADLINE_EXCEEDED, "call_index: %u waited "
+                              "%lld ms for call %u of update %llu, which never came", k,
+                              (long long)ms, s->up.calls_done + 1,
+                              (unsigned long long)s->update_id);
+  return code;
+}
+
 static grpc_status_code handle_update(wtx__rpc_ctx *ctx,
     const Wtx__V1__UpdateWeightsRequest *req, Wtx__V1__UpdateWeightsResponse *resp) {
   wtx_session *s = wtx__rpc_ctx_user(ctx);
@@ -1631,6 +1680,8 @@ static grpc_status_code handle_update(wtx__rpc_ctx *ctx,
   if (code != GRPC_STATUS_OK) return code;
   pthread_mutex_lock(&s->mu);
   code = check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights", 0);
+  int ordered = code == GRPC_STATUS_OK && req->call_index > 0;
+  if (ordered) code = await_turn(s, ctx, req);
   if (code == GRPC_STATUS_OK && s->up.receiving)
     code = wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_FAILED_PRECONDITION,
                               "another UpdateWeights of update %llu is still "
@@ -1649,6 +1700,11 @@ static grpc_status_code handle_update(wtx__rpc_ctx *ctx,
   }
   resp->staged_params = (uint32_t)s->up.staged_params;
   resp->staged_bytes = s->up.staged_bytes;
+  if (ordered && update_open(s) && req->update_id == s->update_id &&
+      req->call_index == s->up.calls_done + 1) {
+    s->up.calls_done = req->call_index;
+    pthread_cond_broadcast(&s->turn);
+  }
   pthread_mutex_unlock(&s->mu);
   return code;
 }
@@ -1689,6 +1745,7 @@ static grpc_status_code prepare_locked(wtx_session *s, wtx__rpc_ctx *ctx, const 
     return code;
   }
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_PREPARED;
+  pthread_cond_broadcast(&s->turn); /* a call still waiting finds it prepared */
   return GRPC_STATUS_OK;
 }
 

@@ -76,6 +76,9 @@ typedef struct wtx__update {
   wtx_target target;
   int delta;           /* a delta (StartWeightUpdateRequest.base_version) */
   int receiving;       /* an UpdateWeights is receiving, outside the lock */
+  /* Ordered calls (UpdateWeightsRequest.call_index) that have ended: call
+   * calls_done + 1 is the one taken next; later ones wait for it (turn). */
+  uint32_t calls_done;
   int abort_requested; /* abort once the running receive returns */
   size_t staged_params;
   uint64_t staged_bytes;
@@ -158,6 +161,9 @@ typedef struct wtx__model_steps {
 
 typedef struct wtx_session {
   pthread_mutex_t mu;
+  /* Signalled, under mu, when an ordered call ends and when the update
+   * does: an UpdateWeights sent ahead of its turn waits on it. */
+  pthread_cond_t turn;
   wtx__session_config cfg;
   int state; /* WTX__V1__SESSION_STATE__* */
   char session_id[33];

@@ -89,11 +89,12 @@ class SessionTest : public ::testing::Test {
 
   // InitWeightTransferEngine with the InitInfo member named backend (left
   // at its defaults), found in the schema: no per-backend code here.
-  int Init(const char *backend = "shm", uint32_t checksum = 0) {
+  int Init(const char *backend = "shm", uint32_t checksum = 0, uint32_t timeout_ms = 0) {
     Wtx__V1__PackingParams pk = WTX__V1__PACKING_PARAMS__INIT;
     Wtx__V1__InitInfo ii = WTX__V1__INIT_INFO__INIT;
     ii.packing = &pk;
     ii.checksum = (Wtx__V1__ChecksumAlgorithm)checksum;
+    ii.timeout_ms = timeout_ms;
     const ProtobufCFieldDescriptor *f =
         protobuf_c_message_descriptor_get_field_by_name(&wtx__v1__init_info__descriptor, backend);
     alignas(max_align_t) uint8_t member[256];
@@ -309,17 +310,24 @@ class SessionTest : public ::testing::Test {
   void InitOnSlowDouble();
 };
 
-// UpdateWeights of (session, update) with ui, started (waited for by the
-// caller).
-wtx__rpc_pending *StartUpdateCall(wtx__rpc_channel *ch, const std::string &session,
-                                 uint64_t update, Wtx__V1__UpdateInfo *ui) {
+// UpdateWeights of (session, update) with ui as the update's call
+// call_index (0: unordered), started (waited for by the caller).
+wtx__rpc_pending *StartOrderedCall(wtx__rpc_channel *ch, const std::string &session,
+                                  uint64_t update, Wtx__V1__UpdateInfo *ui,
+                                  uint32_t call_index) {
   Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
   req.session_id = const_cast<char *>(session.c_str());
   req.update_id = update;
   req.update_info = ui;
+  req.call_index = call_index;
   wtx__rpc_pending *p = nullptr;
   EXPECT_EQ(0, wtx__v1__weight_transfer__update_weights__start(ch, &req, nullptr, &p));
   return p;
+}
+
+wtx__rpc_pending *StartUpdateCall(wtx__rpc_channel *ch, const std::string &session,
+                                 uint64_t update, Wtx__V1__UpdateInfo *ui) {
+  return StartOrderedCall(ch, session, update, ui, 0);
 }
 
 void ReleaseSlowReceive();
@@ -345,6 +353,7 @@ TEST_F(SessionTest, FullUpdatePublishesBitExactWithChecksums) {
 // its own offset.
 class BatchTest : public SessionTest {
  protected:
+  int SendInOrder(const std::vector<Wtx__V1__UpdateInfo *> &ui, const std::vector<size_t> &order);
   // The update's chunks: [from, to) of the stream each, and the tensors
   // (name, floats) each touches, as ParamMeta.
   struct Chunk {
@@ -355,6 +364,18 @@ class BatchTest : public SessionTest {
   // tensor whose last byte is in its chunk, flipped in chunk `corrupt`.
   int SendBatch(const std::vector<uint8_t> &bytes, const std::vector<Chunk> &chunks,
                 int corrupt = -1) {
+    return SendChunks(bytes, chunks, corrupt, {});
+  }
+  // The same chunks, each in a call of its own with its call_index (from
+  // 1), the calls started in `order` (indexes into chunks) a little apart
+  // and then awaited. The result is the first failure in call order (st_
+  // its status), else 0.
+  int SendOrdered(const std::vector<uint8_t> &bytes, const std::vector<Chunk> &chunks,
+                  const std::vector<size_t> &order) {
+    return SendChunks(bytes, chunks, -1, order);
+  }
+  int SendChunks(const std::vector<uint8_t> &bytes, const std::vector<Chunk> &chunks,
+                 int corrupt, const std::vector<size_t> &order) {
     size_t n = chunks.size();
     std::vector<Wtx__V1__UpdateInfo> ui(n);
     std::vector<Wtx__V1__UpdateInfo *> uip;
@@ -403,6 +424,11 @@ class BatchTest : public SessionTest {
     EXPECT_GE(fd, 0);
     EXPECT_EQ(0, ftruncate(fd, (off_t)bytes.size()));
     EXPECT_EQ((ssize_t)bytes.size(), pwrite(fd, bytes.data(), bytes.size(), 0));
+    if (!order.empty()) {
+      int rc = SendInOrder(uip, order);
+      close(fd);
+      return rc;
+    }
     Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
     req.session_id = const_cast<char *>(session_.c_str());
     req.update_id = update_;
@@ -416,6 +442,27 @@ class BatchTest : public SessionTest {
     return rc;
   }
 };
+
+int BatchTest::SendInOrder(const std::vector<Wtx__V1__UpdateInfo *> &ui,
+                           const std::vector<size_t> &order) {
+  std::vector<wtx__rpc_pending *> calls(ui.size(), nullptr);
+  for (size_t k : order) {
+    calls[k] = StartOrderedCall(ch_, session_, update_, ui[k], static_cast<uint32_t>(k + 1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // arrives ahead of k - 1
+  }
+  int rc = 0;
+  for (wtx__rpc_pending *p : calls) {
+    ProtobufCMessage *m = nullptr;
+    wtx__rpc_status st;
+    int r = wtx__rpc_unary_wait(p, &m, &st);
+    if (m != nullptr) protobuf_c_message_free_unpacked(m, nullptr);
+    if (r != 0 && rc == 0) {
+      rc = r;
+      st_ = st;
+    }
+  }
+  return rc;
+}
 
 TEST_F(BatchTest, SeveralChunksInOneCallLandAsIfEachCameAlone) {
   ASSERT_EQ(0, Init()) << st_.message;
@@ -451,6 +498,92 @@ TEST_F(BatchTest, AChunkThatFailsInACallEndsTheUpdateNamingIt) {
   ExpectV1Intact();
   EXPECT_NE(0, Finish("v2"));  // the update ended with the call
   ExpectV1Intact();
+}
+
+// A trainer may send an update's next UpdateWeights before the answer to
+// the one before (call_index): the worker takes them in that order
+// whatever order they arrive in. Here the last arrives first and the one
+// that continues a tensor arrives before that tensor's first chunk; the
+// start says the worker takes such calls.
+TEST_F(BatchTest, CallsSentAheadOfTheirTurnAreTakenInCallIndexOrder) {
+  ASSERT_EQ(0, Init()) << st_.message;
+  Wtx__V1__StartWeightUpdateRequest sreq = WTX__V1__START_WEIGHT_UPDATE_REQUEST__INIT;
+  sreq.session_id = const_cast<char *>(session_.c_str());
+  sreq.target = WTX__V1__UPDATE_TARGET__UPDATE_TARGET_MAIN;
+  Wtx__V1__StartWeightUpdateResponse *sresp = nullptr;
+  ASSERT_EQ(0, wtx__v1__weight_transfer__start_weight_update__call(ch_, &sreq, &sresp, nullptr,
+                                                                    &st_)) << st_.message;
+  EXPECT_TRUE(sresp->ordered_calls);
+  update_ = sresp->update_id;
+  protobuf_c_message_free_unpacked(&sresp->base, nullptr);
+  std::vector<uint8_t> bytes;
+  for (const Tensor &t : {T("a", 16, 1), T("b", 8, 2), T("c", 4, 3)})
+    bytes.insert(bytes.end(), t.data.begin(), t.data.end());
+  ASSERT_EQ(0, SendOrdered(bytes, {{0, 40, {{"a", 16}}},
+                                   {40, 96, {{"a", 16}, {"b", 8}}},
+                                   {96, 112, {{"c", 4}}}},
+                           {2, 1, 0}))
+      << st_.message;
+  ASSERT_EQ(0, Finish("v1")) << st_.message;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> now;
+  EXPECT_EQ("v1", Published(&now));
+  ASSERT_EQ(3u, now.size());
+  EXPECT_EQ("a", now[0].first);
+  EXPECT_EQ(T("a", 16, 1).data, now[0].second);
+  EXPECT_EQ("b", now[1].first);
+  EXPECT_EQ(T("b", 8, 2).data, now[1].second);
+  EXPECT_EQ("c", now[2].first);
+  EXPECT_EQ(T("c", 4, 3).data, now[2].second);
+}
+
+// Each call index is taken once: a call naming one already taken is
+// refused with the field named, and stages nothing.
+TEST_F(BatchTest, ACallIndexAlreadyTakenIsRefused) {
+  PublishV1();
+  ASSERT_EQ(0, Start()) << st_.message;
+  std::vector<uint8_t> bytes = T("a", 16, 7).data;
+  ASSERT_EQ(0, SendOrdered(bytes, {{0, 64, {{"a", 16}}}}, {0})) << st_.message;
+  EXPECT_NE(0, SendOrdered(bytes, {{0, 64, {{"b", 16}}}}, {0}));
+  EXPECT_EQ(GRPC_STATUS_INVALID_ARGUMENT, st_.code) << st_.message;
+  EXPECT_NE(nullptr, strstr(st_.message, "call_index: 1, but calls 1..1 of update"))
+      << st_.message;
+  Wtx__V1__PrepareWeightUpdateResponse *prep = nullptr;
+  ASSERT_EQ(0, Prepare("v2", &prep)) << st_.message;
+  EXPECT_EQ(1u, prep->num_params);  // a, from call 1: nothing of the refused call
+  protobuf_c_message_free_unpacked(&prep->base, nullptr);
+}
+
+// A call waiting for its turn ends as soon as the update does (here an
+// abort), not at the session's timeout, and the served version stays.
+TEST_F(BatchTest, ACallWaitingForItsTurnEndsWhenTheUpdateIsAborted) {
+  PublishV1();
+  ASSERT_EQ(0, Start()) << st_.message;
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  wtx__rpc_pending *p = StartOrderedCall(ch_, session_, update_, &ui, 2);
+  EXPECT_EQ(0, wtx__rpc_unary_poll_within(p, 200, nullptr));  // waits for call 1
+  ASSERT_EQ(0, Abort()) << st_.message;
+  EXPECT_EQ(1, wtx__rpc_unary_poll_within(p, 10000, nullptr));
+  ProtobufCMessage *m = nullptr;
+  wtx__rpc_status st;
+  EXPECT_NE(0, wtx__rpc_unary_wait(p, &m, &st));
+  EXPECT_EQ(GRPC_STATUS_FAILED_PRECONDITION, st.code) << st.message;
+  EXPECT_NE(nullptr, strstr(st.message, "without an active update")) << st.message;
+  ExpectV1Intact();
+}
+
+// A call whose turn never comes (the call before it was lost) ends within
+// the session's timeout, naming the call it waited for.
+TEST_F(BatchTest, ACallWhoseTurnNeverComesEndsAtTheSessionsTimeout) {
+  ASSERT_EQ(0, Init("shm", 0, 300)) << st_.message;
+  ASSERT_EQ(0, Start()) << st_.message;
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  wtx__rpc_pending *p = StartOrderedCall(ch_, session_, update_, &ui, 3);
+  ProtobufCMessage *m = nullptr;
+  wtx__rpc_status st;
+  EXPECT_NE(0, wtx__rpc_unary_wait(p, &m, &st));
+  EXPECT_EQ(GRPC_STATUS_DEADLINE_EXCEEDED, st.code) << st.message;
+  EXPECT_NE(nullptr, strstr(st.message, "call_index: 3 waited 300 ms for call 1 of update"))
+      << st.message;
 }
 
 // The table of the params an update sent, as the trainer computes it.
