@@ -45,6 +45,7 @@ enum {
   CAN_PATCH_SPANS = 2, /* patch_spans */
   CAN_BATCHES = 4,     /* chunk_batches */
   CAN_PATCH_BOXES = 8, /* patch_boxes */
+  CAN_ORDERED = 16,    /* ordered_calls */
 };
 static int commit_one(wtx_client *c, const char *version, char *published, size_t publen);
 
@@ -62,6 +63,9 @@ typedef struct replica {
   unsigned can; /* what its last start said it takes (CAN_* bits) */
   wtx__rpc_pending *pending;
   int begun; /* fan_begin's result for its call in flight (0: in flight) */
+  /* An UpdateWeights started before pending and not yet collected
+   * (wtx__client_update_start_next); NULL: none. */
+  wtx__rpc_pending *earlier;
   /* An update the other replicas undid that may be published here, still
    * to undo (the undo could not reach this replica): undone before this
    * replica's next init or start. undo_update 0: none. */
@@ -239,10 +243,12 @@ int wtx_client_create_control(const wtx_control_ops *ops, void *self, wtx_client
 /* Every call in flight cancelled and waited for; the channels closed. */
 static void grpc_release(wtx_client *c) {
   for (size_t i = 0; c->r != NULL && i < c->n; i++) {
-    if (c->r[i].pending != NULL) {
-      wtx__rpc_unary_cancel(c->r[i].pending);
+    wtx__rpc_pending *calls[2] = {c->r[i].earlier, c->r[i].pending};
+    for (int k = 0; k < 2; k++) {
+      if (calls[k] == NULL) continue;
+      wtx__rpc_unary_cancel(calls[k]);
       ProtobufCMessage *m = NULL;
-      wtx__rpc_unary_wait(c->r[i].pending, &m, NULL);
+      wtx__rpc_unary_wait(calls[k], &m, NULL);
       if (m != NULL) protobuf_c_message_free_unpacked(m, NULL);
     }
     if (!c->borrowed) wtx__rpc_channel_destroy(c->r[i].ch);
@@ -533,6 +539,7 @@ static void start_take(fanout *f, size_t i, const ProtobufCMessage *m) {
   snprintf(f->c->r[i].serves, sizeof f->c->r[i].serves, "%s", r->weight_version);
   f->c->r[i].can = (r->patches ? CAN_PATCHES : 0u) | (r->patch_spans ? CAN_PATCH_SPANS : 0u) |
                    (r->chunk_batches ? CAN_BATCHES : 0u) |
+                   (r->ordered_calls ? CAN_ORDERED : 0u) |
                    (r->patch_boxes ? CAN_PATCH_BOXES : 0u);
 }
 
@@ -586,6 +593,9 @@ int wtx__client_patch_boxes(const wtx_client *c) {
 }
 
 int wtx__client_batches(const wtx_client *c) { return all_can(c, CAN_BATCHES); }
+int wtx__client_ordered(const wtx_client *c) {
+  return c->reach == &via_grpc && all_can(c, CAN_ORDERED);
+}
 
 const char *wtx__client_serves(const wtx_client *c, size_t i) {
   return i < c->n ? c->r[i].serves : "";
@@ -648,11 +658,13 @@ static fanout update_fanout(wtx_client *c, Wtx__V1__UpdateWeightsRequest *req) {
 
 /* UpdateWeights of ui and the n_then chunks after it on every replica. */
 static int grpc_update_send(wtx_client *c, const Wtx__V1__UpdateInfo *ui,
-                            const Wtx__V1__UpdateInfo *const *then, size_t n_then) {
+                            const Wtx__V1__UpdateInfo *const *then, size_t n_then,
+                            uint32_t call_index) {
   Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
   req.update_info = (Wtx__V1__UpdateInfo *)ui;
   req.then = (Wtx__V1__UpdateInfo **)then;
   req.n_then = n_then;
+  req.call_index = call_index;
   fanout f = update_fanout(c, &req); /* each request is packed as it starts */
   fan_begin(&f);
   for (size_t i = 0; i < c->n; i++)
@@ -665,8 +677,9 @@ static int grpc_update_send(wtx_client *c, const Wtx__V1__UpdateInfo *ui,
 }
 
 static int grpc_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
-  return grpc_update_send(c, ui, NULL, 0);
+  return grpc_update_send(c, ui, NULL, 0, 0);
 }
+
 
 uint64_t wtx__client_update_bytes(const wtx_client *c) { return c->update_bytes; }
 
@@ -674,6 +687,45 @@ static int grpc_update_wait(wtx_client *c) {
   Wtx__V1__UpdateWeightsRequest req = WTX__V1__UPDATE_WEIGHTS_REQUEST__INIT;
   fanout f = update_fanout(c, &req); /* nothing is sent again */
   return fan_end(&f);
+}
+
+/* Each replica's call in flight and its earlier one trade places. */
+static void swap_earlier(wtx_client *c) {
+  for (size_t i = 0; i < c->n; i++) {
+    wtx__rpc_pending *p = c->r[i].pending;
+    c->r[i].pending = c->r[i].earlier;
+    c->r[i].earlier = p;
+  }
+}
+
+int wtx__client_update_start_next(wtx_client *c, const Wtx__V1__UpdateInfo *ui,
+                                  uint32_t call_index) {
+  if (!wtx__client_ordered(c)) return WTX_ENOTSUP;
+  for (size_t i = 0; i < c->n; i++)
+    if (c->r[i].earlier != NULL) return WTX_ESTATE;
+  c->update_bytes += wtx__v1__update_info__get_packed_size(ui) * c->n;
+  swap_earlier(c); /* pending is free for the new call */
+  int rc = grpc_update_send(c, ui, NULL, 0, call_index);
+  if (rc == 0) return 0;
+  /* A replica whose call could not start: the earlier calls stay to be
+   * collected, the new ones (some may be in flight) are waited for now. */
+  grpc_update_wait(c);
+  swap_earlier(c);
+  return rc;
+}
+
+int wtx__client_update_wait_earlier(wtx_client *c) {
+  int any = 0;
+  for (size_t i = 0; i < c->n; i++) any |= c->r[i].earlier != NULL;
+  if (!any) return 0;
+  /* fan_take reads begun, which speaks of the latest calls: the earlier
+   * ones all started, and the latest ones did too or have been collected
+   * (start_next). */
+  for (size_t i = 0; i < c->n; i++) c->r[i].begun = 0;
+  swap_earlier(c);
+  int rc = grpc_update_wait(c);
+  swap_earlier(c);
+  return rc;
 }
 
 /* Where replica 0's answer puts a label (field of the response message). */
@@ -1227,7 +1279,7 @@ int wtx__client_update_start_batch(wtx_client *c, const Wtx__V1__UpdateInfo *con
   for (size_t k = 0; k < n; k++)
     c->update_bytes += wtx__v1__update_info__get_packed_size(ui[k]) * c->n;
   if (n == 1) return c->reach->update_start(c, ui[0]);
-  return wtx__client_batches(c) ? grpc_update_send(c, ui[0], ui + 1, n - 1) : WTX_ENOTSUP;
+  return wtx__client_batches(c) ? grpc_update_send(c, ui[0], ui + 1, n - 1, 0) : WTX_ENOTSUP;
 }
 
 int wtx__client_update_wait(wtx_client *c) { return c->reach->update_wait(c); }

@@ -785,6 +785,37 @@ static int sync_chunk(sync_state *s, size_t k) {
   return !packed_next && k + 1 < s->tb.n_chunks ? sync_pack(s, k + 1) : 0;
 }
 
+/* Whether chunks go out as ordered calls (sync_chunk_ordered): every
+ * worker takes them, and the backend is done with a buffer once the
+ * chunk's call is answered (it moves no bytes itself: shm), with a buffer
+ * for each of the two calls in flight and one to pack the next into. */
+static int sync_ordered(const sync_state *s) {
+  const wtx_trainer_transport *tt = s->t->tt;
+  return s->nb >= 3 && tt->post == NULL && tt->post_iov == NULL && tt->complete == NULL &&
+         wtx__client_ordered(s->t->client);
+}
+
+/* Step 4, per chunk, as ordered calls: chunk k's UpdateWeights goes out
+ * while chunk k - 1's is still in flight, so that the workers check and
+ * stage one while the next is packed, sent and decoded; then chunk k - 1's
+ * answer (its buffer is free), then chunk k + 1 is packed. Chunk k is
+ * already packed. On failure no call is left in flight, and the error is
+ * the earliest chunk's: a chunk that fails ends the update, which ends
+ * the calls after it. */
+static int sync_chunk_ordered(sync_state *s, size_t k) {
+  wtx_trainer *t = s->t;
+  Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  int rc = sync_update_info(s, k, &ui), src = 0;
+  if (rc == 0) src = wtx__client_update_start_next(t->client, &ui, (uint32_t)(k + 1));
+  int in_flight = rc == 0 && src == 0; /* chunk k's calls */
+  int erc = wtx__client_update_wait_earlier(t->client);
+  if (erc != 0) rc = fail(t, erc, "%s", wtx_client_last_error(t->client));
+  else if (src != 0) rc = fail(t, src, "%s", wtx_client_last_error(t->client));
+  if (rc == 0 && k + 1 < s->tb.n_chunks) rc = sync_pack(s, k + 1);
+  if (rc != 0 && in_flight) wtx__client_update_wait(t->client);
+  return rc;
+}
+
 /* Whether the last failure of a start says a worker may not know our
  * session: NOT_FOUND (it restarted, or another trainer initialized it), or
  * UNAVAILABLE (it restarted, and the call went out on the connection to
@@ -1017,10 +1048,18 @@ static int sync_run(sync_state *s, int commit, char *version, size_t vlen) {
     rc = sync_begin(s, &lost);
   }
   uint64_t done = 0;
+  int ordered = rc == 0 && sync_ordered(s);
   for (size_t k = 0; rc == 0 && k < s->tb.n_chunks; k++) {
-    if ((rc = sync_chunk(s, k)) != 0) break;
-    done += s->tb.chunks[k].bytes;
+    if ((rc = ordered ? sync_chunk_ordered(s, k) : sync_chunk(s, k)) != 0) break;
+    if (ordered && k == 0) continue; /* chunk k - 1's answer is in */
+    done += s->tb.chunks[ordered ? k - 1 : k].bytes;
     if (s->o->progress != NULL) s->o->progress(s->o->progress_arg, done, s->tb.total);
+  }
+  if (rc == 0 && ordered && s->tb.n_chunks > 0) { /* the last chunk's answer */
+    if ((rc = wtx__client_update_wait(t->client)) != 0)
+      fail(t, rc, "%s", wtx_client_last_error(t->client));
+    done = s->tb.total;
+    if (rc == 0 && s->o->progress != NULL) s->o->progress(s->o->progress_arg, done, done);
   }
   if (rc == 0 && !s->caller) rc = cursor_end(&s->c);
   if (rc == 0 && (rc = commit ? wtx__client_finish(t->client, s->o->version, version, vlen)

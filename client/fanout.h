@@ -79,6 +79,21 @@ int wtx__client_batches(const wtx_client *c);
  * Waited for with update_wait, as one chunk's call is. */
 int wtx__client_update_start_batch(wtx_client *c, const Wtx__V1__UpdateInfo *const *ui,
                                    size_t n);
+/* After a start: 1 when every replica takes an UpdateWeights sent before
+ * the answer to the one before (StartWeightUpdateResponse.ordered_calls),
+ * on gRPC. */
+int wtx__client_ordered(const wtx_client *c);
+/* update_start of the update's call_index-th call (from 1), while the call
+ * before it may still be in flight: that one becomes the earlier call,
+ * which update_wait_earlier collects (it must, before the next
+ * update_start_next or any other call). WTX_ENOTSUP where
+ * wtx__client_ordered is 0; WTX_ESTATE while an earlier call is still
+ * uncollected. */
+int wtx__client_update_start_next(wtx_client *c, const Wtx__V1__UpdateInfo *ui,
+                                  uint32_t call_index);
+/* update_wait for the earlier call update_start_next left in flight (0 at
+ * once when there is none). */
+int wtx__client_update_wait_earlier(wtx_client *c);
 /* The packed UpdateInfo bytes update_start has sent so far, over every
  * replica: what the chunks cost the control plane (wtx_send_result.
  * control_bytes is a sync's share). */

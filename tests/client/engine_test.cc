@@ -235,6 +235,45 @@ TEST_P(EngineTest, AFailingReplicaFailsTheSyncByNameAndTheOthersKeepTheirWeights
   wtx_source_destroy(src);
 }
 
+// A chunk in the middle of a sync refused by one replica fails the sync
+// with that refusal, though on shm the next chunk's call is already in
+// flight there (it then finds the update ended), and every replica keeps
+// what it served; the next sync goes through.
+TEST_P(EngineTest, AChunkRefusedMidSyncFailsItWithItsOwnErrorWhileTheNextIsInFlight) {
+  wtx_source *src = nullptr;
+  ASSERT_EQ(0, wtx_source_synthetic(8 << 20, 3, &src));
+  const wtx_tensor_meta *metas = nullptr;
+  size_t n = 0;
+  ASSERT_EQ(0, wtx_source_metadata(src, &metas, &n));
+  ASSERT_GT(n, 4u);
+  // Replica 1's model lacks one tensor past the first chunks.
+  size_t missing = n * 2 / 3;
+  std::vector<uint8_t> zeros(8 << 20);
+  std::vector<wtx_st_tensor> spec;
+  for (size_t i = 0; i < n; i++)
+    if (i != missing) spec.push_back({metas[i], zeros.data()});
+  std::string path = dir_ + "/most.safetensors";
+  char e[512] = "";
+  ASSERT_EQ(0, wtx_st_write(path.c_str(), spec.data(), spec.size(), nullptr, 0, e, sizeof e))
+      << e;
+  Worker a = Spawn(), b = Spawn({"--model-spec", path});
+  wtx_client *ca = Client({a});
+  std::string err;
+  ASSERT_EQ(0, Push(ca, src, "before", 1 << 20, 4, 60000, &err)) << err;
+  wtx_client *c = Client({a, b});
+  EXPECT_EQ(WTX_ENOENT, Push(c, src, "after", 1 << 20, 4, 60000, &err));
+  EXPECT_NE(std::string::npos, err.find("worker 1 (" + b.addr() + ")")) << err;
+  EXPECT_NE(std::string::npos, err.find(std::string("'") + metas[missing].name +
+                                        "' is not in the model")) << err;
+  EXPECT_EQ("before", Version(a));
+  EXPECT_EQ("", Version(b));
+  ASSERT_EQ(0, Push(ca, src, "again", 1 << 20, 4, 60000, &err)) << err;
+  EXPECT_EQ("again", Version(a));
+  wtx_client_destroy(c);
+  wtx_client_destroy(ca);
+  wtx_source_destroy(src);
+}
+
 // What the sources of these tests share: metadata from metas, a pass that
 // is a position, and S::Next for the tensors.
 template <class S>
