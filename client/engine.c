@@ -596,6 +596,7 @@ typedef struct sync_state {
   struct iovec *iov;
   Wtx__V1__ParamMeta *pm;
   Wtx__V1__ParamMeta **pmp;
+  size_t pm_built; /* pm[0..pm_built) are filled (sync_params) */
   /* Every worker holds our parameter table (the last sync's): chunks name
    * their tensors by position in it instead of sending them. */
   uint64_t table;
@@ -622,6 +623,7 @@ static void sync_release(sync_state *s) {
   s->iov = NULL;
   s->pm = NULL;
   s->pmp = NULL;
+  s->pm_built = 0;
 }
 
 /* Step 1: the buffers of the sync and the source's pass (while the
@@ -668,7 +670,7 @@ static int sync_buffers(sync_state *s) {
 
 /* Step 3, once every worker has answered start: chunks name their tensors
  * by position when every worker holds our table, else they carry every
- * tensor's ParamMeta. */
+ * tensor's ParamMeta (filled chunk by chunk: sync_params). */
 static int sync_messages(sync_state *s) {
   s->table = wtx__client_table(s->t->client);
   if (s->table != s->t->table_xxh3) s->table = 0;
@@ -676,8 +678,18 @@ static int sync_messages(sync_state *s) {
   const sync_table *tb = &s->tb;
   s->pm = calloc(s->table ? 1 : tb->n, sizeof *s->pm);
   s->pmp = calloc(s->table ? 1 : tb->n, sizeof *s->pmp);
+  s->pm_built = 0;
   if (!s->pm || !s->pmp) return fail(s->t, WTX_ENOMEM, "out of memory");
-  for (size_t i = 0; s->table == 0 && i < tb->n; i++) {
+  return 0;
+}
+
+/* The ParamMeta of tensors up to last, filled as the chunks need them, not
+ * all at once before the first: with calls ahead of their turn the next
+ * chunk's are filled while the workers take this one (at 40k tensors,
+ * megabytes of fresh memory). */
+static void sync_params(sync_state *s, size_t last) {
+  const sync_table *tb = &s->tb;
+  for (size_t i = s->pm_built; i <= last && i < tb->n; i++) {
     wtx__v1__param_meta__init(&s->pm[i]);
     s->pm[i].name = (char *)tb->metas[i].name;
     s->pm[i].dtype = (Wtx__V1__DType)tb->metas[i].dtype;
@@ -686,8 +698,8 @@ static int sync_messages(sync_state *s) {
     s->pm[i].part = s->t->parts != NULL ? s->t->parts[tb->map ? tb->map[i] : i] : NULL;
     s->pm[i].patch = tb->patch != NULL ? tb->patch[i] : NULL;
     s->pmp[i] = &s->pm[i];
+    s->pm_built = i + 1;
   }
-  return 0;
 }
 
 /* Packs chunk k into its buffer (k mod the number of buffers); a backend
@@ -721,6 +733,7 @@ static int sync_update_info(sync_state *s, size_t k, Wtx__V1__UpdateInfo *ui) {
     s->range.count = (uint32_t)(ch->last - ch->first + 1);
     ui->layout = &s->range;
   } else {
+    sync_params(s, ch->last);
     ui->params = &s->pmp[ch->first];
     ui->n_params = ch->last - ch->first + 1;
   }
