@@ -90,7 +90,9 @@ TEST_P(EngineTest, PushesHalfAGigabyteOfMixedDtypesToOneThenThreeWorkerProcesses
     wtx_client *c = Client(ws);
     std::string v = "mixed-" + std::to_string(++round), err;
     std::vector<uint64_t> sums;
-    ASSERT_EQ(0, Push(c, src, v.c_str(), 16 << 20, 2, 60000, &err, &sums)) << err;
+    // Four buffers: on shm and cuda_ipc each chunk's call leaves before
+    // the answer to the one before.
+    ASSERT_EQ(0, Push(c, src, v.c_str(), 16 << 20, 4, 60000, &err, &sums)) << err;
     // Every worker's published checksums equal the trainer's.
     EXPECT_EQ(0, wtx_client_verify(c, src, sums.data())) << wtx_client_last_error(c);
     for (size_t i = 0; i < ws.size(); i++) {
@@ -671,33 +673,39 @@ void KillHalfway(void *arg, uint64_t done, uint64_t total) {
   }
 }
 
+// With two buffers a chunk's call waits for the answer to the one before;
+// with four, on shm and cuda_ipc, two are in flight when the worker dies.
 TEST_P(EngineTest, AWorkerKilledMidTransferEndsTheSyncWithinTheTimeout) {
-  Worker w0 = Spawn(), w1 = Spawn(), w2 = Spawn();
-  wtx_source *src = nullptr;
-  ASSERT_EQ(0, wtx_source_synthetic(64 << 20, 3, &src));
-  wtx_client *c = Client({w0, w1, w2}, 5000);
-  std::string err;
-  ASSERT_EQ(0, Push(c, src, "v1", 1 << 20, 2, 5000, &err)) << err;
-  KillAt k;
-  k.pid = w1.pid;
-  auto t0 = std::chrono::steady_clock::now();
-  EXPECT_NE(0, Push(c, src, "v2", 1 << 20, 2, 5000, &err, nullptr, KillHalfway, &k));
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_TRUE(k.killed);
-  EXPECT_LT(secs, 15.0) << "bounded by the 5 s timeout per step: " << err;
-  EXPECT_NE(std::string::npos, err.find("worker")) << err;
-  int st;
-  waitpid(w1.pid, &st, 0);
-  workers_[1].pid = -1;
-  // The survivors keep the previous version and take the next sync.
-  EXPECT_EQ("v1", Version(w0));
-  EXPECT_EQ("v1", Version(w2));
-  wtx_client_destroy(c);
-  c = Client({w0, w2}, 5000);
-  ASSERT_EQ(0, Push(c, src, "v3", 1 << 20, 2, 5000, &err)) << err;
-  EXPECT_EQ("v3", Version(w2));
-  wtx_client_destroy(c);
-  wtx_source_destroy(src);
+  for (uint32_t nbuf : {2u, 4u}) {
+    SCOPED_TRACE(std::to_string(nbuf) + " buffers");
+    Worker w0 = Spawn(), w1 = Spawn(), w2 = Spawn();
+    wtx_source *src = nullptr;
+    ASSERT_EQ(0, wtx_source_synthetic(64 << 20, 3, &src));
+    wtx_client *c = Client({w0, w1, w2}, 5000);
+    std::string err;
+    ASSERT_EQ(0, Push(c, src, "v1", 1 << 20, nbuf, 5000, &err)) << err;
+    KillAt k;
+    k.pid = w1.pid;
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_NE(0, Push(c, src, "v2", 1 << 20, nbuf, 5000, &err, nullptr, KillHalfway, &k));
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_TRUE(k.killed);
+    EXPECT_LT(secs, 15.0) << "bounded by the 5 s timeout per step: " << err;
+    EXPECT_NE(std::string::npos, err.find("worker")) << err;
+    int st;
+    waitpid(w1.pid, &st, 0);
+    for (auto &w : workers_)
+      if (w.pid == w1.pid) w.pid = -1;
+    // The survivors keep the previous version and take the next sync.
+    EXPECT_EQ("v1", Version(w0));
+    EXPECT_EQ("v1", Version(w2));
+    wtx_client_destroy(c);
+    c = Client({w0, w2}, 5000);
+    ASSERT_EQ(0, Push(c, src, "v3", 1 << 20, nbuf, 5000, &err)) << err;
+    EXPECT_EQ("v3", Version(w2));
+    wtx_client_destroy(c);
+    wtx_source_destroy(src);
+  }
 }
 
 TEST_P(EngineTest, RanksOtherThanZeroIterateWithoutSending) {
