@@ -1667,7 +1667,7 @@ static grpc_status_code await_turn(wtx_session *s, wtx__rpc_ctx *ctx,
   }
   if (code == GRPC_STATUS_OK && k > s->up.calls_done + 1)
     code = wtx__rpc_ctx_errorf(ctx, GRPC_STATUS_DEADLINE_EXCEEDED, "call_index: %u waited "
-                              "%lld ms for call %u of update %llu, which never came", k,
+                              "%lld ms for call %u of update %llu to end", k,
                               (long long)ms, s->up.calls_done + 1,
                               (unsigned long long)s->update_id);
   return code;
