@@ -1661,6 +1661,9 @@ static grpc_status_code await_turn(wtx_session *s, wtx__rpc_ctx *ctx,
   }
   grpc_status_code code = GRPC_STATUS_OK;
   int late = 0;
+  if (k > s->up.calls_done + 1)
+    wtx__log(WTX__LOG_DEBUG, "event=call_waits update=%llu call_index=%u for=%u",
+             (unsigned long long)s->update_id, k, s->up.calls_done + 1);
   while (code == GRPC_STATUS_OK && k > s->up.calls_done + 1 && !late) {
     late = pthread_cond_timedwait(&s->turn, &s->mu, &until) == ETIMEDOUT;
     code = check_update(s, ctx, req->session_id, req->update_id, "UpdateWeights", 0);

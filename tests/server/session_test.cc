@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/layout.h"
+#include "common/log.h"
 #include "common/safetensors.h"
 #include "grpc/health/v1/health.grpc-c.h"
 #include "wtx/worker.h"
@@ -443,12 +444,52 @@ class BatchTest : public SessionTest {
   }
 };
 
+// The worker's log lines, while one is held: a test waits for the line
+// that says a call is waiting for its turn, not for a guess of the time.
+class WaitLog {
+ public:
+  WaitLog() {
+    wtx__log_set_sink(Sink, this);
+    wtx__log_set_level(WTX__LOG_DEBUG);
+  }
+  ~WaitLog() {
+    wtx__log_set_sink(nullptr, nullptr);
+    wtx__log_set_level(WTX__LOG_INFO);
+  }
+  // Whether a line holding `text` came within 10 s.
+  bool Saw(const std::string &text) {
+    std::unique_lock<std::mutex> lk(mu_);
+    return cv_.wait_for(lk, std::chrono::seconds(10), [&] {
+      for (const std::string &l : lines_)
+        if (l.find(text) != std::string::npos) return true;
+      return false;
+    });
+  }
+
+ private:
+  static void Sink(void *user, int, const char *line) {
+    auto *w = static_cast<WaitLog *>(user);
+    std::lock_guard<std::mutex> lk(w->mu_);
+    w->lines_.emplace_back(line);
+    w->cv_.notify_all();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> lines_;
+};
+
 int BatchTest::SendInOrder(const std::vector<Wtx__V1__UpdateInfo *> &ui,
                            const std::vector<size_t> &order) {
+  WaitLog log;
   std::vector<wtx__rpc_pending *> calls(ui.size(), nullptr);
+  size_t taken = 0;  // calls before the first still unsent have all ended
   for (size_t k : order) {
     calls[k] = StartOrderedCall(ch_, session_, update_, ui[k], static_cast<uint32_t>(k + 1));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // arrives ahead of k - 1
+    while (taken < ui.size() && calls[taken] != nullptr) taken++;
+    // Unless its turn has come, the call waits before the next is sent.
+    if (k > taken) {
+      EXPECT_TRUE(log.Saw("call_index=" + std::to_string(k + 1) + " for=")) << k + 1;
+    }
   }
   int rc = 0;
   for (wtx__rpc_pending *p : calls) {
@@ -559,8 +600,9 @@ TEST_F(BatchTest, ACallWaitingForItsTurnEndsWhenTheUpdateIsAborted) {
   PublishV1();
   ASSERT_EQ(0, Start()) << st_.message;
   Wtx__V1__UpdateInfo ui = WTX__V1__UPDATE_INFO__INIT;
+  WaitLog log;
   wtx__rpc_pending *p = StartOrderedCall(ch_, session_, update_, &ui, 2);
-  EXPECT_EQ(0, wtx__rpc_unary_poll_within(p, 200, nullptr));  // waits for call 1
+  ASSERT_TRUE(log.Saw("call_index=2 for=1"));
   ASSERT_EQ(0, Abort()) << st_.message;
   EXPECT_EQ(1, wtx__rpc_unary_poll_within(p, 10000, nullptr));
   ProtobufCMessage *m = nullptr;
