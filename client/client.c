@@ -689,6 +689,13 @@ static int grpc_update_wait(wtx_client *c) {
   return fan_end(&f);
 }
 
+/* The control-plane bytes of n UpdateInfo about to go to every replica
+ * (wtx__client_update_bytes). */
+static void count_update(wtx_client *c, const Wtx__V1__UpdateInfo *const *ui, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    c->update_bytes += wtx__v1__update_info__get_packed_size(ui[k]) * c->n;
+}
+
 /* Each replica's call in flight and its earlier one trade places. */
 static void swap_earlier(wtx_client *c) {
   for (size_t i = 0; i < c->n; i++) {
@@ -703,7 +710,7 @@ int wtx__client_update_start_next(wtx_client *c, const Wtx__V1__UpdateInfo *ui,
   if (!wtx__client_ordered(c)) return WTX_ENOTSUP;
   for (size_t i = 0; i < c->n; i++)
     if (c->r[i].earlier != NULL) return WTX_ESTATE;
-  c->update_bytes += wtx__v1__update_info__get_packed_size(ui) * c->n;
+  count_update(c, &ui, 1);
   swap_earlier(c); /* pending is free for the new call */
   int rc = grpc_update_send(c, ui, NULL, 0, call_index);
   if (rc == 0) return 0;
@@ -1276,8 +1283,7 @@ int wtx__client_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
 
 int wtx__client_update_start_batch(wtx_client *c, const Wtx__V1__UpdateInfo *const *ui,
                                    size_t n) {
-  for (size_t k = 0; k < n; k++)
-    c->update_bytes += wtx__v1__update_info__get_packed_size(ui[k]) * c->n;
+  count_update(c, ui, n);
   if (n == 1) return c->reach->update_start(c, ui[0]);
   return wtx__client_batches(c) ? grpc_update_send(c, ui[0], ui + 1, n - 1, 0) : WTX_ENOTSUP;
 }
