@@ -745,6 +745,9 @@ static int many_sessions(wtx__many *m, char *err, size_t errlen) {
      * byte for a worker with no parts: it still shows each rank a region) */
     uint64_t stream = m->ws[started].bytes;
     ti.cuda_region_bytes = !m->ipc ? 0 : stream > 0 ? stream : 1;
+    /* shm: the same in host memory, which a worker makes only where its
+     * model reads tensors in place (else rings) */
+    ti.shm_region_bytes = !m->shm ? 0 : stream > 0 ? stream : 1;
     ni.unique_id = (ProtobufCBinaryData){sizeof m->id, m->id};
     ni.world_size = m->world + (uint32_t)m->n_workers;
     ni.rank_offset = m->world + (uint32_t)started;

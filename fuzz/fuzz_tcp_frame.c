@@ -32,7 +32,8 @@ static void records(const uint8_t *p, size_t n) {
   if (n >= WTX__TCP_WHO_BYTES) wtx__tcp_who_decode(p, &u32, &u64);
   if (n >= WTX__TCP_PLAN_BYTES) wtx__tcp_plan_decode(p, &u64);
   if (n >= WTX__TCP_DIFF_BYTES) wtx__tcp_diff_decode(p, &u64, &u32);
-  if (n >= WTX__TCP_RING_BYTES) wtx__tcp_ring_decode(p, &u64, &u32);
+  int region;
+  if (n >= WTX__TCP_RING_BYTES) wtx__tcp_ring_decode(p, &u64, &u32, &region);
   if (n >= WTX__TCP_GO_BYTES) wtx__tcp_go_decode(p, &u64, &u32);
 }
 

@@ -293,6 +293,12 @@ static grpc_status_code find_transport(wtx_session *s, wtx__rpc_ctx *ctx,
 
 static int takes_boxes(const wtx_session *s);
 
+/* Whether the model reads host tensors in place (adopt_chunk, a member
+ * of version 2). */
+static int adopts_host(const wtx_model_ops *m) {
+  return m->version >= 2 && m->adopt_chunk != NULL;
+}
+
 /* Replaces the session's engine. Caller holds mu. */
 static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
                          void *engine, const wtx_wire_params *wire) {
@@ -301,11 +307,13 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
   s->transport = t;
   s->wire = *wire;
   const wtx_model_ops *m = s->cfg.model_ops;
-  if (t->device == NULL || t->region == NULL || m->adopt_device == NULL ||
-      t->region(engine, &s->region, &s->region_bytes) != 0)
+  /* A receive region is used in place where the model adopts its memory:
+   * device memory through adopt_device, host memory through adopt_chunk. */
+  int dev = t->device != NULL ? t->device(engine) : -1;
+  if (t->region == NULL || t->region(engine, &s->region, &s->region_bytes) != 0 ||
+      !(dev >= 0 ? m->adopt_device != NULL : adopts_host(m)))
     s->region = NULL;
-  s->stage_device = t->device != NULL && (m->stage_device != NULL || s->region != NULL)
-                        ? t->device(engine) : -1;
+  s->stage_device = m->stage_device != NULL || (s->region != NULL && dev >= 0) ? dev : -1;
   choose_stage(s);
   new_session_id(s->session_id);
   s->state = WTX__V1__SESSION_STATE__SESSION_STATE_READY;
@@ -314,6 +322,8 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
   if (s->stage_device >= 0)
     snprintf(staging, sizeof staging, "cuda:%d%s", s->stage_device,
              s->region != NULL ? ",in-place" : "");
+  else if (s->region != NULL)
+    snprintf(staging, sizeof staging, "host,in-place");
   wtx__log(WTX__LOG_INFO, "event=init backend=%s session=%s buffer_size=%llu "
           "num_buffers=%u timeout_ms=%lld staging=%s", t->name, s->session_id,
           (unsigned long long)wire->buffer_size, (unsigned)wire->num_buffers,
@@ -1173,9 +1183,9 @@ static int chunk_check_tensors(wtx_session *s, chunk *c) {
   return rc != 0 || c->ui->box == NULL ? rc : box_check(s, c, boxed);
 }
 
-/* A tensor beginning at byte `at` of the update's stream, staged in place
- * in the backend's receive region and adopted there by the model. */
-static int stage_in_place(wtx_session *s, chunk *c, size_t i, uint64_t at) {
+/* Tensor i, beginning at byte `at` of the update's stream, staged in
+ * place in the backend's receive region (its rt's dst set). */
+static int in_region(wtx_session *s, chunk *c, size_t i, uint64_t at) {
   const wtx_tensor_meta *meta = &c->metas[i];
   if (at > s->region_bytes || meta->nbytes > s->region_bytes - at) {
     snprintf(c->err, sizeof c->err, "update_info: '%s' ends past byte %llu of the update, "
@@ -1185,7 +1195,32 @@ static int stage_in_place(wtx_session *s, chunk *c, size_t i, uint64_t at) {
     return WTX_EINVAL;
   }
   c->rt[i].dst = s->region + at;
-  return s->cfg.model_ops->adopt_device(s->cfg.model, meta, s->stage_device, c->rt[i].dst);
+  return 0;
+}
+
+/* The same, on a GPU, adopted there by the model (adopt_device). */
+static int stage_in_place(wtx_session *s, chunk *c, size_t i, uint64_t at) {
+  int rc = in_region(s, c, i, at);
+  return rc != 0 ? rc
+                 : s->cfg.model_ops->adopt_device(s->cfg.model, &c->metas[i], s->stage_device,
+                                                  c->rt[i].dst);
+}
+
+/* Tensors [first, n) at once, beginning at byte `at`, in place in the
+ * backend's host region, adopted there by the model (adopt_chunk). */
+static int stage_host_in_place(wtx_session *s, chunk *c, size_t first, uint64_t at) {
+  if (first == c->n) return 0;
+  for (size_t i = first; i < c->n; at += c->metas[i++].nbytes) {
+    int rc = in_region(s, c, i, at);
+    if (rc != 0) return rc;
+    c->dst[i - first] = c->rt[i].dst;
+  }
+  int rc = s->cfg.model_ops->adopt_chunk(s->cfg.model, &c->metas[first], c->n - first,
+                                         (const uint8_t *const *)c->dst);
+  if (rc != 0 && c->err[0] == '\0')
+    snprintf(c->err, sizeof c->err, "model: cannot adopt the chunk's %zu tensors (from '%s')",
+             c->n - first, c->metas[first].name);
+  return rc;
 }
 
 /* A tensor staged in device memory the model gives (stage_device). */
@@ -1240,15 +1275,20 @@ static int stage_host_chunk(wtx_session *s, chunk *c, size_t first, uint64_t at)
   return 0;
 }
 
+/* Host staging the model gives: per chunk where it can. */
+static int host_staging(wtx_session *s, chunk *c, size_t first, uint64_t at) {
+  return s->cfg.model_ops->stage_chunk != NULL ? stage_host_chunk(s, c, first, at)
+                                               : stage_each_on_host(s, c, first, at);
+}
+
 /* Where the session's tensors are staged, once its backend says: in
  * place in its receive region, on its GPU, or on the host (per chunk where
  * the model can). */
 static void choose_stage(wtx_session *s) {
-  const wtx_model_ops *m = s->cfg.model_ops;
-  s->steps.stage = s->region != NULL        ? stage_each_in_place
-                   : s->stage_device >= 0   ? stage_each_on_device
-                   : m->stage_chunk != NULL ? stage_host_chunk
-                                            : stage_each_on_host;
+  s->steps.stage = s->region != NULL && s->stage_device >= 0 ? stage_each_in_place
+                   : s->region != NULL                       ? stage_host_in_place
+                   : s->stage_device >= 0                    ? stage_each_on_device
+                                                             : host_staging;
 }
 
 /* A patch applies on the host (apply_patch), and a chunk is received into
@@ -1353,7 +1393,9 @@ static int chunk_stage(wtx_session *s, chunk *c) {
   /* A boxed tensor is staged apart from the receive region: its bytes
    * are not where the stream would put them. */
   int (*stage)(wtx_session *, chunk *, size_t, uint64_t) =
-      ui->box != NULL && s->region != NULL ? stage_each_on_device : s->steps.stage;
+      ui->box == NULL || s->region == NULL ? s->steps.stage
+      : s->stage_device >= 0               ? stage_each_on_device
+                                           : host_staging;
   int rc = stage(s, c, first, first ? at + c->metas[0].nbytes : at);
   if (rc == 0 && ui->box != NULL) rc = box_stage(s, c);
   if (rc == 0 && bounces(s, c)) rc = bounce_stage(s, c, first);

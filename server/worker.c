@@ -242,6 +242,8 @@ static int open_model(wtx_worker *w, const wtx_worker_options *opts,
              "(WTX_MODEL_OPS_VERSION)", opts->model_ops->version, WTX_MODEL_OPS_VERSION);
     return WTX_EINVAL;
   }
+  /* A host region is made only for a model that reads it in place. */
+  w->env.host_adopt = cfg->model_ops->version >= 2 && cfg->model_ops->adopt_chunk != NULL;
   int rc = opts->model_spec ? declare_spec(w->own_store, opts->model_spec, err, errlen) : 0;
   if (rc != 0 || opts->publish_dir == NULL) return rc;
   int keep = opts->publish_keep > 0 ? opts->publish_keep : WTX_DEFAULT_PUBLISH_KEEP;

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "transport/host_region.h"
 #include "wtx/error.h"
 
 #define MAGIC "wtxring1"
@@ -67,16 +68,11 @@ int wtx__ring_private(size_t cap, wtx__ring **out) {
 
 int wtx__ring_create(size_t cap, wtx__ring **out, char *name, size_t nlen, char *err,
                      size_t errlen) {
-  static _Atomic unsigned counter;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  snprintf(name, nlen, "/wtx-ring-%d-%u-%lx", (int)getpid(), atomic_fetch_add(&counter, 1),
-           (long)ts.tv_nsec);
   size_t len = sizeof(shared) + cap;
-  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  int rc = fd < 0 || ftruncate(fd, (off_t)len) != 0 ? WTX_EIO : map(fd, len, out);
-  if (rc != 0) snprintf(err, errlen, "shm ring: cannot make %s of %zu bytes: %s", name, len,
-                        strerror(errno));
+  int fd;
+  int rc = wtx__shm_object_make("ring", len, name, nlen, &fd, err, errlen);
+  if (rc == 0 && (rc = map(fd, len, out)) != 0)
+    snprintf(err, errlen, "shm ring: cannot map %s: %s", name, strerror(errno));
   if (fd >= 0) close(fd);
   if (rc != 0 && fd >= 0) shm_unlink(name);
   if (rc != 0) return rc;
@@ -86,18 +82,14 @@ int wtx__ring_create(size_t cap, wtx__ring **out, char *name, size_t nlen, char 
 }
 
 int wtx__ring_open(const char *name, wtx__ring **out, char *err, size_t errlen) {
-  struct stat st;
-  int fd = strncmp(name, "/wtx-", 5) == 0 && strchr(name + 1, '/') == NULL
-               ? shm_open(name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0)
-               : -1;
-  int rc = fd < 0 ? WTX_EIO : 0;
-  if (rc == 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-                  (size_t)st.st_size <= sizeof(shared)))
-    rc = WTX_EPERM;
-  if (rc == 0) rc = map(fd, (size_t)st.st_size, out);
+  int fd;
+  uint64_t size = 0;
+  int rc = wtx__shm_object_open(name, &fd, &size);
+  if (rc == 0 && size <= sizeof(shared)) rc = WTX_EPERM;
+  if (rc == 0) rc = map(fd, (size_t)size, out);
   if (fd >= 0) close(fd);
   if (rc == 0 && (memcmp((*out)->s->magic, MAGIC, 8) != 0 ||
-                  (*out)->s->cap != (size_t)st.st_size - sizeof(shared))) {
+                  (*out)->s->cap != (size_t)size - sizeof(shared))) {
     wtx__ring_destroy(*out);
     rc = WTX_EPROTO;
   }

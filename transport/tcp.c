@@ -45,6 +45,7 @@
 #include "common/hash.h"
 #include "common/random.h"
 #include "common/text.h"
+#include "transport/host_region.h"
 #include "transport/ipc_region.h"
 #include "transport/ring.h"
 #include "transport/tcp_frame.h"
@@ -388,6 +389,10 @@ typedef struct tcp_worker {
   /* Senders on this node: the bytes are in this region (cuda_region_bytes) */
   wtx__ipc_region *region;
   uint64_t region_bytes;
+  /* Senders on this host, and a model that adopts host memory: the bytes
+   * are in this one instead of rings (shm_region_bytes, host_adopt) */
+  wtx__host_region *hregion;
+  uint64_t hregion_bytes;
   const char *cuda_device; /* the worker's --cuda-device (env), NULL: default */
   uint64_t max_bytes;      /* --max-model-bytes */
   int trailer; /* checksums follow each chunk's bytes (checksum_trailer) */
@@ -533,6 +538,7 @@ static void tcp_worker_destroy(void *self) {
     if (w->in[i].fd >= 0) close(w->in[i].fd);
   }
   wtx__ipc_region_free(w->region);
+  wtx__host_region_free(w->hregion);
   free(w->in);
   if (w->lfd >= 0) close(w->lfd);
   if (w->down >= 0) close(w->down);
@@ -596,6 +602,10 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
     snprintf(err, errlen, "init_info.tcp.cuda_region_bytes: not with shm_ring");
     rc = WTX_EINVAL;
   }
+  if (rc == 0 && ti->shm_region_bytes > 0 && !ti->shm_ring) {
+    snprintf(err, errlen, "init_info.tcp.shm_region_bytes: only with shm_ring");
+    rc = WTX_EINVAL;
+  }
   if (rc != 0) return rc;
   tcp_worker *w = calloc(1, sizeof *w);
   if (w == NULL) return WTX_ENOMEM;
@@ -622,6 +632,10 @@ static int tcp_worker_init(const Wtx__V1__InitInfo *init, const wtx_wire_params 
   w->relay = ti->relay;
   w->shm_ring = ti->shm_ring;
   w->region_bytes = ti->cuda_region_bytes;
+  /* One copy per byte pays only where the model reads the region in
+   * place: copied out, the ring's two copies overlap and the region's
+   * follow each other. */
+  w->hregion_bytes = env != NULL && env->host_adopt ? ti->shm_region_bytes : 0;
   w->cuda_device = env != NULL ? env->cuda_device : NULL;
   w->max_bytes = env != NULL ? env->max_model_bytes : 0;
   w->trailer = ti->checksum_trailer &&
@@ -680,7 +694,7 @@ static int share_ring(tcp_worker *w, inlet *in, const waitspec *ws, const char *
   int rc = wtx__ring_create(cap, &in->ring, name, sizeof name, err, errlen);
   if (rc != 0) return rc;
   uint8_t r[WTX__TCP_RING_BYTES];
-  wtx__tcp_ring_encode(r, cap, (uint32_t)strlen(name));
+  wtx__tcp_ring_encode(r, cap, (uint32_t)strlen(name), 0);
   struct iovec v[2] = {{r, sizeof r}, {name, strlen(name)}};
   rc = offer(in->fd, v, 2, ws, why, WTX_EPERM,
              "it could not open this worker's ring (another user, or no shared memory)");
@@ -698,6 +712,18 @@ static int share_region(tcp_worker *w, inlet *in, const waitspec *ws, const char
   struct iovec v = {rec, sizeof rec};
   return offer(in->fd, &v, 1, ws, why, WTX_EUNAVAIL,
                "it could not open this worker's receive region (not on this node?)");
+}
+
+/* With the host region: its name to the sender, which says it mapped it
+ * (the name goes once every sender has: tcp_worker_connect). */
+static int share_host_region(tcp_worker *w, inlet *in, const waitspec *ws, const char **why) {
+  const char *name = wtx__host_region_name(w->hregion);
+  uint8_t r[WTX__TCP_RING_BYTES];
+  wtx__tcp_ring_encode(r, w->hregion_bytes, (uint32_t)strlen(name), 1);
+  struct iovec v[2] = {{r, sizeof r}, {(void *)name, strlen(name)}};
+  return offer(in->fd, v, 2, ws, why, WTX_EPERM,
+               "it could not open this worker's receive region (another user, or no shared "
+               "memory)");
 }
 
 /* How often a refused sender is asked again while the init lasts. */
@@ -731,7 +757,10 @@ static int open_inlet(tcp_worker *w, inlet *in, const waitspec *ws, char *err,
   if (rc == 0 && (rc = send_hello(in->fd, w->token, w->token_len, ws, &why)) == 0 &&
       w->n_in > 1)
     rc = agree_plan(w, in, ws, &why, err, errlen);
-  if (rc == 0 && w->shm_ring) rc = share_ring(w, in, ws, &why, err, errlen);
+  if (rc == 0 && w->hregion != NULL)
+    rc = share_host_region(w, in, ws, &why);
+  else if (rc == 0 && w->shm_ring)
+    rc = share_ring(w, in, ws, &why, err, errlen);
   if (rc == 0 && w->region != NULL) rc = share_region(w, in, ws, &why);
   if (rc != 0 && why[0] != '\0') snprintf(err, errlen, "tcp: hello to %s: %s", in->addr, why);
   return rc;
@@ -747,7 +776,16 @@ static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, ch
                ? wtx__ipc_region_make(w->cuda_device, w->region_bytes, w->max_bytes,
                                       w->wire.timeout_ms, &w->region, err, errlen)
                : 0;
+  /* Senders open the host region by its name, which goes once they have:
+   * a connect again makes a new one. */
+  if (w->hregion != NULL && wtx__host_region_name(w->hregion)[0] == '\0') {
+    wtx__host_region_free(w->hregion);
+    w->hregion = NULL;
+  }
+  if (rc == 0 && w->hregion_bytes > 0 && w->hregion == NULL)
+    rc = wtx__host_region_make(w->hregion_bytes, w->max_bytes, &w->hregion, err, errlen);
   for (size_t i = 0; rc == 0 && i < w->n_in; i++) rc = open_inlet(w, &w->in[i], &ws, err, errlen);
+  wtx__host_region_unlink(w->hregion); /* opened by every sender, or given up */
   /* Several senders: each read ahead (see ahead). */
   size_t cap = ahead_cap(w->wire.buffer_size, w->n_in);
   for (size_t i = 0; rc == 0 && w->n_in > 1 && !w->shm_ring && i < w->n_in; i++)
@@ -928,8 +966,9 @@ static int tcp_worker_receive(void *self, const Wtx__V1__UpdateInfo *info,
   waitspec ws = within(w->wire.timeout_ms, w->cancel_fd);
   if (rc != 0 || (rc = receive_header(w, in, info, rx, &ws)) != 0) return rc;
   /* With a region the chunk's bytes are there, written before the frame. */
-  rc = w->region != NULL ? wtx__ipc_region_out(w->region, wtx_rx_stream_offset(rx), rx)
-                         : receive_bytes(w, in, rx, &ws);
+  rc = w->region != NULL    ? wtx__ipc_region_out(w->region, wtx_rx_stream_offset(rx), rx)
+       : w->hregion != NULL ? wtx__host_region_out(w->hregion, wtx_rx_stream_offset(rx), rx)
+                            : receive_bytes(w, in, rx, &ws);
   if (rc != 0) return rc;
   if (w->trailer && (rc = receive_trailer(w, in, rx, &ws)) != 0) return rc;
   in->seq++;
@@ -945,7 +984,9 @@ static int tcp_worker_device(void *self) {
 
 static int tcp_worker_region(void *self, uint8_t **base, uint64_t *bytes) {
   tcp_worker *w = self;
-  return w->region != NULL ? wtx__ipc_region_get(w->region, base, bytes) : WTX_ENOENT;
+  return w->region != NULL    ? wtx__ipc_region_get(w->region, base, bytes)
+         : w->hregion != NULL ? wtx__host_region_get(w->hregion, base, bytes)
+                              : WTX_ENOENT;
 }
 
 /* Only with a region is there a device to stage on (tcp_worker_device). */
@@ -1042,15 +1083,20 @@ typedef struct outlet {
   XXH3_state_t *h;
   uint8_t **trailer;
   size_t *trailer_cap;
-  /* or a worker's receive region on its GPU: a chunk's bytes go there, at
-   * its offset in the stream, before its frame and trailer */
+  /* or a worker's receive region on its GPU, or in host memory: a chunk's
+   * bytes go there, at its offset in the stream, before its frame and
+   * trailer */
   wtx__ipc_region *region;
+  wtx__host_region *hregion;
   uint64_t at;
+  /* set while the bytes go into hregion: where the next land */
+  uint64_t *cursor;
 } outlet;
 
 /* Writes iov to the outlet by ws's deadline. */
 static int outlet_write(const outlet *o, const struct iovec *iov, size_t n, const waitspec *ws,
                         const char **why) {
+  if (o->cursor != NULL) return wtx__host_region_put(o->hregion, o->cursor, iov, n, why);
   if (o->ring == NULL) return write_iov_full(o->fd, iov, n, ws, why);
   wtx__ring_wait w = {ws->until, o->cancel_fd, o->fd};
   return wtx__ring_put(o->ring, iov, n, &w, why);
@@ -1135,6 +1181,31 @@ static int send_to_region(const outlet *o, const wtx__tcp_frame *fr, struct iove
   return write_trailer(o, fr->seq, cs, ws, why);
 }
 
+/* A chunk into the worker's receive region in host memory, each piece
+ * hashed right after its copy, from cache; then its frame and trailer on
+ * the socket. */
+static int send_to_host_region(const outlet *o, const wtx__tcp_frame *fr, struct iovec head,
+                               const struct iovec *iov, size_t n, const wtx_chunk_sums *cs,
+                               const waitspec *ws, const char **why) {
+  uint64_t at = o->at;
+  outlet into = *o;
+  into.cursor = &at;
+  int rc;
+  if (cs == NULL) {
+    rc = outlet_write(&into, iov, n, ws, why);
+    return rc != 0 ? rc : outlet_write(o, &head, 1, ws, why);
+  }
+  XXH3_64bits_reset(o->h); /* spans: each sender hashes its own */
+  hasher hs = {.h = o->h, .cs = cs};
+  rc = write_hashing(&into, iov, n, &hs, ws, why);
+  if (rc == 0 && hs.j != cs->n) {
+    *why = "the chunk's tensor ends lie beyond its bytes";
+    rc = WTX_EINVAL;
+  }
+  if (rc == 0) rc = outlet_write(o, &head, 1, ws, why);
+  return rc != 0 ? rc : write_trailer(o, fr->seq, cs, ws, why);
+}
+
 /* Sends one chunk, all by ws's deadline: header, bytes (hashed on the way
  * when cs), trailer. A chunk that continues a tensor (first_offset > 0)
  * continues its hash, unless each span is hashed on its own (spans: many
@@ -1146,6 +1217,7 @@ static int send_chunk(const outlet *o, const wtx__tcp_frame *fr, const struct io
   wtx__tcp_frame_encode(f, fr);
   struct iovec head = {f, sizeof f};
   if (o->region != NULL) return send_to_region(o, fr, head, iov, n, cs, ws, why);
+  if (o->hregion != NULL) return send_to_host_region(o, fr, head, iov, n, cs, ws, why);
   int rc = outlet_write(o, &head, 1, ws, why);
   if (rc != 0 || cs == NULL) return rc != 0 ? rc : outlet_write(o, iov, n, ws, why);
   if (fr->first_offset == 0 || spans) XXH3_64bits_reset(o->h);
@@ -1162,7 +1234,7 @@ static int send_chunk(const outlet *o, const wtx__tcp_frame *fr, const struct io
 static int write_chunk(tcp_trainer *t, uint64_t seq, const wtx_chunk *c,
                        const struct iovec *iov, size_t n, const wtx_chunk_sums *cs,
                        const char **why) {
-  outlet o = {t->fd, NULL, -1, t->h, &t->trailer, &t->trailer_cap, NULL, 0};
+  outlet o = {t->fd, NULL, -1, t->h, &t->trailer, &t->trailer_cap, NULL, NULL, 0, NULL};
   waitspec ws = within(t->wire.timeout_ms, -1); /* the whole chunk */
   return send_chunk(&o, &(wtx__tcp_frame){seq, c->first_offset, c->bytes}, iov, n, cs, 0, &ws,
                     why);
@@ -1364,6 +1436,7 @@ typedef struct rank_conn {
   size_t trailer_cap;
   wtx__ring *ring;   /* the worker's, when it made one (shm_ring) */
   wtx__ipc_region *region; /* the worker's receive region (cuda_region_bytes) */
+  wtx__host_region *hregion; /* or in host memory, in place of the ring */
 } rank_conn;
 
 struct wtx__tcp_rank {
@@ -1532,16 +1605,17 @@ static int64_t read_worker(wtx__tcp_rank *r, int fd, const waitspec *ws, uint64_
   return *theirs == r->digest ? (int64_t)index : -2;
 }
 
-/* With shm_ring: the worker's ring record, the ring opened, 'A' answered
- * (a refusal closes the connection instead). */
+/* With shm_ring: the worker's ring record, or its host region's, that
+ * opened, 'A' answered (a refusal closes the connection instead). */
 static int take_ring(rank_conn *k, int fd, const waitspec *ws, char *err, size_t errlen) {
   uint8_t rec[WTX__TCP_RING_BYTES];
   char name[256] = "";
   const char *why = "";
   uint64_t cap = 0;
   uint32_t n = 0;
+  int region = 0;
   int rc = read_full(fd, rec, sizeof rec, ws, &why);
-  if (rc == 0 && wtx__tcp_ring_decode(rec, &cap, &n) != 0) {
+  if (rc == 0 && wtx__tcp_ring_decode(rec, &cap, &n, &region) != 0) {
     why = "not a ring record";
     rc = WTX_EPROTO;
   }
@@ -1552,7 +1626,11 @@ static int take_ring(rank_conn *k, int fd, const waitspec *ws, char *err, size_t
   }
   wtx__ring_destroy(k->ring);
   k->ring = NULL;
-  if ((rc = wtx__ring_open(name, &k->ring, err, errlen)) != 0) return rc;
+  wtx__host_region_free(k->hregion);
+  k->hregion = NULL;
+  rc = region ? wtx__host_region_open(name, cap, &k->hregion, err, errlen)
+              : wtx__ring_open(name, &k->ring, err, errlen);
+  if (rc != 0) return rc;
   uint8_t ack = 'A';
   return write_full(fd, &ack, 1, ws, &why);
 }
@@ -1679,6 +1757,8 @@ void wtx__tcp_rank_reset(wtx__tcp_rank *r) {
     r->c[w].ring = NULL;
     wtx__ipc_region_free(r->c[w].region);
     r->c[w].region = NULL;
+    wtx__host_region_free(r->c[w].hregion);
+    r->c[w].hregion = NULL;
   }
   uint64_t v;
   ssize_t got = r->cancel_fd >= 0 ? read(r->cancel_fd, &v, sizeof v) : 0;
@@ -1709,7 +1789,7 @@ int wtx__tcp_rank_chunk(wtx__tcp_rank *r, size_t w, uint64_t stream_offset,
   }
   uint64_t seq = k->seq;
   outlet o = {k->fd, k->ring, r->cancel_fd, k->h, &k->trailer, &k->trailer_cap, k->region,
-              stream_offset};
+              k->hregion, stream_offset, NULL};
   wtx_chunk_sums cs = {.ends = ends, .n = n_ends, .out = k->sums};
   waitspec ws = within(r->timeout_ms, r->cancel_fd); /* the whole chunk */
   const char *why = "";

@@ -15,6 +15,7 @@ static const char diff_magic[4] = {'W', 'T', 'X', 'D'};
 static const char go_magic[4] = {'W', 'T', 'X', 'G'};
 static const char delta_magic[4] = {'W', 'T', 'X', 'X'};
 static const char ring_magic[4] = {'W', 'T', 'X', 'R'};
+static const char host_region_magic[4] = {'W', 'T', 'X', 'M'};
 enum { VERSION = 1 };
 
 static void put64(uint8_t *p, uint64_t v) {
@@ -87,12 +88,13 @@ int wtx__tcp_diff_decode(const uint8_t *d, uint64_t *index, uint32_t *text_len) 
   return get16(d, diff_magic, WTX__TCP_DIFF_TEXT_MAX, text_len, index);
 }
 
-void wtx__tcp_ring_encode(uint8_t *r, uint64_t cap, uint32_t name_len) {
-  put16(r, ring_magic, name_len, cap);
+void wtx__tcp_ring_encode(uint8_t *r, uint64_t cap, uint32_t name_len, int region) {
+  put16(r, region ? host_region_magic : ring_magic, name_len, cap);
 }
 
-int wtx__tcp_ring_decode(const uint8_t *r, uint64_t *cap, uint32_t *name_len) {
-  int rc = get16(r, ring_magic, 255, name_len, cap);
+int wtx__tcp_ring_decode(const uint8_t *r, uint64_t *cap, uint32_t *name_len, int *region) {
+  *region = memcmp(r, host_region_magic, 4) == 0;
+  int rc = get16(r, *region ? host_region_magic : ring_magic, 255, name_len, cap);
   return rc == 0 && *name_len == 0 ? WTX_EPROTO : rc;
 }
 

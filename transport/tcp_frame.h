@@ -75,11 +75,14 @@ int wtx__tcp_diff_decode(const uint8_t *d, uint64_t *index, uint32_t *text_len);
 
 /* r: WTX__TCP_RING_BYTES, then the ring's name (name_len bytes, at most
  * 255): a worker's shared-memory ring for one sender (TcpInitInfo.
- * shm_ring), which answers one byte, 'A', once it opened it. */
+ * shm_ring; "WTXR"), or with region its receive region in shared memory,
+ * cap bytes (TcpInitInfo.shm_region_bytes; "WTXM"). The sender answers
+ * one byte, 'A', once it opened it. */
 #define WTX__TCP_RING_BYTES 16
-void wtx__tcp_ring_encode(uint8_t *r, uint64_t cap, uint32_t name_len);
-/* WTX_EPROTO when r is not one, or its name is empty or over 255. */
-int wtx__tcp_ring_decode(const uint8_t *r, uint64_t *cap, uint32_t *name_len);
+void wtx__tcp_ring_encode(uint8_t *r, uint64_t cap, uint32_t name_len, int region);
+/* WTX_EPROTO when r is neither, or its name is empty or over 255;
+ * *region says which. */
+int wtx__tcp_ring_decode(const uint8_t *r, uint64_t *cap, uint32_t *name_len, int *region);
 
 /* A worker's receive region for a sender (TcpInitInfo.cuda_region_bytes):
  * "WTXI", then its record (ipc_region.h); the sender answers one byte,

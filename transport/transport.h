@@ -135,6 +135,10 @@ typedef struct wtx_worker_env {
   /* --max-model-bytes (0: none): a receive region asked for beyond it is
    * declined. */
   uint64_t max_model_bytes;
+  /* 1: the model reads host tensors where they land
+   * (wtx_model_ops.adopt_chunk), so a receive region in host memory saves
+   * a copy per byte; 0: it stages, and a region would add one. */
+  int host_adopt;
 } wtx_worker_env;
 
 /* The worker half of a backend. `self` is the backend's state, created by
@@ -181,12 +185,15 @@ typedef struct wtx_worker_transport {
    * the session's updates is staged in device memory and receive fills it
    * device to device (wtx_rx_on_device). */
   int (*device)(void *self);
-  /* Optional (direct receive, cuda_ipc): the device memory the trainer
-   * writes updates into, *bytes long, owned by self; 0, or WTX_ENOENT when
-   * this session has none. A model that adopts device memory
-   * (wtx_model_ops.adopt_device) is then given each tensor in place there,
-   * at its offset in the update's stream, and receive copies nothing for
-   * it (a copy whose source and destination coincide is skipped). */
+  /* Optional (direct receive, cuda_ipc; many senders on one host, shm):
+   * the memory the trainer writes updates into, *bytes long, owned by
+   * self: on the GPU device returns, or on the host when it returns -1 (or
+   * is NULL); 0, or WTX_ENOENT when this session has none. A model that
+   * adopts that memory (wtx_model_ops.adopt_device, adopt_chunk) is then
+   * given each tensor in place there, at its offset in the update's
+   * stream, and receive copies nothing for it (a copy whose source and
+   * destination coincide is skipped; on the host its bytes are hashed in
+   * place). */
   int (*region)(void *self, uint8_t **base, uint64_t *bytes);
   /* Optional (GPU backends): box (UpdateInfo.box) of a tensor, its bytes
    * packed row-major at src (host memory, received and verified there),

@@ -30,8 +30,9 @@ extern "C" {
 
 /* ---- the model the worker loads into ---- */
 
-/* The wtx_model_ops layout of this header: 1, every member below. */
-#define WTX_MODEL_OPS_VERSION 1u
+/* The wtx_model_ops layout of this header: 2, every member below; 1,
+ * every member before adopt_chunk. */
+#define WTX_MODEL_OPS_VERSION 2u
 
 
 /* A model sink, like vLLM's model.load_weights. All calls come from one
@@ -140,6 +141,20 @@ typedef struct wtx_model_ops {
    * says so at each start (StartWeightUpdateResponse.patches). */
   int (*read)(void *model, wtx_target target, const wtx_tensor_meta *meta, uint8_t *dst,
               char *err, size_t errlen);
+  /* Optional (version 2), in place of staging, for a model that reads its
+   * tensors on the host where they land and keeps what it needs itself
+   * (a loader that copies into its own parameters): when the bytes land
+   * straight in the worker's receive region in host memory (shm with many
+   * senders, TcpInitInfo.shm_region_bytes), the chunk's tensors
+   * metas[0..n) are received at src[0..n), memory the worker owns. Their
+   * bytes are there, verified, once loaded is called for them, and stay
+   * until commit or abort returns; the model reads them (never writes)
+   * and must have copied what it keeps by the time commit returns. One
+   * copy per byte in all, the sender's, besides the model's own. Such a
+   * session takes no patches (a patch applies to staging); a box chunk is
+   * still staged (stage, stage_chunk). NULL: stage_chunk or stage. */
+  int (*adopt_chunk)(void *model, const wtx_tensor_meta *metas, size_t n,
+                     const uint8_t *const *src);
 } wtx_model_ops;
 
 /* ---- the embedded parameter store ---- */

@@ -216,6 +216,10 @@ class ManyTest : public wtxtest::ShardedFixture {
   // Two row-parallel syncs land on 2 tensor-parallel workers and a whole
   // replica on the GPU (gpu_model_worker), whose device bytes are checked.
   void BoxesReachAWorkerStagingOnAGpu();
+  // Over shm, to two store-backed tensor-parallel workers and a whole
+  // replica whose model reads its tensors in place (host_model_worker
+  // with args): syncs land exact, a dead rank costs one sync.
+  void AModelThatReadsInPlace(const std::vector<std::string> &args);
   // Deltas: a first sync whole, then only what changed, from every owner
   // of it; a restarted worker takes the whole stream while the others take
   // a delta.
@@ -1011,6 +1015,74 @@ TEST_F(ManyTest, OverNcclEveryRankSendsItsOwnBytesAndADeadRankCostsOneSync) {
 TEST_F(ManyTest, OverShmEveryRankSendsItsOwnBytesAndADeadRankCostsOneSync) {
   backend_ = "shm";
   SyncsLandAndADeadRankCostsOneSync();
+}
+
+// On one host over shm, to a worker whose model reads its tensors where
+// they land and copies what it keeps, as a loader does
+// (tests/client/host_model_worker --in-place-only): that worker makes one
+// receive region in shared memory instead of a ring per sender, each rank
+// writes its bytes there at their offset in the worker's stream, and only
+// frames and trailers go on the sockets. The model has no staging, so a
+// sync lands only if the ranks' copies were the only ones. Every tensor it
+// serves hashes as the full model's; the store-backed workers beside it
+// take rings as before; a rank killed mid-sync leaves it on its version,
+// and the next sync, on new connections and a new region, lands.
+TEST_F(ManyTest, OverShmAModelThatReadsInPlaceGetsEachByteCopiedOnlyByItsOwner) {
+  AModelThatReadsInPlace({"--in-place-only"});
+}
+
+// A row-parallel trainer's boxes cannot lie where the stream would put
+// them: such a model stages them (stage), and adopts every other tensor.
+TEST_F(ManyTest, OverShmAModelThatReadsInPlaceStagesTheBoxesOfARowParallelTrainer) {
+  rows_ = true;
+  AModelThatReadsInPlace({});
+}
+
+void ManyTest::AModelThatReadsInPlace(const std::vector<std::string> &args) {
+  backend_ = "shm";
+  Worker r0 = SpawnRank(0), r1 = SpawnRank(1);
+  worker_binary_ = "tests/client/host_model_worker";
+  std::string sums = dir_ + "/sums";
+  std::vector<std::string> all = args;
+  all.insert(all.end(), {"--sums", sums});
+  Worker whole = Spawn(all);
+  std::vector<Worker> ws = {r0, r1, whole};
+  ASSERT_NO_FATAL_FAILURE(StartAll(ws));
+  auto expect_served = [&](const Llama &model, const std::string &v) {
+    std::string version;
+    std::map<std::string, uint64_t> got = DeviceSums(sums, &version);
+    EXPECT_EQ(v, version);
+    EXPECT_EQ(model.t.size(), got.size()) << v;
+    for (const wtxtest::Tensor &x : model.t)
+      EXPECT_EQ(XXH3_64bits(x.data.data(), x.data.size()), got[x.name]) << x.name << " " << v;
+  };
+  for (int seed = 1; seed <= 2; seed++) {
+    Llama model(static_cast<uint8_t>(seed));
+    std::string v = "v" + std::to_string(seed);
+    std::vector<std::string> got = SyncAll(seed, v);
+    for (int r = 0; r < 4; r++) EXPECT_EQ(0u, got[r].rfind("ok", 0)) << "rank " << r << ": " << got[r];
+    ExpectHolds(r0, 0, model, v);
+    ExpectHolds(r1, 1, model, v);
+    expect_served(model, v);
+  }
+  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 3 v3");
+  ASSERT_TRUE(Updating(whole));
+  Kill(ranks_[2]);
+  EXPECT_EQ(0u, Line(ranks_[0]).rfind("fail", 0));
+  for (int r : {1, 3}) Line(ranks_[r]);
+  Llama two(2), three(3);
+  expect_served(two, "v2");
+  ranks_[2] = Start(2, ws);
+  ranks_.pop_back();
+  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 3 v3");
+  ASSERT_EQ("ready", Line(ranks_[2]));
+  Say(ranks_[2], "sync 3 v3");
+  for (int r = 0; r < 4; r++) {
+    std::string line = Line(ranks_[r]);
+    EXPECT_EQ(0u, line.rfind("ok", 0)) << "rank " << r << ": " << line;
+  }
+  ExpectHolds(r0, 0, three, "v3");
+  expect_served(three, "v3");
 }
 
 // The same on one node over cuda_ipc, on the TEST DOUBLE: each worker's

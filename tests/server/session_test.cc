@@ -1703,7 +1703,7 @@ int CmPrepare(void *m, const char *v, char *e, size_t n) {
 }
 const wtx_model_ops kCounting = {WTX_MODEL_OPS_VERSION, CmCheck, CmBegin, CmStage, CmLoaded, CmPrepare, CmCommit,
                                  CmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                 nullptr, nullptr};
+                                 nullptr, nullptr, nullptr};
 
 TEST_F(SessionTest, DrainDuringAReceiveAbortsTheUpdateOnceItReturns) {
   // Replace the fixture's worker by one over a counting model.
@@ -1920,7 +1920,7 @@ void HmResume(void *h) { static_cast<HostModel *>(h)->resumes++; }
 // No prepare: commit does it all (a host model that cannot fail there).
 const wtx_model_ops kHost = {WTX_MODEL_OPS_VERSION, nullptr, HmBegin, HmStage, HmLoaded, nullptr, HmCommit,
                              HmAbort, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                             nullptr, nullptr};
+                             nullptr, nullptr, nullptr};
 
 TEST_F(SessionTest, EmbeddedHostModelReceivesTensorsAndPauseCallbacks) {
   HostModel hm;
@@ -2110,7 +2110,7 @@ const wtx_model_ops kChunkHost = {WTX_MODEL_OPS_VERSION, CkPerTensorCheck, HmBeg
                                   CkPerTensorLoaded, nullptr,     HmCommit,
                                   HmAbort,          nullptr,      nullptr,
                                   CkCheckChunk,     CkStageChunk, CkLoadedChunk, nullptr,
-                                  nullptr,          nullptr};
+                                  nullptr,          nullptr, nullptr};
 
 TEST_F(SessionTest, AModelsPerChunkOpsAreCalledOncePerChunkInsteadOfPerTensor) {
   ChunkModel cm;
@@ -2198,7 +2198,7 @@ const wtx_model_ops kRangeHost = {WTX_MODEL_OPS_VERSION, CkPerTensorCheck,  HmBe
                                   CkPerTensorLoaded, nullptr,      HmCommit,
                                   HmAbort,           nullptr,      nullptr,
                                   CkCheckChunk,      CkStageChunk, CkLoadedChunk,
-                                  RmCheckRange,      nullptr,      nullptr};
+                                  RmCheckRange,      nullptr,      nullptr, nullptr};
 
 TEST_F(SessionTest, ARangeIsCheckedByOneCallNamingTheTableAndItsPositions) {
   RangeModel rm;

@@ -106,6 +106,34 @@ TEST(TcpFrame, ADiffRecordRoundTripsAndItsTextIsBounded) {
   EXPECT_EQ(WTX_EPROTO, wtx__tcp_diff_decode(d, &index, &len));
 }
 
+// What a worker on the sender's host offers to be written into instead of
+// the socket: a ring ("WTXR"), or its receive region ("WTXM"); the sender
+// learns which from the record, and its name's length is bounded.
+TEST(TcpFrame, ARingOrRegionRecordRoundTripsAndSaysWhichItIs) {
+  uint8_t r[WTX__TCP_RING_BYTES];
+  uint64_t cap = 0;
+  uint32_t len = 0;
+  int region = -1;
+  wtx__tcp_ring_encode(r, 1 << 20, 40, 0);
+  EXPECT_EQ(0, memcmp(r, "WTXR", 4));
+  ASSERT_EQ(0, wtx__tcp_ring_decode(r, &cap, &len, &region));
+  EXPECT_EQ(0, region);
+  EXPECT_EQ(1u << 20, cap);
+  EXPECT_EQ(40u, len);
+  wtx__tcp_ring_encode(r, 5000000000ull, 41, 1);
+  EXPECT_EQ(0, memcmp(r, "WTXM", 4));
+  ASSERT_EQ(0, wtx__tcp_ring_decode(r, &cap, &len, &region));
+  EXPECT_EQ(1, region);
+  EXPECT_EQ(5000000000ull, cap);
+  EXPECT_EQ(41u, len);
+  for (uint32_t bad : {0u, 256u}) {  // no name, or one longer than a shm name may be
+    wtx__tcp_ring_encode(r, 1, bad, 1);
+    EXPECT_EQ(WTX_EPROTO, wtx__tcp_ring_decode(r, &cap, &len, &region)) << bad;
+  }
+  wtx__tcp_plan_encode(r, 7);  // another record where the ring belongs
+  EXPECT_EQ(WTX_EPROTO, wtx__tcp_ring_decode(r, &cap, &len, &region));
+}
+
 TEST(TcpFrame, ADeltaRecordRoundTripsOnlyAsItsKindAndItsPayloadIsBounded) {
   uint8_t d[WTX__TCP_DELTA_BYTES];
   wtx__tcp_delta_encode(d, WTX__TCP_DELTA_ANSWER, 5000);
