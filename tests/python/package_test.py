@@ -51,12 +51,24 @@ class TpRank(torch.nn.Module):
         self.norm.weight = torch.nn.Parameter(torch.zeros(4))
 
 
+class TpLoaderRank(TpRank):
+    """A TpRank with a loader, as vLLM's models have one: it copies each
+    tensor it is handed into its parameter of that name."""
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        with torch.no_grad():
+            for name, t in weights:
+                params[name].copy_(t)
+
+
 @contextlib.contextmanager
-def tp_hosts(rules):
+def tp_hosts(rules, module=TpRank):
     """Two wtx.serve hosts of tensor-parallel ranks 0 and 1 of 2 under
-    rules: (their TpRank modules, the servers), the servers closed after."""
+    rules: (their modules, TpRank or module, the servers), the servers
+    closed after."""
     import wtx
-    ranks = [TpRank(), TpRank()]
+    ranks = [module(), module()]
     servers = [wtx.serve(m, "127.0.0.1:0", shard_rules=rules, tp_rank=r, tp_size=2)
                for r, m in enumerate(ranks)]
     try:
@@ -877,7 +889,20 @@ class ContractTest(unittest.TestCase):
         # hosts' staging takes scattered; row.weight's halves are runs.
         self.two_ranks_to_tensor_parallel_hosts(1)
 
-    def two_ranks_to_tensor_parallel_hosts(self, dim):
+    def test_ranks_on_the_hosts_machine_write_straight_where_a_loader_reads(self):
+        # Over shm, to hosts whose module has a loader (as vLLM's do): each
+        # worker makes one receive region in shared memory, each rank
+        # writes its bytes there (the only copy before the loader's own),
+        # and the host hands the loader views of them where they lie,
+        # staging nothing. A row-parallel trainer's boxes cannot lie where
+        # the stream puts them: those alone are staged (each host's slice
+        # of col.weight, 4 rows of 4 float32).
+        for dim, staged in ((0, 0), (1, 4 * 4 * 4)):
+            peaks = self.two_ranks_to_tensor_parallel_hosts(dim, "shm", TpLoaderRank)
+            self.assertEqual([staged, staged], peaks, f"dim {dim}")
+
+    def two_ranks_to_tensor_parallel_hosts(self, dim, transport="tcp", module=TpRank):
+        """Each host's staged_peak_bytes after the sync."""
         import socket
         import threading
 
@@ -918,7 +943,7 @@ class ContractTest(unittest.TestCase):
                     except OSError:
                         pass
 
-        with tp_hosts(rules) as (ranks, servers):
+        with tp_hosts(rules, module) as (ranks, servers):
             addrs = [f"127.0.0.1:{port()}" for _ in range(2)]
             results, errors = [None, None], []
 
@@ -926,7 +951,8 @@ class ContractTest(unittest.TestCase):
                 try:
                     c = wtx.WorkerClient([s.address for s in servers])
                     e = wtx.TrainerEngine.trainer_init(
-                        {"rank": r, "transport": "tcp", "world_size": 2, "rank_addresses": addrs,
+                        {"rank": r, "transport": transport, "world_size": 2,
+                         "rank_addresses": addrs,
                          "session_token": "python-many-senders-token"},
                         client=c, source=RankSource(r))
                     results[r] = e.send_weights(version="m-1")
@@ -944,6 +970,7 @@ class ContractTest(unittest.TestCase):
             self.assertEqual("m-1", results[0]["version"])
             expect_sent_once(self, full, results)
             expect_tp_slices(self, full, ranks)
+            return [s.staged_peak_bytes for s in servers]
 
     def test_dtensor_ranks_send_their_local_parts_without_a_gather(self):
         # Two processes whose module's weights are DTensors, Shard(0) over a

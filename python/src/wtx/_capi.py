@@ -97,7 +97,8 @@ SRC_OWNERSHIP = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(C.POINTER(Ownership))
 
 
 # The ops structs' layouts this package was written for (WTX_*_OPS_VERSION).
-SOURCE_OPS_VERSION = MODEL_OPS_VERSION = 1
+SOURCE_OPS_VERSION = 1
+MODEL_OPS_VERSION = 2
 CONTROL_OPS_VERSION = 2
 
 
@@ -134,6 +135,8 @@ M_CHECK_RANGE = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.c_uint64, C.c_size_t
 M_REVERT = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.c_void_p, C.c_size_t)
 M_READ = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.POINTER(TensorMeta), C.c_void_p,
                      C.c_void_p, C.c_size_t)
+M_ADOPT_CHUNK = C.CFUNCTYPE(C.c_int, C.c_void_p, C.POINTER(TensorMeta), C.c_size_t,
+                            C.POINTER(C.c_void_p))
 
 
 class ModelOps(C.Structure):
@@ -142,7 +145,8 @@ class ModelOps(C.Structure):
                 ("abort", M_ABORT), ("stage_device", M_STAGE_DEVICE),
                 ("adopt_device", M_ADOPT_DEVICE), ("check_chunk", M_CHECK_CHUNK),
                 ("stage_chunk", M_STAGE_CHUNK), ("loaded_chunk", M_LOADED_CHUNK),
-                ("check_range", M_CHECK_RANGE), ("revert", M_REVERT), ("read", M_READ)]
+                ("check_range", M_CHECK_RANGE), ("revert", M_REVERT), ("read", M_READ),
+                ("adopt_chunk", M_ADOPT_CHUNK)]
 
 
 ON_PAUSE = C.CFUNCTYPE(None, C.c_void_p, C.c_int)

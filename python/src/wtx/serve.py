@@ -98,6 +98,7 @@ class _Chunk:
     def __init__(self, names: list[str]) -> None:
         self.names = names
         self.first = 0  # its first tensor's index among the update's staged
+        self.adopted = False  # viewed in the worker's receive region (_adopt_chunk)
         self.kind: list[int] = []  # per tensor: its kind's index, -1: its own
         self.offset: list[int] = []  # per tensor: elements into typed[kind], or into own
         self.own: list[Any] = []
@@ -187,7 +188,8 @@ class _Staged:
             whole = chunk.own[j]
             chunk.own[j] = None if rule == _narrow.NOTHING else \
                 _narrow.keep(chunk.names[i - chunk.first], whole, rule)
-            self.held -= whole.nbytes
+            if not chunk.adopted:  # an adopted one is the worker's memory
+                self.held -= whole.nbytes
             if chunk.own[j] is not None:
                 self.hold(chunk.own[j].part.nbytes)
             done += 1
@@ -219,7 +221,8 @@ class _Staged:
         is kept."""
         out = []
         for part in self._parts:
-            own = {id(t) for t in part.own}
+            # an adopted chunk's tensors are the worker's until commit
+            own = set() if part.adopted else {id(t) for t in part.own}
             out.extend((n, t if id(t) in own else t.clone()) for n, t in part.items())
         return out
 
@@ -261,6 +264,7 @@ class _Host:
         # which made an update quadratic in the number of parameters.
         self.update_targets: dict[str, Any] | None = None
         self.torch_dtypes: dict[int, Any] = {}
+        reads = self._loader() is None or self.base is not None  # see _read
         self.ops = _capi.ModelOps(
             _capi.MODEL_OPS_VERSION, _capi.M_CHECK(self._check), _capi.M_BEGIN(self._begin), _capi.M_STAGE(self._stage),
             _capi.M_LOADED(self._loaded), _capi.M_PREPARE(self._prepare),
@@ -274,8 +278,11 @@ class _Host:
             # the module's own names, unless a load_weights maps them (vLLM's
             # fused and sharded parameters), which cannot be read back; then
             # only what keep_base kept.
-            _capi.M_READ() if self._loader() is not None and self.base is None
-            else _capi.M_READ(self._read))
+            _capi.M_READ() if not reads else _capi.M_READ(self._read),
+            # Read in place in the worker's receive region where there is one
+            # (shm with many senders), unless this host takes patches: a
+            # session with a region takes none (they apply to staging).
+            _capi.M_ADOPT_CHUNK() if reads else _capi.M_ADOPT_CHUNK(self._adopt_chunk))
         self.pause_cb = _capi.ON_PAUSE(self._pause)
         self.resume_cb = _capi.ON_RESUME(self._resume)
 
@@ -420,6 +427,70 @@ class _Host:
             log.exception("stage")
             return _capi.ENOMEM
 
+    def _adopt_chunk(self, _m, metas, n, src) -> int:
+        """A chunk's n tensors where they lie in the worker's receive region
+        (shm with many senders: the sender's copy the only one), viewed
+        there until commit, which loads them: the small ones through typed
+        views of one span of the region, as staged ones of a buffer; a
+        large one a view of its own (narrowed as a staged one). A tensor
+        not at a multiple of its element size cannot be viewed where it
+        lies and is copied out."""
+        if n == 0:
+            return 0
+        try:
+            torch = self.torch
+            self.staged.narrow(self.loaded)
+            table = _MetaTable(torch, metas, n)
+            chunk = _Chunk(_meta_names(C.cast(metas, C.c_void_p).value, n))
+            chunk.adopted = True
+            raw = (C.c_int64 * n).from_address(C.cast(src, C.c_void_p).value)
+            addrs = torch.frombuffer(raw, dtype=torch.int64).clone()
+            # From a line's start: the region's pages start on one.
+            base = int(addrs.min()) & ~63
+            end = (int((addrs + table.nbytes).max()) + 63) & ~63
+            span = torch.frombuffer((C.c_uint8 * (end - base)).from_address(base),
+                                    dtype=torch.uint8)
+            offs = addrs - base
+            esize = torch.tensor([_dtypes.element_size(int(d)) for d in table.kind[:, 0].tolist()],
+                                 dtype=torch.int64)
+            fits = (offs % esize == 0) & (table.nbytes > 0)
+            kind = torch.full((n,), -1, dtype=torch.int64)
+            offset = torch.zeros(n, dtype=torch.int64)
+            small = (fits & (table.nbytes <= _SMALL)).nonzero().flatten()
+            if len(small):
+                self._view_kinds(table, small, chunk, kind, offset, span, offs[small])
+            own = (~fits | (table.nbytes > _SMALL)).nonzero().flatten()
+            if len(own):
+                self._adopt_own(table, own, chunk, offset, span, offs, fits)
+            chunk.kind, chunk.offset = kind.tolist(), offset.tolist()
+            self.staged.add_chunk(chunk)
+            large = (fits & (table.nbytes > _SMALL)).nonzero().flatten()
+            if len(large) and self.narrow_loads:
+                self._mark_narrow(chunk, large.tolist(), "cpu")
+            return 0
+        except BaseException:  # noqa: BLE001
+            log.exception("adopt")
+            return _capi.ENOMEM
+
+    def _adopt_own(self, table: _MetaTable, at: Any, chunk: _Chunk, offset: Any, span: Any,
+                   offs: Any, fits: Any) -> None:
+        """A tensor of its own for each of those at positions at: a view of
+        span where it fits, else a copy out of it."""
+        torch = self.torch
+        first = len(chunk.own)
+        rows = table.kind[at].tolist()
+        for i, o, ok, row in zip(at.tolist(), offs[at].tolist(), fits[at].tolist(), rows):
+            nb = int(table.nbytes[i])
+            dtype, shape = self._torch_dtype(row[0]), row[2:2 + row[1]]
+            if ok:
+                t = span[o:o + nb].view(dtype).view(shape)
+            else:
+                t = torch.empty(shape, dtype=dtype)
+                t.view(-1).view(torch.uint8).copy_(span[o:o + nb])
+                self.staged.hold(nb)
+            chunk.own.append(t)
+        offset[at] = torch.arange(first, len(chunk.own), dtype=torch.int64)
+
     def _place_large(self, table: _MetaTable, large: Any, chunk: _Chunk, offset: Any,
                      addrs: Any) -> None:
         """A tensor of its own for each of the tensors at positions large (a
@@ -446,13 +517,22 @@ class _Host:
         addresses into addrs, their kinds and element offsets into kind and
         offset, and each kind's typed view, shape and strides into chunk."""
         torch = self.torch
-        kinds, kind_of = table.kinds(small)
         room = (table.nbytes[small] + (_ALIGN - 1)) & ~(_ALIGN - 1)
         ends = torch.cumsum(room, 0)
         buf = torch.empty(max(int(ends[-1]), _ALIGN), dtype=torch.uint8)
         self.staged.hold(buf.nbytes)
         offs = ends - room
         addrs[small] = offs + buf.data_ptr()
+        self._view_kinds(table, small, chunk, kind, offset, buf, offs)
+
+    def _view_kinds(self, table: _MetaTable, at: Any, chunk: _Chunk, kind: Any, offset: Any,
+                    buf: Any, offs: Any) -> None:
+        """The tensors at positions at, at byte offsets offs of buf (each a
+        multiple of its element size): their kinds and element offsets into
+        kind and offset, and each kind's typed view, shape and strides into
+        chunk."""
+        torch = self.torch
+        kinds, kind_of = table.kinds(at)
         sizes = []
         for k in kinds.tolist():
             shape = tuple(k[2:2 + k[1]])
@@ -463,8 +543,8 @@ class _Host:
             chunk.shape.append(shape)
             chunk.stride.append(tuple(stride))
             sizes.append(_dtypes.element_size(k[0]))
-        kind[small] = kind_of
-        offset[small] = offs // torch.tensor(sizes, dtype=torch.int64)[kind_of]
+        kind[at] = kind_of
+        offset[at] = offs // torch.tensor(sizes, dtype=torch.int64)[kind_of]
 
     def _mark_narrow(self, chunk: _Chunk, at: list[int], device: Any) -> None:
         """Of chunk's tensors at positions at (each of its own), those the
@@ -588,7 +668,9 @@ class Server:
         """The most bytes this host held staged at once in its last
         update: about the model's size for a whole replica; with
         ``narrow_loads``, its share of it, plus the tensors of a chunk in
-        flight."""
+        flight. Tensors read where they landed in the worker's receive
+        region (shm with many senders) are not counted: that memory is the
+        worker's, the size of its stream, made once at init."""
         return self._host.staged.peak
 
     def set_serving(self, serving: bool) -> None:
