@@ -73,6 +73,14 @@ int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, wtx__host_region *
   int rc = bytes > SIZE_MAX ? WTX_EIO
                             : wtx__shm_object_make("region", (size_t)bytes, r->name,
                                                    sizeof r->name, &fd, err, errlen);
+  /* Its pages taken now: shared memory short of room (a container's 64 MiB
+   * /dev/shm) is an error here, not a SIGBUS in a sender's copy later. */
+  int e = rc == 0 ? posix_fallocate(fd, 0, (off_t)bytes) : 0;
+  if (e != 0) {
+    snprintf(err, errlen, "shm region: no room for %llu bytes in shared memory: %s",
+             (unsigned long long)bytes, strerror(e));
+    rc = WTX_EIO;
+  }
   if (rc == 0 && (r->base = map(fd, bytes)) == NULL) {
     snprintf(err, errlen, "shm region: cannot map %llu bytes: %s", (unsigned long long)bytes,
              strerror(errno));

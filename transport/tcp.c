@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/hash.h"
 #include "common/random.h"
 #include "common/text.h"
@@ -766,6 +767,16 @@ static int open_inlet(tcp_worker *w, inlet *in, const waitspec *ws, char *err,
   return rc;
 }
 
+/* The host region, when there is room for it; else the senders write
+ * into rings, as for a model that stages (two copies, the same bytes). */
+static void host_region_open(tcp_worker *w) {
+  char why[300] = "";
+  if (wtx__host_region_make(w->hregion_bytes, w->max_bytes, &w->hregion, why, sizeof why) != 0)
+    wtx__log(WTX__LOG_WARN, "event=region_declined backend=tcp bytes=%llu reason=\"%s\" "
+             "(each sender writes into a ring instead)", (unsigned long long)w->hregion_bytes,
+             why);
+}
+
 /* Joins the chain: connects upstream (and to every other sender), says
  * hello, listens for the relay. */
 static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, char *err,
@@ -776,16 +787,11 @@ static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, ch
                ? wtx__ipc_region_make(w->cuda_device, w->region_bytes, w->max_bytes,
                                       w->wire.timeout_ms, &w->region, err, errlen)
                : 0;
-  /* Senders open the host region by its name, which goes once they have:
-   * a connect again makes a new one. */
-  if (w->hregion != NULL && wtx__host_region_name(w->hregion)[0] == '\0') {
-    wtx__host_region_free(w->hregion);
-    w->hregion = NULL;
-  }
-  if (rc == 0 && w->hregion_bytes > 0 && w->hregion == NULL)
-    rc = wtx__host_region_make(w->hregion_bytes, w->max_bytes, &w->hregion, err, errlen);
+  if (rc == 0 && w->hregion_bytes > 0) host_region_open(w);
   for (size_t i = 0; rc == 0 && i < w->n_in; i++) rc = open_inlet(w, &w->in[i], &ws, err, errlen);
-  wtx__host_region_unlink(w->hregion); /* opened by every sender, or given up */
+  /* Each sender opened the region by its name, or the init failed: no
+   * one else may. */
+  wtx__host_region_unlink(w->hregion);
   /* Several senders: each read ahead (see ahead). */
   size_t cap = ahead_cap(w->wire.buffer_size, w->n_in);
   for (size_t i = 0; rc == 0 && w->n_in > 1 && !w->shm_ring && i < w->n_in; i++)
