@@ -42,7 +42,10 @@
 #   many senders   4 FSDP ranks vs rank 0 alone to two TP workers on loopback
 #                  (bench/many.sh: bytes per trainer link, sync time); and on
 #                  a simulated cluster of rate-limited namespaces, 4 ranks to
-#                  4 TP workers (bench/cluster.sh; root only, else skipped)
+#                  4 TP workers (bench/cluster.sh; root only, else skipped);
+#                  and over shm, to a worker whose model loads as an
+#                  engine's loader does, the ranks writing where it reads
+#                  in place vs through rings into staging (bench/inplace.sh)
 # The output opens with a summary: each goal, its figure this run, the
 # baseline it divides by, and whether it is met; the detail follows.
 # Usage: bench/run.sh [--quick] [--json FILE]   (--quick: 256M and small N,
@@ -292,6 +295,10 @@ bench/sharded.sh "$size" | tail -n +2
 echo
 echo "## many senders (bench/many.sh): 4 trainer ranks vs rank 0 alone, loopback"
 bench/many.sh "$size" | tail -n +2
+echo
+echo "## many senders over shm, one copy per byte (bench/inplace.sh): the ranks writing"
+echo "# where a loader reads in place vs through rings into its staging"
+bench/inplace.sh "$size" 3 | tail -n +2
 echo
 echo "## delta syncs (bench/delta.sh): each kind of change vs a full sync, same worker"
 bench/delta.sh "$size" | tail -n +2
