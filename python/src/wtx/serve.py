@@ -264,6 +264,7 @@ class _Host:
         # which made an update quadratic in the number of parameters.
         self.update_targets: dict[str, Any] | None = None
         self.torch_dtypes: dict[int, Any] = {}
+        self.esizes: Any = None  # _element_sizes
         reads = self._loader() is None or self.base is not None  # see _read
         self.ops = _capi.ModelOps(
             _capi.MODEL_OPS_VERSION, _capi.M_CHECK(self._check), _capi.M_BEGIN(self._begin), _capi.M_STAGE(self._stage),
@@ -400,16 +401,8 @@ class _Host:
         kind of tensor (dtype and shape) more than per tensor: their metas
         are read as one array, the small ones share one buffer, and only
         the names are read one by one. A large tensor gets its own."""
-        if n == 0:
-            return 0
-        try:
-            torch = self.torch
-            self.staged.narrow(self.loaded)
-            table = _MetaTable(torch, metas, n)
-            chunk = _Chunk(_meta_names(C.cast(metas, C.c_void_p).value, n))
-            kind = torch.full((n,), -1, dtype=torch.int64)
-            offset = torch.zeros(n, dtype=torch.int64)
-            addrs = torch.zeros(n, dtype=torch.int64)
+        def place(table: _MetaTable, chunk: _Chunk, kind: Any, offset: Any) -> Any:
+            addrs = self.torch.zeros(n, dtype=self.torch.int64)
             small = (table.nbytes <= _SMALL).nonzero().flatten()
             if len(small):
                 self._place_small(table, small, chunk, kind, offset, addrs)
@@ -418,14 +411,8 @@ class _Host:
                 self._place_large(table, large, chunk, offset, addrs)
             addrs[table.nbytes == 0] = 0  # no bytes: nowhere to write
             C.memmove(dst, addrs.data_ptr(), 8 * n)
-            chunk.kind, chunk.offset = kind.tolist(), offset.tolist()
-            self.staged.add_chunk(chunk)
-            if len(large) and self.narrow_loads:
-                self._mark_narrow(chunk, large.tolist(), "cpu")
-            return 0
-        except BaseException:  # noqa: BLE001
-            log.exception("stage")
-            return _capi.ENOMEM
+            return large
+        return self._take_chunk(metas, n, "stage", place)
 
     def _adopt_chunk(self, _m, metas, n, src) -> int:
         """A chunk's n tensors where they lie in the worker's receive region
@@ -435,13 +422,8 @@ class _Host:
         large one a view of its own (narrowed as a staged one). A tensor
         not at a multiple of its element size cannot be viewed where it
         lies and is copied out."""
-        if n == 0:
-            return 0
-        try:
+        def place(table: _MetaTable, chunk: _Chunk, kind: Any, offset: Any) -> Any:
             torch = self.torch
-            self.staged.narrow(self.loaded)
-            table = _MetaTable(torch, metas, n)
-            chunk = _Chunk(_meta_names(C.cast(metas, C.c_void_p).value, n))
             chunk.adopted = True
             raw = (C.c_int64 * n).from_address(C.cast(src, C.c_void_p).value)
             addrs = torch.frombuffer(raw, dtype=torch.int64).clone()
@@ -451,26 +433,48 @@ class _Host:
             span = torch.frombuffer((C.c_uint8 * (end - base)).from_address(base),
                                     dtype=torch.uint8)
             offs = addrs - base
-            esize = torch.tensor([_dtypes.element_size(int(d)) for d in table.kind[:, 0].tolist()],
-                                 dtype=torch.int64)
-            fits = (offs % esize == 0) & (table.nbytes > 0)
-            kind = torch.full((n,), -1, dtype=torch.int64)
-            offset = torch.zeros(n, dtype=torch.int64)
+            fits = (offs % self._element_sizes()[table.kind[:, 0]] == 0) & (table.nbytes > 0)
             small = (fits & (table.nbytes <= _SMALL)).nonzero().flatten()
             if len(small):
                 self._view_kinds(table, small, chunk, kind, offset, span, offs[small])
             own = (~fits | (table.nbytes > _SMALL)).nonzero().flatten()
             if len(own):
                 self._adopt_own(table, own, chunk, offset, span, offs, fits)
+            return (fits & (table.nbytes > _SMALL)).nonzero().flatten()
+        return self._take_chunk(metas, n, "adopt", place)
+
+    def _take_chunk(self, metas: Any, n: int, what: str,
+                    place: Callable[[_MetaTable, _Chunk, Any, Any], Any]) -> int:
+        """A chunk's n tensors into the update: place sets each one's kind
+        and offset (and the chunk's buffers or own tensors) and answers the
+        positions of those to narrow (narrow_loads) once complete."""
+        if n == 0:
+            return 0
+        try:
+            torch = self.torch
+            self.staged.narrow(self.loaded)
+            table = _MetaTable(torch, metas, n)
+            chunk = _Chunk(_meta_names(C.cast(metas, C.c_void_p).value, n))
+            kind = torch.full((n,), -1, dtype=torch.int64)
+            offset = torch.zeros(n, dtype=torch.int64)
+            large = place(table, chunk, kind, offset)
             chunk.kind, chunk.offset = kind.tolist(), offset.tolist()
             self.staged.add_chunk(chunk)
-            large = (fits & (table.nbytes > _SMALL)).nonzero().flatten()
             if len(large) and self.narrow_loads:
                 self._mark_narrow(chunk, large.tolist(), "cpu")
             return 0
-        except BaseException:  # noqa: BLE001
-            log.exception("adopt")
+        except BaseException:  # noqa: BLE001 (a callback must not raise into C)
+            log.exception(what)
             return _capi.ENOMEM
+
+    def _element_sizes(self) -> Any:
+        """Each wire dtype's element size, indexed by the dtype."""
+        if self.esizes is None:
+            sizes = [1] * (max(_dtypes.WIRE) + 1)  # the session checked every dtype
+            for wire in _dtypes.WIRE:
+                sizes[wire] = _dtypes.element_size(wire)
+            self.esizes = self.torch.tensor(sizes, dtype=self.torch.int64)
+        return self.esizes
 
     def _adopt_own(self, table: _MetaTable, at: Any, chunk: _Chunk, offset: Any, span: Any,
                    offs: Any, fits: Any) -> None:
