@@ -400,6 +400,26 @@ static int tensor_patched(const seg *runs, size_t n, size_t i, const uint64_t *p
   return 0;
 }
 
+/* A seg that stands for a tensor of no bytes: no plan piece has it. */
+#define NO_PIECE UINT32_MAX
+
+/* Tensor t, of no bytes (no piece, so no run), as a seg of none in the
+ * chunk open where it falls when it may ride there, else in a new chunk
+ * from sender at the stream's bytes so far: every tensor of a stream is
+ * then in a chunk, and that chunk's sender hashes its empty span as the
+ * worker counts it. Returns the chunk it went in. */
+static mchunk *add_empty(mchunk *c, mchunk *ch, size_t *nc, uint32_t t, uint32_t sender,
+                         seg *out, size_t *nout) {
+  if (c == NULL || c->box != 0 || t - c->first + 1 > WTX_MAX_CHUNK_PARAMS) {
+    uint64_t at = c != NULL ? c->stream_offset + c->bytes : 0;
+    c = &ch[(*nc)++];
+    *c = (mchunk){.sender = sender, .seg0 = *nout, .stream_offset = at};
+  }
+  seg e = {.piece = NO_PIECE, .tensor = t};
+  chunk_add(c, &e, 0, 0, out, nout);
+  return c;
+}
+
 /* Cuts runs (n, in stream order) into chunks: a chunk ends where the
  * sender changes, at max bytes, or at WTX_MAX_CHUNK_PARAMS tensors. Only
  * the runs of tensors sub names (sub[k]: tensor k's place among those
@@ -407,15 +427,17 @@ static int tensor_patched(const seg *runs, size_t n, size_t i, const uint64_t *p
  * a run of a piece with pcount[piece] (pcount may be NULL) is its patch
  * instead; the other runs of a patched tensor are not sent (a patch of
  * spans: their bytes are the base's). The runs become the chunks' segs
- * (off: into the piece, or its patch); *bytes: the stream's. */
+ * (off: into the piece, or its patch); *bytes: the stream's. nt (with sub
+ * NULL): the stream's tensors, those with no run (no bytes) each in a
+ * chunk of its own place (add_empty); 0: none added. */
 static int cut_chunks(const wtx__many *m, const seg *runs, size_t n, const uint32_t *sub,
-                      const uint64_t *pcount, uint64_t max, seg **segs, size_t *nseg,
-                      mchunk **chunks, size_t *nchunks, uint64_t *bytes) {
+                      const uint64_t *pcount, uint64_t max, size_t nt, seg **segs,
+                      size_t *nseg, mchunk **chunks, size_t *nchunks, uint64_t *bytes) {
   const wtx_piece *pieces;
   wtx_plan_pieces(m->plan, &pieces);
   /* A run yields at most len / max + 2 segs: the rest of an open chunk,
    * whole chunks, and a start of one. */
-  size_t cap = 1, nout = 0;
+  size_t cap = 1 + 2 * nt, nout = 0;
   for (size_t i = 0; i < n; i++) cap += runs[i].len / max + 2;
   seg *out = malloc(cap * sizeof *out);
   mchunk *ch = calloc(cap, sizeof *ch);
@@ -428,8 +450,12 @@ static int cut_chunks(const wtx__many *m, const seg *runs, size_t n, const uint3
   size_t nc = 0;
   int patched = 0;
   uint64_t wire = 0; /* a patched tensor's bytes on the wire so far */
+  uint32_t next = 0; /* with nt: the first tensor not in a chunk yet */
   for (size_t i = 0; i < n; i++) {
     seg s = runs[i];
+    for (; nt > 0 && next < s.tensor; next++)
+      c = add_empty(c, ch, &nc, next, pieces[s.piece].rank, out, &nout);
+    if (nt > 0 && s.tensor >= next) next = s.tensor + 1;
     if (i == 0 || runs[i].tensor != runs[i - 1].tensor) {
       patched = tensor_patched(runs, n, i, pcount);
       wire = 0;
@@ -457,6 +483,7 @@ static int cut_chunks(const wtx__many *m, const seg *runs, size_t n, const uint3
       done += k;
     }
   }
+  for (; next < nt; next++) c = add_empty(c, ch, &nc, next, c != NULL ? c->sender : 0, out, &nout);
   *segs = out;
   *nseg = nout;
   *chunks = ch;
@@ -470,7 +497,7 @@ static int stream_chunks(wtx__many *m, wstream *st, uint64_t max) {
   st->runs = st->segs;
   st->nruns = st->nseg;
   st->segs = NULL;
-  return cut_chunks(m, st->runs, st->nruns, NULL, NULL, max, &st->segs, &st->nseg,
+  return cut_chunks(m, st->runs, st->nruns, NULL, NULL, max, st->nt, &st->segs, &st->nseg,
                     &st->chunks, &st->nchunks, &st->bytes);
 }
 
@@ -1101,25 +1128,26 @@ static const uint8_t *piece_bytes(wtx__many *m, uint32_t p, gathered *g) {
 /* Chunk c's bytes to worker j->w: its segs as iov, the spans' ends. */
 static int send_chunk(wjob *j, const wstream *st, const mchunk *c, struct iovec *iov,
                       uint64_t *ends, gathered *g) {
-  size_t n_ends = 0;
+  size_t n_ends = 0, n_iov = 0;
   uint64_t at = 0;
   for (size_t k = 0; k < c->nseg; k++) {
     const seg *s = &st->vsegs[c->seg0 + k];
     if (k > 0 && s->tensor != st->vsegs[c->seg0 + k - 1].tensor) ends[n_ends++] = at;
+    if (s->len == 0) continue; /* a tensor of no bytes: an empty span */
     const uint8_t *p = s->patch == SEG_CALLER ? j->m->carena
                        : s->patch ? j->m->parena + j->m->poff[s->piece - j->m->my_first]
                                   : piece_bytes(j->m, s->piece, g);
     if (p == NULL) return WTX_ENOMEM;
-    iov[k] = (struct iovec){(void *)(p + s->off), s->len};
+    iov[n_iov++] = (struct iovec){(void *)(p + s->off), s->len};
     at += s->len;
   }
   ends[n_ends++] = at;
   int sums = j->m->wire.checksum == WTX__V1__CHECKSUM_ALGORITHM__CHECKSUM_ALGORITHM_XXH3_64;
   if (j->m->nccl) /* worker w is NCCL rank world + w */
-    return wtx__nccl_rank_send(j->m->gpu, (int)(j->m->world + j->w), iov, c->nseg, c->bytes,
+    return wtx__nccl_rank_send(j->m->gpu, (int)(j->m->world + j->w), iov, n_iov, c->bytes,
                                ends, n_ends, sums, j->err, sizeof j->err);
   return wtx__tcp_rank_chunk(j->m->tcp, j->w, c->stream_offset, c->first_offset, c->bytes, iov,
-                             c->nseg, ends, n_ends, sums, j->err, sizeof j->err);
+                             n_iov, ends, n_ends, sums, j->err, sizeof j->err);
 }
 
 /* This rank's chunks, in stream order: to worker j->w (tcp: a job per
@@ -1520,7 +1548,7 @@ static int view_some(const wtx__many *m, wstream *st, const uint8_t *sel) {
   size_t nseg = 0, nch = 0;
   uint64_t bytes = 0;
   int rc = cut_chunks(m, st->runs, st->nruns, sub, m->patches ? m->pcount : NULL,
-                      m->wire.buffer_size, &st->dsegs, &nseg, &st->dchunks, &nch, &bytes);
+                      m->wire.buffer_size, 0, &st->dsegs, &nseg, &st->dchunks, &nch, &bytes);
   free(sub);
   if (rc != 0) return rc;
   st->vchunks = st->dchunks;

@@ -901,6 +901,119 @@ class ContractTest(unittest.TestCase):
             peaks = self.two_ranks_to_tensor_parallel_hosts(dim, "shm", TpLoaderRank)
             self.assertEqual([staged, staged], peaks, f"dim {dim}")
 
+    def test_a_loader_reading_in_place_gets_every_kind_of_tensor_bit_exact(self):
+        # Tensors of every width, one of no bytes among them, from two
+        # ranks each owning every other tensor whole. Over tcp they are
+        # staged; over shm, packed without padding in the worker's receive
+        # region, those at a multiple of their element size are handed to
+        # the loader where they lie (f, large, first: a view of its own; e,
+        # a byte), the others copied out first (b at byte 80003, ...). The
+        # tensors of no bytes have no piece on any rank: each rides in the
+        # chunk where it falls, its sender hashing its empty span: between
+        # two senders' tensors (x), one sender's (z), and last (y).
+        for transport in ("tcp", "shm"):
+            with self.subTest(transport=transport):
+                self.loader_gets_every_kind(transport)
+
+    def loader_gets_every_kind(self, transport):
+        import socket
+        import threading
+
+        import wtx
+        from wtx.sources import ParamMeta
+
+        g = torch.Generator().manual_seed(3)
+        full = {"f": torch.randn(20000, generator=g),  # 80000 bytes: over _SMALL
+                "x": torch.zeros(0, 4),
+                "a": torch.randint(-100, 100, (3,), dtype=torch.int8, generator=g),
+                "b": torch.randn(5, 3, generator=g),
+                "c": torch.randn(7, generator=g).to(torch.bfloat16),
+                "d": torch.randn(2, generator=g).to(torch.float64),
+                "e": torch.tensor([True]),
+                "z": torch.zeros(0, dtype=torch.uint8),
+                "h": torch.randint(0, 1 << 30, (9,), dtype=torch.int64, generator=g),
+                "y": torch.zeros(0, dtype=torch.float16)}
+        names = list(full)
+        owner = {n: int(n in "acehx") for n in names}
+
+        class Loader(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.got = {}
+
+            def load_weights(self, weights):
+                for name, t in weights:
+                    self.got[name] = t.clone()
+
+        class RankSource:
+            def __init__(self, rank):
+                self.rank = rank
+
+            @property
+            def metadata(self):
+                return [ParamMeta(n, full[n].dtype, tuple(full[n].shape), owners=(owner[n],))
+                        for n in names]
+
+            def iter_local(self):
+                for n in names:
+                    if owner[n] == self.rank:
+                        yield n, full[n]
+
+        def port():
+            import random
+            while True:
+                p = random.randrange(20000, 32000)
+                with socket.socket() as s:
+                    try:
+                        s.bind(("127.0.0.1", p))
+                        return p
+                    except OSError:
+                        pass
+
+        module = Loader()
+        server = wtx.serve(module, "127.0.0.1:0")
+        try:
+            addrs = [f"127.0.0.1:{port()}" for _ in range(2)]
+            errors = []
+
+            def rank(r):
+                try:
+                    c = wtx.WorkerClient([server.address])
+                    e = wtx.TrainerEngine.trainer_init(
+                        {"rank": r, "transport": transport, "world_size": 2, "rank_addresses": addrs,
+                         "session_token": "python-in-place-kinds-token"},
+                        client=c, source=RankSource(r))
+                    e.send_weights(version="k-1")
+                    e.shutdown()
+                    c.close()
+                except BaseException as ex:  # noqa: BLE001 (reported below)
+                    errors.append(ex)
+
+            threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            self.assertEqual([], errors)
+            self.assertEqual("k-1", server.version)
+            for n, t in full.items():
+                got = module.got[n]
+                self.assertEqual((t.dtype, t.shape), (got.dtype, got.shape), n)
+                self.assertEqual(t.view(torch.uint8).flatten().tolist() if t.numel() else [],
+                                 got.view(torch.uint8).flatten().tolist() if got.numel() else [],
+                                 n)
+            # Over shm only the tensors off their element size's boundary
+            # were copied (staged): f, the large one, was read where it lay.
+            peak = server.staged_peak_bytes
+            total = sum(t.nbytes for t in full.values())
+            if transport == "shm":
+                self.assertGreater(peak, 0)
+                self.assertLess(peak, total - full["f"].nbytes)
+            else:
+                self.assertGreaterEqual(peak, total)
+        finally:
+            server.close()
+
     def two_ranks_to_tensor_parallel_hosts(self, dim, transport="tcp", module=TpRank):
         """Each host's staged_peak_bytes after the sync."""
         import socket
