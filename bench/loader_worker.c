@@ -12,11 +12,11 @@
  *
  * Usage: loader_worker --listen HOST:PORT --port-file FILE [--in-place]
  * SIGTERM or SIGINT ends it. */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/common/serve_model.h"
 #include "wtx/worker.h"
 
 typedef struct loader {
@@ -115,11 +115,6 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: loader_worker --listen HOST:PORT --port-file FILE [--in-place]\n");
     return 2;
   }
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, NULL); /* before any thread starts */
   loader m = {0};
   wtx_model_ops ops = {
       .version = WTX_MODEL_OPS_VERSION,
@@ -135,23 +130,7 @@ int main(int argc, char **argv) {
   o.listen = listen;
   o.model_ops = &ops;
   o.model = &m;
-  char err[1024] = "";
-  wtx_worker *w = NULL;
-  int rc = wtx_worker_start(&o, &w, err, sizeof err);
-  FILE *f = rc == 0 ? fopen(port_file, "w") : NULL;
-  if (f != NULL) {
-    fprintf(f, "%d\n", wtx_worker_port(w));
-    rc = fclose(f) == 0 ? 0 : WTX_EIO;
-  } else if (rc == 0) {
-    rc = WTX_EIO;
-  }
-  if (rc != 0) {
-    fprintf(stderr, "loader_worker: %s\n", err[0] ? err : wtx_strerror(rc));
-    return 1;
-  }
-  int sig;
-  sigwait(&set, &sig);
-  wtx_worker_destroy(w);
+  int rc = wtxtest_serve_model("loader_worker", &o, port_file);
   for (size_t i = 0; i < m.cap; i++) {
     free(m.staging[i]);
     free(m.param[i]);
@@ -160,5 +139,5 @@ int main(int argc, char **argv) {
   free(m.staging);
   free(m.param);
   free(m.nbytes);
-  return 0;
+  return rc;
 }

@@ -111,20 +111,14 @@ int wtx__host_region_get(const wtx__host_region *r, uint8_t **base, uint64_t *by
 }
 
 int wtx__host_region_out(wtx__host_region *r, uint64_t at, wtx_rx *rx) {
-  uint64_t n = wtx_rx_remaining(rx);
-  if (at > r->bytes || n > r->bytes - at) {
-    wtx_rx_errorf(rx, "tcp: the chunk at byte %llu of the update (%llu bytes) lies beyond the "
-                  "%llu-byte receive region", (unsigned long long)at, (unsigned long long)n,
-                  (unsigned long long)r->bytes);
-    return WTX_EINVAL;
-  }
+  int rc = wtx_rx_in_region(rx, at, r->bytes, "tcp");
+  if (rc != 0) return rc;
   uint8_t *dst;
-  for (size_t k; (k = wtx_rx_next(rx, &dst)) > 0; at += k) {
+  for (size_t k; rc == 0 && (k = wtx_rx_next(rx, &dst)) > 0; at += k) {
     const uint8_t *src = r->base + at;
-    int rc = dst == src ? wtx_rx_commit(rx, k) : wtx_rx_bytes(rx, src, k);
-    if (rc != 0) return rc;
+    rc = dst == src ? wtx_rx_commit(rx, k) : wtx_rx_bytes(rx, src, k);
   }
-  return 0; /* what is missing, the chunk's end says */
+  return rc; /* what is missing, the chunk's end says */
 }
 
 int wtx__host_region_open(const char *name, uint64_t bytes, wtx__host_region **out, char *err,

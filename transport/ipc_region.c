@@ -80,16 +80,11 @@ int wtx__ipc_region_get(const wtx__ipc_region *r, uint8_t **base, uint64_t *byte
 }
 
 int wtx__ipc_region_out(wtx__ipc_region *r, uint64_t at, wtx_rx *rx) {
-  uint64_t n = wtx_rx_remaining(rx);
-  if (at > r->bytes || n > r->bytes - at) {
-    wtx_rx_errorf(rx, "tcp: the chunk at byte %llu of the update (%llu bytes) lies beyond the "
-                  "%llu-byte receive region", (unsigned long long)at, (unsigned long long)n,
-                  (unsigned long long)r->bytes);
-    return WTX_EINVAL;
-  }
+  int rc = wtx_rx_in_region(rx, at, r->bytes, "tcp");
+  if (rc != 0) return rc;
   int prev;
   wtx__cuda_enter(r->cuda, r->device, &prev);
-  int rc = wtx__gpu_out_copy(&r->out, r->base + at, "tcp", rx);
+  rc = wtx__gpu_out_copy(&r->out, r->base + at, "tcp", rx);
   wtx__cuda_leave(r->cuda, prev);
   return rc;
 }

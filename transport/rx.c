@@ -200,6 +200,14 @@ int wtx_rx_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n) {
 
 uint64_t wtx_rx_remaining(const wtx_rx *rx) { return rx->left; }
 
+int wtx_rx_in_region(wtx_rx *rx, uint64_t at, uint64_t region_bytes, const char *who) {
+  if (at <= region_bytes && rx->left <= region_bytes - at) return 0;
+  wtx_rx_errorf(rx, "%s: the chunk at byte %llu of the update (%llu bytes) lies beyond the "
+                "%llu-byte receive region", who, (unsigned long long)at,
+                (unsigned long long)rx->left, (unsigned long long)region_bytes);
+  return WTX_EINVAL;
+}
+
 int wtx_rx_span_checksums(wtx_rx *rx) {
   if (rx->left != rx->chunk) {
     wtx_rx_errorf(rx, "span checksums asked for after the chunk's first byte");

@@ -117,6 +117,10 @@ int wtx_rx_checksums(wtx_rx *rx, const uint64_t *xxh3, size_t n);
  * XXH3 of each tensor the chunk completes is then read back from its host
  * staging for the model (none for device staging). */
 int wtx_rx_span_checksums(wtx_rx *rx);
+/* For a backend whose chunks land in a receive region of region_bytes
+ * (at their offset in the stream, at): 0 when this chunk's bytes lie
+ * within it, else WTX_EINVAL with the error recorded (who: the backend). */
+int wtx_rx_in_region(wtx_rx *rx, uint64_t at, uint64_t region_bytes, const char *who);
 /* Records a detail message for the error the backend is about to return. */
 void wtx_rx_errorf(wtx_rx *rx, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

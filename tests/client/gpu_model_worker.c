@@ -30,13 +30,13 @@
  * device from WTX_CUDA_DEVICE). --no-check, for throughput figures: prepare
  * trusts the staging (checksums may then be off). SIGTERM or SIGINT ends
  * it. */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "cuda/cuda.h"
+#include "tests/common/serve_model.h"
 #include "wtx/worker.h"
 
 typedef struct staged {
@@ -270,13 +270,6 @@ static const wtx_model_ops gpu_model_ops = {
     .adopt_device = m_adopt_device,
 };
 
-static int write_port(const char *path, int port) {
-  FILE *f = fopen(path, "w");
-  if (f == NULL) return -1;
-  fprintf(f, "%d\n", port);
-  return fclose(f);
-}
-
 int main(int argc, char **argv) {
   const char *listen = NULL, *port_file = NULL;
   gpu_model m = {0};
@@ -295,14 +288,12 @@ int main(int argc, char **argv) {
             "[--no-check] [--in-place-only] [--read] [--sums FILE]\n");
     return 2;
   }
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, NULL); /* before any thread starts */
+  wtxtest_block_stop_signals(); /* before the CUDA runtime's threads */
   char err[1024] = "";
-  wtx_worker *w = NULL;
-  int rc = wtx__cuda_load(0, &m.cuda, err, sizeof err);
+  if (wtx__cuda_load(0, &m.cuda, err, sizeof err) != 0) {
+    fprintf(stderr, "gpu_model_worker: %s\n", err);
+    return 1;
+  }
   wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
   o.listen = listen;
   /* --in-place-only: a model that can only adopt (no stage_device), as
@@ -312,15 +303,7 @@ int main(int argc, char **argv) {
   if (m.read) ops.read = m_read;
   o.model_ops = &ops;
   o.model = &m;
-  if (rc == 0) rc = wtx_worker_start(&o, &w, err, sizeof err);
-  if (rc == 0 && write_port(port_file, wtx_worker_port(w)) != 0) rc = WTX_EIO;
-  if (rc != 0) {
-    fprintf(stderr, "gpu_model_worker: %s\n", err[0] ? err : wtx_strerror(rc));
-    return 1;
-  }
-  int sig;
-  sigwait(&set, &sig);
-  wtx_worker_destroy(w);
+  int rc = wtxtest_serve_model("gpu_model_worker", &o, port_file);
   drop_staged(&m);
   free(m.t);
   for (size_t i = 0; i < m.n_pub; i++) {
@@ -328,5 +311,5 @@ int main(int argc, char **argv) {
     free((char *)m.pub[i].meta.name);
   }
   free(m.pub);
-  return 0;
+  return rc;
 }

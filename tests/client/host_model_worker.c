@@ -17,12 +17,12 @@
  * Usage: host_model_worker --listen HOST:PORT --port-file FILE
  *                          [--in-place-only] [--sums FILE]
  * SIGTERM or SIGINT ends it. */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
+#include "tests/common/serve_model.h"
 #include "wtx/worker.h"
 
 typedef struct tensor {
@@ -169,13 +169,6 @@ static const wtx_model_ops host_model_ops = {
     .adopt_chunk = m_adopt_chunk,
 };
 
-static int write_port(const char *path, int port) {
-  FILE *f = fopen(path, "w");
-  if (f == NULL) return -1;
-  fprintf(f, "%d\n", port);
-  return fclose(f);
-}
-
 int main(int argc, char **argv) {
   const char *listen = NULL, *port_file = NULL;
   host_model m = {0};
@@ -192,29 +185,14 @@ int main(int argc, char **argv) {
             "[--in-place-only] [--sums FILE]\n");
     return 2;
   }
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, NULL); /* before any thread starts */
-  char err[1024] = "";
-  wtx_worker *w = NULL;
   wtx_worker_options o = WTX_WORKER_OPTIONS_INIT;
   o.listen = listen;
   o.model_ops = &host_model_ops;
   o.model = &m;
-  int rc = wtx_worker_start(&o, &w, err, sizeof err);
-  if (rc == 0 && write_port(port_file, wtx_worker_port(w)) != 0) rc = WTX_EIO;
-  if (rc != 0) {
-    fprintf(stderr, "host_model_worker: %s\n", err[0] ? err : wtx_strerror(rc));
-    return 1;
-  }
-  int sig;
-  sigwait(&set, &sig);
-  wtx_worker_destroy(w);
+  int rc = wtxtest_serve_model("host_model_worker", &o, port_file);
   m_abort(&m);
   free(m.t);
   drop(m.pub, m.n_pub);
   free(m.pub);
-  return 0;
+  return rc;
 }
