@@ -78,6 +78,50 @@ def tp_hosts(rules, module=TpRank):
             s.close()
 
 
+def free_port() -> int:
+    """A port free now, below the ephemeral range (no port-0 bind takes it)."""
+    import random
+    import socket
+    while True:
+        p = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+                return p
+            except OSError:
+                pass
+
+
+def sync_two_ranks(test, addresses, source, version, token, transport="tcp"):
+    """Two TrainerEngine ranks (threads) with many senders, rank r's source
+    source(r), sync once to the workers at addresses; each rank's result."""
+    import threading
+
+    import wtx
+    ranks = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    results, errors = [None, None], []
+
+    def rank(r):
+        try:
+            c = wtx.WorkerClient(addresses)
+            e = wtx.TrainerEngine.trainer_init(
+                {"rank": r, "transport": transport, "world_size": 2, "rank_addresses": ranks,
+                 "session_token": token}, client=c, source=source(r))
+            results[r] = e.send_weights(version=version)
+            e.shutdown()
+            c.close()
+        except BaseException as ex:  # noqa: BLE001 (reported below)
+            errors.append(ex)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    test.assertEqual([], errors)
+    return results
+
+
 def expect_tp_slices(test, full, ranks) -> None:
     """Each TpRank host r holds exactly its slices of full."""
     for r, m in enumerate(ranks):
@@ -916,9 +960,6 @@ class ContractTest(unittest.TestCase):
                 self.loader_gets_every_kind(transport)
 
     def loader_gets_every_kind(self, transport):
-        import socket
-        import threading
-
         import wtx
         from wtx.sources import ParamMeta
 
@@ -959,42 +1000,11 @@ class ContractTest(unittest.TestCase):
                     if owner[n] == self.rank:
                         yield n, full[n]
 
-        def port():
-            import random
-            while True:
-                p = random.randrange(20000, 32000)
-                with socket.socket() as s:
-                    try:
-                        s.bind(("127.0.0.1", p))
-                        return p
-                    except OSError:
-                        pass
-
         module = Loader()
         server = wtx.serve(module, "127.0.0.1:0")
         try:
-            addrs = [f"127.0.0.1:{port()}" for _ in range(2)]
-            errors = []
-
-            def rank(r):
-                try:
-                    c = wtx.WorkerClient([server.address])
-                    e = wtx.TrainerEngine.trainer_init(
-                        {"rank": r, "transport": transport, "world_size": 2, "rank_addresses": addrs,
-                         "session_token": "python-in-place-kinds-token"},
-                        client=c, source=RankSource(r))
-                    e.send_weights(version="k-1")
-                    e.shutdown()
-                    c.close()
-                except BaseException as ex:  # noqa: BLE001 (reported below)
-                    errors.append(ex)
-
-            threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
-            self.assertEqual([], errors)
+            sync_two_ranks(self, [server.address], RankSource, "k-1",
+                           "python-in-place-kinds-token", transport)
             self.assertEqual("k-1", server.version)
             for n, t in full.items():
                 got = module.got[n]
@@ -1016,10 +1026,6 @@ class ContractTest(unittest.TestCase):
 
     def two_ranks_to_tensor_parallel_hosts(self, dim, transport="tcp", module=TpRank):
         """Each host's staged_peak_bytes after the sync."""
-        import socket
-        import threading
-
-        import wtx
         from wtx.sources import ParamMeta
 
         full, rules = tp_weights()
@@ -1044,42 +1050,9 @@ class ContractTest(unittest.TestCase):
             def iter_full(self):
                 raise AssertionError("many senders never gather")
 
-
-        def port():  # free now, below the ephemeral range (no port-0 bind takes it)
-            import random
-            while True:
-                p = random.randrange(20000, 32000)
-                with socket.socket() as s:
-                    try:
-                        s.bind(("127.0.0.1", p))
-                        return p
-                    except OSError:
-                        pass
-
         with tp_hosts(rules, module) as (ranks, servers):
-            addrs = [f"127.0.0.1:{port()}" for _ in range(2)]
-            results, errors = [None, None], []
-
-            def rank(r):
-                try:
-                    c = wtx.WorkerClient([s.address for s in servers])
-                    e = wtx.TrainerEngine.trainer_init(
-                        {"rank": r, "transport": transport, "world_size": 2,
-                         "rank_addresses": addrs,
-                         "session_token": "python-many-senders-token"},
-                        client=c, source=RankSource(r))
-                    results[r] = e.send_weights(version="m-1")
-                    e.shutdown()
-                    c.close()
-                except BaseException as ex:  # noqa: BLE001 (reported below)
-                    errors.append(ex)
-
-            threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
-            self.assertEqual([], errors)
+            results = sync_two_ranks(self, [s.address for s in servers], RankSource, "m-1",
+                                     "python-many-senders-token", transport)
             self.assertEqual("m-1", results[0]["version"])
             expect_sent_once(self, full, results)
             expect_tp_slices(self, full, ranks)
