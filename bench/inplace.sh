@@ -23,14 +23,6 @@ bin=$(bazel info -c opt bazel-bin 2>/dev/null)
 tmp=$(mktemp -d)
 wp=
 trap '[ -n "$wp" ] && kill "$wp" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
-free_port() {
-  python3 -c 'import random, socket
-while True:
-    p = random.randrange(20000, 32000)
-    try:
-        socket.socket().bind(("127.0.0.1", p)); print(p); break
-    except OSError: pass'
-}
 export WTX_SESSION_TOKEN=bench-inplace-session-token-01
 # one WAY FLAG: a fresh worker and 4 fresh ranks; prints the third sync's
 # seconds and the worker's VmHWM in MiB.

@@ -36,3 +36,14 @@ goal() {
   printf "%s\t%s\t%s\t%s %s\t%s\n" "$1" "$2" "$3" "$([ "$4" = ge ] && echo ">=" || echo "<=")" \
     "$5" "$met" >>"$WTX_BENCH_GOALS"
 }
+
+# free_port: a port free now, below the ephemeral range, so no port-0
+# listener or connection takes it before a rank listens on it.
+free_port() {
+  python3 -c 'import random, socket
+while True:
+    p = random.randrange(20000, 32000)
+    try:
+        socket.socket().bind(("127.0.0.1", p)); print(p); break
+    except OSError: pass'
+}

@@ -24,16 +24,6 @@ size=${1:-1G}
 backend=${2:-tcp}
 . bench/common.sh
 ratio() { echo "$1 / $2" | bc -l | xargs printf "%.2f"; }
-# A port free now, below the ephemeral range, so no port-0 listener or
-# connection takes it before the rank listens.
-free_port() {
-  python3 -c 'import random, socket
-while True:
-    p = random.randrange(20000, 32000)
-    try:
-        socket.socket().bind(("127.0.0.1", p)); print(p); break
-    except OSError: pass'
-}
 bytes_all() { sed -nE 's/^pushed [0-9]+ params, ([0-9]+) bytes.*/\1/p'; }
 control_all() { sed -nE 's/^pushed .* ([0-9]+) control bytes.*/\1/p'; }
 
