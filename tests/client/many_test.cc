@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -220,6 +221,40 @@ class ManyTest : public wtxtest::ShardedFixture {
   // replica whose model reads its tensors in place (host_model_worker
   // with args): syncs land exact, a dead rank costs one sync.
   void AModelThatReadsInPlace(const std::vector<std::string> &args);
+  // What every worker must hold once a sync of model lands as v.
+  using Hold = std::function<void(const Llama &model, const std::string &v)>;
+  // Syncs v1 and v2 (seeds 1 and 2) land on every rank; hold after each.
+  void TwoSyncsLand(const Hold &hold) {
+    for (int seed = 1; seed <= 2; seed++) {
+      Llama model(static_cast<uint8_t>(seed));
+      std::string v = "v" + std::to_string(seed);
+      std::vector<std::string> got = SyncAll(seed, v);
+      for (int r = 0; r < 4; r++) EXPECT_EQ(0u, got[r].rfind("ok", 0)) << "rank " << r << ": " << got[r];
+      hold(model, v);
+    }
+  }
+  // After v2: rank 2 killed while sync 3 is under way on worker watched
+  // (of ws) fails it on rank 0, and every worker holds v2 still; rank 2
+  // started again, sync 3 lands on every rank as v3.
+  void ADeadRankCostsOneSync(const std::vector<Worker> &ws, const Worker &watched,
+                             const Hold &hold) {
+    for (int r : {0, 1, 3}) Say(ranks_[r], "sync 3 v3");
+    ASSERT_TRUE(Updating(watched));
+    Kill(ranks_[2]);
+    EXPECT_EQ(0u, Line(ranks_[0]).rfind("fail", 0));
+    for (int r : {1, 3}) Line(ranks_[r]);
+    hold(Llama(2), "v2");
+    ranks_[2] = Start(2, ws);
+    ranks_.pop_back();
+    for (int r : {0, 1, 3}) Say(ranks_[r], "sync 3 v3");
+    ASSERT_EQ("ready", Line(ranks_[2]));
+    Say(ranks_[2], "sync 3 v3");
+    for (int r = 0; r < 4; r++) {
+      std::string line = Line(ranks_[r]);
+      EXPECT_EQ(0u, line.rfind("ok", 0)) << "rank " << r << ": " << line;
+    }
+    hold(Llama(3), "v3");
+  }
   // Deltas: a first sync whole, then only what changed, from every owner
   // of it; a restarted worker takes the whole stream while the others take
   // a delta.
@@ -1048,33 +1083,13 @@ void ManyTest::AModelThatReadsInPlace(const std::vector<std::string> &args) {
   Worker whole = Spawn(all);
   std::vector<Worker> ws = {r0, r1, whole};
   ASSERT_NO_FATAL_FAILURE(StartAll(ws));
-  for (int seed = 1; seed <= 2; seed++) {
-    Llama model(static_cast<uint8_t>(seed));
-    std::string v = "v" + std::to_string(seed);
-    std::vector<std::string> got = SyncAll(seed, v);
-    for (int r = 0; r < 4; r++) EXPECT_EQ(0u, got[r].rfind("ok", 0)) << "rank " << r << ": " << got[r];
+  Hold hold = [&](const Llama &model, const std::string &v) {
     ExpectHolds(r0, 0, model, v);
     ExpectHolds(r1, 1, model, v);
     ExpectSums(sums, model, v);
-  }
-  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 3 v3");
-  ASSERT_TRUE(Updating(whole));
-  Kill(ranks_[2]);
-  EXPECT_EQ(0u, Line(ranks_[0]).rfind("fail", 0));
-  for (int r : {1, 3}) Line(ranks_[r]);
-  Llama two(2), three(3);
-  ExpectSums(sums, two, "v2");
-  ranks_[2] = Start(2, ws);
-  ranks_.pop_back();
-  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 3 v3");
-  ASSERT_EQ("ready", Line(ranks_[2]));
-  Say(ranks_[2], "sync 3 v3");
-  for (int r = 0; r < 4; r++) {
-    std::string line = Line(ranks_[r]);
-    EXPECT_EQ(0u, line.rfind("ok", 0)) << "rank " << r << ": " << line;
-  }
-  ExpectHolds(r0, 0, three, "v3");
-  ExpectSums(sums, three, "v3");
+  };
+  TwoSyncsLand(hold);
+  ADeadRankCostsOneSync(ws, whole, hold);
 }
 
 // The same on one node over cuda_ipc, on the TEST DOUBLE: each worker's
@@ -1101,26 +1116,11 @@ void ManyTest::SyncsLandAndADeadRankCostsOneSync() {
     EXPECT_EQ(held, sent) << "every byte a worker holds was sent once, by one rank";
     EXPECT_LT(Sent(got[0]), model.total) << "rank 0 sends only what it owns";
   }
-  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 3 v3");
-  ASSERT_TRUE(Updating(r0));
-  Kill(ranks_[2]);
-  EXPECT_EQ(0u, Line(ranks_[0]).rfind("fail", 0));
-  for (int r : {1, 3}) Line(ranks_[r]);
-  Llama two(2), three(3);
-  ExpectHolds(r0, 0, two, "v2");
-  ExpectHolds(whole, -1, two, "v2");
-  ranks_[2] = Start(2, ws);
-  ranks_.pop_back();
-  for (int r : {0, 1, 3}) Say(ranks_[r], "sync 3 v3");
-  ASSERT_EQ("ready", Line(ranks_[2]));
-  Say(ranks_[2], "sync 3 v3");
-  for (int r = 0; r < 4; r++) {
-    std::string line = Line(ranks_[r]);
-    EXPECT_EQ(0u, line.rfind("ok", 0)) << "rank " << r << ": " << line;
-  }
-  ExpectHolds(r0, 0, three, "v3");
-  ExpectHolds(r1, 1, three, "v3");
-  ExpectHolds(whole, -1, three, "v3");
+  ADeadRankCostsOneSync(ws, r0, [&](const Llama &model, const std::string &v) {
+    ExpectHolds(r0, 0, model, v);
+    ExpectHolds(r1, 1, model, v);
+    ExpectHolds(whole, -1, model, v);
+  });
 }
 
 // A trainer whose row-parallel layers split columns (Megatron's layout):
@@ -1177,17 +1177,12 @@ void ManyTest::BoxesReachAWorkerStagingOnAGpu() {
   worker_binary_ = "tests/client/gpu_model_worker";
   std::string sums = dir_ + "/sums";
   Worker gpu = Spawn({"--sums", sums});
-  std::vector<Worker> ws = {r0, r1, gpu};
-  ASSERT_NO_FATAL_FAILURE(StartAll(ws));
-  for (int seed = 1; seed <= 2; seed++) {
-    Llama model(static_cast<uint8_t>(seed));
-    std::string v = "v" + std::to_string(seed);
-    std::vector<std::string> got = SyncAll(seed, v);
-    for (int r = 0; r < 4; r++) EXPECT_EQ(0u, got[r].rfind("ok", 0)) << "rank " << r << ": " << got[r];
+  ASSERT_NO_FATAL_FAILURE(StartAll({r0, r1, gpu}));
+  TwoSyncsLand([&](const Llama &model, const std::string &v) {
     ExpectHolds(r0, 0, model, v);
     ExpectHolds(r1, 1, model, v);
     ExpectSums(sums, model, v);
-  }
+  });
 }
 
 // Patches go only to workers that take them: a model staging on its GPU
