@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "common/clock.h"
 
 struct wtx__host_region {
   uint8_t *base;
@@ -59,8 +62,27 @@ static uint8_t *map(int fd, uint64_t bytes) {
   return m == MAP_FAILED ? NULL : m;
 }
 
-int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, wtx__host_region **out,
-                          char *err, size_t errlen) {
+/* How much of a region's room is taken between looks at the cancel and
+ * the deadline: the kernel zeroes each page it takes, about a second a
+ * few GiB. */
+#define ROOM_STEP ((off_t)256 << 20)
+
+/* Takes the room of fd's first bytes a step at a time: 0, an errno of
+ * posix_fallocate's, or -1 (cancelled) / -2 (past until). */
+static int take_room(int fd, uint64_t bytes, int64_t until, int cancel_fd) {
+  for (off_t at = 0; at < (off_t)bytes; at += ROOM_STEP) {
+    struct pollfd p = {.fd = cancel_fd, .events = POLLIN};
+    if (cancel_fd >= 0 && poll(&p, 1, 0) > 0) return -1;
+    if (wtx__clock_ms() > until) return -2;
+    off_t len = (off_t)bytes - at < ROOM_STEP ? (off_t)bytes - at : ROOM_STEP;
+    int e = posix_fallocate(fd, at, len);
+    if (e != 0) return e;
+  }
+  return 0;
+}
+
+int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, int64_t until, int cancel_fd,
+                          wtx__host_region **out, char *err, size_t errlen) {
   if (bytes == 0) bytes = 1;
   if (max_bytes > 0 && bytes > max_bytes) {
     snprintf(err, errlen, "init_info.tcp.shm_region_bytes: %llu, over --max-model-bytes "
@@ -75,11 +97,15 @@ int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, wtx__host_region *
                                                    sizeof r->name, &fd, err, errlen);
   /* Its pages taken now: shared memory short of room (a container's 64 MiB
    * /dev/shm) is an error here, not a SIGBUS in a sender's copy later. */
-  int e = rc == 0 ? posix_fallocate(fd, 0, (off_t)bytes) : 0;
-  if (e != 0) {
+  int e = rc == 0 ? take_room(fd, bytes, until, cancel_fd) : 0;
+  if (e > 0) {
     snprintf(err, errlen, "shm region: no room for %llu bytes in shared memory: %s",
              (unsigned long long)bytes, strerror(e));
     rc = WTX_EIO;
+  } else if (e < 0) {
+    snprintf(err, errlen, "shm region: %s while taking the room of %llu bytes",
+             e == -1 ? "cancelled" : "out of time", (unsigned long long)bytes);
+    rc = e == -1 ? WTX_ECANCELED : WTX_ETIMEDOUT;
   }
   if (rc == 0 && (r->base = map(fd, bytes)) == NULL) {
     snprintf(err, errlen, "shm region: cannot map %llu bytes: %s", (unsigned long long)bytes,
@@ -90,7 +116,7 @@ int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, wtx__host_region *
   r->bytes = bytes;
   if (rc != 0) {
     wtx__host_region_free(r);
-    return WTX_EUNAVAIL;
+    return rc == WTX_ECANCELED || rc == WTX_ETIMEDOUT ? rc : WTX_EUNAVAIL;
   }
   *out = r;
   return 0;

@@ -37,10 +37,13 @@ int wtx__shm_object_open(const char *name, int *fd, uint64_t *size);
 
 typedef struct wtx__host_region wtx__host_region;
 
-/* Worker: a region of bytes (>= 1), named; WTX_EUNAVAIL naming why when
- * there is no room (over max_bytes, 0: no limit; no shared memory). */
-int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, wtx__host_region **out,
-                          char *err, size_t errlen);
+/* Worker: a region of bytes (>= 1), named, its pages taken a step at a
+ * time until the deadline until (wtx__clock_ms) and while cancel_fd (-1:
+ * none) is not readable: WTX_ETIMEDOUT or WTX_ECANCELED past them;
+ * WTX_EUNAVAIL naming why when there is no room (over max_bytes, 0: no
+ * limit; not in shared memory). */
+int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, int64_t until, int cancel_fd,
+                          wtx__host_region **out, char *err, size_t errlen);
 /* Its name, for a sender (until unlink: "" after). */
 const char *wtx__host_region_name(const wtx__host_region *r);
 /* Worker: every sender has it (or init failed): the name goes. */

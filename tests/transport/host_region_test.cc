@@ -5,12 +5,15 @@
 #include "transport/host_region.h"
 
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "transport/rx.h"
 
 namespace {
@@ -18,7 +21,8 @@ namespace {
 class HostRegionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_EQ(0, wtx__host_region_make(kBytes, 0, &worker_, err_, sizeof err_)) << err_;
+    ASSERT_EQ(0, wtx__host_region_make(kBytes, 0, INT64_MAX, -1, &worker_, err_, sizeof err_))
+        << err_;
     name_ = wtx__host_region_name(worker_);
   }
   void TearDown() override {
@@ -73,9 +77,25 @@ TEST_F(HostRegionTest, ASendersPiecesLandAtTheirOffsetAndOnesThatWouldOverrunAre
 
 TEST_F(HostRegionTest, OverTheWorkersModelLimitNoRegionIsMade) {
   wtx__host_region *big = nullptr;
-  EXPECT_EQ(WTX_EUNAVAIL, wtx__host_region_make(2 * kBytes, kBytes, &big, err_, sizeof err_));
+  EXPECT_EQ(WTX_EUNAVAIL,
+            wtx__host_region_make(2 * kBytes, kBytes, INT64_MAX, -1, &big, err_, sizeof err_));
   EXPECT_EQ(nullptr, big);
   EXPECT_NE(nullptr, strstr(err_, "--max-model-bytes")) << err_;
+}
+
+// Taking a large region's room is a wait like any other: a cancel (drain,
+// SIGTERM) or the init's deadline ends it, and nothing is left behind.
+TEST_F(HostRegionTest, TakingTheRoomEndsAtACancelOrTheDeadline) {
+  int cancel = eventfd(1, EFD_CLOEXEC);  // readable: cancelled already
+  ASSERT_GE(cancel, 0);
+  wtx__host_region *big = nullptr;
+  EXPECT_EQ(WTX_ECANCELED,
+            wtx__host_region_make(1ull << 32, 0, INT64_MAX, cancel, &big, err_, sizeof err_));
+  EXPECT_NE(nullptr, strstr(err_, "cancelled")) << err_;
+  EXPECT_EQ(WTX_ETIMEDOUT, wtx__host_region_make(1ull << 32, 0, wtx__clock_ms() - 1, -1, &big,
+                                                 err_, sizeof err_));
+  EXPECT_EQ(nullptr, big);
+  close(cancel);
 }
 
 // Tensors a and b of a chunk at stream offset 64: a adopted where it lies
