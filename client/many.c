@@ -1924,10 +1924,13 @@ static int many_connect(wtx__many *m, char *err, size_t errlen) {
   uint64_t gen = 0;
   size_t len = 0;
   int rc = take_go(m, &gen, NULL, 0, &len, err, errlen);
+  int again = rc == 0 && !wtx__tcp_rank_connected(m->tcp);
+  /* The reset spends any cancel, so it comes before the watch: the watch
+   * may cancel at once, rank 0 closing the link as soon as a worker
+   * refuses its start, and a reset after would swallow that. */
+  if (again) wtx__tcp_rank_reset(m->tcp);
   if (rc == 0) rc = wtx__tcp_rank_watch(m->tcp); /* a close from now on is this sync's */
-  if (rc != 0 || wtx__tcp_rank_connected(m->tcp)) return rc;
-  wtx__tcp_rank_reset(m->tcp);
-  return wtx__tcp_rank_accept(m->tcp, err, errlen);
+  return rc != 0 || !again ? rc : wtx__tcp_rank_accept(m->tcp, err, errlen);
 }
 
 /* The sync's threads: per worker, this rank's bytes, and on rank 0 the
