@@ -3,17 +3,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "common/clock.h"
+#include "transport/sigbus.h"
 
 struct wtx__host_region {
   uint8_t *base;
@@ -62,27 +62,23 @@ static uint8_t *map(int fd, uint64_t bytes) {
   return m == MAP_FAILED ? NULL : m;
 }
 
-/* How much of a region's room is taken between looks at the cancel and
- * the deadline: the kernel zeroes each page it takes, about a second a
- * few GiB. */
-#define ROOM_STEP ((off_t)256 << 20)
-
-/* Takes the room of fd's first bytes a step at a time: 0, an errno of
- * posix_fallocate's, or -1 (cancelled) / -2 (past until). */
-static int take_room(int fd, uint64_t bytes, int64_t until, int cancel_fd) {
-  for (off_t at = 0; at < (off_t)bytes; at += ROOM_STEP) {
-    struct pollfd p = {.fd = cancel_fd, .events = POLLIN};
-    if (cancel_fd >= 0 && poll(&p, 1, 0) > 0) return -1;
-    if (wtx__clock_ms() > until) return -2;
-    off_t len = (off_t)bytes - at < ROOM_STEP ? (off_t)bytes - at : ROOM_STEP;
-    int e = posix_fallocate(fd, at, len);
-    if (e != 0) return e;
-  }
+/* Whether the file system fd is on can hold bytes at all: a region
+ * larger than shared memory (a container's /dev/shm: 64 MiB by default)
+ * is declined at init, not left to fail page by page in the senders'
+ * copies. Its pages are not taken now: a new session's region is made
+ * while the last one's still stands, and taking both would need twice
+ * the room. */
+static int fits(int fd, uint64_t bytes, char *err, size_t errlen) {
+  struct statvfs fs;
+  if (fstatvfs(fd, &fs) != 0 || (uint64_t)fs.f_blocks * fs.f_frsize >= bytes) return 1;
+  snprintf(err, errlen, "shm region: shared memory holds %llu bytes in all, less than the "
+           "region's %llu", (unsigned long long)fs.f_blocks * fs.f_frsize,
+           (unsigned long long)bytes);
   return 0;
 }
 
-int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, int64_t until, int cancel_fd,
-                          wtx__host_region **out, char *err, size_t errlen) {
+int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, wtx__host_region **out,
+                          char *err, size_t errlen) {
   if (bytes == 0) bytes = 1;
   if (max_bytes > 0 && bytes > max_bytes) {
     snprintf(err, errlen, "init_info.tcp.shm_region_bytes: %llu, over --max-model-bytes "
@@ -95,18 +91,7 @@ int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, int64_t until, int
   int rc = bytes > SIZE_MAX ? WTX_EIO
                             : wtx__shm_object_make("region", (size_t)bytes, r->name,
                                                    sizeof r->name, &fd, err, errlen);
-  /* Its pages taken now: shared memory short of room (a container's 64 MiB
-   * /dev/shm) is an error here, not a SIGBUS in a sender's copy later. */
-  int e = rc == 0 ? take_room(fd, bytes, until, cancel_fd) : 0;
-  if (e > 0) {
-    snprintf(err, errlen, "shm region: no room for %llu bytes in shared memory: %s",
-             (unsigned long long)bytes, strerror(e));
-    rc = WTX_EIO;
-  } else if (e < 0) {
-    snprintf(err, errlen, "shm region: %s while taking the room of %llu bytes",
-             e == -1 ? "cancelled" : "out of time", (unsigned long long)bytes);
-    rc = e == -1 ? WTX_ECANCELED : WTX_ETIMEDOUT;
-  }
+  if (rc == 0 && !fits(fd, bytes, err, errlen)) rc = WTX_EIO;
   if (rc == 0 && (r->base = map(fd, bytes)) == NULL) {
     snprintf(err, errlen, "shm region: cannot map %llu bytes: %s", (unsigned long long)bytes,
              strerror(errno));
@@ -116,7 +101,7 @@ int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, int64_t until, int
   r->bytes = bytes;
   if (rc != 0) {
     wtx__host_region_free(r);
-    return rc == WTX_ECANCELED || rc == WTX_ETIMEDOUT ? rc : WTX_EUNAVAIL;
+    return WTX_EUNAVAIL;
   }
   *out = r;
   return 0;
@@ -171,6 +156,20 @@ int wtx__host_region_open(const char *name, uint64_t bytes, wtx__host_region **o
   return 0;
 }
 
+typedef struct put_job {
+  uint8_t *dst;
+  const struct iovec *iov;
+  size_t n;
+} put_job;
+
+static int put_pieces(void *arg) {
+  put_job *j = arg;
+  uint8_t *d = j->dst;
+  for (size_t i = 0; i < j->n; d += j->iov[i].iov_len, i++)
+    memcpy(d, j->iov[i].iov_base, j->iov[i].iov_len);
+  return 0;
+}
+
 int wtx__host_region_put(wtx__host_region *r, uint64_t *at, const struct iovec *iov, size_t n,
                          const char **why) {
   uint64_t end = *at;
@@ -179,8 +178,15 @@ int wtx__host_region_put(wtx__host_region *r, uint64_t *at, const struct iovec *
     *why = "the chunk ends past the worker's receive region";
     return WTX_EINVAL;
   }
-  for (size_t i = 0; i < n; *at += iov[i].iov_len, i++)
-    memcpy(r->base + *at, iov[i].iov_base, iov[i].iov_len);
+  /* A page of shared memory with no room left behind it (or cut off by a
+   * truncate) raises SIGBUS in the copy: an error of this chunk, not the
+   * end of the trainer. */
+  put_job j = {r->base + *at, iov, n};
+  if (wtx__sigbus_guard(r->base, (size_t)r->bytes, put_pieces, &j) != 0) {
+    *why = "shared memory has no room left for the worker's receive region (/dev/shm)";
+    return WTX_EIO;
+  }
+  *at = end;
   return 0;
 }
 

@@ -37,13 +37,11 @@ int wtx__shm_object_open(const char *name, int *fd, uint64_t *size);
 
 typedef struct wtx__host_region wtx__host_region;
 
-/* Worker: a region of bytes (>= 1), named, its pages taken a step at a
- * time until the deadline until (wtx__clock_ms) and while cancel_fd (-1:
- * none) is not readable: WTX_ETIMEDOUT or WTX_ECANCELED past them;
- * WTX_EUNAVAIL naming why when there is no room (over max_bytes, 0: no
- * limit; not in shared memory). */
-int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, int64_t until, int cancel_fd,
-                          wtx__host_region **out, char *err, size_t errlen);
+/* Worker: a region of bytes (>= 1), named; WTX_EUNAVAIL naming why when
+ * there is no room (over max_bytes, 0: no limit; more than shared memory
+ * holds). */
+int wtx__host_region_make(uint64_t bytes, uint64_t max_bytes, wtx__host_region **out,
+                          char *err, size_t errlen);
 /* Its name, for a sender (until unlink: "" after). */
 const char *wtx__host_region_name(const wtx__host_region *r);
 /* Worker: every sender has it (or init failed): the name goes. */
@@ -60,7 +58,9 @@ int wtx__host_region_out(wtx__host_region *r, uint64_t at, wtx_rx *rx);
 int wtx__host_region_open(const char *name, uint64_t bytes, wtx__host_region **out, char *err,
                           size_t errlen);
 /* Sender: the n pieces of iov into the region from *at on, which advances
- * past them. WTX_EINVAL (*why says so) when they would end past it. */
+ * past them. WTX_EINVAL (*why says so) when they would end past it;
+ * WTX_EIO when shared memory has no room left for a page of it (the copy's
+ * SIGBUS caught: transport/sigbus.h). */
 int wtx__host_region_put(wtx__host_region *r, uint64_t *at, const struct iovec *iov, size_t n,
                          const char **why);
 

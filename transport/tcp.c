@@ -768,17 +768,13 @@ static int open_inlet(tcp_worker *w, inlet *in, const waitspec *ws, char *err,
 }
 
 /* The host region, when there is room for it; else the senders write
- * into rings, as for a model that stages (two copies, the same bytes).
- * Cancelled or out of time while taking its room, the init fails. */
-static int host_region_open(tcp_worker *w, const waitspec *ws, char *err, size_t errlen) {
-  int rc = wtx__host_region_make(w->hregion_bytes, w->max_bytes, ws->until, ws->cancel_fd,
-                                 &w->hregion, err, errlen);
-  if (rc == WTX_ECANCELED || rc == WTX_ETIMEDOUT) return rc;
-  if (rc != 0)
+ * into rings, as for a model that stages (two copies, the same bytes). */
+static void host_region_open(tcp_worker *w) {
+  char why[300] = "";
+  if (wtx__host_region_make(w->hregion_bytes, w->max_bytes, &w->hregion, why, sizeof why) != 0)
     wtx__log(WTX__LOG_WARN, "event=region_declined backend=tcp bytes=%llu reason=\"%s\" "
              "(each sender writes into a ring instead)", (unsigned long long)w->hregion_bytes,
-             err);
-  return 0;
+             why);
 }
 
 /* Joins the chain: connects upstream (and to every other sender), says
@@ -791,7 +787,7 @@ static int tcp_worker_connect(void *self, char *data_address, size_t addrlen, ch
                ? wtx__ipc_region_make(w->cuda_device, w->region_bytes, w->max_bytes,
                                       w->wire.timeout_ms, &w->region, err, errlen)
                : 0;
-  if (rc == 0 && w->hregion_bytes > 0) rc = host_region_open(w, &ws, err, errlen);
+  if (rc == 0 && w->hregion_bytes > 0) host_region_open(w);
   for (size_t i = 0; rc == 0 && i < w->n_in; i++) rc = open_inlet(w, &w->in[i], &ws, err, errlen);
   /* Each sender opened the region by its name, or the init failed: no
    * one else may. */

@@ -5,7 +5,8 @@
 #include "transport/host_region.h"
 
 #include <gtest/gtest.h>
-#include <sys/eventfd.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -13,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
 #include "transport/rx.h"
 
 namespace {
@@ -21,8 +21,7 @@ namespace {
 class HostRegionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_EQ(0, wtx__host_region_make(kBytes, 0, INT64_MAX, -1, &worker_, err_, sizeof err_))
-        << err_;
+    ASSERT_EQ(0, wtx__host_region_make(kBytes, 0, &worker_, err_, sizeof err_)) << err_;
     name_ = wtx__host_region_name(worker_);
   }
   void TearDown() override {
@@ -77,25 +76,31 @@ TEST_F(HostRegionTest, ASendersPiecesLandAtTheirOffsetAndOnesThatWouldOverrunAre
 
 TEST_F(HostRegionTest, OverTheWorkersModelLimitNoRegionIsMade) {
   wtx__host_region *big = nullptr;
-  EXPECT_EQ(WTX_EUNAVAIL,
-            wtx__host_region_make(2 * kBytes, kBytes, INT64_MAX, -1, &big, err_, sizeof err_));
+  EXPECT_EQ(WTX_EUNAVAIL, wtx__host_region_make(2 * kBytes, kBytes, &big, err_, sizeof err_));
   EXPECT_EQ(nullptr, big);
   EXPECT_NE(nullptr, strstr(err_, "--max-model-bytes")) << err_;
 }
 
-// Taking a large region's room is a wait like any other: a cancel (drain,
-// SIGTERM) or the init's deadline ends it, and nothing is left behind.
-TEST_F(HostRegionTest, TakingTheRoomEndsAtACancelOrTheDeadline) {
-  int cancel = eventfd(1, EFD_CLOEXEC);  // readable: cancelled already
-  ASSERT_GE(cancel, 0);
-  wtx__host_region *big = nullptr;
-  EXPECT_EQ(WTX_ECANCELED,
-            wtx__host_region_make(1ull << 32, 0, INT64_MAX, cancel, &big, err_, sizeof err_));
-  EXPECT_NE(nullptr, strstr(err_, "cancelled")) << err_;
-  EXPECT_EQ(WTX_ETIMEDOUT, wtx__host_region_make(1ull << 32, 0, wtx__clock_ms() - 1, -1, &big,
-                                                 err_, sizeof err_));
-  EXPECT_EQ(nullptr, big);
-  close(cancel);
+// More than shared memory holds in all is declined when the region is
+// made. A page that cannot be written later (no room left, or the object
+// cut short under the sender) fails that put, not the sender's process.
+TEST_F(HostRegionTest, NoRoomForAPageIsAnErrorOfThePutNotASignal) {
+  wtx__host_region *huge = nullptr;
+  EXPECT_EQ(WTX_EUNAVAIL, wtx__host_region_make(1ull << 60, 0, &huge, err_, sizeof err_));
+  EXPECT_NE(nullptr, strstr(err_, "shared memory holds")) << err_;
+  EXPECT_EQ(nullptr, huge);
+  ASSERT_EQ(0, wtx__host_region_open(name_.c_str(), kBytes, &sender_, err_, sizeof err_));
+  int fd = shm_open(name_.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(0, ftruncate(fd, 4096));  // the pages past the first are gone
+  close(fd);
+  std::vector<uint8_t> piece(8192, 7);
+  struct iovec v = {piece.data(), piece.size()};
+  uint64_t at = 0;
+  const char *why = "";
+  EXPECT_EQ(WTX_EIO, wtx__host_region_put(sender_, &at, &v, 1, &why));
+  EXPECT_NE(nullptr, strstr(why, "no room left")) << why;
+  EXPECT_EQ(0u, at);
 }
 
 // Tensors a and b of a chunk at stream offset 64: a adopted where it lies
