@@ -145,23 +145,12 @@ static void next_round(shared_pass *sp) {
   pthread_cond_broadcast(&sp->cv);
 }
 
-/* A deadline ms from now on the clock the pass's condition waits on. */
-static void deadline_in(struct timespec *ts, int64_t ms) {
-  clock_gettime(CLOCK_MONOTONIC, ts);
-  ts->tv_sec += ms / 1000;
-  ts->tv_nsec += (ms % 1000) * 1000000L;
-  if (ts->tv_nsec >= 1000000000L) {
-    ts->tv_sec++;
-    ts->tv_nsec -= 1000000000L;
-  }
-}
-
 /* Group g's turn at tensor i (i ascending per group): *out valid until g
  * asks for another or is done. */
 static int pass_get(shared_pass *sp, size_t g, size_t i, wtx__tensor_data *out, char *err,
                     size_t errlen) {
   struct timespec until;
-  deadline_in(&until, sp->wait_ms);
+  wtx__clock_deadline(&until, sp->wait_ms);
   pthread_mutex_lock(&sp->mu);
   sp->want[g] = i;
   pthread_cond_broadcast(&sp->cv);
@@ -471,12 +460,8 @@ static int group_open(wtx__sharded *sh, size_t g, const wtx_trainer_config *cfg,
 static int pass_init(wtx__sharded *sh, wtx_source *source, const wtx_tensor_meta *metas,
                      size_t n, const wtx_trainer_config *cfg) {
   shared_pass *sp = &sh->sp;
-  pthread_condattr_t a;
-  pthread_condattr_init(&a);
-  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
   pthread_mutex_init(&sp->mu, NULL);
-  pthread_cond_init(&sp->cv, &a);
-  pthread_condattr_destroy(&a);
+  wtx__clock_cond_init(&sp->cv);
   sp->source = source;
   sp->metas = metas;
   sp->n = n;

@@ -88,11 +88,7 @@ static void choose_stage(wtx_session *s);
 int wtx__session_init(wtx_session *s, const wtx__session_config *cfg) {
   memset(s, 0, sizeof *s);
   pthread_mutex_init(&s->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&s->turn, &ca);
-  pthread_condattr_destroy(&ca);
+  wtx__clock_cond_init(&s->turn);
   s->cfg = *cfg;
   if (s->cfg.world_size == 0) s->cfg.world_size = 1;
   if (s->cfg.watchdog_ms <= 0) s->cfg.watchdog_ms = WTX_DEFAULT_WATCHDOG_MS;
@@ -1694,13 +1690,7 @@ static grpc_status_code await_turn(wtx_session *s, wtx__rpc_ctx *ctx,
                               s->up.calls_done, (unsigned long long)s->update_id);
   int64_t ms = s->wire.timeout_ms > 0 ? s->wire.timeout_ms : s->cfg.watchdog_ms;
   struct timespec until;
-  clock_gettime(CLOCK_MONOTONIC, &until);
-  until.tv_sec += ms / 1000;
-  until.tv_nsec += (ms % 1000) * 1000000;
-  if (until.tv_nsec >= 1000000000) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000;
-  }
+  wtx__clock_deadline(&until, ms);
   grpc_status_code code = GRPC_STATUS_OK;
   int late = 0;
   if (k > s->up.calls_done + 1)
