@@ -289,9 +289,7 @@ static grpc_status_code find_transport(wtx_session *s, wtx__rpc_ctx *ctx,
 
 static int takes_boxes(const wtx_session *s);
 
-/* Whether the model reads host tensors in place (adopt_chunk, a member
- * of version 2). */
-static int adopts_host(const wtx_model_ops *m) {
+int wtx__model_adopts_host(const wtx_model_ops *m) {
   return m->version >= 2 && m->adopt_chunk != NULL;
 }
 
@@ -307,7 +305,7 @@ static void adopt_engine(wtx_session *s, const wtx_worker_transport *t,
    * device memory through adopt_device, host memory through adopt_chunk. */
   int dev = t->device != NULL ? t->device(engine) : -1;
   if (t->region == NULL || t->region(engine, &s->region, &s->region_bytes) != 0 ||
-      !(dev >= 0 ? m->adopt_device != NULL : adopts_host(m)))
+      !(dev >= 0 ? m->adopt_device != NULL : wtx__model_adopts_host(m)))
     s->region = NULL;
   s->stage_device = m->stage_device != NULL || (s->region != NULL && dev >= 0) ? dev : -1;
   choose_stage(s);

@@ -204,6 +204,10 @@ typedef struct wtx_session {
 } wtx_session;
 
 int wtx__session_init(wtx_session *s, const wtx__session_config *cfg);
+/* Whether m reads host tensors in place (adopt_chunk, a member of model
+ * ops version 2): the one test of it, for the session and for the
+ * backends' wtx_worker_env.host_adopt. */
+int wtx__model_adopts_host(const wtx_model_ops *m);
 void wtx__session_destroy(wtx_session *s);
 /* The session's state (wtx.v1.SessionState), read under its lock. */
 int wtx__session_state(wtx_session *s);

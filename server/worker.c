@@ -243,7 +243,7 @@ static int open_model(wtx_worker *w, const wtx_worker_options *opts,
     return WTX_EINVAL;
   }
   /* A host region is made only for a model that reads it in place. */
-  w->env.host_adopt = cfg->model_ops->version >= 2 && cfg->model_ops->adopt_chunk != NULL;
+  w->env.host_adopt = wtx__model_adopts_host(cfg->model_ops);
   int rc = opts->model_spec ? declare_spec(w->own_store, opts->model_spec, err, errlen) : 0;
   if (rc != 0 || opts->publish_dir == NULL) return rc;
   int keep = opts->publish_keep > 0 ? opts->publish_keep : WTX_DEFAULT_PUBLISH_KEEP;
