@@ -686,6 +686,20 @@ static int offer(int fd, const struct iovec *v, size_t n, const waitspec *ws, co
   return rc;
 }
 
+/* The record of a shared-memory object of this worker's, a ring or (with
+ * region) the host region, of cap bytes, named name; offered as offer. */
+static int offer_named(int fd, uint64_t cap, const char *name, int region, const waitspec *ws,
+                       const char **why) {
+  uint8_t r[WTX__TCP_RING_BYTES];
+  wtx__tcp_ring_encode(r, cap, (uint32_t)strlen(name), region);
+  struct iovec v[2] = {{r, sizeof r}, {(void *)name, strlen(name)}};
+  return offer(fd, v, 2, ws, why, WTX_EPERM,
+               region ? "it could not open this worker's receive region (another user, or no "
+                        "shared memory)"
+                      : "it could not open this worker's ring (another user, or no shared "
+                        "memory)");
+}
+
 /* With shm_ring: a ring for the sender, its name sent, and unlinked once
  * the sender said it opened it. */
 static int share_ring(tcp_worker *w, inlet *in, const waitspec *ws, const char **why,
@@ -694,11 +708,7 @@ static int share_ring(tcp_worker *w, inlet *in, const waitspec *ws, const char *
   size_t cap = ahead_cap(w->wire.buffer_size, w->n_in);
   int rc = wtx__ring_create(cap, &in->ring, name, sizeof name, err, errlen);
   if (rc != 0) return rc;
-  uint8_t r[WTX__TCP_RING_BYTES];
-  wtx__tcp_ring_encode(r, cap, (uint32_t)strlen(name), 0);
-  struct iovec v[2] = {{r, sizeof r}, {name, strlen(name)}};
-  rc = offer(in->fd, v, 2, ws, why, WTX_EPERM,
-             "it could not open this worker's ring (another user, or no shared memory)");
+  rc = offer_named(in->fd, cap, name, 0, ws, why);
   wtx__ring_unlink(name); /* opened or not: no one else may */
   if (rc != 0) ring_drop(in);
   return rc;
@@ -718,13 +728,7 @@ static int share_region(tcp_worker *w, inlet *in, const waitspec *ws, const char
 /* With the host region: its name to the sender, which says it mapped it
  * (the name goes once every sender has: tcp_worker_connect). */
 static int share_host_region(tcp_worker *w, inlet *in, const waitspec *ws, const char **why) {
-  const char *name = wtx__host_region_name(w->hregion);
-  uint8_t r[WTX__TCP_RING_BYTES];
-  wtx__tcp_ring_encode(r, w->hregion_bytes, (uint32_t)strlen(name), 1);
-  struct iovec v[2] = {{r, sizeof r}, {(void *)name, strlen(name)}};
-  return offer(in->fd, v, 2, ws, why, WTX_EPERM,
-               "it could not open this worker's receive region (another user, or no shared "
-               "memory)");
+  return offer_named(in->fd, w->hregion_bytes, wtx__host_region_name(w->hregion), 1, ws, why);
 }
 
 /* How often a refused sender is asked again while the init lasts. */
@@ -1187,29 +1191,34 @@ static int send_to_region(const outlet *o, const wtx__tcp_frame *fr, struct iove
   return write_trailer(o, fr->seq, cs, ws, why);
 }
 
-/* A chunk into the worker's receive region in host memory, each piece
- * hashed right after its copy, from cache; then its frame and trailer on
- * the socket. */
+/* A chunk's bytes to o; with cs each piece hashed right after it goes,
+ * from cache (a fresh hash when reset, else the one the last chunk left
+ * open), and the chunk's tensor ends checked against its bytes. */
+static int write_bytes(const outlet *o, const struct iovec *iov, size_t n,
+                       const wtx_chunk_sums *cs, int reset, const waitspec *ws,
+                       const char **why) {
+  if (cs == NULL) return outlet_write(o, iov, n, ws, why);
+  if (reset) XXH3_64bits_reset(o->h);
+  hasher hs = {.h = o->h, .cs = cs};
+  int rc = write_hashing(o, iov, n, &hs, ws, why);
+  if (rc == 0 && hs.j != cs->n) {
+    *why = "the chunk's tensor ends lie beyond its bytes";
+    rc = WTX_EINVAL;
+  }
+  return rc;
+}
+
+/* A chunk into the worker's receive region in host memory (spans: each
+ * sender hashes its own), then its frame and trailer on the socket. */
 static int send_to_host_region(const outlet *o, const wtx__tcp_frame *fr, struct iovec head,
                                const struct iovec *iov, size_t n, const wtx_chunk_sums *cs,
                                const waitspec *ws, const char **why) {
   uint64_t at = o->at;
   outlet into = *o;
   into.cursor = &at;
-  int rc;
-  if (cs == NULL) {
-    rc = outlet_write(&into, iov, n, ws, why);
-    return rc != 0 ? rc : outlet_write(o, &head, 1, ws, why);
-  }
-  XXH3_64bits_reset(o->h); /* spans: each sender hashes its own */
-  hasher hs = {.h = o->h, .cs = cs};
-  rc = write_hashing(&into, iov, n, &hs, ws, why);
-  if (rc == 0 && hs.j != cs->n) {
-    *why = "the chunk's tensor ends lie beyond its bytes";
-    rc = WTX_EINVAL;
-  }
+  int rc = write_bytes(&into, iov, n, cs, 1, ws, why);
   if (rc == 0) rc = outlet_write(o, &head, 1, ws, why);
-  return rc != 0 ? rc : write_trailer(o, fr->seq, cs, ws, why);
+  return rc != 0 || cs == NULL ? rc : write_trailer(o, fr->seq, cs, ws, why);
 }
 
 /* Sends one chunk, all by ws's deadline: header, bytes (hashed on the way
@@ -1225,15 +1234,8 @@ static int send_chunk(const outlet *o, const wtx__tcp_frame *fr, const struct io
   if (o->region != NULL) return send_to_region(o, fr, head, iov, n, cs, ws, why);
   if (o->hregion != NULL) return send_to_host_region(o, fr, head, iov, n, cs, ws, why);
   int rc = outlet_write(o, &head, 1, ws, why);
-  if (rc != 0 || cs == NULL) return rc != 0 ? rc : outlet_write(o, iov, n, ws, why);
-  if (fr->first_offset == 0 || spans) XXH3_64bits_reset(o->h);
-  hasher hs = {.h = o->h, .cs = cs};
-  rc = write_hashing(o, iov, n, &hs, ws, why);
-  if (rc == 0 && hs.j != cs->n) {
-    *why = "the chunk's tensor ends lie beyond its bytes";
-    rc = WTX_EINVAL;
-  }
-  return rc != 0 ? rc : write_trailer(o, fr->seq, cs, ws, why);
+  if (rc == 0) rc = write_bytes(o, iov, n, cs, fr->first_offset == 0 || spans, ws, why);
+  return rc != 0 || cs == NULL ? rc : write_trailer(o, fr->seq, cs, ws, why);
 }
 
 /* The chain's chunk seq, from the trainer. */
