@@ -264,7 +264,10 @@ class _Host:
         # which made an update quadratic in the number of parameters.
         self.update_targets: dict[str, Any] | None = None
         self.torch_dtypes: dict[int, Any] = {}
-        self.esizes: Any = None  # _element_sizes
+        # Each wire dtype's element size, indexed by the dtype (1 for the
+        # numbers none has: the session checked every dtype).
+        self.esizes = torch.tensor([_dtypes.element_size(w) if w in _dtypes.WIRE else 1
+                                    for w in range(max(_dtypes.WIRE) + 1)], dtype=torch.int64)
         reads = self._loader() is None or self.base is not None  # see _read
         self.ops = _capi.ModelOps(
             _capi.MODEL_OPS_VERSION, _capi.M_CHECK(self._check), _capi.M_BEGIN(self._begin), _capi.M_STAGE(self._stage),
@@ -433,7 +436,7 @@ class _Host:
             span = torch.frombuffer((C.c_uint8 * (end - base)).from_address(base),
                                     dtype=torch.uint8)
             offs = addrs - base
-            fits = (offs % self._element_sizes()[table.kind[:, 0]] == 0) & (table.nbytes > 0)
+            fits = (offs % self.esizes[table.kind[:, 0]] == 0) & (table.nbytes > 0)
             small = (fits & (table.nbytes <= _SMALL)).nonzero().flatten()
             if len(small):
                 self._view_kinds(table, small, chunk, kind, offset, span, offs[small])
@@ -466,15 +469,6 @@ class _Host:
         except BaseException:  # noqa: BLE001 (a callback must not raise into C)
             log.exception(what)
             return _capi.ENOMEM
-
-    def _element_sizes(self) -> Any:
-        """Each wire dtype's element size, indexed by the dtype."""
-        if self.esizes is None:
-            sizes = [1] * (max(_dtypes.WIRE) + 1)  # the session checked every dtype
-            for wire in _dtypes.WIRE:
-                sizes[wire] = _dtypes.element_size(wire)
-            self.esizes = self.torch.tensor(sizes, dtype=self.torch.int64)
-        return self.esizes
 
     def _adopt_own(self, table: _MetaTable, at: Any, chunk: _Chunk, offset: Any, span: Any,
                    offs: Any, fits: Any) -> None:
@@ -535,9 +529,7 @@ class _Host:
         multiple of its element size): their kinds and element offsets into
         kind and offset, and each kind's typed view, shape and strides into
         chunk."""
-        torch = self.torch
         kinds, kind_of = table.kinds(at)
-        sizes = []
         for k in kinds.tolist():
             shape = tuple(k[2:2 + k[1]])
             stride = [1] * len(shape)
@@ -546,9 +538,8 @@ class _Host:
             chunk.typed.append(buf.view(self._torch_dtype(k[0])))
             chunk.shape.append(shape)
             chunk.stride.append(tuple(stride))
-            sizes.append(_dtypes.element_size(k[0]))
         kind[at] = kind_of
-        offset[at] = offs // torch.tensor(sizes, dtype=torch.int64)[kind_of]
+        offset[at] = offs // self.esizes[table.kind[at, 0]]
 
     def _mark_narrow(self, chunk: _Chunk, at: list[int], device: Any) -> None:
         """Of chunk's tensors at positions at (each of its own), those the
