@@ -8,16 +8,21 @@
 # median, and what a page fault costs here (bench/pagefault_baseline). The
 # first-sync fault counts and fault costs of bench/results/*.md come from
 # this.
-# Usage: bench/first_sync.sh [--at REV] [--tiny N] [--rounds R] [--env VAR=VALUE]...
+# Usage: bench/first_sync.sh [--at REV] [--tiny N] [--rounds R] [--restarts]
+#                           [--env VAR=VALUE]...
 #   --at REV: the worker and wtx of commit REV (built in a worktree), not
 #             the working tree's
 #   --tiny N: N tiny tensors (default 40000, bench/tiny_model.py)
+#   --restarts: one worker for every round, which has served once before
+#             the first (a trainer that restarts against it: each round a
+#             new wtx push process, a new session, its first sync)
 #   --env: set in each worker's environment (e.g. GLIBC_TUNABLES=...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tiny=40000 rounds=7 envs=() at=
+tiny=40000 rounds=7 envs=() at= restarts=
 while [ $# -gt 0 ]; do
   case $1 in
+    --restarts) restarts=1; shift ;;
     --tiny) tiny=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --env) envs+=("$2"); shift 2 ;;
@@ -48,22 +53,37 @@ handler_ms() {
   curl -s "127.0.0.1:$mport/metrics" | awk -v op="$1" -F'[ ]' \
     '$1 == "wtx_rl_weight_update_operation_duration_seconds_sum{operation=\"" op "\"}" {printf "%.1f", $2 * 1000}'
 }
-echo "# first sync of $tiny tiny tensors to a fresh worker (shm), $rounds workers, ${at:-the working tree}${envs:+; worker env: ${envs[*]}}"
-printf "%-8s %10s %12s %12s %12s\n" run "sync s" "page faults" "update ms" "prepare ms"
-for r in $(seq "$rounds"); do
+# start_worker: a fresh worker (wp, mport, its port in $tmp/port)
+start_worker() {
   mport=$(port)
   rm -f "$tmp/port"
   env ${envs[@]+"${envs[@]}"} "$bin/server/wtx-worker" --listen 127.0.0.1:0 \
     --port-file "$tmp/port" --log-level warn --metrics-listen "127.0.0.1:$mport" &
   wp=$!
   for _ in $(seq 500); do [ -s "$tmp/port" ] && break; sleep 0.01; done
+}
+push() {
+  "$bin/client/wtx" push --workers "127.0.0.1:$(cat "$tmp/port")" --buffer-size 64M \
+    "$tmp/tiny.safetensors" | sed -nE 's/.* in ([0-9.e-]+) s .*/\1/p'
+}
+if [ -n "$restarts" ]; then
+  echo "# first sync of $tiny tiny tensors from a restarted trainer to a worker that served before (shm), $rounds trainers, ${at:-the working tree}${envs:+; worker env: ${envs[*]}}"
+  start_worker
+  push >/dev/null # the worker's own first sync
+else
+  echo "# first sync of $tiny tiny tensors to a fresh worker (shm), $rounds workers, ${at:-the working tree}${envs:+; worker env: ${envs[*]}}"
+fi
+printf "%-8s %10s %12s %12s %12s\n" run "sync s" "page faults" "update ms" "prepare ms"
+for r in $(seq "$rounds"); do
+  [ -n "$restarts" ] || start_worker
   f0=$(awk '{print $10}' /proc/$wp/stat)
-  s=$("$bin/client/wtx" push --workers "127.0.0.1:$(cat "$tmp/port")" --buffer-size 64M \
-        "$tmp/tiny.safetensors" | sed -nE 's/.* in ([0-9.e-]+) s .*/\1/p')
+  u0=$(handler_ms update) p0=$(handler_ms prepare)
+  s=$(push)
   f1=$(awk '{print $10}' /proc/$wp/stat)
-  printf "%-8s %10s %12s %12s %12s\n" "$r" "$s" "$((f1 - f0))" "$(handler_ms update)" \
-    "$(handler_ms prepare)" | tee -a "$tmp/rows"
-  kill "$wp"; wait "$wp" 2>/dev/null || true; wp=
+  printf "%-8s %10s %12s %12.1f %12.1f\n" "$r" "$s" "$((f1 - f0))" \
+    "$(echo "$(handler_ms update) - ${u0:-0}" | bc)" "$(echo "$(handler_ms prepare) - ${p0:-0}" | bc)" |
+    tee -a "$tmp/rows"
+  [ -n "$restarts" ] || { kill "$wp"; wait "$wp" 2>/dev/null || true; wp=; }
 done
 python3 - "$tmp/rows" <<'PY'
 import statistics, sys
