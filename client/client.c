@@ -680,7 +680,6 @@ static int grpc_update_start(wtx_client *c, const Wtx__V1__UpdateInfo *ui) {
   return grpc_update_send(c, ui, NULL, 0, 0);
 }
 
-
 uint64_t wtx__client_update_bytes(const wtx_client *c) { return c->update_bytes; }
 
 static int grpc_update_wait(wtx_client *c) {
